@@ -1,0 +1,13 @@
+//! The approximate prefix tree of where request text was sent: a persistent radix tree per model
+//! (`node`), published read-only to every core through `ArcSwap`, mutated by one writer thread
+//! (`writer`) that also evicts. Cores never lock, never wait: they `load()` and `try_send`.
+
+pub mod node;
+pub mod writer;
+
+/// A worker's stable identity inside the gateway. Assigned once by the registry and never reused,
+/// so tree entries of a removed worker can never be mistaken for a new one.
+pub type WorkerId = u32;
+
+pub use node::{Match, RadixTree};
+pub use writer::{spawn_writer, Forest, Insert, TreeHandle, WriterConfig, WriterStats};

@@ -1,0 +1,3 @@
+//! The set of upstream workers: who they are (`registry`), how busy they are (`load`).
+pub mod load;
+pub mod registry;
