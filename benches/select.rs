@@ -1,1 +1,136 @@
-fn main(){}
+//! Per-request routing cost versus fleet size. The aim: `select` at 4096 workers within 1.5× of
+//! 8 workers, with no allocation proportional to the fleet (the reference's O(workers) pick is
+//! what collapses at thousands of workers).
+//!
+//! Loads are "realistic": most workers carry a few requests (0..=3), one in 16 is busier
+//! (4..=19), so the least-loaded level holds a fair share of the fleet but not all of it.
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use radixgate::route::cache_aware::{self, MatchResult, Params};
+use radixgate::route::policy::{Policy, PolicyConfig, PolicyKind, RouteInput};
+use radixgate::route::rng::Rng;
+use radixgate::tree::{RadixTree, WorkerId};
+use radixgate::workers::load::LoadBoard;
+use std::hint::black_box;
+
+const SIZES: [u32; 4] = [8, 64, 512, 4096];
+
+fn fleet(n: u32, seed: u64) -> (Vec<WorkerId>, LoadBoard) {
+    let b = LoadBoard::new(n as usize);
+    let mut rng = Rng::with_seed(seed);
+    for w in 0..n {
+        b.set_eligible(w, true);
+        let load = if rng.below(16) == 0 {
+            4 + rng.below(16)
+        } else {
+            rng.below(4)
+        };
+        for _ in 0..load {
+            b.inc(w);
+        }
+    }
+    ((0..n).collect(), b)
+}
+
+/// The cache_aware decision on a fake match: a hit on one holder, and a miss (least loaded over
+/// the whole fleet, the path the reference made O(workers)).
+fn inner(c: &mut Criterion) {
+    let p = Params::default();
+    let mut g = c.benchmark_group("cache_aware_inner");
+    for n in SIZES {
+        let (ws, b) = fleet(n, 1);
+        let holder = [n / 2];
+        let mut rng = Rng::with_seed(2);
+        g.bench_with_input(BenchmarkId::new("hit", n), &n, |bench, _| {
+            bench.iter(|| {
+                cache_aware::select(&p, &ws, &[], &b, &mut rng, || {
+                    Some(MatchResult {
+                        matched_chars: 3000,
+                        request_chars: 4000,
+                        workers: black_box(&holder),
+                    })
+                })
+            })
+        });
+        g.bench_with_input(BenchmarkId::new("miss", n), &n, |bench, _| {
+            bench.iter(|| {
+                cache_aware::select(&p, &ws, &[], &b, &mut rng, || {
+                    Some(MatchResult {
+                        matched_chars: 10,
+                        request_chars: 4000,
+                        workers: black_box(&holder),
+                    })
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+/// Deterministic pseudo-text of `len` ASCII chars.
+fn text(rng: &mut Rng, len: usize) -> String {
+    (0..len)
+        .map(|_| (b'a' + rng.below(26) as u8) as char)
+        .collect()
+}
+
+/// `Policy::select` end to end with a real tree: 256 conversations of 4k chars spread over the
+/// fleet (a shared 1k-char system prompt), the request extending one of them.
+fn with_tree(c: &mut Criterion) {
+    let mut g = c.benchmark_group("policy_select_tree");
+    let mut trng = Rng::with_seed(3);
+    let system = text(&mut trng, 1000);
+    let convs: Vec<String> = (0..256)
+        .map(|_| format!("{system}{}", text(&mut trng, 3000)))
+        .collect();
+    for n in SIZES {
+        let (ws, b) = fleet(n, 4);
+        let mut tree = RadixTree::new();
+        for (i, conv) in convs.iter().enumerate() {
+            tree.insert(conv, (i as u32 * 7919) % n, i as u64);
+        }
+        let req = format!("{} next user turn", convs[17]);
+        let policy = Policy::new(PolicyConfig::default());
+        policy.workers_changed(&ws);
+        let mut rng = Rng::with_seed(5);
+        g.bench_with_input(BenchmarkId::new("cache_aware_hit_4k", n), &n, |bench, _| {
+            bench.iter(|| {
+                let input = RouteInput::new(black_box(&req), 0);
+                policy.select(&input, &ws, &b, Some(&tree), &mut rng)
+            })
+        });
+        let fresh = text(&mut trng, 4000);
+        g.bench_with_input(BenchmarkId::new("cache_aware_miss_4k", n), &n, |bench, _| {
+            bench.iter(|| {
+                let input = RouteInput::new(black_box(&fresh), 0);
+                policy.select(&input, &ws, &b, Some(&tree), &mut rng)
+            })
+        });
+    }
+    g.finish();
+}
+
+/// The load-only policies (no tree).
+fn simple(c: &mut Criterion) {
+    let mut g = c.benchmark_group("policy_select_simple");
+    for n in SIZES {
+        let (ws, b) = fleet(n, 6);
+        for kind in [PolicyKind::PowerOfTwo, PolicyKind::RoundRobin] {
+            let policy = Policy::new(PolicyConfig {
+                kind,
+                ..PolicyConfig::default()
+            });
+            policy.workers_changed(&ws);
+            let mut rng = Rng::with_seed(7);
+            g.bench_with_input(BenchmarkId::new(kind.as_str(), n), &n, |bench, _| {
+                bench.iter(|| {
+                    let input = RouteInput::new("hello", 0);
+                    policy.select(&input, &ws, &b, None, &mut rng)
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, inner, with_tree, simple);
+criterion_main!(benches);

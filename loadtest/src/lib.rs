@@ -1,1 +1,5 @@
+/// Load generator: workloads, open/closed-loop HTTP client, latency and hit-rate report.
+pub mod loadgen;
 
+/// Simulated SGLang worker (`sim-worker`): radix cache, scheduler, cost model, HTTP API.
+pub mod sim;

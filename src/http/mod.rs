@@ -5,7 +5,7 @@ pub mod chunked;
 pub mod head;
 pub mod response;
 
-pub use chunked::{ChunkTracker, ChunkedDecoder, ChunkError};
+pub use chunked::{ChunkError, ChunkTracker, ChunkedDecoder};
 pub use head::{
     parse_request_head, parse_response_head, BodyFraming, HeadError, HeadLimits, HeaderSpan,
     RequestHead, ResponseHead, Span,

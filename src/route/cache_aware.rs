@@ -1,1 +1,463 @@
-//! (in progress)
+//! cache_aware: send a request to a worker that already holds its prefix, unless the fleet is
+//! out of balance. The algorithm is sgl-model-gateway's `select_worker` (0.3.2) with its
+//! tie-breaking bugs fixed:
+//!
+//! 1. Over eligible, non-excluded workers compute (min, max) in-flight. **Imbalanced** when
+//!    `max − min > balance_abs_threshold` AND `max > min × balance_rel_threshold` (both strict)
+//!    → the least-loaded worker, random among ties (the reference takes the *first*).
+//! 2. Otherwise `match_rate = matched_chars / request_chars` (0 for empty text). Strictly above
+//!    `cache_threshold` → the least loaded of the workers holding the deepest matched position
+//!    (random among ties; the reference returns an arbitrary holder). If no holder is eligible,
+//!    it is a miss.
+//! 3. Miss → least-loaded eligible worker, random among ties (the reference's "first minimum"
+//!    sent every miss to worker 0 at low concurrency).
+//!
+//! Every branch that picks a worker asks for the text to be inserted under it (the reference
+//! inserts on the imbalanced branch too). No tree for the model → a miss.
+//!
+//! Opt-in `affinity_window`: when imbalanced and the match rate is above threshold, a prefix
+//! holder whose load is at most `min + balance_abs_threshold` still wins. The tree reports only
+//! the holders of the deepest matched position, so holders of a shorter prefix are not
+//! considered.
+use crate::route::policy::{Branch, Decision, PolicyConfig};
+use crate::route::rng::Rng;
+use crate::tree::{RadixTree, WorkerId};
+use crate::workers::load::LoadBoard;
+
+/// The cache_aware knobs, copied out of `PolicyConfig` once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Params {
+    /// Match rate strictly above which affinity wins.
+    pub cache_threshold: f64,
+    /// Imbalance needs `max − min >` this …
+    pub balance_abs_threshold: u32,
+    /// … and `max >` this × `min`.
+    pub balance_rel_threshold: f64,
+    /// See the module docs.
+    pub affinity_window: bool,
+}
+
+impl Params {
+    /// The cache_aware part of a policy configuration.
+    pub fn from_config(cfg: &PolicyConfig) -> Self {
+        Params {
+            cache_threshold: cfg.cache_threshold,
+            balance_abs_threshold: cfg.balance_abs_threshold,
+            balance_rel_threshold: cfg.balance_rel_threshold,
+            affinity_window: cfg.affinity_window,
+        }
+    }
+
+    /// The reference's imbalance test: both gaps strictly exceeded.
+    #[inline]
+    pub fn is_imbalanced(&self, min: u32, max: u32) -> bool {
+        max.saturating_sub(min) > self.balance_abs_threshold
+            && max as f64 > min as f64 * self.balance_rel_threshold
+    }
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params::from_config(&PolicyConfig::default())
+    }
+}
+
+/// A longest-prefix match result, decoupled from the tree so the decision logic is testable
+/// (and benchable) alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatchResult<'a> {
+    /// Characters of the request found in the tree.
+    pub matched_chars: usize,
+    /// Characters in the whole request text.
+    pub request_chars: usize,
+    /// Workers holding the deepest matched position.
+    pub workers: &'a [WorkerId],
+}
+
+impl MatchResult<'_> {
+    /// matched / request characters; 0 for an empty request.
+    #[inline]
+    pub fn rate(&self) -> f64 {
+        if self.request_chars == 0 {
+            0.0
+        } else {
+            self.matched_chars as f64 / self.request_chars as f64
+        }
+    }
+}
+
+/// Number of Unicode scalar values in `s`: the bytes that do not continue a UTF-8 sequence.
+/// Same as `s.chars().count()`, but a branch-free byte loop the compiler vectorises.
+#[inline]
+pub fn char_count(s: &str) -> usize {
+    s.as_bytes()
+        .iter()
+        .filter(|&&b| (b as i8) >= -0x40) // not 0b10xx_xxxx
+        .count()
+}
+
+/// (min, max) in-flight over eligible workers not in `exclude`. Without exclusions this is the
+/// board's O(levels) aggregate; with them (retries only) an exact pass over `workers`.
+pub fn min_max_excluding(
+    workers: &[WorkerId],
+    exclude: &[WorkerId],
+    loads: &LoadBoard,
+) -> Option<(u32, u32)> {
+    if exclude.is_empty() {
+        return loads.min_max();
+    }
+    workers
+        .iter()
+        .copied()
+        .filter(|&w| loads.selectable(w, exclude))
+        .map(|w| loads.load(w))
+        .fold(None, |acc, l| match acc {
+            None => Some((l, l)),
+            Some((lo, hi)) => Some((lo.min(l), hi.max(l))),
+        })
+}
+
+/// A decision that asks for the text to be inserted under the chosen worker.
+#[inline]
+fn decided(worker: WorkerId, branch: Branch, matched_chars: usize) -> Decision {
+    Decision {
+        worker,
+        branch,
+        insert_text: true,
+        matched_chars,
+    }
+}
+
+/// The cache_aware decision. `lookup` runs the tree match (only when the decision needs it:
+/// an imbalanced fleet without the affinity window skips it); `None` means no tree for the
+/// model.
+pub fn select<'t>(
+    p: &Params,
+    workers: &[WorkerId],
+    exclude: &[WorkerId],
+    loads: &LoadBoard,
+    rng: &mut Rng,
+    lookup: impl FnOnce() -> Option<MatchResult<'t>>,
+) -> Option<Decision> {
+    let (min, max) = min_max_excluding(workers, exclude, loads)?;
+    if p.is_imbalanced(min, max) {
+        let mut matched = 0;
+        if p.affinity_window {
+            if let Some(m) = lookup() {
+                matched = m.matched_chars;
+                if m.rate() > p.cache_threshold {
+                    let window = min.saturating_add(p.balance_abs_threshold);
+                    if let Some(w) = loads
+                        .pick_least_loaded(m.workers, exclude, rng)
+                        .filter(|&w| loads.load(w) <= window)
+                    {
+                        return Some(decided(w, Branch::AffinityWindow, matched));
+                    }
+                }
+            }
+        }
+        let w = loads.pick_least_loaded(workers, exclude, rng)?;
+        return Some(decided(w, Branch::Imbalanced, matched));
+    }
+    let Some(m) = lookup() else {
+        let w = loads.pick_least_loaded(workers, exclude, rng)?;
+        return Some(decided(w, Branch::CacheMiss, 0));
+    };
+    if m.rate() > p.cache_threshold {
+        if let Some(w) = loads.pick_least_loaded(m.workers, exclude, rng) {
+            return Some(decided(w, Branch::CacheHit, m.matched_chars));
+        }
+    }
+    let w = loads.pick_least_loaded(workers, exclude, rng)?;
+    Some(decided(w, Branch::CacheMiss, m.matched_chars))
+}
+
+/// The thin wrapper the policy calls: match `text` against this model's tree (if any).
+pub fn select_with_tree(
+    p: &Params,
+    text: &str,
+    tree: Option<&RadixTree>,
+    workers: &[WorkerId],
+    exclude: &[WorkerId],
+    loads: &LoadBoard,
+    rng: &mut Rng,
+) -> Option<Decision> {
+    select(p, workers, exclude, loads, rng, || {
+        let t = tree?;
+        let m = t.longest_match(text);
+        Some(MatchResult {
+            matched_chars: m.matched_chars,
+            request_chars: char_count(text),
+            workers: m.workers,
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board(n: u32) -> (Vec<WorkerId>, LoadBoard) {
+        let b = LoadBoard::new(n as usize);
+        for w in 0..n {
+            b.set_eligible(w, true);
+        }
+        ((0..n).collect(), b)
+    }
+
+    fn set_load(b: &LoadBoard, w: WorkerId, l: u32) {
+        while b.load(w) < l {
+            b.inc(w);
+        }
+        while b.load(w) > l {
+            b.dec(w);
+        }
+    }
+
+    fn m(matched: usize, total: usize, ws: &[WorkerId]) -> Option<MatchResult<'_>> {
+        Some(MatchResult {
+            matched_chars: matched,
+            request_chars: total,
+            workers: ws,
+        })
+    }
+
+    #[test]
+    fn char_count_matches_chars() {
+        for s in [
+            "",
+            "abc",
+            "héllo wörld",
+            "日本語テキスト",
+            "🦀🦀 x",
+            "a\u{0}b",
+        ] {
+            assert_eq!(char_count(s), s.chars().count(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn hit_above_threshold_goes_to_the_holder() {
+        let (ws, b) = board(4);
+        set_load(&b, 2, 5); // the holder is busier, affinity still wins
+        let mut rng = Rng::with_seed(1);
+        let p = Params::default();
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(40, 100, &[2])).unwrap();
+        assert_eq!(d.worker, 2);
+        assert_eq!(d.branch, Branch::CacheHit);
+        assert!(d.insert_text);
+        assert_eq!(d.matched_chars, 40);
+    }
+
+    #[test]
+    fn several_holders_least_loaded_wins_random_among_ties() {
+        let (ws, b) = board(6);
+        set_load(&b, 1, 3);
+        set_load(&b, 3, 1);
+        set_load(&b, 4, 1);
+        set_load(&b, 5, 2);
+        let mut rng = Rng::with_seed(2);
+        let p = Params::default();
+        let mut seen = [0u32; 6];
+        for _ in 0..400 {
+            let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1, 3, 4, 5])).unwrap();
+            assert_eq!(d.branch, Branch::CacheHit);
+            seen[d.worker as usize] += 1;
+        }
+        assert_eq!(seen[1] + seen[5] + seen[0] + seen[2], 0, "{seen:?}");
+        assert!(seen[3] > 120 && seen[4] > 120, "{seen:?}");
+    }
+
+    #[test]
+    fn exactly_at_threshold_is_a_miss() {
+        let (ws, b) = board(3);
+        set_load(&b, 0, 1);
+        set_load(&b, 1, 1);
+        let mut rng = Rng::with_seed(3);
+        let p = Params::default();
+        for (matched, total) in [(3, 10), (30, 100), (300, 1000)] {
+            let d = select(&p, &ws, &[], &b, &mut rng, || m(matched, total, &[0])).unwrap();
+            assert_eq!(d.branch, Branch::CacheMiss, "{matched}/{total}");
+            assert_eq!(d.worker, 2, "a miss goes to the least loaded");
+            assert!(d.insert_text);
+        }
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(31, 100, &[0])).unwrap();
+        assert_eq!((d.worker, d.branch), (0, Branch::CacheHit));
+        // Empty text: rate 0 → miss.
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(0, 0, &[0])).unwrap();
+        assert_eq!(d.branch, Branch::CacheMiss);
+    }
+
+    #[test]
+    fn misses_spread_over_ties() {
+        let (ws, b) = board(8);
+        let mut rng = Rng::with_seed(4);
+        let p = Params::default();
+        let mut seen = [0u32; 8];
+        for _ in 0..800 {
+            let d = select(&p, &ws, &[], &b, &mut rng, || m(0, 50, &[])).unwrap();
+            assert_eq!(d.branch, Branch::CacheMiss);
+            seen[d.worker as usize] += 1;
+        }
+        assert!(
+            seen.iter().all(|&c| c > 50),
+            "not all on one worker: {seen:?}"
+        );
+    }
+
+    #[test]
+    fn no_tree_is_a_random_least_loaded_miss() {
+        let (ws, b) = board(4);
+        set_load(&b, 0, 2);
+        let mut rng = Rng::with_seed(5);
+        let p = Params::default();
+        let mut seen = [0u32; 4];
+        for _ in 0..300 {
+            let d = select_with_tree(&p, "hello", None, &ws, &[], &b, &mut rng).unwrap();
+            assert_eq!((d.branch, d.matched_chars), (Branch::CacheMiss, 0));
+            seen[d.worker as usize] += 1;
+        }
+        assert_eq!(seen[0], 0);
+        assert!(seen[1..].iter().all(|&c| c > 60), "{seen:?}");
+    }
+
+    #[test]
+    fn imbalance_needs_both_conditions() {
+        let p = Params::default();
+        // abs gap 80 > 64 but 280 > 200·1.5 = 300 fails → balanced.
+        assert!(!p.is_imbalanced(200, 280));
+        // rel 10 > 1·1.5 but abs gap 9 ≤ 64 → balanced.
+        assert!(!p.is_imbalanced(1, 10));
+        // Exactly 64 apart is not "more than 64".
+        assert!(!p.is_imbalanced(0, 64));
+        assert!(p.is_imbalanced(0, 65));
+        assert!(p.is_imbalanced(100, 165 + 100));
+
+        let (ws, b) = board(3);
+        let mut rng = Rng::with_seed(6);
+        // Only the absolute condition: the cache hit stands.
+        set_load(&b, 0, 200);
+        set_load(&b, 1, 280);
+        set_load(&b, 2, 240);
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1])).unwrap();
+        assert_eq!((d.worker, d.branch), (1, Branch::CacheHit));
+        // Only the relative condition: the cache hit stands.
+        set_load(&b, 0, 1);
+        set_load(&b, 1, 10);
+        set_load(&b, 2, 5);
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1])).unwrap();
+        assert_eq!((d.worker, d.branch), (1, Branch::CacheHit));
+        // Both: least loaded, text still inserted, the tree is not consulted.
+        set_load(&b, 1, 70);
+        let d = select(&p, &ws, &[], &b, &mut rng, || -> Option<MatchResult<'_>> {
+            panic!("imbalanced without the window must not match")
+        })
+        .unwrap();
+        assert_eq!((d.worker, d.branch), (0, Branch::Imbalanced));
+        assert!(d.insert_text);
+    }
+
+    #[test]
+    fn imbalanced_ties_are_random() {
+        let (ws, b) = board(4);
+        set_load(&b, 3, 100);
+        let mut rng = Rng::with_seed(7);
+        let p = Params::default();
+        let mut seen = [0u32; 4];
+        for _ in 0..300 {
+            let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[3])).unwrap();
+            assert_eq!(d.branch, Branch::Imbalanced);
+            seen[d.worker as usize] += 1;
+        }
+        assert_eq!(seen[3], 0);
+        assert!(seen[..3].iter().all(|&c| c > 60), "{seen:?}");
+    }
+
+    #[test]
+    fn affinity_window_keeps_a_close_holder() {
+        let (ws, b) = board(3);
+        let p = Params {
+            affinity_window: true,
+            ..Params::default()
+        };
+        let mut rng = Rng::with_seed(8);
+        set_load(&b, 0, 0);
+        set_load(&b, 1, 60); // within 0 + 64
+        set_load(&b, 2, 100); // makes the fleet imbalanced
+        assert!(p.is_imbalanced(0, 100));
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(80, 100, &[1])).unwrap();
+        assert_eq!(
+            (d.worker, d.branch, d.matched_chars),
+            (1, Branch::AffinityWindow, 80)
+        );
+        // Holder outside the window → least loaded.
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(80, 100, &[2])).unwrap();
+        assert_eq!((d.worker, d.branch), (0, Branch::Imbalanced));
+        // Low match rate → least loaded even if the holder is close.
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(10, 100, &[1])).unwrap();
+        assert_eq!((d.worker, d.branch), (0, Branch::Imbalanced));
+        // Without the option the close holder is ignored.
+        let d = select(&Params::default(), &ws, &[], &b, &mut rng, || {
+            m(80, 100, &[1])
+        })
+        .unwrap();
+        assert_eq!((d.worker, d.branch), (0, Branch::Imbalanced));
+    }
+
+    #[test]
+    fn ineligible_or_excluded_holders_make_a_miss() {
+        let (ws, b) = board(4);
+        set_load(&b, 0, 3);
+        set_load(&b, 1, 3);
+        set_load(&b, 2, 3);
+        let mut rng = Rng::with_seed(9);
+        let p = Params::default();
+        b.set_eligible(1, false);
+        let d = select(&p, &ws, &[2], &b, &mut rng, || m(90, 100, &[1, 2])).unwrap();
+        assert_eq!(
+            (d.worker, d.branch, d.matched_chars),
+            (3, Branch::CacheMiss, 90)
+        );
+        // One holder left: it wins even though another is lighter.
+        let d = select(&p, &ws, &[2], &b, &mut rng, || m(90, 100, &[0, 1, 2])).unwrap();
+        assert_eq!((d.worker, d.branch), (0, Branch::CacheHit));
+    }
+
+    #[test]
+    fn exclusions_shape_the_balance_check() {
+        let (ws, b) = board(3);
+        set_load(&b, 0, 0);
+        set_load(&b, 1, 100);
+        set_load(&b, 2, 90);
+        let mut rng = Rng::with_seed(10);
+        let p = Params::default();
+        // With worker 0 excluded the remaining loads (90, 100) are balanced → hit on 1.
+        let d = select(&p, &ws, &[0], &b, &mut rng, || m(90, 100, &[1])).unwrap();
+        assert_eq!((d.worker, d.branch), (1, Branch::CacheHit));
+        // Without the exclusion the fleet is imbalanced.
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1])).unwrap();
+        assert_eq!((d.worker, d.branch), (0, Branch::Imbalanced));
+    }
+
+    #[test]
+    fn nothing_eligible_is_none() {
+        let (ws, b) = board(3);
+        let mut rng = Rng::with_seed(11);
+        let p = Params::default();
+        assert_eq!(
+            select(&p, &ws, &[0, 1, 2], &b, &mut rng, || m(90, 100, &[1])),
+            None
+        );
+        for w in 0..3 {
+            b.set_eligible(w, false);
+        }
+        assert_eq!(
+            select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1])),
+            None
+        );
+        assert_eq!(
+            select_with_tree(&p, "x", None, &ws, &[], &b, &mut rng),
+            None
+        );
+    }
+}

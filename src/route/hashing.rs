@@ -1,1 +1,478 @@
-//! (in progress)
+//! Hash-ring policies: `consistent_hashing` (a request key such as a user or session id always
+//! lands on the same worker, and adding a worker moves only ~1/(N+1) of the keys) and
+//! `prefix_hash` (the prompt's first characters pick the worker, so shared prefixes meet their
+//! KV cache without a tree, with a load bound so a hot prefix cannot swamp one worker).
+//!
+//! The ring is rebuilt on the admin path (`RingCell::rebuild`) and published through `ArcSwap`,
+//! so `select` only does an atomic load, a binary search and a short clockwise walk.
+use crate::route::policy::{Branch, Decision, RouteInput};
+use crate::route::rng::Rng;
+use crate::tree::WorkerId;
+use crate::workers::load::LoadBoard;
+use arc_swap::ArcSwap;
+use std::sync::Arc;
+
+/// Virtual nodes per worker (the reference's value): enough that each worker's share of the
+/// ring is within a few percent of 1/N.
+pub const VNODES: u32 = 150;
+
+const K0: u64 = 0x9e37_79b9_7f4a_7c15;
+const K1: u64 = 0xbf58_476d_1ce4_e5b9;
+const K2: u64 = 0x94d0_49bb_1331_11eb;
+
+/// 64×64→128-bit multiply folded back to 64 bits: the whole product influences every bit.
+#[inline]
+fn fold_mul(a: u64, b: u64) -> u64 {
+    let r = (a as u128).wrapping_mul(b as u128);
+    (r as u64) ^ ((r >> 64) as u64)
+}
+
+#[inline]
+fn read_u64(b: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    let n = b.len().min(8);
+    w[..n].copy_from_slice(&b[..n]);
+    u64::from_le_bytes(w)
+}
+
+/// A fast, well-mixed, fixed-seed 64-bit hash (stable across processes and versions, unlike
+/// `std`'s `RandomState`): 16 bytes per multiply-fold round, a final avalanche. Not meant to
+/// resist adversarial collisions; a client choosing its key can pick its worker anyway.
+pub fn hash64(bytes: &[u8]) -> u64 {
+    let len = bytes.len() as u64;
+    let mut h = K0 ^ len.wrapping_mul(K1);
+    let mut chunks = bytes.chunks_exact(16);
+    for c in &mut chunks {
+        let (a, b) = c.split_at(8);
+        h = (h ^ fold_mul(read_u64(a) ^ K1, read_u64(b) ^ K2))
+            .rotate_left(29)
+            .wrapping_mul(K0);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let (a, b) = rest.split_at(rest.len().min(8));
+        h = (h ^ fold_mul(read_u64(a) ^ K1, read_u64(b) ^ K2))
+            .rotate_left(29)
+            .wrapping_mul(K0);
+    }
+    // splitmix64-style finaliser.
+    let mut z = h ^ len.rotate_left(32);
+    z = (z ^ (z >> 30)).wrapping_mul(K1);
+    z = (z ^ (z >> 27)).wrapping_mul(K2);
+    z ^ (z >> 31)
+}
+
+/// A consistent-hash ring: `VNODES` points per worker, sorted by position. A worker's points
+/// depend only on its id, so membership changes move only the keys of the workers involved.
+#[derive(Debug, Default)]
+pub struct Ring {
+    points: Box<[(u64, WorkerId)]>,
+    members: Box<[WorkerId]>,
+}
+
+impl Ring {
+    /// Build the ring for `workers` (admin path; allocates 150 points per worker).
+    pub fn build(workers: &[WorkerId]) -> Ring {
+        let mut points: Vec<(u64, WorkerId)> = workers
+            .iter()
+            .flat_map(|&w| {
+                (0..VNODES).map(move |v| {
+                    let mut b = [0u8; 8];
+                    b[..4].copy_from_slice(&w.to_le_bytes());
+                    b[4..].copy_from_slice(&v.to_le_bytes());
+                    (hash64(&b), w)
+                })
+            })
+            .collect();
+        points.sort_unstable();
+        Ring {
+            points: points.into(),
+            members: workers.into(),
+        }
+    }
+
+    /// Number of points on the ring.
+    pub fn len(&self) -> usize {
+        self.points.len()
+    }
+
+    /// Whether the ring has no worker.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+
+    /// The workers the ring was built from.
+    pub fn members(&self) -> &[WorkerId] {
+        &self.members
+    }
+
+    /// The first worker clockwise from position `h` for which `accept` holds; at most one lap.
+    pub fn lookup(&self, h: u64, accept: impl Fn(WorkerId) -> bool) -> Option<WorkerId> {
+        let n = self.points.len();
+        if n == 0 {
+            return None;
+        }
+        let start = self.points.partition_point(|&(p, _)| p < h);
+        let mut last = None;
+        for i in 0..n {
+            let w = self.points[(start + i) % n].1;
+            // Consecutive points of one rejected worker need no second check.
+            if last == Some(w) {
+                continue;
+            }
+            if accept(w) {
+                return Some(w);
+            }
+            last = Some(w);
+        }
+        None
+    }
+}
+
+/// The published ring: rebuilt by the admin path, read lock-free by every core.
+#[derive(Debug, Default)]
+pub struct RingCell {
+    ring: ArcSwap<Ring>,
+}
+
+impl RingCell {
+    /// Rebuild for a new registered list (no-op when the list is unchanged).
+    pub fn rebuild(&self, workers: &[WorkerId]) {
+        if self.ring.load().members() == workers {
+            return;
+        }
+        self.ring.store(Arc::new(Ring::build(workers)));
+    }
+
+    /// The current ring (hold the guard only for the lookup).
+    pub fn load(&self) -> arc_swap::Guard<Arc<Ring>> {
+        self.ring.load()
+    }
+}
+
+/// Parse `X-SMG-Target-Worker` as a decimal index (ASCII digits, surrounding spaces allowed).
+fn parse_index(v: &[u8]) -> Option<usize> {
+    let v = v.trim_ascii();
+    if v.is_empty() || v.len() > 9 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(
+        v.iter()
+            .fold(0usize, |acc, &d| acc * 10 + (d - b'0') as usize),
+    )
+}
+
+/// consistent_hashing: a valid `X-SMG-Target-Worker` index into the eligible workers (in
+/// registration order) wins unless that worker is excluded; otherwise `hash_key` on the ring,
+/// walking past ineligible/excluded workers; with no key, a random eligible worker.
+pub fn select_consistent(
+    cell: &RingCell,
+    input: &RouteInput,
+    workers: &[WorkerId],
+    loads: &LoadBoard,
+    rng: &mut Rng,
+) -> Option<Decision> {
+    let exclude = input.exclude;
+    if let Some(i) = input.target_worker.and_then(parse_index) {
+        let target = workers
+            .iter()
+            .copied()
+            .filter(|&w| loads.is_eligible(w))
+            .nth(i);
+        if let Some(w) = target.filter(|w| !exclude.contains(w)) {
+            return Some(Decision::plain(w, Branch::TargetWorker));
+        }
+    }
+    if let Some(key) = input.hash_key {
+        let ring = cell.load();
+        if let Some(w) = ring.lookup(hash64(key), |w| loads.selectable(w, exclude)) {
+            return Some(Decision::plain(w, Branch::HashRing));
+        }
+    }
+    loads
+        .pick_random_eligible(workers, exclude, rng)
+        .map(|w| Decision::plain(w, Branch::Random))
+}
+
+/// The first `n` characters of `text` (cut at a character boundary).
+pub fn prefix_chars(text: &str, n: usize) -> &str {
+    if text.len() <= n {
+        return text; // at most n bytes, hence at most n chars
+    }
+    match text.char_indices().nth(n) {
+        Some((i, _)) => &text[..i],
+        None => text,
+    }
+}
+
+/// Bounded-load test for prefix_hash. With `S` the in-flight sum and `N` the number of eligible
+/// workers, a worker is overloaded when `load > 1.25 × (S + 1) / N`: the `+ 1` counts the
+/// request being placed, so an idle fleet never trips it, and a worker may exceed the average
+/// by 25 % before its prefix traffic spills. Integer form: `4·load·N > 5·(S + 1)`.
+pub fn overloaded(load: u32, sum: u64, eligible: usize) -> bool {
+    4 * load as u128 * eligible as u128 > 5 * (sum as u128 + 1)
+}
+
+/// prefix_hash: hash the first `prefix_chars` characters onto the ring; if that worker is
+/// overloaded (see [`overloaded`]), the least-loaded eligible, non-excluded worker instead.
+pub fn select_prefix(
+    cell: &RingCell,
+    input: &RouteInput,
+    prefix_chars_n: usize,
+    workers: &[WorkerId],
+    loads: &LoadBoard,
+    rng: &mut Rng,
+) -> Option<Decision> {
+    let exclude = input.exclude;
+    let h = hash64(prefix_chars(input.text, prefix_chars_n).as_bytes());
+    let on_ring = cell.load().lookup(h, |w| loads.selectable(w, exclude));
+    if let Some(w) = on_ring {
+        if !overloaded(
+            loads.load(w),
+            loads.eligible_load_sum(),
+            loads.eligible_count(),
+        ) {
+            return Some(Decision::plain(w, Branch::HashRing));
+        }
+    }
+    // Overloaded, or no ring member acceptable (a stale or empty ring).
+    loads
+        .pick_least_loaded(workers, exclude, rng)
+        .map(|w| Decision::plain(w, Branch::HashRingOverloaded))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board(n: u32) -> (Vec<WorkerId>, LoadBoard) {
+        let b = LoadBoard::new(n as usize + 8);
+        for w in 0..n {
+            b.set_eligible(w, true);
+        }
+        ((0..n).collect(), b)
+    }
+
+    fn cell(ws: &[WorkerId]) -> RingCell {
+        let c = RingCell::default();
+        c.rebuild(ws);
+        c
+    }
+
+    #[test]
+    fn hash_is_stable_and_sensitive() {
+        assert_eq!(hash64(b"hello"), hash64(b"hello"));
+        assert_ne!(hash64(b"hello"), hash64(b"hellp"));
+        assert_ne!(hash64(b"a"), hash64(b"a\0"));
+        assert_ne!(hash64(b""), hash64(b"\0"));
+        let long = [7u8; 100];
+        let mut long2 = long;
+        long2[99] = 8;
+        assert_ne!(hash64(&long), hash64(&long2));
+        // Bits are balanced over many keys (each bit set ~half the time).
+        let mut ones = [0u32; 64];
+        for i in 0..4096u32 {
+            let h = hash64(format!("user-{i}").as_bytes());
+            for (b, o) in ones.iter_mut().enumerate() {
+                *o += ((h >> b) & 1) as u32;
+            }
+        }
+        assert!(ones.iter().all(|&o| (1800..2300).contains(&o)), "{ones:?}");
+    }
+
+    fn owners(c: &RingCell, b: &LoadBoard, keys: &[String]) -> Vec<WorkerId> {
+        let ring = c.load();
+        keys.iter()
+            .map(|k| {
+                ring.lookup(hash64(k.as_bytes()), |w| b.is_eligible(w))
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn ring_is_balanced() {
+        let (ws, b) = board(10);
+        let c = cell(&ws);
+        assert_eq!(c.load().len(), 1500);
+        let keys: Vec<String> = (0..100_000).map(|i| format!("session-{i}")).collect();
+        let mut per = [0u32; 10];
+        for w in owners(&c, &b, &keys) {
+            per[w as usize] += 1;
+        }
+        assert!(per.iter().all(|&p| (7_000..13_000).contains(&p)), "{per:?}");
+    }
+
+    #[test]
+    fn adding_a_worker_moves_about_one_in_n_plus_one() {
+        let (ws, b) = board(11);
+        let keys: Vec<String> = (0..10_000).map(|i| format!("key-{i}")).collect();
+        let before = owners(&cell(&ws[..10]), &b, &keys);
+        let after = owners(&cell(&ws), &b, &keys);
+        let moved: Vec<usize> = (0..keys.len()).filter(|&i| before[i] != after[i]).collect();
+        // Every moved key moved to the new worker, and about 1/11 of them moved.
+        assert!(moved.iter().all(|&i| after[i] == 10));
+        let frac = moved.len() as f64 / keys.len() as f64;
+        assert!((0.06..0.125).contains(&frac), "moved {frac}");
+        // An ineligible worker's keys go elsewhere; nobody else's key moves.
+        b.set_eligible(3, false);
+        let without = owners(&cell(&ws), &b, &keys);
+        for i in 0..keys.len() {
+            if after[i] == 3 {
+                assert_ne!(without[i], 3);
+            } else {
+                assert_eq!(without[i], after[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn target_worker_is_an_index_into_the_eligible_list() {
+        let (ws, b) = board(4);
+        let c = cell(&ws);
+        let mut rng = Rng::with_seed(1);
+        let mut input = RouteInput::new("", 0);
+        input.target_worker = Some(b"1");
+        let d = select_consistent(&c, &input, &ws, &b, &mut rng).unwrap();
+        assert_eq!((d.worker, d.branch), (1, Branch::TargetWorker));
+        b.set_eligible(0, false);
+        let d = select_consistent(&c, &input, &ws, &b, &mut rng).unwrap();
+        assert_eq!((d.worker, d.branch), (2, Branch::TargetWorker));
+        // Out of range, garbage, or excluded → the key / random path.
+        input.hash_key = Some(b"alice");
+        for t in [&b"3"[..], b"99", b"-1", b"x", b"", b"1 2"] {
+            input.target_worker = Some(t);
+            let d = select_consistent(&c, &input, &ws, &b, &mut rng).unwrap();
+            assert_eq!(d.branch, Branch::HashRing, "{:?}", t);
+        }
+        input.target_worker = Some(b" 0 ");
+        let d = select_consistent(&c, &input, &ws, &b, &mut rng).unwrap();
+        assert_eq!((d.worker, d.branch), (1, Branch::TargetWorker));
+        let exclude = [1];
+        input.exclude = &exclude;
+        let d = select_consistent(&c, &input, &ws, &b, &mut rng).unwrap();
+        assert_eq!(d.branch, Branch::HashRing);
+        assert_ne!(d.worker, 1);
+    }
+
+    #[test]
+    fn keyed_requests_stick_and_keyless_spread() {
+        let (ws, b) = board(5);
+        let c = cell(&ws);
+        let mut rng = Rng::with_seed(2);
+        let mut input = RouteInput::new("", 0);
+        input.hash_key = Some(b"Bearer abc");
+        let first = select_consistent(&c, &input, &ws, &b, &mut rng)
+            .unwrap()
+            .worker;
+        for _ in 0..20 {
+            let d = select_consistent(&c, &input, &ws, &b, &mut rng).unwrap();
+            assert_eq!((d.worker, d.branch), (first, Branch::HashRing));
+        }
+        // Excluded on retry → the next worker clockwise, deterministically.
+        let exclude = [first];
+        input.exclude = &exclude;
+        let second = select_consistent(&c, &input, &ws, &b, &mut rng)
+            .unwrap()
+            .worker;
+        assert_ne!(second, first);
+        assert_eq!(
+            select_consistent(&c, &input, &ws, &b, &mut rng)
+                .unwrap()
+                .worker,
+            second
+        );
+        let input = RouteInput::new("", 0);
+        let mut seen = [0u32; 5];
+        for _ in 0..500 {
+            let d = select_consistent(&c, &input, &ws, &b, &mut rng).unwrap();
+            assert_eq!(d.branch, Branch::Random);
+            seen[d.worker as usize] += 1;
+        }
+        assert!(seen.iter().all(|&s| s > 50), "{seen:?}");
+    }
+
+    #[test]
+    fn prefix_cut_respects_char_boundaries() {
+        assert_eq!(prefix_chars("héllo", 2), "hé");
+        assert_eq!(prefix_chars("日本語", 2), "日本");
+        assert_eq!(prefix_chars("abc", 10), "abc");
+        assert_eq!(prefix_chars("abc", 0), "");
+        assert_eq!(prefix_chars("日本語", 3), "日本語");
+    }
+
+    #[test]
+    fn overload_bound_is_precise() {
+        // Idle fleet: never overloaded, whatever its size.
+        assert!(!overloaded(0, 0, 1));
+        assert!(!overloaded(0, 0, 1000));
+        // Two workers: 1 vs 0 is fine (4·1·2 = 8 ≤ 5·2 = 10); 2 vs 0 spills (16 > 15).
+        assert!(!overloaded(1, 1, 2));
+        assert!(overloaded(2, 2, 2));
+        // Single worker: never overloaded (4·l ≤ 5·(l + 1)).
+        assert!(!overloaded(1000, 1000, 1));
+        // Even fleet of 8 at 10 each: the ring worker at 10 is fine; at 14 (sum 84) it spills
+        // (4·14·8 = 448 > 5·85 = 425), at 13 (sum 83) not yet (416 ≤ 420).
+        assert!(!overloaded(10, 80, 8));
+        assert!(!overloaded(13, 83, 8));
+        assert!(overloaded(14, 84, 8));
+        // Four workers, one request on the ring worker, the rest idle: 16 > 10 → spills.
+        assert!(overloaded(1, 1, 4));
+    }
+
+    #[test]
+    fn prefix_hash_sticks_then_spills_when_overloaded() {
+        let (ws, b) = board(4);
+        let c = cell(&ws);
+        let mut rng = Rng::with_seed(3);
+        let sys = "You are a helpful assistant. ".repeat(10);
+        let t1 = format!("{sys}question one");
+        let t2 = format!("{sys}another question");
+        let i1 = RouteInput::new(&t1, 0);
+        let i2 = RouteInput::new(&t2, 0);
+        let d1 = select_prefix(&c, &i1, 64, &ws, &b, &mut rng).unwrap();
+        let d2 = select_prefix(&c, &i2, 64, &ws, &b, &mut rng).unwrap();
+        assert_eq!(d1.branch, Branch::HashRing);
+        assert_eq!(d1.worker, d2.worker, "same first 64 chars, same worker");
+        let w = d1.worker;
+        // One request on the ring worker while three are idle: 4·1·4 = 16 > 5·2 = 10 → spill to
+        // an idle worker.
+        b.inc(w);
+        let d = select_prefix(&c, &i1, 64, &ws, &b, &mut rng).unwrap();
+        assert_eq!(d.branch, Branch::HashRingOverloaded);
+        assert_ne!(d.worker, w);
+        assert_eq!(b.load(d.worker), 0);
+        // The rest catch up (all at 1, 16 ≤ 25): the ring worker is acceptable again.
+        for o in ws.iter().copied().filter(|&o| o != w) {
+            b.inc(o);
+        }
+        let d = select_prefix(&c, &i1, 64, &ws, &b, &mut rng).unwrap();
+        assert_eq!((d.worker, d.branch), (w, Branch::HashRing));
+        // One more on it (2 vs 1,1,1: 32 > 30) → spill again.
+        b.inc(w);
+        let d = select_prefix(&c, &i1, 64, &ws, &b, &mut rng).unwrap();
+        assert_eq!(d.branch, Branch::HashRingOverloaded);
+        assert_eq!(b.load(d.worker), 1);
+    }
+
+    #[test]
+    fn empty_ring_falls_back() {
+        let (ws, b) = board(3);
+        let c = RingCell::default();
+        let mut rng = Rng::with_seed(4);
+        let mut input = RouteInput::new("abc", 0);
+        input.hash_key = Some(b"k");
+        assert_eq!(
+            select_consistent(&c, &input, &ws, &b, &mut rng)
+                .unwrap()
+                .branch,
+            Branch::Random
+        );
+        assert_eq!(
+            select_prefix(&c, &input, 8, &ws, &b, &mut rng)
+                .unwrap()
+                .branch,
+            Branch::HashRingOverloaded
+        );
+    }
+}

@@ -1,1 +1,400 @@
-//! (in progress)
+//! manual: sticky routing on `X-SMG-Routing-Key`, so a client can pin a conversation to one
+//! worker (and its KV cache) explicitly.
+//!
+//! * State: routing key → (worker, last access, requests in flight), in 16 shards of
+//!   `Mutex<HashMap>` chosen by key hash; a lock is held only for one lookup/update (plus a
+//!   placement scan for a new key).
+//! * A key seen for the first time is placed by the assignment mode: `random`, `min_load`
+//!   (fewest in-flight requests) or `min_group` (fewest routing keys with requests in flight);
+//!   ties are random.
+//! * A stored worker that became ineligible, or is excluded for this request (a retry), is
+//!   replaced by a fresh placement, and the map follows.
+//! * Keys idle longer than `max_idle_secs` are dropped by `expire` (from `Policy::maintain`).
+//! * Requests without the header are placed fresh every time and not stored.
+use crate::route::hashing::hash64;
+use crate::route::policy::{AssignmentMode, Branch, Decision};
+use crate::route::rng::Rng;
+use crate::tree::WorkerId;
+use crate::workers::load::LoadBoard;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// Number of key-map shards (a power of two).
+const SHARDS: usize = 16;
+
+/// What is remembered per routing key.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    worker: WorkerId,
+    last_access_ms: u64,
+    /// Requests with this key currently in flight; the key counts as an active group of
+    /// `worker` while this is non-zero.
+    in_flight: u32,
+}
+
+type Shard = HashMap<Box<[u8]>, Entry>;
+
+/// Shared state of the manual policy.
+#[derive(Debug)]
+pub struct ManualState {
+    shards: Box<[Mutex<Shard>]>,
+    mode: AssignmentMode,
+    max_idle_ms: u64,
+    /// Per worker id: routing keys assigned to it with requests in flight (`min_group`). Sized
+    /// from the `LoadBoard` capacity on first use; only written under a shard lock.
+    groups: OnceLock<Box<[AtomicU32]>>,
+}
+
+impl ManualState {
+    /// Empty state for the given placement mode and idle timeout.
+    pub fn new(mode: AssignmentMode, max_idle_secs: u64) -> Self {
+        ManualState {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            mode,
+            max_idle_ms: max_idle_secs.saturating_mul(1000),
+            groups: OnceLock::new(),
+        }
+    }
+
+    /// A shard's map. A poisoned lock only means another thread panicked mid-update of plain
+    /// data that stays valid, so the guard is taken over.
+    fn shard(&self, key: &[u8]) -> MutexGuard<'_, Shard> {
+        let i = (hash64(key) as usize) & (SHARDS - 1);
+        self.shards[i]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn groups(&self, capacity: usize) -> &[AtomicU32] {
+        self.groups
+            .get_or_init(|| (0..capacity).map(|_| AtomicU32::new(0)).collect())
+    }
+
+    fn group_add(&self, w: WorkerId) {
+        if let Some(g) = self.groups.get().and_then(|g| g.get(w as usize)) {
+            g.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn group_sub(&self, w: WorkerId) {
+        if let Some(g) = self.groups.get().and_then(|g| g.get(w as usize)) {
+            let _ = g.fetch_update(Relaxed, Relaxed, |c| c.checked_sub(1));
+        }
+    }
+
+    /// Active routing keys on `w` (for tests and the admin view).
+    pub fn active_groups(&self, w: WorkerId) -> u32 {
+        self.groups
+            .get()
+            .and_then(|g| g.get(w as usize))
+            .map_or(0, |g| g.load(Relaxed))
+    }
+
+    /// Routing keys remembered.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+
+    /// Whether no key is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A fresh placement by the assignment mode.
+    fn place(
+        &self,
+        workers: &[WorkerId],
+        exclude: &[WorkerId],
+        loads: &LoadBoard,
+        rng: &mut Rng,
+    ) -> Option<WorkerId> {
+        match self.mode {
+            AssignmentMode::Random => loads.pick_random_eligible(workers, exclude, rng),
+            AssignmentMode::MinLoad => loads.pick_least_loaded(workers, exclude, rng),
+            AssignmentMode::MinGroup => {
+                let groups = self.groups(loads.capacity());
+                least_by(workers, rng, |w| {
+                    loads
+                        .selectable(w, exclude)
+                        .then(|| groups.get(w as usize).map_or(0, |g| g.load(Relaxed)))
+                })
+            }
+        }
+    }
+
+    /// Route one request. Every `Some` returned for a `key` must be matched by one
+    /// `request_finished(key, ..)` (it keeps the in-flight group counts).
+    pub fn select(
+        &self,
+        key: Option<&[u8]>,
+        workers: &[WorkerId],
+        exclude: &[WorkerId],
+        loads: &LoadBoard,
+        now_ms: u64,
+        rng: &mut Rng,
+    ) -> Option<Decision> {
+        let _ = self.groups(loads.capacity());
+        let Some(key) = key else {
+            let w = self.place(workers, exclude, loads, rng)?;
+            return Some(Decision::plain(w, Branch::ManualNew));
+        };
+        let mut map = self.shard(key);
+        if let Some(e) = map.get_mut(key) {
+            e.last_access_ms = now_ms;
+            let branch = if loads.selectable(e.worker, exclude) {
+                Branch::ManualSticky
+            } else {
+                let w = self.place(workers, exclude, loads, rng)?;
+                if e.in_flight > 0 {
+                    self.group_sub(e.worker);
+                    self.group_add(w);
+                }
+                e.worker = w;
+                Branch::ManualNew
+            };
+            e.in_flight += 1;
+            if e.in_flight == 1 {
+                self.group_add(e.worker);
+            }
+            return Some(Decision::plain(e.worker, branch));
+        }
+        let w = self.place(workers, exclude, loads, rng)?;
+        map.insert(
+            key.into(),
+            Entry {
+                worker: w,
+                last_access_ms: now_ms,
+                in_flight: 1,
+            },
+        );
+        self.group_add(w);
+        Some(Decision::plain(w, Branch::ManualNew))
+    }
+
+    /// A request with `key` ended. The in-flight count is kept per key (the key's current worker
+    /// owns the group even if an earlier attempt ran elsewhere), so `worker` is informational.
+    pub fn request_finished(&self, key: &[u8], worker: WorkerId, now_ms: u64) {
+        let _ = worker;
+        let mut map = self.shard(key);
+        if let Some(e) = map.get_mut(key) {
+            e.last_access_ms = e.last_access_ms.max(now_ms);
+            if e.in_flight > 0 {
+                e.in_flight -= 1;
+                if e.in_flight == 0 {
+                    self.group_sub(e.worker);
+                }
+            }
+        }
+    }
+
+    /// Forget keys idle for longer than `max_idle_secs` at `now_ms`.
+    pub fn expire(&self, now_ms: u64) {
+        for shard in self.shards.iter() {
+            let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
+            map.retain(|_, e| {
+                let keep = now_ms.saturating_sub(e.last_access_ms) <= self.max_idle_ms;
+                if !keep && e.in_flight > 0 {
+                    self.group_sub(e.worker);
+                }
+                keep
+            });
+            if map.capacity() > 64 && map.capacity() > 4 * map.len() {
+                map.shrink_to_fit();
+            }
+        }
+    }
+
+    /// The worker remembered for `key`, if any.
+    pub fn lookup(&self, key: &[u8]) -> Option<WorkerId> {
+        self.shard(key).get(key).map(|e| e.worker)
+    }
+}
+
+/// Uniform random among the candidates with the smallest `score` (`None` = not a candidate).
+/// Two passes, no allocation.
+fn least_by(
+    candidates: &[WorkerId],
+    rng: &mut Rng,
+    score: impl Fn(WorkerId) -> Option<u32>,
+) -> Option<WorkerId> {
+    let mut min = u32::MAX;
+    let mut ties = 0usize;
+    let mut first = None;
+    for &w in candidates {
+        if let Some(s) = score(w) {
+            if s < min {
+                (min, ties, first) = (s, 1, Some(w));
+            } else if s == min {
+                ties += 1;
+            }
+        }
+    }
+    let first = first?;
+    let k = rng.below(ties);
+    Some(
+        candidates
+            .iter()
+            .copied()
+            .filter(|&w| score(w) == Some(min))
+            .nth(k)
+            .unwrap_or(first),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board(n: u32) -> (Vec<WorkerId>, LoadBoard) {
+        let b = LoadBoard::new(n as usize);
+        for w in 0..n {
+            b.set_eligible(w, true);
+        }
+        ((0..n).collect(), b)
+    }
+
+    #[test]
+    fn sticky_until_ineligible_then_replaced() {
+        let (ws, b) = board(8);
+        let m = ManualState::new(AssignmentMode::Random, 100);
+        let mut rng = Rng::with_seed(1);
+        let d = m
+            .select(Some(b"conv-1"), &ws, &[], &b, 0, &mut rng)
+            .unwrap();
+        assert_eq!(d.branch, Branch::ManualNew);
+        let w = d.worker;
+        for t in 1..50 {
+            let d = m
+                .select(Some(b"conv-1"), &ws, &[], &b, t, &mut rng)
+                .unwrap();
+            assert_eq!((d.worker, d.branch), (w, Branch::ManualSticky));
+            m.request_finished(b"conv-1", w, t);
+        }
+        b.set_eligible(w, false);
+        let d = m
+            .select(Some(b"conv-1"), &ws, &[], &b, 60, &mut rng)
+            .unwrap();
+        assert_ne!(d.worker, w);
+        assert_eq!(d.branch, Branch::ManualNew);
+        let w2 = d.worker;
+        // The map follows the new worker, even after the old one comes back.
+        b.set_eligible(w, true);
+        assert_eq!(m.lookup(b"conv-1"), Some(w2));
+        let d = m
+            .select(Some(b"conv-1"), &ws, &[], &b, 61, &mut rng)
+            .unwrap();
+        assert_eq!((d.worker, d.branch), (w2, Branch::ManualSticky));
+        // Excluded (a retry) → re-placed elsewhere.
+        let d = m
+            .select(Some(b"conv-1"), &ws, &[w2], &b, 62, &mut rng)
+            .unwrap();
+        assert_ne!(d.worker, w2);
+        assert_eq!(m.lookup(b"conv-1"), Some(d.worker));
+        assert_eq!(m.len(), 1);
+    }
+
+    #[test]
+    fn keys_expire_after_max_idle() {
+        let (ws, b) = board(4);
+        let m = ManualState::new(AssignmentMode::Random, 10);
+        let mut rng = Rng::with_seed(2);
+        m.select(Some(b"a"), &ws, &[], &b, 0, &mut rng).unwrap();
+        m.request_finished(b"a", 0, 0);
+        m.select(Some(b"b"), &ws, &[], &b, 5_000, &mut rng).unwrap();
+        m.request_finished(b"b", 0, 5_000);
+        m.expire(10_000);
+        assert_eq!(m.len(), 2, "idle exactly max_idle is kept");
+        m.expire(10_001);
+        assert_eq!(m.lookup(b"a"), None);
+        assert!(m.lookup(b"b").is_some());
+        m.expire(15_001);
+        assert!(m.is_empty());
+    }
+
+    #[test]
+    fn min_load_places_on_the_least_loaded() {
+        let (ws, b) = board(4);
+        for w in [0, 1, 3] {
+            b.inc(w);
+        }
+        let m = ManualState::new(AssignmentMode::MinLoad, 100);
+        let mut rng = Rng::with_seed(3);
+        let d = m.select(Some(b"k"), &ws, &[], &b, 0, &mut rng).unwrap();
+        assert_eq!(d.worker, 2);
+        // Random among ties.
+        let (ws, b) = board(4);
+        let mut seen = [0u32; 4];
+        for i in 0..400u32 {
+            let key = i.to_le_bytes();
+            seen[m
+                .select(Some(&key), &ws, &[], &b, 0, &mut rng)
+                .unwrap()
+                .worker as usize] += 1;
+        }
+        assert!(seen.iter().all(|&c| c > 60), "{seen:?}");
+    }
+
+    #[test]
+    fn min_group_balances_active_keys() {
+        let (ws, b) = board(3);
+        let m = ManualState::new(AssignmentMode::MinGroup, 100);
+        let mut rng = Rng::with_seed(4);
+        // Six keys with requests in flight: two per worker.
+        for i in 0..6u8 {
+            m.select(Some(&[i]), &ws, &[], &b, 0, &mut rng).unwrap();
+        }
+        assert_eq!(
+            (0..3).map(|w| m.active_groups(w)).collect::<Vec<_>>(),
+            [2, 2, 2]
+        );
+        // A second request on a key does not make it a second group.
+        let w0 = m.lookup(&[0]).unwrap();
+        m.select(Some(&[0]), &ws, &[], &b, 0, &mut rng).unwrap();
+        assert_eq!(m.active_groups(w0), 2);
+        // Finish both requests of key 0: its worker now has the fewest active keys.
+        m.request_finished(&[0], w0, 1);
+        assert_eq!(m.active_groups(w0), 2);
+        m.request_finished(&[0], w0, 1);
+        assert_eq!(m.active_groups(w0), 1);
+        let d = m.select(Some(b"new"), &ws, &[], &b, 2, &mut rng).unwrap();
+        assert_eq!(d.worker, w0);
+        // Expiry of a key with requests in flight releases its group.
+        m.expire(1_000_000);
+        assert!(m.is_empty());
+        assert_eq!((0..3).map(|w| m.active_groups(w)).sum::<u32>(), 0);
+    }
+
+    #[test]
+    fn no_header_is_placed_fresh_and_not_stored() {
+        let (ws, b) = board(4);
+        let m = ManualState::new(AssignmentMode::Random, 100);
+        let mut rng = Rng::with_seed(5);
+        let mut seen = [0u32; 4];
+        for _ in 0..400 {
+            let d = m.select(None, &ws, &[3], &b, 0, &mut rng).unwrap();
+            assert_eq!(d.branch, Branch::ManualNew);
+            seen[d.worker as usize] += 1;
+        }
+        assert!(m.is_empty());
+        assert_eq!(seen[3], 0);
+        assert!(seen[..3].iter().all(|&c| c > 80), "{seen:?}");
+    }
+
+    #[test]
+    fn nothing_eligible_keeps_the_entry() {
+        let (ws, b) = board(2);
+        let m = ManualState::new(AssignmentMode::Random, 100);
+        let mut rng = Rng::with_seed(6);
+        let w = m
+            .select(Some(b"k"), &ws, &[], &b, 0, &mut rng)
+            .unwrap()
+            .worker;
+        m.request_finished(b"k", w, 0);
+        assert_eq!(m.select(Some(b"k"), &ws, &[0, 1], &b, 1, &mut rng), None);
+        assert_eq!(m.lookup(b"k"), Some(w));
+    }
+}

@@ -10,7 +10,9 @@ pub struct Rng {
 impl Rng {
     /// A generator with a fixed seed (deterministic sequences for tests).
     pub fn with_seed(seed: u64) -> Self {
-        Rng { state: seed ^ 0x2d35_8dcc_aa6c_78a5 }
+        Rng {
+            state: seed ^ 0x2d35_8dcc_aa6c_78a5,
+        }
     }
 
     /// A generator seeded from the clock, the thread and an address (production use).

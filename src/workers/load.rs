@@ -1,52 +1,817 @@
 //! In-flight request counts per worker, shared by every core, answering "least loaded" and
 //! "min/max load" without a pass over all workers (the reference's O(workers) selection is what
 //! collapses at thousands of workers).
+//!
+//! # Structure
+//! * One `AtomicU32` word per worker slot: bit 31 = eligible (healthy and circuit not open),
+//!   bits 0..31 = in-flight count. Packing both into one word gives every `inc`/`dec`/
+//!   `set_eligible` a single linearisation point, so the aggregate updates that follow can be
+//!   derived from the returned previous value alone.
+//! * `levels[l]` = number of *eligible* workers whose in-flight count is `l` (the top level
+//!   `top` collects every load `>= top`). Whoever changes a slot moves the worker between two
+//!   levels with `fetch_add`/`fetch_sub`; those commute, so when the board is quiescent the level
+//!   counts are exact, while in between they may be transiently off by the operations in flight
+//!   (a count can even dip below zero for a moment: counts are signed and read as `max(0, c)`).
+//! * `min_hint` / `max_hint` start the level scans near the answer. Writers only ever *widen* a
+//!   hint (lower min / raise max, after publishing the level count); readers *narrow* it with a
+//!   compare-exchange and then re-check the skipped levels, widening again if a writer slipped a
+//!   worker in meanwhile, so a hint is never left narrower than the truth once writers stop.
+//! * Least-loaded picks sample random candidates and accept one whose load equals the minimum
+//!   level (rejection sampling is exactly uniform over the accepted set); the number of tries is
+//!   bounded by the expected ratio, then an exact two-pass scan decides.
+//!
+//! Memory ordering: slot words are `Relaxed` (a count, nothing is published through it). Level
+//! counts and hints use `SeqCst` so the narrow-then-recheck argument holds; on x86 a `SeqCst`
+//! read-modify-write costs the same as a relaxed one and `SeqCst` loads are plain loads.
+use crate::route::rng::Rng;
 use crate::tree::WorkerId;
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::Relaxed, Ordering::SeqCst};
+
+/// Bit of a slot word that marks the worker eligible.
+const ELIGIBLE: u32 = 1 << 31;
+/// Bits of a slot word holding the in-flight count.
+const LOAD_MASK: u32 = ELIGIBLE - 1;
+/// Default number of distinct load levels; loads `>= DEFAULT_LEVELS - 1` share the top level
+/// (and make `min_max` fall back to an exact scan, which only happens under extreme overload).
+pub const DEFAULT_LEVELS: usize = 1024;
+/// Candidate lists at most this long are always scanned exactly (cheaper than sampling).
+const SMALL_SCAN: usize = 16;
+/// Rejection sampling is skipped when fewer than 1 in this many eligible workers sit at the
+/// minimum level (the expected number of tries would approach a scan).
+const MAX_SAMPLE_RATIO: usize = 16;
+/// Upper bound on sampling tries before the exact scan.
+const MAX_TRIES: usize = 64;
+
+/// An atomic alone on its cache line: the level counters and hints are written by every core.
+#[repr(align(64))]
+#[derive(Default)]
+struct Padded<T>(T);
 
 /// Per-worker in-flight counters plus the aggregate structure that makes min/max and
 /// least-loaded picks cheap. Slots are `WorkerId`s (dense, `< capacity`).
 /// All methods take `&self` and are safe to call from any core concurrently.
-pub struct LoadBoard {}
+///
+/// Contract with the registry: a worker that is removed must be made ineligible
+/// (`set_eligible(w, false)`), otherwise it stays in the aggregates.
+pub struct LoadBoard {
+    slots: Box<[AtomicU32]>,
+    levels: Box<[Padded<AtomicI32>]>,
+    /// Index of the top level (`levels.len() - 1`).
+    top: u32,
+    eligible: Padded<AtomicI32>,
+    min_hint: Padded<AtomicU32>,
+    max_hint: Padded<AtomicU32>,
+}
+
+impl std::fmt::Debug for LoadBoard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadBoard")
+            .field("capacity", &self.capacity())
+            .field("eligible", &self.eligible_count())
+            .field("min_max", &self.min_max())
+            .finish()
+    }
+}
+
+#[inline]
+fn load_of(word: u32) -> u32 {
+    word & LOAD_MASK
+}
+
+#[inline]
+fn is_elig(word: u32) -> bool {
+    word & ELIGIBLE != 0
+}
 
 impl LoadBoard {
     /// `capacity`: the largest WorkerId + 1 that will ever be used.
     pub fn new(capacity: usize) -> Self {
-        let _ = capacity;
-        todo!()
+        Self::with_levels(capacity, DEFAULT_LEVELS)
     }
+
+    /// A board with `levels` distinct load levels (at least 2): loads `>= levels - 1` share the
+    /// top level. Small values exist for tests of the saturated path.
+    pub fn with_levels(capacity: usize, levels: usize) -> Self {
+        let levels = levels.clamp(2, LOAD_MASK as usize);
+        LoadBoard {
+            slots: (0..capacity).map(|_| AtomicU32::new(0)).collect(),
+            levels: (0..levels).map(|_| Padded(AtomicI32::new(0))).collect(),
+            top: (levels - 1) as u32,
+            eligible: Padded(AtomicI32::new(0)),
+            min_hint: Padded(AtomicU32::new(0)),
+            max_hint: Padded(AtomicU32::new(0)),
+        }
+    }
+
+    /// Number of slots (every valid `WorkerId` is below it).
     pub fn capacity(&self) -> usize {
-        todo!()
+        self.slots.len()
     }
+
+    #[inline]
+    fn word(&self, w: WorkerId) -> u32 {
+        self.slots.get(w as usize).map_or(0, |s| s.load(Relaxed))
+    }
+
+    #[inline]
+    fn level(&self, load: u32) -> u32 {
+        load.min(self.top)
+    }
+
+    #[inline]
+    fn level_count(&self, l: u32) -> i32 {
+        self.levels[l as usize].0.load(SeqCst)
+    }
+
+    /// Writers widen the min hint after publishing a worker at level `l`.
+    #[inline]
+    fn widen_min(&self, l: u32) {
+        if self.min_hint.0.load(SeqCst) > l {
+            self.min_hint.0.fetch_min(l, SeqCst);
+        }
+    }
+
+    /// Writers widen the max hint after publishing a worker at level `l`.
+    #[inline]
+    fn widen_max(&self, l: u32) {
+        if self.max_hint.0.load(SeqCst) < l {
+            self.max_hint.0.fetch_max(l, SeqCst);
+        }
+    }
+
+    /// An eligible worker's load went from `from` to `to`: move it between levels.
+    #[inline]
+    fn move_level(&self, from: u32, to: u32) {
+        let (from, to) = (self.level(from), self.level(to));
+        if from == to {
+            return;
+        }
+        // Add first, then remove: a concurrent reader sees the worker twice rather than nowhere.
+        self.levels[to as usize].0.fetch_add(1, SeqCst);
+        self.levels[from as usize].0.fetch_sub(1, SeqCst);
+        if to > from {
+            self.widen_max(to);
+        } else {
+            self.widen_min(to);
+        }
+    }
+
     /// Make a worker selectable (healthy, circuit not open) or not. Ineligible workers keep their
     /// counts but leave every aggregate and every pick.
     pub fn set_eligible(&self, w: WorkerId, eligible: bool) {
-        let _ = (w, eligible);
-        todo!()
+        let Some(slot) = self.slots.get(w as usize) else {
+            debug_assert!(false, "worker {w} out of LoadBoard capacity");
+            return;
+        };
+        if eligible {
+            let prev = slot.fetch_or(ELIGIBLE, Relaxed);
+            if !is_elig(prev) {
+                let l = self.level(load_of(prev));
+                self.levels[l as usize].0.fetch_add(1, SeqCst);
+                self.eligible.0.fetch_add(1, SeqCst);
+                self.widen_min(l);
+                self.widen_max(l);
+            }
+        } else {
+            let prev = slot.fetch_and(!ELIGIBLE, Relaxed);
+            if is_elig(prev) {
+                let l = self.level(load_of(prev));
+                self.levels[l as usize].0.fetch_sub(1, SeqCst);
+                self.eligible.0.fetch_sub(1, SeqCst);
+            }
+        }
     }
+
+    /// Whether `w` is currently selectable (false for ids beyond capacity).
     pub fn is_eligible(&self, w: WorkerId) -> bool {
-        let _ = w;
-        todo!()
+        is_elig(self.word(w))
     }
+
     /// A request starts on `w`.
     pub fn inc(&self, w: WorkerId) {
-        let _ = w;
-        todo!()
+        let Some(slot) = self.slots.get(w as usize) else {
+            debug_assert!(false, "worker {w} out of LoadBoard capacity");
+            return;
+        };
+        // 2^31 concurrent requests on one worker cannot happen, so the count never reaches the
+        // eligibility bit.
+        let prev = slot.fetch_add(1, Relaxed);
+        if is_elig(prev) {
+            let l = load_of(prev);
+            self.move_level(l, l + 1);
+        }
     }
-    /// A request on `w` ended (any outcome).
+
+    /// A request on `w` ended (any outcome). A `dec` without a matching `inc` is ignored rather
+    /// than wrapping the counter.
     pub fn dec(&self, w: WorkerId) {
-        let _ = w;
-        todo!()
+        let Some(slot) = self.slots.get(w as usize) else {
+            debug_assert!(false, "worker {w} out of LoadBoard capacity");
+            return;
+        };
+        let res = slot.fetch_update(Relaxed, Relaxed, |s| {
+            if load_of(s) == 0 {
+                None
+            } else {
+                Some(s - 1)
+            }
+        });
+        match res {
+            Ok(prev) if is_elig(prev) => {
+                let l = load_of(prev);
+                self.move_level(l, l - 1);
+            }
+            Ok(_) => {}
+            Err(_) => debug_assert!(false, "dec without inc on worker {w}"),
+        }
     }
+
+    /// In-flight requests on `w` (0 for ids beyond capacity).
     pub fn load(&self, w: WorkerId) -> u32 {
-        let _ = w;
-        todo!()
+        load_of(self.word(w))
     }
+
     /// Number of eligible workers.
     pub fn eligible_count(&self) -> usize {
-        todo!()
+        self.eligible.0.load(SeqCst).max(0) as usize
     }
+
+    /// Lowest non-empty level, narrowing the hint. `None`: no level looks occupied (no eligible
+    /// worker, or a transient inconsistency; callers then fall back to exact scans).
+    fn min_level(&self) -> Option<u32> {
+        if self.eligible_count() == 0 {
+            return None;
+        }
+        let h = self.min_hint.0.load(SeqCst).min(self.top);
+        if let Some(m) = (h..=self.top).find(|&l| self.level_count(l) > 0) {
+            if m > h
+                && self
+                    .min_hint
+                    .0
+                    .compare_exchange(h, m, SeqCst, SeqCst)
+                    .is_ok()
+            {
+                // A writer may have published a worker below `m` after we scanned past it and
+                // skipped widening because it still saw `h`: re-check and widen back.
+                if let Some(l) = (h..m).find(|&l| self.level_count(l) > 0) {
+                    self.widen_min(l);
+                    return Some(l);
+                }
+            }
+            return Some(m);
+        }
+        // The hint was above every occupied level (a writer has not widened it yet).
+        let l = (0..h).find(|&l| self.level_count(l) > 0)?;
+        self.widen_min(l);
+        Some(l)
+    }
+
+    /// Highest non-empty level, narrowing the hint (mirror of `min_level`).
+    fn max_level(&self) -> Option<u32> {
+        if self.eligible_count() == 0 {
+            return None;
+        }
+        let h = self.max_hint.0.load(SeqCst).min(self.top);
+        if let Some(m) = (0..=h).rev().find(|&l| self.level_count(l) > 0) {
+            if m < h
+                && self
+                    .max_hint
+                    .0
+                    .compare_exchange(h, m, SeqCst, SeqCst)
+                    .is_ok()
+            {
+                if let Some(l) = (m + 1..=h).rev().find(|&l| self.level_count(l) > 0) {
+                    self.widen_max(l);
+                    return Some(l);
+                }
+            }
+            return Some(m);
+        }
+        let l = (h + 1..=self.top)
+            .rev()
+            .find(|&l| self.level_count(l) > 0)?;
+        self.widen_max(l);
+        Some(l)
+    }
+
+    /// Exact (min, max) over eligible slots by a full pass; the fallback when levels saturate.
+    fn exact_min_max(&self) -> Option<(u32, u32)> {
+        let mut out: Option<(u32, u32)> = None;
+        for s in self.slots.iter() {
+            let word = s.load(Relaxed);
+            if is_elig(word) {
+                let l = load_of(word);
+                out = Some(match out {
+                    None => (l, l),
+                    Some((lo, hi)) => (lo.min(l), hi.max(l)),
+                });
+            }
+        }
+        out
+    }
+
     /// (min, max) in-flight over eligible workers; `None` when none is eligible.
+    /// O(max − min) level reads in the common case; a full pass only while some eligible worker
+    /// has `>= levels − 1` requests in flight (or the levels look momentarily empty).
     pub fn min_max(&self) -> Option<(u32, u32)> {
-        todo!()
+        if self.eligible_count() == 0 {
+            return None;
+        }
+        match (self.min_level(), self.max_level()) {
+            (Some(lo), Some(hi)) if lo < self.top && hi < self.top => Some((lo, hi.max(lo))),
+            _ => self.exact_min_max(),
+        }
+    }
+
+    /// Sum of in-flight requests over eligible workers (bounded-load hashing needs the average).
+    /// Computed from the levels between min and max; exact pass when levels saturate.
+    pub fn eligible_load_sum(&self) -> u64 {
+        if self.eligible_count() == 0 {
+            return 0;
+        }
+        match (self.min_level(), self.max_level()) {
+            (Some(lo), Some(hi)) if hi < self.top => (lo..=hi)
+                .map(|l| l as u64 * self.level_count(l).max(0) as u64)
+                .sum(),
+            _ => self
+                .slots
+                .iter()
+                .map(|s| s.load(Relaxed))
+                .filter(|&w| is_elig(w))
+                .map(|w| load_of(w) as u64)
+                .sum(),
+        }
+    }
+
+    /// Whether `w` is eligible and not in `exclude`.
+    #[inline]
+    pub fn selectable(&self, w: WorkerId, exclude: &[WorkerId]) -> bool {
+        self.is_eligible(w) && !exclude.contains(&w)
+    }
+
+    /// Rejection-sampling budget when about `at_target` of the `eligible` workers qualify.
+    /// `0` means "scan instead" (sampling would cost about as much as a pass).
+    #[inline]
+    fn sample_budget(at_target: usize, eligible: usize) -> usize {
+        if at_target == 0 || eligible == 0 {
+            return 0;
+        }
+        let ratio = eligible.div_ceil(at_target);
+        if ratio > MAX_SAMPLE_RATIO {
+            return 0;
+        }
+        // Miss probability per try is about 1 − 1/ratio; 3 + 4·ratio tries leave a fallback
+        // chance of roughly e^-4 (≈2%) at worst, far less for the usual small ratios.
+        (3 + 4 * ratio).min(MAX_TRIES)
+    }
+
+    /// Uniform random among the least loaded eligible, non-excluded workers of `candidates`
+    /// (the registered list, or any subset such as the holders of a prefix).
+    pub fn pick_least_loaded(
+        &self,
+        candidates: &[WorkerId],
+        exclude: &[WorkerId],
+        rng: &mut Rng,
+    ) -> Option<WorkerId> {
+        self.pick_least_loaded_where(candidates, rng, |w| !exclude.contains(&w))
+    }
+
+    /// `pick_least_loaded` with an arbitrary extra filter (`allow(w)` must be cheap and pure).
+    pub fn pick_least_loaded_where(
+        &self,
+        candidates: &[WorkerId],
+        rng: &mut Rng,
+        allow: impl Fn(WorkerId) -> bool,
+    ) -> Option<WorkerId> {
+        let n = candidates.len();
+        if n == 0 {
+            return None;
+        }
+        if n > SMALL_SCAN {
+            if let Some(min) = self.min_level().filter(|&m| m < self.top) {
+                let at_min = self.level_count(min).max(0) as usize;
+                let tries = Self::sample_budget(at_min, self.eligible_count());
+                for _ in 0..tries {
+                    let w = candidates[rng.below(n)];
+                    let word = self.word(w);
+                    // Accepting only load == global min is exact: nobody eligible is below it, so
+                    // every accepted worker is among the least loaded of any subset holding it.
+                    if is_elig(word) && load_of(word) == min && allow(w) {
+                        return Some(w);
+                    }
+                }
+            }
+        }
+        self.exact_least(candidates, rng, &allow)
+    }
+
+    /// Two passes: find the minimum and the number of ties, then take a random tie.
+    fn exact_least(
+        &self,
+        candidates: &[WorkerId],
+        rng: &mut Rng,
+        allow: &impl Fn(WorkerId) -> bool,
+    ) -> Option<WorkerId> {
+        let mut min = u32::MAX;
+        let mut ties = 0usize;
+        let mut first = None;
+        for &w in candidates {
+            let word = self.word(w);
+            if !is_elig(word) || !allow(w) {
+                continue;
+            }
+            let l = load_of(word);
+            if l < min {
+                min = l;
+                ties = 1;
+                first = Some(w);
+            } else if l == min {
+                ties += 1;
+            }
+        }
+        let first = first?;
+        if ties == 1 {
+            return Some(first);
+        }
+        let mut k = rng.below(ties);
+        for &w in candidates {
+            let word = self.word(w);
+            if is_elig(word) && load_of(word) == min && allow(w) {
+                if k == 0 {
+                    return Some(w);
+                }
+                k -= 1;
+            }
+        }
+        // Loads moved between the passes; the first minimum seen is still a fine answer.
+        Some(first)
+    }
+
+    /// Uniform random eligible, non-excluded worker of `candidates`.
+    pub fn pick_random_eligible(
+        &self,
+        candidates: &[WorkerId],
+        exclude: &[WorkerId],
+        rng: &mut Rng,
+    ) -> Option<WorkerId> {
+        self.pick_random_where(candidates, rng, |w| !exclude.contains(&w))
+    }
+
+    /// `pick_random_eligible` with an arbitrary extra filter.
+    pub fn pick_random_where(
+        &self,
+        candidates: &[WorkerId],
+        rng: &mut Rng,
+        allow: impl Fn(WorkerId) -> bool,
+    ) -> Option<WorkerId> {
+        let n = candidates.len();
+        if n == 0 {
+            return None;
+        }
+        let eligible = self.eligible_count();
+        if n > SMALL_SCAN {
+            // About min(n, eligible) of the n candidates qualify.
+            let tries = Self::sample_budget(eligible.min(n), n);
+            for _ in 0..tries {
+                let w = candidates[rng.below(n)];
+                if self.is_eligible(w) && allow(w) {
+                    return Some(w);
+                }
+            }
+        }
+        let ok = |w: WorkerId| self.is_eligible(w) && allow(w);
+        let count = candidates.iter().filter(|&&w| ok(w)).count();
+        if count == 0 {
+            return None;
+        }
+        let k = rng.below(count);
+        candidates
+            .iter()
+            .copied()
+            .filter(|&w| ok(w))
+            .nth(k)
+            // Eligibility changed between the passes: take any that qualifies now.
+            .or_else(|| candidates.iter().copied().find(|&w| ok(w)))
+    }
+
+    /// Test support: level counts and eligible count recomputed from the slots must equal the
+    /// maintained ones (only meaningful when the board is quiescent).
+    #[cfg(test)]
+    fn check_quiescent(&self) {
+        let mut levels = vec![0i32; self.levels.len()];
+        let mut eligible = 0;
+        for s in self.slots.iter() {
+            let w = s.load(SeqCst);
+            if is_elig(w) {
+                levels[self.level(load_of(w)) as usize] += 1;
+                eligible += 1;
+            }
+        }
+        let got: Vec<i32> = self.levels.iter().map(|l| l.0.load(SeqCst)).collect();
+        assert_eq!(got, levels, "level counts");
+        assert_eq!(self.eligible.0.load(SeqCst), eligible, "eligible count");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::rng::Rng;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+
+    fn naive_min_max(b: &LoadBoard) -> Option<(u32, u32)> {
+        let ls: Vec<u32> = (0..b.capacity() as u32)
+            .filter(|&w| b.is_eligible(w))
+            .map(|w| b.load(w))
+            .collect();
+        Some((*ls.iter().min()?, *ls.iter().max()?))
+    }
+
+    fn naive_least(b: &LoadBoard, cands: &[WorkerId], exclude: &[WorkerId]) -> Vec<WorkerId> {
+        let ok: Vec<WorkerId> = cands
+            .iter()
+            .copied()
+            .filter(|&w| b.selectable(w, exclude))
+            .collect();
+        let Some(min) = ok.iter().map(|&w| b.load(w)).min() else {
+            return vec![];
+        };
+        ok.into_iter().filter(|&w| b.load(w) == min).collect()
+    }
+
+    #[test]
+    fn basic_counts_and_min_max() {
+        let b = LoadBoard::new(4);
+        assert_eq!(b.min_max(), None);
+        assert_eq!(b.eligible_count(), 0);
+        for w in 0..4 {
+            b.set_eligible(w, true);
+        }
+        b.set_eligible(0, true); // idempotent
+        assert_eq!(b.eligible_count(), 4);
+        assert_eq!(b.min_max(), Some((0, 0)));
+        b.inc(2);
+        b.inc(2);
+        b.inc(1);
+        assert_eq!(b.load(2), 2);
+        assert_eq!(b.min_max(), Some((0, 2)));
+        assert_eq!(b.eligible_load_sum(), 3);
+        b.set_eligible(2, false);
+        assert_eq!(b.min_max(), Some((0, 1)));
+        assert_eq!(b.eligible_load_sum(), 1);
+        // Ineligible workers keep counting.
+        b.inc(2);
+        assert_eq!(b.load(2), 3);
+        b.set_eligible(2, true);
+        assert_eq!(b.min_max(), Some((0, 3)));
+        b.dec(2);
+        b.dec(2);
+        b.dec(2);
+        assert_eq!(b.min_max(), Some((0, 1)));
+        b.check_quiescent();
+    }
+
+    #[test]
+    fn hints_follow_the_load_both_ways() {
+        let b = LoadBoard::new(3);
+        for w in 0..3 {
+            b.set_eligible(w, true);
+        }
+        for _ in 0..50 {
+            for w in 0..3 {
+                b.inc(w);
+            }
+        }
+        b.inc(1);
+        assert_eq!(b.min_max(), Some((50, 51)));
+        for _ in 0..50 {
+            for w in 0..3 {
+                b.dec(w);
+            }
+        }
+        assert_eq!(b.min_max(), Some((0, 1)));
+        b.dec(1);
+        assert_eq!(b.min_max(), Some((0, 0)));
+        b.check_quiescent();
+    }
+
+    #[test]
+    fn out_of_range_and_unbalanced_dec_are_harmless() {
+        let b = LoadBoard::new(2);
+        assert_eq!(b.load(99), 0);
+        assert!(!b.is_eligible(99));
+        b.set_eligible(0, true);
+        // Release builds ignore a stray dec; debug builds assert, so only check the release path.
+        if !cfg!(debug_assertions) {
+            b.dec(0);
+            b.inc(77);
+        }
+        assert_eq!(b.load(0), 0);
+        assert_eq!(b.min_max(), Some((0, 0)));
+    }
+
+    #[test]
+    fn saturated_levels_fall_back_to_exact() {
+        let b = LoadBoard::with_levels(3, 4); // levels 0,1,2,3+
+        for w in 0..3 {
+            b.set_eligible(w, true);
+        }
+        for _ in 0..10 {
+            b.inc(0);
+        }
+        for _ in 0..7 {
+            b.inc(1);
+        }
+        assert_eq!(b.min_max(), Some((0, 10)));
+        assert_eq!(b.eligible_load_sum(), 17);
+        for _ in 0..5 {
+            b.inc(2);
+        }
+        assert_eq!(b.min_max(), Some((5, 10)));
+        let mut rng = Rng::with_seed(1);
+        assert_eq!(b.pick_least_loaded(&[0, 1, 2], &[], &mut rng), Some(2));
+        b.check_quiescent();
+    }
+
+    #[test]
+    fn least_loaded_is_uniform_over_ties_on_a_large_fleet() {
+        let n = 200u32;
+        let b = LoadBoard::new(n as usize);
+        let ws: Vec<WorkerId> = (0..n).collect();
+        for &w in &ws {
+            b.set_eligible(w, true);
+            if w % 4 != 0 {
+                b.inc(w); // 50 workers at load 0, 150 at load 1
+            }
+        }
+        let mut rng = Rng::with_seed(9);
+        let mut hits = vec![0u32; n as usize];
+        for _ in 0..20_000 {
+            let w = b.pick_least_loaded(&ws, &[], &mut rng).unwrap();
+            assert_eq!(w % 4, 0);
+            hits[w as usize] += 1;
+        }
+        // 400 expected per tie; all 50 ties used and none wildly over-represented.
+        let used: Vec<u32> = hits.iter().copied().filter(|&h| h > 0).collect();
+        assert_eq!(used.len(), 50);
+        assert!(used.iter().all(|&h| (250..560).contains(&h)), "{used:?}");
+        // Excluding the ties still finds one, exactly.
+        let exclude: Vec<WorkerId> = (0..n).filter(|w| w % 4 == 0).collect();
+        let w = b.pick_least_loaded(&ws, &exclude, &mut rng).unwrap();
+        assert_eq!(b.load(w), 1);
+    }
+
+    #[test]
+    fn random_eligible_skips_ineligible_and_excluded() {
+        let n = 64u32;
+        let b = LoadBoard::new(n as usize);
+        let ws: Vec<WorkerId> = (0..n).collect();
+        for &w in &ws {
+            b.set_eligible(w, w % 8 == 3);
+        }
+        let mut rng = Rng::with_seed(3);
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..2_000 {
+            let w = b.pick_random_eligible(&ws, &[11], &mut rng).unwrap();
+            assert!(w % 8 == 3 && w != 11);
+            seen.insert(w);
+        }
+        assert_eq!(seen.len(), 7);
+        let all: Vec<WorkerId> = (0..n).filter(|w| w % 8 == 3).collect();
+        assert_eq!(b.pick_random_eligible(&ws, &all, &mut rng), None);
+        assert_eq!(b.pick_least_loaded(&ws, &all, &mut rng), None);
+    }
+
+    #[test]
+    fn concurrent_stress_is_exact_at_quiescence() {
+        const N: usize = 48;
+        let b = Arc::new(LoadBoard::with_levels(N, 8)); // small levels: exercise saturation too
+        for w in 0..N as u32 {
+            b.set_eligible(w, true);
+        }
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let b = Arc::clone(&b);
+                std::thread::spawn(move || {
+                    let mut rng = Rng::with_seed(100 + t);
+                    let ws: Vec<WorkerId> = (0..N as u32).collect();
+                    let mut held: Vec<WorkerId> = Vec::new();
+                    for i in 0..60_000 {
+                        match rng.below(10) {
+                            0..=4 => {
+                                let w = rng.below(N) as u32;
+                                b.inc(w);
+                                held.push(w);
+                            }
+                            5..=7 if !held.is_empty() => {
+                                let w = held.swap_remove(rng.below(held.len()));
+                                b.dec(w);
+                            }
+                            8 if t == 0 => {
+                                let w = rng.below(N) as u32;
+                                b.set_eligible(w, i % 3 != 0);
+                            }
+                            _ => {
+                                // Readers racing the writers must never panic or hang.
+                                let _ = b.min_max();
+                                let _ = b.pick_least_loaded(&ws, &[1, 2], &mut rng);
+                                let _ = b.pick_random_eligible(&ws, &[], &mut rng);
+                            }
+                        }
+                    }
+                    held
+                })
+            })
+            .collect();
+        let mut held_all = [0u32; N];
+        for t in threads {
+            for w in t.join().unwrap() {
+                held_all[w as usize] += 1;
+            }
+        }
+        for w in 0..N as u32 {
+            assert_eq!(b.load(w), held_all[w as usize], "worker {w}");
+        }
+        b.check_quiescent();
+        assert_eq!(b.min_max(), naive_min_max(&b));
+        let sum: u64 = (0..N as u32)
+            .filter(|&w| b.is_eligible(w))
+            .map(|w| b.load(w) as u64)
+            .sum();
+        assert_eq!(b.eligible_load_sum(), sum);
+        // Release everything: back to all-zero.
+        for w in 0..N as u32 {
+            for _ in 0..held_all[w as usize] {
+                b.dec(w);
+            }
+            b.set_eligible(w, true);
+        }
+        b.check_quiescent();
+        assert_eq!(b.min_max(), Some((0, 0)));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Inc(u32),
+        Dec(u32),
+        Elig(u32, bool),
+        Check(u64, Vec<u32>),
+    }
+
+    fn op(n: u32) -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0..n).prop_map(Op::Inc),
+            4 => (0..n).prop_map(Op::Dec),
+            1 => (0..n, any::<bool>()).prop_map(|(w, e)| Op::Elig(w, e)),
+            2 => (any::<u64>(), proptest::collection::vec(0..n, 0..3))
+                .prop_map(|(s, x)| Op::Check(s, x)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        #[test]
+        fn matches_naive_scan(
+            n in 1u32..40,
+            levels in 2usize..12,
+            ops in proptest::collection::vec(op(40), 1..400),
+        ) {
+            let b = LoadBoard::with_levels(n as usize, levels);
+            let ws: Vec<WorkerId> = (0..n).collect();
+            for o in ops {
+                match o {
+                    Op::Inc(w) if w < n => b.inc(w),
+                    Op::Dec(w) if w < n && b.load(w) > 0 => b.dec(w),
+                    Op::Elig(w, e) if w < n => b.set_eligible(w, e),
+                    Op::Check(seed, exclude) => {
+                        let mut rng = Rng::with_seed(seed);
+                        prop_assert_eq!(b.min_max(), naive_min_max(&b));
+                        let least = naive_least(&b, &ws, &exclude);
+                        let got = b.pick_least_loaded(&ws, &exclude, &mut rng);
+                        match got {
+                            None => prop_assert!(least.is_empty()),
+                            Some(w) => prop_assert!(least.contains(&w), "{} not in {:?}", w, least),
+                        }
+                        // A subset (e.g. prefix holders) works the same way.
+                        let sub: Vec<WorkerId> = ws.iter().copied().filter(|w| w % 2 == 1).collect();
+                        let least_sub = naive_least(&b, &sub, &exclude);
+                        match b.pick_least_loaded(&sub, &exclude, &mut rng) {
+                            None => prop_assert!(least_sub.is_empty()),
+                            Some(w) => prop_assert!(least_sub.contains(&w)),
+                        }
+                        let r = b.pick_random_eligible(&ws, &exclude, &mut rng);
+                        let any_ok = ws.iter().any(|&w| b.selectable(w, &exclude));
+                        prop_assert_eq!(r.is_some(), any_ok);
+                        if let Some(w) = r {
+                            prop_assert!(b.selectable(w, &exclude));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            b.check_quiescent();
+            prop_assert_eq!(b.min_max(), naive_min_max(&b));
+        }
     }
 }

@@ -1,0 +1,588 @@
+//! SGLang's request and response shapes, pure: parse a JSON body into token ids and sampling
+//! limits, and render result bodies and SSE chunks. The network layer only moves these bytes.
+//!
+//! Shapes follow the simulator reference §1 (SGLang 0.5.2x): `/generate` (cumulative streaming
+//! text, `meta_info`), OpenAI chat and text completions (role chunk, content deltas, finish
+//! chunk, optional usage chunk, `[DONE]`), with `usage.prompt_tokens_details.cached_tokens`
+//! always reported (as with `--enable-cache-report`).
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use super::engine::FinishInfo;
+use super::tokenizer::{ChatTurn, SimTokenizer};
+
+/// Which inference endpoint a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /generate`.
+    Generate,
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+}
+
+/// A client error answered with 400 and an OpenAI-style error body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// Human-readable reason.
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(message: impl Into<String>) -> Self {
+        ApiError { message: message.into() }
+    }
+}
+
+/// A parsed inference request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inference {
+    /// Endpoint it arrived on.
+    pub endpoint: Endpoint,
+    /// Token ids per prompt; more than one only for batch `/generate` / `/v1/completions`.
+    pub prompts: Vec<Vec<u32>>,
+    /// Tokens to generate (exactly; EOS is ignored).
+    pub max_new_tokens: usize,
+    /// SSE response.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// `model` from the request, echoed back (the served name when absent).
+    pub model: Option<String>,
+    /// `rid` for `/generate`.
+    pub rid: Option<String>,
+}
+
+fn max_tokens_field(v: &Value, names: &[&str], default: usize) -> Result<usize, ApiError> {
+    for name in names {
+        match v.get(*name) {
+            None | Some(Value::Null) => continue,
+            Some(x) => {
+                return x
+                    .as_u64()
+                    .map(|n| n as usize)
+                    .ok_or_else(|| ApiError::new(format!("{name} must be a non-negative integer")));
+            }
+        }
+    }
+    Ok(default)
+}
+
+fn token_ids(v: &Value) -> Option<Vec<u32>> {
+    v.as_array()?.iter().map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
+}
+
+fn flatten_content(v: Option<&Value>, buf: &mut String) -> Result<(), ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(s)) => {
+            buf.push_str(s);
+            Ok(())
+        }
+        Some(Value::Array(parts)) => {
+            for p in parts {
+                if let Some(t) = p.get("text").and_then(Value::as_str) {
+                    buf.push_str(t);
+                } else if p.get("type").and_then(Value::as_str) != Some("text") {
+                    // Images and other parts carry no text for a text-only model.
+                    continue;
+                }
+            }
+            Ok(())
+        }
+        Some(_) => Err(ApiError::new("message content must be a string or an array of parts")),
+    }
+}
+
+/// Parse an inference body. `default_max` applies when no token limit is given.
+pub fn parse_inference(
+    endpoint: Endpoint,
+    body: &[u8],
+    tok: &SimTokenizer,
+    default_max: usize,
+) -> Result<Inference, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::new(format!("Invalid JSON body: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::new("The request body must be a JSON object"));
+    }
+    let stream = match v.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::new("stream must be a boolean")),
+    };
+    let include_usage = v
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let model = v.get("model").and_then(Value::as_str).map(str::to_owned);
+    let mut prompts = Vec::new();
+    let max_new_tokens;
+    let mut rid = None;
+    match endpoint {
+        Endpoint::Generate => {
+            let sp = v.get("sampling_params").cloned().unwrap_or(Value::Null);
+            max_new_tokens = max_tokens_field(&sp, &["max_new_tokens"], default_max)?;
+            rid = v.get("rid").and_then(Value::as_str).map(str::to_owned);
+            match (v.get("text"), v.get("input_ids")) {
+                (Some(Value::String(s)), None) => {
+                    let mut ids = Vec::new();
+                    tok.encode_prompt(s, &mut ids);
+                    prompts.push(ids);
+                }
+                (Some(Value::Array(list)), None) => {
+                    for s in list {
+                        let s = s.as_str().ok_or_else(|| ApiError::new("text must be a string or a list of strings"))?;
+                        let mut ids = Vec::new();
+                        tok.encode_prompt(s, &mut ids);
+                        prompts.push(ids);
+                    }
+                }
+                (None, Some(ids)) => {
+                    if let Some(one) = token_ids(ids) {
+                        prompts.push(one);
+                    } else if let Some(list) = ids.as_array() {
+                        for item in list {
+                            prompts.push(token_ids(item).ok_or_else(|| ApiError::new("input_ids must be a list of token ids or a list of lists"))?);
+                        }
+                    } else {
+                        return Err(ApiError::new("input_ids must be a list of token ids"));
+                    }
+                }
+                (Some(_), Some(_)) => return Err(ApiError::new("Either text or input_ids should be provided, not both.")),
+                (Some(_), None) => return Err(ApiError::new("text must be a string or a list of strings")),
+                (None, None) => return Err(ApiError::new("Either text or input_ids should be provided.")),
+            }
+        }
+        Endpoint::Chat => {
+            max_new_tokens = max_tokens_field(&v, &["max_completion_tokens", "max_tokens"], default_max)?;
+            let msgs = v
+                .get("messages")
+                .and_then(Value::as_array)
+                .filter(|m| !m.is_empty())
+                .ok_or_else(|| ApiError::new("messages must be a non-empty array"))?;
+            let mut contents = Vec::with_capacity(msgs.len());
+            for m in msgs {
+                let role = m.get("role").and_then(Value::as_str).ok_or_else(|| ApiError::new("each message needs a string role"))?;
+                let mut text = String::new();
+                flatten_content(m.get("content"), &mut text)?;
+                contents.push((role, text));
+            }
+            let turns: Vec<ChatTurn<'_>> = contents.iter().map(|(role, c)| ChatTurn { role, content: c }).collect();
+            let mut ids = Vec::new();
+            tok.encode_chat(&turns, &mut ids);
+            prompts.push(ids);
+        }
+        Endpoint::Completions => {
+            max_new_tokens = max_tokens_field(&v, &["max_tokens"], default_max)?;
+            match v.get("prompt") {
+                Some(Value::String(s)) => {
+                    let mut ids = Vec::new();
+                    tok.encode_prompt(s, &mut ids);
+                    prompts.push(ids);
+                }
+                Some(p @ Value::Array(list)) => {
+                    if let Some(one) = token_ids(p).filter(|ids| !ids.is_empty()) {
+                        prompts.push(one);
+                    } else {
+                        for item in list {
+                            if let Some(s) = item.as_str() {
+                                let mut ids = Vec::new();
+                                tok.encode_prompt(s, &mut ids);
+                                prompts.push(ids);
+                            } else {
+                                prompts.push(token_ids(item).ok_or_else(|| ApiError::new("prompt must be a string, a list of strings or token ids"))?);
+                            }
+                        }
+                    }
+                }
+                _ => return Err(ApiError::new("prompt must be a string, a list of strings or token ids")),
+            }
+        }
+    }
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+        return Err(ApiError::new("The input is empty."));
+    }
+    if stream && prompts.len() > 1 {
+        return Err(ApiError::new("Streaming a batch of prompts is not supported by the simulator."));
+    }
+    Ok(Inference { endpoint, prompts, max_new_tokens, stream, include_usage, model, rid })
+}
+
+/// One finished (or partial, for streaming) result.
+#[derive(Debug, Clone, Copy)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated so far / in total.
+    pub completion_tokens: usize,
+    /// Cached prompt tokens.
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    /// From an engine finish record.
+    pub fn from_info(i: &FinishInfo) -> Self {
+        Usage { prompt_tokens: i.prompt_tokens, completion_tokens: i.completion_tokens, cached_tokens: i.cached_tokens }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
+            "reasoning_tokens": 0,
+        })
+    }
+}
+
+/// Everything needed to render one choice of a non-streaming response.
+#[derive(Debug, Clone)]
+pub struct Completed {
+    /// Generated text.
+    pub text: String,
+    /// Generated ids.
+    pub output_ids: Vec<u32>,
+    /// Token counts.
+    pub usage: Usage,
+    /// Arrival to finish, virtual seconds.
+    pub e2e_latency: f64,
+    /// `length` (normal) or `abort`.
+    pub aborted: bool,
+}
+
+/// Identity of a response: id, creation time, model.
+#[derive(Debug, Clone)]
+pub struct RespMeta<'a> {
+    /// `chatcmpl-…` / `cmpl-…` / rid.
+    pub id: &'a str,
+    /// Unix seconds.
+    pub created: u64,
+    /// Model name echoed.
+    pub model: &'a str,
+}
+
+fn generate_meta(meta: &RespMeta<'_>, usage: &Usage, finish: Option<(bool, usize)>, e2e: f64) -> Value {
+    let finish_reason = match finish {
+        None => Value::Null,
+        Some((false, n)) => json!({"type": "length", "length": n}),
+        Some((true, _)) => json!({"type": "abort", "message": "client disconnected"}),
+    };
+    json!({
+        "id": meta.id,
+        "finish_reason": finish_reason,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "e2e_latency": e2e,
+        "weight_version": "default",
+    })
+}
+
+fn finish_str(aborted: bool) -> &'static str {
+    if aborted {
+        "abort"
+    } else {
+        "length"
+    }
+}
+
+/// Non-streaming body. `metas` has one entry per choice (batch `/generate` gets an array).
+pub fn render_completed(endpoint: Endpoint, meta: &RespMeta<'_>, results: &[Completed]) -> Vec<u8> {
+    let v = match endpoint {
+        Endpoint::Generate => {
+            let one = |r: &Completed| {
+                json!({
+                    "text": r.text,
+                    "output_ids": r.output_ids,
+                    "meta_info": generate_meta(meta, &r.usage, Some((r.aborted, r.usage.completion_tokens)), r.e2e_latency),
+                })
+            };
+            if results.len() == 1 {
+                one(&results[0])
+            } else {
+                Value::Array(results.iter().map(one).collect())
+            }
+        }
+        Endpoint::Chat | Endpoint::Completions => {
+            let mut total = Usage { prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0 };
+            let choices: Vec<Value> = results
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    total.prompt_tokens += r.usage.prompt_tokens;
+                    total.completion_tokens += r.usage.completion_tokens;
+                    total.cached_tokens += r.usage.cached_tokens;
+                    if endpoint == Endpoint::Chat {
+                        json!({
+                            "index": i,
+                            "message": {"role": "assistant", "content": r.text, "reasoning_content": null, "tool_calls": null},
+                            "logprobs": null,
+                            "finish_reason": finish_str(r.aborted),
+                            "matched_stop": null,
+                        })
+                    } else {
+                        json!({
+                            "index": i,
+                            "text": r.text,
+                            "logprobs": null,
+                            "finish_reason": finish_str(r.aborted),
+                            "matched_stop": null,
+                        })
+                    }
+                })
+                .collect();
+            let object = if endpoint == Endpoint::Chat { "chat.completion" } else { "text_completion" };
+            json!({
+                "id": meta.id,
+                "object": object,
+                "created": meta.created,
+                "model": meta.model,
+                "choices": choices,
+                "usage": total.json(),
+            })
+        }
+    };
+    // Serialising a `Value` built from strings and numbers cannot fail.
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Renders SSE events of one streaming response into `data: …\n\n` strings. Kept per stream so
+/// `/generate`'s cumulative text is built incrementally.
+#[derive(Debug)]
+pub struct StreamRenderer {
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    text: String,
+    ids: Vec<u32>,
+}
+
+impl StreamRenderer {
+    /// A renderer for one stream.
+    pub fn new(endpoint: Endpoint, id: String, created: u64, model: String, include_usage: bool) -> Self {
+        StreamRenderer { endpoint, id, created, model, include_usage, text: String::new(), ids: Vec::new() }
+    }
+
+    fn chunk_prefix(&self, out: &mut String, object: &str) {
+        out.push_str("data: {\"id\":");
+        push_json_str(out, &self.id);
+        let _ = write!(out, ",\"object\":\"{object}\",\"created\":{},\"model\":", self.created);
+        push_json_str(out, &self.model);
+    }
+
+    /// Events for one generated token (`piece` is its text). `usage` is the running count;
+    /// `finish` is set when this is the last token (`/generate` carries it in the same chunk).
+    pub fn token(&mut self, out: &mut String, token: u32, piece: &str, first: bool, usage: &Usage, e2e: f64, finish: Option<bool>) {
+        match self.endpoint {
+            Endpoint::Generate => {
+                self.text.push_str(piece);
+                self.ids.push(token);
+                let meta = RespMeta { id: &self.id, created: self.created, model: &self.model };
+                let v = json!({
+                    "text": self.text,
+                    "output_ids": self.ids,
+                    "meta_info": generate_meta(&meta, usage, finish.map(|a| (a, usage.completion_tokens)), e2e),
+                });
+                out.push_str("data: ");
+                out.push_str(&v.to_string());
+                out.push_str("\n\n");
+            }
+            Endpoint::Chat => {
+                if first {
+                    self.chunk_prefix(out, "chat.completion.chunk");
+                    out.push_str(",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+                }
+                self.chunk_prefix(out, "chat.completion.chunk");
+                out.push_str(",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+                push_json_str(out, piece);
+                out.push_str("},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+            }
+            Endpoint::Completions => {
+                self.chunk_prefix(out, "text_completion");
+                out.push_str(",\"choices\":[{\"index\":0,\"text\":");
+                push_json_str(out, piece);
+                out.push_str(",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+            }
+        }
+    }
+
+    /// Closing events: OpenAI finish chunk and optional usage chunk, then `data: [DONE]`.
+    /// For `/generate` a request finishing without a token (`max_new_tokens` 0, abort) still
+    /// gets one chunk with its `finish_reason`.
+    pub fn finish(&mut self, out: &mut String, usage: &Usage, e2e: f64, aborted: bool, sent_tokens: usize) {
+        match self.endpoint {
+            Endpoint::Generate => {
+                if sent_tokens == 0 {
+                    let meta = RespMeta { id: &self.id, created: self.created, model: &self.model };
+                    let v = json!({
+                        "text": self.text,
+                        "output_ids": self.ids,
+                        "meta_info": generate_meta(&meta, usage, Some((aborted, usage.completion_tokens)), e2e),
+                    });
+                    out.push_str("data: ");
+                    out.push_str(&v.to_string());
+                    out.push_str("\n\n");
+                }
+            }
+            Endpoint::Chat | Endpoint::Completions => {
+                let (object, body) = if self.endpoint == Endpoint::Chat {
+                    ("chat.completion.chunk", "\"delta\":{}")
+                } else {
+                    ("text_completion", "\"text\":\"\"")
+                };
+                self.chunk_prefix(out, object);
+                let _ = write!(
+                    out,
+                    ",\"choices\":[{{\"index\":0,{body},\"logprobs\":null,\"finish_reason\":\"{}\",\"matched_stop\":null}}]}}\n\n",
+                    finish_str(aborted)
+                );
+                if self.include_usage {
+                    self.chunk_prefix(out, object);
+                    out.push_str(",\"choices\":[],\"usage\":");
+                    out.push_str(&usage.json().to_string());
+                    out.push_str("}\n\n");
+                }
+            }
+        }
+        out.push_str("data: [DONE]\n\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::tokenizer::TokenizerMode;
+
+    fn tok() -> SimTokenizer {
+        SimTokenizer::new(TokenizerMode::Approx)
+    }
+
+    #[test]
+    fn parses_each_endpoint() {
+        let t = tok();
+        let g = parse_inference(Endpoint::Generate, br#"{"text":"hi there","sampling_params":{"max_new_tokens":7},"stream":true}"#, &t, 128).unwrap();
+        assert_eq!((g.max_new_tokens, g.stream, g.prompts.len()), (7, true, 1));
+        assert_eq!(g.prompts[0][0], crate::sim::tokenizer::BOS);
+        let g = parse_inference(Endpoint::Generate, br#"{"input_ids":[1,2,3]}"#, &t, 128).unwrap();
+        assert_eq!((g.prompts[0].clone(), g.max_new_tokens), (vec![1, 2, 3], 128));
+        let g = parse_inference(Endpoint::Generate, br#"{"input_ids":[[1],[2,3]]}"#, &t, 128).unwrap();
+        assert_eq!(g.prompts, vec![vec![1], vec![2, 3]]);
+        let c = parse_inference(
+            Endpoint::Chat,
+            br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":3,"max_completion_tokens":5,"stream":true,"stream_options":{"include_usage":true}}"#,
+            &t,
+            128,
+        )
+        .unwrap();
+        assert_eq!((c.max_new_tokens, c.include_usage, c.model.as_deref()), (5, true, Some("m")));
+        let p = parse_inference(Endpoint::Completions, br#"{"prompt":"abc","max_tokens":2}"#, &t, 128).unwrap();
+        assert_eq!(p.max_new_tokens, 2);
+        let p = parse_inference(Endpoint::Completions, br#"{"prompt":["a","b"]}"#, &t, 128).unwrap();
+        assert_eq!(p.prompts.len(), 2);
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        let t = tok();
+        for (ep, body) in [
+            (Endpoint::Chat, &b"{not json"[..]),
+            (Endpoint::Chat, br#"{"messages":[]}"#),
+            (Endpoint::Chat, br#"{"messages":[{"content":"x"}]}"#),
+            (Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#),
+            (Endpoint::Generate, br#"{}"#),
+            (Endpoint::Generate, br#"{"input_ids":[]}"#),
+            (Endpoint::Generate, br#"{"text":"a","input_ids":[1]}"#),
+            (Endpoint::Completions, br#"{"prompt":5}"#),
+            (Endpoint::Completions, br#"{"prompt":["a","b"],"stream":true}"#),
+            (Endpoint::Generate, br#"[1]"#),
+        ] {
+            assert!(parse_inference(ep, body, &t, 128).is_err(), "{}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn chat_stream_shape() {
+        let mut r = StreamRenderer::new(Endpoint::Chat, "chatcmpl-1".into(), 5, "m".into(), true);
+        let mut out = String::new();
+        let u = Usage { prompt_tokens: 10, completion_tokens: 1, cached_tokens: 4 };
+        r.token(&mut out, 1, " the", true, &u, 0.0, None);
+        r.token(&mut out, 2, " \"q\"", false, &u, 0.0, Some(false));
+        r.finish(&mut out, &u, 0.1, false, 2);
+        let events: Vec<&str> = out.split("\n\n").filter(|s| !s.is_empty()).collect();
+        assert_eq!(events.len(), 6);
+        let parsed: Vec<Value> = events[..5].iter().map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap()).collect();
+        assert_eq!(parsed[0]["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(parsed[1]["choices"][0]["delta"]["content"], " the");
+        assert_eq!(parsed[2]["choices"][0]["delta"]["content"], " \"q\"");
+        assert_eq!(parsed[3]["choices"][0]["finish_reason"], "length");
+        assert_eq!(parsed[4]["choices"].as_array().unwrap().len(), 0);
+        assert_eq!(parsed[4]["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+        assert_eq!(events[5], "data: [DONE]");
+    }
+
+    #[test]
+    fn generate_stream_is_cumulative() {
+        let mut r = StreamRenderer::new(Endpoint::Generate, "rid".into(), 5, "m".into(), false);
+        let mut out = String::new();
+        let u = Usage { prompt_tokens: 3, completion_tokens: 1, cached_tokens: 0 };
+        r.token(&mut out, 1, " a", true, &u, 0.0, None);
+        let u2 = Usage { completion_tokens: 2, ..u };
+        r.token(&mut out, 2, " b", false, &u2, 0.2, Some(false));
+        r.finish(&mut out, &u2, 0.2, false, 2);
+        let events: Vec<&str> = out.split("\n\n").filter(|s| !s.is_empty()).collect();
+        assert_eq!(events.len(), 3);
+        let last: Value = serde_json::from_str(events[1].strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(last["text"], " a b");
+        assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
+        assert_eq!(last["meta_info"]["completion_tokens"], 2);
+        assert_eq!(events[2], "data: [DONE]");
+    }
+
+    #[test]
+    fn completed_bodies() {
+        let meta = RespMeta { id: "cmpl-1", created: 1, model: "m" };
+        let c = Completed {
+            text: " x".into(),
+            output_ids: vec![9],
+            usage: Usage { prompt_tokens: 5, completion_tokens: 1, cached_tokens: 2 },
+            e2e_latency: 0.5,
+            aborted: false,
+        };
+        let v: Value = serde_json::from_slice(&render_completed(Endpoint::Chat, &meta, std::slice::from_ref(&c))).unwrap();
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["choices"][0]["message"]["content"], " x");
+        assert_eq!(v["usage"]["total_tokens"], 6);
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+        let v: Value = serde_json::from_slice(&render_completed(Endpoint::Generate, &meta, std::slice::from_ref(&c))).unwrap();
+        assert_eq!(v["meta_info"]["finish_reason"]["length"], 1);
+        assert_eq!(v["meta_info"]["cached_tokens"], 2);
+        let v: Value = serde_json::from_slice(&render_completed(Endpoint::Completions, &meta, &[c.clone(), c])).unwrap();
+        assert_eq!(v["choices"][1]["index"], 1);
+        assert_eq!(v["usage"]["prompt_tokens"], 10);
+    }
+}

@@ -1,0 +1,919 @@
+//! One simulated SGLang scheduler + GPU timeline, pure and deterministic: no sockets, no real
+//! clocks. The network layer (and tests) drive it with `submit` / `abort` / `plan` / `complete`;
+//! `plan` decides the next forward at the current virtual time and returns its duration,
+//! `complete` advances the virtual clock by that duration and applies the forward's effects.
+//!
+//! Semantics mirrored from SGLang (see the simulator reference §3):
+//! - FCFS, prefill-first: if the head of the waiting queue is admissible, one prefill forward
+//!   runs (≤ `chunked_prefill_size` new tokens, several requests per forward, at most one of
+//!   them chunked and continued first in the next forward); otherwise one decode step for the
+//!   whole running batch. No mixed prefill+decode.
+//! - The hit is the longest cached prefix ≤ `len − 1`, page-floored, taken when the request is
+//!   first scheduled; it is what `cached_tokens` reports.
+//! - After each prefill (chunk) forward the computed prefix is inserted and the request's lock
+//!   moves to it, so a prefix is visible to others only once its prefill has finished.
+//! - On finish `(prompt + output)[:-1]` is inserted and unlocked.
+//! - Admission reserves the whole remaining need (uncached prompt + `max_new − 1` decode slots),
+//!   so decode never runs out of KV and nothing is ever retracted. SGLang reserves optimistically
+//!   (ratio 0.7 → 0.1) and retracts on decode OOM; this model admits somewhat fewer requests with
+//!   very large `max_new_tokens` but never produces retraction storms.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::cost::{CostModel, PrefillItem};
+use super::metrics::{Gauges, Metrics};
+use super::radix::{NodeId, RadixCache, ROOT};
+use super::rng::{hash_tokens, SimRng};
+
+/// Request handle inside one engine.
+pub type ReqId = u64;
+
+/// Decode steps per throughput sample (SGLang's `decode_log_interval`).
+const GEN_LOG_INTERVAL: u32 = 40;
+
+/// Static configuration of one engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// KV capacity in tokens (`max_total_num_tokens`).
+    pub max_total_tokens: usize,
+    /// Radix page size in tokens.
+    pub page_size: usize,
+    /// Most new tokens per prefill forward.
+    pub chunked_prefill_size: usize,
+    /// Most requests admitted at once.
+    pub max_running: usize,
+    /// Forward durations.
+    pub cost: CostModel,
+    /// Seeds jitter and generated answers.
+    pub seed: u64,
+    /// Token ids answers are drawn from (must be non-empty).
+    pub output_vocab: Vec<u32>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_total_tokens: 400_000,
+            page_size: 1,
+            chunked_prefill_size: 8192,
+            max_running: 256,
+            cost: CostModel::default(),
+            seed: 0,
+            output_vocab: (1000..1256).collect(),
+        }
+    }
+}
+
+/// Why a request was refused at submission (answered with 400).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitError {
+    /// No input tokens.
+    EmptyPrompt,
+    /// Prompt plus output can never fit the KV capacity.
+    TooLong {
+        /// Tokens the request would need.
+        need: usize,
+        /// KV capacity.
+        capacity: usize,
+    },
+}
+
+impl std::fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SubmitError::EmptyPrompt => f.write_str("The input is empty."),
+            SubmitError::TooLong { need, capacity } => write!(
+                f,
+                "The request needs {need} tokens (prompt + max_new_tokens), more than the KV cache capacity {capacity}."
+            ),
+        }
+    }
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// Generated exactly `max_new_tokens` (EOS is ignored).
+    Length,
+    /// Aborted (client went away).
+    Abort,
+}
+
+/// Final accounting of a request, all times in virtual milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FinishInfo {
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the cache at first scheduling.
+    pub cached_tokens: usize,
+    /// Arrival at the scheduler.
+    pub arrival_ms: f64,
+    /// First token, if any was produced.
+    pub first_token_ms: Option<f64>,
+    /// Finish (or abort) time.
+    pub finish_ms: f64,
+    /// Length or abort.
+    pub reason: FinishReason,
+}
+
+/// Something a waiting client should learn, produced by [`Engine::complete`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Event {
+    /// One generated token.
+    Token {
+        /// Request.
+        id: ReqId,
+        /// Generated id.
+        token: u32,
+        /// This is the first token (end of prefill).
+        first: bool,
+        /// Virtual time.
+        at_ms: f64,
+    },
+    /// The request finished; no more events for it.
+    Finished {
+        /// Request.
+        id: ReqId,
+        /// Accounting.
+        info: FinishInfo,
+    },
+}
+
+/// Kind of a planned forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardKind {
+    /// Prompt computation (possibly a chunk).
+    Prefill,
+    /// One token for every running request.
+    Decode,
+}
+
+/// A planned forward, as returned by [`Engine::plan`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ForwardInfo {
+    /// Prefill or decode.
+    pub kind: ForwardKind,
+    /// Virtual duration in ms (jitter included).
+    pub duration_ms: f64,
+    /// Requests in the forward.
+    pub batch: usize,
+    /// New tokens computed (prefill) or generated (decode).
+    pub tokens: usize,
+}
+
+#[derive(Debug)]
+struct Req {
+    /// Prompt followed by generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_new: usize,
+    out_rng: SimRng,
+    internal: bool,
+    arrival_ms: f64,
+    first_token_ms: Option<f64>,
+    last_token_ms: f64,
+    admitted: bool,
+    cached: usize,
+    /// Locked tree node covering `tokens[..locked_len]`.
+    node: NodeId,
+    locked_len: usize,
+    /// Tokens whose KV exists (`locked_len..kv_len` is private).
+    kv_len: usize,
+    /// Slots allocated for the in-flight forward, not yet in `kv_len`.
+    inflight_alloc: usize,
+    /// Slots still reserved for this request's future allocations.
+    reserved: usize,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    kind: ForwardKind,
+    duration_ms: f64,
+    items: Vec<(ReqId, usize)>,
+}
+
+/// One worker's scheduler, KV cache and virtual GPU clock.
+#[derive(Debug)]
+pub struct Engine {
+    cache: RadixCache,
+    cost: CostModel,
+    chunk: usize,
+    max_running: usize,
+    seed: u64,
+    vocab: Vec<u32>,
+    rng: SimRng,
+    now_ms: f64,
+    next_id: ReqId,
+    reqs: HashMap<ReqId, Req>,
+    waiting: VecDeque<ReqId>,
+    /// A request whose prompt is partly computed and continues first in the next prefill.
+    chunked: Option<ReqId>,
+    running: Vec<ReqId>,
+    admitted: usize,
+    reserved: usize,
+    inflight: Option<InFlight>,
+    items_buf: Vec<(ReqId, usize)>,
+    cost_buf: Vec<PrefillItem>,
+    metrics: Metrics,
+    last_hit_rate: f64,
+    gen_tokens: u64,
+    gen_ms: f64,
+    gen_steps: u32,
+    gen_throughput: f64,
+}
+
+impl Engine {
+    /// A fresh engine at virtual time 0.
+    pub fn new(cfg: EngineConfig) -> Self {
+        let vocab = if cfg.output_vocab.is_empty() { vec![0] } else { cfg.output_vocab };
+        Engine {
+            cache: RadixCache::new(cfg.max_total_tokens, cfg.page_size),
+            cost: cfg.cost,
+            chunk: cfg.chunked_prefill_size.max(1),
+            max_running: cfg.max_running.max(1),
+            seed: cfg.seed,
+            vocab,
+            rng: SimRng::new(cfg.seed ^ 0xC0FF_EE00_D15E_A5E5),
+            now_ms: 0.0,
+            next_id: 1,
+            reqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            chunked: None,
+            running: Vec::new(),
+            admitted: 0,
+            reserved: 0,
+            inflight: None,
+            items_buf: Vec::new(),
+            cost_buf: Vec::new(),
+            metrics: Metrics::default(),
+            last_hit_rate: 0.0,
+            gen_tokens: 0,
+            gen_ms: 0.0,
+            gen_steps: 0,
+            gen_throughput: 0.0,
+        }
+    }
+
+    /// Current virtual time (start of the in-flight forward while one runs).
+    pub fn now_ms(&self) -> f64 {
+        self.now_ms
+    }
+
+    /// Move the virtual clock forward to `t` (never backwards; ignored while a forward runs).
+    /// Used when the GPU was idle and real time passed.
+    pub fn advance_to(&mut self, t: f64) {
+        if self.inflight.is_none() && t > self.now_ms {
+            self.now_ms = t;
+        }
+    }
+
+    /// Duration of the forward in flight, if any.
+    pub fn inflight_ms(&self) -> Option<f64> {
+        self.inflight.as_ref().map(|f| f.duration_ms)
+    }
+
+    /// The KV cache (read-only view for stats and tests).
+    pub fn cache(&self) -> &RadixCache {
+        &self.cache
+    }
+
+    /// Counters and histograms.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Requests admitted and not finished (decoding or mid-prefill).
+    pub fn num_running(&self) -> usize {
+        self.admitted
+    }
+
+    /// Cached prompt tokens of a scheduled request (`None` if unknown or not yet scheduled).
+    pub fn cached_tokens(&self, id: ReqId) -> Option<usize> {
+        self.reqs.get(&id).filter(|r| r.admitted).map(|r| r.cached)
+    }
+
+    /// Requests not yet scheduled.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Prompt tokens of waiting requests (upper bound on pending prefill work).
+    pub fn waiting_tokens(&self) -> usize {
+        self.waiting.iter().filter_map(|id| self.reqs.get(id)).map(|r| r.prompt_len).sum()
+    }
+
+    /// No request is waiting, running or in flight.
+    pub fn is_idle(&self) -> bool {
+        self.reqs.is_empty() && self.inflight.is_none()
+    }
+
+    /// Hit rate of the last prefill forward (`sglang:cache_hit_rate`).
+    pub fn last_hit_rate(&self) -> f64 {
+        self.last_hit_rate
+    }
+
+    /// Decode throughput over the last logging window, tokens/s.
+    pub fn gen_throughput(&self) -> f64 {
+        self.gen_throughput
+    }
+
+    /// Gauges for `/metrics`.
+    pub fn gauges(&self) -> Gauges {
+        Gauges {
+            running: self.num_running(),
+            queued: self.num_waiting(),
+            used_tokens: self.cache.used_tokens(),
+            capacity: self.cache.capacity(),
+            evictable_tokens: self.cache.evictable_tokens(),
+            cache_hit_rate: self.last_hit_rate,
+            gen_throughput: self.gen_throughput,
+            evicted_tokens: self.cache.stats().evicted_tokens,
+        }
+    }
+
+    /// Render `/metrics`.
+    pub fn render_metrics(&self, model: &str) -> String {
+        self.metrics.render(model, &self.gauges())
+    }
+
+    /// Drop the whole cache; refused (false) while any request is waiting or running.
+    pub fn flush_cache(&mut self) -> bool {
+        if !self.is_idle() {
+            return false;
+        }
+        self.cache.flush()
+    }
+
+    /// Queue a request arriving at virtual time `arrival_ms`. `internal` requests (health
+    /// probes) are excluded from metrics.
+    pub fn submit(
+        &mut self,
+        prompt: Vec<u32>,
+        max_new_tokens: usize,
+        arrival_ms: f64,
+        internal: bool,
+    ) -> Result<ReqId, SubmitError> {
+        if prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        let need = prompt.len() + max_new_tokens.saturating_sub(1);
+        if need > self.cache.capacity() {
+            return Err(SubmitError::TooLong { need, capacity: self.cache.capacity() });
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let out_rng = SimRng::new(hash_tokens(self.seed, &prompt));
+        let prompt_len = prompt.len();
+        let mut tokens = prompt;
+        tokens.reserve(max_new_tokens);
+        self.reqs.insert(
+            id,
+            Req {
+                tokens,
+                prompt_len,
+                max_new: max_new_tokens,
+                out_rng,
+                internal,
+                arrival_ms,
+                first_token_ms: None,
+                last_token_ms: arrival_ms,
+                admitted: false,
+                cached: 0,
+                node: ROOT,
+                locked_len: 0,
+                kv_len: 0,
+                inflight_alloc: 0,
+                reserved: 0,
+            },
+        );
+        self.waiting.push_back(id);
+        Ok(id)
+    }
+
+    /// Abort a request (client disconnected): it leaves the queue or batch at once and its locks
+    /// and KV are released. Returns its accounting, or `None` if it had already finished.
+    pub fn abort(&mut self, id: ReqId) -> Option<FinishInfo> {
+        if !self.reqs.contains_key(&id) {
+            return None;
+        }
+        if let Some(pos) = self.waiting.iter().position(|&w| w == id) {
+            self.waiting.remove(pos);
+        }
+        self.running.retain(|&r| r != id);
+        if self.chunked == Some(id) {
+            self.chunked = None;
+        }
+        self.finish(id, FinishReason::Abort)
+    }
+
+    /// Decide the next forward at the current virtual time. Returns `None` when there is nothing
+    /// to do. Must be followed by [`complete`](Self::complete) before the next `plan`.
+    pub fn plan(&mut self) -> Option<ForwardInfo> {
+        if let Some(f) = &self.inflight {
+            debug_assert!(false, "plan() while a forward is in flight");
+            return Some(ForwardInfo { kind: f.kind, duration_ms: f.duration_ms, batch: f.items.len(), tokens: 0 });
+        }
+        let mut items = std::mem::take(&mut self.items_buf);
+        let mut costs = std::mem::take(&mut self.cost_buf);
+        items.clear();
+        costs.clear();
+        let mut budget = self.chunk;
+        let mut new_tokens = 0usize;
+        let mut hit_tokens = 0usize;
+
+        // Continue a chunked prefill first.
+        if let Some(id) = self.chunked.take() {
+            if let Some(r) = self.reqs.get(&id) {
+                let u = budget.min(r.prompt_len - r.kv_len);
+                items.push((id, u));
+                costs.push(PrefillItem { uncached: u, context: r.kv_len });
+                budget -= u;
+                new_tokens += u;
+            }
+        }
+        // Admit waiting requests FCFS while the budget, the batch cap and memory allow.
+        let mut partial = !items.is_empty() && {
+            let (id, u) = items[0];
+            self.reqs.get(&id).is_some_and(|r| r.kv_len + u < r.prompt_len)
+        };
+        while budget > 0 && !partial && self.admitted < self.max_running {
+            let Some(&id) = self.waiting.front() else { break };
+            let Some(r) = self.reqs.get_mut(&id) else {
+                self.waiting.pop_front();
+                continue;
+            };
+            let (hit, node) = self.cache.match_prefix(&r.tokens[..r.prompt_len - 1]);
+            self.cache.inc_lock(node);
+            let need = r.prompt_len - hit + r.max_new.saturating_sub(1);
+            if self.cache.available_tokens() < self.reserved + need {
+                self.cache.dec_lock(node);
+                break; // head-of-line: FCFS does not skip ahead
+            }
+            self.waiting.pop_front();
+            r.admitted = true;
+            r.cached = hit;
+            r.node = node;
+            r.locked_len = hit;
+            r.kv_len = hit;
+            r.reserved = need;
+            self.reserved += need;
+            self.admitted += 1;
+            if !r.internal {
+                self.metrics.queue.observe((self.now_ms - r.arrival_ms).max(0.0) / 1000.0);
+            }
+            let u = budget.min(r.prompt_len - hit);
+            items.push((id, u));
+            costs.push(PrefillItem { uncached: u, context: hit });
+            budget -= u;
+            new_tokens += u;
+            hit_tokens += hit;
+            partial = u < r.prompt_len - hit;
+        }
+
+        let info = if !items.is_empty() {
+            for &(id, u) in &items {
+                self.allocate(id, u);
+            }
+            self.last_hit_rate = if new_tokens + hit_tokens == 0 {
+                0.0
+            } else {
+                hit_tokens as f64 / (new_tokens + hit_tokens) as f64
+            };
+            let d = self.cost.jitter(self.cost.prefill_ms(&costs), &mut self.rng);
+            ForwardInfo { kind: ForwardKind::Prefill, duration_ms: d, batch: items.len(), tokens: new_tokens }
+        } else if !self.running.is_empty() {
+            let mut ctx = 0;
+            for i in 0..self.running.len() {
+                let id = self.running[i];
+                items.push((id, 1));
+                self.allocate(id, 1);
+                ctx += self.reqs.get(&id).map_or(0, |r| r.tokens.len());
+            }
+            let d = self.cost.jitter(self.cost.decode_ms(items.len(), ctx), &mut self.rng);
+            ForwardInfo { kind: ForwardKind::Decode, duration_ms: d, batch: items.len(), tokens: items.len() }
+        } else {
+            self.items_buf = items;
+            self.cost_buf = costs;
+            return None;
+        };
+        self.cost_buf = costs;
+        self.inflight = Some(InFlight { kind: info.kind, duration_ms: info.duration_ms, items });
+        Some(info)
+    }
+
+    /// Take `n` reserved slots for request `id`'s in-flight forward.
+    fn allocate(&mut self, id: ReqId, n: usize) {
+        let Some(r) = self.reqs.get_mut(&id) else { return };
+        // Admission reserved these slots, and available tokens never drop below the
+        // outstanding reservations (locks only grow at admission, which re-checks), so this
+        // cannot fail; if it ever did, the request would be over-committing KV.
+        let ok = self.cache.alloc(n);
+        debug_assert!(ok, "reserved KV allocation failed");
+        if ok {
+            r.inflight_alloc += n;
+        }
+        let take = n.min(r.reserved);
+        r.reserved -= take;
+        self.reserved -= take;
+    }
+
+    /// Finish the planned forward: advance the virtual clock by its duration, apply its effects
+    /// (cache insertions, generated tokens, finishes) and append the resulting events.
+    pub fn complete(&mut self, events: &mut Vec<Event>) {
+        let Some(f) = self.inflight.take() else { return };
+        self.now_ms += f.duration_ms;
+        let now = self.now_ms;
+        match f.kind {
+            ForwardKind::Prefill => {
+                for &(id, u) in &f.items {
+                    let Some(r) = self.reqs.get_mut(&id) else { continue };
+                    r.inflight_alloc = 0;
+                    r.kv_len += u;
+                    let (node, len) = self.cache.cache_prefix(&r.tokens[..r.kv_len], r.node, r.locked_len);
+                    r.node = node;
+                    r.locked_len = len;
+                    if r.kv_len < r.prompt_len {
+                        self.chunked = Some(id);
+                        continue;
+                    }
+                    if r.max_new == 0 {
+                        self.finish_into(id, FinishReason::Length, events);
+                        continue;
+                    }
+                    if self.emit_token(id, now, events) {
+                        self.finish_into(id, FinishReason::Length, events);
+                    } else {
+                        self.running.push(id);
+                    }
+                }
+            }
+            ForwardKind::Decode => {
+                let mut done = 0;
+                for &(id, _) in &f.items {
+                    let Some(r) = self.reqs.get_mut(&id) else { continue };
+                    r.inflight_alloc = 0;
+                    r.kv_len += 1;
+                    if self.emit_token(id, now, events) {
+                        self.finish_into(id, FinishReason::Length, events);
+                        done += 1;
+                    }
+                }
+                if done > 0 {
+                    let reqs = &self.reqs;
+                    self.running.retain(|id| reqs.contains_key(id));
+                }
+                self.gen_tokens += f.items.len() as u64;
+                self.gen_ms += f.duration_ms;
+                self.gen_steps += 1;
+                if self.gen_steps >= GEN_LOG_INTERVAL {
+                    self.gen_throughput = self.gen_tokens as f64 / (self.gen_ms / 1000.0);
+                    self.gen_tokens = 0;
+                    self.gen_ms = 0.0;
+                    self.gen_steps = 0;
+                }
+            }
+        }
+        self.items_buf = f.items;
+    }
+
+    /// Plan and complete forwards until nothing is left (offline driving for tests/sweeps).
+    pub fn run_until_idle(&mut self, events: &mut Vec<Event>) {
+        while self.plan().is_some() {
+            self.complete(events);
+        }
+    }
+
+    /// Generate the next token of `id`; returns true when it reached `max_new`.
+    fn emit_token(&mut self, id: ReqId, now: f64, events: &mut Vec<Event>) -> bool {
+        let Some(r) = self.reqs.get_mut(&id) else { return false };
+        let token = self.vocab[r.out_rng.below(self.vocab.len() as u64) as usize];
+        r.tokens.push(token);
+        let first = r.first_token_ms.is_none();
+        if !r.internal {
+            if first {
+                self.metrics.ttft.observe((now - r.arrival_ms) / 1000.0);
+            } else {
+                self.metrics.itl.observe((now - r.last_token_ms) / 1000.0);
+            }
+        }
+        if first {
+            r.first_token_ms = Some(now);
+        }
+        r.last_token_ms = now;
+        events.push(Event::Token { id, token, first, at_ms: now });
+        r.tokens.len() - r.prompt_len >= r.max_new
+    }
+
+    fn finish_into(&mut self, id: ReqId, reason: FinishReason, events: &mut Vec<Event>) {
+        if let Some(info) = self.finish(id, reason) {
+            events.push(Event::Finished { id, info });
+        }
+    }
+
+    /// Release everything a request holds and account for it.
+    fn finish(&mut self, id: ReqId, reason: FinishReason) -> Option<FinishInfo> {
+        let r = self.reqs.remove(&id)?;
+        if r.admitted {
+            self.admitted -= 1;
+            self.reserved -= r.reserved;
+            let (node, locked) = if reason == FinishReason::Length {
+                // (prompt + output)[:-1]: the last token was never fed back, it has no KV.
+                let keep = r.kv_len.min(r.tokens.len() - 1);
+                self.cache.cache_prefix(&r.tokens[..keep], r.node, r.locked_len)
+            } else {
+                (r.node, r.locked_len)
+            };
+            if node != ROOT {
+                self.cache.dec_lock(node);
+            }
+            self.cache.free(r.kv_len - locked + r.inflight_alloc);
+        }
+        let info = FinishInfo {
+            prompt_tokens: r.prompt_len,
+            completion_tokens: r.tokens.len() - r.prompt_len,
+            cached_tokens: r.cached,
+            arrival_ms: r.arrival_ms,
+            first_token_ms: r.first_token_ms,
+            finish_ms: self.now_ms,
+            reason,
+        };
+        if !r.internal {
+            let m = &mut self.metrics;
+            m.num_requests += 1;
+            match reason {
+                FinishReason::Length => {
+                    m.prompt_tokens += info.prompt_tokens as u64;
+                    m.generation_tokens += info.completion_tokens as u64;
+                    m.cached_tokens += info.cached_tokens as u64;
+                    m.e2e.observe((info.finish_ms - info.arrival_ms) / 1000.0);
+                }
+                FinishReason::Abort => m.num_aborted += 1,
+            }
+        }
+        Some(info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> EngineConfig {
+        EngineConfig { cost: CostModel { jitter: 0.0, ..CostModel::default() }, ..EngineConfig::default() }
+    }
+
+    fn prompt(base: u32, n: usize) -> Vec<u32> {
+        (0..n as u32).map(|i| base + i).collect()
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-6
+    }
+
+    fn finished(events: &[Event]) -> Vec<(ReqId, FinishInfo)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Finished { id, info } => Some((*id, *info)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn prefill_is_chunked_and_timed_by_the_formula() {
+        let mut e = Engine::new(cfg());
+        let id = e.submit(prompt(0, 20_000), 2, 0.0, false).unwrap();
+        let m = CostModel { jitter: 0.0, ..CostModel::default() };
+        let mut ev = Vec::new();
+        let mut t = 0.0;
+        for (u, c) in [(8192, 0), (8192, 8192), (3616, 16384)] {
+            let f = e.plan().unwrap();
+            assert_eq!(f.kind, ForwardKind::Prefill);
+            assert_eq!(f.tokens, u);
+            let want = m.prefill_ms(&[PrefillItem { uncached: u, context: c }]);
+            assert!(close(f.duration_ms, want));
+            t += want;
+            e.complete(&mut ev);
+            assert!(close(e.now_ms(), t));
+        }
+        // The first token came out of the last chunk; the prefix is in the tree.
+        assert_eq!(ev.len(), 1);
+        assert!(matches!(ev[0], Event::Token { id: i, first: true, .. } if i == id));
+        assert_eq!(e.cache().tree_tokens(), 20_000);
+        let f = e.plan().unwrap();
+        assert_eq!(f.kind, ForwardKind::Decode);
+        assert!(close(f.duration_ms, m.decode_ms(1, 20_001)));
+        e.complete(&mut ev);
+        let fin = finished(&ev);
+        assert_eq!(fin[0].1.completion_tokens, 2);
+        assert_eq!(fin[0].1.reason, FinishReason::Length);
+        assert!(e.is_idle());
+        assert!(e.cache().is_idle());
+        assert_eq!(e.cache().tree_tokens(), 20_001, "(prompt + output)[:-1] inserted");
+        e.cache().check_invariants().unwrap();
+    }
+
+    #[test]
+    fn prefill_first_and_decode_batching() {
+        let m = CostModel { jitter: 0.0, ..CostModel::default() };
+        let mut e = Engine::new(cfg());
+        let mut ev = Vec::new();
+        e.submit(prompt(0, 100), 5, 0.0, false).unwrap();
+        e.submit(prompt(1000, 100), 5, 0.0, false).unwrap();
+        let f = e.plan().unwrap();
+        assert_eq!((f.kind, f.batch, f.tokens), (ForwardKind::Prefill, 2, 200), "one forward, two requests");
+        e.complete(&mut ev);
+        let f = e.plan().unwrap();
+        assert_eq!((f.kind, f.batch), (ForwardKind::Decode, 2));
+        assert!(close(f.duration_ms, m.decode_ms(2, 202)));
+        e.complete(&mut ev);
+        // A new arrival is prefilled before the next decode step.
+        e.submit(prompt(5000, 50), 5, e.now_ms(), false).unwrap();
+        assert_eq!(e.plan().unwrap().kind, ForwardKind::Prefill);
+        e.complete(&mut ev);
+        let f = e.plan().unwrap();
+        assert_eq!((f.kind, f.batch), (ForwardKind::Decode, 3));
+        assert!(close(f.duration_ms, m.decode_ms(3, 102 + 102 + 51)));
+        e.complete(&mut ev);
+        e.run_until_idle(&mut ev);
+        assert_eq!(finished(&ev).len(), 3);
+        let tokens = ev.iter().filter(|e| matches!(e, Event::Token { .. })).count();
+        assert_eq!(tokens, 15);
+        assert_eq!(e.metrics().generation_tokens, 15);
+        assert_eq!(e.metrics().ttft.count(), 3);
+        assert_eq!(e.metrics().itl.count(), 12);
+    }
+
+    #[test]
+    fn fcfs_head_of_line_under_memory_pressure() {
+        let mut e = Engine::new(EngineConfig { max_total_tokens: 1000, ..cfg() });
+        let mut ev = Vec::new();
+        let a = e.submit(prompt(0, 500), 300, 0.0, false).unwrap(); // needs 799
+        let b = e.submit(prompt(10_000, 400), 10, 0.0, false).unwrap(); // needs 409: must wait
+        let c = e.submit(prompt(20_000, 10), 2, 0.0, false).unwrap(); // small, but behind b
+        let f = e.plan().unwrap();
+        assert_eq!(f.batch, 1, "only the head fits");
+        e.complete(&mut ev);
+        assert_eq!(e.num_waiting(), 2);
+        // While a decodes, b and c stay queued (FCFS: c does not jump b).
+        for _ in 0..5 {
+            assert_eq!(e.plan().unwrap().kind, ForwardKind::Decode);
+            e.complete(&mut ev);
+        }
+        assert_eq!(e.num_waiting(), 2);
+        e.run_until_idle(&mut ev);
+        let first_tokens: Vec<ReqId> = ev
+            .iter()
+            .filter_map(|e| match e {
+                Event::Token { id, first: true, .. } => Some(*id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(first_tokens, vec![a, b, c], "scheduled in arrival order");
+        assert_eq!(finished(&ev).len(), 3);
+        e.cache().check_invariants().unwrap();
+        assert!(e.cache().tree_tokens() <= 1000);
+    }
+
+    #[test]
+    fn max_running_caps_admission() {
+        let mut e = Engine::new(EngineConfig { max_running: 2, ..cfg() });
+        for i in 0..3 {
+            e.submit(prompt(i * 1000, 10), 3, 0.0, false).unwrap();
+        }
+        assert_eq!(e.plan().unwrap().batch, 2);
+        let mut ev = Vec::new();
+        e.complete(&mut ev);
+        assert_eq!(e.num_running(), 2);
+        assert_eq!(e.num_waiting(), 1);
+        e.run_until_idle(&mut ev);
+        assert_eq!(finished(&ev).len(), 3);
+    }
+
+    #[test]
+    fn prefix_visible_only_after_prefill() {
+        let mut e = Engine::new(cfg());
+        let mut ev = Vec::new();
+        let p = prompt(7, 300);
+        e.submit(p.clone(), 4, 0.0, false).unwrap();
+        e.submit(p.clone(), 4, 0.0, false).unwrap();
+        let f = e.plan().unwrap();
+        assert_eq!(f.batch, 2);
+        assert_eq!(e.last_hit_rate(), 0.0, "same batch: both miss");
+        // Arrives while that prefill is in flight: scheduled after it, so it hits.
+        e.submit(p.clone(), 4, 1.0, false).unwrap();
+        e.complete(&mut ev);
+        e.run_until_idle(&mut ev);
+        let fin = finished(&ev);
+        let cached: Vec<usize> = fin.iter().map(|(_, i)| i.cached_tokens).collect();
+        assert_eq!(cached, vec![0, 0, 299], "hit = len − 1");
+        // After finish, (prompt + output)[:-1] is cached: a follow-up extending the answer hits it.
+        let mut next = p.clone();
+        let answer: Vec<u32> = ev
+            .iter()
+            .filter_map(|e| match e {
+                Event::Token { id, token, .. } if *id == fin[0].0 => Some(*token),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(answer.len(), 4);
+        next.extend(&answer);
+        next.extend([1, 2, 3]);
+        e.submit(next, 1, e.now_ms(), false).unwrap();
+        ev.clear();
+        e.run_until_idle(&mut ev);
+        assert_eq!(finished(&ev)[0].1.cached_tokens, 303, "prompt + answer minus its last token");
+        assert_eq!(e.metrics().cached_tokens, 299 + 303);
+    }
+
+    #[test]
+    fn identical_prompts_get_identical_answers() {
+        let mut e = Engine::new(cfg());
+        let mut ev = Vec::new();
+        let a = e.submit(prompt(3, 20), 8, 0.0, false).unwrap();
+        let b = e.submit(prompt(3, 20), 8, 0.0, false).unwrap();
+        e.run_until_idle(&mut ev);
+        let toks = |want| -> Vec<u32> {
+            ev.iter()
+                .filter_map(|e| match e {
+                    Event::Token { id, token, .. } if *id == want => Some(*token),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(toks(a), toks(b));
+        assert_eq!(toks(a).len(), 8);
+    }
+
+    #[test]
+    fn abort_releases_locks_and_kv() {
+        let mut e = Engine::new(cfg());
+        let mut ev = Vec::new();
+        let a = e.submit(prompt(0, 100), 50, 0.0, false).unwrap();
+        let b = e.submit(prompt(0, 100), 50, 0.0, false).unwrap();
+        e.plan().unwrap();
+        // Abort while its prefill is in flight.
+        let info = e.abort(a).unwrap();
+        assert_eq!(info.reason, FinishReason::Abort);
+        e.complete(&mut ev);
+        assert_eq!(e.num_running(), 1);
+        e.plan().unwrap();
+        e.complete(&mut ev);
+        e.abort(b).unwrap();
+        assert!(e.abort(b).is_none());
+        assert_eq!(e.num_running(), 0);
+        assert!(e.is_idle());
+        assert!(e.cache().is_idle(), "no lock, no private KV left");
+        assert_eq!(e.metrics().num_aborted, 2);
+        assert_eq!(e.metrics().num_requests, 2);
+        e.cache().check_invariants().unwrap();
+        assert!(e.plan().is_none());
+        // Aborting a waiting request.
+        let c = e.submit(prompt(0, 10), 1, 0.0, false).unwrap();
+        e.abort(c).unwrap();
+        assert!(e.plan().is_none());
+    }
+
+    #[test]
+    fn rejects_impossible_requests_and_flush_rules() {
+        let mut e = Engine::new(EngineConfig { max_total_tokens: 100, ..cfg() });
+        assert_eq!(e.submit(vec![], 1, 0.0, false), Err(SubmitError::EmptyPrompt));
+        assert!(matches!(e.submit(prompt(0, 90), 20, 0.0, false), Err(SubmitError::TooLong { .. })));
+        let id = e.submit(prompt(0, 50), 2, 0.0, false).unwrap();
+        assert!(!e.flush_cache(), "refused while a request waits");
+        let mut ev = Vec::new();
+        e.run_until_idle(&mut ev);
+        assert!(e.cache().tree_tokens() > 0);
+        assert!(e.flush_cache());
+        assert_eq!(e.cache().tree_tokens(), 0);
+        let _ = id;
+    }
+
+    #[test]
+    fn eviction_under_pressure_keeps_capacity() {
+        let mut e = Engine::new(EngineConfig { max_total_tokens: 5000, page_size: 4, ..cfg() });
+        let mut ev = Vec::new();
+        let mut rng = SimRng::new(9);
+        for i in 0..200u32 {
+            let n = 50 + rng.below(900) as usize;
+            let shared = (rng.below(4) * 100_000) as u32;
+            let mut p = prompt(shared, 200);
+            p.extend(prompt(i * 10_000 + 500, n));
+            e.submit(p, 1 + rng.below(40) as usize, e.now_ms(), false).unwrap();
+            if i % 7 == 0 {
+                while e.plan().is_some() {
+                    e.complete(&mut ev);
+                    e.cache().check_invariants().unwrap();
+                }
+            }
+        }
+        e.run_until_idle(&mut ev);
+        assert_eq!(finished(&ev).len(), 200);
+        assert!(e.cache().stats().evicted_tokens > 0);
+        e.cache().check_invariants().unwrap();
+        assert!(e.cache().is_idle());
+    }
+}

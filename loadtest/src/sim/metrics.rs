@@ -1,0 +1,220 @@
+//! SGLang-named Prometheus metrics for the simulated worker (`--enable-metrics` shapes).
+//!
+//! Counters and histograms are updated by the engine as requests progress; gauges are read from
+//! the engine when `/metrics` renders. Times are in *virtual* seconds (the simulated GPU's
+//! clock), so the numbers are those a real worker would report regardless of `time_scale`.
+
+use std::fmt::Write as _;
+
+/// TTFT buckets (seconds): the older SGLang list starting at 1 ms.
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0, 80.0, 100.0, 200.0, 400.0,
+];
+/// End-to-end latency buckets (seconds).
+pub const E2E_BUCKETS: &[f64] = &[
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+    200.0, 400.0, 800.0,
+];
+/// Inter-token latency buckets (seconds).
+pub const ITL_BUCKETS: &[f64] = &[
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+    0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0,
+];
+/// Queue-time buckets (seconds).
+pub const QUEUE_BUCKETS: &[f64] = &[
+    0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// A cumulative-bucket histogram with fixed bounds.
+#[derive(Debug, Clone)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    /// Empty histogram over `bounds` (ascending; `+Inf` is implicit).
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Histogram { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
+    }
+
+    /// Record one observation.
+    pub fn observe(&mut self, v: f64) {
+        self.sum += v;
+        self.count += 1;
+        if let Some(i) = self.bounds.iter().position(|&b| v <= b) {
+            self.counts[i] += 1;
+        }
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Sum of observations.
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0;
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            cum += c;
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {cum}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+    }
+}
+
+/// Monotonic counters and latency histograms of one worker.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    /// Prompt tokens of finished requests.
+    pub prompt_tokens: u64,
+    /// Generated tokens of finished requests.
+    pub generation_tokens: u64,
+    /// Cached prompt tokens of finished requests.
+    pub cached_tokens: u64,
+    /// Finished requests (including aborted ones).
+    pub num_requests: u64,
+    /// Requests aborted (client disconnect).
+    pub num_aborted: u64,
+    /// Time to first token.
+    pub ttft: Histogram,
+    /// Arrival to finish.
+    pub e2e: Histogram,
+    /// Gap between consecutive tokens of a request.
+    pub itl: Histogram,
+    /// Arrival to first scheduling.
+    pub queue: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            cached_tokens: 0,
+            num_requests: 0,
+            num_aborted: 0,
+            ttft: Histogram::new(TTFT_BUCKETS),
+            e2e: Histogram::new(E2E_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+            queue: Histogram::new(QUEUE_BUCKETS),
+        }
+    }
+}
+
+/// Point-in-time scheduler state rendered as gauges.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Gauges {
+    /// Requests in the running batch (decoding or mid-prefill).
+    pub running: usize,
+    /// Requests waiting to be scheduled.
+    pub queued: usize,
+    /// KV slots pinned by live requests.
+    pub used_tokens: usize,
+    /// Total KV slots.
+    pub capacity: usize,
+    /// Cached tokens that nothing pins.
+    pub evictable_tokens: usize,
+    /// Hit rate of the last prefill batch.
+    pub cache_hit_rate: f64,
+    /// Decode tokens/s over the last logging window.
+    pub gen_throughput: f64,
+    /// Tokens evicted since start (simulator extra).
+    pub evicted_tokens: u64,
+}
+
+impl Metrics {
+    /// Prometheus text exposition for this worker. `model` is escaped for the label value.
+    pub fn render(&self, model: &str, g: &Gauges) -> String {
+        let mut esc = String::with_capacity(model.len());
+        for c in model.chars() {
+            match c {
+                '\\' => esc.push_str("\\\\"),
+                '"' => esc.push_str("\\\""),
+                '\n' => esc.push_str("\\n"),
+                _ => esc.push(c),
+            }
+        }
+        let l = format!("model_name=\"{esc}\"");
+        let mut o = String::with_capacity(8192);
+        let gauge = |o: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(o, "# HELP sglang:{name} {help}\n# TYPE sglang:{name} gauge\nsglang:{name}{{{l}}} {v}");
+        };
+        let counter = |o: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(o, "# HELP sglang:{name} {help}\n# TYPE sglang:{name} counter\nsglang:{name}{{{l}}} {v}");
+        };
+        let usage = if g.capacity == 0 { 0.0 } else { g.used_tokens as f64 / g.capacity as f64 };
+        gauge(&mut o, "num_running_reqs", "The number of running requests.", g.running as f64);
+        gauge(&mut o, "num_queue_reqs", "The number of requests in the waiting queue.", g.queued as f64);
+        gauge(&mut o, "num_used_tokens", "The number of used tokens.", g.used_tokens as f64);
+        gauge(&mut o, "token_usage", "The token usage.", usage);
+        gauge(&mut o, "kv_used_tokens", "KV tokens pinned by live requests.", g.used_tokens as f64);
+        gauge(&mut o, "kv_available_tokens", "KV tokens free or evictable.", (g.capacity - g.used_tokens) as f64);
+        gauge(&mut o, "kv_evictable_tokens", "Cached KV tokens nothing pins.", g.evictable_tokens as f64);
+        gauge(&mut o, "cache_hit_rate", "The prefix cache hit rate of the last prefill batch.", g.cache_hit_rate);
+        gauge(&mut o, "gen_throughput", "The generation throughput (token/s).", g.gen_throughput);
+        counter(&mut o, "prompt_tokens_total", "Number of prefill tokens processed.", self.prompt_tokens);
+        counter(&mut o, "generation_tokens_total", "Number of generation tokens processed.", self.generation_tokens);
+        let _ = writeln!(
+            o,
+            "# HELP sglang:cached_tokens_total Number of cached prompt tokens.\n# TYPE sglang:cached_tokens_total counter\n\
+             sglang:cached_tokens_total{{{l},cache_source=\"device\"}} {c}\n\
+             sglang:cached_tokens_total{{{l},cache_source=\"total\"}} {c}",
+            c = self.cached_tokens
+        );
+        counter(&mut o, "num_requests_total", "Number of requests processed.", self.num_requests);
+        counter(&mut o, "num_aborted_requests_total", "Number of requests aborted.", self.num_aborted);
+        let _ = writeln!(
+            o,
+            "# HELP sglang:evicted_tokens_total Tokens evicted from the radix cache (simulator extra).\n\
+             # TYPE sglang:evicted_tokens_total counter\nsglang:evicted_tokens_total{{{l}}} {}",
+            g.evicted_tokens
+        );
+        self.ttft.render(&mut o, "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &l);
+        self.e2e.render(&mut o, "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds.", &l);
+        self.itl.render(&mut o, "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &l);
+        self.queue.render(&mut o, "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", &l);
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let mut h = Histogram::new(&[1.0, 2.0]);
+        h.observe(0.5);
+        h.observe(1.5);
+        h.observe(9.0);
+        let mut s = String::new();
+        h.render(&mut s, "x", "help", "a=\"b\"");
+        assert!(s.contains("x_bucket{a=\"b\",le=\"1\"} 1\n"));
+        assert!(s.contains("x_bucket{a=\"b\",le=\"2\"} 2\n"));
+        assert!(s.contains("x_bucket{a=\"b\",le=\"+Inf\"} 3\n"));
+        assert!(s.contains("x_count{a=\"b\"} 3\n"));
+        assert_eq!(h.sum(), 11.0);
+    }
+
+    #[test]
+    fn render_names_and_labels() {
+        let m = Metrics { prompt_tokens: 10, cached_tokens: 4, ..Metrics::default() };
+        let g = Gauges { capacity: 100, used_tokens: 25, ..Gauges::default() };
+        let s = m.render("m\"x", &g);
+        assert!(s.contains("sglang:prompt_tokens_total{model_name=\"m\\\"x\"} 10\n"));
+        assert!(s.contains("sglang:cached_tokens_total{model_name=\"m\\\"x\",cache_source=\"total\"} 4\n"));
+        assert!(s.contains("sglang:token_usage{model_name=\"m\\\"x\"} 0.25\n"));
+        assert!(s.contains("sglang:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.001\"} 0\n"));
+    }
+}

@@ -1,0 +1,120 @@
+//! `sim-worker`: a faithful simulated SGLang server, for routing-policy comparisons (hit rate,
+//! TTFT) and as the real upstream of the gateway's end-to-end tests. No GPU: each port runs a
+//! simulated scheduler ([`engine`]) over a token radix cache ([`radix`]) on its own virtual GPU
+//! clock, with the reference cost model ([`cost`]), a real BPE tokenizer and chat template
+//! ([`tokenizer`]), SGLang's HTTP API and Prometheus metrics ([`server`], [`api`], [`metrics`]),
+//! and fault knobs ([`Faults`]).
+//!
+//! ```no_run
+//! use loadtest::sim::{spawn_cluster, SimConfig};
+//! let cluster = spawn_cluster(SimConfig { ports: vec![0, 0], ..SimConfig::default() }).unwrap();
+//! println!("{:?}", cluster.urls()); // e.g. ["http://127.0.0.1:39011", "http://127.0.0.1:39012"]
+//! cluster.shutdown();
+//! ```
+
+pub mod api;
+pub mod cost;
+pub mod engine;
+pub mod metrics;
+pub mod radix;
+pub mod rng;
+pub mod server;
+pub mod tokenizer;
+
+pub use server::{spawn_cluster, SimCluster};
+pub use tokenizer::TokenizerMode;
+
+/// Fault injection, applied to every port of a cluster (run separate clusters for healthy and
+/// faulty workers). "Inference requests" are `/generate`, `/v1/chat/completions` and
+/// `/v1/completions`; the counters below are per port.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Faults {
+    /// Fraction of inference requests answered 500 with a JSON error (seeded RNG).
+    pub fail_rate: f64,
+    /// Extra real-time delay before handling each inference request, ms.
+    pub latency_ms: u64,
+    /// After this many inference requests have been answered (or when one more arrives), the
+    /// server closes its listener and every connection: connection refused afterwards.
+    pub die_after: Option<u64>,
+    /// Inference requests beyond this many are accepted, read, and never answered.
+    pub stall_after: Option<u64>,
+    /// `/health` and `/health_generate` answer 503.
+    pub health_fail: bool,
+    /// Streams are cut (connection closed without the terminating chunk) after a few events.
+    pub close_mid_stream: bool,
+}
+
+/// Which monoio driver the server thread runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoDriver {
+    /// io_uring if the kernel allows it, else epoll; `MONOIO_FORCE_LEGACY_DRIVER=1` forces epoll.
+    #[default]
+    Auto,
+    /// io_uring only (fails to start where it is unavailable).
+    Uring,
+    /// epoll only.
+    Legacy,
+}
+
+/// Configuration of a simulated cluster: one simulated worker per port, all alike.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// Ports to listen on; 0 picks an ephemeral port (see [`SimCluster::ports`]).
+    pub ports: Vec<u16>,
+    /// Bind address.
+    pub host: String,
+    /// Served model name (`/v1/models`, responses, the `model_name` metric label).
+    pub model_name: String,
+    /// KV capacity in tokens per worker (`max_total_num_tokens`).
+    pub max_total_tokens: usize,
+    /// Radix cache page size.
+    pub page_size: usize,
+    /// Most new tokens per prefill forward.
+    pub chunked_prefill_size: usize,
+    /// Most requests running at once per worker.
+    pub max_running: usize,
+    /// Virtual seconds per real second: 10 runs the simulated GPU 10× faster than real time
+    /// (a 1 s prefill answers after 0.1 s). Latencies reported by the worker (metrics,
+    /// `e2e_latency`) are virtual, i.e. what a real GPU would show.
+    pub time_scale: f64,
+    /// Real BPE or the cheap approximation.
+    pub tokenizer: TokenizerMode,
+    /// Fixed duration of every forward in virtual ms, replacing the cost model (SSE pacing
+    /// tests).
+    pub token_interval_ms: Option<f64>,
+    /// `max_new_tokens` / `max_tokens` when the request gives none.
+    pub default_max_tokens: usize,
+    /// Seeds jitter, generated answers and fault draws.
+    pub seed: u64,
+    /// Fault injection.
+    pub faults: Faults,
+    /// Keep the last N raw requests for `GET /debug/requests` (0 = off).
+    pub record_requests: usize,
+    /// monoio driver selection.
+    pub io_driver: IoDriver,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            ports: vec![0],
+            host: "127.0.0.1".into(),
+            model_name: "meta-llama/Llama-3.1-8B-Instruct".into(),
+            max_total_tokens: 400_000,
+            page_size: 1,
+            chunked_prefill_size: 8192,
+            max_running: 256,
+            time_scale: 1.0,
+            tokenizer: TokenizerMode::Bpe,
+            token_interval_ms: None,
+            default_max_tokens: 128,
+            seed: 0,
+            faults: Faults::default(),
+            record_requests: 0,
+            io_driver: IoDriver::Auto,
+        }
+    }
+}
+
+#[cfg(test)]
+mod calibration_tests;

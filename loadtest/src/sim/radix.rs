@@ -1,0 +1,614 @@
+//! The simulated worker's KV cache: a token radix tree with SGLang RadixAttention semantics
+//! (per-node lock refs, page-granular keys, LRU eviction of unlocked leaves) plus the KV pool
+//! accounting around it (tokens held privately by running requests, free slots).
+//!
+//! Why a faithful model rather than a set of hashes: the routing comparison this crate exists for
+//! is decided by *which tokens are still cached when the next turn arrives*, and that depends on
+//! splits, lock refs (running requests pin their prefix) and the eviction order. The tree is an
+//! arena of nodes addressed by `NodeId`, so request handles stay valid across splits (a split keeps
+//! the lower half's id and inserts a new upper node).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// Index of a node in the arena. `ROOT` is the empty prefix and is never evicted or locked.
+pub type NodeId = u32;
+
+/// The root node: the empty prefix.
+pub const ROOT: NodeId = 0;
+
+#[derive(Debug, Clone)]
+struct Node {
+    /// Edge label: the tokens from the parent to this node (a whole number of pages).
+    key: Vec<u32>,
+    parent: NodeId,
+    /// `(first token of the child's edge, child)`. Linear scan: fan-outs in practice are small
+    /// and the comparison is a single `u32` before the page check.
+    children: Vec<(u32, NodeId)>,
+    /// Number of live request handles whose path runs through this node.
+    lock_ref: u32,
+    /// Logical clock of the last match/insert through this node (LRU key).
+    last_access: u64,
+    live: bool,
+}
+
+/// Counters describing what the cache did, for metrics and reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Tokens removed by eviction since start (flushes not included).
+    pub evicted_tokens: u64,
+    /// Number of eviction passes that had to run because an allocation did not fit.
+    pub evictions: u64,
+}
+
+/// Radix tree over token ids plus KV-pool accounting with a hard capacity.
+///
+/// Capacity invariant (checked in tests after every operation):
+/// `tree_tokens + private_tokens <= capacity`.
+#[derive(Debug, Clone)]
+pub struct RadixCache {
+    nodes: Vec<Node>,
+    free_ids: Vec<NodeId>,
+    page: usize,
+    capacity: usize,
+    tree_tokens: usize,
+    evictable_tokens: usize,
+    private_tokens: usize,
+    tick: u64,
+    stats: CacheStats,
+}
+
+impl RadixCache {
+    /// An empty cache of `capacity` KV slots with `page_size`-token pages (0 is treated as 1).
+    pub fn new(capacity: usize, page_size: usize) -> Self {
+        let mut c = RadixCache {
+            nodes: Vec::new(),
+            free_ids: Vec::new(),
+            page: page_size.max(1),
+            capacity,
+            tree_tokens: 0,
+            evictable_tokens: 0,
+            private_tokens: 0,
+            tick: 0,
+            stats: CacheStats::default(),
+        };
+        c.reset();
+        c
+    }
+
+    fn reset(&mut self) {
+        self.nodes.clear();
+        self.free_ids.clear();
+        self.nodes.push(Node {
+            key: Vec::new(),
+            parent: ROOT,
+            children: Vec::new(),
+            lock_ref: 0,
+            last_access: 0,
+            live: true,
+        });
+        self.tree_tokens = 0;
+        self.evictable_tokens = 0;
+    }
+
+    /// Page size in tokens.
+    pub fn page_size(&self) -> usize {
+        self.page
+    }
+    /// Total KV slots.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    /// Tokens stored in the tree (locked or not).
+    pub fn tree_tokens(&self) -> usize {
+        self.tree_tokens
+    }
+    /// Tree tokens no running request pins: reclaimable by eviction.
+    pub fn evictable_tokens(&self) -> usize {
+        self.evictable_tokens
+    }
+    /// Tree tokens pinned by running requests.
+    pub fn protected_tokens(&self) -> usize {
+        self.tree_tokens - self.evictable_tokens
+    }
+    /// KV slots held by requests and not (yet) in the tree.
+    pub fn private_tokens(&self) -> usize {
+        self.private_tokens
+    }
+    /// Unused slots.
+    pub fn free_tokens(&self) -> usize {
+        self.capacity - self.tree_tokens - self.private_tokens
+    }
+    /// Slots an allocation could obtain right now (free + evictable).
+    pub fn available_tokens(&self) -> usize {
+        self.free_tokens() + self.evictable_tokens
+    }
+    /// Slots in use by live requests (SGLang's `num_used_tokens`: capacity − free − evictable).
+    pub fn used_tokens(&self) -> usize {
+        self.capacity - self.available_tokens()
+    }
+    /// Eviction counters.
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+    /// `n` floored to a whole number of pages.
+    pub fn floor_page(&self, n: usize) -> usize {
+        n - n % self.page
+    }
+
+    /// Whether nothing is locked and no request holds private KV, so the cache may be flushed.
+    pub fn is_idle(&self) -> bool {
+        self.private_tokens == 0 && self.evictable_tokens == self.tree_tokens
+    }
+
+    /// Drop every cached prefix. Returns false (and does nothing) while any request holds KV.
+    pub fn flush(&mut self) -> bool {
+        if !self.is_idle() {
+            return false;
+        }
+        self.reset();
+        true
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    fn alloc_node(&mut self, key: Vec<u32>, parent: NodeId, lock_ref: u32, last_access: u64) -> NodeId {
+        let node = Node { key, parent, children: Vec::new(), lock_ref, last_access, live: true };
+        match self.free_ids.pop() {
+            Some(id) => {
+                self.nodes[id as usize] = node;
+                id
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as NodeId
+            }
+        }
+    }
+
+    /// The child of `node` whose edge starts with the page `page_key`.
+    fn child(&self, node: NodeId, page_key: &[u32]) -> Option<NodeId> {
+        let first = page_key[0];
+        self.nodes[node as usize]
+            .children
+            .iter()
+            .find(|&&(f, c)| f == first && self.nodes[c as usize].key[..page_key.len()] == *page_key)
+            .map(|&(_, c)| c)
+    }
+
+    /// Length of the common prefix of the two slices, floored to whole pages.
+    fn common_pages(&self, a: &[u32], b: &[u32]) -> usize {
+        let n = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        self.floor_page(n)
+    }
+
+    /// Split `child` after `at` tokens (page-aligned, `0 < at < key.len()`): a new upper node takes
+    /// the first `at` tokens and `child` keeps its id with the rest, so handles stay valid.
+    fn split(&mut self, child: NodeId, at: usize) -> NodeId {
+        let (parent, lock_ref, last_access, upper_key) = {
+            let c = &mut self.nodes[child as usize];
+            let upper: Vec<u32> = c.key[..at].to_vec();
+            c.key.drain(..at);
+            (c.parent, c.lock_ref, c.last_access, upper)
+        };
+        let first_upper = upper_key[0];
+        let lower_first = self.nodes[child as usize].key[0];
+        let upper = self.alloc_node(upper_key, parent, lock_ref, last_access);
+        self.nodes[upper as usize].children.push((lower_first, child));
+        self.nodes[child as usize].parent = upper;
+        for entry in &mut self.nodes[parent as usize].children {
+            if entry.1 == child {
+                *entry = (first_upper, upper);
+            }
+        }
+        upper
+    }
+
+    /// Longest cached prefix of `key` in whole pages. Touches the path (LRU) and splits the last
+    /// edge so that the returned node covers exactly the matched prefix. Returns `(len, node)`;
+    /// `(0, ROOT)` on a miss. Callers cap `key` (e.g. to `len − 1`) before calling.
+    pub fn match_prefix(&mut self, key: &[u32]) -> (usize, NodeId) {
+        let key = &key[..self.floor_page(key.len())];
+        let tick = self.next_tick();
+        let mut node = ROOT;
+        let mut pos = 0;
+        while pos < key.len() {
+            let Some(c) = self.child(node, &key[pos..pos + self.page]) else { break };
+            let edge_len = self.nodes[c as usize].key.len();
+            let common = self.common_pages(&self.nodes[c as usize].key, &key[pos..]);
+            if common < edge_len {
+                let upper = self.split(c, common);
+                self.nodes[upper as usize].last_access = tick;
+                node = upper;
+                pos += common;
+                break;
+            }
+            self.nodes[c as usize].last_access = tick;
+            node = c;
+            pos += edge_len;
+        }
+        (pos, node)
+    }
+
+    /// Length of the cached prefix of `key` in whole pages, without touching or splitting.
+    pub fn peek_prefix(&self, key: &[u32]) -> usize {
+        let key = &key[..self.floor_page(key.len())];
+        let mut node = ROOT;
+        let mut pos = 0;
+        while pos < key.len() {
+            let Some(c) = self.child(node, &key[pos..pos + self.page]) else { break };
+            let common = self.common_pages(&self.nodes[c as usize].key, &key[pos..]);
+            pos += common;
+            if common < self.nodes[c as usize].key.len() {
+                break;
+            }
+            node = c;
+        }
+        pos
+    }
+
+    /// Insert `key` (floored to whole pages). Returns `(existing, node)`: how many leading tokens
+    /// were already cached, and the node covering the whole (floored) key. New tokens are counted
+    /// as tree tokens (evictable until locked); the caller accounts for where their KV came from.
+    pub fn insert(&mut self, key: &[u32]) -> (usize, NodeId) {
+        let key = &key[..self.floor_page(key.len())];
+        let tick = self.next_tick();
+        let mut node = ROOT;
+        let mut pos = 0;
+        while pos < key.len() {
+            let Some(c) = self.child(node, &key[pos..pos + self.page]) else { break };
+            let edge_len = self.nodes[c as usize].key.len();
+            let common = self.common_pages(&self.nodes[c as usize].key, &key[pos..]);
+            let next = if common < edge_len { self.split(c, common) } else { c };
+            self.nodes[next as usize].last_access = tick;
+            node = next;
+            pos += common;
+            if common < edge_len {
+                break;
+            }
+        }
+        let existing = pos;
+        if pos < key.len() {
+            let rest = key[pos..].to_vec();
+            let first = rest[0];
+            let leaf = self.alloc_node(rest, node, 0, tick);
+            self.nodes[node as usize].children.push((first, leaf));
+            let added = key.len() - pos;
+            self.tree_tokens += added;
+            self.evictable_tokens += added;
+            node = leaf;
+        }
+        (existing, node)
+    }
+
+    /// Pin the path from `node` to the root (a running request uses it).
+    pub fn inc_lock(&mut self, mut node: NodeId) {
+        while node != ROOT {
+            let n = &mut self.nodes[node as usize];
+            if n.lock_ref == 0 {
+                self.evictable_tokens -= n.key.len();
+            }
+            n.lock_ref += 1;
+            node = n.parent;
+        }
+    }
+
+    /// Release a pin taken by [`inc_lock`](Self::inc_lock).
+    pub fn dec_lock(&mut self, mut node: NodeId) {
+        while node != ROOT {
+            let n = &mut self.nodes[node as usize];
+            debug_assert!(n.lock_ref > 0, "dec_lock on an unlocked node");
+            n.lock_ref = n.lock_ref.saturating_sub(1);
+            if n.lock_ref == 0 {
+                self.evictable_tokens += n.key.len();
+            }
+            node = n.parent;
+        }
+    }
+
+    /// Evict unlocked leaves in LRU order until at least `tokens` are freed or nothing is
+    /// evictable. Returns the number of tokens freed.
+    pub fn evict(&mut self, tokens: usize) -> usize {
+        if tokens == 0 {
+            return 0;
+        }
+        self.stats.evictions += 1;
+        let mut heap: BinaryHeap<Reverse<(u64, NodeId)>> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, n)| n.live && n.children.is_empty() && n.lock_ref == 0)
+            .map(|(i, n)| Reverse((n.last_access, i as NodeId)))
+            .collect();
+        let mut freed = 0;
+        while freed < tokens {
+            let Some(Reverse((_, id))) = heap.pop() else { break };
+            let parent = self.nodes[id as usize].parent;
+            freed += self.remove_leaf(id);
+            let p = &self.nodes[parent as usize];
+            if parent != ROOT && p.children.is_empty() && p.lock_ref == 0 {
+                heap.push(Reverse((p.last_access, parent)));
+            }
+        }
+        self.stats.evicted_tokens += freed as u64;
+        freed
+    }
+
+    fn remove_leaf(&mut self, id: NodeId) -> usize {
+        let (parent, len) = {
+            let n = &mut self.nodes[id as usize];
+            n.live = false;
+            let len = n.key.len();
+            n.key = Vec::new();
+            (n.parent, len)
+        };
+        self.nodes[parent as usize].children.retain(|&(_, c)| c != id);
+        self.free_ids.push(id);
+        self.tree_tokens -= len;
+        self.evictable_tokens -= len;
+        len
+    }
+
+    /// Reserve `n` private KV slots for a request, evicting LRU leaves if the free slots do not
+    /// suffice. Returns false (and allocates nothing) if even eviction cannot make room.
+    pub fn alloc(&mut self, n: usize) -> bool {
+        if n > self.available_tokens() {
+            return false;
+        }
+        let free = self.free_tokens();
+        if free < n {
+            self.evict(n - free);
+        }
+        if self.free_tokens() < n {
+            return false;
+        }
+        self.private_tokens += n;
+        true
+    }
+
+    /// Return `n` private slots to the pool.
+    pub fn free(&mut self, n: usize) {
+        debug_assert!(n <= self.private_tokens, "freeing more private KV than allocated");
+        self.private_tokens -= n.min(self.private_tokens);
+    }
+
+    /// Move a request's computed tokens into the tree (SGLang `cache_unfinished_req`).
+    ///
+    /// `tokens` are all tokens whose KV the request holds; `old` / `old_len` its current handle
+    /// (the locked node covering `tokens[..old_len]`, `ROOT`/0 for none). The page-aligned part of
+    /// `tokens` is inserted; KV that duplicates what another request inserted meanwhile is freed;
+    /// the handle moves to the new node. Returns the new handle `(node, locked_len)`; the
+    /// unaligned tail stays private to the request.
+    pub fn cache_prefix(&mut self, tokens: &[u32], old: NodeId, old_len: usize) -> (NodeId, usize) {
+        let aligned = self.floor_page(tokens.len());
+        if aligned <= old_len {
+            return (old, old_len);
+        }
+        let (_, node) = self.insert(&tokens[..aligned]);
+        // Slots [old_len, aligned) were private; they are now either new tree nodes (insert
+        // counted them) or duplicates of nodes someone else inserted (freed).
+        self.free(aligned - old_len);
+        self.inc_lock(node);
+        if old != ROOT {
+            self.dec_lock(old);
+        }
+        (node, aligned)
+    }
+
+    /// Verify the accounting by walking the tree (tests and debug assertions).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut total = 0;
+        let mut evictable = 0;
+        let mut stack = vec![ROOT];
+        while let Some(id) = stack.pop() {
+            let n = &self.nodes[id as usize];
+            if !n.live {
+                return Err(format!("dead node {id} reachable"));
+            }
+            if id != ROOT {
+                if n.key.is_empty() || n.key.len() % self.page != 0 {
+                    return Err(format!("node {id} key len {} not whole pages", n.key.len()));
+                }
+                total += n.key.len();
+                if n.lock_ref == 0 {
+                    evictable += n.key.len();
+                }
+                let p = &self.nodes[n.parent as usize];
+                if n.parent != ROOT && p.lock_ref < n.lock_ref {
+                    return Err(format!("parent of {id} has fewer locks than child"));
+                }
+            }
+            for &(first, c) in &n.children {
+                let child = &self.nodes[c as usize];
+                if child.parent != id || child.key.first() != Some(&first) {
+                    return Err(format!("bad child link {id}->{c}"));
+                }
+                stack.push(c);
+            }
+        }
+        if total != self.tree_tokens || evictable != self.evictable_tokens {
+            return Err(format!(
+                "accounting: walked {total}/{evictable}, counted {}/{}",
+                self.tree_tokens, self.evictable_tokens
+            ));
+        }
+        if self.tree_tokens + self.private_tokens > self.capacity {
+            return Err("capacity exceeded".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::rng::SimRng;
+
+    fn ok(c: &RadixCache) {
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn match_insert_split() {
+        let mut c = RadixCache::new(1000, 1);
+        assert_eq!(c.match_prefix(&[1, 2, 3]), (0, ROOT));
+        let (existing, a) = c.insert(&[1, 2, 3, 4, 5]);
+        assert_eq!(existing, 0);
+        assert_eq!(c.tree_tokens(), 5);
+        ok(&c);
+        // Partial match splits the edge; the returned node covers exactly the match.
+        let (len, n) = c.match_prefix(&[1, 2, 3, 9]);
+        assert_eq!(len, 3);
+        assert_ne!(n, a);
+        assert_eq!(c.tree_tokens(), 5);
+        ok(&c);
+        // Diverging insert adds only the new suffix.
+        let (existing, _) = c.insert(&[1, 2, 3, 9, 9]);
+        assert_eq!(existing, 3);
+        assert_eq!(c.tree_tokens(), 7);
+        assert_eq!(c.peek_prefix(&[1, 2, 3, 4, 5, 6]), 5);
+        assert_eq!(c.peek_prefix(&[1, 2, 3, 9, 9]), 5);
+        assert_eq!(c.peek_prefix(&[1, 2, 7]), 2);
+        // Inserting a prefix of an existing key adds nothing.
+        assert_eq!(c.insert(&[1, 2]).0, 2);
+        assert_eq!(c.tree_tokens(), 7);
+        ok(&c);
+        // The original leaf handle is still the full path.
+        c.inc_lock(a);
+        assert_eq!(c.protected_tokens(), 5);
+        ok(&c);
+    }
+
+    #[test]
+    fn page_floor() {
+        let mut c = RadixCache::new(1000, 4);
+        let (existing, _) = c.insert(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(existing, 0);
+        assert_eq!(c.tree_tokens(), 8, "key truncated to whole pages");
+        // Match diverging inside the second page floors to the first page.
+        assert_eq!(c.match_prefix(&[1, 2, 3, 4, 5, 6, 0, 0, 0]).0, 4);
+        // Same first token, different page: a distinct child.
+        assert_eq!(c.insert(&[1, 2, 3, 4, 5, 0, 0, 0]).0, 4);
+        assert_eq!(c.tree_tokens(), 12);
+        assert_eq!(c.peek_prefix(&[1, 2, 3, 4, 5, 0, 0, 0, 1]), 8);
+        assert_eq!(c.peek_prefix(&[1, 2, 3]), 0);
+        ok(&c);
+    }
+
+    #[test]
+    fn lock_prevents_eviction_and_capacity_holds() {
+        let mut c = RadixCache::new(10, 1);
+        let (_, a) = c.insert(&[1, 2, 3, 4]);
+        let (_, b) = c.insert(&[5, 6, 7, 8]);
+        c.inc_lock(a);
+        assert_eq!(c.evictable_tokens(), 4);
+        assert!(c.alloc(6), "2 free + 4 evictable from b");
+        assert_eq!(c.peek_prefix(&[5, 6, 7, 8]), 0, "b evicted");
+        assert_eq!(c.peek_prefix(&[1, 2, 3, 4]), 4, "a locked");
+        assert!(!c.alloc(1), "everything is locked or private");
+        ok(&c);
+        c.dec_lock(a);
+        assert!(c.alloc(4));
+        assert_eq!(c.tree_tokens(), 0);
+        assert_eq!(c.free_tokens(), 0);
+        ok(&c);
+        let _ = b;
+    }
+
+    #[test]
+    fn lru_order() {
+        let mut c = RadixCache::new(12, 1);
+        c.insert(&[1, 1, 1, 1]);
+        c.insert(&[2, 2, 2, 2]);
+        c.insert(&[3, 3, 3, 3]);
+        c.match_prefix(&[1, 1, 1, 1]); // 1 is now most recent; 2 is the LRU
+        assert!(c.alloc(4));
+        assert_eq!(c.peek_prefix(&[2, 2, 2, 2]), 0);
+        assert_eq!(c.peek_prefix(&[1, 1, 1, 1]), 4);
+        assert_eq!(c.peek_prefix(&[3, 3, 3, 3]), 4);
+        assert!(c.alloc(4));
+        assert_eq!(c.peek_prefix(&[3, 3, 3, 3]), 0);
+        assert_eq!(c.peek_prefix(&[1, 1, 1, 1]), 4);
+        ok(&c);
+    }
+
+    #[test]
+    fn eviction_climbs_to_parents() {
+        let mut c = RadixCache::new(8, 1);
+        c.insert(&[1, 2, 3, 4]);
+        c.insert(&[1, 2, 9, 9]);
+        assert_eq!(c.tree_tokens(), 6);
+        assert!(c.alloc(8), "both leaves then their shared parent go");
+        assert_eq!(c.tree_tokens(), 0);
+        ok(&c);
+    }
+
+    #[test]
+    fn cache_prefix_moves_and_dedups() {
+        let mut c = RadixCache::new(100, 1);
+        // Two requests with the same 10-token prompt each allocate privately.
+        assert!(c.alloc(10));
+        assert!(c.alloc(10));
+        let p: Vec<u32> = (0..10).collect();
+        let (n1, l1) = c.cache_prefix(&p, ROOT, 0);
+        assert_eq!((c.tree_tokens(), c.private_tokens(), l1), (10, 10, 10));
+        let (n2, l2) = c.cache_prefix(&p, ROOT, 0);
+        assert_eq!((c.tree_tokens(), c.private_tokens(), l2), (10, 0, 10), "duplicate freed");
+        assert_eq!(n1, n2);
+        assert_eq!(c.protected_tokens(), 10);
+        ok(&c);
+        c.dec_lock(n1);
+        c.dec_lock(n2);
+        assert!(c.is_idle());
+        assert!(c.flush());
+        assert_eq!(c.tree_tokens(), 0);
+    }
+
+    #[test]
+    fn random_ops_never_exceed_capacity() {
+        let mut rng = SimRng::new(42);
+        for page in [1usize, 4] {
+            let mut c = RadixCache::new(500, page);
+            let mut held: Vec<(NodeId, usize)> = Vec::new();
+            for _ in 0..3000 {
+                let len = 1 + rng.below(60) as usize;
+                let base = rng.below(6) as u32;
+                let key: Vec<u32> = (0..len as u32).map(|i| base * 100 + (i % (3 + base))).collect();
+                match rng.below(4) {
+                    0 => {
+                        let (hit, node) = c.match_prefix(&key[..len - 1]);
+                        let need = len - hit;
+                        c.inc_lock(node);
+                        if c.alloc(need) {
+                            // cache_prefix moves the handle (lock) from `node` to `n`.
+                            let (n, l) = c.cache_prefix(&key, node, hit);
+                            c.free(len - l);
+                            held.push((n, l));
+                        } else {
+                            c.dec_lock(node);
+                        }
+                    }
+                    1 => {
+                        if let Some((n, _)) = held.pop() {
+                            c.dec_lock(n);
+                        }
+                    }
+                    2 => {
+                        c.insert(&key);
+                    }
+                    _ => {
+                        let n = rng.below(50) as usize;
+                        if c.alloc(n) {
+                            c.free(n);
+                        }
+                    }
+                }
+                c.check_invariants().unwrap();
+            }
+        }
+    }
+}

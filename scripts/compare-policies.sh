@@ -1,0 +1,325 @@
+#!/usr/bin/env bash
+# Compare routing policies on a simulated SGLang cluster.
+#
+# Starts N simulated workers (target/release/sim-worker), then for each policy starts the
+# gateway in front of them, warms it up, flushes the workers' caches, scrapes every worker's
+# /metrics, replays one workload with loadgen, scrapes again and stops the gateway. Policies:
+# radixgate round_robin, random, power_of_two, cache_aware, cache_aware --insert-response-text,
+# cache_aware --affinity-window, manual with X-SMG-Routing-Key (the sticky-session oracle), and
+# sglang-router 0.3.2 (PyPI, in .venv/) with cache_aware on the same cluster and workload.
+#
+# Writes results/<timestamp>/report.md (hit rate from the workers' counters, TTFT p50/p99,
+# throughput, per-worker load spread, acceptance checks) and chart.png (matplotlib in .venv/;
+# skipped with a message when it cannot be installed).
+#
+# Time compression: the chat and mrqa workloads run think times and arrivals at --time-scale
+# (loadgen) and the simulated GPUs 1/--time-scale faster (sim-worker --time-scale), so the whole
+# system is a uniformly compressed replay; latencies in the report are real (compressed) ms.
+# The simulated workers use the `approx` tokenizer (4 chars a token, like the generated text)
+# unless --tokenizer bpe. Defaults keep a full run under ~10 minutes on 2 cores.
+#
+# Usage: scripts/compare-policies.sh [--workload gsp|chat|mrqa|trace] [--workers N]
+#          [--duration S] [--policies a,b,...] [--no-sglang-router] [--no-chart] [--skip-build]
+#          [--time-scale X] [--rate R] [--tokenizer approx|bpe] [--out DIR]
+#          [--sim-args "..."] [--loadgen-args "..."] [--gateway-args "..."]
+# Policy names: round_robin random power_of_two cache_aware cache_aware+insert_response_text
+#               cache_aware+affinity_window manual+session_header sglang-router
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+WORKLOAD=chat
+WORKERS=""
+DURATION=""
+POLICIES="round_robin,random,power_of_two,cache_aware,cache_aware+insert_response_text,cache_aware+affinity_window,manual+session_header,sglang-router"
+CHART=1
+BUILD=1
+TIME_SCALE=""
+RATE=""
+TOKENIZER=approx
+OUT=""
+SIM_ARGS=""
+LOADGEN_ARGS=""
+GATEWAY_ARGS=""
+SGLANG_ROUTER_VERSION=0.3.2
+
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --workload) WORKLOAD="$2"; shift 2 ;;
+        --workers) WORKERS="$2"; shift 2 ;;
+        --duration) DURATION="$2"; shift 2 ;;
+        --policies) POLICIES="$2"; shift 2 ;;
+        --no-sglang-router) POLICIES="$(tr ',' '\n' <<<"$POLICIES" | grep -v '^sglang-router$' | paste -sd, -)"; shift ;;
+        --no-chart) CHART=0; shift ;;
+        --skip-build) BUILD=0; shift ;;
+        --time-scale) TIME_SCALE="$2"; shift 2 ;;
+        --rate) RATE="$2"; shift 2 ;;
+        --tokenizer) TOKENIZER="$2"; shift 2 ;;
+        --out) OUT="$2"; shift 2 ;;
+        --sim-args) SIM_ARGS="$2"; shift 2 ;;
+        --loadgen-args) LOADGEN_ARGS="$2"; shift 2 ;;
+        --gateway-args) GATEWAY_ARGS="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+# ---- per-workload defaults -------------------------------------------------------------------
+# LG: loadgen workload flags. SIM_TS: simulated GPU speed-up (1 / loadgen time scale).
+case "$WORKLOAD" in
+    gsp)
+        # SGLang generated-shared-prefix, v0.4 router blog setup: 64 groups x 16 prompts, burst,
+        # 8 workers; real-time GPU (the burst itself is the point).
+        WORKERS="${WORKERS:-8}"; DURATION="${DURATION:-60}"; TIME_SCALE="${TIME_SCALE:-1}"
+        LG=(--workload gsp --api generate --arrival schedule)
+        ;;
+    chat)
+        # Reference generator spec, think times x0.05 (median 6 s), 0.5 sessions/s unscaled.
+        WORKERS="${WORKERS:-4}"; DURATION="${DURATION:-40}"; TIME_SCALE="${TIME_SCALE:-0.05}"
+        LG=(--workload chat --api chat --rate "${RATE:-0.5}")
+        ;;
+    mrqa)
+        WORKERS="${WORKERS:-4}"; DURATION="${DURATION:-40}"; TIME_SCALE="${TIME_SCALE:-0.1}"
+        LG=(--workload mrqa --api chat --rate "${RATE:-2}")
+        ;;
+    trace)
+        # Mooncake synthetic trace (heavy prefix reuse), first 600 requests, timestamps x0.2.
+        WORKERS="${WORKERS:-4}"; DURATION="${DURATION:-40}"; TIME_SCALE="${TIME_SCALE:-0.2}"
+        LG=(--workload trace --api completions --trace synthetic --num-requests 600)
+        ;;
+    *) echo "unknown workload: $WORKLOAD" >&2; exit 2 ;;
+esac
+SIM_TS="$(python3 -c "print(f'{1.0 / float($TIME_SCALE):g}')")"
+DRAIN=60
+
+STAMP="$(date +%Y%m%d-%H%M%S)"
+OUT="${OUT:-results/$STAMP-$WORKLOAD}"
+mkdir -p "$OUT/runs"
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
+
+# ---- process bookkeeping: kill only what we started, by PID ----------------------------------
+PIDS=()
+stop_pid() {
+    local pid="$1"
+    kill -0 "$pid" 2>/dev/null || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do
+        kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'echo; echo "interrupted" >&2; exit 130' INT TERM
+forget_pid() {
+    local keep=() p
+    for p in "${PIDS[@]}"; do [[ "$p" == "$1" ]] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
+
+log() { printf '[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# A contiguous block of free loopback ports: compare-policies.sh needs N workers + 4.
+free_ports() {
+    python3 - "$1" <<'PY'
+import random, socket, sys
+n = int(sys.argv[1])
+for _ in range(200):
+    base = random.randrange(20000, 32000 - n)
+    socks = []
+    try:
+        for p in range(base, base + n):
+            s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
+    except OSError:
+        continue
+    finally:
+        for s in socks: s.close()
+    print(base); sys.exit(0)
+sys.exit("no free port block found")
+PY
+}
+
+# Wait until URL answers 200, or fail after $2 seconds (or when process $3 dies).
+wait_http() {
+    local url="$1" secs="$2" pid="${3:-}" i
+    for i in $(seq 1 $((secs * 10))); do
+        if [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$url" || true)" == "200" ]]; then return 0; fi
+        if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then return 1; fi
+        sleep 0.1
+    done
+    return 1
+}
+
+# ---- build -----------------------------------------------------------------------------------
+if [[ "$BUILD" == 1 ]]; then
+    log "building release (cargo build --release -p radixgate -p loadtest)"
+    cargo build --release -p radixgate -p loadtest >"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log" >&2; exit 1; }
+fi
+for bin in radixgate sim-worker loadgen; do
+    [[ -x "target/release/$bin" ]] || { echo "missing target/release/$bin (build failed?)" >&2; exit 1; }
+done
+LOADGEN="target/release/loadgen"
+
+# ---- Python venv: chart and sglang-router --------------------------------------------------------
+PY=python3
+need_router=0
+[[ ",$POLICIES," == *",sglang-router,"* ]] && need_router=1
+if [[ "$CHART" == 1 || "$need_router" == 1 ]]; then
+    if [[ ! -x .venv/bin/python ]]; then
+        log "creating .venv/"
+        python3 -m venv .venv >"$LOGS/venv.log" 2>&1 || log "could not create .venv (see $LOGS/venv.log)"
+    fi
+    if [[ -x .venv/bin/python ]]; then
+        PY=.venv/bin/python
+        if [[ "$CHART" == 1 ]] && ! .venv/bin/python -c 'import matplotlib' 2>/dev/null; then
+            log "installing matplotlib into .venv/"
+            .venv/bin/pip install -q matplotlib >>"$LOGS/venv.log" 2>&1 || log "matplotlib unavailable: the chart will be skipped"
+        fi
+        if [[ "$need_router" == 1 ]] && ! .venv/bin/python -c 'import sglang_router' 2>/dev/null; then
+            log "installing sglang-router==$SGLANG_ROUTER_VERSION into .venv/"
+            .venv/bin/pip install -q "sglang-router==$SGLANG_ROUTER_VERSION" >>"$LOGS/venv.log" 2>&1 \
+                || log "sglang-router unavailable: that run will be reported as failed"
+        fi
+    fi
+fi
+
+# ---- cluster ---------------------------------------------------------------------------------
+BASE="$(free_ports $((WORKERS + 4)))"
+LAST=$((BASE + WORKERS - 1))
+GW_PORT=$((BASE + WORKERS))
+GW_METRICS_PORT=$((BASE + WORKERS + 1))
+URLS=()
+for ((i = 0; i < WORKERS; i++)); do URLS+=("http://127.0.0.1:$((BASE + i))"); done
+
+log "starting $WORKERS simulated workers on ports $BASE-$LAST (GPU time x$SIM_TS, tokenizer $TOKENIZER)"
+# shellcheck disable=SC2086
+target/release/sim-worker --ports "$BASE-$LAST" --time-scale "$SIM_TS" --tokenizer "$TOKENIZER" $SIM_ARGS \
+    >"$LOGS/sim-worker.log" 2>&1 &
+SIM_PID=$!
+PIDS+=("$SIM_PID")
+for u in "${URLS[@]}"; do
+    wait_http "$u/health" 30 "$SIM_PID" || { echo "sim-worker did not come up; log:" >&2; tail -20 "$LOGS/sim-worker.log" >&2; exit 1; }
+done
+
+python3 - "$OUT/meta.json" <<PY
+import json, sys
+json.dump({"workload": "$WORKLOAD", "workers": $WORKERS, "duration_s": $DURATION,
+           "loadgen_time_scale": $TIME_SCALE, "sim_time_scale": $SIM_TS, "tokenizer": "$TOKENIZER",
+           "loadgen": "${LG[*]} $LOADGEN_ARGS".strip(), "sim_args": "$SIM_ARGS"}, open(sys.argv[1], "w"), indent=1)
+PY
+
+flush_workers() {
+    local u tries
+    for u in "${URLS[@]}"; do
+        for tries in $(seq 1 50); do
+            [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "$u/flush_cache" || true)" == "200" ]] && break
+            sleep 0.2
+        done
+    done
+}
+
+scrape() { # scrape DIR PREFIX
+    local i
+    for ((i = 0; i < WORKERS; i++)); do
+        curl -s --max-time 10 "${URLS[$i]}/metrics" >"$1/$2-$i.prom" || true
+    done
+}
+
+# ---- one policy ------------------------------------------------------------------------------
+run_policy() { # run_policy INDEX LABEL
+    local idx="$1" label="$2"
+    local slug dir gateway policy header=() extra=() gw_pid status=ok
+    slug="$(printf '%02d-%s' "$idx" "$(tr -c 'a-zA-Z0-9_\n-' '_' <<<"$label")")"
+    dir="$OUT/runs/$slug"
+    mkdir -p "$dir"
+    gateway=radixgate
+    case "$label" in
+        round_robin|random|power_of_two|cache_aware) policy="$label" ;;
+        cache_aware+insert_response_text) policy=cache_aware; extra=(--insert-response-text) ;;
+        cache_aware+affinity_window) policy=cache_aware; extra=(--affinity-window) ;;
+        manual+session_header) policy=manual; header=(--session-header) ;;
+        sglang-router) policy=cache_aware; gateway=sglang-router; label="sglang-router cache_aware" ;;
+        *) echo "unknown policy: $label" >&2; return 1 ;;
+    esac
+    log "[$label] starting $gateway --policy $policy ${extra[*]:-}"
+    if [[ "$gateway" == radixgate ]]; then
+        # shellcheck disable=SC2086
+        target/release/radixgate --worker-urls "${URLS[@]}" --policy "$policy" "${extra[@]}" \
+            --host 127.0.0.1 --port "$GW_PORT" --prometheus-host 127.0.0.1 --prometheus-port "$GW_METRICS_PORT" \
+            $GATEWAY_ARGS >"$dir/gateway.log" 2>&1 &
+    else
+        if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import sglang_router' 2>/dev/null; then
+            .venv/bin/python -m sglang_router.launch_router --worker-urls "${URLS[@]}" --policy "$policy" \
+                --host 127.0.0.1 --port "$GW_PORT" --prometheus-host 127.0.0.1 --prometheus-port "$GW_METRICS_PORT" \
+                --log-level warn >"$dir/gateway.log" 2>&1 &
+        else
+            status="sglang-router not installed"
+        fi
+    fi
+    if [[ "$status" == ok ]]; then
+        gw_pid=$!
+        PIDS+=("$gw_pid")
+        if ! wait_http "http://127.0.0.1:$GW_PORT/readiness" 60 "$gw_pid" && ! wait_http "http://127.0.0.1:$GW_PORT/health" 5 "$gw_pid"; then
+            status="gateway did not become ready"
+        fi
+    fi
+    if [[ "$status" == ok ]]; then
+        # Warm-up: tiny requests until all succeed (connection pools, health state), then a
+        # clean slate on every worker.
+        local ok_warm=0
+        for _ in $(seq 1 20); do
+            if "$LOADGEN" --target "http://127.0.0.1:$GW_PORT" --workload rate --rate 20 --duration 1 --drain 5 \
+                --quiet --json "$dir/warmup.json" >/dev/null 2>>"$dir/warmup.log" \
+                && [[ "$(jq -r '.failed' "$dir/warmup.json")" == 0 ]]; then ok_warm=1; break; fi
+            sleep 0.5
+        done
+        [[ "$ok_warm" == 1 ]] || status="warm-up failed"
+    fi
+    if [[ "$status" == ok ]]; then
+        flush_workers
+        scrape "$dir" before
+        log "[$label] running $WORKLOAD for ${DURATION}s"
+        # shellcheck disable=SC2086
+        "$LOADGEN" --target "http://127.0.0.1:$GW_PORT" "${LG[@]}" "${header[@]}" --time-scale "$TIME_SCALE" \
+            --duration "$DURATION" --drain "$DRAIN" --quiet --json "$dir/loadgen.json" --markdown "$dir/loadgen.md" \
+            $LOADGEN_ARGS 2>"$dir/loadgen.log" || status="loadgen failed (see loadgen.log)"
+        scrape "$dir" after
+    fi
+    if [[ -n "${gw_pid:-}" ]]; then stop_pid "$gw_pid"; forget_pid "$gw_pid"; fi
+    python3 - "$dir/run.json" "$label" "$gateway" "$status" <<'PY'
+import json, sys
+json.dump({"label": sys.argv[2], "gateway": sys.argv[3], "status": sys.argv[4]}, open(sys.argv[1], "w"))
+PY
+    if [[ "$status" == ok ]]; then
+        log "[$label] done: $(jq -r '"ok \(.ok)/\(.sent), client hit \((.hit_rate // 0) * 100 | floor) %, TTFT p99 \(.ttft.p99_ms | floor) ms"' "$dir/loadgen.json")"
+    else
+        log "[$label] FAILED: $status"
+    fi
+}
+
+IFS=',' read -r -a POLICY_LIST <<<"$POLICIES"
+i=0
+for p in "${POLICY_LIST[@]}"; do
+    i=$((i + 1))
+    run_policy "$i" "$p"
+done
+
+stop_pid "$SIM_PID"
+forget_pid "$SIM_PID"
+
+REPORT_PY="$PY"
+[[ "$CHART" == 1 ]] || REPORT_PY=python3
+if [[ "$CHART" == 0 ]]; then export RADIXGATE_NO_CHART=1; fi
+"$REPORT_PY" scripts/report.py "$OUT"
+log "report: $OUT/report.md"

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Summarise a compare-policies run: results/<timestamp>/ → report.md (+ chart.png).
+
+Layout read (written by scripts/compare-policies.sh):
+  meta.json                      {"workload", "workers", "duration", ...}
+  runs/<NN>-<slug>/run.json      {"policy", "gateway", "label", "status"}
+  runs/<NN>-<slug>/loadgen.json  the loadgen report
+  runs/<NN>-<slug>/before-<i>.prom, after-<i>.prom   each worker's /metrics around the run
+
+Hit rate is token-weighted from the workers' own counters: Δ sglang:cached_tokens_total
+{cache_source="total"} / Δ sglang:prompt_tokens_total, summed over workers. The chart needs
+matplotlib (the script's .venv); without it only the markdown is written.
+Standard library only, apart from the optional chart.
+"""
+
+import json
+import os
+import re
+import sys
+
+SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFaN]+)')
+
+
+def parse_prom(path):
+    """{metric: [(labels_text, value)]} from a Prometheus text exposition file."""
+    out = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("#"):
+                    continue
+                m = SAMPLE.match(line.strip())
+                if m:
+                    out.setdefault(m.group(1), []).append((m.group(2) or "", float(m.group(3))))
+    except OSError:
+        pass
+    return out
+
+
+def total(metrics, name, label_filter=None):
+    vals = metrics.get(name, [])
+    if label_filter is not None:
+        with_label = [v for lab, v in vals if label_filter[0] in lab]
+        if with_label:
+            return sum(v for lab, v in vals if f'{label_filter[0]}="{label_filter[1]}"' in lab)
+    return sum(v for _, v in vals)
+
+
+def worker_deltas(run_dir):
+    """Per worker (Δprompt, Δcached, Δrequests) from before-/after- scrapes."""
+    rows = []
+    i = 0
+    while os.path.exists(os.path.join(run_dir, f"before-{i}.prom")):
+        b = parse_prom(os.path.join(run_dir, f"before-{i}.prom"))
+        a = parse_prom(os.path.join(run_dir, f"after-{i}.prom"))
+        d = lambda name, lf=None: total(a, name, lf) - total(b, name, lf)
+        rows.append((
+            d("sglang:prompt_tokens_total"),
+            d("sglang:cached_tokens_total", ("cache_source", "total")),
+            d("sglang:num_requests_total"),
+        ))
+        i += 1
+    return rows
+
+
+def fmt_pct(x):
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def fmt_ms(x):
+    return "n/a" if x is None else (f"{x:.0f}" if x >= 100 else f"{x:.1f}")
+
+
+def load_runs(root):
+    runs_dir = os.path.join(root, "runs")
+    runs = []
+    for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
+        d = os.path.join(runs_dir, name)
+        try:
+            with open(os.path.join(d, "run.json")) as f:
+                run = json.load(f)
+        except (OSError, ValueError):
+            continue
+        try:
+            with open(os.path.join(d, "loadgen.json")) as f:
+                run["lg"] = json.load(f)
+        except (OSError, ValueError):
+            run["lg"] = None
+        w = worker_deltas(d)
+        run["workers"] = w
+        prompt = sum(r[0] for r in w)
+        cached = sum(r[1] for r in w)
+        run["hit"] = cached / prompt if prompt > 0 else None
+        reqs = [r[2] for r in w]
+        mean = sum(reqs) / len(reqs) if reqs else 0
+        run["spread"] = (max(reqs) / mean) if mean > 0 else None
+        run["reqs"] = reqs
+        runs.append(run)
+    return runs
+
+
+def acceptance(meta, runs):
+    by = {r["label"]: r for r in runs if r.get("status") == "ok"}
+    lines = []
+
+    def check(name, ok, detail):
+        lines.append(f"- {'PASS' if ok else 'FAIL'} — {name}: {detail}")
+
+    ca = by.get("cache_aware")
+    sg = by.get("sglang-router cache_aware")
+    if meta.get("workload") == "gsp":
+        rr = by.get("round_robin")
+        if rr and rr["hit"] is not None:
+            check("gsp round_robin ≈ 20 %", 0.10 <= rr["hit"] <= 0.35, fmt_pct(rr["hit"]))
+        if ca and ca["hit"] is not None:
+            check("gsp cache_aware ≥ 70 %", ca["hit"] >= 0.70, fmt_pct(ca["hit"]))
+    if meta.get("workload") == "chat":
+        oracle = by.get("manual+session_header")
+        if ca and oracle and ca["hit"] is not None and oracle["hit"]:
+            ratio = ca["hit"] / oracle["hit"]
+            check("chat cache_aware ≥ 90 % of the sticky-session oracle", ratio >= 0.9,
+                  f"{fmt_pct(ca['hit'])} vs {fmt_pct(oracle['hit'])} ({100 * ratio:.0f} %)")
+    if ca and sg and ca["hit"] is not None and sg["hit"] is not None:
+        check("radixgate cache_aware hit rate ≥ sglang-router's", ca["hit"] >= sg["hit"] - 1e-9,
+              f"{fmt_pct(ca['hit'])} vs {fmt_pct(sg['hit'])}")
+        if ca["lg"] and sg["lg"]:
+            a, b = ca["lg"]["ttft"]["p99_ms"], sg["lg"]["ttft"]["p99_ms"]
+            check("radixgate cache_aware TTFT p99 ≤ sglang-router's", a <= b, f"{fmt_ms(a)} ms vs {fmt_ms(b)} ms")
+    return lines
+
+
+def chart(root, runs):
+    if os.environ.get("RADIXGATE_NO_CHART"):
+        return ""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "chart skipped: matplotlib is not installed (scripts/compare-policies.sh installs it into .venv/)"
+    ok = [r for r in runs if r.get("status") == "ok" and r["lg"]]
+    if not ok:
+        return "chart skipped: no successful run"
+    labels = [r["label"].replace(" ", "\n").replace("+", "\n+") for r in ok]
+    x = range(len(ok))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(10, 1.6 * len(ok)), 4.8))
+    hits = [100 * (r["hit"] or 0) for r in ok]
+    colors = ["tab:orange" if r["gateway"] != "radixgate" else "tab:blue" for r in ok]
+    ax1.bar(x, hits, color=colors)
+    ax1.set_xticks(list(x), labels, fontsize=7)
+    ax1.set_ylabel("hit rate, % (workers' counters)")
+    ax1.set_ylim(0, 100)
+    for i, h in enumerate(hits):
+        ax1.text(i, h + 1, f"{h:.0f}", ha="center", fontsize=8)
+    p50 = [r["lg"]["ttft"]["p50_ms"] for r in ok]
+    p99 = [r["lg"]["ttft"]["p99_ms"] for r in ok]
+    w = 0.4
+    ax2.bar([i - w / 2 for i in x], p50, w, label="TTFT p50")
+    ax2.bar([i + w / 2 for i in x], p99, w, label="TTFT p99")
+    ax2.set_xticks(list(x), labels, fontsize=7)
+    ax2.set_ylabel("ms (client side)")
+    ax2.set_yscale("log")
+    ax2.legend()
+    meta_title = os.path.basename(os.path.normpath(root))
+    fig.suptitle(f"routing policies — {meta_title}")
+    fig.tight_layout()
+    path = os.path.join(root, "chart.png")
+    fig.savefig(path, dpi=110)
+    return f"![chart](chart.png)"
+
+
+def main():
+    if len(sys.argv) != 2:
+        print("usage: report.py RESULTS_DIR", file=sys.stderr)
+        return 2
+    root = sys.argv[1]
+    try:
+        with open(os.path.join(root, "meta.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        meta = {}
+    runs = load_runs(root)
+    out = []
+    out.append(f"# Policy comparison — workload `{meta.get('workload', '?')}`, {meta.get('workers', '?')} simulated workers\n")
+    if meta:
+        out.append("Settings: " + ", ".join(f"{k} `{v}`" for k, v in meta.items()) + "\n")
+    out.append("| policy | gateway | hit rate (workers) | hit rate (client) | TTFT p50 ms | TTFT p99 ms | E2E p99 ms | req/s | output tok/s | ok / sent | load spread max/mean | requests per worker |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        lg = r["lg"]
+        if r.get("status") != "ok" or not lg:
+            out.append(f"| {r['label']} | {r['gateway']} | failed: {r.get('status', '?')} | | | | | | | | | |")
+            continue
+        spread = "n/a" if r["spread"] is None else f"{r['spread']:.2f}"
+        out.append(
+            f"| {r['label']} | {r['gateway']} | {fmt_pct(r['hit'])} | {fmt_pct(lg.get('hit_rate'))} "
+            f"| {fmt_ms(lg['ttft']['p50_ms'])} | {fmt_ms(lg['ttft']['p99_ms'])} | {fmt_ms(lg['e2e']['p99_ms'])} "
+            f"| {lg['req_per_s']:.2f} | {lg['output_tok_per_s']:.0f} | {lg['ok']} / {lg['sent']} "
+            f"| {spread} | {' '.join(str(int(x)) for x in r['reqs'])} |"
+        )
+    acc = acceptance(meta, runs)
+    if acc:
+        out.append("\n## Acceptance checks\n")
+        out.extend(acc)
+    out.append("\n" + chart(root, runs) + "\n")
+    errs = [(r["label"], r["lg"]["errors"]) for r in runs if r["lg"] and r["lg"].get("errors")]
+    if errs:
+        out.append("## Errors\n")
+        for label, e in errs:
+            out.append(f"- {label}: " + ", ".join(f"{k} ×{v}" for k, v in e.items()))
+    text = "\n".join(out) + "\n"
+    with open(os.path.join(root, "report.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

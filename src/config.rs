@@ -1,0 +1,530 @@
+//! Every setting a person can change: one field here, one flag, one line in `--help` and one in
+//! the README's flag table. Names and defaults mirror sgl-model-gateway so that replacing
+//! `python -m sglang_router.launch_router ARGS` with `radixgate ARGS` changes nothing else.
+//!
+//! `--config FILE` reads a TOML file whose keys are the flag names (`worker-urls = [..]`,
+//! `cache-threshold = 0.5`; `_` and `-` both accepted). The file is turned into flags placed
+//! *before* the command line, so the file and the command line go through the same parser and
+//! validation, and flags on the command line override the file.
+
+use crate::route::policy::{AssignmentMode, PolicyKind};
+use clap::{ArgAction, Parser, ValueEnum};
+use std::time::Duration;
+
+/// Which io driver each core's monoio runtime uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IoDriver {
+    /// io_uring when the kernel allows it, else epoll.
+    Auto,
+    /// io_uring only; refuse to start without it.
+    Uring,
+    /// epoll only.
+    Legacy,
+}
+
+fn parse_policy(s: &str) -> Result<PolicyKind, String> {
+    s.parse::<PolicyKind>().map_err(|e| e.to_string())
+}
+
+fn parse_assignment(s: &str) -> Result<AssignmentMode, String> {
+    s.parse::<AssignmentMode>().map_err(|e| e.to_string())
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("{v} is not between 0 and 1"));
+    }
+    Ok(v)
+}
+
+fn parse_positive_f64(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("{v} must be a positive number"));
+    }
+    Ok(v)
+}
+
+fn parse_worker_url(s: &str) -> Result<String, String> {
+    crate::workers::registry::parse_worker_url(s)
+        .map(|_| s.trim_end_matches('/').to_string())
+        .map_err(|e| e.to_string())
+}
+
+fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if let Some((a, b)) = part.split_once('-') {
+            let a: usize = a.trim().parse().map_err(|_| format!("bad CPU `{a}`"))?;
+            let b: usize = b.trim().parse().map_err(|_| format!("bad CPU `{b}`"))?;
+            if a > b {
+                return Err(format!("bad CPU range `{part}`"));
+            }
+            out.extend(a..=b);
+        } else {
+            out.push(part.parse().map_err(|_| format!("bad CPU `{part}`"))?);
+        }
+    }
+    if out.is_empty() {
+        return Err("empty CPU list".into());
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// The gateway's command line (and, through `--config`, its config file).
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "radixgate",
+    version,
+    about = "Cache-aware LLM gateway: sends each request to the SGLang/vLLM worker that already \
+             holds its prompt prefix. A drop-in replacement for sgl-model-gateway.",
+    args_override_self = true,
+    max_term_width = 100
+)]
+pub struct Config {
+    // ---- listening ----
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+    /// Worker base URLs (http://host:port), space separated.
+    #[arg(long = "worker-urls", num_args = 0.., value_parser = parse_worker_url)]
+    pub worker_urls: Vec<String>,
+
+    // ---- routing ----
+    /// Routing policy: cache_aware, random, round_robin, power_of_two, manual,
+    /// consistent_hashing, prefix_hash, bucket.
+    #[arg(long, default_value = "cache_aware", value_parser = parse_policy)]
+    pub policy: PolicyKind,
+    /// cache_aware: match rate (matched chars / request chars) above which prefix affinity wins.
+    #[arg(long = "cache-threshold", default_value_t = 0.3, value_parser = parse_fraction)]
+    pub cache_threshold: f64,
+    /// cache_aware: load gap (max − min in-flight) that, with the ratio test, marks imbalance.
+    #[arg(long = "balance-abs-threshold", default_value_t = 64)]
+    pub balance_abs_threshold: u32,
+    /// cache_aware: load ratio (max > ratio × min) that, with the gap test, marks imbalance.
+    #[arg(long = "balance-rel-threshold", default_value_t = 1.5, value_parser = parse_positive_f64)]
+    pub balance_rel_threshold: f64,
+    /// Seconds between tree eviction passes (also the manual policy's TTL sweep).
+    #[arg(
+        long = "eviction-interval",
+        alias = "eviction-interval-secs",
+        default_value_t = 120
+    )]
+    pub eviction_interval: u64,
+    /// Characters of request text kept per worker per model tree (the reference counts
+    /// characters, though its docs say nodes); least recently used leaves go first.
+    #[arg(long = "max-tree-size", default_value_t = 67_108_864)]
+    pub max_tree_size: u64,
+    /// cache_aware (opt-in): after a completion, also insert request text + " " + the reply, so
+    /// the next turn matches its whole history.
+    #[arg(long = "insert-response-text", action = ArgAction::SetTrue)]
+    pub insert_response_text: bool,
+    /// cache_aware (opt-in): when imbalanced, still prefer the longest match among workers whose
+    /// load is within --balance-abs-threshold of the minimum.
+    #[arg(long = "affinity-window", action = ArgAction::SetTrue)]
+    pub affinity_window: bool,
+    /// manual: how a new routing key is placed: random, min_load, min_group.
+    #[arg(long = "assignment-mode", default_value = "random", value_parser = parse_assignment)]
+    pub assignment_mode: AssignmentMode,
+    /// manual: routing keys idle longer than this many seconds expire.
+    #[arg(long = "max-idle-secs", default_value_t = 14_400)]
+    pub max_idle_secs: u64,
+    /// prefix_hash: characters of the prompt hashed onto the ring.
+    #[arg(long = "prefix-hash-chars", default_value_t = 1024)]
+    pub prefix_hash_chars: usize,
+    /// bucket: seconds between adjustments of the per-worker length ranges.
+    #[arg(long = "bucket-adjust-interval-secs", default_value_t = 5)]
+    pub bucket_adjust_interval_secs: u64,
+
+    // ---- requests ----
+    /// Longest time a whole request may take, streamed body included (seconds).
+    #[arg(long = "request-timeout-secs", default_value_t = 1800)]
+    pub request_timeout_secs: u64,
+    /// Largest request body accepted, in bytes (larger → 413).
+    #[arg(long = "max-payload-size", default_value_t = 536_870_912)]
+    pub max_payload_size: u64,
+    /// Headers searched, in order, for a client-supplied request id (echoed as x-request-id).
+    #[arg(
+        long = "request-id-headers",
+        num_args = 1..,
+        default_values_t = ["x-request-id".to_string(), "x-correlation-id".to_string(),
+            "x-trace-id".to_string(), "request-id".to_string()]
+    )]
+    pub request_id_headers: Vec<String>,
+    /// Seconds a client has to send a complete request head once it started one.
+    #[arg(long = "header-timeout-secs", default_value_t = 10)]
+    pub header_timeout_secs: u64,
+    /// Seconds an idle keep-alive client connection is kept open.
+    #[arg(long = "keepalive-timeout-secs", default_value_t = 75)]
+    pub keepalive_timeout_secs: u64,
+    /// Seconds to wait for a TCP connection to a worker.
+    #[arg(long = "connect-timeout-secs", default_value_t = 10)]
+    pub connect_timeout_secs: u64,
+    /// Milliseconds an idle pooled worker connection is kept (below the engines' 5 s keep-alive).
+    #[arg(long = "upstream-idle-timeout-ms", default_value_t = 4000)]
+    pub upstream_idle_timeout_ms: u64,
+
+    // ---- retries and circuit breakers ----
+    /// Attempts in all for one request (first try included), on 408/429/5xx, connect errors
+    /// and timeouts, while no response byte has reached the client.
+    #[arg(long = "retry-max-retries", default_value_t = 5)]
+    pub retry_max_retries: u32,
+    /// First retry delay, milliseconds.
+    #[arg(long = "retry-initial-backoff-ms", default_value_t = 50)]
+    pub retry_initial_backoff_ms: u64,
+    /// Delay growth per retry.
+    #[arg(long = "retry-backoff-multiplier", default_value_t = 1.5, value_parser = parse_positive_f64)]
+    pub retry_backoff_multiplier: f64,
+    /// Longest retry delay, milliseconds.
+    #[arg(long = "retry-max-backoff-ms", default_value_t = 30_000)]
+    pub retry_max_backoff_ms: u64,
+    /// Random spread of each delay (0.2 = ±20 %).
+    #[arg(long = "retry-jitter-factor", default_value_t = 0.2, value_parser = parse_fraction)]
+    pub retry_jitter_factor: f64,
+    /// One attempt per request.
+    #[arg(long = "disable-retries", action = ArgAction::SetTrue)]
+    pub disable_retries: bool,
+    /// Consecutive worker failures (5xx, connect errors, timeouts; not 4xx) that open its circuit.
+    #[arg(long = "cb-failure-threshold", default_value_t = 10)]
+    pub cb_failure_threshold: u32,
+    /// Successful probes that close a half-open circuit.
+    #[arg(long = "cb-success-threshold", default_value_t = 3)]
+    pub cb_success_threshold: u32,
+    /// Seconds a circuit stays open before probes are let through.
+    #[arg(long = "cb-timeout-duration-secs", default_value_t = 60)]
+    pub cb_timeout_duration_secs: u64,
+    /// Seconds within which consecutive failures add up (a longer gap starts a new run).
+    #[arg(long = "cb-window-duration-secs", default_value_t = 120)]
+    pub cb_window_duration_secs: u64,
+    /// Never open circuits.
+    #[arg(long = "disable-circuit-breaker", action = ArgAction::SetTrue)]
+    pub disable_circuit_breaker: bool,
+
+    // ---- admission ----
+    /// Requests processed at once across the gateway (-1: no limit).
+    #[arg(long = "max-concurrent-requests", default_value_t = -1, allow_negative_numbers = true)]
+    pub max_concurrent_requests: i64,
+    /// Requests that may wait for a slot; more are refused with 429.
+    #[arg(long = "queue-size", default_value_t = 100)]
+    pub queue_size: u32,
+    /// Seconds a request may wait for a slot before 408.
+    #[arg(long = "queue-timeout-secs", default_value_t = 60)]
+    pub queue_timeout_secs: u64,
+    /// Requests admitted per second (token bucket; default: unlimited, or
+    /// --max-concurrent-requests per second when that is set, as the reference does).
+    #[arg(long = "rate-limit-tokens-per-second")]
+    pub rate_limit_tokens_per_second: Option<u64>,
+
+    // ---- health ----
+    /// Seconds between active health checks of each worker.
+    #[arg(long = "health-check-interval-secs", default_value_t = 60)]
+    pub health_check_interval_secs: u64,
+    /// Seconds a health check may take.
+    #[arg(long = "health-check-timeout-secs", default_value_t = 5)]
+    pub health_check_timeout_secs: u64,
+    /// Consecutive failed checks that make a worker unhealthy.
+    #[arg(long = "health-failure-threshold", default_value_t = 3)]
+    pub health_failure_threshold: u32,
+    /// Consecutive good checks that make an unhealthy worker healthy again.
+    #[arg(long = "health-success-threshold", default_value_t = 2)]
+    pub health_success_threshold: u32,
+    /// Path probed by health checks.
+    #[arg(long = "health-check-endpoint", default_value = "/health")]
+    pub health_check_endpoint: String,
+    /// Never check health: every worker is always selectable (circuit breakers still apply).
+    #[arg(long = "disable-health-check", action = ArgAction::SetTrue)]
+    pub disable_health_check: bool,
+    /// Seconds to wait at start for each worker to answer its first health check.
+    #[arg(long = "worker-startup-timeout-secs", default_value_t = 1800)]
+    pub worker_startup_timeout_secs: u64,
+    /// Longest pause, in seconds, between start-up polls of a worker that is not up yet
+    /// (polls back off from 1 s up to this).
+    #[arg(
+        long = "worker-startup-check-interval",
+        alias = "worker-startup-check-interval-secs",
+        default_value_t = 30
+    )]
+    pub worker_startup_check_interval: u64,
+
+    // ---- security and lifecycle ----
+    /// Require `Authorization: Bearer <key>` on every inference and admin endpoint.
+    #[arg(long = "api-key", env = "RADIXGATE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Separate key for worker management and cache endpoints (default: --api-key).
+    #[arg(
+        long = "admin-api-key",
+        env = "RADIXGATE_ADMIN_API_KEY",
+        hide_env_values = true
+    )]
+    pub admin_api_key: Option<String>,
+    /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
+    #[arg(long = "shutdown-grace-period-secs", default_value_t = 180)]
+    pub shutdown_grace_period_secs: u64,
+
+    // ---- observability ----
+    /// Port of the Prometheus /metrics endpoint (0 disables it).
+    #[arg(long = "prometheus-port", default_value_t = 29000)]
+    pub prometheus_port: u16,
+    /// Address of the Prometheus /metrics endpoint.
+    #[arg(long = "prometheus-host", default_value = "0.0.0.0")]
+    pub prometheus_host: String,
+    /// Log level: trace, debug, info, warn, error.
+    #[arg(long = "log-level", default_value = "info", value_parser = ["trace", "debug", "info", "warn", "error"])]
+    pub log_level: String,
+
+    // ---- runtime (radixgate's own) ----
+    /// Number of cores (threads) serving requests; default: every CPU this process may use.
+    #[arg(long)]
+    pub cores: Option<usize>,
+    /// Pin the serving threads to these CPUs (e.g. `0-3,8`); implies --cores.
+    #[arg(long = "cpu-list", value_parser = parse_cpu_list)]
+    pub cpu_list: Option<Vec<usize>>,
+    /// I/O driver: auto (io_uring, epoll fallback), uring, legacy (epoll).
+    #[arg(long = "io-driver", value_enum, default_value_t = IoDriver::Auto)]
+    pub io_driver: IoDriver,
+    /// TOML file with the same keys as the flags; command-line flags override it.
+    #[arg(long)]
+    pub config: Option<String>,
+}
+
+impl Config {
+    /// Parse the process arguments (and `--config`), exiting with code 2 and a clear message on
+    /// any bad value or unknown flag.
+    pub fn from_env() -> Config {
+        let args: Vec<String> = std::env::args().collect();
+        match Config::try_from_args(&args) {
+            Ok(c) => c,
+            Err(ConfigError::Clap(e)) => e.exit(),
+            Err(ConfigError::File(msg)) => {
+                eprintln!("error: {msg}");
+                std::process::exit(2);
+            }
+        }
+    }
+
+    /// Parse an argument vector (first element = program name), reading `--config` if given.
+    pub fn try_from_args(args: &[String]) -> Result<Config, ConfigError> {
+        let file = find_config_path(args);
+        let mut argv: Vec<String> = Vec::with_capacity(args.len() + 16);
+        argv.push(args.first().cloned().unwrap_or_else(|| "radixgate".into()));
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| ConfigError::File(format!("cannot read config file {path}: {e}")))?;
+            argv.extend(
+                toml_to_args(&text).map_err(|e| ConfigError::File(format!("{path}: {e}")))?,
+            );
+        }
+        argv.extend(args.iter().skip(1).cloned());
+        Config::try_parse_from(argv).map_err(ConfigError::Clap)
+    }
+
+    /// Policy settings for the routing layer.
+    pub fn policy_config(&self) -> crate::route::policy::PolicyConfig {
+        crate::route::policy::PolicyConfig {
+            kind: self.policy,
+            cache_threshold: self.cache_threshold,
+            balance_abs_threshold: self.balance_abs_threshold,
+            balance_rel_threshold: self.balance_rel_threshold,
+            affinity_window: self.affinity_window,
+            assignment_mode: self.assignment_mode,
+            max_idle_secs: self.max_idle_secs,
+            prefix_hash_chars: self.prefix_hash_chars,
+            bucket_adjust_interval_secs: self.bucket_adjust_interval_secs,
+        }
+    }
+
+    /// Circuit breaker settings.
+    pub fn breaker_config(&self) -> crate::workers::breaker::BreakerConfig {
+        crate::workers::breaker::BreakerConfig {
+            enabled: !self.disable_circuit_breaker,
+            failure_threshold: self.cb_failure_threshold.max(1),
+            success_threshold: self.cb_success_threshold.max(1),
+            open_ms: self.cb_timeout_duration_secs * 1000,
+            window_ms: self.cb_window_duration_secs * 1000,
+            half_open_probes: 3,
+        }
+    }
+
+    /// Retry settings.
+    pub fn retry_policy(&self) -> crate::proxy::retry::RetryPolicy {
+        crate::proxy::retry::RetryPolicy {
+            max_attempts: if self.disable_retries { 1 } else { self.retry_max_retries.max(1) },
+            initial_ms: self.retry_initial_backoff_ms,
+            multiplier: self.retry_backoff_multiplier,
+            max_ms: self.retry_max_backoff_ms,
+            jitter: self.retry_jitter_factor,
+        }
+    }
+
+    /// The whole-request deadline.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout_secs)
+    }
+}
+
+/// Why the configuration was refused.
+#[derive(Debug)]
+pub enum ConfigError {
+    /// Bad flag or value (clap renders the message and exits with code 2).
+    Clap(clap::Error),
+    /// Unreadable or invalid config file.
+    File(String),
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Clap(e) => write!(f, "{e}"),
+            ConfigError::File(m) => f.write_str(m),
+        }
+    }
+}
+
+fn find_config_path(args: &[String]) -> Option<String> {
+    let mut it = args.iter().skip(1);
+    let mut found = None;
+    while let Some(a) = it.next() {
+        if a == "--config" {
+            found = it.next().cloned();
+        } else if let Some(v) = a.strip_prefix("--config=") {
+            found = Some(v.to_string());
+        }
+    }
+    found
+}
+
+/// Turn a TOML table into `--flag value` arguments (arrays become several values; `true`
+/// becomes a bare flag; `false` is omitted).
+pub fn toml_to_args(text: &str) -> Result<Vec<String>, String> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+    let mut out = Vec::new();
+    for (key, value) in table {
+        let flag = format!("--{}", key.replace('_', "-"));
+        if flag == "--config" {
+            return Err("a config file cannot name another config file".into());
+        }
+        match value {
+            toml::Value::Boolean(true) => out.push(flag),
+            toml::Value::Boolean(false) => {}
+            toml::Value::Array(items) => {
+                out.push(flag);
+                for item in items {
+                    out.push(scalar_to_string(&key, &item)?);
+                }
+            }
+            other => {
+                out.push(flag);
+                out.push(scalar_to_string(&key, &other)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn scalar_to_string(key: &str, v: &toml::Value) -> Result<String, String> {
+    match v {
+        toml::Value::String(s) => Ok(s.clone()),
+        toml::Value::Integer(i) => Ok(i.to_string()),
+        toml::Value::Float(f) => Ok(f.to_string()),
+        toml::Value::Boolean(b) => Ok(b.to_string()),
+        _ => Err(format!("`{key}`: unsupported value {v}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        let v: Vec<String> = std::iter::once("radixgate")
+            .chain(args.iter().copied())
+            .map(String::from)
+            .collect();
+        Config::try_from_args(&v)
+    }
+
+    #[test]
+    fn defaults_mirror_the_reference() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.host, "0.0.0.0");
+        assert_eq!(c.port, 30000);
+        assert_eq!(c.policy, PolicyKind::CacheAware);
+        assert_eq!(c.cache_threshold, 0.3);
+        assert_eq!(c.balance_abs_threshold, 64);
+        assert_eq!(c.balance_rel_threshold, 1.5);
+        assert_eq!(c.eviction_interval, 120);
+        assert_eq!(c.max_tree_size, 67_108_864);
+        assert_eq!(c.prometheus_port, 29000);
+        assert_eq!(c.request_timeout_secs, 1800);
+        assert_eq!(c.max_payload_size, 536_870_912);
+        assert_eq!(c.request_id_headers.len(), 4);
+        assert_eq!(c.io_driver, IoDriver::Auto);
+    }
+
+    #[test]
+    fn reference_command_line_is_accepted() {
+        let c = parse(&[
+            "--worker-urls",
+            "http://127.0.0.1:30000",
+            "http://127.0.0.1:30001",
+            "--policy",
+            "cache_aware",
+        ])
+        .unwrap();
+        assert_eq!(c.worker_urls.len(), 2);
+        let c = parse(&["--eviction-interval-secs", "60"]).unwrap();
+        assert_eq!(c.eviction_interval, 60);
+    }
+
+    #[test]
+    fn bad_values_and_unknown_flags_are_refused_with_exit_code_2() {
+        for bad in [
+            &["--policy", "fastest"][..],
+            &["--cache-threshold", "1.5"],
+            &["--port", "70000"],
+            &["--no-such-flag"],
+            &["--worker-urls", "ftp://x"],
+            &["--io-driver", "kqueue"],
+        ] {
+            match parse(bad) {
+                Err(ConfigError::Clap(e)) => assert_eq!(e.exit_code(), 2, "{bad:?}"),
+                other => panic!("{bad:?} accepted: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn config_file_is_overridden_by_flags() {
+        let dir = std::env::temp_dir().join(format!("radixgate-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gw.toml");
+        std::fs::write(
+            &path,
+            "port = 31000\ncache_threshold = 0.5\nworker-urls = [\"http://127.0.0.1:1\"]\n\
+             affinity-window = true\npolicy = \"round_robin\"\n",
+        )
+        .unwrap();
+        let p = path.to_str().unwrap();
+        let c = parse(&["--config", p, "--port", "32000"]).unwrap();
+        assert_eq!(c.port, 32000);
+        assert_eq!(c.cache_threshold, 0.5);
+        assert_eq!(c.worker_urls, vec!["http://127.0.0.1:1".to_string()]);
+        assert!(c.affinity_window);
+        assert_eq!(c.policy, PolicyKind::RoundRobin);
+        std::fs::write(&path, "no_such_key = 1\n").unwrap();
+        assert!(parse(&["--config", p]).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn cpu_list_parses_ranges() {
+        assert_eq!(parse_cpu_list("0-2,5,1").unwrap(), vec![0, 1, 2, 5]);
+        assert!(parse_cpu_list("3-1").is_err());
+    }
+}

@@ -1,0 +1,221 @@
+//! State shared by every core (`Gateway`, behind an `Arc`) and state owned by one core (`Core`,
+//! behind an `Rc`: its connection pool and random source never cross threads).
+
+use crate::config::Config;
+use crate::admission::Admission;
+use crate::http::RequestHead;
+use crate::proxy::retry::RetryPolicy;
+use crate::workers::breaker::{BreakerConfig, Transition};
+use crate::metrics::Metrics;
+use crate::proxy::pool::Pool;
+use crate::route::policy::Policy;
+use crate::route::rng::Rng;
+use crate::tree::TreeHandle;
+use crate::workers::registry::{Registry, RegistryError, Worker};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Everything the cores share. Read-mostly; mutation goes through atomics, `ArcSwap`s and
+/// channels, never a lock on the request path.
+pub struct Gateway {
+    pub cfg: Config,
+    pub registry: Registry,
+    pub policy: Policy,
+    /// The prefix trees and their writer (cache_aware only).
+    pub tree: Option<TreeHandle>,
+    pub metrics: Metrics,
+    pub started: Instant,
+    /// Set by SIGTERM/SIGINT (or a test): stop accepting, finish in-flight requests.
+    pub shutting_down: AtomicBool,
+    /// Requests currently being handled by any core (for graceful shutdown).
+    pub active_requests: AtomicU64,
+    /// Name of the io driver the cores run on ("io_uring" or "epoll").
+    pub io_driver: &'static str,
+    /// Number of serving cores.
+    pub cores: usize,
+    /// Concurrency limit and queue (off by default).
+    pub admission: Admission,
+    /// Circuit breaker settings.
+    pub breaker: BreakerConfig,
+    /// Retry settings.
+    pub retry: RetryPolicy,
+}
+
+impl Gateway {
+    /// Milliseconds since start: the clock of tree inserts and policy expiry.
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+    /// Whether shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// Passive health: a worker that refused a connection leaves selection at once; the health
+    /// checker re-admits it after `--health-success-threshold` good checks (probed quickly).
+    pub fn on_connect_failure(&self, worker: &Worker) {
+        if self.cfg.disable_health_check {
+            return;
+        }
+        if self.registry.set_healthy(worker, false) {
+            crate::log!(
+                Warn,
+                "worker {} refused a connection: out of selection until healthy",
+                worker.url
+            );
+            self.policy.workers_changed(&self.registry.load().ids);
+        }
+    }
+
+    /// Circuit state of a worker, for the management API.
+    pub fn breaker_state_name(&self, worker: &Worker) -> &'static str {
+        worker.breaker.state().as_str()
+    }
+
+    /// Record a request outcome on a worker's breaker; on a transition, update eligibility.
+    pub fn record_outcome(&self, worker: &Worker, success: bool) {
+        let t = worker.breaker.record(&self.breaker, success, self.now_ms());
+        self.after_breaker(worker, t);
+    }
+
+    /// Apply a breaker transition (logs, metrics, eligibility).
+    pub fn after_breaker(&self, worker: &Worker, t: Transition) {
+        if t == Transition::None {
+            return;
+        }
+        crate::log!(Warn, "worker {}: circuit {}", worker.url, worker.breaker.state().as_str());
+        metrics::counter!("smg_worker_cb_transitions_total", "to" => worker.breaker.state().as_str()).increment(1);
+        self.registry.refresh_eligibility(worker);
+        self.policy.workers_changed(&self.registry.load().ids);
+    }
+
+    /// Check `Authorization: Bearer <key>`: inference endpoints need `--api-key`, admin
+    /// endpoints `--admin-api-key` (or `--api-key` when no admin key is set). Constant time.
+    pub fn authorize(&self, head: &RequestHead, admin: bool) -> Result<(), &'static str> {
+        let expected = if admin {
+            self.cfg
+                .admin_api_key
+                .as_deref()
+                .or(self.cfg.api_key.as_deref())
+        } else {
+            self.cfg.api_key.as_deref()
+        };
+        let Some(expected) = expected else {
+            return Ok(());
+        };
+        let given = head.header("authorization").and_then(|v| {
+            let v = v
+                .strip_prefix(b"Bearer ")
+                .or_else(|| v.strip_prefix(b"bearer "))?;
+            Some(v)
+        });
+        match given {
+            Some(g) if constant_time_eq(g, expected.as_bytes()) => Ok(()),
+            Some(_) => Err("invalid API key"),
+            None => Err("missing `Authorization: Bearer <key>` header"),
+        }
+    }
+
+    /// The effective configuration, for `/get_server_info` (secrets redacted).
+    pub fn config_json(&self) -> serde_json::Value {
+        let c = &self.cfg;
+        serde_json::json!({
+            "host": c.host, "port": c.port, "worker_urls": c.worker_urls,
+            "policy": c.policy.as_str(), "cache_threshold": c.cache_threshold,
+            "balance_abs_threshold": c.balance_abs_threshold,
+            "balance_rel_threshold": c.balance_rel_threshold,
+            "eviction_interval": c.eviction_interval, "max_tree_size": c.max_tree_size,
+            "insert_response_text": c.insert_response_text, "affinity_window": c.affinity_window,
+            "assignment_mode": c.assignment_mode.as_str(), "max_idle_secs": c.max_idle_secs,
+            "prefix_hash_chars": c.prefix_hash_chars,
+            "bucket_adjust_interval_secs": c.bucket_adjust_interval_secs,
+            "request_timeout_secs": c.request_timeout_secs, "max_payload_size": c.max_payload_size,
+            "request_id_headers": c.request_id_headers,
+            "prometheus_port": c.prometheus_port, "prometheus_host": c.prometheus_host,
+            "health_check_interval_secs": c.health_check_interval_secs,
+            "health_check_endpoint": c.health_check_endpoint,
+            "disable_health_check": c.disable_health_check,
+            "api_key": c.api_key.as_ref().map(|_| "<redacted>"),
+            "io_driver": self.io_driver, "cores": self.cores,
+        })
+    }
+
+    /// Register a worker at run time: probe its health endpoint once (so it is routable at once
+    /// when up), then make it selectable.
+    pub async fn add_worker(&self, core: &Core, url: &str) -> Result<Arc<Worker>, RegistryError> {
+        let worker = self.registry.add(url, false)?;
+        let healthy = if self.cfg.disable_health_check {
+            true
+        } else {
+            let timeout = std::time::Duration::from_secs(self.cfg.health_check_timeout_secs);
+            matches!(
+                crate::proxy::forward::fetch(
+                    core,
+                    &worker,
+                    "GET",
+                    &self.cfg.health_check_endpoint,
+                    bytes::Bytes::new(),
+                    timeout
+                )
+                .await,
+                Ok((200..=299, _))
+            )
+        };
+        self.registry.set_healthy(&worker, healthy);
+        self.policy.workers_changed(&self.registry.load().ids);
+        crate::log!(
+            Info,
+            "worker {} added (id {}, healthy: {healthy})",
+            worker.url,
+            worker.id
+        );
+        Ok(worker)
+    }
+
+    /// Remove a worker: out of selection now, in-flight requests finish, and its tree entries go
+    /// (on a helper thread, so no core waits on the writer's channel).
+    pub fn remove_worker(&self, url_or_id: &str) -> Result<Arc<Worker>, RegistryError> {
+        let worker = self.registry.remove(url_or_id)?;
+        self.policy.workers_changed(&self.registry.load().ids);
+        if let Some(tree) = self.tree.clone() {
+            let id = worker.id;
+            let _ = std::thread::Builder::new()
+                .name("radixgate-remove".into())
+                .spawn(move || tree.remove_worker(id));
+        }
+        crate::log!(Info, "worker {} removed (id {})", worker.url, worker.id);
+        Ok(worker)
+    }
+}
+
+/// Compare two secrets in time independent of where they differ (the length is not secret).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// One core's private state.
+pub struct Core {
+    pub gw: Arc<Gateway>,
+    pub index: usize,
+    pub pool: Pool,
+    pub rng: RefCell<Rng>,
+}
+
+impl Core {
+    /// A core bound to the shared gateway.
+    pub fn new(gw: Arc<Gateway>, index: usize) -> Core {
+        let idle = std::time::Duration::from_millis(gw.cfg.upstream_idle_timeout_ms);
+        Core {
+            gw,
+            index,
+            pool: Pool::new(idle, 64),
+            rng: RefCell::new(Rng::from_entropy()),
+        }
+    }
+}

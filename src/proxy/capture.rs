@@ -1,0 +1,161 @@
+//! Assembles the assistant's reply from a response as it streams past (opt-in
+//! `--insert-response-text`), so the tree can learn "prompt + reply" and the next turn of the
+//! conversation matches its whole history. Bounded: replies past the cap are not learned.
+
+use crate::http::{ChunkedDecoder, RequestHead};
+use crate::route::extract::Api;
+use bytes::BytesMut;
+
+/// Largest response body captured.
+const CAP: usize = 4 << 20;
+
+/// Collects (dechunked) response bytes and extracts the reply text at the end.
+pub struct Capture {
+    api: Api,
+    decoder: Option<ChunkedDecoder>,
+    body: BytesMut,
+    overflow: bool,
+}
+
+impl Capture {
+    /// Capture a response body that is chunked (`chunked`) or not.
+    pub fn new(api: Api, chunked: bool) -> Capture {
+        Capture {
+            api,
+            decoder: chunked.then(|| ChunkedDecoder::new(CAP as u64)),
+            body: BytesMut::new(),
+            overflow: false,
+        }
+    }
+
+    /// Feed raw response body bytes as relayed.
+    pub fn feed(&mut self, raw: &[u8]) {
+        if self.overflow {
+            return;
+        }
+        match &mut self.decoder {
+            Some(d) => {
+                if d.feed(raw, &mut self.body).is_err() {
+                    self.overflow = true;
+                }
+            }
+            None => {
+                if self.body.len() + raw.len() > CAP {
+                    self.overflow = true;
+                } else {
+                    self.body.extend_from_slice(raw);
+                }
+            }
+        }
+    }
+
+    /// The assistant's reply, if the body was a complete, recognisable response.
+    pub fn reply(&self) -> Option<String> {
+        if self.overflow {
+            return None;
+        }
+        let body = &self.body[..];
+        let trimmed = body
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())
+            .map(|i| &body[i..])?;
+        if trimmed.starts_with(b"data:") {
+            sse_reply(self.api, trimmed)
+        } else {
+            let v: serde_json::Value = serde_json::from_slice(trimmed).ok()?;
+            json_reply(self.api, &v, false)
+        }
+    }
+}
+
+fn json_reply(api: Api, v: &serde_json::Value, delta: bool) -> Option<String> {
+    match api {
+        Api::Chat => {
+            let choice = v.get("choices")?.get(0)?;
+            let msg = if delta {
+                choice.get("delta")?
+            } else {
+                choice.get("message")?
+            };
+            msg.get("content")?.as_str().map(str::to_string)
+        }
+        Api::Completions => v
+            .get("choices")?
+            .get(0)?
+            .get("text")?
+            .as_str()
+            .map(str::to_string),
+        Api::Generate => v.get("text")?.as_str().map(str::to_string),
+        Api::Embeddings | Api::Rerank => None,
+    }
+}
+
+fn sse_reply(api: Api, body: &[u8]) -> Option<String> {
+    let mut out = String::new();
+    for line in body.split(|&b| b == b'\n') {
+        let Some(data) = line.strip_prefix(b"data:") else {
+            continue;
+        };
+        let data = data.trim_ascii();
+        if data == b"[DONE]" || data.is_empty() {
+            continue;
+        }
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else {
+            continue;
+        };
+        if let Some(piece) = json_reply(api, &v, true) {
+            if api == Api::Generate {
+                // SGLang streams the cumulative text: the last event holds the whole reply.
+                out = piece;
+            } else {
+                out.push_str(&piece);
+            }
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// Whether the client asked for a streamed response (used when the body flag is absent).
+pub fn wants_event_stream(head: &RequestHead) -> bool {
+    head.header("accept").is_some_and(|v| {
+        v.windows(17)
+            .any(|w| w.eq_ignore_ascii_case(b"text/event-stream"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_json_and_sse() {
+        let mut c = Capture::new(Api::Chat, false);
+        c.feed(br#"{"choices":[{"message":{"role":"assistant","content":"Hello there"}}]}"#);
+        assert_eq!(c.reply().as_deref(), Some("Hello there"));
+
+        let mut c = Capture::new(Api::Chat, true);
+        let events =
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n\
+                      data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n\
+                      data: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\ndata: [DONE]\n\n";
+        let chunked = format!("{:x}\r\n{}\r\n0\r\n\r\n", events.len(), events);
+        for piece in chunked.as_bytes().chunks(7) {
+            c.feed(piece);
+        }
+        assert_eq!(c.reply().as_deref(), Some("Hello"));
+    }
+
+    #[test]
+    fn generate_stream_is_cumulative() {
+        let mut c = Capture::new(Api::Generate, false);
+        c.feed(b"data: {\"text\":\"a\"}\n\ndata: {\"text\":\"a b\"}\n\ndata: [DONE]\n\n");
+        assert_eq!(c.reply().as_deref(), Some("a b"));
+    }
+
+    #[test]
+    fn garbage_gives_nothing() {
+        let mut c = Capture::new(Api::Completions, false);
+        c.feed(b"<html>");
+        assert_eq!(c.reply(), None);
+    }
+}

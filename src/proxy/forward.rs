@@ -1,0 +1,603 @@
+//! Forwarding one request to a worker and its response back, in Pingora-like phases:
+//! connect (pooled, probed, one silent retry on a fresh connection), send the head and the SAME
+//! body bytes, read the response head, then relay the body as it arrives — every upstream read is
+//! written to the client at once (SSE tokens are never held), and the client write is the
+//! backpressure. A client that goes away aborts the upstream request by closing it.
+
+use crate::gateway::Core;
+use crate::http::{
+    self, BodyFraming, ChunkTracker, ChunkedDecoder, HeadLimits, RequestHead, ResponseHead,
+};
+use crate::proxy::capture::Capture;
+use crate::proxy::io::{read_into, write_all_by};
+use crate::workers::registry::Worker;
+use bytes::{Buf, Bytes, BytesMut};
+use monoio::net::TcpStream;
+use monoio::time::Instant;
+use std::io;
+use std::time::Duration;
+
+/// Request headers that describe one hop, not the request; never forwarded upstream. `host`,
+/// `content-length` and `x-request-id` are re-written by the gateway.
+const REQUEST_SKIP: [&str; 11] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+    "host",
+    "content-length",
+    "x-request-id",
+];
+
+/// Response headers of the upstream hop that the gateway replaces.
+const RESPONSE_SKIP: [&str; 3] = ["connection", "keep-alive", "proxy-connection"];
+
+/// Bodies up to this size are copied behind the head so the request is one write.
+const COALESCE_BODY: usize = 16 * 1024;
+
+fn skip(name: &[u8], list: &[&str]) -> bool {
+    list.iter().any(|s| name.eq_ignore_ascii_case(s.as_bytes()))
+}
+
+/// The upstream request bytes: head (and small bodies), then the body when large.
+pub struct UpstreamRequest {
+    pub head: Bytes,
+    pub body: Bytes,
+}
+
+impl UpstreamRequest {
+    /// Render the request for `worker`: the client's method and target, the end-to-end headers
+    /// in order, then `host`, `content-length` and `x-request-id`.
+    pub fn build(
+        method: &[u8],
+        target: &[u8],
+        client: Option<&RequestHead>,
+        authority: &str,
+        request_id: &str,
+        body: Bytes,
+    ) -> UpstreamRequest {
+        let mut out = BytesMut::with_capacity(
+            256 + client.map_or(0, |h| h.buf.len())
+                + if body.len() <= COALESCE_BODY {
+                    body.len()
+                } else {
+                    0
+                },
+        );
+        out.extend_from_slice(method);
+        out.extend_from_slice(b" ");
+        out.extend_from_slice(target);
+        out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+        out.extend_from_slice(authority.as_bytes());
+        out.extend_from_slice(b"\r\n");
+        if let Some(h) = client {
+            for (name, value) in h.headers() {
+                if skip(name, &REQUEST_SKIP) {
+                    continue;
+                }
+                out.extend_from_slice(name);
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(value);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        if !body.is_empty() || method != b"GET" {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(body.len().to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"x-request-id: ");
+        out.extend_from_slice(request_id.as_bytes());
+        out.extend_from_slice(b"\r\n\r\n");
+        if body.len() <= COALESCE_BODY {
+            out.extend_from_slice(&body);
+            UpstreamRequest {
+                head: out.freeze(),
+                body: Bytes::new(),
+            }
+        } else {
+            UpstreamRequest {
+                head: out.freeze(),
+                body,
+            }
+        }
+    }
+}
+
+/// Why no response head came back from a worker.
+#[derive(Debug)]
+pub enum UpstreamError {
+    /// TCP connect failed (refused, unreachable, timed out).
+    Connect(io::Error),
+    /// The whole-request deadline passed before the response head.
+    Timeout,
+    /// The connection broke before a complete response head.
+    Io(io::Error),
+    /// The worker sent something that is not an HTTP response.
+    BadResponse(String),
+}
+
+impl UpstreamError {
+    /// Status the client gets when this is the final outcome.
+    pub fn status(&self) -> u16 {
+        match self {
+            UpstreamError::Timeout => 504,
+            UpstreamError::Connect(e) if e.kind() == io::ErrorKind::TimedOut => 504,
+            UpstreamError::Connect(_) => 502,
+            UpstreamError::Io(_) | UpstreamError::BadResponse(_) => 502,
+        }
+    }
+    /// A message for the JSON error body.
+    pub fn message(&self, worker: &str) -> String {
+        match self {
+            UpstreamError::Connect(e) => format!("cannot connect to worker {worker}: {e}"),
+            UpstreamError::Timeout => format!("worker {worker} did not answer in time"),
+            UpstreamError::Io(e) => format!("connection to worker {worker} failed: {e}"),
+            UpstreamError::BadResponse(m) => {
+                format!("worker {worker} sent an invalid response: {m}")
+            }
+        }
+    }
+    /// Whether the worker could not even be reached (passive health signal).
+    pub fn is_connect(&self) -> bool {
+        matches!(self, UpstreamError::Connect(_))
+    }
+}
+
+/// A response head from a worker, with the connection and any body bytes already read.
+pub struct UpstreamResponse {
+    pub stream: TcpStream,
+    pub head: ResponseHead,
+    pub leftover: BytesMut,
+}
+
+/// Open a TCP connection to `worker` (addresses in order) within `connect_timeout`.
+pub async fn connect(
+    worker: &Worker,
+    connect_timeout: Duration,
+    deadline: Instant,
+) -> Result<TcpStream, UpstreamError> {
+    let limit = std::cmp::min(Instant::now() + connect_timeout, deadline);
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+    for addr in &worker.addrs {
+        match monoio::time::timeout_at(limit, TcpStream::connect_addr(*addr)).await {
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                metrics::counter!("radixgate_upstream_connections_total", "kind" => "new").increment(1);
+                return Ok(s);
+            }
+            Ok(Err(e)) => last = e,
+            Err(_) => last = io::Error::new(io::ErrorKind::TimedOut, "connect timed out"),
+        }
+    }
+    Err(UpstreamError::Connect(last))
+}
+
+enum ExchangeError {
+    /// Nothing came back: a reused connection may simply have been closed by the worker.
+    NothingBack(io::Error),
+    Other(UpstreamError),
+}
+
+async fn exchange_head(
+    stream: &mut TcpStream,
+    req: &UpstreamRequest,
+    request_was_head: bool,
+    deadline: Instant,
+) -> Result<(ResponseHead, BytesMut), ExchangeError> {
+    let timeout = |e: io::Error| {
+        if e.kind() == io::ErrorKind::TimedOut {
+            ExchangeError::Other(UpstreamError::Timeout)
+        } else {
+            ExchangeError::NothingBack(e)
+        }
+    };
+    write_all_by(stream, req.head.clone(), deadline)
+        .await
+        .map_err(timeout)?;
+    if !req.body.is_empty() {
+        write_all_by(stream, req.body.clone(), deadline)
+            .await
+            .map_err(timeout)?;
+    }
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+    let limits = HeadLimits::default();
+    let mut received_any = false;
+    loop {
+        match http::parse_response_head(&mut buf, request_was_head, &limits) {
+            Ok(Some(head)) => {
+                if (100..200).contains(&head.status) && head.status != 101 {
+                    continue; // informational; the real head follows
+                }
+                return Ok((head, buf));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Err(ExchangeError::Other(UpstreamError::BadResponse(
+                    e.message().to_string(),
+                )))
+            }
+        }
+        match read_into(stream, &mut buf, Some(deadline)).await {
+            Ok(0) if !received_any => {
+                return Err(ExchangeError::NothingBack(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed before any response byte",
+                )))
+            }
+            Ok(0) => {
+                return Err(ExchangeError::Other(UpstreamError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed inside the response head",
+                ))))
+            }
+            Ok(_) => received_any = true,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                return Err(ExchangeError::Other(UpstreamError::Timeout))
+            }
+            Err(e) if !received_any => return Err(ExchangeError::NothingBack(e)),
+            Err(e) => return Err(ExchangeError::Other(UpstreamError::Io(e))),
+        }
+    }
+}
+
+/// Send `req` to `worker` and read the response head. A pooled connection that fails before any
+/// response byte is replaced once by a fresh one (the body is still in memory).
+pub async fn roundtrip(
+    core: &Core,
+    worker: &Worker,
+    req: &UpstreamRequest,
+    request_was_head: bool,
+    deadline: Instant,
+) -> Result<UpstreamResponse, UpstreamError> {
+    let connect_timeout = Duration::from_secs(core.gw.cfg.connect_timeout_secs);
+    let mut allow_pooled = true;
+    loop {
+        let pooled = if allow_pooled {
+            core.pool.take(worker.id)
+        } else {
+            None
+        };
+        let reused = pooled.is_some();
+        let mut stream = match pooled {
+            Some(s) => s,
+            None => connect(worker, connect_timeout, deadline).await?,
+        };
+        match exchange_head(&mut stream, req, request_was_head, deadline).await {
+            Ok((head, leftover)) => {
+                return Ok(UpstreamResponse {
+                    stream,
+                    head,
+                    leftover,
+                })
+            }
+            Err(ExchangeError::NothingBack(_)) if reused => {
+                allow_pooled = false;
+                continue;
+            }
+            Err(ExchangeError::NothingBack(e)) => return Err(UpstreamError::Io(e)),
+            Err(ExchangeError::Other(e)) => return Err(e),
+        }
+    }
+}
+
+/// How a relayed response ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Relayed {
+    /// The client connection may serve another request.
+    pub client_keep_alive: bool,
+    /// The whole response reached the client.
+    pub complete: bool,
+    /// When the first body byte was written to the client (time to first token for streams).
+    pub first_body_at: Option<Instant>,
+    /// Body bytes relayed.
+    pub body_bytes: u64,
+    /// The worker broke the response off (error, EOF or timeout mid-body): counts against it.
+    pub upstream_broke: bool,
+}
+
+/// Render the client-facing response head from the worker's.
+pub fn client_head(up: &ResponseHead, request_id: &str, close: bool) -> BytesMut {
+    let mut out = BytesMut::with_capacity(up.buf.len() + 96);
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(up.status.to_string().as_bytes());
+    out.extend_from_slice(b" ");
+    out.extend_from_slice(http::response::reason(up.status).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let mut has_id = false;
+    for (name, value) in up.headers() {
+        if skip(name, &RESPONSE_SKIP) {
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"x-request-id") {
+            has_id = true;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !has_id {
+        out.extend_from_slice(b"x-request-id: ");
+        out.extend_from_slice(request_id.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// Where the body ends, as it is relayed.
+enum BodyEnd {
+    Done,
+    Remaining(u64),
+    Chunked(ChunkTracker),
+    UntilClose,
+}
+
+impl BodyEnd {
+    /// Consume up to the end of the body from `data`; returns (bytes that belong to the body,
+    /// finished).
+    fn advance(&mut self, data: &[u8]) -> Result<(usize, bool), String> {
+        match self {
+            BodyEnd::Done => Ok((0, true)),
+            BodyEnd::Remaining(n) => {
+                let take = std::cmp::min(*n, data.len() as u64);
+                *n -= take;
+                Ok((take as usize, *n == 0))
+            }
+            BodyEnd::Chunked(t) => match t.feed(data) {
+                Ok(Some(end)) => Ok((end, true)),
+                Ok(None) => Ok((data.len(), false)),
+                Err(e) => Err(format!("{e:?}")),
+            },
+            BodyEnd::UntilClose => Ok((data.len(), false)),
+        }
+    }
+}
+
+/// Relay the response to the client. The upstream connection goes back to the pool when the
+/// response was complete and reusable; otherwise it is dropped (closing it, which also aborts
+/// the work on the worker when the client went away).
+pub async fn relay(
+    core: &Core,
+    worker: &Worker,
+    client: &mut TcpStream,
+    up: UpstreamResponse,
+    request_id: &str,
+    client_wants_keep_alive: bool,
+    deadline: Instant,
+    mut capture: Option<&mut Capture>,
+) -> Relayed {
+    let UpstreamResponse {
+        mut stream,
+        head,
+        mut leftover,
+    } = up;
+    let mut end = match head.framing {
+        BodyFraming::None => BodyEnd::Done,
+        BodyFraming::Length(0) => BodyEnd::Done,
+        BodyFraming::Length(n) => BodyEnd::Remaining(n),
+        BodyFraming::Chunked => BodyEnd::Chunked(ChunkTracker::new()),
+        BodyFraming::Close => BodyEnd::UntilClose,
+    };
+    let close_client = !client_wants_keep_alive
+        || matches!(head.framing, BodyFraming::Close)
+        || core.gw.is_shutting_down();
+    let mut out = client_head(&head, request_id, close_client);
+    let mut relayed = Relayed {
+        client_keep_alive: !close_client,
+        complete: false,
+        first_body_at: None,
+        body_bytes: 0,
+        upstream_broke: false,
+    };
+
+    // The head and whatever body bytes came with it go out in one write.
+    let mut finished = matches!(end, BodyEnd::Done);
+    let mut upstream_clean = true;
+    if !finished && !leftover.is_empty() {
+        match end.advance(&leftover) {
+            Ok((n, done)) => {
+                if n < leftover.len() {
+                    upstream_clean = false; // bytes past the response: never reuse
+                }
+                if let Some(c) = capture.as_deref_mut() {
+                    c.feed(&leftover[..n]);
+                }
+                out.extend_from_slice(&leftover[..n]);
+                relayed.body_bytes += n as u64;
+                finished = done;
+            }
+            Err(_) => {
+                relayed.client_keep_alive = false;
+                let _ = write_all_by(client, out.freeze(), deadline).await;
+                return relayed;
+            }
+        }
+        leftover.clear();
+    }
+    let had_body = relayed.body_bytes > 0;
+    if write_all_by(client, out.freeze(), deadline).await.is_err() {
+        relayed.client_keep_alive = false;
+        return relayed;
+    }
+    if had_body {
+        relayed.first_body_at = Some(Instant::now());
+    }
+
+    let mut buf = leftover;
+    while !finished {
+        buf.clear();
+        let n = match read_into(&mut stream, &mut buf, Some(deadline)).await {
+            Ok(n) => n,
+            Err(_) => {
+                // Upstream broke or the deadline passed mid-body: the client cannot get a
+                // complete response, so end it cleanly rather than leave it hanging.
+                relayed.upstream_broke = true;
+                end_broken_stream(client, &end, deadline).await;
+                relayed.client_keep_alive = false;
+                return relayed;
+            }
+        };
+        if n == 0 {
+            if matches!(end, BodyEnd::UntilClose) {
+                relayed.complete = true;
+            } else {
+                relayed.upstream_broke = true;
+                end_broken_stream(client, &end, deadline).await;
+            }
+            relayed.client_keep_alive = false;
+            return relayed;
+        }
+        let (take, done) = match end.advance(&buf) {
+            Ok(v) => v,
+            Err(_) => {
+                relayed.client_keep_alive = false;
+                return relayed;
+            }
+        };
+        if take < buf.len() {
+            upstream_clean = false;
+        }
+        if let Some(c) = capture.as_deref_mut() {
+            c.feed(&buf[..take]);
+        }
+        let chunk = buf.split_to(take).freeze();
+        relayed.body_bytes += take as u64;
+        if write_all_by(client, chunk, deadline).await.is_err() {
+            // The client went away: dropping `stream` closes the upstream connection, which
+            // makes the engine abort the request and free its GPU work.
+            relayed.client_keep_alive = false;
+            return relayed;
+        }
+        if relayed.first_body_at.is_none() {
+            relayed.first_body_at = Some(Instant::now());
+        }
+        finished = done;
+    }
+    relayed.complete = true;
+    if head.keep_alive && upstream_clean && !matches!(end, BodyEnd::UntilClose) {
+        core.pool.put(worker.id, stream);
+    }
+    relayed
+}
+
+/// A chunked stream that broke between chunks gets an SSE error event and a proper last chunk,
+/// so clients see an explicit error and a clean end, never a hang or a torn frame.
+async fn end_broken_stream(client: &mut TcpStream, end: &BodyEnd, deadline: Instant) {
+    if let BodyEnd::Chunked(t) = end {
+        if t.at_chunk_boundary() {
+            let event = b"data: {\"error\":{\"message\":\"the worker ended the stream early\",\"type\":\"upstream_error\",\"code\":502}}\n\n";
+            let mut out = BytesMut::with_capacity(event.len() + 16);
+            out.extend_from_slice(format!("{:x}\r\n", event.len()).as_bytes());
+            out.extend_from_slice(event);
+            out.extend_from_slice(b"\r\n0\r\n\r\n");
+            let _ = write_all_by(client, out.freeze(), deadline).await;
+        }
+    }
+}
+
+/// Read a whole response body (for gateway-side fan-out calls such as `/v1/models`).
+pub async fn read_full_body(
+    up: UpstreamResponse,
+    deadline: Instant,
+    max: u64,
+) -> io::Result<(ResponseHead, Bytes, TcpStream)> {
+    let UpstreamResponse {
+        mut stream,
+        head,
+        leftover,
+    } = up;
+    let mut raw = leftover;
+    let mut body = BytesMut::new();
+    match head.framing {
+        BodyFraming::None => {}
+        BodyFraming::Length(n) => {
+            if n > max {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "response too large",
+                ));
+            }
+            while (raw.len() as u64) < n {
+                if read_into(&mut stream, &mut raw, Some(deadline)).await? == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "truncated response",
+                    ));
+                }
+            }
+            body = raw.split_to(n as usize);
+        }
+        BodyFraming::Chunked => {
+            let mut dec = ChunkedDecoder::new(max);
+            loop {
+                let used = dec
+                    .feed(&raw, &mut body)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}")))?;
+                raw.advance(used);
+                if dec.is_done() {
+                    break;
+                }
+                if read_into(&mut stream, &mut raw, Some(deadline)).await? == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "truncated response",
+                    ));
+                }
+            }
+        }
+        BodyFraming::Close => loop {
+            body.extend_from_slice(&raw);
+            raw.clear();
+            if body.len() as u64 > max {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "response too large",
+                ));
+            }
+            if read_into(&mut stream, &mut raw, Some(deadline)).await? == 0 {
+                break;
+            }
+        },
+    }
+    Ok((head, body.freeze(), stream))
+}
+
+/// One complete gateway-originated request to a worker (admin fan-out, /v1/models, health):
+/// returns status and body; the connection goes back to the pool when reusable.
+pub async fn fetch(
+    core: &Core,
+    worker: &Worker,
+    method: &str,
+    path: &str,
+    body: Bytes,
+    timeout: Duration,
+) -> Result<(u16, Bytes), UpstreamError> {
+    let deadline = Instant::now() + timeout;
+    let id = format!("gw-{}", core.gw.now_ms());
+    let req = UpstreamRequest::build(
+        method.as_bytes(),
+        path.as_bytes(),
+        None,
+        &worker.authority,
+        &id,
+        body,
+    );
+    let up = roundtrip(core, worker, &req, method == "HEAD", deadline).await?;
+    let reusable = up.head.keep_alive && !matches!(up.head.framing, BodyFraming::Close);
+    let (head, body, stream) = read_full_body(up, deadline, 64 << 20)
+        .await
+        .map_err(UpstreamError::Io)?;
+    if reusable {
+        core.pool.put(worker.id, stream);
+    }
+    Ok((head.status, body))
+}

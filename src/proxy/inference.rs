@@ -1,0 +1,249 @@
+//! The routed request: extract routing inputs from the body, choose a worker with the policy
+//! against the current tree snapshot, count it in flight, queue the tree insert, forward, relay,
+//! and account the outcome. Everything that can go wrong before a response byte reaches the
+//! client becomes a JSON error with the right status.
+
+use crate::gateway::Core;
+use crate::http::{self, RequestHead};
+use crate::proxy::capture::Capture;
+use crate::proxy::forward::{self, UpstreamRequest};
+use crate::proxy::io::write_all_by;
+use crate::proxy::request_id::request_id;
+use crate::route::extract::{extract, Api, RoutingInfo};
+use crate::admission::Refusal;
+use crate::proxy::retry::{is_retryable_status, RetryPolicy};
+use crate::route::policy::{Branch, Decision, RouteInput};
+use crate::workers::breaker::is_worker_failure;
+use crate::tree::{Insert, WorkerId};
+use crate::workers::load::LoadBoard;
+use crate::workers::registry::Worker;
+use bytes::Bytes;
+use monoio::net::TcpStream;
+use monoio::time::Instant;
+use std::borrow::Cow;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Keeps a worker's in-flight count raised while a request is on it.
+struct InFlight<'a> {
+    loads: &'a LoadBoard,
+    worker: WorkerId,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(loads: &'a LoadBoard, worker: WorkerId) -> Self {
+        loads.inc(worker);
+        InFlight { loads, worker }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.loads.dec(self.worker);
+    }
+}
+
+/// Bytes of `s` as a zero-copy slice of `body` when `s` was borrowed from it, else a copy.
+pub fn as_body_slice(body: &Bytes, s: &Cow<'_, str>) -> Bytes {
+    match s {
+        Cow::Borrowed(b) => {
+            let start = body.as_ptr() as usize;
+            let p = b.as_ptr() as usize;
+            if !b.is_empty() && p >= start && p + b.len() <= start + body.len() {
+                body.slice(p - start..p - start + b.len())
+            } else {
+                Bytes::copy_from_slice(b.as_bytes())
+            }
+        }
+        Cow::Owned(o) => Bytes::copy_from_slice(o.as_bytes()),
+    }
+}
+
+/// Write an OpenAI-style error and report whether the connection may go on.
+pub async fn reply_error(
+    stream: &mut TcpStream,
+    head: &RequestHead,
+    status: u16,
+    error_type: &str,
+    msg: &str,
+) -> bool {
+    let keep = head.keep_alive;
+    let resp = http::response::error_response(status, error_type, msg, &[], !keep);
+    write_all_by(stream, resp, Instant::now() + Duration::from_secs(30))
+        .await
+        .is_ok()
+        && keep
+}
+
+async fn reply_error_with_id(
+    stream: &mut TcpStream,
+    head: &RequestHead,
+    status: u16,
+    error_type: &str,
+    msg: &str,
+    id: &str,
+) -> bool {
+    let keep = head.keep_alive;
+    let resp =
+        http::response::error_response(status, error_type, msg, &[("x-request-id", id)], !keep);
+    write_all_by(stream, resp, Instant::now() + Duration::from_secs(30))
+        .await
+        .is_ok()
+        && keep
+}
+
+/// Handle a proxied request (`api` None: pass-through GET with no routing text). Returns the
+/// status sent and whether the client connection may serve another request.
+pub async fn handle(core: &Rc<Core>, client: &mut TcpStream, head: &RequestHead, body: Bytes, api: Option<Api>) -> (u16, bool) {
+    let gw = core.gw.clone();
+    if let Err(msg) = gw.authorize(head, false) {
+        return (401, reply_error(client, head, 401, "authentication_error", msg).await);
+    }
+    let started = Instant::now();
+    let deadline = started + gw.cfg.request_timeout();
+    let info = match api {
+        Some(api) => match extract(api, &body) {
+            Ok(i) => i,
+            Err(e) => return (400, reply_error(client, head, 400, "invalid_request_error", &e.0).await),
+        },
+        None => RoutingInfo { model: None, stream: false, text: Cow::Borrowed("") },
+    };
+    let rid = request_id(head, &gw.cfg.request_id_headers, head.path(), &mut core.rng.borrow_mut());
+    let _permit = match gw.admission.acquire().await {
+        Ok(p) => p,
+        Err(Refusal::QueueFull) => {
+            return (429, reply_error_with_id(client, head, 429, "rate_limit_exceeded", "too many requests: the admission queue is full", &rid).await)
+        }
+        Err(Refusal::Timeout) => {
+            return (408, reply_error_with_id(client, head, 408, "timeout", "timed out waiting in the admission queue", &rid).await)
+        }
+    };
+    let routing_key = head.header("x-smg-routing-key");
+    let hash_key = routing_key
+        .or_else(|| head.header("authorization"))
+        .or_else(|| head.header("x-forwarded-for"))
+        .or_else(|| head.header("cookie"));
+    let model_bytes = info.model.as_ref().map(|m| as_body_slice(&body, m));
+    let req_head_is_head = head.method() == b"HEAD";
+    let retry = gw.retry;
+    // Workers that already failed this request: every retry goes elsewhere (the reference
+    // retries the worker its tree points at, i.e. the failing one).
+    let mut excluded: Vec<WorkerId> = Vec::new();
+    let mut attempt: u32 = 0;
+    let mut last_error: Option<(u16, String)> = None;
+    loop {
+        let list = gw.registry.load_full();
+        let now_ms = gw.now_ms();
+        let input = RouteInput {
+            text: &info.text,
+            routing_key,
+            target_worker: head.header("x-smg-target-worker"),
+            hash_key,
+            exclude: &excluded,
+            now_ms,
+        };
+        let decision = if api.is_some() {
+            let forest = gw.tree.as_ref().map(|t| t.load());
+            let model = info.model.as_deref().map(str::as_bytes);
+            let tree = forest.as_ref().and_then(|f| f.tree(model));
+            gw.policy.select(&input, &list.ids, &gw.registry.loads, tree, &mut core.rng.borrow_mut())
+        } else {
+            gw.registry
+                .loads
+                .pick_random_eligible(&list.ids, &excluded, &mut core.rng.borrow_mut())
+                .map(|w| Decision::plain(w, Branch::Random))
+        };
+        let Some(decision) = decision else {
+            let (status, msg) = last_error.unwrap_or_else(|| {
+                let msg = if list.is_empty() { "no workers are registered" } else { "no available workers (all unhealthy or circuits open)" };
+                (503, msg.to_string())
+            });
+            let error_type = if status == 504 { "timeout" } else { "service_unavailable" };
+            return (status, reply_error_with_id(client, head, status, error_type, &msg, &rid).await);
+        };
+        let Some(worker): Option<Arc<Worker>> = list.get(decision.worker).cloned() else {
+            excluded.push(decision.worker);
+            continue;
+        };
+        if !worker.breaker.try_acquire(&gw.breaker) {
+            // Half-open and its probe slots are taken: try someone else.
+            excluded.push(worker.id);
+            continue;
+        }
+        attempt += 1;
+        gw.metrics.selection(gw.policy.kind().as_str(), decision.branch.as_str());
+        let in_flight = InFlight::new(&gw.registry.loads, worker.id);
+        let req = UpstreamRequest::build(head.method(), head.target(), Some(head), &worker.authority, &rid, body.clone());
+        let outcome = forward::roundtrip(core, &worker, &req, req_head_is_head, deadline).await;
+        let can_retry = attempt < retry.max_attempts && Instant::now() < deadline;
+        let up = match outcome {
+            Ok(up) if is_retryable_status(up.head.status) && can_retry => {
+                gw.record_outcome(&worker, !is_worker_failure(up.head.status));
+                last_error = Some((up.head.status, format!("worker {} answered {}", worker.url, up.head.status)));
+                drop(up); // closes that upstream connection; its body is not wanted
+                drop(in_flight);
+                excluded.push(worker.id);
+                gw.metrics.retry();
+                backoff(core, &retry, attempt, deadline).await;
+                continue;
+            }
+            Ok(up) => up,
+            Err(e) => {
+                if e.is_connect() {
+                    gw.on_connect_failure(&worker);
+                }
+                gw.record_outcome(&worker, false);
+                drop(in_flight);
+                last_error = Some((e.status(), e.message(&worker.url)));
+                if can_retry {
+                    excluded.push(worker.id);
+                    gw.metrics.retry();
+                    backoff(core, &retry, attempt, deadline).await;
+                    continue;
+                }
+                let (status, msg) = last_error.unwrap_or((502, String::new()));
+                let error_type = if status == 504 { "timeout" } else { "bad_gateway" };
+                return (status, reply_error_with_id(client, head, status, error_type, &msg, &rid).await);
+            }
+        };
+        // Committed to this worker: from here on bytes reach the client, so no more retries.
+        let status = up.head.status;
+        gw.record_outcome(&worker, !is_worker_failure(status));
+        if decision.insert_text && (200..300).contains(&status) {
+            if let Some(tree) = &gw.tree {
+                let text = as_body_slice(&body, &info.text);
+                tree.try_insert(Insert { model: model_bytes.clone(), text, worker: worker.id, now_ms });
+            }
+        }
+        let chunked = matches!(up.head.framing, http::BodyFraming::Chunked);
+        let mut capture = api.filter(|_| gw.cfg.insert_response_text && decision.insert_text).map(|a| Capture::new(a, chunked));
+        let relayed = forward::relay(core, &worker, client, up, &rid, head.keep_alive, deadline, capture.as_mut()).await;
+        drop(in_flight);
+        worker.completed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if relayed.upstream_broke {
+            gw.record_outcome(&worker, false);
+        }
+        gw.policy.request_finished(routing_key, worker.id, gw.now_ms());
+        if let Some(t) = relayed.first_body_at {
+            gw.metrics.ttft(t.duration_since(started));
+        }
+        if let (Some(c), Some(tree), true) = (capture, &gw.tree, relayed.complete && (200..300).contains(&status)) {
+            if let Some(reply) = c.reply() {
+                let mut full = String::with_capacity(info.text.len() + 1 + reply.len());
+                full.push_str(&info.text);
+                full.push(' ');
+                full.push_str(&reply);
+                tree.try_insert(Insert { model: model_bytes, text: Bytes::from(full), worker: worker.id, now_ms: gw.now_ms() });
+            }
+        }
+        return (status, relayed.client_keep_alive);
+    }
+}
+
+async fn backoff(core: &Core, retry: &RetryPolicy, attempt: u32, deadline: Instant) {
+    let u = core.rng.borrow_mut().unit();
+    let delay = Duration::from_millis(retry.delay_ms(attempt.saturating_sub(1), u));
+    let until = std::cmp::min(Instant::now() + delay, deadline);
+    monoio::time::sleep_until(until).await;
+}

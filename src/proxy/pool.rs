@@ -1,0 +1,121 @@
+//! Per-core keep-alive pools of upstream connections, one LIFO stack per worker. Never shared
+//! between cores, so no locks. Connections idle longer than the idle timeout (kept below the
+//! engines' 5 s keep-alive) are dropped, and a connection is probed before reuse: a peer that
+//! closed it, or sent bytes nobody asked for, makes it unusable.
+
+use crate::tree::WorkerId;
+use monoio::net::TcpStream;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+struct Idle {
+    stream: TcpStream,
+    since: Instant,
+}
+
+/// Counters for /metrics.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PoolStats {
+    pub reused: u64,
+    pub discarded: u64,
+    pub returned: u64,
+}
+
+/// One core's idle upstream connections.
+pub struct Pool {
+    idle: RefCell<HashMap<WorkerId, Vec<Idle>>>,
+    idle_timeout: Duration,
+    max_per_worker: usize,
+    stats: RefCell<PoolStats>,
+}
+
+/// Whether an idle connection is still usable: no EOF and no unexpected bytes pending.
+pub fn is_reusable(stream: &TcpStream) -> bool {
+    let fd = stream.as_raw_fd();
+    let mut byte = 0u8;
+    // SAFETY: `fd` is a valid open socket owned by `stream` for the duration of this call, and
+    // `byte` is a valid 1-byte buffer; MSG_PEEK|MSG_DONTWAIT neither consumes data nor blocks.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            &mut byte as *mut u8 as *mut libc::c_void,
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        let err = std::io::Error::last_os_error();
+        return err.kind() == std::io::ErrorKind::WouldBlock;
+    }
+    false
+}
+
+impl Pool {
+    /// A pool keeping at most `max_per_worker` idle connections per worker.
+    pub fn new(idle_timeout: Duration, max_per_worker: usize) -> Pool {
+        Pool {
+            idle: RefCell::new(HashMap::new()),
+            idle_timeout,
+            max_per_worker,
+            stats: RefCell::new(PoolStats::default()),
+        }
+    }
+
+    /// A live idle connection to `worker`, most recently used first.
+    pub fn take(&self, worker: WorkerId) -> Option<TcpStream> {
+        let mut map = self.idle.borrow_mut();
+        let stack = map.get_mut(&worker)?;
+        let now = Instant::now();
+        while let Some(idle) = stack.pop() {
+            if now.duration_since(idle.since) < self.idle_timeout && is_reusable(&idle.stream) {
+                self.stats.borrow_mut().reused += 1;
+                metrics::counter!("radixgate_upstream_connections_total", "kind" => "reused").increment(1);
+                return Some(idle.stream);
+            }
+            self.stats.borrow_mut().discarded += 1;
+        }
+        None
+    }
+
+    /// Return a connection whose last response was read completely.
+    pub fn put(&self, worker: WorkerId, stream: TcpStream) {
+        let mut map = self.idle.borrow_mut();
+        let stack = map.entry(worker).or_default();
+        if stack.len() >= self.max_per_worker {
+            // Drop the oldest: the newest are the likeliest to still be open upstream.
+            stack.remove(0);
+            self.stats.borrow_mut().discarded += 1;
+        }
+        stack.push(Idle {
+            stream,
+            since: Instant::now(),
+        });
+        self.stats.borrow_mut().returned += 1;
+    }
+
+    /// Drop connections idle too long (called from a per-core timer) and those of workers that
+    /// are gone.
+    pub fn sweep(&self, live: &dyn Fn(WorkerId) -> bool) {
+        let now = Instant::now();
+        let mut map = self.idle.borrow_mut();
+        map.retain(|w, stack| {
+            if !live(*w) {
+                return false;
+            }
+            stack.retain(|i| now.duration_since(i.since) < self.idle_timeout);
+            !stack.is_empty()
+        });
+    }
+
+    /// Idle connections held for `worker`.
+    pub fn idle_count(&self, worker: WorkerId) -> usize {
+        self.idle.borrow().get(&worker).map_or(0, Vec::len)
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> PoolStats {
+        *self.stats.borrow()
+    }
+}

@@ -1,0 +1,367 @@
+//! Process start-up: one pinned thread per core, each running its own monoio runtime
+//! (io_uring, epoll fallback) with its own `SO_REUSEPORT` listener; the tree writer thread; the
+//! health checker; and the Prometheus listener. `start` returns a handle so tests run a real
+//! gateway in-process on 127.0.0.1.
+
+use crate::config::{Config, IoDriver};
+use crate::gateway::{Core, Gateway};
+use crate::metrics::Metrics;
+use crate::route::policy::{Policy, PolicyKind};
+use crate::tree::{spawn_writer, WriterConfig};
+use crate::workers::registry::Registry;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::FromRawFd;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A running gateway.
+pub struct Running {
+    /// The address clients connect to (the real port when `--port 0` was given).
+    pub addr: SocketAddr,
+    /// The Prometheus endpoint, when enabled.
+    pub metrics_addr: Option<SocketAddr>,
+    gw: Arc<Gateway>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Shared state (tests inspect it).
+    pub fn gateway(&self) -> &Arc<Gateway> {
+        &self.gw
+    }
+
+    /// Stop accepting; in-flight requests finish within the grace period; then return.
+    /// Returns true when everything finished in time.
+    pub fn shutdown(self) -> bool {
+        self.gw.shutting_down.store(true, Ordering::SeqCst);
+        let grace = Duration::from_secs(self.gw.cfg.shutdown_grace_period_secs);
+        let until = Instant::now() + grace;
+        let mut drained = true;
+        while self.gw.active_requests.load(Ordering::Acquire) > 0 {
+            if Instant::now() >= until {
+                drained = false;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Core threads leave their accept loops within one accept tick; connections still
+        // open are closed when the process exits (callers exit right after).
+        for t in self.threads {
+            let _ = t.join();
+        }
+        drained
+    }
+}
+
+/// Create a listening TCP socket with `SO_REUSEPORT` so every core can own one.
+pub fn bind_reuseport(addr: SocketAddr, backlog: i32) -> std::io::Result<std::net::TcpListener> {
+    let domain = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain socket(2) call; the returned fd is checked and owned below.
+    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh socket we own; from here `listener` closes it on every path.
+    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    for opt in [libc::SO_REUSEPORT, libc::SO_REUSEADDR] {
+        // SAFETY: valid fd, option pointer/len describe a live c_int.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                &one as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as u32,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    let (storage, len) = sockaddr(addr);
+    // SAFETY: `storage` holds a valid sockaddr of `len` bytes for this family.
+    if unsafe { libc::bind(fd, &storage as *const _ as *const libc::sockaddr, len) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: valid bound socket.
+    if unsafe { libc::listen(fd, backlog) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_in fits in sockaddr_storage.
+            unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in, sin) };
+            (
+                storage,
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
+            unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in6, sin6) };
+            (
+                storage,
+                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
+        }
+    }
+}
+
+/// CPUs to serve on: `--cpu-list`, else the first `--cores` usable CPUs, else all usable CPUs.
+fn choose_cpus(cfg: &Config) -> Vec<Option<core_affinity::CoreId>> {
+    let usable = core_affinity::get_core_ids().unwrap_or_default();
+    if let Some(list) = &cfg.cpu_list {
+        return list
+            .iter()
+            .map(|&id| Some(core_affinity::CoreId { id }))
+            .collect();
+    }
+    let n = cfg.cores.unwrap_or_else(|| usable.len().max(1)).max(1);
+    (0..n)
+        .map(|i| usable.get(i % usable.len().max(1)).copied())
+        .collect()
+}
+
+/// Pick the io driver and report its name, or refuse.
+fn choose_driver(cfg: &Config) -> Result<&'static str, String> {
+    match cfg.io_driver {
+        IoDriver::Legacy => {
+            // monoio reads this once, before its first runtime is built (which is below).
+            std::env::set_var("MONOIO_FORCE_LEGACY_DRIVER", "1");
+            Ok("epoll")
+        }
+        IoDriver::Uring => {
+            if monoio::utils::detect_uring() {
+                Ok("io_uring")
+            } else {
+                Err(
+                    "--io-driver uring: io_uring is not available here (kernel, seccomp or \
+                     io_uring_disabled); use --io-driver auto or legacy"
+                        .into(),
+                )
+            }
+        }
+        IoDriver::Auto => Ok(if monoio::utils::detect_uring() {
+            "io_uring"
+        } else {
+            "epoll"
+        }),
+    }
+}
+
+/// Start the gateway described by `cfg`.
+pub fn start(cfg: Config) -> Result<Running, String> {
+    if let Some(level) = crate::log::Level::parse(&cfg.log_level) {
+        crate::log::set_level(level);
+    }
+    raise_nofile_limit();
+    let driver = choose_driver(&cfg)?;
+    let cpus = choose_cpus(&cfg);
+    let addr = (cfg.host.as_str(), cfg.port)
+        .to_socket_addrs()
+        .map_err(|e| format!("bad --host {}: {e}", cfg.host))?
+        .next()
+        .ok_or_else(|| format!("--host {} resolves to nothing", cfg.host))?;
+
+    // Refuse to share the port: our sockets use SO_REUSEPORT, so a second gateway (or anything
+    // else listening with it) would silently take part of the traffic.
+    if addr.port() != 0 {
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            return Err(if e.kind() == std::io::ErrorKind::AddrInUse {
+                format!("{addr} is already in use by another process; refusing to start")
+            } else {
+                format!("cannot listen on {addr}: {e}")
+            });
+        }
+    }
+    let first = bind_reuseport(addr, 4096).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let bound = first.local_addr().map_err(|e| e.to_string())?;
+    let mut listeners = vec![first];
+    for _ in 1..cpus.len() {
+        listeners.push(
+            bind_reuseport(bound, 4096).map_err(|e| format!("cannot listen on {bound}: {e}"))?,
+        );
+    }
+
+    let registry = Registry::new();
+    for url in &cfg.worker_urls {
+        registry
+            .add(url, cfg.disable_health_check)
+            .map_err(|e| format!("--worker-urls {url}: {e}"))?;
+    }
+    let tree = (cfg.policy == PolicyKind::CacheAware).then(|| {
+        spawn_writer(WriterConfig {
+            max_chars_per_worker: cfg.max_tree_size,
+            eviction_interval: Duration::from_secs(cfg.eviction_interval.max(1)),
+            overflow_margin: 0.1,
+            channel_capacity: 65_536,
+            epoch: Duration::from_millis(1),
+            publish_after: 1024,
+        })
+    });
+    let policy = Policy::new(cfg.policy_config());
+    policy.workers_changed(&registry.load().ids);
+    crate::metrics::install();
+    let metrics = Metrics::new();
+    metrics.io_driver(driver);
+    let admission = crate::admission::Admission::new(
+        cfg.max_concurrent_requests,
+        cfg.queue_size,
+        Duration::from_secs(cfg.queue_timeout_secs),
+        cfg.rate_limit_tokens_per_second,
+    );
+    let gw = Arc::new(Gateway {
+        cores: cpus.len(),
+        admission,
+        breaker: cfg.breaker_config(),
+        retry: cfg.retry_policy(),
+        cfg,
+        registry,
+        policy,
+        tree,
+        metrics,
+        started: Instant::now(),
+        shutting_down: Default::default(),
+        active_requests: Default::default(),
+        io_driver: driver,
+    });
+
+    let mut threads = Vec::new();
+    for (index, (cpu, listener)) in cpus.into_iter().zip(listeners).enumerate() {
+        let gw = gw.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("radixgate-core-{index}"))
+            .spawn(move || {
+                if let Some(cpu) = cpu {
+                    core_affinity::set_for_current(cpu);
+                }
+                let built = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+                    .enable_timer()
+                    .with_entries(4096)
+                    .build();
+                let mut rt = match built {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        crate::log!(Error, "core {index}: cannot build runtime: {e}");
+                        return;
+                    }
+                };
+                rt.block_on(core_main(gw, index, listener));
+            })
+            .map_err(|e| format!("cannot spawn core thread: {e}"))?;
+        threads.push(t);
+    }
+    crate::workers::health::spawn(gw.clone());
+    let metrics_addr = if gw.cfg.prometheus_port != 0 {
+        Some(crate::metrics_server::spawn(gw.clone())?)
+    } else {
+        None
+    };
+    crate::log!(
+        Info,
+        "listening on {bound} with {} core(s), io driver {driver}, policy {}, {} worker(s)",
+        gw.cores,
+        gw.cfg.policy.as_str(),
+        gw.registry.load().len()
+    );
+    Ok(Running {
+        addr: bound,
+        metrics_addr,
+        gw,
+        threads,
+    })
+}
+
+async fn core_main(gw: Arc<Gateway>, index: usize, listener: std::net::TcpListener) {
+    let listener = match monoio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            crate::log!(Error, "core {index}: cannot adopt listener: {e}");
+            return;
+        }
+    };
+    let core = Rc::new(Core::new(gw.clone(), index));
+    // Housekeeping: expire idle upstream connections; core 0 also runs policy maintenance.
+    {
+        let core = core.clone();
+        monoio::spawn(async move {
+            loop {
+                monoio::time::sleep(Duration::from_millis(500)).await;
+                if core.gw.is_shutting_down() {
+                    break;
+                }
+                let list = core.gw.registry.load_full();
+                core.pool.sweep(&|w| list.get(w).is_some());
+                if core.index == 0 {
+                    core.gw.policy.maintain(core.gw.now_ms());
+                }
+            }
+        });
+    }
+    while !gw.is_shutting_down() {
+        match monoio::time::timeout(Duration::from_millis(200), listener.accept()).await {
+            Ok(Ok((stream, _peer))) => {
+                monoio::spawn(crate::proxy::conn::serve(core.clone(), stream));
+            }
+            Ok(Err(e)) => {
+                crate::log!(Warn, "core {index}: accept failed: {e}");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(_) => {}
+        }
+    }
+    drop(listener);
+    // Let in-flight requests on this core finish (the shutdown caller bounds the wait).
+    while gw.active_requests.load(Ordering::Acquire) > 0 {
+        monoio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Raise the open-file soft limit to the hard limit: each client and each pooled upstream
+/// connection is a descriptor, and the usual 1024 default caps a gateway at a few hundred
+/// concurrent streams (the reference failed at its descriptor ceiling, sglang#7551).
+pub fn raise_nofile_limit() {
+    // SAFETY: getrlimit/setrlimit with a valid, initialised rlimit struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}

@@ -1,0 +1,454 @@
+use super::*;
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Per worker, the strings it was sent. The tree's answers depend only on the prefix closure of
+/// each worker's set, which is what this oracle computes naively.
+#[derive(Default, Clone, Debug)]
+struct Oracle {
+    sets: BTreeMap<WorkerId, BTreeSet<String>>,
+}
+
+/// Common prefix of two strings in (chars, bytes).
+fn common(a: &str, b: &str) -> (usize, usize) {
+    let mut chars = 0;
+    let mut bytes = 0;
+    for (x, y) in a.chars().zip(b.chars()) {
+        if x != y {
+            break;
+        }
+        chars += 1;
+        bytes += x.len_utf8();
+    }
+    (chars, bytes)
+}
+
+impl Oracle {
+    fn insert(&mut self, key: &str, w: WorkerId) {
+        self.sets.entry(w).or_default().insert(key.to_owned());
+    }
+
+    fn expected(&self, key: &str) -> (usize, usize, Vec<WorkerId>) {
+        let best = self
+            .sets
+            .values()
+            .flatten()
+            .map(|s| common(s, key))
+            .max()
+            .unwrap_or((0, 0));
+        if best.0 == 0 {
+            return (0, 0, Vec::new());
+        }
+        let prefix = &key[..best.1];
+        let workers = self
+            .sets
+            .iter()
+            .filter(|(_, set)| set.iter().any(|s| s.starts_with(prefix)))
+            .map(|(&w, _)| w)
+            .collect();
+        (best.0, best.1, workers)
+    }
+
+    fn chars(&self, w: WorkerId) -> u64 {
+        let mut prefixes = BTreeSet::new();
+        for s in self.sets.get(&w).into_iter().flatten() {
+            for (i, c) in s.char_indices() {
+                prefixes.insert(&s[..i + c.len_utf8()]);
+            }
+        }
+        prefixes.len() as u64
+    }
+}
+
+/// The root-to-leaf strings of `w` (nodes it holds with no child it holds): the same prefix
+/// closure as whatever was inserted for `w` and survived.
+fn leaf_strings(tree: &RadixTree, w: WorkerId) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    if !tree.root.workers.contains(w) {
+        return out;
+    }
+    let mut stack: Vec<(&Node, Vec<u8>)> = vec![(&tree.root, Vec::new())];
+    while let Some((node, path)) = stack.pop() {
+        let mut leaf = true;
+        for kid in node.kids.iter().filter(|k| k.workers.contains(w)) {
+            leaf = false;
+            let mut p = path.clone();
+            p.extend_from_slice(kid.edge());
+            stack.push((kid, p));
+        }
+        if leaf && !path.is_empty() {
+            out.insert(String::from_utf8(path).expect("edges are whole characters"));
+        }
+    }
+    out
+}
+
+fn check(tree: &RadixTree, oracle: &Oracle, probes: &[String]) {
+    if let Err(e) = tree.check_invariants() {
+        panic!("invariant: {e}");
+    }
+    for &w in oracle.sets.keys() {
+        assert_eq!(tree.worker_chars(w), oracle.chars(w), "chars of worker {w}");
+    }
+    let keys = oracle.sets.values().flatten().chain(probes.iter());
+    for key in keys {
+        let m = tree.longest_match(key);
+        let (chars, bytes, workers) = oracle.expected(key);
+        assert_eq!(
+            (m.matched_chars, m.matched_bytes, m.workers),
+            (chars, bytes, &workers[..]),
+            "match of {key:?}"
+        );
+    }
+}
+
+fn matched<'a>(t: &'a RadixTree, key: &str) -> (usize, &'a [WorkerId]) {
+    let m = t.longest_match(key);
+    (m.matched_chars, m.workers)
+}
+
+#[test]
+fn empty_tree_matches_nothing() {
+    let t = RadixTree::new();
+    assert_eq!(matched(&t, ""), (0, &[][..]));
+    assert_eq!(matched(&t, "abc"), (0, &[][..]));
+    assert_eq!(t.node_count(), 1);
+    assert_eq!(t.worker_chars(3), 0);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn partial_edge_counts_and_stops() {
+    let mut t = RadixTree::new();
+    t.insert("hello world", 1, 1);
+    assert_eq!(matched(&t, "hello there"), (6, &[1][..]));
+    assert_eq!(matched(&t, "hello world and more"), (11, &[1][..]));
+    assert_eq!(matched(&t, "x"), (0, &[][..]));
+    assert_eq!(matched(&t, ""), (0, &[][..]));
+    t.insert("hello there", 2, 2);
+    assert_eq!(matched(&t, "hello"), (5, &[1, 2][..]));
+    assert_eq!(matched(&t, "hello th"), (8, &[2][..]));
+    assert_eq!(t.worker_chars(1), 11);
+    assert_eq!(t.worker_chars(2), 11);
+    assert_eq!(t.total_chars(), 22);
+    assert_eq!(t.node_count(), 4);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn splits_never_cut_a_character() {
+    let mut t = RadixTree::new();
+    // 'é' = C3 A9, 'è' = C3 A8: the shared byte must not become an edge of its own.
+    t.insert("café", 1, 1);
+    t.insert("cafè", 2, 2);
+    t.check_invariants().unwrap();
+    let m = t.longest_match("café au lait");
+    assert_eq!(
+        (m.matched_chars, m.matched_bytes, m.workers),
+        (4, 5, &[1][..])
+    );
+    assert_eq!(matched(&t, "cafe"), (3, &[1, 2][..]));
+    // 'ê' = C3 AA shares the lead byte with both edges but no whole character.
+    let m = t.longest_match("cafê");
+    assert_eq!(
+        (m.matched_chars, m.matched_bytes, m.workers),
+        (3, 3, &[1, 2][..])
+    );
+    // Emoji sharing three of four bytes, directly under the root.
+    t.insert("😀x", 3, 3);
+    t.insert("😁y", 4, 4);
+    t.check_invariants().unwrap();
+    assert_eq!(matched(&t, "😀"), (1, &[3][..]));
+    assert_eq!(matched(&t, "😁yy"), (2, &[4][..]));
+    assert_eq!(matched(&t, "😂"), (0, &[][..]));
+    assert_eq!(t.worker_chars(3), 2);
+}
+
+#[test]
+fn tree_stays_canonical() {
+    let mut t = RadixTree::new();
+    t.insert("abcdef", 1, 1);
+    // Ends inside an edge worker 1 already holds: no split.
+    t.insert("abc", 1, 2);
+    assert_eq!(t.node_count(), 2);
+    // Extending worker 1's own leaf grows the edge instead of adding a child.
+    t.insert("abcdefgh", 1, 3);
+    assert_eq!(t.node_count(), 2);
+    assert_eq!(t.worker_chars(1), 8);
+    // A second worker ending inside the edge splits it ...
+    t.insert("abc", 2, 4);
+    assert_eq!(t.node_count(), 3);
+    // ... and merges back once it covers the rest too.
+    t.insert("abcdefgh", 2, 5);
+    assert_eq!(t.node_count(), 2);
+    assert_eq!(matched(&t, "abcd"), (4, &[1, 2][..]));
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn remove_worker_drops_and_merges() {
+    let mut t = RadixTree::new();
+    t.insert("abcdef", 1, 1);
+    t.insert("abcxyz", 2, 2);
+    t.insert("q", 2, 3);
+    assert_eq!(t.node_count(), 5);
+    t.remove_worker(2);
+    t.check_invariants().unwrap();
+    assert_eq!(t.node_count(), 2);
+    assert_eq!(t.worker_chars(2), 0);
+    assert_eq!(matched(&t, "abcxyz"), (3, &[1][..]));
+    assert_eq!(matched(&t, "q"), (0, &[][..]));
+    assert_eq!(t.worker_char_counts().collect::<Vec<_>>(), vec![(1, 6)]);
+    // Removing an unknown worker is a no-op.
+    t.remove_worker(9);
+    assert_eq!(t.node_count(), 2);
+}
+
+#[test]
+fn evict_takes_least_recent_leaves_first() {
+    let mut t = RadixTree::new();
+    t.insert("aaaaaaaaaa", 1, 1);
+    t.insert("bbbbbbbbbb", 1, 2);
+    t.insert("cccccccccc", 1, 3);
+    assert_eq!(t.evict_worker(1, 30), 0);
+    assert_eq!(t.evict_worker(1, 25), 10);
+    assert_eq!(matched(&t, "aaaaaaaaaa"), (0, &[][..]));
+    assert_eq!(matched(&t, "bbbbbbbbbb"), (10, &[1][..]));
+    // Touch "b" so "c" becomes the oldest.
+    t.insert("bbbbbbbbbb", 1, 4);
+    assert_eq!(t.evict_worker(1, 10), 10);
+    assert_eq!(matched(&t, "cccccccccc"), (0, &[][..]));
+    assert_eq!(matched(&t, "bbbbbbbbbb"), (10, &[1][..]));
+    assert_eq!(t.worker_chars(1), 10);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn evict_repushes_parents_that_become_leaves() {
+    let mut t = RadixTree::new();
+    t.insert("abc", 2, 0);
+    t.insert("abcdef", 1, 1);
+    t.insert("abcxyz", 1, 5);
+    t.insert("zz", 1, 3);
+    assert_eq!(t.worker_chars(1), 11);
+    // Oldest first: "def" (1), then "zz" (3).
+    assert_eq!(t.evict_worker(1, 7), 5);
+    assert_eq!(matched(&t, "zz"), (0, &[][..]));
+    assert_eq!(matched(&t, "abcdef"), (3, &[1, 2][..]));
+    // "xyz" (5) goes next, which exposes "abc" (5) as worker 1's leaf ...
+    assert_eq!(t.evict_worker(1, 3), 3);
+    assert_eq!(matched(&t, "abcxyz"), (3, &[1, 2][..]));
+    // ... which goes last, leaving worker 2's copy.
+    assert_eq!(t.evict_worker(1, 0), 3);
+    assert_eq!(matched(&t, "abcxyz"), (3, &[2][..]));
+    assert_eq!(t.node_count(), 2);
+    assert_eq!(t.worker_chars(1), 0);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn merged_chains_are_evicted_as_one_unit() {
+    let mut t = RadixTree::new();
+    t.insert("abcdef", 1, 1);
+    t.insert("abcxyz", 1, 5);
+    assert_eq!(t.evict_worker(1, 7), 3);
+    // "abc" and "xyz" merged back into one leaf.
+    assert_eq!(t.node_count(), 2);
+    assert_eq!(t.evict_worker(1, 3), 6);
+    assert_eq!(t.node_count(), 1);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn evict_leaves_other_workers_alone() {
+    let mut t = RadixTree::new();
+    t.insert("system prompt. user: hi", 1, 1);
+    t.insert("system prompt. user: hello", 2, 2);
+    t.insert("system prompt. user: hi", 2, 3);
+    let before: Vec<_> = [
+        "system prompt. user: hi",
+        "system prompt. user: hello",
+        "sys",
+    ]
+    .iter()
+    .map(|k| t.longest_match(k).matched_chars)
+    .collect();
+    let w2 = t.worker_chars(2);
+    assert_eq!(t.evict_worker(1, 0), 23);
+    t.check_invariants().unwrap();
+    let after: Vec<_> = [
+        "system prompt. user: hi",
+        "system prompt. user: hello",
+        "sys",
+    ]
+    .iter()
+    .map(|k| t.longest_match(k).matched_chars)
+    .collect();
+    assert_eq!(before, after);
+    assert_eq!(t.worker_chars(2), w2);
+    assert_eq!(matched(&t, "system prompt. user: hi").1, &[2][..]);
+}
+
+#[test]
+fn snapshots_are_unaffected_by_later_mutations() {
+    let mut t = RadixTree::new();
+    let keys = [
+        "shared prefix one",
+        "shared prefix two",
+        "other",
+        "shared",
+        "sha",
+    ];
+    for (i, k) in keys.iter().enumerate() {
+        t.insert(k, i as WorkerId % 3, i as u64);
+    }
+    let snap = t.clone();
+    let before: Vec<(usize, Vec<WorkerId>)> = keys
+        .iter()
+        .map(|k| {
+            let m = snap.longest_match(k);
+            (m.matched_chars, m.workers.to_vec())
+        })
+        .collect();
+    t.insert("shared prefix three", 2, 10);
+    t.insert("sh", 5, 11);
+    t.remove_worker(0);
+    t.evict_worker(1, 2);
+    t.insert("other things", 1, 12);
+    let after: Vec<(usize, Vec<WorkerId>)> = keys
+        .iter()
+        .map(|k| {
+            let m = snap.longest_match(k);
+            (m.matched_chars, m.workers.to_vec())
+        })
+        .collect();
+    assert_eq!(before, after);
+    snap.check_invariants().unwrap();
+    t.check_invariants().unwrap();
+    assert_ne!(snap.node_count(), 0);
+}
+
+#[test]
+fn deep_trees_need_no_deep_stack() {
+    // Keys "a"^k + "b" make a chain as deep as the longest key; every operation must be
+    // iterative. A 256 KiB stack would overflow on a recursive walk of this depth.
+    let h = std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(|| {
+            const DEPTH: usize = 2_000;
+            let mut t = RadixTree::new();
+            let mut key = String::new();
+            for k in 0..DEPTH {
+                key.truncate(k);
+                key.push('b');
+                t.insert(&key, (k % 3) as WorkerId, k as u64);
+                key.pop();
+                key.push('a');
+            }
+            assert!(t.node_count() > DEPTH);
+            t.check_invariants().unwrap();
+            key.truncate(DEPTH - 1);
+            key.push('b');
+            assert_eq!(t.longest_match(&key).matched_chars, DEPTH);
+            let snap = t.clone();
+            t.remove_worker(1);
+            t.evict_worker(2, 10);
+            t.check_invariants().unwrap();
+            drop(t);
+            snap.check_invariants().unwrap();
+            drop(snap);
+        })
+        .unwrap();
+    h.join().unwrap();
+}
+
+#[test]
+fn node_is_compact() {
+    assert_eq!(std::mem::size_of::<Node>(), 56);
+    assert_eq!(std::mem::size_of::<RadixTree>(), 24);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(WorkerId, String),
+    Remove(WorkerId),
+    Evict(WorkerId, u64),
+    Match(String),
+}
+
+/// Short strings over an alphabet whose characters share leading bytes (é/è/ä, 中/丁, 😀/😁),
+/// so splits land inside characters unless moved back.
+fn text() -> impl Strategy<Value = String> {
+    let alphabet = vec!['a', 'b', 'é', 'è', 'ä', '中', '丁', '😀', '😁'];
+    prop::collection::vec(prop::sample::select(alphabet), 0..9)
+        .prop_map(|v| v.into_iter().collect())
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..4u32, text()).prop_map(|(w, s)| Op::Insert(w, s)),
+        1 => (0..4u32).prop_map(Op::Remove),
+        2 => (0..4u32, 0..20u64).prop_map(|(w, m)| Op::Evict(w, m)),
+        2 => text().prop_map(Op::Match),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn behaves_like_the_oracle(ops in prop::collection::vec(op(), 1..40),
+                               probes in prop::collection::vec(text(), 0..6)) {
+        let mut t = RadixTree::new();
+        let mut oracle = Oracle::default();
+        let mut snapshots: Vec<(RadixTree, Oracle)> = Vec::new();
+        for (now, op) in ops.into_iter().enumerate() {
+            if now % 7 == 0 {
+                snapshots.push((t.clone(), oracle.clone()));
+            }
+            match op {
+                Op::Insert(w, s) => {
+                    t.insert(&s, w, now as u64);
+                    oracle.insert(&s, w);
+                }
+                Op::Remove(w) => {
+                    t.remove_worker(w);
+                    oracle.sets.remove(&w);
+                }
+                Op::Evict(w, max) => {
+                    let before = t.worker_chars(w);
+                    let others: Vec<_> = oracle.sets.keys().filter(|&&x| x != w)
+                        .map(|&x| (x, t.worker_chars(x))).collect();
+                    let removed = t.evict_worker(w, max);
+                    let after = t.worker_chars(w);
+                    prop_assert!(after <= max);
+                    prop_assert_eq!(removed, before - after);
+                    if before <= max {
+                        prop_assert_eq!(removed, 0);
+                    }
+                    for (x, c) in others {
+                        prop_assert_eq!(t.worker_chars(x), c);
+                    }
+                    if let Some(set) = oracle.sets.get_mut(&w) {
+                        let left = leaf_strings(&t, w);
+                        for s in &left {
+                            prop_assert!(set.iter().any(|o| o.starts_with(s.as_str())),
+                                "{s:?} was never inserted for {w}");
+                        }
+                        *set = left;
+                    }
+                }
+                Op::Match(s) => {
+                    let m = t.longest_match(&s);
+                    let (chars, bytes, workers) = oracle.expected(&s);
+                    prop_assert_eq!((m.matched_chars, m.matched_bytes, m.workers),
+                                    (chars, bytes, &workers[..]));
+                }
+            }
+            check(&t, &oracle, &probes);
+        }
+        for (snap, o) in &snapshots {
+            check(snap, o, &probes);
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! Per-worker circuit breaker. Opens after `--cb-failure-threshold` consecutive failures inside
+//! `--cb-window-duration-secs` (failures further apart do not add up), stays open for
+//! `--cb-timeout-duration-secs`, then half-opens and admits at most a few probe requests at a
+//! time; `--cb-success-threshold` successes close it, any failure reopens it. Failures are 5xx,
+//! connect errors and timeouts — never 4xx, which are the client's fault (the reference counts
+//! them, so a burst of bad requests could open every circuit). Lock-free; `now` is passed in.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+/// Breaker settings (from the `--cb-*` flags).
+#[derive(Debug, Clone, Copy)]
+pub struct BreakerConfig {
+    pub enabled: bool,
+    pub failure_threshold: u32,
+    pub success_threshold: u32,
+    pub open_ms: u64,
+    pub window_ms: u64,
+    /// Probe requests admitted at once while half-open.
+    pub half_open_probes: u32,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig { enabled: true, failure_threshold: 10, success_threshold: 3, open_ms: 60_000, window_ms: 120_000, half_open_probes: 3 }
+    }
+}
+
+/// The three states, as exported in `smg_worker_cb_state` (0 closed, 1 open, 2 half-open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum BreakerState {
+    Closed = 0,
+    Open = 1,
+    HalfOpen = 2,
+}
+
+impl BreakerState {
+    /// Lower-case name for APIs and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// What an outcome did to the breaker; the caller updates eligibility on transitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    None,
+    Opened,
+    HalfOpened,
+    Closed,
+}
+
+/// One worker's breaker.
+#[derive(Debug)]
+pub struct Breaker {
+    state: AtomicU8,
+    failures: AtomicU32,
+    successes: AtomicU32,
+    last_failure_ms: AtomicU64,
+    opened_at_ms: AtomicU64,
+    probes: AtomicU32,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Breaker {
+            state: AtomicU8::new(BreakerState::Closed as u8),
+            failures: AtomicU32::new(0),
+            successes: AtomicU32::new(0),
+            last_failure_ms: AtomicU64::new(0),
+            opened_at_ms: AtomicU64::new(0),
+            probes: AtomicU32::new(0),
+        }
+    }
+}
+
+impl Breaker {
+    /// Current state.
+    pub fn state(&self) -> BreakerState {
+        match self.state.load(Ordering::Acquire) {
+            1 => BreakerState::Open,
+            2 => BreakerState::HalfOpen,
+            _ => BreakerState::Closed,
+        }
+    }
+
+    /// Whether the worker belongs in the candidate set (open circuits leave it).
+    pub fn admits(&self) -> bool {
+        self.state() != BreakerState::Open
+    }
+
+    /// Take a request slot: always in Closed, one of `half_open_probes` in HalfOpen.
+    pub fn try_acquire(&self, cfg: &BreakerConfig) -> bool {
+        match self.state() {
+            BreakerState::Closed => true,
+            BreakerState::Open => false,
+            BreakerState::HalfOpen => {
+                let mut cur = self.probes.load(Ordering::Acquire);
+                loop {
+                    if cur >= cfg.half_open_probes {
+                        return false;
+                    }
+                    match self.probes.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                        Ok(_) => return true,
+                        Err(v) => cur = v,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Open → HalfOpen once the open period has passed (called by the periodic sweep).
+    pub fn tick(&self, cfg: &BreakerConfig, now_ms: u64) -> Transition {
+        if self.state() == BreakerState::Open
+            && now_ms.saturating_sub(self.opened_at_ms.load(Ordering::Acquire)) >= cfg.open_ms
+            && self
+                .state
+                .compare_exchange(BreakerState::Open as u8, BreakerState::HalfOpen as u8, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.probes.store(0, Ordering::Release);
+            self.successes.store(0, Ordering::Release);
+            return Transition::HalfOpened;
+        }
+        Transition::None
+    }
+
+    /// Record a request's outcome (`success` = not a worker fault). `acquired_probe`: this
+    /// request held a half-open probe slot.
+    pub fn record(&self, cfg: &BreakerConfig, success: bool, now_ms: u64) -> Transition {
+        if !cfg.enabled {
+            return Transition::None;
+        }
+        let state = self.state();
+        if state == BreakerState::HalfOpen {
+            let _ = self.probes.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1));
+        }
+        if success {
+            self.failures.store(0, Ordering::Release);
+            if state == BreakerState::HalfOpen {
+                let s = self.successes.fetch_add(1, Ordering::AcqRel) + 1;
+                if s >= cfg.success_threshold
+                    && self
+                        .state
+                        .compare_exchange(BreakerState::HalfOpen as u8, BreakerState::Closed as u8, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    self.successes.store(0, Ordering::Release);
+                    return Transition::Closed;
+                }
+            }
+            return Transition::None;
+        }
+        match state {
+            BreakerState::HalfOpen => {
+                if self
+                    .state
+                    .compare_exchange(BreakerState::HalfOpen as u8, BreakerState::Open as u8, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    self.opened_at_ms.store(now_ms, Ordering::Release);
+                    return Transition::Opened;
+                }
+                Transition::None
+            }
+            BreakerState::Open => Transition::None,
+            BreakerState::Closed => {
+                let last = self.last_failure_ms.swap(now_ms, Ordering::AcqRel);
+                let run = if last != 0 && now_ms.saturating_sub(last) > cfg.window_ms {
+                    self.failures.store(1, Ordering::Release);
+                    1
+                } else {
+                    self.failures.fetch_add(1, Ordering::AcqRel) + 1
+                };
+                if run >= cfg.failure_threshold
+                    && self
+                        .state
+                        .compare_exchange(BreakerState::Closed as u8, BreakerState::Open as u8, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    self.opened_at_ms.store(now_ms, Ordering::Release);
+                    self.failures.store(0, Ordering::Release);
+                    return Transition::Opened;
+                }
+                Transition::None
+            }
+        }
+    }
+}
+
+/// Whether an upstream status is the worker's fault (counts against the breaker).
+pub fn is_worker_failure(status: u16) -> bool {
+    status >= 500
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> BreakerConfig {
+        BreakerConfig { enabled: true, failure_threshold: 3, success_threshold: 2, open_ms: 1000, window_ms: 500, half_open_probes: 1 }
+    }
+
+    #[test]
+    fn opens_after_consecutive_failures_and_recovers_through_half_open() {
+        let b = Breaker::default();
+        let c = cfg();
+        assert_eq!(b.record(&c, false, 10), Transition::None);
+        assert_eq!(b.record(&c, false, 20), Transition::None);
+        assert_eq!(b.record(&c, false, 30), Transition::Opened);
+        assert!(!b.admits());
+        assert!(!b.try_acquire(&c));
+        assert_eq!(b.tick(&c, 500), Transition::None);
+        assert_eq!(b.tick(&c, 1030), Transition::HalfOpened);
+        assert!(b.try_acquire(&c));
+        assert!(!b.try_acquire(&c), "half-open admits a limited number of probes");
+        assert_eq!(b.record(&c, true, 1100), Transition::None);
+        assert!(b.try_acquire(&c));
+        assert_eq!(b.record(&c, true, 1200), Transition::Closed);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_success_resets_the_run_and_old_failures_fall_out_of_the_window() {
+        let b = Breaker::default();
+        let c = cfg();
+        b.record(&c, false, 10);
+        b.record(&c, false, 20);
+        b.record(&c, true, 30);
+        b.record(&c, false, 40);
+        b.record(&c, false, 50);
+        assert_eq!(b.state(), BreakerState::Closed);
+        // 2000 ms later: the earlier run is outside the 500 ms window.
+        assert_eq!(b.record(&c, false, 2050), Transition::None);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_failed_probe_reopens() {
+        let b = Breaker::default();
+        let c = cfg();
+        for t in 0..3 {
+            b.record(&c, false, t);
+        }
+        b.tick(&c, 2000);
+        assert!(b.try_acquire(&c));
+        assert_eq!(b.record(&c, false, 2001), Transition::Opened);
+    }
+
+    #[test]
+    fn client_errors_are_not_worker_failures() {
+        assert!(!is_worker_failure(400));
+        assert!(!is_worker_failure(429));
+        assert!(is_worker_failure(500));
+        assert!(is_worker_failure(503));
+    }
+
+    #[test]
+    fn disabled_breaker_never_opens() {
+        let b = Breaker::default();
+        let c = BreakerConfig { enabled: false, ..cfg() };
+        for t in 0..100 {
+            b.record(&c, false, t);
+        }
+        assert!(b.admits());
+    }
+}

@@ -1,0 +1,214 @@
+//! Active health checks on their own thread (a small monoio runtime, never a serving core):
+//! at start, each worker is polled with back-off until it first answers (`/readiness` stays 503
+//! until one does); then every `--health-check-interval-secs`, `--health-failure-threshold`
+//! failures make it unhealthy and `--health-success-threshold` successes healthy again. Workers
+//! that are unhealthy are probed every second, so a worker that refused one connection (passive
+//! detection) comes back within seconds, not minutes.
+
+use crate::gateway::{Core, Gateway};
+use crate::proxy::forward;
+use crate::tree::WorkerId;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Per-worker probe bookkeeping.
+#[derive(Debug, Clone)]
+struct Probe {
+    next: Instant,
+    failures: u32,
+    successes: u32,
+    /// Has answered at least once (start-up phase over).
+    seen_up: bool,
+    first_poll: Instant,
+    attempts: u32,
+}
+
+/// What one check result does to a worker's verdict; pure so it is tested alone.
+/// Returns the new health verdict (or `None` to keep the current one).
+fn verdict(
+    p: &mut Probe,
+    ok: bool,
+    healthy: bool,
+    fail_threshold: u32,
+    ok_threshold: u32,
+) -> Option<bool> {
+    if ok {
+        p.failures = 0;
+        p.successes += 1;
+        if !p.seen_up {
+            p.seen_up = true;
+            return Some(true);
+        }
+        if !healthy && p.successes >= ok_threshold {
+            return Some(true);
+        }
+    } else {
+        p.successes = 0;
+        p.failures += 1;
+        if healthy && p.failures >= fail_threshold {
+            return Some(false);
+        }
+    }
+    None
+}
+
+/// Start the checker thread. With `--disable-health-check` it only moves open circuits to
+/// half-open when their time is up.
+pub fn spawn(gw: Arc<Gateway>) {
+    let spawned = std::thread::Builder::new()
+        .name("radixgate-health".into())
+        .spawn(move || {
+            let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+                .enable_timer()
+                .build();
+            let mut rt = match rt {
+                Ok(rt) => rt,
+                Err(e) => {
+                    crate::log!(Error, "health checker: cannot build runtime: {e}");
+                    return;
+                }
+            };
+            rt.block_on(run(gw));
+        });
+    if let Err(e) = spawned {
+        crate::log!(Error, "cannot start the health checker: {e}");
+    }
+}
+
+async fn run(gw: Arc<Gateway>) {
+    let core = std::rc::Rc::new(Core::new(gw.clone(), usize::MAX));
+    let cfg = &gw.cfg;
+    let interval = Duration::from_secs(cfg.health_check_interval_secs.max(1));
+    let timeout = Duration::from_secs(cfg.health_check_timeout_secs.max(1));
+    let startup_cap = Duration::from_secs(cfg.worker_startup_check_interval.max(1));
+    let startup_timeout = Duration::from_secs(cfg.worker_startup_timeout_secs);
+    let mut probes: HashMap<WorkerId, Probe> = HashMap::new();
+    while !gw.is_shutting_down() {
+        let list = gw.registry.load_full();
+        let now_ms = gw.now_ms();
+        for w in &list.workers {
+            let t = w.breaker.tick(&gw.breaker, now_ms);
+            gw.after_breaker(w, t);
+        }
+        if cfg.disable_health_check {
+            monoio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        probes.retain(|id, _| list.get(*id).is_some());
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for w in &list.workers {
+            let p = probes.entry(w.id).or_insert_with(|| Probe {
+                next: now,
+                failures: 0,
+                successes: 0,
+                seen_up: w.is_healthy(),
+                first_poll: now,
+                attempts: 0,
+            });
+            if p.next <= now {
+                due.push(w.clone());
+            }
+        }
+        let mut handles = Vec::with_capacity(due.len());
+        for w in due {
+            let core = core.clone();
+            let path = cfg.health_check_endpoint.clone();
+            handles.push(monoio::spawn(async move {
+                let ok = matches!(
+                    forward::fetch(&core, &w, "GET", &path, Bytes::new(), timeout).await,
+                    Ok((200..=299, _))
+                );
+                (w, ok)
+            }));
+        }
+        let mut changed = false;
+        for h in handles {
+            let (w, ok) = h.await;
+            let Some(p) = probes.get_mut(&w.id) else {
+                continue;
+            };
+            p.attempts += 1;
+            let starting = !p.seen_up;
+            if let Some(v) = verdict(
+                p,
+                ok,
+                w.is_healthy(),
+                cfg.health_failure_threshold,
+                cfg.health_success_threshold,
+            ) {
+                if gw.registry.set_healthy(&w, v) {
+                    changed = true;
+                    crate::log!(
+                        Info,
+                        "worker {} is now {}",
+                        w.url,
+                        if v { "healthy" } else { "unhealthy" }
+                    );
+                }
+            }
+            let now = Instant::now();
+            p.next = if starting && !p.seen_up {
+                if now.duration_since(p.first_poll) > startup_timeout
+                    && p.attempts > 1
+                    && p.attempts % 100 == 2
+                {
+                    crate::log!(
+                        Error,
+                        "worker {} did not come up within --worker-startup-timeout-secs",
+                        w.url
+                    );
+                }
+                // Back off 1 s, 2 s, ... up to --worker-startup-check-interval.
+                now + std::cmp::min(Duration::from_secs(p.attempts as u64), startup_cap)
+            } else if !w.is_healthy() {
+                now + std::cmp::min(interval, Duration::from_secs(1))
+            } else {
+                now + interval
+            };
+        }
+        if changed {
+            gw.policy.workers_changed(&gw.registry.load().ids);
+        }
+        monoio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probe(seen_up: bool) -> Probe {
+        let now = Instant::now();
+        Probe {
+            next: now,
+            failures: 0,
+            successes: 0,
+            seen_up,
+            first_poll: now,
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn first_success_admits_at_start() {
+        let mut p = probe(false);
+        assert_eq!(verdict(&mut p, false, false, 3, 2), None);
+        assert_eq!(verdict(&mut p, true, false, 3, 2), Some(true));
+    }
+
+    #[test]
+    fn thresholds_are_consecutive() {
+        let mut p = probe(true);
+        assert_eq!(verdict(&mut p, false, true, 3, 2), None);
+        assert_eq!(verdict(&mut p, false, true, 3, 2), None);
+        assert_eq!(verdict(&mut p, true, true, 3, 2), None); // resets the failure run
+        assert_eq!(verdict(&mut p, false, true, 3, 2), None);
+        assert_eq!(verdict(&mut p, false, true, 3, 2), None);
+        assert_eq!(verdict(&mut p, false, true, 3, 2), Some(false));
+        assert_eq!(verdict(&mut p, true, false, 3, 2), None);
+        assert_eq!(verdict(&mut p, true, false, 3, 2), Some(true));
+    }
+}

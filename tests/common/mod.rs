@@ -1,0 +1,242 @@
+//! Shared helpers for end-to-end tests: a gateway started in-process on 127.0.0.1 (real sockets,
+//! real cores), simulated SGLang workers from `loadtest::sim`, and a small blocking HTTP client
+//! that shows exactly what came over the wire.
+#![allow(dead_code)]
+
+use loadtest::sim::{spawn_cluster, SimCluster, SimConfig};
+use radixgate::config::Config;
+use radixgate::http::{self, BodyFraming, ChunkedDecoder, HeadLimits};
+use radixgate::runtime::{start, Running};
+use bytes::BytesMut;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Start a gateway with these extra flags (host 127.0.0.1, ephemeral port, metrics off,
+/// one core unless the flags say otherwise).
+pub fn gateway(extra: &[&str]) -> Running {
+    let mut args: Vec<String> = ["radixgate", "--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--log-level", "warn"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if !extra.iter().any(|a| *a == "--cores" || *a == "--cpu-list") {
+        args.push("--cores".into());
+        args.push("1".into());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let cfg = Config::try_from_args(&args).expect("valid test flags");
+    start(cfg).expect("gateway starts")
+}
+
+/// Start a gateway in front of `urls` and wait until it is ready.
+pub fn gateway_for(urls: &[String], extra: &[&str]) -> Running {
+    let mut args: Vec<&str> = vec!["--worker-urls"];
+    args.extend(urls.iter().map(String::as_str));
+    args.extend_from_slice(extra);
+    let gw = gateway(&args);
+    wait_ready(gw.addr, Duration::from_secs(10));
+    gw
+}
+
+/// Poll /readiness until 200.
+pub fn wait_ready(addr: SocketAddr, limit: Duration) {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if let Ok(r) = request(addr, "GET", "/readiness", &[], b"") {
+            if r.status == 200 {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("gateway at {addr} not ready within {limit:?}");
+}
+
+/// A simulated cluster of `n` workers with fast, deterministic defaults for tests.
+pub fn sim(n: usize, tweak: impl FnOnce(&mut SimConfig)) -> SimCluster {
+    let mut cfg = SimConfig {
+        ports: vec![0; n],
+        time_scale: 50.0,
+        tokenizer: loadtest::sim::TokenizerMode::Approx,
+        default_max_tokens: 8,
+        record_requests: 16,
+        seed: 7,
+        ..SimConfig::default()
+    };
+    tweak(&mut cfg);
+    spawn_cluster(cfg).expect("sim cluster starts")
+}
+
+/// A response as received.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    /// Body with chunked framing removed.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A client connection that can send raw bytes and read responses one by one.
+pub struct Conn {
+    pub stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl Conn {
+    pub fn open(addr: SocketAddr) -> Conn {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Conn { stream, buf: BytesMut::new() }
+    }
+
+    pub fn send(&mut self, raw: &[u8]) {
+        self.stream.write_all(raw).expect("write");
+    }
+
+    fn fill(&mut self) -> std::io::Result<usize> {
+        let mut tmp = [0u8; 16384];
+        let n = self.stream.read(&mut tmp)?;
+        self.buf.extend_from_slice(&tmp[..n]);
+        Ok(n)
+    }
+
+    /// Read one response head (skipping 1xx unless `keep_1xx`).
+    pub fn read_head(&mut self, keep_1xx: bool) -> std::io::Result<http::ResponseHead> {
+        loop {
+            if let Some(h) = http::parse_response_head(&mut self.buf, false, &HeadLimits::default())
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{e:?}")))?
+            {
+                if h.status < 200 && !keep_1xx {
+                    continue;
+                }
+                return Ok(h);
+            }
+            if self.fill()? == 0 {
+                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof before head"));
+            }
+        }
+    }
+
+    /// Read a whole response.
+    pub fn read_response(&mut self) -> std::io::Result<Response> {
+        let head = self.read_head(false)?;
+        let headers = head
+            .headers()
+            .map(|(n, v)| (String::from_utf8_lossy(n).into_owned(), String::from_utf8_lossy(v).into_owned()))
+            .collect();
+        let mut body = BytesMut::new();
+        match head.framing {
+            BodyFraming::None => {}
+            BodyFraming::Length(n) => {
+                while (self.buf.len() as u64) < n {
+                    if self.fill()? == 0 {
+                        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof in body"));
+                    }
+                }
+                body = self.buf.split_to(n as usize);
+            }
+            BodyFraming::Chunked => {
+                let mut d = ChunkedDecoder::new(1 << 30);
+                loop {
+                    let used = d.feed(&self.buf, &mut body).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{e:?}")))?;
+                    let _ = self.buf.split_to(used);
+                    if d.is_done() {
+                        break;
+                    }
+                    if self.fill()? == 0 {
+                        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof in chunked body"));
+                    }
+                }
+            }
+            BodyFraming::Close => loop {
+                body.extend_from_slice(&self.buf.split());
+                if self.fill()? == 0 {
+                    break;
+                }
+            },
+        }
+        Ok(Response { status: head.status, headers, body: body.to_vec() })
+    }
+
+    /// Read the raw bytes that arrive until `end` is seen, noting when each read arrived.
+    pub fn read_timed_until(&mut self, end: &[u8], limit: Duration) -> Vec<(Instant, Vec<u8>)> {
+        let until = Instant::now() + limit;
+        let mut out = Vec::new();
+        let mut all = Vec::new();
+        if !self.buf.is_empty() {
+            let b = self.buf.split().to_vec();
+            all.extend_from_slice(&b);
+            out.push((Instant::now(), b));
+        }
+        while Instant::now() < until && !all.windows(end.len()).any(|w| w == end) {
+            let mut tmp = [0u8; 16384];
+            match self.stream.read(&mut tmp) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    all.extend_from_slice(&tmp[..n]);
+                    out.push((Instant::now(), tmp[..n].to_vec()));
+                }
+            }
+        }
+        out
+    }
+
+    /// True when the peer closed the connection (EOF) within `limit`.
+    pub fn closed_within(&mut self, limit: Duration) -> bool {
+        self.stream.set_read_timeout(Some(limit)).unwrap();
+        let mut tmp = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut tmp) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+            }
+        }
+    }
+}
+
+/// Render a request with a Content-Length body.
+pub fn raw_request(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut s = format!("{method} {path} HTTP/1.1\r\nhost: test\r\n");
+    for (n, v) in headers {
+        s.push_str(&format!("{n}: {v}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" {
+        s.push_str(&format!("content-length: {}\r\n", body.len()));
+    }
+    s.push_str("\r\n");
+    let mut v = s.into_bytes();
+    v.extend_from_slice(body);
+    v
+}
+
+/// One request on a fresh connection.
+pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<Response> {
+    let mut c = Conn::open(addr);
+    c.send(&raw_request(method, path, headers, body));
+    c.read_response()
+}
+
+/// A chat request body.
+pub fn chat_body(messages: &[(&str, &str)], stream: bool, max_tokens: u32) -> Vec<u8> {
+    let msgs: Vec<serde_json::Value> = messages.iter().map(|(r, c)| serde_json::json!({"role": r, "content": c})).collect();
+    serde_json::to_vec(&serde_json::json!({"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": msgs, "stream": stream, "max_tokens": max_tokens})).unwrap()
+}
+
+/// The worker port that served a response (the sim sets x-worker-port).
+pub fn served_by(r: &Response) -> u16 {
+    r.header("x-worker-port").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no x-worker-port in {:?}", r.headers))
+}
