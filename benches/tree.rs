@@ -164,7 +164,11 @@ fn build(target_nodes: usize, seed: u64) -> Built {
     let corpus = w.text(120_000);
     let mut docs = Vec::new();
     for i in 0..4 {
-        let doc = format!("{}\n\nDocument:\n{corpus}\nQuestion: {}", systems[0], w.text(80));
+        let doc = format!(
+            "{}\n\nDocument:\n{corpus}\nQuestion: {}",
+            systems[0],
+            w.text(80)
+        );
         tree.insert(&doc, i as WorkerId, now);
         now += 1;
         docs.push(doc);

@@ -16,11 +16,14 @@
 # (loadgen) and the simulated GPUs 1/--time-scale faster (sim-worker --time-scale), so the whole
 # system is a uniformly compressed replay; latencies in the report are real (compressed) ms.
 # The simulated workers use the `approx` tokenizer (4 chars a token, like the generated text)
-# unless --tokenizer bpe. Defaults keep a full run under ~10 minutes on 2 cores.
+# unless --tokenizer bpe. KV capacity per worker (--kv-tokens) defaults to 400k tokens (an 8B
+# model on an 80 GB GPU) for gsp/trace and to 100k for chat/mrqa, so live conversation history
+# is about twice the cluster's KV and eviction matters, as in production (reference §4, P3).
+# Defaults keep a full run under ~10 minutes on 2 cores (gsp ~2 min, chat ~6 min).
 #
 # Usage: scripts/compare-policies.sh [--workload gsp|chat|mrqa|trace] [--workers N]
 #          [--duration S] [--policies a,b,...] [--no-sglang-router] [--no-chart] [--skip-build]
-#          [--time-scale X] [--rate R] [--tokenizer approx|bpe] [--out DIR]
+#          [--time-scale X] [--rate R] [--tokenizer approx|bpe] [--kv-tokens N] [--out DIR]
 #          [--sim-args "..."] [--loadgen-args "..."] [--gateway-args "..."]
 # Policy names: round_robin random power_of_two cache_aware cache_aware+insert_response_text
 #               cache_aware+affinity_window manual+session_header sglang-router
@@ -38,13 +41,14 @@ BUILD=1
 TIME_SCALE=""
 RATE=""
 TOKENIZER=approx
+KV_TOKENS=""
 OUT=""
 SIM_ARGS=""
 LOADGEN_ARGS=""
 GATEWAY_ARGS=""
 SGLANG_ROUTER_VERSION=0.3.2
 
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -58,6 +62,7 @@ while [[ $# -gt 0 ]]; do
         --time-scale) TIME_SCALE="$2"; shift 2 ;;
         --rate) RATE="$2"; shift 2 ;;
         --tokenizer) TOKENIZER="$2"; shift 2 ;;
+        --kv-tokens) KV_TOKENS="$2"; shift 2 ;;
         --out) OUT="$2"; shift 2 ;;
         --sim-args) SIM_ARGS="$2"; shift 2 ;;
         --loadgen-args) LOADGEN_ARGS="$2"; shift 2 ;;
@@ -73,21 +78,21 @@ case "$WORKLOAD" in
     gsp)
         # SGLang generated-shared-prefix, v0.4 router blog setup: 64 groups x 16 prompts, burst,
         # 8 workers; real-time GPU (the burst itself is the point).
-        WORKERS="${WORKERS:-8}"; DURATION="${DURATION:-60}"; TIME_SCALE="${TIME_SCALE:-1}"
+        WORKERS="${WORKERS:-8}"; DURATION="${DURATION:-60}"; TIME_SCALE="${TIME_SCALE:-1}"; KV_TOKENS="${KV_TOKENS:-400000}"
         LG=(--workload gsp --api generate --arrival schedule)
         ;;
     chat)
         # Reference generator spec, think times x0.05 (median 6 s), 0.5 sessions/s unscaled.
-        WORKERS="${WORKERS:-4}"; DURATION="${DURATION:-40}"; TIME_SCALE="${TIME_SCALE:-0.05}"
+        WORKERS="${WORKERS:-4}"; DURATION="${DURATION:-40}"; TIME_SCALE="${TIME_SCALE:-0.05}"; KV_TOKENS="${KV_TOKENS:-100000}"
         LG=(--workload chat --api chat --rate "${RATE:-0.5}")
         ;;
     mrqa)
-        WORKERS="${WORKERS:-4}"; DURATION="${DURATION:-40}"; TIME_SCALE="${TIME_SCALE:-0.1}"
+        WORKERS="${WORKERS:-4}"; DURATION="${DURATION:-40}"; TIME_SCALE="${TIME_SCALE:-0.1}"; KV_TOKENS="${KV_TOKENS:-100000}"
         LG=(--workload mrqa --api chat --rate "${RATE:-2}")
         ;;
     trace)
         # Mooncake synthetic trace (heavy prefix reuse), first 600 requests, timestamps x0.2.
-        WORKERS="${WORKERS:-4}"; DURATION="${DURATION:-40}"; TIME_SCALE="${TIME_SCALE:-0.2}"
+        WORKERS="${WORKERS:-4}"; DURATION="${DURATION:-40}"; TIME_SCALE="${TIME_SCALE:-0.2}"; KV_TOKENS="${KV_TOKENS:-400000}"
         LG=(--workload trace --api completions --trace synthetic --num-requests 600)
         ;;
     *) echo "unknown workload: $WORKLOAD" >&2; exit 2 ;;
@@ -126,6 +131,19 @@ forget_pid() {
     local keep=() p
     for p in "${PIDS[@]}"; do [[ "$p" == "$1" ]] || keep+=("$p"); done
     PIDS=("${keep[@]}")
+}
+
+# Run a command in the background and wait for it: `wait` returns as soon as a trapped signal
+# arrives (a foreground command would delay the trap until it exits), and the PID is on the
+# cleanup list meanwhile. Returns the command's exit status.
+run_fg() {
+    local pid rc=0
+    "$@" &
+    pid=$!
+    PIDS+=("$pid")
+    wait "$pid" || rc=$?
+    forget_pid "$pid"
+    return "$rc"
 }
 
 log() { printf '[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -202,9 +220,10 @@ GW_METRICS_PORT=$((BASE + WORKERS + 1))
 URLS=()
 for ((i = 0; i < WORKERS; i++)); do URLS+=("http://127.0.0.1:$((BASE + i))"); done
 
-log "starting $WORKERS simulated workers on ports $BASE-$LAST (GPU time x$SIM_TS, tokenizer $TOKENIZER)"
+log "starting $WORKERS simulated workers on ports $BASE-$LAST (GPU time x$SIM_TS, tokenizer $TOKENIZER, KV $KV_TOKENS tokens each)"
 # shellcheck disable=SC2086
-target/release/sim-worker --ports "$BASE-$LAST" --time-scale "$SIM_TS" --tokenizer "$TOKENIZER" $SIM_ARGS \
+target/release/sim-worker --ports "$BASE-$LAST" --time-scale "$SIM_TS" --tokenizer "$TOKENIZER" \
+    --max-total-tokens "$KV_TOKENS" $SIM_ARGS \
     >"$LOGS/sim-worker.log" 2>&1 &
 SIM_PID=$!
 PIDS+=("$SIM_PID")
@@ -216,6 +235,7 @@ python3 - "$OUT/meta.json" <<PY
 import json, sys
 json.dump({"workload": "$WORKLOAD", "workers": $WORKERS, "duration_s": $DURATION,
            "loadgen_time_scale": $TIME_SCALE, "sim_time_scale": $SIM_TS, "tokenizer": "$TOKENIZER",
+           "kv_tokens_per_worker": $KV_TOKENS,
            "loadgen": "${LG[*]} $LOADGEN_ARGS".strip(), "sim_args": "$SIM_ARGS"}, open(sys.argv[1], "w"), indent=1)
 PY
 
@@ -279,7 +299,7 @@ run_policy() { # run_policy INDEX LABEL
         # clean slate on every worker.
         local ok_warm=0
         for _ in $(seq 1 20); do
-            if "$LOADGEN" --target "http://127.0.0.1:$GW_PORT" --workload rate --rate 20 --duration 1 --drain 5 \
+            if run_fg "$LOADGEN" --target "http://127.0.0.1:$GW_PORT" --workload rate --rate 20 --duration 1 --drain 5 \
                 --quiet --json "$dir/warmup.json" >/dev/null 2>>"$dir/warmup.log" \
                 && [[ "$(jq -r '.failed' "$dir/warmup.json")" == 0 ]]; then ok_warm=1; break; fi
             sleep 0.5
@@ -291,7 +311,7 @@ run_policy() { # run_policy INDEX LABEL
         scrape "$dir" before
         log "[$label] running $WORKLOAD for ${DURATION}s"
         # shellcheck disable=SC2086
-        "$LOADGEN" --target "http://127.0.0.1:$GW_PORT" "${LG[@]}" "${header[@]}" --time-scale "$TIME_SCALE" \
+        run_fg "$LOADGEN" --target "http://127.0.0.1:$GW_PORT" "${LG[@]}" "${header[@]}" --time-scale "$TIME_SCALE" \
             --duration "$DURATION" --drain "$DRAIN" --quiet --json "$dir/loadgen.json" --markdown "$dir/loadgen.md" \
             $LOADGEN_ARGS 2>"$dir/loadgen.log" || status="loadgen failed (see loadgen.log)"
         scrape "$dir" after

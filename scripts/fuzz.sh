@@ -26,9 +26,10 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
 
-# Choose how to get a compiler that accepts -Z flags.
+# Choose how to get a compiler that accepts -Z flags (FUZZ_STABLE=1 forces the stable path).
 CARGO=(cargo)
-if command -v rustup >/dev/null 2>&1 && rustup run nightly rustc --version >/dev/null 2>&1; then
+if [ "${FUZZ_STABLE:-0}" != 1 ] && command -v rustup >/dev/null 2>&1 \
+    && rustup run nightly rustc --version >/dev/null 2>&1; then
     CARGO=(cargo +nightly)
     echo "fuzz.sh: using $(rustup run nightly rustc --version)" >&2
 else
@@ -36,11 +37,15 @@ else
     echo "fuzz.sh: no nightly toolchain; using $(rustc --version) with RUSTC_BOOTSTRAP=1" >&2
 fi
 
+# FUZZ_TARGET_DIR: build elsewhere than fuzz/target (e.g. to keep two toolchains' builds).
+EXTRA=()
+[ -n "${FUZZ_TARGET_DIR:-}" ] && EXTRA=(--target-dir "$FUZZ_TARGET_DIR")
+
 SANITIZER=(--sanitizer address)
-if ! "${CARGO[@]}" fuzz build "${SANITIZER[@]}" >/tmp/radixgate-fuzz-build.log 2>&1; then
+if ! "${CARGO[@]}" fuzz build "${EXTRA[@]}" "${SANITIZER[@]}" >/tmp/radixgate-fuzz-build.log 2>&1; then
     echo "fuzz.sh: ASan build failed (see /tmp/radixgate-fuzz-build.log); using --sanitizer none" >&2
     SANITIZER=(--sanitizer none)
-    "${CARGO[@]}" fuzz build "${SANITIZER[@]}"
+    "${CARGO[@]}" fuzz build "${EXTRA[@]}" "${SANITIZER[@]}"
 fi
 
 failed=()
@@ -48,7 +53,7 @@ for target in "${TARGETS[@]}"; do
     mkdir -p "fuzz/corpus/$target"
     echo "fuzz.sh: $target for ${SECONDS_PER_TARGET}s" >&2
     # -max_len: a head may be up to 64 KiB; -rss_limit_mb keeps a leak from eating the box.
-    if ! "${CARGO[@]}" fuzz run "${SANITIZER[@]}" "$target" \
+    if ! "${CARGO[@]}" fuzz run "${EXTRA[@]}" "${SANITIZER[@]}" "$target" \
         "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
         -max_total_time="$SECONDS_PER_TARGET" -max_len=70000 -rss_limit_mb=2048 \
         -print_final_stats=1; then

@@ -129,7 +129,7 @@ def acceptance(meta, runs):
     return lines
 
 
-def chart(root, runs):
+def chart(root, meta, runs):
     if os.environ.get("RADIXGATE_NO_CHART"):
         return ""
     try:
@@ -159,10 +159,9 @@ def chart(root, runs):
     ax2.bar([i + w / 2 for i in x], p99, w, label="TTFT p99")
     ax2.set_xticks(list(x), labels, fontsize=7)
     ax2.set_ylabel("ms (client side)")
-    ax2.set_yscale("log")
     ax2.legend()
-    meta_title = os.path.basename(os.path.normpath(root))
-    fig.suptitle(f"routing policies — {meta_title}")
+    fig.suptitle(f"routing policies — workload {meta.get('workload', '?')}, {meta.get('workers', '?')} workers "
+                 f"({os.path.basename(os.path.normpath(root))})")
     fig.tight_layout()
     path = os.path.join(root, "chart.png")
     fig.savefig(path, dpi=110)
@@ -202,7 +201,9 @@ def main():
     if acc:
         out.append("\n## Acceptance checks\n")
         out.extend(acc)
-    out.append("\n" + chart(root, runs) + "\n")
+    chart_line = chart(root, meta, runs)
+    if chart_line:
+        out.append("\n" + chart_line + "\n")
     errs = [(r["label"], r["lg"]["errors"]) for r in runs if r["lg"] and r["lg"].get("errors")]
     if errs:
         out.append("## Errors\n")

@@ -201,11 +201,15 @@ pub async fn handle(
     ep: Endpoint,
 ) -> (u16, bool) {
     let gw = core.gw.clone();
-    if let Err(msg) = gw.authorize(head, ep.is_admin()) {
-        return (
-            401,
-            send_error(stream, head, 401, "authentication_error", msg).await,
-        );
+    // Health, readiness, models and server info stay public (orchestrators probe them);
+    // worker management and cache control need the admin key.
+    if ep.is_admin() {
+        if let Err(msg) = gw.authorize(head, true) {
+            return (
+                401,
+                send_error(stream, head, 401, "authentication_error", msg).await,
+            );
+        }
     }
     match ep {
         Endpoint::Health => {

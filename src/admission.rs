@@ -63,8 +63,15 @@ impl Drop for Permit<'_> {
 impl Admission {
     /// `limit < 0`: no concurrency limit. `rate`: tokens per second (None: no bucket unless a
     /// limit is set, then `limit` per second).
-    pub fn new(limit: i64, queue_size: u32, queue_timeout: Duration, rate: Option<u64>) -> Admission {
-        let rate = rate.or((limit > 0).then_some(limit as u64)).filter(|r| *r > 0);
+    pub fn new(
+        limit: i64,
+        queue_size: u32,
+        queue_timeout: Duration,
+        rate: Option<u64>,
+    ) -> Admission {
+        let rate = rate
+            .or((limit > 0).then_some(limit as u64))
+            .filter(|r| *r > 0);
         Admission {
             limit,
             in_flight: AtomicI64::new(0),
@@ -73,7 +80,12 @@ impl Admission {
             queue_timeout,
             bucket: rate.map(|r| {
                 let cap = std::cmp::max(r, limit.max(1) as u64) as f64;
-                Mutex::new(Bucket { tokens: cap, capacity: cap, rate: r as f64, last: Instant::now() })
+                Mutex::new(Bucket {
+                    tokens: cap,
+                    capacity: cap,
+                    rate: r as f64,
+                    last: Instant::now(),
+                })
             }),
         }
     }
@@ -92,7 +104,10 @@ impl Admission {
             }
         }
         if let Some(b) = &self.bucket {
-            let ok = b.lock().map(|mut g| g.try_take(Instant::now())).unwrap_or(true);
+            let ok = b
+                .lock()
+                .map(|mut g| g.try_take(Instant::now()))
+                .unwrap_or(true);
             if !ok {
                 if self.limit >= 0 {
                     self.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -142,7 +157,11 @@ mod tests {
     use super::*;
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
-        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().expect("runtime").block_on(f)
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .expect("runtime")
+            .block_on(f)
     }
 
     #[test]
@@ -170,7 +189,12 @@ mod tests {
 
     #[test]
     fn token_bucket_limits_rate() {
-        let mut b = Bucket { tokens: 2.0, capacity: 2.0, rate: 10.0, last: Instant::now() };
+        let mut b = Bucket {
+            tokens: 2.0,
+            capacity: 2.0,
+            rate: 10.0,
+            last: Instant::now(),
+        };
         let now = b.last;
         assert!(b.try_take(now));
         assert!(b.try_take(now));

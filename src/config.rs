@@ -354,7 +354,11 @@ impl Config {
     /// Retry settings.
     pub fn retry_policy(&self) -> crate::proxy::retry::RetryPolicy {
         crate::proxy::retry::RetryPolicy {
-            max_attempts: if self.disable_retries { 1 } else { self.retry_max_retries.max(1) },
+            max_attempts: if self.disable_retries {
+                1
+            } else {
+                self.retry_max_retries.max(1)
+            },
             initial_ms: self.retry_initial_backoff_ms,
             multiplier: self.retry_backoff_multiplier,
             max_ms: self.retry_max_backoff_ms,

@@ -1,16 +1,16 @@
 //! State shared by every core (`Gateway`, behind an `Arc`) and state owned by one core (`Core`,
 //! behind an `Rc`: its connection pool and random source never cross threads).
 
-use crate::config::Config;
 use crate::admission::Admission;
+use crate::config::Config;
 use crate::http::RequestHead;
-use crate::proxy::retry::RetryPolicy;
-use crate::workers::breaker::{BreakerConfig, Transition};
 use crate::metrics::Metrics;
 use crate::proxy::pool::Pool;
+use crate::proxy::retry::RetryPolicy;
 use crate::route::policy::Policy;
 use crate::route::rng::Rng;
 use crate::tree::TreeHandle;
+use crate::workers::breaker::{BreakerConfig, Transition};
 use crate::workers::registry::{Registry, RegistryError, Worker};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -85,7 +85,12 @@ impl Gateway {
         if t == Transition::None {
             return;
         }
-        crate::log!(Warn, "worker {}: circuit {}", worker.url, worker.breaker.state().as_str());
+        crate::log!(
+            Warn,
+            "worker {}: circuit {}",
+            worker.url,
+            worker.breaker.state().as_str()
+        );
         metrics::counter!("smg_worker_cb_transitions_total", "to" => worker.breaker.state().as_str()).increment(1);
         self.registry.refresh_eligibility(worker);
         self.policy.workers_changed(&self.registry.load().ids);

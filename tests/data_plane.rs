@@ -10,14 +10,31 @@ use std::time::{Duration, Instant};
 fn non_streaming_and_streaming_chat() {
     let cluster = sim(2, |_| {});
     let gw = gateway_for(&cluster.urls(), &["--policy", "round_robin"]);
-    let r = request(gw.addr, "POST", "/v1/chat/completions", &[("content-type", "application/json")], &chat_body(&[("user", "hello")], false, 4)).unwrap();
+    let r = request(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("content-type", "application/json")],
+        &chat_body(&[("user", "hello")], false, 4),
+    )
+    .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["object"], "chat.completion");
-    assert!(v["choices"][0]["message"]["content"].as_str().unwrap().len() > 0);
+    assert!(!v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .is_empty());
     assert!(r.header("x-request-id").unwrap().starts_with("chatcmpl-"));
 
-    let r = request(gw.addr, "POST", "/v1/chat/completions", &[], &chat_body(&[("user", "hello")], true, 4)).unwrap();
+    let r = request(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat_body(&[("user", "hello")], true, 4),
+    )
+    .unwrap();
     assert_eq!(r.status, 200);
     let text = r.text();
     assert!(text.contains("data: {"), "{text}");
@@ -32,16 +49,28 @@ fn sse_events_arrive_one_by_one_with_the_upstream_pacing() {
     });
     let gw = gateway_for(&cluster.urls(), &[]);
     let mut c = Conn::open(gw.addr);
-    c.send(&raw_request("POST", "/v1/chat/completions", &[], &chat_body(&[("user", "pace me")], true, 6)));
+    c.send(&raw_request(
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat_body(&[("user", "pace me")], true, 6),
+    ));
     let reads = c.read_timed_until(b"data: [DONE]", Duration::from_secs(10));
     let content_reads: Vec<Instant> = reads
         .iter()
         .filter(|(_, b)| String::from_utf8_lossy(b).contains("\"content\""))
         .map(|(t, _)| *t)
         .collect();
-    assert!(content_reads.len() >= 5, "events were coalesced: {} reads", content_reads.len());
+    assert!(
+        content_reads.len() >= 5,
+        "events were coalesced: {} reads",
+        content_reads.len()
+    );
     let gaps: Vec<Duration> = content_reads.windows(2).map(|w| w[1] - w[0]).collect();
-    let paced = gaps.iter().filter(|g| **g >= Duration::from_millis(30)).count();
+    let paced = gaps
+        .iter()
+        .filter(|g| **g >= Duration::from_millis(30))
+        .count();
     assert!(paced >= 3, "events not paced like the upstream: {gaps:?}");
 }
 
@@ -50,27 +79,91 @@ fn unknown_fields_and_custom_headers_reach_the_upstream_unchanged() {
     let cluster = sim(1, |_| {});
     let gw = gateway_for(&cluster.urls(), &[]);
     let body = br#"{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"user","content":"x"}],"max_tokens":2,"my_unknown_field":{"nested":[1,2.50,"\u00e9"]},   "spacing" : true}"#;
-    let r = request(gw.addr, "POST", "/v1/chat/completions", &[("x-foo", "Bar baz"), ("x-request-id", "my-id-1"), ("connection", "keep-alive"), ("keep-alive", "timeout=5")], body).unwrap();
+    let r = request(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("x-foo", "Bar baz"),
+            ("x-request-id", "my-id-1"),
+            ("connection", "keep-alive"),
+            ("keep-alive", "timeout=5"),
+        ],
+        body,
+    )
+    .unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-request-id"), Some("my-id-1"));
     let port = cluster.ports()[0];
-    let dbg = request(format!("127.0.0.1:{port}").parse().unwrap(), "GET", "/debug/requests", &[], b"").unwrap().json();
-    let last = dbg.as_array().unwrap().iter().rev().find(|r| r["path"] == "/v1/chat/completions").expect("recorded").clone();
-    assert_eq!(last["body"].as_str().unwrap().as_bytes(), &body[..], "body bytes changed");
-    let headers: Vec<(String, String)> = last["headers"].as_array().unwrap().iter().map(|h| (h[0].as_str().unwrap().to_ascii_lowercase(), h[1].as_str().unwrap().to_string())).collect();
-    assert!(headers.contains(&("x-foo".into(), "Bar baz".into())), "{headers:?}");
-    assert!(headers.contains(&("x-request-id".into(), "my-id-1".into())), "{headers:?}");
-    assert!(!headers.iter().any(|(n, _)| n == "keep-alive"), "hop-by-hop header forwarded: {headers:?}");
+    let dbg = request(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        "GET",
+        "/debug/requests",
+        &[],
+        b"",
+    )
+    .unwrap()
+    .json();
+    let last = dbg
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|r| r["path"] == "/v1/chat/completions")
+        .expect("recorded")
+        .clone();
+    assert_eq!(
+        last["body"].as_str().unwrap().as_bytes(),
+        &body[..],
+        "body bytes changed"
+    );
+    let headers: Vec<(String, String)> = last["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h[0].as_str().unwrap().to_ascii_lowercase(),
+                h[1].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        headers.contains(&("x-foo".into(), "Bar baz".into())),
+        "{headers:?}"
+    );
+    assert!(
+        headers.contains(&("x-request-id".into(), "my-id-1".into())),
+        "{headers:?}"
+    );
+    assert!(
+        !headers.iter().any(|(n, _)| n == "keep-alive"),
+        "hop-by-hop header forwarded: {headers:?}"
+    );
 }
 
 #[test]
 fn request_id_is_generated_when_absent_and_taken_from_configured_headers() {
     let cluster = sim(1, |_| {});
     let gw = gateway_for(&cluster.urls(), &[]);
-    let r = request(gw.addr, "POST", "/generate", &[], br#"{"text":"hi","sampling_params":{"max_new_tokens":2}}"#).unwrap();
+    let r = request(
+        gw.addr,
+        "POST",
+        "/generate",
+        &[],
+        br#"{"text":"hi","sampling_params":{"max_new_tokens":2}}"#,
+    )
+    .unwrap();
     let id = r.header("x-request-id").unwrap();
     assert!(id.starts_with("gnt-") && id.len() == 4 + 24, "{id}");
-    let r = request(gw.addr, "POST", "/generate", &[("x-correlation-id", "corr-7")], br#"{"text":"hi","sampling_params":{"max_new_tokens":2}}"#).unwrap();
+    let r = request(
+        gw.addr,
+        "POST",
+        "/generate",
+        &[("x-correlation-id", "corr-7")],
+        br#"{"text":"hi","sampling_params":{"max_new_tokens":2}}"#,
+    )
+    .unwrap();
     assert_eq!(r.header("x-request-id"), Some("corr-7"));
 }
 
@@ -80,17 +173,35 @@ fn keep_alive_connections_serve_many_requests_and_reuse_upstreams() {
     let gw = gateway_for(&cluster.urls(), &[]);
     let mut c = Conn::open(gw.addr);
     for i in 0..5 {
-        c.send(&raw_request("POST", "/generate", &[], format!(r#"{{"text":"req {i}","sampling_params":{{"max_new_tokens":2}}}}"#).as_bytes()));
+        c.send(&raw_request(
+            "POST",
+            "/generate",
+            &[],
+            format!(r#"{{"text":"req {i}","sampling_params":{{"max_new_tokens":2}}}}"#).as_bytes(),
+        ));
         let r = c.read_response().unwrap();
         assert_eq!(r.status, 200, "request {i}");
     }
-    let rendered = radixgate::metrics::install().map(|h| h.render()).unwrap_or_default();
-    let reused = metric_value(&rendered, "radixgate_upstream_connections_total{kind=\"reused\"}");
-    assert!(reused >= 3.0, "upstream connections were not reused:\n{rendered}");
+    let rendered = radixgate::metrics::install()
+        .map(|h| h.render())
+        .unwrap_or_default();
+    let reused = metric_value(
+        &rendered,
+        "radixgate_upstream_connections_total{kind=\"reused\"}",
+    );
+    assert!(
+        reused >= 3.0,
+        "upstream connections were not reused:\n{rendered}"
+    );
 }
 
 fn metric_value(rendered: &str, key: &str) -> f64 {
-    rendered.lines().find(|l| l.starts_with(key)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+    rendered
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
 }
 
 #[test]
@@ -99,9 +210,24 @@ fn pipelined_requests_are_answered_in_order() {
     let gw = gateway_for(&cluster.urls(), &[]);
     let mut c = Conn::open(gw.addr);
     let mut all = Vec::new();
-    all.extend(raw_request("POST", "/generate", &[("x-request-id", "first")], br#"{"text":"one","sampling_params":{"max_new_tokens":3}}"#));
-    all.extend(raw_request("GET", "/health", &[("x-request-id", "second")], b""));
-    all.extend(raw_request("POST", "/generate", &[("x-request-id", "third")], br#"{"text":"three","sampling_params":{"max_new_tokens":1}}"#));
+    all.extend(raw_request(
+        "POST",
+        "/generate",
+        &[("x-request-id", "first")],
+        br#"{"text":"one","sampling_params":{"max_new_tokens":3}}"#,
+    ));
+    all.extend(raw_request(
+        "GET",
+        "/health",
+        &[("x-request-id", "second")],
+        b"",
+    ));
+    all.extend(raw_request(
+        "POST",
+        "/generate",
+        &[("x-request-id", "third")],
+        br#"{"text":"three","sampling_params":{"max_new_tokens":1}}"#,
+    ));
     c.send(&all);
     let a = c.read_response().unwrap();
     let b = c.read_response().unwrap();
@@ -116,7 +242,8 @@ fn chunked_request_body_and_100_continue() {
     let cluster = sim(1, |_| {});
     let gw = gateway_for(&cluster.urls(), &[]);
     let body = br#"{"text":"chunked body","sampling_params":{"max_new_tokens":2}}"#;
-    let mut raw = b"POST /generate HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    let mut raw =
+        b"POST /generate HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
     for part in body.chunks(10) {
         raw.extend(format!("{:x};ext=1\r\n", part.len()).as_bytes());
         raw.extend(part);
@@ -156,12 +283,33 @@ fn oversized_and_malformed_requests_get_their_status_and_the_gateway_keeps_servi
     for (raw, want) in cases {
         let mut c = Conn::open(gw.addr);
         c.send(&raw);
-        let r = c.read_response().unwrap_or_else(|e| panic!("no response to {:?}: {e}", String::from_utf8_lossy(&raw[..raw.len().min(80)])));
-        assert_eq!(r.status, want, "for {:?}: {}", String::from_utf8_lossy(&raw[..raw.len().min(80)]), r.text());
+        let r = c.read_response().unwrap_or_else(|e| {
+            panic!(
+                "no response to {:?}: {e}",
+                String::from_utf8_lossy(&raw[..raw.len().min(80)])
+            )
+        });
+        assert_eq!(
+            r.status,
+            want,
+            "for {:?}: {}",
+            String::from_utf8_lossy(&raw[..raw.len().min(80)]),
+            r.text()
+        );
         let v = r.json();
-        assert!(v["error"]["message"].is_string(), "not an OpenAI-style error: {v}");
+        assert!(
+            v["error"]["message"].is_string(),
+            "not an OpenAI-style error: {v}"
+        );
         // The gateway still serves normal traffic.
-        let ok = request(gw.addr, "POST", "/generate", &[], br#"{"text":"still fine","sampling_params":{"max_new_tokens":1}}"#).unwrap();
+        let ok = request(
+            gw.addr,
+            "POST",
+            "/generate",
+            &[],
+            br#"{"text":"still fine","sampling_params":{"max_new_tokens":1}}"#,
+        )
+        .unwrap();
         assert_eq!(ok.status, 200);
     }
 }
@@ -175,7 +323,10 @@ fn upstream_down_gives_a_json_gateway_error() {
     let gw = gateway(&["--worker-urls", &url, "--disable-health-check"]);
     let r = request(gw.addr, "POST", "/generate", &[], br#"{"text":"x"}"#).unwrap();
     assert!(r.status == 502 || r.status == 503, "status {}", r.status);
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("connect"));
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("connect"));
     assert!(r.header("x-request-id").is_some());
 }
 
@@ -188,9 +339,19 @@ fn readiness_is_503_until_a_worker_answers() {
     let r = request(gw.addr, "GET", "/readiness", &[], b"").unwrap();
     assert_eq!(r.status, 503);
     assert_eq!(r.json()["healthy_workers"], 0);
-    assert_eq!(request(gw.addr, "GET", "/liveness", &[], b"").unwrap().status, 200);
+    assert_eq!(
+        request(gw.addr, "GET", "/liveness", &[], b"")
+            .unwrap()
+            .status,
+        200
+    );
     let none = gateway(&[]);
-    assert_eq!(request(none.addr, "GET", "/readiness", &[], b"").unwrap().status, 503);
+    assert_eq!(
+        request(none.addr, "GET", "/readiness", &[], b"")
+            .unwrap()
+            .status,
+        503
+    );
 }
 
 #[test]
@@ -202,13 +363,20 @@ fn client_disconnect_mid_stream_frees_the_upstream() {
     let gw = gateway_for(&cluster.urls(), &[]);
     let worker = format!("127.0.0.1:{}", cluster.ports()[0]).parse().unwrap();
     let mut c = Conn::open(gw.addr);
-    c.send(&raw_request("POST", "/v1/chat/completions", &[], &chat_body(&[("user", "long story")], true, 400)));
+    c.send(&raw_request(
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat_body(&[("user", "long story")], true, 400),
+    ));
     let _ = c.read_timed_until(b"\"content\"", Duration::from_secs(5));
     drop(c);
     let until = Instant::now() + Duration::from_secs(5);
     loop {
         let m = request(worker, "GET", "/metrics", &[], b"").unwrap().text();
-        let aborted = m.lines().any(|l| l.starts_with("sglang:num_aborted_requests_total") && !l.trim_end().ends_with(" 0"));
+        let aborted = m.lines().any(|l| {
+            l.starts_with("sglang:num_aborted_requests_total") && !l.trim_end().ends_with(" 0")
+        });
         if aborted {
             break;
         }
@@ -228,7 +396,9 @@ fn models_are_merged_and_server_info_describes_the_gateway() {
     assert_eq!(m.status, 200);
     let data = m.json()["data"].as_array().unwrap().clone();
     assert_eq!(data.len(), 1, "identical model cards are merged: {data:?}");
-    let info = request(gw.addr, "GET", "/get_server_info", &[], b"").unwrap().json();
+    let info = request(gw.addr, "GET", "/get_server_info", &[], b"")
+        .unwrap()
+        .json();
     assert_eq!(info["config"]["policy"], "cache_aware");
     assert_eq!(info["workers"].as_array().unwrap().len(), 2);
     let mi = request(gw.addr, "GET", "/get_model_info", &[], b"").unwrap();
@@ -240,7 +410,21 @@ fn models_are_merged_and_server_info_describes_the_gateway() {
 fn a_second_gateway_on_the_same_port_refuses_to_start() {
     let first = gateway(&[]);
     let port = first.addr.port().to_string();
-    let cfg = radixgate::config::Config::try_from_args(&["radixgate", "--host", "127.0.0.1", "--port", &port, "--prometheus-port", "0"].map(String::from)).unwrap();
-    let err = radixgate::runtime::start(cfg).err().expect("second gateway must refuse");
+    let cfg = radixgate::config::Config::try_from_args(
+        &[
+            "radixgate",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "--prometheus-port",
+            "0",
+        ]
+        .map(String::from),
+    )
+    .unwrap();
+    let err = radixgate::runtime::start(cfg)
+        .err()
+        .expect("second gateway must refuse");
     assert!(err.contains("already in use"), "{err}");
 }

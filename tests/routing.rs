@@ -8,7 +8,10 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 fn words(seed: u64, n: usize) -> String {
-    let vocab = ["alpha", "river", "stone", "cloud", "maple", "quartz", "ember", "lantern", "harbor", "meadow", "cipher", "falcon"];
+    let vocab = [
+        "alpha", "river", "stone", "cloud", "maple", "quartz", "ember", "lantern", "harbor",
+        "meadow", "cipher", "falcon",
+    ];
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..n)
         .map(|_| {
@@ -21,8 +24,19 @@ fn words(seed: u64, n: usize) -> String {
         .join(" ")
 }
 
-fn chat(gw: std::net::SocketAddr, msgs: &[(&str, &str)], extra_headers: &[(&str, &str)]) -> Response {
-    let r = request(gw, "POST", "/v1/chat/completions", extra_headers, &chat_body(msgs, false, 4)).unwrap();
+fn chat(
+    gw: std::net::SocketAddr,
+    msgs: &[(&str, &str)],
+    extra_headers: &[(&str, &str)],
+) -> Response {
+    let r = request(
+        gw,
+        "POST",
+        "/v1/chat/completions",
+        extra_headers,
+        &chat_body(msgs, false, 4),
+    )
+    .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     r
 }
@@ -32,17 +46,24 @@ fn a_conversation_keeps_its_worker_turn_by_turn() {
     let cluster = sim(4, |_| {});
     let gw = gateway_for(&cluster.urls(), &["--policy", "cache_aware"]);
     let system = words(1, 300);
-    let mut history: Vec<(String, String)> = vec![("system".into(), system), ("user".into(), words(2, 40))];
+    let mut history: Vec<(String, String)> =
+        vec![("system".into(), system), ("user".into(), words(2, 40))];
     let mut first = None;
     for turn in 0..6 {
-        let msgs: Vec<(&str, &str)> = history.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
+        let msgs: Vec<(&str, &str)> = history
+            .iter()
+            .map(|(r, c)| (r.as_str(), c.as_str()))
+            .collect();
         let r = chat(gw.addr, &msgs, &[]);
         let port = served_by(&r);
         match first {
             None => first = Some(port),
             Some(p) => assert_eq!(p, port, "turn {turn} moved to another worker"),
         }
-        let reply = r.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let reply = r.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
         history.push(("assistant".into(), reply));
         history.push(("user".into(), words(100 + turn, 30)));
         gw.gateway().tree.as_ref().unwrap().sync();
@@ -56,7 +77,11 @@ fn distinct_cold_prompts_spread_over_workers() {
     let mut seen = HashSet::new();
     for i in 0..16 {
         // Sequential: every load is 0, so the reference would send all of these to one worker.
-        let r = chat(gw.addr, &[("user", &format!("{i} {}", words(1000 + i, 50)))], &[]);
+        let r = chat(
+            gw.addr,
+            &[("user", &format!("{i} {}", words(1000 + i, 50)))],
+            &[],
+        );
         seen.insert(served_by(&r));
     }
     assert!(seen.len() >= 3, "cold prompts piled on {seen:?}");
@@ -68,9 +93,26 @@ fn imbalance_sends_to_the_least_loaded_worker() {
         c.time_scale = 1.0;
         c.token_interval_ms = Some(100.0);
     });
-    let gw = gateway_for(&cluster.urls(), &["--policy", "cache_aware", "--balance-abs-threshold", "2", "--balance-rel-threshold", "1.5"]);
+    let gw = gateway_for(
+        &cluster.urls(),
+        &[
+            "--policy",
+            "cache_aware",
+            "--balance-abs-threshold",
+            "2",
+            "--balance-rel-threshold",
+            "1.5",
+        ],
+    );
     let prompt = words(7, 200);
-    let r = request(gw.addr, "POST", "/v1/chat/completions", &[], &chat_body(&[("user", &prompt)], false, 1)).unwrap();
+    let r = request(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat_body(&[("user", &prompt)], false, 1),
+    )
+    .unwrap();
     let home = served_by(&r);
     gw.gateway().tree.as_ref().unwrap().sync();
     // Hold 4 slow streams with the same prefix: they all stick to `home` (balanced so far:
@@ -78,25 +120,52 @@ fn imbalance_sends_to_the_least_loaded_worker() {
     let mut held = Vec::new();
     for _ in 0..3 {
         let mut c = Conn::open(gw.addr);
-        c.send(&raw_request("POST", "/v1/chat/completions", &[], &chat_body(&[("user", &prompt)], true, 200)));
+        c.send(&raw_request(
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            &chat_body(&[("user", &prompt)], true, 200),
+        ));
         let h = c.read_head(false).unwrap();
-        assert_eq!(h.header("x-worker-port").map(|p| String::from_utf8_lossy(p).parse::<u16>().unwrap()), Some(home));
+        assert_eq!(
+            h.header("x-worker-port")
+                .map(|p| String::from_utf8_lossy(p).parse::<u16>().unwrap()),
+            Some(home)
+        );
         held.push(c);
     }
     // home has 3 in flight, the other 0: 3 − 0 > 2 and 3 > 1.5 × 0 → imbalanced.
     let r = chat(gw.addr, &[("user", &prompt)], &[]);
-    assert_ne!(served_by(&r), home, "imbalance must override the prefix match");
+    assert_ne!(
+        served_by(&r),
+        home,
+        "imbalance must override the prefix match"
+    );
     drop(held);
 }
 
 #[test]
 fn manual_policy_is_sticky_per_key_and_keys_expire() {
     let cluster = sim(4, |_| {});
-    let gw = gateway_for(&cluster.urls(), &["--policy", "manual", "--max-idle-secs", "1", "--eviction-interval", "1"]);
+    let gw = gateway_for(
+        &cluster.urls(),
+        &[
+            "--policy",
+            "manual",
+            "--max-idle-secs",
+            "1",
+            "--eviction-interval",
+            "1",
+        ],
+    );
     let mut placed = HashMap::new();
     for round in 0..3 {
         for key in ["alice", "bob", "carol", "dave", "erin"] {
-            let r = chat(gw.addr, &[("user", &words(round * 10 + key.len() as u64, 5))], &[("x-smg-routing-key", key)]);
+            let r = chat(
+                gw.addr,
+                &[("user", &words(round * 10 + key.len() as u64, 5))],
+                &[("x-smg-routing-key", key)],
+            );
             let port = served_by(&r);
             assert_eq!(*placed.entry(key).or_insert(port), port, "key {key} moved");
         }
@@ -119,18 +188,58 @@ fn consistent_hashing_moves_few_keys_when_a_worker_joins() {
     let urls = cluster.urls();
     let gw = gateway_for(&urls[..4], &["--policy", "consistent_hashing"]);
     let keys: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();
-    let before: Vec<u16> = keys.iter().map(|k| served_by(&chat(gw.addr, &[("user", "x")], &[("x-smg-routing-key", k)]))).collect();
+    let before: Vec<u16> = keys
+        .iter()
+        .map(|k| {
+            served_by(&chat(
+                gw.addr,
+                &[("user", "x")],
+                &[("x-smg-routing-key", k)],
+            ))
+        })
+        .collect();
     // Same key, same worker.
     for (k, p) in keys.iter().zip(&before).take(10) {
-        assert_eq!(served_by(&chat(gw.addr, &[("user", "y")], &[("x-smg-routing-key", k)])), *p);
+        assert_eq!(
+            served_by(&chat(
+                gw.addr,
+                &[("user", "y")],
+                &[("x-smg-routing-key", k)]
+            )),
+            *p
+        );
     }
-    let add = request(gw.addr, "POST", "/workers", &[], format!(r#"{{"url":"{}"}}"#, urls[4]).as_bytes()).unwrap();
+    let add = request(
+        gw.addr,
+        "POST",
+        "/workers",
+        &[],
+        format!(r#"{{"url":"{}"}}"#, urls[4]).as_bytes(),
+    )
+    .unwrap();
     assert!(add.status == 202 || add.status == 200, "{}", add.text());
     let new_port = cluster.ports()[4];
-    let after: Vec<u16> = keys.iter().map(|k| served_by(&chat(gw.addr, &[("user", "x")], &[("x-smg-routing-key", k)]))).collect();
+    let after: Vec<u16> = keys
+        .iter()
+        .map(|k| {
+            served_by(&chat(
+                gw.addr,
+                &[("user", "x")],
+                &[("x-smg-routing-key", k)],
+            ))
+        })
+        .collect();
     let moved: Vec<usize> = (0..keys.len()).filter(|&i| before[i] != after[i]).collect();
-    assert!(moved.iter().all(|&i| after[i] == new_port), "keys moved between old workers");
-    assert!(!moved.is_empty() && moved.len() <= keys.len() * 2 / 5, "moved {} of {}", moved.len(), keys.len());
+    assert!(
+        moved.iter().all(|&i| after[i] == new_port),
+        "keys moved between old workers"
+    );
+    assert!(
+        !moved.is_empty() && moved.len() <= keys.len() * 2 / 5,
+        "moved {} of {}",
+        moved.len(),
+        keys.len()
+    );
     // The target-worker header wins.
     let r = chat(gw.addr, &[("user", "x")], &[("x-smg-target-worker", "0")]);
     assert_eq!(served_by(&r), cluster.ports()[0]);
@@ -139,7 +248,13 @@ fn consistent_hashing_moves_few_keys_when_a_worker_joins() {
 #[test]
 fn prefix_hash_bucket_random_round_robin_power_of_two_answer_200() {
     let cluster = sim(3, |_| {});
-    for policy in ["prefix_hash", "bucket", "random", "round_robin", "power_of_two"] {
+    for policy in [
+        "prefix_hash",
+        "bucket",
+        "random",
+        "round_robin",
+        "power_of_two",
+    ] {
         let gw = gateway_for(&cluster.urls(), &["--policy", policy]);
         let mut seen = HashSet::new();
         for i in 0..9 {
@@ -166,7 +281,12 @@ fn per_model_trees_do_not_mix() {
     let text = words(5, 100);
     for model in ["model-a", "model-b"] {
         let body = serde_json::to_vec(&serde_json::json!({"model": model, "prompt": format!("{model}: {text}"), "max_tokens": 1})).unwrap();
-        assert_eq!(request(gw.addr, "POST", "/v1/completions", &[], &body).unwrap().status, 200);
+        assert_eq!(
+            request(gw.addr, "POST", "/v1/completions", &[], &body)
+                .unwrap()
+                .status,
+            200
+        );
     }
     let tree = gw.gateway().tree.as_ref().unwrap();
     tree.sync();
@@ -174,26 +294,48 @@ fn per_model_trees_do_not_mix() {
     let a = forest.tree(Some(b"model-a")).expect("tree for model-a");
     let b = forest.tree(Some(b"model-b")).expect("tree for model-b");
     assert!(a.longest_match(&format!("model-a: {text}")).matched_chars > 100);
-    assert_eq!(a.longest_match(&format!("model-b: {text}")).matched_chars, "model-".len());
+    assert_eq!(
+        a.longest_match(&format!("model-b: {text}")).matched_chars,
+        "model-".len()
+    );
     assert!(b.longest_match(&format!("model-b: {text}")).matched_chars > 100);
-    assert!(forest.tree(None).is_none_or(|t| t.longest_match(&format!("model-a: {text}")).matched_chars == 0));
+    assert!(forest
+        .tree(None)
+        .is_none_or(|t| t.longest_match(&format!("model-a: {text}")).matched_chars == 0));
 }
 
 #[test]
 fn eviction_keeps_each_worker_under_the_limit_while_requests_flow() {
     let cluster = sim(2, |_| {});
     let limit = 3000u64;
-    let gw = gateway_for(&cluster.urls(), &["--policy", "cache_aware", "--max-tree-size", &limit.to_string(), "--eviction-interval", "1"]);
+    let gw = gateway_for(
+        &cluster.urls(),
+        &[
+            "--policy",
+            "cache_aware",
+            "--max-tree-size",
+            &limit.to_string(),
+            "--eviction-interval",
+            "1",
+        ],
+    );
     let tree = gw.gateway().tree.as_ref().unwrap();
     for i in 0..60 {
-        chat(gw.addr, &[("user", &format!("{i} {}", words(500 + i, 80)))], &[]);
+        chat(
+            gw.addr,
+            &[("user", &format!("{i} {}", words(500 + i, 80)))],
+            &[],
+        );
         if i % 10 == 9 {
             tree.sync();
             let forest = tree.load();
             for (_, t) in forest.models() {
                 for (w, chars) in t.worker_char_counts() {
                     // Between passes growth is bounded by the overflow margin (10 %).
-                    assert!(chars as f64 <= limit as f64 * 1.1 + 600.0, "worker {w} holds {chars} chars");
+                    assert!(
+                        chars as f64 <= limit as f64 * 1.1 + 600.0,
+                        "worker {w} holds {chars} chars"
+                    );
                 }
             }
         }
@@ -202,7 +344,10 @@ fn eviction_keeps_each_worker_under_the_limit_while_requests_flow() {
     tree.sync();
     for (_, t) in tree.load().models() {
         for (w, chars) in t.worker_char_counts() {
-            assert!(chars <= limit, "after a pass worker {w} still holds {chars} chars");
+            assert!(
+                chars <= limit,
+                "after a pass worker {w} still holds {chars} chars"
+            );
         }
     }
     assert!(tree.stats().evicted_chars() > 0);
@@ -215,11 +360,20 @@ fn removing_a_worker_takes_it_out_of_routing_and_the_tree() {
     let prompt = words(3, 200);
     let home = served_by(&chat(gw.addr, &[("user", &prompt)], &[]));
     let url = format!("http://127.0.0.1:{home}");
-    let r = request(gw.addr, "POST", &format!("/remove_worker?url={url}"), &[], b"").unwrap();
+    let r = request(
+        gw.addr,
+        "POST",
+        &format!("/remove_worker?url={url}"),
+        &[],
+        b"",
+    )
+    .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     for _ in 0..5 {
         assert_ne!(served_by(&chat(gw.addr, &[("user", &prompt)], &[])), home);
     }
-    let list = request(gw.addr, "GET", "/list_workers", &[], b"").unwrap().json();
+    let list = request(gw.addr, "GET", "/list_workers", &[], b"")
+        .unwrap()
+        .json();
     assert_eq!(list["urls"].as_array().unwrap().len(), 1);
 }

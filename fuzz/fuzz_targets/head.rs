@@ -42,10 +42,19 @@ fuzz_target!(|data: &[u8]| {
             assert!(h.headers.len() <= limits.max_headers);
             assert_eq!(&h.buf[..], &input[..n]);
             assert_eq!(&buf[..], &input[n..]);
-            check_spans(n, [h.method, h.target].into_iter().chain(header_spans(&h.headers)));
+            check_spans(
+                n,
+                [h.method, h.target]
+                    .into_iter()
+                    .chain(header_spans(&h.headers)),
+            );
             assert!(!h.method().is_empty() && !h.target().is_empty());
             assert!(h.minor_version <= 1);
-            assert_ne!(h.framing, BodyFraming::Close, "requests are never close-delimited");
+            assert_ne!(
+                h.framing,
+                BodyFraming::Close,
+                "requests are never close-delimited"
+            );
             if h.framing == BodyFraming::Chunked {
                 assert_eq!(h.minor_version, 1);
                 assert!(h.header("content-length").is_none());
@@ -54,10 +63,16 @@ fuzz_target!(|data: &[u8]| {
             // Prefix consistency: any shorter read is incomplete.
             let k = usize::from(*cut) * n / 256;
             let mut prefix = BytesMut::from(&input[..k]);
-            assert_eq!(parse_request_head(&mut prefix, &limits), Ok(None), "prefix {k} of {n}");
+            assert_eq!(
+                parse_request_head(&mut prefix, &limits),
+                Ok(None),
+                "prefix {k} of {n}"
+            );
             // Idempotence: the frozen head alone parses to the same head.
             let mut again = BytesMut::from(&h.buf[..]);
-            let h2 = parse_request_head(&mut again, &limits).expect("re-parse").expect("complete");
+            let h2 = parse_request_head(&mut again, &limits)
+                .expect("re-parse")
+                .expect("complete");
             assert_eq!(h2, h);
             assert!(again.is_empty());
         }

@@ -167,7 +167,8 @@ pub async fn connect(
         match monoio::time::timeout_at(limit, TcpStream::connect_addr(*addr)).await {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
-                metrics::counter!("radixgate_upstream_connections_total", "kind" => "new").increment(1);
+                metrics::counter!("radixgate_upstream_connections_total", "kind" => "new")
+                    .increment(1);
                 return Ok(s);
             }
             Ok(Err(e)) => last = e,
@@ -309,8 +310,13 @@ pub fn client_head(up: &ResponseHead, request_id: &str, close: bool) -> BytesMut
     out.extend_from_slice(http::response::reason(up.status).as_bytes());
     out.extend_from_slice(b"\r\n");
     let mut has_id = false;
+    let chunked = matches!(up.framing, BodyFraming::Chunked);
     for (name, value) in up.headers() {
         if skip(name, &RESPONSE_SKIP) {
+            continue;
+        }
+        // RFC 9112 §6.3: with chunked framing a Content-Length must not be forwarded.
+        if chunked && name.eq_ignore_ascii_case(b"content-length") {
             continue;
         }
         if name.eq_ignore_ascii_case(b"x-request-id") {
@@ -362,19 +368,35 @@ impl BodyEnd {
     }
 }
 
+/// Where and how a response is relayed.
+#[derive(Clone, Copy)]
+pub struct RelayTo<'a> {
+    /// The worker the response comes from (its pool gets the connection back).
+    pub worker: &'a Worker,
+    /// Echoed as `x-request-id` when the worker did not set one.
+    pub request_id: &'a str,
+    /// The client asked to keep its connection.
+    pub client_keep_alive: bool,
+    /// The whole-request deadline.
+    pub deadline: Instant,
+}
+
 /// Relay the response to the client. The upstream connection goes back to the pool when the
 /// response was complete and reusable; otherwise it is dropped (closing it, which also aborts
 /// the work on the worker when the client went away).
 pub async fn relay(
     core: &Core,
-    worker: &Worker,
     client: &mut TcpStream,
     up: UpstreamResponse,
-    request_id: &str,
-    client_wants_keep_alive: bool,
-    deadline: Instant,
+    how: RelayTo<'_>,
     mut capture: Option<&mut Capture>,
 ) -> Relayed {
+    let RelayTo {
+        worker,
+        request_id,
+        client_keep_alive: client_wants_keep_alive,
+        deadline,
+    } = how;
     let UpstreamResponse {
         mut stream,
         head,

@@ -3,19 +3,18 @@
 //! and account the outcome. Everything that can go wrong before a response byte reaches the
 //! client becomes a JSON error with the right status.
 
-use crate::gateway::Core;
+use crate::admission::Refusal;
+use crate::gateway::{Core, Gateway};
 use crate::http::{self, RequestHead};
 use crate::proxy::capture::Capture;
 use crate::proxy::forward::{self, UpstreamRequest};
 use crate::proxy::io::write_all_by;
 use crate::proxy::request_id::request_id;
-use crate::route::extract::{extract, Api, RoutingInfo};
-use crate::admission::Refusal;
 use crate::proxy::retry::{is_retryable_status, RetryPolicy};
+use crate::route::extract::{extract, Api, RoutingInfo};
 use crate::route::policy::{Branch, Decision, RouteInput};
-use crate::workers::breaker::is_worker_failure;
 use crate::tree::{Insert, WorkerId};
-use crate::workers::load::LoadBoard;
+use crate::workers::breaker::is_worker_failure;
 use crate::workers::registry::Worker;
 use bytes::Bytes;
 use monoio::net::TcpStream;
@@ -25,38 +24,43 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Keeps a worker's in-flight count raised while a request is on it.
+/// Keeps a worker's in-flight count raised while a request is on it, and tells the policy when
+/// the request is over, on every path (success, retry, error).
 struct InFlight<'a> {
-    loads: &'a LoadBoard,
+    gw: &'a Gateway,
     worker: WorkerId,
+    routing_key: Option<&'a [u8]>,
 }
 
 impl<'a> InFlight<'a> {
-    fn new(loads: &'a LoadBoard, worker: WorkerId) -> Self {
-        loads.inc(worker);
-        InFlight { loads, worker }
+    fn new(gw: &'a Gateway, worker: WorkerId, routing_key: Option<&'a [u8]>) -> Self {
+        gw.registry.loads.inc(worker);
+        InFlight {
+            gw,
+            worker,
+            routing_key,
+        }
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.loads.dec(self.worker);
+        self.gw.registry.loads.dec(self.worker);
+        self.gw
+            .policy
+            .request_finished(self.routing_key, self.worker, self.gw.now_ms());
     }
 }
 
-/// Bytes of `s` as a zero-copy slice of `body` when `s` was borrowed from it, else a copy.
-pub fn as_body_slice(body: &Bytes, s: &Cow<'_, str>) -> Bytes {
-    match s {
-        Cow::Borrowed(b) => {
-            let start = body.as_ptr() as usize;
-            let p = b.as_ptr() as usize;
-            if !b.is_empty() && p >= start && p + b.len() <= start + body.len() {
-                body.slice(p - start..p - start + b.len())
-            } else {
-                Bytes::copy_from_slice(b.as_bytes())
-            }
-        }
-        Cow::Owned(o) => Bytes::copy_from_slice(o.as_bytes()),
+/// Bytes of `s` as a zero-copy slice of `body` when `s` lies inside it (borrowed by the
+/// extractor), else a copy (text that had to be unescaped or joined).
+pub fn as_body_slice(body: &Bytes, s: &str) -> Bytes {
+    let start = body.as_ptr() as usize;
+    let p = s.as_ptr() as usize;
+    if !s.is_empty() && p >= start && p + s.len() <= start + body.len() {
+        body.slice(p - start..p - start + s.len())
+    } else {
+        Bytes::copy_from_slice(s.as_bytes())
     }
 }
 
@@ -95,28 +99,75 @@ async fn reply_error_with_id(
 
 /// Handle a proxied request (`api` None: pass-through GET with no routing text). Returns the
 /// status sent and whether the client connection may serve another request.
-pub async fn handle(core: &Rc<Core>, client: &mut TcpStream, head: &RequestHead, body: Bytes, api: Option<Api>) -> (u16, bool) {
+pub async fn handle(
+    core: &Rc<Core>,
+    client: &mut TcpStream,
+    head: &RequestHead,
+    body: Bytes,
+    api: Option<Api>,
+) -> (u16, bool) {
     let gw = core.gw.clone();
-    if let Err(msg) = gw.authorize(head, false) {
-        return (401, reply_error(client, head, 401, "authentication_error", msg).await);
+    // Inference needs the key; the proxied informational GETs (/get_model_info,
+    // /health_generate) are public like the reference's.
+    if let (Some(_), Err(msg)) = (api, gw.authorize(head, false)) {
+        return (
+            401,
+            reply_error(client, head, 401, "authentication_error", msg).await,
+        );
     }
     let started = Instant::now();
     let deadline = started + gw.cfg.request_timeout();
     let info = match api {
         Some(api) => match extract(api, &body) {
             Ok(i) => i,
-            Err(e) => return (400, reply_error(client, head, 400, "invalid_request_error", &e.0).await),
+            Err(e) => {
+                return (
+                    400,
+                    reply_error(client, head, 400, "invalid_request_error", &e.0).await,
+                )
+            }
         },
-        None => RoutingInfo { model: None, stream: false, text: Cow::Borrowed("") },
+        None => RoutingInfo {
+            model: None,
+            stream: false,
+            text: Cow::Borrowed(""),
+        },
     };
-    let rid = request_id(head, &gw.cfg.request_id_headers, head.path(), &mut core.rng.borrow_mut());
+    let rid = request_id(
+        head,
+        &gw.cfg.request_id_headers,
+        head.path(),
+        &mut core.rng.borrow_mut(),
+    );
     let _permit = match gw.admission.acquire().await {
         Ok(p) => p,
         Err(Refusal::QueueFull) => {
-            return (429, reply_error_with_id(client, head, 429, "rate_limit_exceeded", "too many requests: the admission queue is full", &rid).await)
+            return (
+                429,
+                reply_error_with_id(
+                    client,
+                    head,
+                    429,
+                    "rate_limit_exceeded",
+                    "too many requests: the admission queue is full",
+                    &rid,
+                )
+                .await,
+            )
         }
         Err(Refusal::Timeout) => {
-            return (408, reply_error_with_id(client, head, 408, "timeout", "timed out waiting in the admission queue", &rid).await)
+            return (
+                408,
+                reply_error_with_id(
+                    client,
+                    head,
+                    408,
+                    "timeout",
+                    "timed out waiting in the admission queue",
+                    &rid,
+                )
+                .await,
+            )
         }
     };
     let routing_key = head.header("x-smg-routing-key");
@@ -147,7 +198,13 @@ pub async fn handle(core: &Rc<Core>, client: &mut TcpStream, head: &RequestHead,
             let forest = gw.tree.as_ref().map(|t| t.load());
             let model = info.model.as_deref().map(str::as_bytes);
             let tree = forest.as_ref().and_then(|f| f.tree(model));
-            gw.policy.select(&input, &list.ids, &gw.registry.loads, tree, &mut core.rng.borrow_mut())
+            gw.policy.select(
+                &input,
+                &list.ids,
+                &gw.registry.loads,
+                tree,
+                &mut core.rng.borrow_mut(),
+            )
         } else {
             gw.registry
                 .loads
@@ -156,31 +213,56 @@ pub async fn handle(core: &Rc<Core>, client: &mut TcpStream, head: &RequestHead,
         };
         let Some(decision) = decision else {
             let (status, msg) = last_error.unwrap_or_else(|| {
-                let msg = if list.is_empty() { "no workers are registered" } else { "no available workers (all unhealthy or circuits open)" };
+                let msg = if list.is_empty() {
+                    "no workers are registered"
+                } else {
+                    "no available workers (all unhealthy or circuits open)"
+                };
                 (503, msg.to_string())
             });
-            let error_type = if status == 504 { "timeout" } else { "service_unavailable" };
-            return (status, reply_error_with_id(client, head, status, error_type, &msg, &rid).await);
+            let error_type = if status == 504 {
+                "timeout"
+            } else {
+                "service_unavailable"
+            };
+            return (
+                status,
+                reply_error_with_id(client, head, status, error_type, &msg, &rid).await,
+            );
         };
         let Some(worker): Option<Arc<Worker>> = list.get(decision.worker).cloned() else {
+            gw.policy
+                .request_finished(routing_key, decision.worker, now_ms);
             excluded.push(decision.worker);
             continue;
         };
         if !worker.breaker.try_acquire(&gw.breaker) {
             // Half-open and its probe slots are taken: try someone else.
+            gw.policy.request_finished(routing_key, worker.id, now_ms);
             excluded.push(worker.id);
             continue;
         }
         attempt += 1;
-        gw.metrics.selection(gw.policy.kind().as_str(), decision.branch.as_str());
-        let in_flight = InFlight::new(&gw.registry.loads, worker.id);
-        let req = UpstreamRequest::build(head.method(), head.target(), Some(head), &worker.authority, &rid, body.clone());
+        gw.metrics
+            .selection(gw.policy.kind().as_str(), decision.branch.as_str());
+        let in_flight = InFlight::new(&gw, worker.id, routing_key);
+        let req = UpstreamRequest::build(
+            head.method(),
+            head.target(),
+            Some(head),
+            &worker.authority,
+            &rid,
+            body.clone(),
+        );
         let outcome = forward::roundtrip(core, &worker, &req, req_head_is_head, deadline).await;
         let can_retry = attempt < retry.max_attempts && Instant::now() < deadline;
         let up = match outcome {
             Ok(up) if is_retryable_status(up.head.status) && can_retry => {
                 gw.record_outcome(&worker, !is_worker_failure(up.head.status));
-                last_error = Some((up.head.status, format!("worker {} answered {}", worker.url, up.head.status)));
+                last_error = Some((
+                    up.head.status,
+                    format!("worker {} answered {}", worker.url, up.head.status),
+                ));
                 drop(up); // closes that upstream connection; its body is not wanted
                 drop(in_flight);
                 excluded.push(worker.id);
@@ -203,8 +285,15 @@ pub async fn handle(core: &Rc<Core>, client: &mut TcpStream, head: &RequestHead,
                     continue;
                 }
                 let (status, msg) = last_error.unwrap_or((502, String::new()));
-                let error_type = if status == 504 { "timeout" } else { "bad_gateway" };
-                return (status, reply_error_with_id(client, head, status, error_type, &msg, &rid).await);
+                let error_type = if status == 504 {
+                    "timeout"
+                } else {
+                    "bad_gateway"
+                };
+                return (
+                    status,
+                    reply_error_with_id(client, head, status, error_type, &msg, &rid).await,
+                );
             }
         };
         // Committed to this worker: from here on bytes reach the client, so no more retries.
@@ -213,28 +302,51 @@ pub async fn handle(core: &Rc<Core>, client: &mut TcpStream, head: &RequestHead,
         if decision.insert_text && (200..300).contains(&status) {
             if let Some(tree) = &gw.tree {
                 let text = as_body_slice(&body, &info.text);
-                tree.try_insert(Insert { model: model_bytes.clone(), text, worker: worker.id, now_ms });
+                tree.try_insert(Insert {
+                    model: model_bytes.clone(),
+                    text,
+                    worker: worker.id,
+                    now_ms,
+                });
             }
         }
         let chunked = matches!(up.head.framing, http::BodyFraming::Chunked);
-        let mut capture = api.filter(|_| gw.cfg.insert_response_text && decision.insert_text).map(|a| Capture::new(a, chunked));
-        let relayed = forward::relay(core, &worker, client, up, &rid, head.keep_alive, deadline, capture.as_mut()).await;
+        let mut capture = api
+            .filter(|_| gw.cfg.insert_response_text && decision.insert_text)
+            .map(|a| Capture::new(a, chunked));
+        let how = forward::RelayTo {
+            worker: &worker,
+            request_id: &rid,
+            client_keep_alive: head.keep_alive,
+            deadline,
+        };
+        let relayed = forward::relay(core, client, up, how, capture.as_mut()).await;
         drop(in_flight);
-        worker.completed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        worker
+            .completed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if relayed.upstream_broke {
             gw.record_outcome(&worker, false);
         }
-        gw.policy.request_finished(routing_key, worker.id, gw.now_ms());
         if let Some(t) = relayed.first_body_at {
             gw.metrics.ttft(t.duration_since(started));
         }
-        if let (Some(c), Some(tree), true) = (capture, &gw.tree, relayed.complete && (200..300).contains(&status)) {
+        if let (Some(c), Some(tree), true) = (
+            capture,
+            &gw.tree,
+            relayed.complete && (200..300).contains(&status),
+        ) {
             if let Some(reply) = c.reply() {
                 let mut full = String::with_capacity(info.text.len() + 1 + reply.len());
                 full.push_str(&info.text);
                 full.push(' ');
                 full.push_str(&reply);
-                tree.try_insert(Insert { model: model_bytes, text: Bytes::from(full), worker: worker.id, now_ms: gw.now_ms() });
+                tree.try_insert(Insert {
+                    model: model_bytes,
+                    text: Bytes::from(full),
+                    worker: worker.id,
+                    now_ms: gw.now_ms(),
+                });
             }
         }
         return (status, relayed.client_keep_alive);

@@ -71,7 +71,8 @@ impl Pool {
         while let Some(idle) = stack.pop() {
             if now.duration_since(idle.since) < self.idle_timeout && is_reusable(&idle.stream) {
                 self.stats.borrow_mut().reused += 1;
-                metrics::counter!("radixgate_upstream_connections_total", "kind" => "reused").increment(1);
+                metrics::counter!("radixgate_upstream_connections_total", "kind" => "reused")
+                    .increment(1);
                 return Some(idle.stream);
             }
             self.stats.borrow_mut().discarded += 1;

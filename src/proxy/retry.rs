@@ -21,7 +21,8 @@ impl RetryPolicy {
     /// Delay before retry number `n` (0 = the first retry): `min(initial · multiplier^n, max)`
     /// scaled by `1 + jitter · (2u − 1)` for a uniform `u` in [0, 1).
     pub fn delay_ms(&self, n: u32, u: f64) -> u64 {
-        let base = (self.initial_ms as f64 * self.multiplier.powi(n as i32)).min(self.max_ms as f64);
+        let base =
+            (self.initial_ms as f64 * self.multiplier.powi(n as i32)).min(self.max_ms as f64);
         let spread = 1.0 + self.jitter * (2.0 * u.clamp(0.0, 1.0) - 1.0);
         (base * spread).max(0.0).round() as u64
     }
@@ -33,7 +34,13 @@ mod tests {
 
     #[test]
     fn delays_follow_the_reference_schedule() {
-        let p = RetryPolicy { max_attempts: 5, initial_ms: 50, multiplier: 1.5, max_ms: 30_000, jitter: 0.2 };
+        let p = RetryPolicy {
+            max_attempts: 5,
+            initial_ms: 50,
+            multiplier: 1.5,
+            max_ms: 30_000,
+            jitter: 0.2,
+        };
         let mid: Vec<u64> = (0..4).map(|n| p.delay_ms(n, 0.5)).collect();
         assert_eq!(mid, vec![50, 75, 113, 169]);
         assert_eq!(p.delay_ms(0, 0.0), 40);

@@ -274,7 +274,8 @@ pub fn extract(api: Api, body: &[u8]) -> Result<RoutingInfo<'_>, ExtractError> {
         }
     }
     Ok(RoutingInfo {
-        model: parsed.model.map(|m| m.0),
+        // An empty model name means "no model": one default tree, as when the field is absent.
+        model: parsed.model.map(|m| m.0).filter(|m| !m.is_empty()),
         stream: parsed.stream.unwrap_or(false),
         text: joiner.finish(),
     })

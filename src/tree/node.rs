@@ -9,7 +9,9 @@
 //! Edges hold whole UTF-8 characters: every split point is moved back to a character boundary,
 //! so two siblings never share a first *character* (they may share a first *byte*, e.g. `é` and
 //! `è`, or most CJK characters). Children are therefore keyed by their whole first character,
-//! packed into a `u32`, which makes the lookup exact whatever the script.
+//! packed into a `u32`, which makes the lookup exact whatever the script. Next to each key the
+//! parent keeps a 32-bit bloom of the child's workers (bit `w % 32`), so walks over one worker's
+//! nodes (eviction, removal) skip the other workers' children without dereferencing them.
 //!
 //! The tree is kept *canonical*: a node exists only where text branches or where the set of
 //! workers changes (some worker's text ends there). Concretely, apart from the root, no node has a
@@ -114,6 +116,37 @@ fn key_at(keys: &[u8], i: usize) -> Option<u32> {
         .map(|k| u32::from_be_bytes(*k))
 }
 
+/// Bytes of per-child metadata in a node's `bytes`: the key, then (in a second array) the bloom.
+const META_BYTES: usize = 2 * KEY_BYTES;
+
+/// The bloom bit of a worker.
+#[inline]
+fn bloom_bit(worker: WorkerId) -> u32 {
+    1 << (worker % 32)
+}
+
+/// Child `i`'s bloom in `bytes` laid out for `kids` children.
+#[inline]
+fn bloom_in(bytes: &[u8], kids: usize, i: usize) -> u32 {
+    key_at(&bytes[kids * KEY_BYTES..], i).unwrap_or(u32::MAX)
+}
+
+/// Lays out a node's bytes: the keys, the blooms, then the edge (in pieces).
+fn assemble(meta: &[(u32, u32)], edge: &[&[u8]]) -> Box<[u8]> {
+    let len = meta.len() * META_BYTES + edge.iter().map(|e| e.len()).sum::<usize>();
+    let mut bytes = Vec::with_capacity(len);
+    for &(key, _) in meta {
+        bytes.extend_from_slice(&key.to_be_bytes());
+    }
+    for &(_, bloom) in meta {
+        bytes.extend_from_slice(&bloom.to_be_bytes());
+    }
+    for e in edge {
+        bytes.extend_from_slice(e);
+    }
+    bytes.into_boxed_slice()
+}
+
 /// Moves `n` back to the nearest character boundary of `s` (valid UTF-8 starting at a boundary).
 #[inline]
 fn floor_char_boundary(s: &[u8], mut n: usize) -> usize {
@@ -123,35 +156,75 @@ fn floor_char_boundary(s: &[u8], mut n: usize) -> usize {
     n
 }
 
-/// The workers holding a node and their last access times, in one allocation: `len` sorted ids,
-/// then each time as two `u32` halves (low, high). Keeping the ids contiguous lets
-/// [`RadixTree::longest_match`] return them as a borrowed slice.
-#[derive(Clone, Default)]
-struct Workers(Box<[u32]>);
+/// The workers holding a node and their last access times. Most nodes (leaves) have one worker,
+/// kept inline: no allocation and no extra cache miss. Otherwise one allocation: the sorted ids,
+/// then each time as two `u32` halves (low, high). Either way the ids are contiguous, so
+/// [`RadixTree::longest_match`] returns them as a borrowed slice.
+#[derive(Clone)]
+enum Workers {
+    One {
+        id: WorkerId,
+        time: u64,
+    },
+    /// Zero (an empty box, no allocation) or at least two workers; never exactly one.
+    Many(Box<[u32]>),
+}
+
+impl Default for Workers {
+    fn default() -> Self {
+        Workers::Many(Box::default())
+    }
+}
+
+/// Packs two or more (id, time) entries, sorted by id.
+fn pack(entries: &[(WorkerId, u64)]) -> Workers {
+    let mut v = Vec::with_capacity(3 * entries.len());
+    v.extend(entries.iter().map(|&(w, _)| w));
+    for &(_, t) in entries {
+        v.extend_from_slice(&[t as u32, (t >> 32) as u32]);
+    }
+    Workers::Many(v.into_boxed_slice())
+}
 
 impl Workers {
     fn one(worker: WorkerId, now: u64) -> Self {
-        Workers(Box::new([worker, now as u32, (now >> 32) as u32]))
+        Workers::One {
+            id: worker,
+            time: now,
+        }
     }
 
     #[inline]
     fn len(&self) -> usize {
-        self.0.len() / 3
+        match self {
+            Workers::One { .. } => 1,
+            Workers::Many(b) => b.len() / 3,
+        }
     }
 
     #[inline]
     fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
     }
 
     #[inline]
     fn ids(&self) -> &[WorkerId] {
-        &self.0[..self.len()]
+        match self {
+            Workers::One { id, .. } => std::slice::from_ref(id),
+            Workers::Many(b) => &b[..b.len() / 3],
+        }
     }
 
     #[inline]
     fn find(&self, worker: WorkerId) -> Result<usize, usize> {
-        self.ids().binary_search(&worker)
+        match self {
+            Workers::One { id, .. } => match worker.cmp(id) {
+                std::cmp::Ordering::Equal => Ok(0),
+                std::cmp::Ordering::Less => Err(0),
+                std::cmp::Ordering::Greater => Err(1),
+            },
+            Workers::Many(_) => self.ids().binary_search(&worker),
+        }
     }
 
     #[inline]
@@ -160,14 +233,24 @@ impl Workers {
     }
 
     fn time_at(&self, i: usize) -> u64 {
-        let base = self.len() + 2 * i;
-        u64::from(self.0[base]) | (u64::from(self.0[base + 1]) << 32)
+        match self {
+            Workers::One { time, .. } => *time,
+            Workers::Many(b) => {
+                let base = b.len() / 3 + 2 * i;
+                u64::from(b[base]) | (u64::from(b[base + 1]) << 32)
+            }
+        }
     }
 
     fn set_time_at(&mut self, i: usize, t: u64) {
-        let base = self.len() + 2 * i;
-        self.0[base] = t as u32;
-        self.0[base + 1] = (t >> 32) as u32;
+        match self {
+            Workers::One { time, .. } => *time = t,
+            Workers::Many(b) => {
+                let base = b.len() / 3 + 2 * i;
+                b[base] = t as u32;
+                b[base + 1] = (t >> 32) as u32;
+            }
+        }
     }
 
     fn time(&self, worker: WorkerId) -> Option<u64> {
@@ -176,25 +259,31 @@ impl Workers {
 
     /// Adds `worker` or refreshes its time (never moving it backwards). Returns `true` if added.
     fn touch(&mut self, worker: WorkerId, now: u64) -> bool {
-        match self.find(worker) {
+        let pos = match self.find(worker) {
             Ok(i) => {
                 if self.time_at(i) < now {
                     self.set_time_at(i, now);
                 }
-                false
+                return false;
             }
-            Err(pos) => {
-                let len = self.len();
+            Err(pos) => pos,
+        };
+        *self = match self {
+            Workers::One { id, time } if pos == 0 => pack(&[(worker, now), (*id, *time)]),
+            Workers::One { id, time } => pack(&[(*id, *time), (worker, now)]),
+            Workers::Many(b) if b.is_empty() => Workers::one(worker, now),
+            Workers::Many(b) => {
+                let len = b.len() / 3;
                 let mut v = Vec::with_capacity(3 * (len + 1));
-                v.extend_from_slice(&self.0[..pos]);
+                v.extend_from_slice(&b[..pos]);
                 v.push(worker);
-                v.extend_from_slice(&self.0[pos..len + 2 * pos]);
+                v.extend_from_slice(&b[pos..len + 2 * pos]);
                 v.extend_from_slice(&[now as u32, (now >> 32) as u32]);
-                v.extend_from_slice(&self.0[len + 2 * pos..]);
-                self.0 = v.into_boxed_slice();
-                true
+                v.extend_from_slice(&b[len + 2 * pos..]);
+                Workers::Many(v.into_boxed_slice())
             }
-        }
+        };
+        true
     }
 
     /// Removes `worker`; returns `true` if it was present.
@@ -202,13 +291,34 @@ impl Workers {
         let Ok(pos) = self.find(worker) else {
             return false;
         };
-        let len = self.len();
-        let mut v = Vec::with_capacity(3 * (len - 1));
-        v.extend_from_slice(&self.0[..pos]);
-        v.extend_from_slice(&self.0[pos + 1..len + 2 * pos]);
-        v.extend_from_slice(&self.0[len + 2 * pos + 2..]);
-        self.0 = v.into_boxed_slice();
+        *self = match self {
+            Workers::One { .. } => Workers::default(),
+            Workers::Many(b) if b.len() == 6 => {
+                let other = 1 - pos;
+                Workers::one(b[other], self.time_at(other))
+            }
+            Workers::Many(b) => {
+                let len = b.len() / 3;
+                let mut v = Vec::with_capacity(3 * (len - 1));
+                v.extend_from_slice(&b[..pos]);
+                v.extend_from_slice(&b[pos + 1..len + 2 * pos]);
+                v.extend_from_slice(&b[len + 2 * pos + 2..]);
+                Workers::Many(v.into_boxed_slice())
+            }
+        };
         true
+    }
+
+    /// Representation invariant: `Many` holds whole entries and never exactly one.
+    fn well_formed(&self) -> bool {
+        match self {
+            Workers::One { .. } => true,
+            Workers::Many(b) => b.len() % 3 == 0 && b.len() != 3,
+        }
+    }
+
+    fn bloom(&self) -> u32 {
+        self.ids().iter().fold(0, |acc, &w| acc | bloom_bit(w))
     }
 
     fn same_ids(&self, other: &Workers) -> bool {
@@ -227,13 +337,14 @@ impl Workers {
     }
 }
 
-/// One node. 56 bytes; with the `Arc` header 72, plus the heap parts (edge + child keys, child
-/// pointers, worker set).
+/// One node: 64 bytes, 80 with the `Arc` header (a mimalloc size class), plus the heap parts:
+/// child keys and blooms + edge in one allocation, child pointers, and the worker set when more
+/// than one worker holds the node.
 #[derive(Clone, Default)]
 struct Node {
     /// Each child's key ([`char_key`] of its edge, 4 bytes big-endian, sorted, parallel to
-    /// `kids`), then this node's edge. One allocation for both: lookups read the keys, then the
-    /// matching child's edge.
+    /// `kids`), then each child's worker bloom (4 bytes), then this node's edge. One allocation:
+    /// lookups read the keys, then the matching child's edge.
     bytes: Box<[u8]>,
     kids: Box<[Arc<Node>]>,
     workers: Workers,
@@ -258,7 +369,27 @@ impl Node {
 
     #[inline]
     fn edge(&self) -> &[u8] {
-        &self.bytes[self.kids.len() * KEY_BYTES..]
+        &self.bytes[self.kids.len() * META_BYTES..]
+    }
+
+    #[inline]
+    fn bloom(&self, i: usize) -> u32 {
+        bloom_in(&self.bytes, self.kids.len(), i)
+    }
+
+    /// Whether child `i` may hold `worker` (exact when the bloom says no).
+    #[inline]
+    fn kid_may_hold(&self, i: usize, worker: WorkerId) -> bool {
+        self.bloom(i) & bloom_bit(worker) != 0
+    }
+
+    /// Records in child `i`'s bloom that it now holds `worker`.
+    fn add_to_bloom(&mut self, i: usize, worker: WorkerId) {
+        let at = self.kids.len() * KEY_BYTES + i * KEY_BYTES;
+        if let Some(b) = self.bytes.get_mut(at..at + KEY_BYTES) {
+            let v = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) | bloom_bit(worker);
+            b.copy_from_slice(&v.to_be_bytes());
+        }
     }
 
     /// The child whose edge starts with the first character of `rest` (non-empty), and the
@@ -284,11 +415,19 @@ impl Node {
     fn insert_child(&mut self, pos: usize, kid: Arc<Node>) {
         // Invariant: non-root edges are non-empty.
         let key = char_key(kid.edge()).to_be_bytes();
+        let bloom = kid.workers.bloom().to_be_bytes();
+        let k = self.kids.len();
+        let (keys, rest) = self.bytes.split_at(k * KEY_BYTES);
+        let (blooms, edge) = rest.split_at(k * KEY_BYTES);
         let at = pos * KEY_BYTES;
-        let mut bytes = Vec::with_capacity(self.bytes.len() + KEY_BYTES);
-        bytes.extend_from_slice(&self.bytes[..at]);
+        let mut bytes = Vec::with_capacity(self.bytes.len() + META_BYTES);
+        bytes.extend_from_slice(&keys[..at]);
         bytes.extend_from_slice(&key);
-        bytes.extend_from_slice(&self.bytes[at..]);
+        bytes.extend_from_slice(&keys[at..]);
+        bytes.extend_from_slice(&blooms[..at]);
+        bytes.extend_from_slice(&bloom);
+        bytes.extend_from_slice(&blooms[at..]);
+        bytes.extend_from_slice(edge);
         self.bytes = bytes.into_boxed_slice();
         let mut kids = std::mem::take(&mut self.kids).into_vec();
         kids.reserve_exact(1);
@@ -306,20 +445,6 @@ impl Node {
         self.edge_chars += chars;
     }
 
-    /// Replaces the children and rebuilds the keys, keeping the edge. `old_kids` is the number
-    /// of keys `bytes` holds now (the children may have been taken out already).
-    fn set_kids(&mut self, old_kids: usize, kids: Box<[Arc<Node>]>) {
-        let edge_start = old_kids * KEY_BYTES;
-        let mut bytes = Vec::with_capacity(kids.len() * KEY_BYTES + self.bytes.len() - edge_start);
-        // Invariant: non-root edges are non-empty.
-        for k in kids.iter() {
-            bytes.extend_from_slice(&char_key(k.edge()).to_be_bytes());
-        }
-        bytes.extend_from_slice(&self.bytes[edge_start..]);
-        self.bytes = bytes.into_boxed_slice();
-        self.kids = kids;
-    }
-
     /// Merges the only child into this node: the edges concatenate, the child's children and
     /// (identical) worker set are kept with the later access times.
     fn absorb_only_child(&mut self) {
@@ -327,10 +452,11 @@ impl Node {
         let Some(child) = std::mem::take(&mut self.kids).into_vec().pop() else {
             return;
         };
-        // `self.bytes` was `child key ++ edge`; it becomes `child keys ++ edge ++ child edge`.
-        let own_edge = &self.bytes[KEY_BYTES..];
+        // `self.bytes` was `child key ++ child bloom ++ edge`; it becomes
+        // `child keys ++ child blooms ++ edge ++ child edge`.
+        let own_edge = &self.bytes[META_BYTES..];
         let mut bytes = Vec::with_capacity(own_edge.len() + child.bytes.len());
-        bytes.extend_from_slice(child.keys());
+        bytes.extend_from_slice(&child.bytes[..child.kids.len() * META_BYTES]);
         bytes.extend_from_slice(own_edge);
         bytes.extend_from_slice(child.edge());
         self.bytes = bytes.into_boxed_slice();
@@ -348,20 +474,21 @@ impl Node {
 /// only child is the old node with the rest of the edge.
 fn split(slot: &mut Arc<Node>, n: usize) {
     let lower = Arc::make_mut(slot);
-    let keys_len = lower.kids.len() * KEY_BYTES;
-    let edge = &lower.bytes[keys_len..];
+    let meta_len = lower.kids.len() * META_BYTES;
+    let edge = &lower.bytes[meta_len..];
     debug_assert!(n > 0 && n < edge.len());
     let upper_chars = count_chars(&edge[..n]) as u32;
-    let mut upper_bytes = Vec::with_capacity(KEY_BYTES + n);
-    upper_bytes.extend_from_slice(&char_key(&edge[n..]).to_be_bytes());
-    upper_bytes.extend_from_slice(&edge[..n]);
+    let upper_bytes = assemble(
+        &[(char_key(&edge[n..]), lower.workers.bloom())],
+        &[&edge[..n]],
+    );
     let mut lower_bytes = Vec::with_capacity(lower.bytes.len() - n);
-    lower_bytes.extend_from_slice(&lower.bytes[..keys_len]);
+    lower_bytes.extend_from_slice(&lower.bytes[..meta_len]);
     lower_bytes.extend_from_slice(&edge[n..]);
     lower.bytes = lower_bytes.into_boxed_slice();
     lower.edge_chars -= upper_chars;
     let upper = Node {
-        bytes: upper_bytes.into_boxed_slice(),
+        bytes: upper_bytes,
         kids: Box::new([Arc::clone(slot)]),
         workers: slot.workers.clone(),
         edge_chars: upper_chars,
@@ -402,24 +529,32 @@ struct Slot {
 }
 
 /// A node being rebuilt by [`RadixTree::prune`]: its children were taken out and are being
-/// processed one by one.
+/// processed one by one; `meta` holds the (key, bloom) of each child kept.
 struct Frame {
     node: Arc<Node>,
+    /// This node's key in its parent (unchanged by merges: the first character stays).
+    key: u32,
     kids: std::vec::IntoIter<Arc<Node>>,
-    keep: Vec<Arc<Node>>,
+    /// Index of the next child `kids` yields.
+    next: usize,
     had: usize,
+    keep: Vec<Arc<Node>>,
+    meta: Vec<(u32, u32)>,
     remove: bool,
 }
 
 impl Frame {
-    fn open(mut node: Arc<Node>, remove: bool) -> Frame {
+    fn open(mut node: Arc<Node>, key: u32, remove: bool) -> Frame {
         let kids = std::mem::take(&mut Arc::make_mut(&mut node).kids).into_vec();
         let had = kids.len();
         Frame {
             node,
+            key,
             kids: kids.into_iter(),
-            keep: Vec::with_capacity(had),
+            next: 0,
             had,
+            keep: Vec::with_capacity(had),
+            meta: Vec::with_capacity(had),
             remove,
         }
     }
@@ -531,6 +666,7 @@ impl RadixTree {
                     let child = Arc::make_mut(&mut cur.kids[i]);
                     if child.workers.touch(worker, now) {
                         added += u64::from(child.edge_chars);
+                        cur.add_to_bloom(i, worker);
                     }
                     rest = &rest[n..];
                     if !at_root && cur.kids.len() == 1 && cur.workers.same_ids(&cur.kids[0].workers)
@@ -678,6 +814,9 @@ impl RadixTree {
                 continue;
             };
             top.2 += 1;
+            if !node.kid_may_hold(next, worker) {
+                continue;
+            }
             let Some(time) = kid.workers.time(worker) else {
                 continue;
             };
@@ -702,7 +841,7 @@ impl RadixTree {
     /// chains. Descends only into subtrees that change; everything else stays shared.
     fn prune(&mut self, worker: WorkerId, plan: Option<&[Slot]>) {
         let root = std::mem::replace(&mut self.root, Arc::new(Node::default()));
-        let mut stack = vec![Frame::open(root, plan.is_none())];
+        let mut stack = vec![Frame::open(root, 0, plan.is_none())];
         let mut idx = 0usize;
         let mut gone = 0usize;
         loop {
@@ -711,8 +850,14 @@ impl RadixTree {
                 return;
             };
             if let Some(kid) = top.kids.next() {
-                if !kid.workers.contains(worker) {
+                let i = top.next;
+                top.next += 1;
+                // The frame's node still holds its original keys and blooms.
+                let key = key_at(&top.node.bytes, i).unwrap_or(0);
+                let bloom = bloom_in(&top.node.bytes, top.had, i);
+                if bloom & bloom_bit(worker) == 0 || !kid.workers.contains(worker) {
                     top.keep.push(kid);
+                    top.meta.push((key, bloom));
                     continue;
                 }
                 idx += 1;
@@ -722,13 +867,14 @@ impl RadixTree {
                         let s = &slots[idx];
                         if !s.dirty {
                             top.keep.push(kid);
+                            top.meta.push((key, bloom));
                             idx = s.end as usize - 1;
                             continue;
                         }
                         s.evicted
                     }
                 };
-                stack.push(Frame::open(kid, remove));
+                stack.push(Frame::open(kid, key, remove));
                 continue;
             }
             let Some(frame) = stack.pop() else {
@@ -737,8 +883,10 @@ impl RadixTree {
             let is_root = stack.is_empty();
             let Frame {
                 mut node,
-                keep,
+                key,
                 had,
+                keep,
+                meta,
                 remove,
                 ..
             } = frame;
@@ -747,13 +895,8 @@ impl RadixTree {
             if remove {
                 n.workers.remove(worker);
             }
-            let kids_changed = keep.len() != had;
-            let keep = keep.into_boxed_slice();
-            if kids_changed {
-                n.set_kids(had, keep);
-            } else {
-                n.kids = keep;
-            }
+            n.bytes = assemble(&meta, &[&n.bytes[had * META_BYTES..]]);
+            n.kids = keep.into_boxed_slice();
             if is_root {
                 self.root = node;
                 self.nodes -= gone;
@@ -770,8 +913,10 @@ impl RadixTree {
                 n.absorb_only_child();
                 gone += 1;
             }
+            let bloom = n.workers.bloom();
             if let Some(parent) = stack.last_mut() {
                 parent.keep.push(node);
+                parent.meta.push((key, bloom));
             }
         }
     }
@@ -788,14 +933,14 @@ impl RadixTree {
         let mut stack: Vec<&Node> = vec![root];
         while let Some(node) = stack.pop() {
             nodes += 1;
-            if node.bytes.len() < node.kids.len() * KEY_BYTES {
+            if node.bytes.len() < node.kids.len() * META_BYTES {
                 return Err("key bytes and children disagree".into());
             }
             let keys = node.keys();
             if !node.workers.ids().windows(2).all(|w| w[0] < w[1]) {
                 return Err("worker ids not strictly sorted".into());
             }
-            if node.workers.0.len() % 3 != 0 {
+            if !node.workers.well_formed() {
                 return Err("malformed worker set".into());
             }
             let is_root = std::ptr::eq(node, &**root);
@@ -829,6 +974,9 @@ impl RadixTree {
                 let edge = kid.edge();
                 if edge.is_empty() || key_at(keys, i) != Some(char_key(edge)) {
                     return Err("child key is not the edge's first character".into());
+                }
+                if node.bloom(i) != kid.workers.bloom() {
+                    return Err("child bloom does not match its workers".into());
                 }
                 if i > 0 && key_at(keys, i - 1) >= key_at(keys, i) {
                     return Err(

@@ -69,6 +69,18 @@ impl Forest {
         &mut self.models[i].1
     }
 
+    /// The writer's mutable tree for `model` if it exists.
+    fn existing_mut(&mut self, model: Option<&[u8]>) -> Option<&mut RadixTree> {
+        match model {
+            None => Some(&mut self.default),
+            Some(m) => self
+                .models
+                .binary_search_by(|(k, _)| k.as_ref().cmp(m))
+                .ok()
+                .map(|i| &mut self.models[i].1),
+        }
+    }
+
     fn trees_mut(&mut self) -> impl Iterator<Item = &mut RadixTree> + '_ {
         std::iter::once(&mut self.default).chain(self.models.iter_mut().map(|(_, t)| t))
     }
@@ -257,6 +269,9 @@ struct Writer {
     clock: u64,
     /// Messages applied since the last publish that changed something.
     pending: usize,
+    /// Workers over the limit found by the last periodic pass, evicted one per loop iteration so
+    /// a pass over a big forest never stalls the inserts for long.
+    evict_queue: VecDeque<(Option<Bytes>, WorkerId)>,
     last_publish: Instant,
     next_eviction: Instant,
 }
@@ -296,6 +311,7 @@ fn build(cfg: WriterConfig) -> (TreeHandle, Writer) {
         publish_after: cfg.publish_after.max(1),
         clock: 0,
         pending: 0,
+        evict_queue: VecDeque::new(),
         last_publish: now,
         next_eviction: after(now, eviction_interval),
     };
@@ -323,10 +339,13 @@ pub fn spawn_writer(cfg: WriterConfig) -> TreeHandle {
 
 impl Writer {
     /// Waits for messages until the next publish or eviction deadline (no idle ticking), drains
-    /// what is queued in one go, then publishes and evicts when due.
+    /// what is queued in one go, then evicts one queued worker and publishes when due.
     fn run(mut self) {
         loop {
-            let deadline = if self.pending > 0 {
+            let deadline = if !self.evict_queue.is_empty() {
+                // Eviction work is waiting: only pick up what is already queued.
+                Instant::now()
+            } else if self.pending > 0 {
                 after(self.last_publish, self.epoch).min(self.next_eviction)
             } else {
                 self.next_eviction
@@ -346,9 +365,10 @@ impl Writer {
             }
             let now = Instant::now();
             if now >= self.next_eviction {
-                self.evict_all();
+                self.queue_evictions();
                 self.next_eviction = after(now, self.eviction_interval);
             }
+            self.evict_next();
             if self.pending > 0
                 && (self.pending >= self.publish_after
                     || now >= after(self.last_publish, self.epoch))
@@ -395,26 +415,39 @@ impl Writer {
         self.pending += 1;
     }
 
-    /// Evicts every worker over the limit in every tree back down to the limit.
-    fn evict_all(&mut self) {
+    /// Starts a periodic pass: queues every (model, worker) over the limit.
+    fn queue_evictions(&mut self) {
         let max = self.max_chars;
-        let mut removed = 0;
-        let mut over: Vec<WorkerId> = Vec::new();
-        for tree in self.forest.trees_mut() {
-            over.clear();
-            over.extend(
-                tree.worker_char_counts()
-                    .filter(|&(_, c)| c > max)
-                    .map(|(w, _)| w),
-            );
-            for &w in &over {
-                removed += tree.evict_worker(w, max);
+        for (model, tree) in self.forest.models() {
+            for (w, _) in tree.worker_char_counts().filter(|&(_, c)| c > max) {
+                self.evict_queue
+                    .push_back((model.map(Bytes::copy_from_slice), w));
             }
         }
         self.stats.evictions.fetch_add(1, Relaxed);
+    }
+
+    /// Evicts the next queued worker back to the limit (if it is still over it).
+    fn evict_next(&mut self) {
+        let Some((model, w)) = self.evict_queue.pop_front() else {
+            return;
+        };
+        let Some(tree) = self.forest.existing_mut(model.as_deref()) else {
+            return;
+        };
+        let removed = tree.evict_worker(w, self.max_chars);
         if removed > 0 {
             self.stats.evicted_chars.fetch_add(removed, Relaxed);
             self.pending += 1;
+        }
+    }
+
+    /// A whole periodic pass at once (tests).
+    #[cfg(test)]
+    fn evict_all(&mut self) {
+        self.queue_evictions();
+        while !self.evict_queue.is_empty() {
+            self.evict_next();
         }
     }
 

@@ -21,7 +21,14 @@ pub struct BreakerConfig {
 
 impl Default for BreakerConfig {
     fn default() -> Self {
-        BreakerConfig { enabled: true, failure_threshold: 10, success_threshold: 3, open_ms: 60_000, window_ms: 120_000, half_open_probes: 3 }
+        BreakerConfig {
+            enabled: true,
+            failure_threshold: 10,
+            success_threshold: 3,
+            open_ms: 60_000,
+            window_ms: 120_000,
+            half_open_probes: 3,
+        }
     }
 }
 
@@ -104,7 +111,12 @@ impl Breaker {
                     if cur >= cfg.half_open_probes {
                         return false;
                     }
-                    match self.probes.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                    match self.probes.compare_exchange_weak(
+                        cur,
+                        cur + 1,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
                         Ok(_) => return true,
                         Err(v) => cur = v,
                     }
@@ -119,7 +131,12 @@ impl Breaker {
             && now_ms.saturating_sub(self.opened_at_ms.load(Ordering::Acquire)) >= cfg.open_ms
             && self
                 .state
-                .compare_exchange(BreakerState::Open as u8, BreakerState::HalfOpen as u8, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(
+                    BreakerState::Open as u8,
+                    BreakerState::HalfOpen as u8,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
                 .is_ok()
         {
             self.probes.store(0, Ordering::Release);
@@ -137,7 +154,9 @@ impl Breaker {
         }
         let state = self.state();
         if state == BreakerState::HalfOpen {
-            let _ = self.probes.fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1));
+            let _ = self
+                .probes
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1));
         }
         if success {
             self.failures.store(0, Ordering::Release);
@@ -146,7 +165,12 @@ impl Breaker {
                 if s >= cfg.success_threshold
                     && self
                         .state
-                        .compare_exchange(BreakerState::HalfOpen as u8, BreakerState::Closed as u8, Ordering::AcqRel, Ordering::Acquire)
+                        .compare_exchange(
+                            BreakerState::HalfOpen as u8,
+                            BreakerState::Closed as u8,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        )
                         .is_ok()
                 {
                     self.successes.store(0, Ordering::Release);
@@ -159,7 +183,12 @@ impl Breaker {
             BreakerState::HalfOpen => {
                 if self
                     .state
-                    .compare_exchange(BreakerState::HalfOpen as u8, BreakerState::Open as u8, Ordering::AcqRel, Ordering::Acquire)
+                    .compare_exchange(
+                        BreakerState::HalfOpen as u8,
+                        BreakerState::Open as u8,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
                     .is_ok()
                 {
                     self.opened_at_ms.store(now_ms, Ordering::Release);
@@ -179,7 +208,12 @@ impl Breaker {
                 if run >= cfg.failure_threshold
                     && self
                         .state
-                        .compare_exchange(BreakerState::Closed as u8, BreakerState::Open as u8, Ordering::AcqRel, Ordering::Acquire)
+                        .compare_exchange(
+                            BreakerState::Closed as u8,
+                            BreakerState::Open as u8,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        )
                         .is_ok()
                 {
                     self.opened_at_ms.store(now_ms, Ordering::Release);
@@ -202,7 +236,14 @@ mod tests {
     use super::*;
 
     fn cfg() -> BreakerConfig {
-        BreakerConfig { enabled: true, failure_threshold: 3, success_threshold: 2, open_ms: 1000, window_ms: 500, half_open_probes: 1 }
+        BreakerConfig {
+            enabled: true,
+            failure_threshold: 3,
+            success_threshold: 2,
+            open_ms: 1000,
+            window_ms: 500,
+            half_open_probes: 1,
+        }
     }
 
     #[test]
@@ -217,7 +258,10 @@ mod tests {
         assert_eq!(b.tick(&c, 500), Transition::None);
         assert_eq!(b.tick(&c, 1030), Transition::HalfOpened);
         assert!(b.try_acquire(&c));
-        assert!(!b.try_acquire(&c), "half-open admits a limited number of probes");
+        assert!(
+            !b.try_acquire(&c),
+            "half-open admits a limited number of probes"
+        );
         assert_eq!(b.record(&c, true, 1100), Transition::None);
         assert!(b.try_acquire(&c));
         assert_eq!(b.record(&c, true, 1200), Transition::Closed);
@@ -262,7 +306,10 @@ mod tests {
     #[test]
     fn disabled_breaker_never_opens() {
         let b = Breaker::default();
-        let c = BreakerConfig { enabled: false, ..cfg() };
+        let c = BreakerConfig {
+            enabled: false,
+            ..cfg()
+        };
         for t in 0..100 {
             b.record(&c, false, t);
         }

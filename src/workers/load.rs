@@ -468,15 +468,13 @@ impl LoadBoard {
         if n == 0 {
             return None;
         }
-        let eligible = self.eligible_count();
-        if n > SMALL_SCAN {
-            // About min(n, eligible) of the n candidates qualify.
-            let tries = Self::sample_budget(eligible.min(n), n);
-            for _ in 0..tries {
-                let w = candidates[rng.below(n)];
-                if self.is_eligible(w) && allow(w) {
-                    return Some(w);
-                }
+        // About min(n, eligible) of the n candidates qualify; with a healthy fleet the first
+        // try succeeds, whatever the fleet size.
+        let tries = Self::sample_budget(self.eligible_count().min(n), n);
+        for _ in 0..tries {
+            let w = candidates[rng.below(n)];
+            if self.is_eligible(w) && allow(w) {
+                return Some(w);
             }
         }
         let ok = |w: WorkerId| self.is_eligible(w) && allow(w);

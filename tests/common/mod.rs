@@ -3,11 +3,11 @@
 //! that shows exactly what came over the wire.
 #![allow(dead_code)]
 
+use bytes::BytesMut;
 use loadtest::sim::{spawn_cluster, SimCluster, SimConfig};
 use radixgate::config::Config;
 use radixgate::http::{self, BodyFraming, ChunkedDecoder, HeadLimits};
 use radixgate::runtime::{start, Running};
-use bytes::BytesMut;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -15,10 +15,20 @@ use std::time::{Duration, Instant};
 /// Start a gateway with these extra flags (host 127.0.0.1, ephemeral port, metrics off,
 /// one core unless the flags say otherwise).
 pub fn gateway(extra: &[&str]) -> Running {
-    let mut args: Vec<String> = ["radixgate", "--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--log-level", "warn"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut args: Vec<String> = [
+        "radixgate",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+        "--log-level",
+        "warn",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     if !extra.iter().any(|a| *a == "--cores" || *a == "--cpu-list") {
         args.push("--cores".into());
         args.push("1".into());
@@ -49,7 +59,9 @@ pub fn wait_ready(addr: SocketAddr, limit: Duration) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    panic!("gateway at {addr} not ready within {limit:?}");
+    let last =
+        request(addr, "GET", "/readiness", &[], b"").map(|r| format!("{} {}", r.status, r.text()));
+    panic!("gateway at {addr} not ready within {limit:?}: {last:?}");
 }
 
 /// A simulated cluster of `n` workers with fast, deterministic defaults for tests.
@@ -78,10 +90,14 @@ pub struct Response {
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
@@ -97,9 +113,14 @@ pub struct Conn {
 impl Conn {
     pub fn open(addr: SocketAddr) -> Conn {
         let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
         stream.set_nodelay(true).unwrap();
-        Conn { stream, buf: BytesMut::new() }
+        Conn {
+            stream,
+            buf: BytesMut::new(),
+        }
     }
 
     pub fn send(&mut self, raw: &[u8]) {
@@ -117,7 +138,9 @@ impl Conn {
     pub fn read_head(&mut self, keep_1xx: bool) -> std::io::Result<http::ResponseHead> {
         loop {
             if let Some(h) = http::parse_response_head(&mut self.buf, false, &HeadLimits::default())
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{e:?}")))?
+                .map_err(|e| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{e:?}"))
+                })?
             {
                 if h.status < 200 && !keep_1xx {
                     continue;
@@ -125,7 +148,10 @@ impl Conn {
                 return Ok(h);
             }
             if self.fill()? == 0 {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof before head"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "eof before head",
+                ));
             }
         }
     }
@@ -135,7 +161,12 @@ impl Conn {
         let head = self.read_head(false)?;
         let headers = head
             .headers()
-            .map(|(n, v)| (String::from_utf8_lossy(n).into_owned(), String::from_utf8_lossy(v).into_owned()))
+            .map(|(n, v)| {
+                (
+                    String::from_utf8_lossy(n).into_owned(),
+                    String::from_utf8_lossy(v).into_owned(),
+                )
+            })
             .collect();
         let mut body = BytesMut::new();
         match head.framing {
@@ -143,7 +174,10 @@ impl Conn {
             BodyFraming::Length(n) => {
                 while (self.buf.len() as u64) < n {
                     if self.fill()? == 0 {
-                        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof in body"));
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "eof in body",
+                        ));
                     }
                 }
                 body = self.buf.split_to(n as usize);
@@ -151,13 +185,18 @@ impl Conn {
             BodyFraming::Chunked => {
                 let mut d = ChunkedDecoder::new(1 << 30);
                 loop {
-                    let used = d.feed(&self.buf, &mut body).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{e:?}")))?;
+                    let used = d.feed(&self.buf, &mut body).map_err(|e| {
+                        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{e:?}"))
+                    })?;
                     let _ = self.buf.split_to(used);
                     if d.is_done() {
                         break;
                     }
                     if self.fill()? == 0 {
-                        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof in chunked body"));
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "eof in chunked body",
+                        ));
                     }
                 }
             }
@@ -168,7 +207,11 @@ impl Conn {
                 }
             },
         }
-        Ok(Response { status: head.status, headers, body: body.to_vec() })
+        Ok(Response {
+            status: head.status,
+            headers,
+            body: body.to_vec(),
+        })
     }
 
     /// Read the raw bytes that arrive until `end` is seen, noting when each read arrived.
@@ -224,19 +267,35 @@ pub fn raw_request(method: &str, path: &str, headers: &[(&str, &str)], body: &[u
 }
 
 /// One request on a fresh connection.
-pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<Response> {
-    let mut c = Conn::open(addr);
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Response> {
+    let stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+    let mut c = Conn {
+        stream,
+        buf: BytesMut::new(),
+    };
     c.send(&raw_request(method, path, headers, body));
     c.read_response()
 }
 
 /// A chat request body.
 pub fn chat_body(messages: &[(&str, &str)], stream: bool, max_tokens: u32) -> Vec<u8> {
-    let msgs: Vec<serde_json::Value> = messages.iter().map(|(r, c)| serde_json::json!({"role": r, "content": c})).collect();
+    let msgs: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|(r, c)| serde_json::json!({"role": r, "content": c}))
+        .collect();
     serde_json::to_vec(&serde_json::json!({"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": msgs, "stream": stream, "max_tokens": max_tokens})).unwrap()
 }
 
 /// The worker port that served a response (the sim sets x-worker-port).
 pub fn served_by(r: &Response) -> u16 {
-    r.header("x-worker-port").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no x-worker-port in {:?}", r.headers))
+    r.header("x-worker-port")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no x-worker-port in {:?}", r.headers))
 }

@@ -139,6 +139,9 @@ struct Cli {
     /// Mean number of turns after the first.
     #[arg(long, default_value_t = ChatParams::default().extra_turns_mean, help_heading = "chat")]
     extra_turns: f64,
+    /// Fewest turns of a session that is not one-shot.
+    #[arg(long, default_value_t = ChatParams::default().min_turns, help_heading = "chat")]
+    min_turns: u32,
     #[arg(long, default_value_t = ChatParams::default().max_turns, help_heading = "chat")]
     max_turns: u32,
     #[arg(long, default_value_t = ChatParams::default().one_shot_frac, help_heading = "chat")]
@@ -229,6 +232,7 @@ impl Cli {
                 tenant_zipf: self.tenant_zipf,
                 system_median: self.system_median,
                 extra_turns_mean: self.extra_turns,
+                min_turns: self.min_turns,
                 max_turns: self.max_turns,
                 one_shot_frac: self.one_shot_frac,
                 doc_frac: self.doc_frac,

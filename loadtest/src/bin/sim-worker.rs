@@ -1,1 +1,215 @@
-fn main() {}
+//! `sim-worker`: simulated SGLang workers on one or more ports (see `loadtest::sim`).
+//!
+//! ```text
+//! sim-worker --ports 31000-31003 --time-scale 10 --tokenizer approx
+//! ```
+//! Prints `sim-worker listening on HOST:PORT` per port once bound, runs until SIGINT/SIGTERM,
+//! and exits 0.
+
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use loadtest::sim::{spawn_cluster, Faults, IoDriver, SimConfig, TokenizerMode};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum TokenizerArg {
+    Bpe,
+    Approx,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum DriverArg {
+    Auto,
+    Uring,
+    Legacy,
+}
+
+/// Simulated SGLang worker(s): radix cache, FCFS prefill-first scheduler and H100 cost model on a
+/// virtual clock, SGLang's HTTP API and metrics.
+#[derive(Debug, Parser)]
+#[command(name = "sim-worker", version)]
+struct Args {
+    /// Ports: ranges and comma lists, e.g. `31000-31007` or `31000,31002,31010-31011`
+    /// (0 = ephemeral).
+    #[arg(long, default_value = "30000", value_parser = parse_ports)]
+    ports: PortList,
+    /// Bind address.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Served model name.
+    #[arg(long, default_value = "meta-llama/Llama-3.1-8B-Instruct")]
+    model_name: String,
+    /// KV cache capacity per worker, tokens.
+    #[arg(long, default_value_t = 400_000)]
+    max_total_tokens: usize,
+    /// Radix cache page size, tokens.
+    #[arg(long, default_value_t = 1)]
+    page_size: usize,
+    /// Most new tokens per prefill forward.
+    #[arg(long, default_value_t = 8192)]
+    chunked_prefill_size: usize,
+    /// Most running requests per worker.
+    #[arg(long, default_value_t = 256)]
+    max_running_requests: usize,
+    /// Virtual seconds per real second (10 = simulated GPU runs 10x faster than real time).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Tokenizer: real BPE (cl100k + Llama-3 template) or the cheap approximation.
+    #[arg(long, value_enum, default_value = "bpe")]
+    tokenizer: TokenizerArg,
+    /// Fixed duration of every forward, virtual ms (overrides the cost model).
+    #[arg(long)]
+    token_interval_ms: Option<f64>,
+    /// max_tokens when a request gives none.
+    #[arg(long, default_value_t = 128)]
+    default_max_tokens: usize,
+    /// Seed for jitter, generated text and fault draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Fraction of inference requests answered 500.
+    #[arg(long, default_value_t = 0.0)]
+    fail_rate: f64,
+    /// Extra delay before handling each inference request, ms.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
+    /// Close the listener and all connections after N inference requests.
+    #[arg(long)]
+    die_after: Option<u64>,
+    /// Never answer inference requests after the first N.
+    #[arg(long)]
+    stall_after: Option<u64>,
+    /// /health and /health_generate answer 503.
+    #[arg(long)]
+    health_fail: bool,
+    /// Cut streams (no terminating chunk) after a few events.
+    #[arg(long)]
+    close_mid_stream: bool,
+    /// Keep the last N raw requests for GET /debug/requests.
+    #[arg(long, default_value_t = 0)]
+    record_requests: usize,
+    /// monoio driver.
+    #[arg(long, value_enum, default_value = "auto")]
+    io_driver: DriverArg,
+}
+
+#[derive(Debug, Clone)]
+struct PortList(Vec<u16>);
+
+fn parse_ports(s: &str) -> Result<PortList, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let port = |x: &str| {
+            x.trim()
+                .parse::<u16>()
+                .map_err(|e| format!("bad port {x:?}: {e}"))
+        };
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (port(a)?, port(b)?);
+                if a > b {
+                    return Err(format!("empty port range {part}"));
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(port(part)?),
+        }
+    }
+    if out.is_empty() {
+        return Err("no ports given".into());
+    }
+    Ok(PortList(out))
+}
+
+/// Block SIGINT/SIGTERM in this thread (inherited by threads spawned later) so a dedicated
+/// thread can `sigwait` for them.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it, and pthread_sigmask
+    // only reads it. No Rust invariants are involved.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    let cfg = SimConfig {
+        ports: a.ports.0,
+        host: a.host,
+        model_name: a.model_name,
+        max_total_tokens: a.max_total_tokens,
+        page_size: a.page_size,
+        chunked_prefill_size: a.chunked_prefill_size,
+        max_running: a.max_running_requests,
+        time_scale: a.time_scale,
+        tokenizer: match a.tokenizer {
+            TokenizerArg::Bpe => TokenizerMode::Bpe,
+            TokenizerArg::Approx => TokenizerMode::Approx,
+        },
+        token_interval_ms: a.token_interval_ms,
+        default_max_tokens: a.default_max_tokens,
+        seed: a.seed,
+        faults: Faults {
+            fail_rate: a.fail_rate,
+            latency_ms: a.latency_ms,
+            die_after: a.die_after,
+            stall_after: a.stall_after,
+            health_fail: a.health_fail,
+            close_mid_stream: a.close_mid_stream,
+        },
+        record_requests: a.record_requests,
+        io_driver: match a.io_driver {
+            DriverArg::Auto => IoDriver::Auto,
+            DriverArg::Uring => IoDriver::Uring,
+            DriverArg::Legacy => IoDriver::Legacy,
+        },
+    };
+    let set = block_signals();
+    let host = cfg.host.clone();
+    let cluster = match spawn_cluster(cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sim-worker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    eprintln!("sim-worker: io driver {}", cluster.io_driver());
+    for p in cluster.ports() {
+        println!("sim-worker listening on {host}:{p}");
+    }
+    let stop = cluster.stopper();
+    std::thread::spawn(move || {
+        let mut sig: libc::c_int = 0;
+        // SAFETY: `set` is an initialised sigset_t; sigwait writes the signal number to `sig`.
+        unsafe { libc::sigwait(&set, &mut sig) };
+        stop.store(true, std::sync::atomic::Ordering::Release);
+    });
+    match cluster.join() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sim-worker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_lists() {
+        assert_eq!(
+            parse_ports("31000-31003").unwrap().0,
+            vec![31000, 31001, 31002, 31003]
+        );
+        assert_eq!(parse_ports("1, 5-6,9").unwrap().0, vec![1, 5, 6, 9]);
+        assert!(parse_ports("5-4").is_err());
+        assert!(parse_ports("x").is_err());
+        assert!(parse_ports("").is_err());
+    }
+}

@@ -12,6 +12,8 @@
 //! Every run is bounded: sessions start only inside `duration_s`, in-flight requests get
 //! `drain_s` more, and at most `max_requests` are sent. Only loopback targets are accepted.
 
+#![warn(missing_docs)]
+
 mod client;
 mod engine;
 pub mod hist;
@@ -21,6 +23,9 @@ pub mod rng;
 pub mod text;
 pub mod trace;
 pub mod workload;
+
+#[cfg(test)]
+mod e2e_tests;
 
 use std::io;
 
@@ -225,6 +230,7 @@ impl LoadConfig {
                 tenants: 2,
                 system_median: 300.0,
                 extra_turns_mean: 1.5,
+                min_turns: 2,
                 max_turns: 4,
                 one_shot_frac: 0.0,
                 doc_frac: 0.0,

@@ -260,6 +260,10 @@ pub fn mrqa(p: &MrqaParams, qps: f64, time_scale: f64) -> Vec<SessionPlan> {
         .collect()
 }
 
+fn one() -> u32 {
+    1
+}
+
 /// The chat generator of the reference spec (§4, "Recommended generator spec").
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChatParams {
@@ -273,6 +277,9 @@ pub struct ChatParams {
     pub system_median: f64,
     /// Mean number of turns after the first (geometric).
     pub extra_turns_mean: f64,
+    /// Fewest turns of a session that is not one-shot (1 in the spec; tests raise it).
+    #[serde(default = "one")]
+    pub min_turns: u32,
     /// Most turns in a session.
     pub max_turns: u32,
     /// Fraction of one-shot sessions (a single turn).
@@ -303,6 +310,7 @@ impl Default for ChatParams {
             tenant_zipf: 1.0,
             system_median: 1500.0,
             extra_turns_mean: 2.5,
+            min_turns: 1,
             max_turns: 20,
             one_shot_frac: 0.3,
             doc_frac: 0.2,
@@ -370,7 +378,9 @@ impl SessionSource for ChatSource {
         let n_turns = if r.chance(p.one_shot_frac) {
             1
         } else {
-            (1 + r.geometric(p.extra_turns_mean)).min(p.max_turns.max(1))
+            (1 + r.geometric(p.extra_turns_mean))
+                .max(p.min_turns)
+                .min(p.max_turns.max(1))
         };
         let mut first: Vec<Piece> = Vec::with_capacity(3);
         if r.chance(p.doc_frac) {

@@ -33,7 +33,9 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(message: impl Into<String>) -> Self {
-        ApiError { message: message.into() }
+        ApiError {
+            message: message.into(),
+        }
     }
 }
 
@@ -61,10 +63,9 @@ fn max_tokens_field(v: &Value, names: &[&str], default: usize) -> Result<usize, 
         match v.get(*name) {
             None | Some(Value::Null) => continue,
             Some(x) => {
-                return x
-                    .as_u64()
-                    .map(|n| n as usize)
-                    .ok_or_else(|| ApiError::new(format!("{name} must be a non-negative integer")));
+                return x.as_u64().map(|n| n as usize).ok_or_else(|| {
+                    ApiError::new(format!("{name} must be a non-negative integer"))
+                });
             }
         }
     }
@@ -72,7 +73,10 @@ fn max_tokens_field(v: &Value, names: &[&str], default: usize) -> Result<usize, 
 }
 
 fn token_ids(v: &Value) -> Option<Vec<u32>> {
-    v.as_array()?.iter().map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
+    v.as_array()?
+        .iter()
+        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
 }
 
 fn flatten_content(v: Option<&Value>, buf: &mut String) -> Result<(), ApiError> {
@@ -93,7 +97,9 @@ fn flatten_content(v: Option<&Value>, buf: &mut String) -> Result<(), ApiError> 
             }
             Ok(())
         }
-        Some(_) => Err(ApiError::new("message content must be a string or an array of parts")),
+        Some(_) => Err(ApiError::new(
+            "message content must be a string or an array of parts",
+        )),
     }
 }
 
@@ -104,7 +110,8 @@ pub fn parse_inference(
     tok: &SimTokenizer,
     default_max: usize,
 ) -> Result<Inference, ApiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::new(format!("Invalid JSON body: {e}")))?;
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(format!("Invalid JSON body: {e}")))?;
     if !v.is_object() {
         return Err(ApiError::new("The request body must be a JSON object"));
     }
@@ -135,7 +142,9 @@ pub fn parse_inference(
                 }
                 (Some(Value::Array(list)), None) => {
                     for s in list {
-                        let s = s.as_str().ok_or_else(|| ApiError::new("text must be a string or a list of strings"))?;
+                        let s = s.as_str().ok_or_else(|| {
+                            ApiError::new("text must be a string or a list of strings")
+                        })?;
                         let mut ids = Vec::new();
                         tok.encode_prompt(s, &mut ids);
                         prompts.push(ids);
@@ -146,19 +155,34 @@ pub fn parse_inference(
                         prompts.push(one);
                     } else if let Some(list) = ids.as_array() {
                         for item in list {
-                            prompts.push(token_ids(item).ok_or_else(|| ApiError::new("input_ids must be a list of token ids or a list of lists"))?);
+                            prompts.push(token_ids(item).ok_or_else(|| {
+                                ApiError::new(
+                                    "input_ids must be a list of token ids or a list of lists",
+                                )
+                            })?);
                         }
                     } else {
                         return Err(ApiError::new("input_ids must be a list of token ids"));
                     }
                 }
-                (Some(_), Some(_)) => return Err(ApiError::new("Either text or input_ids should be provided, not both.")),
-                (Some(_), None) => return Err(ApiError::new("text must be a string or a list of strings")),
-                (None, None) => return Err(ApiError::new("Either text or input_ids should be provided.")),
+                (Some(_), Some(_)) => {
+                    return Err(ApiError::new(
+                        "Either text or input_ids should be provided, not both.",
+                    ))
+                }
+                (Some(_), None) => {
+                    return Err(ApiError::new("text must be a string or a list of strings"))
+                }
+                (None, None) => {
+                    return Err(ApiError::new(
+                        "Either text or input_ids should be provided.",
+                    ))
+                }
             }
         }
         Endpoint::Chat => {
-            max_new_tokens = max_tokens_field(&v, &["max_completion_tokens", "max_tokens"], default_max)?;
+            max_new_tokens =
+                max_tokens_field(&v, &["max_completion_tokens", "max_tokens"], default_max)?;
             let msgs = v
                 .get("messages")
                 .and_then(Value::as_array)
@@ -166,12 +190,18 @@ pub fn parse_inference(
                 .ok_or_else(|| ApiError::new("messages must be a non-empty array"))?;
             let mut contents = Vec::with_capacity(msgs.len());
             for m in msgs {
-                let role = m.get("role").and_then(Value::as_str).ok_or_else(|| ApiError::new("each message needs a string role"))?;
+                let role = m
+                    .get("role")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::new("each message needs a string role"))?;
                 let mut text = String::new();
                 flatten_content(m.get("content"), &mut text)?;
                 contents.push((role, text));
             }
-            let turns: Vec<ChatTurn<'_>> = contents.iter().map(|(role, c)| ChatTurn { role, content: c }).collect();
+            let turns: Vec<ChatTurn<'_>> = contents
+                .iter()
+                .map(|(role, c)| ChatTurn { role, content: c })
+                .collect();
             let mut ids = Vec::new();
             tok.encode_chat(&turns, &mut ids);
             prompts.push(ids);
@@ -194,12 +224,20 @@ pub fn parse_inference(
                                 tok.encode_prompt(s, &mut ids);
                                 prompts.push(ids);
                             } else {
-                                prompts.push(token_ids(item).ok_or_else(|| ApiError::new("prompt must be a string, a list of strings or token ids"))?);
+                                prompts.push(token_ids(item).ok_or_else(|| {
+                                    ApiError::new(
+                                        "prompt must be a string, a list of strings or token ids",
+                                    )
+                                })?);
                             }
                         }
                     }
                 }
-                _ => return Err(ApiError::new("prompt must be a string, a list of strings or token ids")),
+                _ => {
+                    return Err(ApiError::new(
+                        "prompt must be a string, a list of strings or token ids",
+                    ))
+                }
             }
         }
     }
@@ -207,9 +245,19 @@ pub fn parse_inference(
         return Err(ApiError::new("The input is empty."));
     }
     if stream && prompts.len() > 1 {
-        return Err(ApiError::new("Streaming a batch of prompts is not supported by the simulator."));
+        return Err(ApiError::new(
+            "Streaming a batch of prompts is not supported by the simulator.",
+        ));
     }
-    Ok(Inference { endpoint, prompts, max_new_tokens, stream, include_usage, model, rid })
+    Ok(Inference {
+        endpoint,
+        prompts,
+        max_new_tokens,
+        stream,
+        include_usage,
+        model,
+        rid,
+    })
 }
 
 /// One finished (or partial, for streaming) result.
@@ -226,7 +274,11 @@ pub struct Usage {
 impl Usage {
     /// From an engine finish record.
     pub fn from_info(i: &FinishInfo) -> Self {
-        Usage { prompt_tokens: i.prompt_tokens, completion_tokens: i.completion_tokens, cached_tokens: i.cached_tokens }
+        Usage {
+            prompt_tokens: i.prompt_tokens,
+            completion_tokens: i.completion_tokens,
+            cached_tokens: i.cached_tokens,
+        }
     }
 
     fn json(&self) -> Value {
@@ -266,7 +318,12 @@ pub struct RespMeta<'a> {
     pub model: &'a str,
 }
 
-fn generate_meta(meta: &RespMeta<'_>, usage: &Usage, finish: Option<(bool, usize)>, e2e: f64) -> Value {
+fn generate_meta(
+    meta: &RespMeta<'_>,
+    usage: &Usage,
+    finish: Option<(bool, usize)>,
+    e2e: f64,
+) -> Value {
     let finish_reason = match finish {
         None => Value::Null,
         Some((false, n)) => json!({"type": "length", "length": n}),
@@ -309,7 +366,11 @@ pub fn render_completed(endpoint: Endpoint, meta: &RespMeta<'_>, results: &[Comp
             }
         }
         Endpoint::Chat | Endpoint::Completions => {
-            let mut total = Usage { prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0 };
+            let mut total = Usage {
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                cached_tokens: 0,
+            };
             let choices: Vec<Value> = results
                 .iter()
                 .enumerate()
@@ -336,7 +397,11 @@ pub fn render_completed(endpoint: Endpoint, meta: &RespMeta<'_>, results: &[Comp
                     }
                 })
                 .collect();
-            let object = if endpoint == Endpoint::Chat { "chat.completion" } else { "text_completion" };
+            let object = if endpoint == Endpoint::Chat {
+                "chat.completion"
+            } else {
+                "text_completion"
+            };
             json!({
                 "id": meta.id,
                 "object": object,
@@ -369,6 +434,23 @@ fn push_json_str(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// One generated token as the stream renderer needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenChunk<'a> {
+    /// Generated id.
+    pub token: u32,
+    /// Its text.
+    pub piece: &'a str,
+    /// First token of the response (chat sends the role chunk before it).
+    pub first: bool,
+    /// Running counts.
+    pub usage: Usage,
+    /// Arrival to this token, virtual seconds.
+    pub e2e: f64,
+    /// Set on the last token: `Some(aborted)` (`/generate` carries the finish in this chunk).
+    pub finish: Option<bool>,
+}
+
 /// Renders SSE events of one streaming response into `data: …\n\n` strings. Kept per stream so
 /// `/generate`'s cumulative text is built incrementally.
 #[derive(Debug)]
@@ -384,25 +466,54 @@ pub struct StreamRenderer {
 
 impl StreamRenderer {
     /// A renderer for one stream.
-    pub fn new(endpoint: Endpoint, id: String, created: u64, model: String, include_usage: bool) -> Self {
-        StreamRenderer { endpoint, id, created, model, include_usage, text: String::new(), ids: Vec::new() }
+    pub fn new(
+        endpoint: Endpoint,
+        id: String,
+        created: u64,
+        model: String,
+        include_usage: bool,
+    ) -> Self {
+        StreamRenderer {
+            endpoint,
+            id,
+            created,
+            model,
+            include_usage,
+            text: String::new(),
+            ids: Vec::new(),
+        }
     }
 
     fn chunk_prefix(&self, out: &mut String, object: &str) {
         out.push_str("data: {\"id\":");
         push_json_str(out, &self.id);
-        let _ = write!(out, ",\"object\":\"{object}\",\"created\":{},\"model\":", self.created);
+        let _ = write!(
+            out,
+            ",\"object\":\"{object}\",\"created\":{},\"model\":",
+            self.created
+        );
         push_json_str(out, &self.model);
     }
 
-    /// Events for one generated token (`piece` is its text). `usage` is the running count;
-    /// `finish` is set when this is the last token (`/generate` carries it in the same chunk).
-    pub fn token(&mut self, out: &mut String, token: u32, piece: &str, first: bool, usage: &Usage, e2e: f64, finish: Option<bool>) {
+    /// Events for one generated token (see [`TokenChunk`]).
+    pub fn token(&mut self, out: &mut String, t: &TokenChunk<'_>) {
+        let TokenChunk {
+            token,
+            piece,
+            first,
+            ref usage,
+            e2e,
+            finish,
+        } = *t;
         match self.endpoint {
             Endpoint::Generate => {
                 self.text.push_str(piece);
                 self.ids.push(token);
-                let meta = RespMeta { id: &self.id, created: self.created, model: &self.model };
+                let meta = RespMeta {
+                    id: &self.id,
+                    created: self.created,
+                    model: &self.model,
+                };
                 let v = json!({
                     "text": self.text,
                     "output_ids": self.ids,
@@ -434,11 +545,22 @@ impl StreamRenderer {
     /// Closing events: OpenAI finish chunk and optional usage chunk, then `data: [DONE]`.
     /// For `/generate` a request finishing without a token (`max_new_tokens` 0, abort) still
     /// gets one chunk with its `finish_reason`.
-    pub fn finish(&mut self, out: &mut String, usage: &Usage, e2e: f64, aborted: bool, sent_tokens: usize) {
+    pub fn finish(
+        &mut self,
+        out: &mut String,
+        usage: &Usage,
+        e2e: f64,
+        aborted: bool,
+        sent_tokens: usize,
+    ) {
         match self.endpoint {
             Endpoint::Generate => {
                 if sent_tokens == 0 {
-                    let meta = RespMeta { id: &self.id, created: self.created, model: &self.model };
+                    let meta = RespMeta {
+                        id: &self.id,
+                        created: self.created,
+                        model: &self.model,
+                    };
                     let v = json!({
                         "text": self.text,
                         "output_ids": self.ids,
@@ -485,12 +607,22 @@ mod tests {
     #[test]
     fn parses_each_endpoint() {
         let t = tok();
-        let g = parse_inference(Endpoint::Generate, br#"{"text":"hi there","sampling_params":{"max_new_tokens":7},"stream":true}"#, &t, 128).unwrap();
+        let g = parse_inference(
+            Endpoint::Generate,
+            br#"{"text":"hi there","sampling_params":{"max_new_tokens":7},"stream":true}"#,
+            &t,
+            128,
+        )
+        .unwrap();
         assert_eq!((g.max_new_tokens, g.stream, g.prompts.len()), (7, true, 1));
         assert_eq!(g.prompts[0][0], crate::sim::tokenizer::BOS);
         let g = parse_inference(Endpoint::Generate, br#"{"input_ids":[1,2,3]}"#, &t, 128).unwrap();
-        assert_eq!((g.prompts[0].clone(), g.max_new_tokens), (vec![1, 2, 3], 128));
-        let g = parse_inference(Endpoint::Generate, br#"{"input_ids":[[1],[2,3]]}"#, &t, 128).unwrap();
+        assert_eq!(
+            (g.prompts[0].clone(), g.max_new_tokens),
+            (vec![1, 2, 3], 128)
+        );
+        let g =
+            parse_inference(Endpoint::Generate, br#"{"input_ids":[[1],[2,3]]}"#, &t, 128).unwrap();
         assert_eq!(g.prompts, vec![vec![1], vec![2, 3]]);
         let c = parse_inference(
             Endpoint::Chat,
@@ -499,10 +631,20 @@ mod tests {
             128,
         )
         .unwrap();
-        assert_eq!((c.max_new_tokens, c.include_usage, c.model.as_deref()), (5, true, Some("m")));
-        let p = parse_inference(Endpoint::Completions, br#"{"prompt":"abc","max_tokens":2}"#, &t, 128).unwrap();
+        assert_eq!(
+            (c.max_new_tokens, c.include_usage, c.model.as_deref()),
+            (5, true, Some("m"))
+        );
+        let p = parse_inference(
+            Endpoint::Completions,
+            br#"{"prompt":"abc","max_tokens":2}"#,
+            &t,
+            128,
+        )
+        .unwrap();
         assert_eq!(p.max_new_tokens, 2);
-        let p = parse_inference(Endpoint::Completions, br#"{"prompt":["a","b"]}"#, &t, 128).unwrap();
+        let p =
+            parse_inference(Endpoint::Completions, br#"{"prompt":["a","b"]}"#, &t, 128).unwrap();
         assert_eq!(p.prompts.len(), 2);
     }
 
@@ -513,15 +655,25 @@ mod tests {
             (Endpoint::Chat, &b"{not json"[..]),
             (Endpoint::Chat, br#"{"messages":[]}"#),
             (Endpoint::Chat, br#"{"messages":[{"content":"x"}]}"#),
-            (Endpoint::Chat, br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#),
+            (
+                Endpoint::Chat,
+                br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#,
+            ),
             (Endpoint::Generate, br#"{}"#),
             (Endpoint::Generate, br#"{"input_ids":[]}"#),
             (Endpoint::Generate, br#"{"text":"a","input_ids":[1]}"#),
             (Endpoint::Completions, br#"{"prompt":5}"#),
-            (Endpoint::Completions, br#"{"prompt":["a","b"],"stream":true}"#),
+            (
+                Endpoint::Completions,
+                br#"{"prompt":["a","b"],"stream":true}"#,
+            ),
             (Endpoint::Generate, br#"[1]"#),
         ] {
-            assert!(parse_inference(ep, body, &t, 128).is_err(), "{}", String::from_utf8_lossy(body));
+            assert!(
+                parse_inference(ep, body, &t, 128).is_err(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 
@@ -529,19 +681,49 @@ mod tests {
     fn chat_stream_shape() {
         let mut r = StreamRenderer::new(Endpoint::Chat, "chatcmpl-1".into(), 5, "m".into(), true);
         let mut out = String::new();
-        let u = Usage { prompt_tokens: 10, completion_tokens: 1, cached_tokens: 4 };
-        r.token(&mut out, 1, " the", true, &u, 0.0, None);
-        r.token(&mut out, 2, " \"q\"", false, &u, 0.0, Some(false));
+        let u = Usage {
+            prompt_tokens: 10,
+            completion_tokens: 1,
+            cached_tokens: 4,
+        };
+        r.token(
+            &mut out,
+            &TokenChunk {
+                token: 1,
+                piece: " the",
+                first: true,
+                usage: u,
+                e2e: 0.0,
+                finish: None,
+            },
+        );
+        r.token(
+            &mut out,
+            &TokenChunk {
+                token: 2,
+                piece: " \"q\"",
+                first: false,
+                usage: u,
+                e2e: 0.0,
+                finish: Some(false),
+            },
+        );
         r.finish(&mut out, &u, 0.1, false, 2);
         let events: Vec<&str> = out.split("\n\n").filter(|s| !s.is_empty()).collect();
         assert_eq!(events.len(), 6);
-        let parsed: Vec<Value> = events[..5].iter().map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap()).collect();
+        let parsed: Vec<Value> = events[..5]
+            .iter()
+            .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap())
+            .collect();
         assert_eq!(parsed[0]["choices"][0]["delta"]["role"], "assistant");
         assert_eq!(parsed[1]["choices"][0]["delta"]["content"], " the");
         assert_eq!(parsed[2]["choices"][0]["delta"]["content"], " \"q\"");
         assert_eq!(parsed[3]["choices"][0]["finish_reason"], "length");
         assert_eq!(parsed[4]["choices"].as_array().unwrap().len(), 0);
-        assert_eq!(parsed[4]["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+        assert_eq!(
+            parsed[4]["usage"]["prompt_tokens_details"]["cached_tokens"],
+            4
+        );
         assert_eq!(events[5], "data: [DONE]");
     }
 
@@ -549,10 +731,37 @@ mod tests {
     fn generate_stream_is_cumulative() {
         let mut r = StreamRenderer::new(Endpoint::Generate, "rid".into(), 5, "m".into(), false);
         let mut out = String::new();
-        let u = Usage { prompt_tokens: 3, completion_tokens: 1, cached_tokens: 0 };
-        r.token(&mut out, 1, " a", true, &u, 0.0, None);
-        let u2 = Usage { completion_tokens: 2, ..u };
-        r.token(&mut out, 2, " b", false, &u2, 0.2, Some(false));
+        let u = Usage {
+            prompt_tokens: 3,
+            completion_tokens: 1,
+            cached_tokens: 0,
+        };
+        r.token(
+            &mut out,
+            &TokenChunk {
+                token: 1,
+                piece: " a",
+                first: true,
+                usage: u,
+                e2e: 0.0,
+                finish: None,
+            },
+        );
+        let u2 = Usage {
+            completion_tokens: 2,
+            ..u
+        };
+        r.token(
+            &mut out,
+            &TokenChunk {
+                token: 2,
+                piece: " b",
+                first: false,
+                usage: u2,
+                e2e: 0.2,
+                finish: Some(false),
+            },
+        );
         r.finish(&mut out, &u2, 0.2, false, 2);
         let events: Vec<&str> = out.split("\n\n").filter(|s| !s.is_empty()).collect();
         assert_eq!(events.len(), 3);
@@ -565,23 +774,46 @@ mod tests {
 
     #[test]
     fn completed_bodies() {
-        let meta = RespMeta { id: "cmpl-1", created: 1, model: "m" };
+        let meta = RespMeta {
+            id: "cmpl-1",
+            created: 1,
+            model: "m",
+        };
         let c = Completed {
             text: " x".into(),
             output_ids: vec![9],
-            usage: Usage { prompt_tokens: 5, completion_tokens: 1, cached_tokens: 2 },
+            usage: Usage {
+                prompt_tokens: 5,
+                completion_tokens: 1,
+                cached_tokens: 2,
+            },
             e2e_latency: 0.5,
             aborted: false,
         };
-        let v: Value = serde_json::from_slice(&render_completed(Endpoint::Chat, &meta, std::slice::from_ref(&c))).unwrap();
+        let v: Value = serde_json::from_slice(&render_completed(
+            Endpoint::Chat,
+            &meta,
+            std::slice::from_ref(&c),
+        ))
+        .unwrap();
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["content"], " x");
         assert_eq!(v["usage"]["total_tokens"], 6);
         assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
-        let v: Value = serde_json::from_slice(&render_completed(Endpoint::Generate, &meta, std::slice::from_ref(&c))).unwrap();
+        let v: Value = serde_json::from_slice(&render_completed(
+            Endpoint::Generate,
+            &meta,
+            std::slice::from_ref(&c),
+        ))
+        .unwrap();
         assert_eq!(v["meta_info"]["finish_reason"]["length"], 1);
         assert_eq!(v["meta_info"]["cached_tokens"], 2);
-        let v: Value = serde_json::from_slice(&render_completed(Endpoint::Completions, &meta, &[c.clone(), c])).unwrap();
+        let v: Value = serde_json::from_slice(&render_completed(
+            Endpoint::Completions,
+            &meta,
+            &[c.clone(), c],
+        ))
+        .unwrap();
         assert_eq!(v["choices"][1]["index"], 1);
         assert_eq!(v["usage"]["prompt_tokens"], 10);
     }

@@ -75,7 +75,7 @@ fn run(sticky: bool) -> Outcome {
         turn1.push((home(j), e.submit(prompt, A, now, false).expect("fits")));
     }
     let events = drain(&mut engines);
-    let mut answers: Vec<Vec<u32>> = vec![Vec::with_capacity(A); SESSIONS];
+    let mut answers: Vec<Vec<u32>> = (0..SESSIONS).map(|_| Vec::with_capacity(A)).collect();
     let by_req: std::collections::HashMap<(usize, ReqId), usize> =
         turn1.iter().enumerate().map(|(j, &k)| (k, j)).collect();
     for (srv, e) in &events {
@@ -97,8 +97,13 @@ fn run(sticky: bool) -> Outcome {
     for (k, &j) in order.iter().enumerate() {
         let server = if sticky { home(j) } else { (SESSIONS + k) % N };
         at_home += usize::from(server == home(j));
-        let prompt: Vec<u32> =
-            system.iter().copied().chain(user(j)).chain(answers[j].iter().copied()).chain(question(j)).collect();
+        let prompt: Vec<u32> = system
+            .iter()
+            .copied()
+            .chain(user(j))
+            .chain(answers[j].iter().copied())
+            .chain(question(j))
+            .collect();
         assert_eq!(prompt.len(), S + H + Q);
         let e = &mut engines[server];
         let now = e.now_ms();
@@ -124,7 +129,10 @@ fn run(sticky: bool) -> Outcome {
         hit_rate: cached as f64 / prompt as f64,
         home_fraction: at_home as f64 / SESSIONS as f64,
         mean_ttft_ms: ttft / n as f64,
-        evicted: engines.iter().map(|e| e.cache().stats().evicted_tokens).sum(),
+        evicted: engines
+            .iter()
+            .map(|e| e.cache().stats().evicted_tokens)
+            .sum(),
     }
 }
 
@@ -140,18 +148,42 @@ fn hit_rates_match_the_analytic_oracle() {
         "calibration: rr {:.4} (oracle {:.4}, home {:.3}, ttft {:.0} ms), affinity {:.4} (oracle {:.4}, ttft {:.0} ms)",
         rr.hit_rate, oracle_rr, rr.home_fraction, rr.mean_ttft_ms, aff.hit_rate, oracle_aff, aff.mean_ttft_ms
     );
-    assert_eq!(rr.evicted + aff.evicted, 0, "the oracle assumes no eviction");
+    assert_eq!(
+        rr.evicted + aff.evicted,
+        0,
+        "the oracle assumes no eviction"
+    );
 
     // Within 2 percentage points of the formula.
-    assert!((rr.hit_rate - oracle_rr).abs() < 0.02, "round-robin {:.4} vs oracle {:.4}", rr.hit_rate, oracle_rr);
-    assert!((aff.hit_rate - oracle_aff).abs() < 0.02, "affinity {:.4} vs oracle {:.4}", aff.hit_rate, oracle_aff);
+    assert!(
+        (rr.hit_rate - oracle_rr).abs() < 0.02,
+        "round-robin {:.4} vs oracle {:.4}",
+        rr.hit_rate,
+        oracle_rr
+    );
+    assert!(
+        (aff.hit_rate - oracle_aff).abs() < 0.02,
+        "affinity {:.4} vs oracle {:.4}",
+        aff.hit_rate,
+        oracle_aff
+    );
 
     // Tighter: given where requests actually landed, the simulator is exact up to the one
     // generated token that has no KV (the last answer token).
     let exact = |home: f64| (S as f64 + (H - 1) as f64 * home) / total;
-    assert!((rr.hit_rate - exact(rr.home_fraction)).abs() < 1e-3, "{} vs {}", rr.hit_rate, exact(rr.home_fraction));
+    assert!(
+        (rr.hit_rate - exact(rr.home_fraction)).abs() < 1e-3,
+        "{} vs {}",
+        rr.hit_rate,
+        exact(rr.home_fraction)
+    );
     assert!((aff.hit_rate - exact(1.0)).abs() < 1e-9);
 
     // Fewer uncached tokens mean less prefill work and a shorter queue.
-    assert!(aff.mean_ttft_ms < rr.mean_ttft_ms, "ttft aff {} rr {}", aff.mean_ttft_ms, rr.mean_ttft_ms);
+    assert!(
+        aff.mean_ttft_ms < rr.mean_ttft_ms,
+        "ttft aff {} rr {}",
+        aff.mean_ttft_ms,
+        rr.mean_ttft_ms
+    );
 }

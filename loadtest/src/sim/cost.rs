@@ -102,22 +102,52 @@ mod tests {
     fn reference_consequences() {
         let m = CostModel::default();
         // 20k-token miss ≈ 1.1 s.
-        let miss = m.prefill_ms(&[PrefillItem { uncached: 20_000, context: 0 }]);
-        assert!(close(miss, 8.0 + 20_000.0 * (1.0 + 10_000.0 / 15_000.0) / 30.0, 1e-9));
+        let miss = m.prefill_ms(&[PrefillItem {
+            uncached: 20_000,
+            context: 0,
+        }]);
+        assert!(close(
+            miss,
+            8.0 + 20_000.0 * (1.0 + 10_000.0 / 15_000.0) / 30.0,
+            1e-9
+        ));
         assert!((1000.0..1200.0).contains(&miss), "{miss}");
         // 20k cached + 100 new ≈ 16 ms (≈70× faster).
-        let hit = m.prefill_ms(&[PrefillItem { uncached: 100, context: 20_000 }]);
+        let hit = m.prefill_ms(&[PrefillItem {
+            uncached: 100,
+            context: 20_000,
+        }]);
         assert!((11.0..17.0).contains(&hit), "{hit}");
         assert!(miss / hit > 65.0);
         // 2k miss ≈ 79 ms.
-        let two_k = m.prefill_ms(&[PrefillItem { uncached: 2000, context: 0 }]);
+        let two_k = m.prefill_ms(&[PrefillItem {
+            uncached: 2000,
+            context: 0,
+        }]);
         assert!(close(two_k, 79.6, 1.0), "{two_k}");
         // Batch = sum of the items.
-        let both = m.prefill_ms(&[PrefillItem { uncached: 2000, context: 0 }, PrefillItem { uncached: 100, context: 20_000 }]);
+        let both = m.prefill_ms(&[
+            PrefillItem {
+                uncached: 2000,
+                context: 0,
+            },
+            PrefillItem {
+                uncached: 100,
+                context: 20_000,
+            },
+        ]);
         assert!(close(both, two_k + hit - 8.0, 1e-9));
         // B=64×4k ctx ≈ 20 ms, B=256×2k ≈ 37 ms.
-        assert!(close(m.decode_ms(64, 64 * 4096), 6.2 + 1.28 + 13.1072, 1e-9));
-        assert!(close(m.decode_ms(256, 256 * 2048), 6.2 + 5.12 + 26.2144, 1e-9));
+        assert!(close(
+            m.decode_ms(64, 64 * 4096),
+            6.2 + 1.28 + 13.1072,
+            1e-9
+        ));
+        assert!(close(
+            m.decode_ms(256, 256 * 2048),
+            6.2 + 5.12 + 26.2144,
+            1e-9
+        ));
     }
 
     #[test]
@@ -128,8 +158,17 @@ mod tests {
             let j = m.jitter(100.0, &mut rng);
             assert!((95.0..=105.0).contains(&j));
         }
-        let f = CostModel { fixed_step_ms: Some(20.0), ..CostModel::default() };
-        assert_eq!(f.prefill_ms(&[PrefillItem { uncached: 50_000, context: 0 }]), 20.0);
+        let f = CostModel {
+            fixed_step_ms: Some(20.0),
+            ..CostModel::default()
+        };
+        assert_eq!(
+            f.prefill_ms(&[PrefillItem {
+                uncached: 50_000,
+                context: 0
+            }]),
+            20.0
+        );
         assert_eq!(f.decode_ms(256, 1 << 20), 20.0);
         assert_eq!(f.jitter(20.0, &mut rng), 20.0);
     }

@@ -227,7 +227,11 @@ pub struct Engine {
 impl Engine {
     /// A fresh engine at virtual time 0.
     pub fn new(cfg: EngineConfig) -> Self {
-        let vocab = if cfg.output_vocab.is_empty() { vec![0] } else { cfg.output_vocab };
+        let vocab = if cfg.output_vocab.is_empty() {
+            vec![0]
+        } else {
+            cfg.output_vocab
+        };
         Engine {
             cache: RadixCache::new(cfg.max_total_tokens, cfg.page_size),
             cost: cfg.cost,
@@ -301,7 +305,11 @@ impl Engine {
 
     /// Prompt tokens of waiting requests (upper bound on pending prefill work).
     pub fn waiting_tokens(&self) -> usize {
-        self.waiting.iter().filter_map(|id| self.reqs.get(id)).map(|r| r.prompt_len).sum()
+        self.waiting
+            .iter()
+            .filter_map(|id| self.reqs.get(id))
+            .map(|r| r.prompt_len)
+            .sum()
     }
 
     /// No request is waiting, running or in flight.
@@ -340,7 +348,9 @@ impl Engine {
 
     /// Drop the whole cache; refused (false) while any request is waiting or running.
     pub fn flush_cache(&mut self) -> bool {
-        if !self.is_idle() {
+        // A forward still in flight can only hold aborted requests here; it touches nothing
+        // when it completes.
+        if !self.reqs.is_empty() {
             return false;
         }
         self.cache.flush()
@@ -360,7 +370,10 @@ impl Engine {
         }
         let need = prompt.len() + max_new_tokens.saturating_sub(1);
         if need > self.cache.capacity() {
-            return Err(SubmitError::TooLong { need, capacity: self.cache.capacity() });
+            return Err(SubmitError::TooLong {
+                need,
+                capacity: self.cache.capacity(),
+            });
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -413,7 +426,12 @@ impl Engine {
     pub fn plan(&mut self) -> Option<ForwardInfo> {
         if let Some(f) = &self.inflight {
             debug_assert!(false, "plan() while a forward is in flight");
-            return Some(ForwardInfo { kind: f.kind, duration_ms: f.duration_ms, batch: f.items.len(), tokens: 0 });
+            return Some(ForwardInfo {
+                kind: f.kind,
+                duration_ms: f.duration_ms,
+                batch: f.items.len(),
+                tokens: 0,
+            });
         }
         let mut items = std::mem::take(&mut self.items_buf);
         let mut costs = std::mem::take(&mut self.cost_buf);
@@ -428,7 +446,10 @@ impl Engine {
             if let Some(r) = self.reqs.get(&id) {
                 let u = budget.min(r.prompt_len - r.kv_len);
                 items.push((id, u));
-                costs.push(PrefillItem { uncached: u, context: r.kv_len });
+                costs.push(PrefillItem {
+                    uncached: u,
+                    context: r.kv_len,
+                });
                 budget -= u;
                 new_tokens += u;
             }
@@ -436,10 +457,14 @@ impl Engine {
         // Admit waiting requests FCFS while the budget, the batch cap and memory allow.
         let mut partial = !items.is_empty() && {
             let (id, u) = items[0];
-            self.reqs.get(&id).is_some_and(|r| r.kv_len + u < r.prompt_len)
+            self.reqs
+                .get(&id)
+                .is_some_and(|r| r.kv_len + u < r.prompt_len)
         };
         while budget > 0 && !partial && self.admitted < self.max_running {
-            let Some(&id) = self.waiting.front() else { break };
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
             let Some(r) = self.reqs.get_mut(&id) else {
                 self.waiting.pop_front();
                 continue;
@@ -461,11 +486,16 @@ impl Engine {
             self.reserved += need;
             self.admitted += 1;
             if !r.internal {
-                self.metrics.queue.observe((self.now_ms - r.arrival_ms).max(0.0) / 1000.0);
+                self.metrics
+                    .queue
+                    .observe((self.now_ms - r.arrival_ms).max(0.0) / 1000.0);
             }
             let u = budget.min(r.prompt_len - hit);
             items.push((id, u));
-            costs.push(PrefillItem { uncached: u, context: hit });
+            costs.push(PrefillItem {
+                uncached: u,
+                context: hit,
+            });
             budget -= u;
             new_tokens += u;
             hit_tokens += hit;
@@ -481,8 +511,15 @@ impl Engine {
             } else {
                 hit_tokens as f64 / (new_tokens + hit_tokens) as f64
             };
-            let d = self.cost.jitter(self.cost.prefill_ms(&costs), &mut self.rng);
-            ForwardInfo { kind: ForwardKind::Prefill, duration_ms: d, batch: items.len(), tokens: new_tokens }
+            let d = self
+                .cost
+                .jitter(self.cost.prefill_ms(&costs), &mut self.rng);
+            ForwardInfo {
+                kind: ForwardKind::Prefill,
+                duration_ms: d,
+                batch: items.len(),
+                tokens: new_tokens,
+            }
         } else if !self.running.is_empty() {
             let mut ctx = 0;
             for i in 0..self.running.len() {
@@ -491,21 +528,34 @@ impl Engine {
                 self.allocate(id, 1);
                 ctx += self.reqs.get(&id).map_or(0, |r| r.tokens.len());
             }
-            let d = self.cost.jitter(self.cost.decode_ms(items.len(), ctx), &mut self.rng);
-            ForwardInfo { kind: ForwardKind::Decode, duration_ms: d, batch: items.len(), tokens: items.len() }
+            let d = self
+                .cost
+                .jitter(self.cost.decode_ms(items.len(), ctx), &mut self.rng);
+            ForwardInfo {
+                kind: ForwardKind::Decode,
+                duration_ms: d,
+                batch: items.len(),
+                tokens: items.len(),
+            }
         } else {
             self.items_buf = items;
             self.cost_buf = costs;
             return None;
         };
         self.cost_buf = costs;
-        self.inflight = Some(InFlight { kind: info.kind, duration_ms: info.duration_ms, items });
+        self.inflight = Some(InFlight {
+            kind: info.kind,
+            duration_ms: info.duration_ms,
+            items,
+        });
         Some(info)
     }
 
     /// Take `n` reserved slots for request `id`'s in-flight forward.
     fn allocate(&mut self, id: ReqId, n: usize) {
-        let Some(r) = self.reqs.get_mut(&id) else { return };
+        let Some(r) = self.reqs.get_mut(&id) else {
+            return;
+        };
         // Admission reserved these slots, and available tokens never drop below the
         // outstanding reservations (locks only grow at admission, which re-checks), so this
         // cannot fail; if it ever did, the request would be over-committing KV.
@@ -522,16 +572,22 @@ impl Engine {
     /// Finish the planned forward: advance the virtual clock by its duration, apply its effects
     /// (cache insertions, generated tokens, finishes) and append the resulting events.
     pub fn complete(&mut self, events: &mut Vec<Event>) {
-        let Some(f) = self.inflight.take() else { return };
+        let Some(f) = self.inflight.take() else {
+            return;
+        };
         self.now_ms += f.duration_ms;
         let now = self.now_ms;
         match f.kind {
             ForwardKind::Prefill => {
                 for &(id, u) in &f.items {
-                    let Some(r) = self.reqs.get_mut(&id) else { continue };
+                    let Some(r) = self.reqs.get_mut(&id) else {
+                        continue;
+                    };
                     r.inflight_alloc = 0;
                     r.kv_len += u;
-                    let (node, len) = self.cache.cache_prefix(&r.tokens[..r.kv_len], r.node, r.locked_len);
+                    let (node, len) =
+                        self.cache
+                            .cache_prefix(&r.tokens[..r.kv_len], r.node, r.locked_len);
                     r.node = node;
                     r.locked_len = len;
                     if r.kv_len < r.prompt_len {
@@ -552,7 +608,9 @@ impl Engine {
             ForwardKind::Decode => {
                 let mut done = 0;
                 for &(id, _) in &f.items {
-                    let Some(r) = self.reqs.get_mut(&id) else { continue };
+                    let Some(r) = self.reqs.get_mut(&id) else {
+                        continue;
+                    };
                     r.inflight_alloc = 0;
                     r.kv_len += 1;
                     if self.emit_token(id, now, events) {
@@ -587,7 +645,9 @@ impl Engine {
 
     /// Generate the next token of `id`; returns true when it reached `max_new`.
     fn emit_token(&mut self, id: ReqId, now: f64, events: &mut Vec<Event>) -> bool {
-        let Some(r) = self.reqs.get_mut(&id) else { return false };
+        let Some(r) = self.reqs.get_mut(&id) else {
+            return false;
+        };
         let token = self.vocab[r.out_rng.below(self.vocab.len() as u64) as usize];
         r.tokens.push(token);
         let first = r.first_token_ms.is_none();
@@ -602,7 +662,12 @@ impl Engine {
             r.first_token_ms = Some(now);
         }
         r.last_token_ms = now;
-        events.push(Event::Token { id, token, first, at_ms: now });
+        events.push(Event::Token {
+            id,
+            token,
+            first,
+            at_ms: now,
+        });
         r.tokens.len() - r.prompt_len >= r.max_new
     }
 
@@ -621,7 +686,8 @@ impl Engine {
             let (node, locked) = if reason == FinishReason::Length {
                 // (prompt + output)[:-1]: the last token was never fed back, it has no KV.
                 let keep = r.kv_len.min(r.tokens.len() - 1);
-                self.cache.cache_prefix(&r.tokens[..keep], r.node, r.locked_len)
+                self.cache
+                    .cache_prefix(&r.tokens[..keep], r.node, r.locked_len)
             } else {
                 (r.node, r.locked_len)
             };
@@ -661,7 +727,13 @@ mod tests {
     use super::*;
 
     fn cfg() -> EngineConfig {
-        EngineConfig { cost: CostModel { jitter: 0.0, ..CostModel::default() }, ..EngineConfig::default() }
+        EngineConfig {
+            cost: CostModel {
+                jitter: 0.0,
+                ..CostModel::default()
+            },
+            ..EngineConfig::default()
+        }
     }
 
     fn prompt(base: u32, n: usize) -> Vec<u32> {
@@ -686,14 +758,20 @@ mod tests {
     fn prefill_is_chunked_and_timed_by_the_formula() {
         let mut e = Engine::new(cfg());
         let id = e.submit(prompt(0, 20_000), 2, 0.0, false).unwrap();
-        let m = CostModel { jitter: 0.0, ..CostModel::default() };
+        let m = CostModel {
+            jitter: 0.0,
+            ..CostModel::default()
+        };
         let mut ev = Vec::new();
         let mut t = 0.0;
         for (u, c) in [(8192, 0), (8192, 8192), (3616, 16384)] {
             let f = e.plan().unwrap();
             assert_eq!(f.kind, ForwardKind::Prefill);
             assert_eq!(f.tokens, u);
-            let want = m.prefill_ms(&[PrefillItem { uncached: u, context: c }]);
+            let want = m.prefill_ms(&[PrefillItem {
+                uncached: u,
+                context: c,
+            }]);
             assert!(close(f.duration_ms, want));
             t += want;
             e.complete(&mut ev);
@@ -712,19 +790,30 @@ mod tests {
         assert_eq!(fin[0].1.reason, FinishReason::Length);
         assert!(e.is_idle());
         assert!(e.cache().is_idle());
-        assert_eq!(e.cache().tree_tokens(), 20_001, "(prompt + output)[:-1] inserted");
+        assert_eq!(
+            e.cache().tree_tokens(),
+            20_001,
+            "(prompt + output)[:-1] inserted"
+        );
         e.cache().check_invariants().unwrap();
     }
 
     #[test]
     fn prefill_first_and_decode_batching() {
-        let m = CostModel { jitter: 0.0, ..CostModel::default() };
+        let m = CostModel {
+            jitter: 0.0,
+            ..CostModel::default()
+        };
         let mut e = Engine::new(cfg());
         let mut ev = Vec::new();
         e.submit(prompt(0, 100), 5, 0.0, false).unwrap();
         e.submit(prompt(1000, 100), 5, 0.0, false).unwrap();
         let f = e.plan().unwrap();
-        assert_eq!((f.kind, f.batch, f.tokens), (ForwardKind::Prefill, 2, 200), "one forward, two requests");
+        assert_eq!(
+            (f.kind, f.batch, f.tokens),
+            (ForwardKind::Prefill, 2, 200),
+            "one forward, two requests"
+        );
         e.complete(&mut ev);
         let f = e.plan().unwrap();
         assert_eq!((f.kind, f.batch), (ForwardKind::Decode, 2));
@@ -740,7 +829,10 @@ mod tests {
         e.complete(&mut ev);
         e.run_until_idle(&mut ev);
         assert_eq!(finished(&ev).len(), 3);
-        let tokens = ev.iter().filter(|e| matches!(e, Event::Token { .. })).count();
+        let tokens = ev
+            .iter()
+            .filter(|e| matches!(e, Event::Token { .. }))
+            .count();
         assert_eq!(tokens, 15);
         assert_eq!(e.metrics().generation_tokens, 15);
         assert_eq!(e.metrics().ttft.count(), 3);
@@ -749,7 +841,10 @@ mod tests {
 
     #[test]
     fn fcfs_head_of_line_under_memory_pressure() {
-        let mut e = Engine::new(EngineConfig { max_total_tokens: 1000, ..cfg() });
+        let mut e = Engine::new(EngineConfig {
+            max_total_tokens: 1000,
+            ..cfg()
+        });
         let mut ev = Vec::new();
         let a = e.submit(prompt(0, 500), 300, 0.0, false).unwrap(); // needs 799
         let b = e.submit(prompt(10_000, 400), 10, 0.0, false).unwrap(); // needs 409: must wait
@@ -768,7 +863,9 @@ mod tests {
         let first_tokens: Vec<ReqId> = ev
             .iter()
             .filter_map(|e| match e {
-                Event::Token { id, first: true, .. } => Some(*id),
+                Event::Token {
+                    id, first: true, ..
+                } => Some(*id),
                 _ => None,
             })
             .collect();
@@ -780,7 +877,10 @@ mod tests {
 
     #[test]
     fn max_running_caps_admission() {
-        let mut e = Engine::new(EngineConfig { max_running: 2, ..cfg() });
+        let mut e = Engine::new(EngineConfig {
+            max_running: 2,
+            ..cfg()
+        });
         for i in 0..3 {
             e.submit(prompt(i * 1000, 10), 3, 0.0, false).unwrap();
         }
@@ -825,7 +925,11 @@ mod tests {
         e.submit(next, 1, e.now_ms(), false).unwrap();
         ev.clear();
         e.run_until_idle(&mut ev);
-        assert_eq!(finished(&ev)[0].1.cached_tokens, 303, "prompt + answer minus its last token");
+        assert_eq!(
+            finished(&ev)[0].1.cached_tokens,
+            303,
+            "prompt + answer minus its last token"
+        );
         assert_eq!(e.metrics().cached_tokens, 299 + 303);
     }
 
@@ -879,9 +983,18 @@ mod tests {
 
     #[test]
     fn rejects_impossible_requests_and_flush_rules() {
-        let mut e = Engine::new(EngineConfig { max_total_tokens: 100, ..cfg() });
-        assert_eq!(e.submit(vec![], 1, 0.0, false), Err(SubmitError::EmptyPrompt));
-        assert!(matches!(e.submit(prompt(0, 90), 20, 0.0, false), Err(SubmitError::TooLong { .. })));
+        let mut e = Engine::new(EngineConfig {
+            max_total_tokens: 100,
+            ..cfg()
+        });
+        assert_eq!(
+            e.submit(vec![], 1, 0.0, false),
+            Err(SubmitError::EmptyPrompt)
+        );
+        assert!(matches!(
+            e.submit(prompt(0, 90), 20, 0.0, false),
+            Err(SubmitError::TooLong { .. })
+        ));
         let id = e.submit(prompt(0, 50), 2, 0.0, false).unwrap();
         assert!(!e.flush_cache(), "refused while a request waits");
         let mut ev = Vec::new();
@@ -894,7 +1007,11 @@ mod tests {
 
     #[test]
     fn eviction_under_pressure_keeps_capacity() {
-        let mut e = Engine::new(EngineConfig { max_total_tokens: 5000, page_size: 4, ..cfg() });
+        let mut e = Engine::new(EngineConfig {
+            max_total_tokens: 5000,
+            page_size: 4,
+            ..cfg()
+        });
         let mut ev = Vec::new();
         let mut rng = SimRng::new(9);
         for i in 0..200u32 {
@@ -902,7 +1019,8 @@ mod tests {
             let shared = (rng.below(4) * 100_000) as u32;
             let mut p = prompt(shared, 200);
             p.extend(prompt(i * 10_000 + 500, n));
-            e.submit(p, 1 + rng.below(40) as usize, e.now_ms(), false).unwrap();
+            e.submit(p, 1 + rng.below(40) as usize, e.now_ms(), false)
+                .unwrap();
             if i % 7 == 0 {
                 while e.plan().is_some() {
                     e.complete(&mut ev);

@@ -13,8 +13,8 @@ pub const TTFT_BUCKETS: &[f64] = &[
 ];
 /// End-to-end latency buckets (seconds).
 pub const E2E_BUCKETS: &[f64] = &[
-    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
-    200.0, 400.0, 800.0,
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0,
+    400.0, 800.0,
 ];
 /// Inter-token latency buckets (seconds).
 pub const ITL_BUCKETS: &[f64] = &[
@@ -38,7 +38,12 @@ pub struct Histogram {
 impl Histogram {
     /// Empty histogram over `bounds` (ascending; `+Inf` is implicit).
     pub fn new(bounds: &'static [f64]) -> Self {
-        Histogram { bounds, counts: vec![0; bounds.len()], sum: 0.0, count: 0 }
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
     }
 
     /// Record one observation.
@@ -148,23 +153,80 @@ impl Metrics {
         let l = format!("model_name=\"{esc}\"");
         let mut o = String::with_capacity(8192);
         let gauge = |o: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(o, "# HELP sglang:{name} {help}\n# TYPE sglang:{name} gauge\nsglang:{name}{{{l}}} {v}");
+            let _ = writeln!(
+                o,
+                "# HELP sglang:{name} {help}\n# TYPE sglang:{name} gauge\nsglang:{name}{{{l}}} {v}"
+            );
         };
         let counter = |o: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(o, "# HELP sglang:{name} {help}\n# TYPE sglang:{name} counter\nsglang:{name}{{{l}}} {v}");
         };
-        let usage = if g.capacity == 0 { 0.0 } else { g.used_tokens as f64 / g.capacity as f64 };
-        gauge(&mut o, "num_running_reqs", "The number of running requests.", g.running as f64);
-        gauge(&mut o, "num_queue_reqs", "The number of requests in the waiting queue.", g.queued as f64);
-        gauge(&mut o, "num_used_tokens", "The number of used tokens.", g.used_tokens as f64);
+        let usage = if g.capacity == 0 {
+            0.0
+        } else {
+            g.used_tokens as f64 / g.capacity as f64
+        };
+        gauge(
+            &mut o,
+            "num_running_reqs",
+            "The number of running requests.",
+            g.running as f64,
+        );
+        gauge(
+            &mut o,
+            "num_queue_reqs",
+            "The number of requests in the waiting queue.",
+            g.queued as f64,
+        );
+        gauge(
+            &mut o,
+            "num_used_tokens",
+            "The number of used tokens.",
+            g.used_tokens as f64,
+        );
         gauge(&mut o, "token_usage", "The token usage.", usage);
-        gauge(&mut o, "kv_used_tokens", "KV tokens pinned by live requests.", g.used_tokens as f64);
-        gauge(&mut o, "kv_available_tokens", "KV tokens free or evictable.", (g.capacity - g.used_tokens) as f64);
-        gauge(&mut o, "kv_evictable_tokens", "Cached KV tokens nothing pins.", g.evictable_tokens as f64);
-        gauge(&mut o, "cache_hit_rate", "The prefix cache hit rate of the last prefill batch.", g.cache_hit_rate);
-        gauge(&mut o, "gen_throughput", "The generation throughput (token/s).", g.gen_throughput);
-        counter(&mut o, "prompt_tokens_total", "Number of prefill tokens processed.", self.prompt_tokens);
-        counter(&mut o, "generation_tokens_total", "Number of generation tokens processed.", self.generation_tokens);
+        gauge(
+            &mut o,
+            "kv_used_tokens",
+            "KV tokens pinned by live requests.",
+            g.used_tokens as f64,
+        );
+        gauge(
+            &mut o,
+            "kv_available_tokens",
+            "KV tokens free or evictable.",
+            (g.capacity - g.used_tokens) as f64,
+        );
+        gauge(
+            &mut o,
+            "kv_evictable_tokens",
+            "Cached KV tokens nothing pins.",
+            g.evictable_tokens as f64,
+        );
+        gauge(
+            &mut o,
+            "cache_hit_rate",
+            "The prefix cache hit rate of the last prefill batch.",
+            g.cache_hit_rate,
+        );
+        gauge(
+            &mut o,
+            "gen_throughput",
+            "The generation throughput (token/s).",
+            g.gen_throughput,
+        );
+        counter(
+            &mut o,
+            "prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            self.prompt_tokens,
+        );
+        counter(
+            &mut o,
+            "generation_tokens_total",
+            "Number of generation tokens processed.",
+            self.generation_tokens,
+        );
         let _ = writeln!(
             o,
             "# HELP sglang:cached_tokens_total Number of cached prompt tokens.\n# TYPE sglang:cached_tokens_total counter\n\
@@ -172,18 +234,48 @@ impl Metrics {
              sglang:cached_tokens_total{{{l},cache_source=\"total\"}} {c}",
             c = self.cached_tokens
         );
-        counter(&mut o, "num_requests_total", "Number of requests processed.", self.num_requests);
-        counter(&mut o, "num_aborted_requests_total", "Number of requests aborted.", self.num_aborted);
+        counter(
+            &mut o,
+            "num_requests_total",
+            "Number of requests processed.",
+            self.num_requests,
+        );
+        counter(
+            &mut o,
+            "num_aborted_requests_total",
+            "Number of requests aborted.",
+            self.num_aborted,
+        );
         let _ = writeln!(
             o,
             "# HELP sglang:evicted_tokens_total Tokens evicted from the radix cache (simulator extra).\n\
              # TYPE sglang:evicted_tokens_total counter\nsglang:evicted_tokens_total{{{l}}} {}",
             g.evicted_tokens
         );
-        self.ttft.render(&mut o, "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &l);
-        self.e2e.render(&mut o, "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds.", &l);
-        self.itl.render(&mut o, "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &l);
-        self.queue.render(&mut o, "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", &l);
+        self.ttft.render(
+            &mut o,
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &l,
+        );
+        self.e2e.render(
+            &mut o,
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds.",
+            &l,
+        );
+        self.itl.render(
+            &mut o,
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            &l,
+        );
+        self.queue.render(
+            &mut o,
+            "sglang:queue_time_seconds",
+            "Histogram of queueing time in seconds.",
+            &l,
+        );
         o
     }
 }
@@ -209,12 +301,24 @@ mod tests {
 
     #[test]
     fn render_names_and_labels() {
-        let m = Metrics { prompt_tokens: 10, cached_tokens: 4, ..Metrics::default() };
-        let g = Gauges { capacity: 100, used_tokens: 25, ..Gauges::default() };
+        let m = Metrics {
+            prompt_tokens: 10,
+            cached_tokens: 4,
+            ..Metrics::default()
+        };
+        let g = Gauges {
+            capacity: 100,
+            used_tokens: 25,
+            ..Gauges::default()
+        };
         let s = m.render("m\"x", &g);
         assert!(s.contains("sglang:prompt_tokens_total{model_name=\"m\\\"x\"} 10\n"));
-        assert!(s.contains("sglang:cached_tokens_total{model_name=\"m\\\"x\",cache_source=\"total\"} 4\n"));
+        assert!(s.contains(
+            "sglang:cached_tokens_total{model_name=\"m\\\"x\",cache_source=\"total\"} 4\n"
+        ));
         assert!(s.contains("sglang:token_usage{model_name=\"m\\\"x\"} 0.25\n"));
-        assert!(s.contains("sglang:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.001\"} 0\n"));
+        assert!(s.contains(
+            "sglang:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.001\"} 0\n"
+        ));
     }
 }

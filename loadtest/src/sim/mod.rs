@@ -1,9 +1,11 @@
 //! `sim-worker`: a faithful simulated SGLang server, for routing-policy comparisons (hit rate,
 //! TTFT) and as the real upstream of the gateway's end-to-end tests. No GPU: each port runs a
-//! simulated scheduler ([`engine`]) over a token radix cache ([`radix`]) on its own virtual GPU
-//! clock, with the reference cost model ([`cost`]), a real BPE tokenizer and chat template
-//! ([`tokenizer`]), SGLang's HTTP API and Prometheus metrics ([`server`], [`api`], [`metrics`]),
-//! and fault knobs ([`Faults`]).
+//! simulated scheduler ([`engine`](crate::sim::engine)) over a token radix cache
+//! ([`radix`](crate::sim::radix)) on its own virtual GPU clock, with the reference cost model
+//! ([`cost`](crate::sim::cost)), a real BPE tokenizer and chat template
+//! ([`tokenizer`](crate::sim::tokenizer)), SGLang's HTTP API and Prometheus metrics
+//! ([`server`](crate::sim::server), [`api`](crate::sim::api),
+//! [`metrics`](crate::sim::metrics)), and fault knobs ([`Faults`](crate::sim::Faults)).
 //!
 //! ```no_run
 //! use loadtest::sim::{spawn_cluster, SimConfig};
@@ -118,3 +120,5 @@ impl Default for SimConfig {
 
 #[cfg(test)]
 mod calibration_tests;
+#[cfg(test)]
+mod e2e_tests;

@@ -155,8 +155,21 @@ impl RadixCache {
         self.tick
     }
 
-    fn alloc_node(&mut self, key: Vec<u32>, parent: NodeId, lock_ref: u32, last_access: u64) -> NodeId {
-        let node = Node { key, parent, children: Vec::new(), lock_ref, last_access, live: true };
+    fn alloc_node(
+        &mut self,
+        key: Vec<u32>,
+        parent: NodeId,
+        lock_ref: u32,
+        last_access: u64,
+    ) -> NodeId {
+        let node = Node {
+            key,
+            parent,
+            children: Vec::new(),
+            lock_ref,
+            last_access,
+            live: true,
+        };
         match self.free_ids.pop() {
             Some(id) => {
                 self.nodes[id as usize] = node;
@@ -175,7 +188,9 @@ impl RadixCache {
         self.nodes[node as usize]
             .children
             .iter()
-            .find(|&&(f, c)| f == first && self.nodes[c as usize].key[..page_key.len()] == *page_key)
+            .find(|&&(f, c)| {
+                f == first && self.nodes[c as usize].key[..page_key.len()] == *page_key
+            })
             .map(|&(_, c)| c)
     }
 
@@ -197,7 +212,9 @@ impl RadixCache {
         let first_upper = upper_key[0];
         let lower_first = self.nodes[child as usize].key[0];
         let upper = self.alloc_node(upper_key, parent, lock_ref, last_access);
-        self.nodes[upper as usize].children.push((lower_first, child));
+        self.nodes[upper as usize]
+            .children
+            .push((lower_first, child));
         self.nodes[child as usize].parent = upper;
         for entry in &mut self.nodes[parent as usize].children {
             if entry.1 == child {
@@ -216,7 +233,9 @@ impl RadixCache {
         let mut node = ROOT;
         let mut pos = 0;
         while pos < key.len() {
-            let Some(c) = self.child(node, &key[pos..pos + self.page]) else { break };
+            let Some(c) = self.child(node, &key[pos..pos + self.page]) else {
+                break;
+            };
             let edge_len = self.nodes[c as usize].key.len();
             let common = self.common_pages(&self.nodes[c as usize].key, &key[pos..]);
             if common < edge_len {
@@ -239,7 +258,9 @@ impl RadixCache {
         let mut node = ROOT;
         let mut pos = 0;
         while pos < key.len() {
-            let Some(c) = self.child(node, &key[pos..pos + self.page]) else { break };
+            let Some(c) = self.child(node, &key[pos..pos + self.page]) else {
+                break;
+            };
             let common = self.common_pages(&self.nodes[c as usize].key, &key[pos..]);
             pos += common;
             if common < self.nodes[c as usize].key.len() {
@@ -259,10 +280,16 @@ impl RadixCache {
         let mut node = ROOT;
         let mut pos = 0;
         while pos < key.len() {
-            let Some(c) = self.child(node, &key[pos..pos + self.page]) else { break };
+            let Some(c) = self.child(node, &key[pos..pos + self.page]) else {
+                break;
+            };
             let edge_len = self.nodes[c as usize].key.len();
             let common = self.common_pages(&self.nodes[c as usize].key, &key[pos..]);
-            let next = if common < edge_len { self.split(c, common) } else { c };
+            let next = if common < edge_len {
+                self.split(c, common)
+            } else {
+                c
+            };
             self.nodes[next as usize].last_access = tick;
             node = next;
             pos += common;
@@ -326,7 +353,9 @@ impl RadixCache {
             .collect();
         let mut freed = 0;
         while freed < tokens {
-            let Some(Reverse((_, id))) = heap.pop() else { break };
+            let Some(Reverse((_, id))) = heap.pop() else {
+                break;
+            };
             let parent = self.nodes[id as usize].parent;
             freed += self.remove_leaf(id);
             let p = &self.nodes[parent as usize];
@@ -346,7 +375,9 @@ impl RadixCache {
             n.key = Vec::new();
             (n.parent, len)
         };
-        self.nodes[parent as usize].children.retain(|&(_, c)| c != id);
+        self.nodes[parent as usize]
+            .children
+            .retain(|&(_, c)| c != id);
         self.free_ids.push(id);
         self.tree_tokens -= len;
         self.evictable_tokens -= len;
@@ -372,7 +403,10 @@ impl RadixCache {
 
     /// Return `n` private slots to the pool.
     pub fn free(&mut self, n: usize) {
-        debug_assert!(n <= self.private_tokens, "freeing more private KV than allocated");
+        debug_assert!(
+            n <= self.private_tokens,
+            "freeing more private KV than allocated"
+        );
         self.private_tokens -= n.min(self.private_tokens);
     }
 
@@ -410,7 +444,7 @@ impl RadixCache {
                 return Err(format!("dead node {id} reachable"));
             }
             if id != ROOT {
-                if n.key.is_empty() || n.key.len() % self.page != 0 {
+                if n.key.is_empty() || !n.key.len().is_multiple_of(self.page) {
                     return Err(format!("node {id} key len {} not whole pages", n.key.len()));
                 }
                 total += n.key.len();
@@ -557,7 +591,11 @@ mod tests {
         let (n1, l1) = c.cache_prefix(&p, ROOT, 0);
         assert_eq!((c.tree_tokens(), c.private_tokens(), l1), (10, 10, 10));
         let (n2, l2) = c.cache_prefix(&p, ROOT, 0);
-        assert_eq!((c.tree_tokens(), c.private_tokens(), l2), (10, 0, 10), "duplicate freed");
+        assert_eq!(
+            (c.tree_tokens(), c.private_tokens(), l2),
+            (10, 0, 10),
+            "duplicate freed"
+        );
         assert_eq!(n1, n2);
         assert_eq!(c.protected_tokens(), 10);
         ok(&c);
@@ -577,7 +615,9 @@ mod tests {
             for _ in 0..3000 {
                 let len = 1 + rng.below(60) as usize;
                 let base = rng.below(6) as u32;
-                let key: Vec<u32> = (0..len as u32).map(|i| base * 100 + (i % (3 + base))).collect();
+                let key: Vec<u32> = (0..len as u32)
+                    .map(|i| base * 100 + (i % (3 + base)))
+                    .collect();
                 match rng.below(4) {
                     0 => {
                         let (hit, node) = c.match_prefix(&key[..len - 1]);

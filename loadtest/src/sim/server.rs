@@ -12,7 +12,6 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::future::{poll_fn, Future};
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +26,7 @@ use radixgate::http::response::{error_response, render, CONTINUE_100};
 use radixgate::http::{parse_request_head, BodyFraming, ChunkedDecoder, HeadLimits, RequestHead};
 use serde_json::{json, Value};
 
-use super::api::{self, Completed, Endpoint, RespMeta, StreamRenderer, Usage};
+use super::api::{self, Completed, Endpoint, RespMeta, StreamRenderer, TokenChunk, Usage};
 use super::cost::CostModel;
 use super::engine::{Engine, EngineConfig, Event, FinishInfo, FinishReason, ReqId};
 use super::rng::SimRng;
@@ -79,7 +78,10 @@ impl LocalEvent {
     }
 
     fn wait(&self) -> EventWait<'_> {
-        EventWait { ev: self, key: None }
+        EventWait {
+            ev: self,
+            key: None,
+        }
     }
 }
 
@@ -220,12 +222,18 @@ struct Server {
 }
 
 fn unix_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 impl Server {
     fn new(port: u16, index: usize, cfg: Rc<SimConfig>, tok: Rc<SimTokenizer>) -> Self {
-        let cost = CostModel { fixed_step_ms: cfg.token_interval_ms, ..CostModel::default() };
+        let cost = CostModel {
+            fixed_step_ms: cfg.token_interval_ms,
+            ..CostModel::default()
+        };
         let seed = cfg.seed.wrapping_add(index as u64);
         let engine = Engine::new(EngineConfig {
             max_total_tokens: cfg.max_total_tokens,
@@ -257,12 +265,9 @@ impl Server {
         }
     }
 
+    /// `spawn_cluster` validated it to be finite and positive.
     fn scale(&self) -> f64 {
-        if self.cfg.time_scale > 0.0 {
-            self.cfg.time_scale
-        } else {
-            1.0
-        }
+        self.cfg.time_scale
     }
 
     /// Real time since start mapped to virtual ms.
@@ -288,7 +293,12 @@ impl Server {
 
     /// Queue a request, stamping its arrival on the virtual clock: now, if the GPU is idle;
     /// otherwise real time clamped into the forward in flight.
-    fn submit(&self, prompt: Vec<u32>, max_new: usize, internal: bool) -> Result<(ReqId, Rc<Slot>), String> {
+    fn submit(
+        &self,
+        prompt: Vec<u32>,
+        max_new: usize,
+        internal: bool,
+    ) -> Result<(ReqId, Rc<Slot>), String> {
         let mut e = self.engine.borrow_mut();
         let v = self.virt_now();
         let arrival = match e.inflight_ms() {
@@ -298,7 +308,9 @@ impl Server {
             }
             Some(d) => v.clamp(e.now_ms(), e.now_ms() + d),
         };
-        let id = e.submit(prompt, max_new, arrival, internal).map_err(|err| err.to_string())?;
+        let id = e
+            .submit(prompt, max_new, arrival, internal)
+            .map_err(|err| err.to_string())?;
         drop(e);
         let slot = Rc::new(Slot::default());
         slot.last_at.set(arrival);
@@ -317,10 +329,16 @@ impl Server {
         let mut slots = self.slots.borrow_mut();
         for ev in events {
             match *ev {
-                Event::Token { id, token, first, at_ms } => {
+                Event::Token {
+                    id,
+                    token,
+                    first,
+                    at_ms,
+                } => {
                     if let Some(s) = slots.get(&id) {
                         if first {
-                            s.cached.set(self.engine.borrow().cached_tokens(id).unwrap_or(0));
+                            s.cached
+                                .set(self.engine.borrow().cached_tokens(id).unwrap_or(0));
                         }
                         s.tokens.borrow_mut().push(token);
                         s.last_at.set(at_ms);
@@ -403,7 +421,13 @@ struct Reader {
 
 impl Reader {
     fn new(rd: ReadHalf) -> Self {
-        Reader { rd: Some(rd), pending: None, spare: Vec::with_capacity(16 * 1024), buf: BytesMut::new(), eof: false }
+        Reader {
+            rd: Some(rd),
+            pending: None,
+            spare: Vec::with_capacity(16 * 1024),
+            buf: BytesMut::new(),
+            eof: false,
+        }
     }
 
     /// Read more bytes into `buf`. `Ok(0)` means the peer closed (or half-closed) its side.
@@ -412,7 +436,9 @@ impl Reader {
             return Ok(0);
         }
         if self.pending.is_none() {
-            let Some(mut rd) = self.rd.take() else { return Ok(0) };
+            let Some(mut rd) = self.rd.take() else {
+                return Ok(0);
+            };
             let mut b = std::mem::take(&mut self.spare);
             b.clear();
             if b.capacity() < 16 * 1024 {
@@ -423,7 +449,9 @@ impl Reader {
                 (r, b, rd)
             }));
         }
-        let Some(fut) = self.pending.as_mut() else { return Ok(0) };
+        let Some(fut) = self.pending.as_mut() else {
+            return Ok(0);
+        };
         let (r, b, rd) = fut.await;
         self.pending = None;
         self.rd = Some(rd);
@@ -497,7 +525,11 @@ async fn read_head(sh: &Server, r: &mut Reader) -> HeadRead {
             Ok(None) => {}
             Err(e) => return HeadRead::Error(e.status(), e.message()),
         }
-        let limit = if r.buf.is_empty() { IDLE_TIMEOUT } else { REQUEST_TIMEOUT };
+        let limit = if r.buf.is_empty() {
+            IDLE_TIMEOUT
+        } else {
+            REQUEST_TIMEOUT
+        };
         monoio::select! {
             res = monoio::time::timeout(limit, r.fill()) => match res {
                 Ok(Ok(n)) if n > 0 => {}
@@ -508,7 +540,11 @@ async fn read_head(sh: &Server, r: &mut Reader) -> HeadRead {
     }
 }
 
-async fn read_body(sh: &Server, head: &RequestHead, r: &mut Reader) -> Result<Bytes, Option<(u16, &'static str)>> {
+async fn read_body(
+    sh: &Server,
+    head: &RequestHead,
+    r: &mut Reader,
+) -> Result<Bytes, Option<(u16, &'static str)>> {
     match head.framing {
         BodyFraming::None | BodyFraming::Close => Ok(Bytes::new()),
         BodyFraming::Length(n) => {
@@ -525,7 +561,9 @@ async fn read_body(sh: &Server, head: &RequestHead, r: &mut Reader) -> Result<By
             let mut dec = ChunkedDecoder::new(MAX_BODY);
             let mut body = BytesMut::new();
             loop {
-                let used = dec.feed(&r.buf, &mut body).map_err(|e| Some((e.status(), e.message())))?;
+                let used = dec
+                    .feed(&r.buf, &mut body)
+                    .map_err(|e| Some((e.status(), e.message())))?;
                 let _ = r.buf.split_to(used);
                 if dec.is_done() {
                     return Ok(body.freeze());
@@ -555,20 +593,35 @@ async fn connection(sh: Rc<Server>, stream: TcpStream) {
             HeadRead::Head(h) => h,
             HeadRead::Closed => return,
             HeadRead::Error(status, msg) => {
-                let resp = error_response(status, "BadRequestError", msg, &[("x-worker-port", &sh.port_str)], true);
+                let resp = error_response(
+                    status,
+                    "BadRequestError",
+                    msg,
+                    &[("x-worker-port", &sh.port_str)],
+                    true,
+                );
                 let _ = write(&mut wr, resp).await;
                 return;
             }
         };
-        if head.expect_continue && !matches!(head.framing, BodyFraming::None) {
-            if write(&mut wr, Bytes::from_static(CONTINUE_100)).await.is_err() {
-                return;
-            }
+        if head.expect_continue
+            && !matches!(head.framing, BodyFraming::None)
+            && write(&mut wr, Bytes::from_static(CONTINUE_100))
+                .await
+                .is_err()
+        {
+            return;
         }
         let body = match read_body(&sh, &head, &mut reader).await {
             Ok(b) => b,
             Err(Some((status, msg))) => {
-                let resp = error_response(status, "BadRequestError", msg, &[("x-worker-port", &sh.port_str)], true);
+                let resp = error_response(
+                    status,
+                    "BadRequestError",
+                    msg,
+                    &[("x-worker-port", &sh.port_str)],
+                    true,
+                );
                 let _ = write(&mut wr, resp).await;
                 return;
             }
@@ -585,8 +638,21 @@ async fn connection(sh: Rc<Server>, stream: TcpStream) {
 // ---------------------------------------------------------------------------------------------
 // Routing and handlers.
 
-async fn respond(sh: &Server, wr: &mut WriteHalf, keep: bool, status: u16, ctype: &str, body: &[u8]) -> Next {
-    let resp = render(status, ctype, &[("x-worker-port", &sh.port_str)], body, !keep);
+async fn respond(
+    sh: &Server,
+    wr: &mut WriteHalf,
+    keep: bool,
+    status: u16,
+    ctype: &str,
+    body: &[u8],
+) -> Next {
+    let resp = render(
+        status,
+        ctype,
+        &[("x-worker-port", &sh.port_str)],
+        body,
+        !keep,
+    );
     match write(wr, resp).await {
         Ok(()) if keep => Next::KeepAlive,
         _ => Next::Close,
@@ -598,7 +664,14 @@ async fn respond_json(sh: &Server, wr: &mut WriteHalf, keep: bool, status: u16, 
     respond(sh, wr, keep, status, "application/json", &body).await
 }
 
-async fn respond_error(sh: &Server, wr: &mut WriteHalf, keep: bool, status: u16, kind: &str, msg: &str) -> Next {
+async fn respond_error(
+    sh: &Server,
+    wr: &mut WriteHalf,
+    keep: bool,
+    status: u16,
+    kind: &str,
+    msg: &str,
+) -> Next {
     let resp = error_response(status, kind, msg, &[("x-worker-port", &sh.port_str)], !keep);
     match write(wr, resp).await {
         Ok(()) if keep => Next::KeepAlive,
@@ -606,13 +679,35 @@ async fn respond_error(sh: &Server, wr: &mut WriteHalf, keep: bool, status: u16,
     }
 }
 
-async fn handle(sh: &Rc<Server>, head: &RequestHead, body: &[u8], r: &mut Reader, wr: &mut WriteHalf) -> Next {
+async fn handle(
+    sh: &Rc<Server>,
+    head: &RequestHead,
+    body: &[u8],
+    r: &mut Reader,
+    wr: &mut WriteHalf,
+) -> Next {
     let keep = head.keep_alive;
     let method = head.method();
-    let get = method == b"GET" || method == b"HEAD";
+    if method == b"HEAD" {
+        // Only GET/POST APIs exist; a HEAD answer must not carry a body.
+        let resp = render(
+            405,
+            "application/json",
+            &[("x-worker-port", &sh.port_str)],
+            b"",
+            !keep,
+        );
+        return match write(wr, resp).await {
+            Ok(()) if keep => Next::KeepAlive,
+            _ => Next::Close,
+        };
+    }
+    let get = method == b"GET";
     let post = method == b"POST";
     match head.path() {
-        b"/generate" if post || method == b"PUT" => inference(sh, head, Endpoint::Generate, body, r, wr).await,
+        b"/generate" if post || method == b"PUT" => {
+            inference(sh, head, Endpoint::Generate, body, r, wr).await
+        }
         b"/v1/chat/completions" if post => inference(sh, head, Endpoint::Chat, body, r, wr).await,
         b"/v1/completions" if post => inference(sh, head, Endpoint::Completions, body, r, wr).await,
         b"/health" if get => {
@@ -624,23 +719,55 @@ async fn handle(sh: &Rc<Server>, head: &RequestHead, body: &[u8], r: &mut Reader
         }
         b"/health_generate" if get => health_generate(sh, keep, r, wr).await,
         b"/v1/models" if get => respond_json(sh, wr, keep, 200, &models(sh)).await,
-        b"/get_model_info" | b"/model_info" if get => respond_json(sh, wr, keep, 200, &model_info(sh)).await,
-        b"/get_server_info" | b"/server_info" if get => respond_json(sh, wr, keep, 200, &server_info(sh)).await,
+        b"/get_model_info" | b"/model_info" if get => {
+            respond_json(sh, wr, keep, 200, &model_info(sh)).await
+        }
+        b"/get_server_info" | b"/server_info" if get => {
+            respond_json(sh, wr, keep, 200, &server_info(sh)).await
+        }
         b"/get_load" if get => respond_json(sh, wr, keep, 200, &get_load(sh)).await,
         b"/v1/loads" if get => respond_json(sh, wr, keep, 200, &loads(sh)).await,
         b"/flush_cache" if get || post => {
             let ok = sh.engine.borrow_mut().flush_cache();
             let text = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n";
-            respond(sh, wr, keep, if ok { 200 } else { 400 }, "text/plain; charset=utf-8", text.as_bytes()).await
+            respond(
+                sh,
+                wr,
+                keep,
+                if ok { 200 } else { 400 },
+                "text/plain; charset=utf-8",
+                text.as_bytes(),
+            )
+            .await
         }
         b"/metrics" if get => {
             let text = sh.engine.borrow().render_metrics(&sh.cfg.model_name);
-            respond(sh, wr, keep, 200, "text/plain; version=0.0.4; charset=utf-8", text.as_bytes()).await
+            respond(
+                sh,
+                wr,
+                keep,
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                text.as_bytes(),
+            )
+            .await
         }
         b"/debug/requests" if get => respond_json(sh, wr, keep, 200, &debug_requests(sh)).await,
-        b"/generate" | b"/v1/chat/completions" | b"/v1/completions" | b"/health" | b"/health_generate"
-        | b"/v1/models" | b"/get_model_info" | b"/model_info" | b"/get_server_info" | b"/server_info"
-        | b"/get_load" | b"/v1/loads" | b"/flush_cache" | b"/metrics" | b"/debug/requests" => {
+        b"/generate"
+        | b"/v1/chat/completions"
+        | b"/v1/completions"
+        | b"/health"
+        | b"/health_generate"
+        | b"/v1/models"
+        | b"/get_model_info"
+        | b"/model_info"
+        | b"/get_server_info"
+        | b"/server_info"
+        | b"/get_load"
+        | b"/v1/loads"
+        | b"/flush_cache"
+        | b"/metrics"
+        | b"/debug/requests" => {
             respond_json(sh, wr, keep, 405, &json!({"detail": "Method Not Allowed"})).await
         }
         _ => respond_json(sh, wr, keep, 404, &json!({"detail": "Not Found"})).await,
@@ -748,7 +875,12 @@ async fn health_generate(sh: &Rc<Server>, keep: bool, r: &mut Reader, wr: &mut W
     if sh.cfg.faults.health_fail {
         return respond(sh, wr, keep, 503, "text/plain", b"").await;
     }
-    if sh.cfg.faults.stall_after.is_some_and(|n| sh.received.get() > n) {
+    if sh
+        .cfg
+        .faults
+        .stall_after
+        .is_some_and(|n| sh.received.get() > n)
+    {
         // A wedged scheduler never produces the probe's token either.
         stall(sh, r).await;
         return Next::Close;
@@ -757,7 +889,10 @@ async fn health_generate(sh: &Rc<Server>, keep: bool, r: &mut Reader, wr: &mut W
         Ok(x) => x,
         Err(_) => return respond(sh, wr, keep, 503, "text/plain", b"").await,
     };
-    let _guard = AbortGuard { sh: sh.clone(), ids: vec![id] };
+    let _guard = AbortGuard {
+        sh: sh.clone(),
+        ids: vec![id],
+    };
     let ok = monoio::select! {
         res = monoio::time::timeout(HEALTH_TIMEOUT, slot.changed(0)) => res.is_ok(),
         _ = r.disconnected() => return Next::Close,
@@ -783,7 +918,14 @@ fn answered(sh: &Server) {
     }
 }
 
-async fn inference(sh: &Rc<Server>, head: &RequestHead, ep: Endpoint, body: &[u8], r: &mut Reader, wr: &mut WriteHalf) -> Next {
+async fn inference(
+    sh: &Rc<Server>,
+    head: &RequestHead,
+    ep: Endpoint,
+    body: &[u8],
+    r: &mut Reader,
+    wr: &mut WriteHalf,
+) -> Next {
     let keep = head.keep_alive;
     let faults = &sh.cfg.faults;
     let count = sh.received.get() + 1;
@@ -804,7 +946,15 @@ async fn inference(sh: &Rc<Server>, head: &RequestHead, ep: Endpoint, body: &[u8
         }
     }
     if faults.fail_rate > 0.0 && sh.fault_rng.borrow_mut().chance(faults.fail_rate) {
-        let next = respond_error(sh, wr, keep, 500, "InternalServerError", "simulated worker failure (fail_rate)").await;
+        let next = respond_error(
+            sh,
+            wr,
+            keep,
+            500,
+            "InternalServerError",
+            "simulated worker failure (fail_rate)",
+        )
+        .await;
         answered(sh);
         return next;
     }
@@ -816,7 +966,10 @@ async fn inference(sh: &Rc<Server>, head: &RequestHead, ep: Endpoint, body: &[u8
             return next;
         }
     };
-    let mut guard = AbortGuard { sh: sh.clone(), ids: Vec::with_capacity(req.prompts.len()) };
+    let mut guard = AbortGuard {
+        sh: sh.clone(),
+        ids: Vec::with_capacity(req.prompts.len()),
+    };
     let mut slots = Vec::with_capacity(req.prompts.len());
     let mut prompt_lens = Vec::with_capacity(req.prompts.len());
     for p in req.prompts {
@@ -873,7 +1026,15 @@ async fn inference(sh: &Rc<Server>, head: &RequestHead, ep: Endpoint, body: &[u8
                 }
             })
             .collect();
-        let body = api::render_completed(ep, &RespMeta { id: &id, created, model: &model }, &results);
+        let body = api::render_completed(
+            ep,
+            &RespMeta {
+                id: &id,
+                created,
+                model: &model,
+            },
+            &results,
+        );
         respond(sh, wr, keep, 200, "application/json", &body).await
     };
     // The guard aborts whatever did not finish (disconnect, cut stream); finished requests
@@ -899,7 +1060,11 @@ async fn stream_response(
     let mut h = String::with_capacity(192);
     h.push_str("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ncache-control: no-cache\r\nx-worker-port: ");
     h.push_str(&sh.port_str);
-    h.push_str(if chunked { "\r\ntransfer-encoding: chunked\r\n" } else { "\r\nconnection: close\r\n" });
+    h.push_str(if chunked {
+        "\r\ntransfer-encoding: chunked\r\n"
+    } else {
+        "\r\nconnection: close\r\n"
+    });
     if chunked && !head.keep_alive {
         h.push_str("connection: close\r\n");
     }
@@ -923,16 +1088,40 @@ async fn stream_response(
                 seen += 1;
                 piece.clear();
                 sh.tok.push_output_text(token, &mut piece);
-                let usage = Usage { prompt_tokens: prompt_len, completion_tokens: seen, cached_tokens: slot.cached.get() };
+                let usage = Usage {
+                    prompt_tokens: prompt_len,
+                    completion_tokens: seen,
+                    cached_tokens: slot.cached.get(),
+                };
                 let last = finish.is_some() && seen == tokens.len();
-                let fin = if last { finish.map(|i| i.reason == FinishReason::Abort) } else { None };
-                renderer.token(&mut text, token, &piece, seen == 1, &usage, (at - arrival) / 1000.0, fin);
+                let fin = if last {
+                    finish.map(|i| i.reason == FinishReason::Abort)
+                } else {
+                    None
+                };
+                renderer.token(
+                    &mut text,
+                    &TokenChunk {
+                        token,
+                        piece: &piece,
+                        first: seen == 1,
+                        usage,
+                        e2e: (at - arrival) / 1000.0,
+                        finish: fin,
+                    },
+                );
                 events_sent += 1;
             }
         }
         if let Some(info) = finish {
             let aborted = info.reason == FinishReason::Abort;
-            renderer.finish(&mut text, &Usage::from_info(&info), (info.finish_ms - info.arrival_ms) / 1000.0, aborted, seen);
+            renderer.finish(
+                &mut text,
+                &Usage::from_info(&info),
+                (info.finish_ms - info.arrival_ms) / 1000.0,
+                aborted,
+                seen,
+            );
         }
         let cut = sh.cfg.faults.close_mid_stream && events_sent >= CUT_AFTER_EVENTS;
         if !text.is_empty() {
@@ -956,7 +1145,11 @@ async fn stream_response(
             return Next::Close;
         }
         if finish.is_some() {
-            return if chunked && head.keep_alive { Next::KeepAlive } else { Next::Close };
+            return if chunked && head.keep_alive {
+                Next::KeepAlive
+            } else {
+                Next::Close
+            };
         }
         monoio::select! {
             _ = slot.changed(seen) => {}
@@ -988,23 +1181,38 @@ async fn accept_loop(sh: Rc<Server>, listener: TcpListener) {
     drop(listener);
 }
 
-async fn serve(cfg: Rc<SimConfig>, listeners: Vec<std::net::TcpListener>, stop: Arc<AtomicBool>) {
+/// Reports the outcome of runtime start-up (driver name, or why it failed) to `spawn_cluster`.
+type Ready = std::sync::mpsc::Sender<io::Result<&'static str>>;
+
+async fn serve(
+    cfg: Rc<SimConfig>,
+    listeners: Vec<std::net::TcpListener>,
+    stop: Arc<AtomicBool>,
+    ready: Ready,
+    driver: &'static str,
+) {
+    // Built before reporting ready, so the first request does not pay for the vocabulary.
     let tok = Rc::new(SimTokenizer::new(cfg.tokenizer));
     let mut servers = Vec::with_capacity(listeners.len());
-    for (i, std_l) in listeners.into_iter().enumerate() {
+    let mut registered = Vec::with_capacity(listeners.len());
+    for std_l in listeners {
         let port = std_l.local_addr().map(|a| a.port()).unwrap_or(0);
-        let listener = match TcpListener::from_std(std_l) {
-            Ok(l) => l,
+        match TcpListener::from_std(std_l) {
+            Ok(l) => registered.push((port, l)),
             Err(e) => {
-                eprintln!("sim-worker: cannot register listener on port {port}: {e}");
-                continue;
+                let msg = format!("cannot register listener on port {port}: {e}");
+                let _ = ready.send(Err(io::Error::new(e.kind(), msg)));
+                return;
             }
-        };
+        }
+    }
+    for (i, (port, listener)) in registered.into_iter().enumerate() {
         let sh = Rc::new(Server::new(port, i, cfg.clone(), tok.clone()));
         monoio::spawn(gpu_loop(sh.clone()));
         monoio::spawn(accept_loop(sh.clone(), listener));
         servers.push(sh);
     }
+    let _ = ready.send(Ok(driver));
     while !stop.load(Ordering::Acquire) {
         monoio::time::sleep(STOP_POLL).await;
     }
@@ -1015,23 +1223,53 @@ async fn serve(cfg: Rc<SimConfig>, listeners: Vec<std::net::TcpListener>, stop: 
     monoio::time::sleep(Duration::from_millis(5)).await;
 }
 
-fn run_runtime(driver: IoDriver, cfg: SimConfig, listeners: Vec<std::net::TcpListener>, stop: Arc<AtomicBool>) -> io::Result<()> {
+fn run_runtime(
+    driver: IoDriver,
+    cfg: SimConfig,
+    listeners: Vec<std::net::TcpListener>,
+    stop: Arc<AtomicBool>,
+    ready: Ready,
+) {
     let cfg = Rc::new(cfg);
+    let failed = |ready: &Ready, e: io::Error| {
+        let msg = format!("cannot start the monoio runtime ({driver:?} driver): {e}");
+        let _ = ready.send(Err(io::Error::new(e.kind(), msg)));
+    };
     match driver {
         IoDriver::Auto => {
-            let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build()?;
-            rt.block_on(serve(cfg, listeners, stop));
+            match monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+                .enable_timer()
+                .build()
+            {
+                Ok(mut rt) => {
+                    let name = match &rt {
+                        monoio::FusionRuntime::Uring(_) => "io_uring",
+                        monoio::FusionRuntime::Legacy(_) => "legacy",
+                    };
+                    rt.block_on(serve(cfg, listeners, stop, ready, name));
+                }
+                Err(e) => failed(&ready, e),
+            }
         }
         IoDriver::Uring => {
-            let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build()?;
-            rt.block_on(serve(cfg, listeners, stop));
+            match monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
+                .enable_timer()
+                .build()
+            {
+                Ok(mut rt) => rt.block_on(serve(cfg, listeners, stop, ready, "io_uring")),
+                Err(e) => failed(&ready, e),
+            }
         }
         IoDriver::Legacy => {
-            let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build()?;
-            rt.block_on(serve(cfg, listeners, stop));
+            match monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+                .enable_timer()
+                .build()
+            {
+                Ok(mut rt) => rt.block_on(serve(cfg, listeners, stop, ready, "legacy")),
+                Err(e) => failed(&ready, e),
+            }
         }
     }
-    Ok(())
 }
 
 /// A running simulated cluster: one worker per port on a background thread. Dropping it (or
@@ -1039,13 +1277,18 @@ fn run_runtime(driver: IoDriver, cfg: SimConfig, listeners: Vec<std::net::TcpLis
 pub struct SimCluster {
     ports: Vec<u16>,
     host: String,
+    driver: &'static str,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<io::Result<()>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for SimCluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimCluster").field("host", &self.host).field("ports", &self.ports).finish()
+        f.debug_struct("SimCluster")
+            .field("host", &self.host)
+            .field("ports", &self.ports)
+            .field("io_driver", &self.driver)
+            .finish()
     }
 }
 
@@ -1057,8 +1300,15 @@ impl SimCluster {
 
     /// `http://host:port` per worker.
     pub fn urls(&self) -> Vec<String> {
-        let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
-        self.ports.iter().map(|p| format!("http://{host}:{p}")).collect()
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        self.ports
+            .iter()
+            .map(|p| format!("http://{host}:{p}"))
+            .collect()
     }
 
     /// Stop all workers and wait for the serving thread to exit (ports closed on return).
@@ -1066,13 +1316,20 @@ impl SimCluster {
         self.stop_and_join();
     }
 
-    /// Block until the serving thread exits on its own (it only does so after a shutdown
-    /// request or a runtime start failure, which is returned).
+    /// Block until the serving thread exits (after a stop requested through
+    /// [`stopper`](Self::stopper)). Errors if the thread panicked.
     pub fn join(mut self) -> io::Result<()> {
         match self.thread.take() {
-            Some(t) => t.join().unwrap_or_else(|_| Err(io::Error::other("sim-worker thread panicked"))),
+            Some(t) => t
+                .join()
+                .map_err(|_| io::Error::other("sim-worker thread panicked")),
             None => Ok(()),
         }
+    }
+
+    /// The monoio driver in use: `"io_uring"` or `"legacy"` (epoll).
+    pub fn io_driver(&self) -> &'static str {
+        self.driver
     }
 
     /// A handle that stops the cluster from another thread (signal handlers, tests).
@@ -1097,18 +1354,28 @@ impl Drop for SimCluster {
 /// Bind every port (so clients can connect as soon as this returns), then serve them all on one
 /// background monoio thread.
 pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
+    let invalid = |msg: &str| Err(io::Error::new(io::ErrorKind::InvalidInput, msg.to_owned()));
     if cfg.ports.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no ports configured"));
+        return invalid("no ports configured");
+    }
+    if !(cfg.time_scale.is_finite() && cfg.time_scale > 0.0) {
+        return invalid("time_scale must be a positive number");
+    }
+    if cfg
+        .token_interval_ms
+        .is_some_and(|ms| !(ms.is_finite() && ms >= 0.0))
+    {
+        return invalid("token_interval_ms must be a non-negative number");
+    }
+    if !(0.0..=1.0).contains(&cfg.faults.fail_rate) {
+        return invalid("fail_rate must be within [0, 1]");
     }
     let mut listeners = Vec::with_capacity(cfg.ports.len());
     let mut ports = Vec::with_capacity(cfg.ports.len());
     for &p in &cfg.ports {
-        let addr: SocketAddr = format!("{}:{p}", cfg.host)
-            .parse()
-            .or_else(|_| format!("[{}]:{p}", cfg.host).parse())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("bad host {:?}: {e}", cfg.host)))?;
-        let l = std::net::TcpListener::bind(addr)
-            .map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))?;
+        // Names ("localhost") and bare IPv6 literals resolve through ToSocketAddrs.
+        let l = std::net::TcpListener::bind((cfg.host.as_str(), p))
+            .map_err(|e| io::Error::new(e.kind(), format!("bind {}:{p}: {e}", cfg.host)))?;
         l.set_nonblocking(true)?;
         ports.push(l.local_addr()?.port());
         listeners.push(l);
@@ -1117,8 +1384,26 @@ pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
     let driver = cfg.io_driver;
     let host = cfg.host.clone();
     let stop2 = stop.clone();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name("sim-worker".into())
-        .spawn(move || run_runtime(driver, cfg, listeners, stop2))?;
-    Ok(SimCluster { ports, host, stop, thread: Some(thread) })
+        .spawn(move || run_runtime(driver, cfg, listeners, stop2, ready_tx))?;
+    // Wait until the runtime runs and every listener is registered, so a failure (io_uring not
+    // permitted, ...) is reported here rather than as refused connections later.
+    let started = ready_rx
+        .recv()
+        .unwrap_or_else(|_| Err(io::Error::other("sim-worker thread exited during start-up")));
+    match started {
+        Ok(driver) => Ok(SimCluster {
+            ports,
+            host,
+            driver,
+            stop,
+            thread: Some(thread),
+        }),
+        Err(e) => {
+            let _ = thread.join();
+            Err(e)
+        }
+    }
 }

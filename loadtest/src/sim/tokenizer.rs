@@ -9,11 +9,13 @@
 //! Differences between the modes (documented for experiment design):
 //! - `Bpe`: real merges, ~4 chars/token on English, BPE re-merging at turn boundaries, and the
 //!   template's `trim` of message content (so a reply streamed as `" word word"` re-enters the
-//!   next turn as `"word word"`). Costs ~1 µs per token of CPU.
+//!   next turn as `"word word"`). Costs a regex pass plus merges per piece, on the worker's
+//!   single thread.
 //! - `Approx`: text is cut into pieces (a run of letters/digits with at most one leading space,
-//!   a run of other symbols, or a run of whitespace), each piece into ≤4-character chunks (plus a leading space), each
-//!   chunk hashed to an id below 100 000. Prefix-stable (appending text only changes the last
-//!   piece), ~10× cheaper, and ≈ the same token counts for English; no real merges.
+//!   a run of other symbols, or a run of whitespace), each piece into ≤4-character chunks (a
+//!   leading space rides along), each chunk hashed to an id below 100 000. Prefix-stable
+//!   (appending text only changes the last piece), much cheaper (no regex, no merge loop),
+//!   roughly the same token counts for English; no real merges.
 //!   Both modes use the same template, special ids and BOS.
 //!
 //! Generated answers are drawn from a fixed list of short English words that are exactly one
@@ -47,29 +49,261 @@ const APPROX_VOCAB: u32 = 100_000;
 
 /// Candidate words for generated text; each is kept only if `" word"` is one token.
 const WORDS: &[&str] = &[
-    "the", "of", "and", "to", "in", "is", "it", "that", "was", "for", "on", "are", "as", "with",
-    "his", "they", "at", "be", "this", "from", "have", "or", "by", "one", "had", "not", "but",
-    "what", "all", "were", "when", "we", "there", "can", "an", "your", "which", "their", "said",
-    "if", "do", "will", "each", "about", "how", "up", "out", "them", "then", "she", "many",
-    "some", "so", "these", "would", "other", "into", "has", "more", "her", "two", "like", "him",
-    "see", "time", "could", "no", "make", "than", "first", "been", "its", "who", "now", "people",
-    "my", "made", "over", "did", "down", "only", "way", "find", "use", "may", "water", "long",
-    "little", "very", "after", "words", "called", "just", "where", "most", "know", "get",
-    "through", "back", "much", "before", "go", "good", "new", "write", "our", "used", "me",
-    "man", "too", "any", "day", "same", "right", "look", "think", "also", "around", "another",
-    "came", "come", "work", "three", "word", "must", "because", "does", "part", "even", "place",
-    "well", "such", "here", "take", "why", "things", "help", "put", "years", "different", "away",
-    "again", "off", "went", "old", "number", "great", "tell", "men", "say", "small", "every",
-    "found", "still", "between", "name", "should", "home", "big", "give", "air", "line", "set",
-    "own", "under", "read", "last", "never", "us", "left", "end", "along", "while", "might",
-    "next", "sound", "below", "saw", "something", "thought", "both", "few", "those", "always",
-    "looked", "show", "large", "often", "together", "asked", "house", "world", "going", "want",
-    "school", "important", "until", "form", "food", "keep", "children", "feet", "land", "side",
-    "without", "boy", "once", "animals", "life", "enough", "took", "sometimes", "four", "head",
-    "above", "kind", "began", "almost", "live", "page", "got", "earth", "need", "far", "hand",
-    "high", "year", "mother", "light", "parts", "country", "father", "let", "night", "following",
-    "picture", "being", "study", "second", "eyes", "soon", "times", "story", "boys", "since",
-    "white", "days", "ever", "paper", "hard", "near", "sentence", "better", "best", "across",
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "it",
+    "that",
+    "was",
+    "for",
+    "on",
+    "are",
+    "as",
+    "with",
+    "his",
+    "they",
+    "at",
+    "be",
+    "this",
+    "from",
+    "have",
+    "or",
+    "by",
+    "one",
+    "had",
+    "not",
+    "but",
+    "what",
+    "all",
+    "were",
+    "when",
+    "we",
+    "there",
+    "can",
+    "an",
+    "your",
+    "which",
+    "their",
+    "said",
+    "if",
+    "do",
+    "will",
+    "each",
+    "about",
+    "how",
+    "up",
+    "out",
+    "them",
+    "then",
+    "she",
+    "many",
+    "some",
+    "so",
+    "these",
+    "would",
+    "other",
+    "into",
+    "has",
+    "more",
+    "her",
+    "two",
+    "like",
+    "him",
+    "see",
+    "time",
+    "could",
+    "no",
+    "make",
+    "than",
+    "first",
+    "been",
+    "its",
+    "who",
+    "now",
+    "people",
+    "my",
+    "made",
+    "over",
+    "did",
+    "down",
+    "only",
+    "way",
+    "find",
+    "use",
+    "may",
+    "water",
+    "long",
+    "little",
+    "very",
+    "after",
+    "words",
+    "called",
+    "just",
+    "where",
+    "most",
+    "know",
+    "get",
+    "through",
+    "back",
+    "much",
+    "before",
+    "go",
+    "good",
+    "new",
+    "write",
+    "our",
+    "used",
+    "me",
+    "man",
+    "too",
+    "any",
+    "day",
+    "same",
+    "right",
+    "look",
+    "think",
+    "also",
+    "around",
+    "another",
+    "came",
+    "come",
+    "work",
+    "three",
+    "word",
+    "must",
+    "because",
+    "does",
+    "part",
+    "even",
+    "place",
+    "well",
+    "such",
+    "here",
+    "take",
+    "why",
+    "things",
+    "help",
+    "put",
+    "years",
+    "different",
+    "away",
+    "again",
+    "off",
+    "went",
+    "old",
+    "number",
+    "great",
+    "tell",
+    "men",
+    "say",
+    "small",
+    "every",
+    "found",
+    "still",
+    "between",
+    "name",
+    "should",
+    "home",
+    "big",
+    "give",
+    "air",
+    "line",
+    "set",
+    "own",
+    "under",
+    "read",
+    "last",
+    "never",
+    "us",
+    "left",
+    "end",
+    "along",
+    "while",
+    "might",
+    "next",
+    "sound",
+    "below",
+    "saw",
+    "something",
+    "thought",
+    "both",
+    "few",
+    "those",
+    "always",
+    "looked",
+    "show",
+    "large",
+    "often",
+    "together",
+    "asked",
+    "house",
+    "world",
+    "going",
+    "want",
+    "school",
+    "important",
+    "until",
+    "form",
+    "food",
+    "keep",
+    "children",
+    "feet",
+    "land",
+    "side",
+    "without",
+    "boy",
+    "once",
+    "animals",
+    "life",
+    "enough",
+    "took",
+    "sometimes",
+    "four",
+    "head",
+    "above",
+    "kind",
+    "began",
+    "almost",
+    "live",
+    "page",
+    "got",
+    "earth",
+    "need",
+    "far",
+    "hand",
+    "high",
+    "year",
+    "mother",
+    "light",
+    "parts",
+    "country",
+    "father",
+    "let",
+    "night",
+    "following",
+    "picture",
+    "being",
+    "study",
+    "second",
+    "eyes",
+    "soon",
+    "times",
+    "story",
+    "boys",
+    "since",
+    "white",
+    "days",
+    "ever",
+    "paper",
+    "hard",
+    "near",
+    "sentence",
+    "better",
+    "best",
+    "across",
 ];
 
 /// One chat message as the template sees it.
@@ -92,7 +326,10 @@ pub struct SimTokenizer {
 
 impl std::fmt::Debug for SimTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimTokenizer").field("mode", &self.mode).field("output_words", &self.out_words.len()).finish()
+        f.debug_struct("SimTokenizer")
+            .field("mode", &self.mode)
+            .field("output_words", &self.out_words.len())
+            .finish()
     }
 }
 
@@ -103,7 +340,12 @@ impl SimTokenizer {
             TokenizerMode::Bpe => Some(tiktoken_rs::cl100k_base_singleton()),
             TokenizerMode::Approx => None,
         };
-        let mut t = SimTokenizer { mode, bpe, out_words: Vec::new(), out_index: HashMap::new() };
+        let mut t = SimTokenizer {
+            mode,
+            bpe,
+            out_words: Vec::new(),
+            out_index: HashMap::new(),
+        };
         let mut ids = Vec::new();
         for w in WORDS {
             let text = format!(" {w}");
@@ -234,8 +476,8 @@ pub fn approx_encode(text: &str, out: &mut Vec<u32>) {
             }
             Class::Space => {
                 while let Some(d) = next_char(pos) {
-                    let joins_word = d == ' '
-                        && next_char(pos + 1).is_some_and(|e| class(e) == Class::Word);
+                    let joins_word =
+                        d == ' ' && next_char(pos + 1).is_some_and(|e| class(e) == Class::Word);
                     if class(d) != Class::Space || joins_word {
                         break;
                     }
@@ -251,7 +493,11 @@ pub fn approx_encode(text: &str, out: &mut Vec<u32>) {
 fn approx_piece(piece: &str, out: &mut Vec<u32>) {
     let mut start = 0;
     // A leading space rides along with the first chunk (" word" is one token, as in BPE).
-    let mut n = if piece.starts_with(' ') && piece.len() > 1 { -1i32 } else { 0 };
+    let mut n = if piece.starts_with(' ') && piece.len() > 1 {
+        -1i32
+    } else {
+        0
+    };
     for (i, _) in piece.char_indices() {
         if n == 4 {
             out.push(fnv1a(&piece.as_bytes()[start..i]) % APPROX_VOCAB);
@@ -279,9 +525,16 @@ mod tests {
     fn approx_is_prefix_stable_and_word_sized() {
         let a = approx("Hello there, general Kenobi");
         let b = approx("Hello there, general Kenobi. You are a bold one");
-        assert_eq!(&b[..a.len() - 1], &a[..a.len() - 1], "only the last piece may change");
+        assert_eq!(
+            &b[..a.len() - 1],
+            &a[..a.len() - 1],
+            "only the last piece may change"
+        );
         assert_eq!(approx(" the").len(), 1);
-        assert_eq!(approx(" the and of"), [approx(" the"), approx(" and"), approx(" of")].concat());
+        assert_eq!(
+            approx(" the and of"),
+            [approx(" the"), approx(" and"), approx(" of")].concat()
+        );
         // ~4 chars per token on plain English.
         let text = "The quick brown fox jumps over the lazy dog and keeps running far away";
         let n = approx(text).len();
@@ -301,7 +554,10 @@ mod tests {
             let text = t.decode_output(&ids);
             let mut re = Vec::new();
             t.encode_plain(&text, &mut re);
-            assert_eq!(re, ids, "{mode:?}: generated text re-tokenizes to the generated ids");
+            assert_eq!(
+                re, ids,
+                "{mode:?}: generated text re-tokenizes to the generated ids"
+            );
         }
     }
 
@@ -309,22 +565,43 @@ mod tests {
     fn chat_template_structure() {
         let t = SimTokenizer::new(TokenizerMode::Bpe);
         let mut ids = Vec::new();
-        t.encode_chat(&[ChatTurn { role: "user", content: "  Hello!  " }], &mut ids);
+        t.encode_chat(
+            &[ChatTurn {
+                role: "user",
+                content: "  Hello!  ",
+            }],
+            &mut ids,
+        );
         assert_eq!(ids[0], BOS);
         assert_eq!(ids[1], START_HEADER);
         assert!(ids.contains(&END_HEADER) && ids.contains(&EOT));
         assert_eq!(ids.iter().filter(|&&x| x == START_HEADER).count(), 2);
         // Content is trimmed: same ids as without the padding.
         let mut trimmed = Vec::new();
-        t.encode_chat(&[ChatTurn { role: "user", content: "Hello!" }], &mut trimmed);
+        t.encode_chat(
+            &[ChatTurn {
+                role: "user",
+                content: "Hello!",
+            }],
+            &mut trimmed,
+        );
         assert_eq!(ids, trimmed);
         // A two-turn conversation extends the one-turn prompt up to its generation prompt.
         let mut two = Vec::new();
         t.encode_chat(
             &[
-                ChatTurn { role: "user", content: "Hello!" },
-                ChatTurn { role: "assistant", content: "Hi." },
-                ChatTurn { role: "user", content: "More" },
+                ChatTurn {
+                    role: "user",
+                    content: "Hello!",
+                },
+                ChatTurn {
+                    role: "assistant",
+                    content: "Hi.",
+                },
+                ChatTurn {
+                    role: "user",
+                    content: "More",
+                },
             ],
             &mut two,
         );

@@ -364,7 +364,8 @@ fn deep_trees_need_no_deep_stack() {
 
 #[test]
 fn node_is_compact() {
-    assert_eq!(std::mem::size_of::<Node>(), 56);
+    assert_eq!(std::mem::size_of::<Node>(), 64);
+    assert_eq!(std::mem::size_of::<Workers>(), 24);
     assert_eq!(std::mem::size_of::<RadixTree>(), 24);
 }
 
@@ -384,11 +385,16 @@ fn text() -> impl Strategy<Value = String> {
         .prop_map(|v| v.into_iter().collect())
 }
 
+/// Workers 1, 33 and 65 share a bloom bit, so false positives of the bloom are exercised.
+fn worker() -> impl Strategy<Value = WorkerId> {
+    prop::sample::select(vec![0u32, 1, 33, 65])
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..4u32, text()).prop_map(|(w, s)| Op::Insert(w, s)),
-        1 => (0..4u32).prop_map(Op::Remove),
-        2 => (0..4u32, 0..20u64).prop_map(|(w, m)| Op::Evict(w, m)),
+        6 => (worker(), text()).prop_map(|(w, s)| Op::Insert(w, s)),
+        1 => worker().prop_map(Op::Remove),
+        2 => (worker(), 0..20u64).prop_map(|(w, m)| Op::Evict(w, m)),
         2 => text().prop_map(Op::Match),
     ]
 }
