@@ -9,7 +9,7 @@ use crate::proxy::pool::Pool;
 use crate::proxy::retry::RetryPolicy;
 use crate::route::policy::Policy;
 use crate::route::rng::Rng;
-use crate::tree::TreeHandle;
+use crate::tree::{TreeHandle, WorkerId};
 use crate::workers::breaker::{BreakerConfig, Transition};
 use crate::workers::registry::{Registry, RegistryError, Worker};
 use std::cell::RefCell;
@@ -65,8 +65,15 @@ impl Gateway {
                 "worker {} refused a connection: out of selection until healthy",
                 worker.url
             );
-            self.policy.workers_changed(&self.registry.load().ids);
+            self.membership_changed();
         }
+    }
+
+    /// Tell the policy the worker set or eligibility changed (rings keyed by URL).
+    pub fn membership_changed(&self) {
+        let list = self.registry.load();
+        let named: Vec<(WorkerId, &[u8])> = list.workers.iter().map(|w| (w.id, w.url.as_bytes())).collect();
+        self.policy.workers_changed_named(&named);
     }
 
     /// Circuit state of a worker, for the management API.
@@ -93,7 +100,7 @@ impl Gateway {
         );
         metrics::counter!("smg_worker_cb_transitions_total", "to" => worker.breaker.state().as_str()).increment(1);
         self.registry.refresh_eligibility(worker);
-        self.policy.workers_changed(&self.registry.load().ids);
+        self.membership_changed();
     }
 
     /// Check `Authorization: Bearer <key>`: inference endpoints need `--api-key`, admin
@@ -169,7 +176,7 @@ impl Gateway {
             )
         };
         self.registry.set_healthy(&worker, healthy);
-        self.policy.workers_changed(&self.registry.load().ids);
+        self.membership_changed();
         crate::log!(
             Info,
             "worker {} added (id {}, healthy: {healthy})",
@@ -183,7 +190,7 @@ impl Gateway {
     /// (on a helper thread, so no core waits on the writer's channel).
     pub fn remove_worker(&self, url_or_id: &str) -> Result<Arc<Worker>, RegistryError> {
         let worker = self.registry.remove(url_or_id)?;
-        self.policy.workers_changed(&self.registry.load().ids);
+        self.membership_changed();
         if let Some(tree) = self.tree.clone() {
             let id = worker.id;
             let _ = std::thread::Builder::new()

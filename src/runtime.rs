@@ -232,7 +232,11 @@ pub fn start(cfg: Config) -> Result<Running, String> {
         })
     });
     let policy = Policy::new(cfg.policy_config());
-    policy.workers_changed(&registry.load().ids);
+    {
+        let list = registry.load();
+        let named: Vec<(crate::tree::WorkerId, &[u8])> = list.workers.iter().map(|w| (w.id, w.url.as_bytes())).collect();
+        policy.workers_changed_named(&named);
+    }
     crate::metrics::install();
     let metrics = Metrics::new();
     metrics.io_driver(driver);

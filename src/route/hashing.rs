@@ -71,23 +71,32 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// Build the ring for `workers` (admin path; allocates 150 points per worker).
+    /// Build the ring for `workers`, each placed by its id (admin path; 150 points per worker).
     pub fn build(workers: &[WorkerId]) -> Ring {
-        let mut points: Vec<(u64, WorkerId)> = workers
-            .iter()
-            .flat_map(|&w| {
-                (0..VNODES).map(move |v| {
-                    let mut b = [0u8; 8];
-                    b[..4].copy_from_slice(&w.to_le_bytes());
-                    b[4..].copy_from_slice(&v.to_le_bytes());
-                    (hash64(&b), w)
-                })
-            })
-            .collect();
+        let named: Vec<(WorkerId, [u8; 4])> = workers.iter().map(|&w| (w, w.to_le_bytes())).collect();
+        let refs: Vec<(WorkerId, &[u8])> = named.iter().map(|(w, b)| (*w, &b[..])).collect();
+        Ring::build_named(&refs)
+    }
+
+    /// Build the ring placing each worker by a stable name (its URL), so every gateway replica,
+    /// and the same gateway after a restart, puts a key on the same worker whatever the order
+    /// or ids of registration.
+    pub fn build_named(workers: &[(WorkerId, &[u8])]) -> Ring {
+        let mut points: Vec<(u64, WorkerId)> = Vec::with_capacity(workers.len() * VNODES as usize);
+        let mut b = Vec::new();
+        for &(w, name) in workers {
+            for v in 0..VNODES {
+                b.clear();
+                b.extend_from_slice(name);
+                b.push(b'#');
+                b.extend_from_slice(&v.to_le_bytes());
+                points.push((hash64(&b), w));
+            }
+        }
         points.sort_unstable();
         Ring {
             points: points.into(),
-            members: workers.into(),
+            members: workers.iter().map(|&(w, _)| w).collect(),
         }
     }
 
@@ -142,6 +151,14 @@ impl RingCell {
             return;
         }
         self.ring.store(Arc::new(Ring::build(workers)));
+    }
+
+    /// Rebuild for a new registered list of (id, stable name) (no-op when unchanged).
+    pub fn rebuild_named(&self, workers: &[(WorkerId, &[u8])]) {
+        if self.ring.load().members().iter().copied().eq(workers.iter().map(|&(w, _)| w)) {
+            return;
+        }
+        self.ring.store(Arc::new(Ring::build_named(workers)));
     }
 
     /// The current ring (hold the guard only for the lookup).
@@ -474,5 +491,24 @@ mod tests {
                 .branch,
             Branch::HashRingOverloaded
         );
+    }
+
+    #[test]
+    fn named_rings_place_keys_by_url_not_by_id_or_order() {
+        let a = Ring::build_named(&[(0, b"http://a:1"), (1, b"http://b:1"), (2, b"http://c:1")]);
+        // Another replica registered the same workers in another order, with other ids.
+        let b = Ring::build_named(&[(7, b"http://c:1"), (5, b"http://a:1"), (6, b"http://b:1")]);
+        let name_a = |w: WorkerId| ["http://a:1", "http://b:1", "http://c:1"][w as usize];
+        let name_b = |w: WorkerId| match w {
+            5 => "http://a:1",
+            6 => "http://b:1",
+            _ => "http://c:1",
+        };
+        for k in 0..2000u64 {
+            let h = hash64(&k.to_le_bytes());
+            let wa = a.lookup(h, |_| true).unwrap();
+            let wb = b.lookup(h, |_| true).unwrap();
+            assert_eq!(name_a(wa), name_b(wb));
+        }
     }
 }

@@ -418,6 +418,18 @@ impl Policy {
         }
     }
 
+    /// Like [`Policy::workers_changed`], with each worker's stable name (its URL) so hash rings
+    /// agree across gateway replicas and restarts.
+    pub fn workers_changed_named(&self, workers: &[(WorkerId, &[u8])]) {
+        if let Some(ring) = &self.ring {
+            ring.rebuild_named(workers);
+        }
+        if let Some(b) = &self.bucket {
+            let ids: Vec<WorkerId> = workers.iter().map(|&(w, _)| w).collect();
+            b.workers_changed(&ids);
+        }
+    }
+
     /// A request routed with `select` ended on `worker` (any outcome). Must be called once per
     /// decision made for an input with a routing key (retries included) so `manual`'s
     /// "keys in flight" counts stay right; other policies ignore it.

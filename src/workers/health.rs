@@ -170,7 +170,7 @@ async fn run(gw: Arc<Gateway>) {
             };
         }
         if changed {
-            gw.policy.workers_changed(&gw.registry.load().ids);
+            gw.membership_changed();
         }
         monoio::time::sleep(Duration::from_millis(100)).await;
     }
