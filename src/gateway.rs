@@ -41,6 +41,9 @@ pub struct Gateway {
     pub breaker: BreakerConfig,
     /// Retry settings.
     pub retry: RetryPolicy,
+    /// Model names the workers serve (from their `/v1/models`): the only values the `model`
+    /// metric label takes, so clients cannot mint series with made-up names.
+    pub known_models: arc_swap::ArcSwap<Vec<String>>,
 }
 
 impl Gateway {
@@ -69,10 +72,56 @@ impl Gateway {
         }
     }
 
+    /// The `model` label for a request's model: a name some worker serves, else "other".
+    pub fn model_label(&self, model: Option<&str>) -> String {
+        match model {
+            None => "default".to_string(),
+            Some(m) => {
+                let known = self.known_models.load();
+                if known.iter().any(|k| k == m) {
+                    m.to_string()
+                } else {
+                    "other".to_string()
+                }
+            }
+        }
+    }
+
+    /// Learn model names from a worker's `/v1/models` body (health thread).
+    pub fn learn_models(&self, body: &[u8]) {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+            return;
+        };
+        let ids: Vec<String> = v
+            .get("data")
+            .and_then(|d| d.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|c| c.get("id")?.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let cur = self.known_models.load();
+        if ids.iter().all(|id| cur.contains(id)) {
+            return;
+        }
+        let mut next: Vec<String> = cur.as_ref().clone();
+        for id in ids {
+            if !next.contains(&id) && next.len() < 256 {
+                next.push(id);
+            }
+        }
+        self.known_models.store(Arc::new(next));
+    }
+
     /// Tell the policy the worker set or eligibility changed (rings keyed by URL).
     pub fn membership_changed(&self) {
         let list = self.registry.load();
-        let named: Vec<(WorkerId, &[u8])> = list.workers.iter().map(|w| (w.id, w.url.as_bytes())).collect();
+        let named: Vec<(WorkerId, &[u8])> = list
+            .workers
+            .iter()
+            .map(|w| (w.id, w.url.as_bytes()))
+            .collect();
         self.policy.workers_changed_named(&named);
     }
 

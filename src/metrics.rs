@@ -83,6 +83,11 @@ impl Metrics {
     pub fn ttft(&self, took: Duration) {
         histogram!("radixgate_time_to_first_byte_seconds").record(took.as_secs_f64());
     }
+    /// One routed request, by model (`label` from `Gateway::model_label`: a served model name,
+    /// "default" or "other"), endpoint and streaming flag.
+    pub fn routed(&self, model: String, endpoint: &'static str, streaming: bool) {
+        counter!("smg_router_requests_total", "model" => model, "endpoint" => endpoint, "streaming" => if streaming { "true" } else { "false" }).increment(1);
+    }
     /// A request moved to another worker.
     pub fn retry(&self) {
         counter!("smg_worker_retries_total").increment(1);

@@ -234,7 +234,11 @@ pub fn start(cfg: Config) -> Result<Running, String> {
     let policy = Policy::new(cfg.policy_config());
     {
         let list = registry.load();
-        let named: Vec<(crate::tree::WorkerId, &[u8])> = list.workers.iter().map(|w| (w.id, w.url.as_bytes())).collect();
+        let named: Vec<(crate::tree::WorkerId, &[u8])> = list
+            .workers
+            .iter()
+            .map(|w| (w.id, w.url.as_bytes()))
+            .collect();
         policy.workers_changed_named(&named);
     }
     crate::metrics::install();
@@ -251,6 +255,7 @@ pub fn start(cfg: Config) -> Result<Running, String> {
         admission,
         breaker: cfg.breaker_config(),
         retry: cfg.retry_policy(),
+        known_models: Default::default(),
         cfg,
         registry,
         policy,

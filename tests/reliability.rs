@@ -580,7 +580,7 @@ fn graceful_shutdown_lets_a_stream_finish_and_exits_zero() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_radixgate"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_radixgate"))
         .args([
             "--host",
             "127.0.0.1",
@@ -597,6 +597,8 @@ fn graceful_shutdown_lets_a_stream_finish_and_exits_zero() {
         ])
         .spawn()
         .expect("start radixgate");
+    // Killed by PID if the test fails before the gateway exits by itself.
+    let mut child = KillOnDrop(Some(child));
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     wait_ready_process(addr);
     let mut c = Conn::open(addr);
@@ -608,14 +610,14 @@ fn graceful_shutdown_lets_a_stream_finish_and_exits_zero() {
     ));
     let _ = c.read_head(false).unwrap();
     // SAFETY: plain kill(2) on the child we started.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(child.0.as_ref().unwrap().id() as i32, libc::SIGTERM) };
     let r = c.read_timed_until(b"data: [DONE]", Duration::from_secs(10));
     let all: Vec<u8> = r.into_iter().flat_map(|(_, b)| b).collect();
     assert!(
         String::from_utf8_lossy(&all).contains("[DONE]"),
         "the stream was cut by shutdown"
     );
-    let status = child.wait().unwrap();
+    let status = child.0.take().unwrap().wait().unwrap();
     assert!(status.success(), "exit status {status:?}");
 }
 
@@ -630,4 +632,48 @@ fn wait_ready_process(addr: std::net::SocketAddr) {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("radixgate process not ready");
+}
+
+#[test]
+fn unknown_model_names_collapse_into_one_metric_label() {
+    let cluster = sim(1, |_| {});
+    let gw = gateway_for(&cluster.urls(), &[]);
+    let known = "meta-llama/Llama-3.1-8B-Instruct";
+    let until = Instant::now() + Duration::from_secs(5);
+    while !gw.gateway().known_models.load().iter().any(|m| m == known) {
+        assert!(Instant::now() < until, "served models never learned");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for model in [known, "made-up-model-zzz-1", "made-up-model-zzz-2"] {
+        let body = serde_json::to_vec(
+            &serde_json::json!({"model": model, "prompt": "hi", "max_tokens": 1}),
+        )
+        .unwrap();
+        assert_eq!(
+            request(gw.addr, "POST", "/v1/completions", &[], &body)
+                .unwrap()
+                .status,
+            200
+        );
+    }
+    let rendered = radixgate::metrics::install()
+        .map(|h| h.render())
+        .unwrap_or_default();
+    assert!(
+        !rendered.contains("made-up-model-zzz"),
+        "client input minted a label value"
+    );
+    assert!(rendered.contains("model=\"other\""));
+    assert!(rendered.contains(&format!("model=\"{known}\"")));
+}
+
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }

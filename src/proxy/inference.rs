@@ -133,6 +133,13 @@ pub async fn handle(
             text: Cow::Borrowed(""),
         },
     };
+    if api.is_some() {
+        gw.metrics.routed(
+            gw.model_label(info.model.as_deref()),
+            crate::metrics::path_label(head.path()),
+            info.stream,
+        );
+    }
     let rid = request_id(
         head,
         &gw.cfg.request_id_headers,

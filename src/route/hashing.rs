@@ -73,7 +73,8 @@ pub struct Ring {
 impl Ring {
     /// Build the ring for `workers`, each placed by its id (admin path; 150 points per worker).
     pub fn build(workers: &[WorkerId]) -> Ring {
-        let named: Vec<(WorkerId, [u8; 4])> = workers.iter().map(|&w| (w, w.to_le_bytes())).collect();
+        let named: Vec<(WorkerId, [u8; 4])> =
+            workers.iter().map(|&w| (w, w.to_le_bytes())).collect();
         let refs: Vec<(WorkerId, &[u8])> = named.iter().map(|(w, b)| (*w, &b[..])).collect();
         Ring::build_named(&refs)
     }
@@ -155,7 +156,14 @@ impl RingCell {
 
     /// Rebuild for a new registered list of (id, stable name) (no-op when unchanged).
     pub fn rebuild_named(&self, workers: &[(WorkerId, &[u8])]) {
-        if self.ring.load().members().iter().copied().eq(workers.iter().map(|&(w, _)| w)) {
+        if self
+            .ring
+            .load()
+            .members()
+            .iter()
+            .copied()
+            .eq(workers.iter().map(|&(w, _)| w))
+        {
             return;
         }
         self.ring.store(Arc::new(Ring::build_named(workers)));

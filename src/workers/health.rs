@@ -85,6 +85,7 @@ async fn run(gw: Arc<Gateway>) {
     let startup_cap = Duration::from_secs(cfg.worker_startup_check_interval.max(1));
     let startup_timeout = Duration::from_secs(cfg.worker_startup_timeout_secs);
     let mut probes: HashMap<WorkerId, Probe> = HashMap::new();
+    let mut models_seen: std::collections::HashSet<WorkerId> = Default::default();
     while !gw.is_shutting_down() {
         let list = gw.registry.load_full();
         let now_ms = gw.now_ms();
@@ -116,17 +117,33 @@ async fn run(gw: Arc<Gateway>) {
         for w in due {
             let core = core.clone();
             let path = cfg.health_check_endpoint.clone();
+            let learn = !models_seen.contains(&w.id);
             handles.push(monoio::spawn(async move {
                 let ok = matches!(
                     forward::fetch(&core, &w, "GET", &path, Bytes::new(), timeout).await,
                     Ok((200..=299, _))
                 );
-                (w, ok)
+                // Learn the served model names once per worker (for the metric label).
+                let models = if ok && learn {
+                    match forward::fetch(&core, &w, "GET", "/v1/models", Bytes::new(), timeout)
+                        .await
+                    {
+                        Ok((200, body)) => Some(body),
+                        _ => None,
+                    }
+                } else {
+                    None
+                };
+                (w, ok, models)
             }));
         }
         let mut changed = false;
         for h in handles {
-            let (w, ok) = h.await;
+            let (w, ok, models) = h.await;
+            if let Some(body) = models {
+                gw.learn_models(&body);
+                models_seen.insert(w.id);
+            }
             let Some(p) = probes.get_mut(&w.id) else {
                 continue;
             };

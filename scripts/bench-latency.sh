@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Latency radixgate adds over a direct connection to one worker, and peak requests/s through it.
+#
+#   scripts/bench-latency.sh [DURATION_SECS] [RUNS]
+#
+# Method (rust-stack.md §7): one simulated worker answering at once (--token-interval-ms 0,
+# one output token) and wrk on CPU 1, the gateway pinned to CPU 0. Each run measures direct
+# and proxied back to back at one connection (wrk -c1, closed loop), so the ratio comes from
+# the same conditions; the medians over RUNS are reported. Then peak throughput at 64
+# connections. Only 127.0.0.1; every process started here is stopped by PID on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${1:-10}
+RUNS=${2:-5}
+command -v wrk >/dev/null || { echo "installing wrk (Debian package)"; apt-get install -y wrk >/dev/null; }
+cargo build --release -q -p radixgate -p loadtest
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT INT TERM
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+SIM=$(free_port); GW=$(free_port)
+taskset -c 1 target/release/sim-worker --ports "$SIM" --tokenizer approx --token-interval-ms 0 >/dev/null 2>&1 & pids+=($!)
+taskset -c 0 target/release/radixgate --host 127.0.0.1 --port "$GW" --prometheus-port 0 --cpu-list 0 \
+  --worker-urls "http://127.0.0.1:$SIM" --log-level warn & pids+=($!)
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$GW/readiness" >/dev/null && break; sleep 0.1; done
+
+LUA=$(mktemp); trap 'rm -f "$LUA"; cleanup' EXIT
+cat > "$LUA" <<'LUA'
+wrk.method = "POST"
+wrk.body = '{"text":"hello radixgate","sampling_params":{"max_new_tokens":1}}'
+wrk.headers["Content-Type"] = "application/json"
+LUA
+# wrk prints percentiles as e.g. "50%  112.00us"; convert to microseconds.
+pct() { awk -v p="$1" '$1==p { v=$2; if (v ~ /us$/) { sub(/us$/,"",v); print v } else if (v ~ /ms$/) { sub(/ms$/,"",v); print v*1000 } else if (v ~ /s$/) { sub(/s$/,"",v); print v*1000000 } }'; }
+rps() { awk '/Requests\/sec/ { print $2 }'; }
+median() { sort -n | awk '{ a[NR]=$1 } END { if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
+
+echo "warm-up"; taskset -c 1 wrk -t1 -c1 -d2s -s "$LUA" "http://127.0.0.1:$GW/generate" >/dev/null
+d50=(); d99=(); p50=(); p99=()
+for i in $(seq "$RUNS"); do
+  out=$(taskset -c 1 wrk -t1 -c1 -d"${DURATION}s" --latency -s "$LUA" "http://127.0.0.1:$SIM/generate")
+  d50+=("$(pct 50% <<<"$out")"); d99+=("$(pct 99% <<<"$out")")
+  out=$(taskset -c 1 wrk -t1 -c1 -d"${DURATION}s" --latency -s "$LUA" "http://127.0.0.1:$GW/generate")
+  p50+=("$(pct 50% <<<"$out")"); p99+=("$(pct 99% <<<"$out")")
+  echo "run $i: direct p50 ${d50[-1]}us p99 ${d99[-1]}us | via radixgate p50 ${p50[-1]}us p99 ${p99[-1]}us"
+done
+md50=$(printf '%s\n' "${d50[@]}" | median); md99=$(printf '%s\n' "${d99[@]}" | median)
+mp50=$(printf '%s\n' "${p50[@]}" | median); mp99=$(printf '%s\n' "${p99[@]}" | median)
+peak=$(taskset -c 1 wrk -t1 -c64 -d"${DURATION}s" -s "$LUA" "http://127.0.0.1:$GW/generate" | rps)
+direct_peak=$(taskset -c 1 wrk -t1 -c64 -d"${DURATION}s" -s "$LUA" "http://127.0.0.1:$SIM/generate" | rps)
+echo
+echo "| one connection, medians of $RUNS × ${DURATION}s | p50 (µs) | p99 (µs) |"
+echo "|---|---|---|"
+echo "| direct to the worker | $md50 | $md99 |"
+echo "| through radixgate | $mp50 | $mp99 |"
+echo "| added by radixgate | $(awk -v a="$mp50" -v b="$md50" 'BEGIN{print a-b}') | $(awk -v a="$mp99" -v b="$md99" 'BEGIN{print a-b}') |"
+echo
+echo "peak at 64 connections: through radixgate (1 core) $peak req/s; direct to the worker $direct_peak req/s"
