@@ -141,13 +141,13 @@ def chart(root, meta, runs):
     ok = [r for r in runs if r.get("status") == "ok" and r["lg"]]
     if not ok:
         return "chart skipped: no successful run"
-    labels = [r["label"].replace(" ", "\n").replace("+", "\n+") for r in ok]
+    labels = [r["label"].replace("sglang-router ", "sglang-router\n").replace("+", "\n+") for r in ok]
     x = range(len(ok))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(10, 1.6 * len(ok)), 4.8))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(10, 1.7 * len(ok)), 5.6))
     hits = [100 * (r["hit"] or 0) for r in ok]
     colors = ["tab:orange" if r["gateway"] != "radixgate" else "tab:blue" for r in ok]
     ax1.bar(x, hits, color=colors)
-    ax1.set_xticks(list(x), labels, fontsize=7)
+    ax1.set_xticks(list(x), labels, fontsize=7, rotation=35, ha="right", rotation_mode="anchor")
     ax1.set_ylabel("hit rate, % (workers' counters)")
     ax1.set_ylim(0, 100)
     for i, h in enumerate(hits):
@@ -157,7 +157,7 @@ def chart(root, meta, runs):
     w = 0.4
     ax2.bar([i - w / 2 for i in x], p50, w, label="TTFT p50")
     ax2.bar([i + w / 2 for i in x], p99, w, label="TTFT p99")
-    ax2.set_xticks(list(x), labels, fontsize=7)
+    ax2.set_xticks(list(x), labels, fontsize=7, rotation=35, ha="right", rotation_mode="anchor")
     ax2.set_ylabel("ms (client side)")
     ax2.legend()
     fig.suptitle(f"routing policies — workload {meta.get('workload', '?')}, {meta.get('workers', '?')} workers "

@@ -6,6 +6,7 @@
 use crate::gateway::Core;
 use crate::http::{self, RequestHead};
 use crate::proxy::forward;
+use crate::proxy::inference::reply_error;
 use crate::proxy::io::write_all_by;
 use crate::workers::registry::{RegistryError, Worker};
 use bytes::Bytes;
@@ -86,21 +87,6 @@ async fn send(stream: &mut TcpStream, head: &RequestHead, status: u16, body: &Va
     let keep = head.keep_alive;
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     let resp = http::response::render(status, "application/json", &[], &bytes, !keep);
-    write_all_by(stream, resp, Instant::now() + Duration::from_secs(30))
-        .await
-        .is_ok()
-        && keep
-}
-
-async fn send_error(
-    stream: &mut TcpStream,
-    head: &RequestHead,
-    status: u16,
-    error_type: &str,
-    msg: &str,
-) -> bool {
-    let keep = head.keep_alive;
-    let resp = http::response::error_response(status, error_type, msg, &[], !keep);
     write_all_by(stream, resp, Instant::now() + Duration::from_secs(30))
         .await
         .is_ok()
@@ -207,7 +193,7 @@ pub async fn handle(
         if let Err(msg) = gw.authorize(head, true) {
             return (
                 401,
-                send_error(stream, head, 401, "authentication_error", msg).await,
+                reply_error(stream, head, 401, "authentication_error", msg).await,
             );
         }
     }
@@ -273,7 +259,7 @@ pub async fn handle(
             if answered == 0 && !gw.registry.load().is_empty() {
                 return (
                     503,
-                    send_error(
+                    reply_error(
                         stream,
                         head,
                         503,
@@ -328,7 +314,7 @@ pub async fn handle(
                 Some(w) => (200, send(stream, head, 200, &worker_json(core, &w)).await),
                 None => (
                     404,
-                    send_error(
+                    reply_error(
                         stream,
                         head,
                         404,
@@ -350,7 +336,7 @@ pub async fn handle(
             let Some(url) = url else {
                 return (
                     400,
-                    send_error(
+                    reply_error(
                         stream,
                         head,
                         400,
@@ -370,7 +356,7 @@ pub async fn handle(
                 }
                 Err(RegistryError::Duplicate(u)) => (
                     409,
-                    send_error(
+                    reply_error(
                         stream,
                         head,
                         409,
@@ -381,7 +367,7 @@ pub async fn handle(
                 ),
                 Err(e) => (
                     400,
-                    send_error(stream, head, 400, "invalid_request_error", &e.to_string()).await,
+                    reply_error(stream, head, 400, "invalid_request_error", &e.to_string()).await,
                 ),
             }
         }
@@ -402,7 +388,7 @@ pub async fn handle(
                 }
                 Err(e) => (
                     404,
-                    send_error(stream, head, 404, "not_found_error", &e.to_string()).await,
+                    reply_error(stream, head, 404, "not_found_error", &e.to_string()).await,
                 ),
             }
         }

@@ -151,22 +151,7 @@ async fn read_body(
                 buf.reserve(n - buf.len());
             }
             while buf.len() < n {
-                match read_into(stream, buf, Some(Instant::now() + read_timeout)).await {
-                    Ok(0) => {
-                        return Err(ReadFail::Reply(
-                            400,
-                            "connection closed inside the request body".into(),
-                        ))
-                    }
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                        return Err(ReadFail::Reply(
-                            408,
-                            "request body not received in time".into(),
-                        ))
-                    }
-                    Err(_) => return Err(ReadFail::Gone),
-                }
+                read_body_bytes(stream, buf, read_timeout).await?;
             }
             Ok(buf.split_to(n).freeze())
         }
@@ -189,24 +174,29 @@ async fn read_body(
                 if decoder.is_done() {
                     return Ok(body.freeze());
                 }
-                match read_into(stream, buf, Some(Instant::now() + read_timeout)).await {
-                    Ok(0) => {
-                        return Err(ReadFail::Reply(
-                            400,
-                            "connection closed inside the request body".into(),
-                        ))
-                    }
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                        return Err(ReadFail::Reply(
-                            408,
-                            "request body not received in time".into(),
-                        ))
-                    }
-                    Err(_) => return Err(ReadFail::Gone),
-                }
+                read_body_bytes(stream, buf, read_timeout).await?;
             }
         }
+    }
+}
+
+/// One read of request-body bytes: EOF → 400, no bytes within `read_timeout` → 408.
+async fn read_body_bytes(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    read_timeout: Duration,
+) -> Result<(), ReadFail> {
+    match read_into(stream, buf, Some(Instant::now() + read_timeout)).await {
+        Ok(0) => Err(ReadFail::Reply(
+            400,
+            "connection closed inside the request body".into(),
+        )),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(ReadFail::Reply(
+            408,
+            "request body not received in time".into(),
+        )),
+        Err(_) => Err(ReadFail::Gone),
     }
 }
 

@@ -64,7 +64,8 @@ pub fn as_body_slice(body: &Bytes, s: &str) -> Bytes {
     }
 }
 
-/// Write an OpenAI-style error and report whether the connection may go on.
+/// Write an OpenAI-style error (with `x-request-id` when known) and report whether the
+/// connection may go on.
 pub async fn reply_error(
     stream: &mut TcpStream,
     head: &RequestHead,
@@ -72,12 +73,7 @@ pub async fn reply_error(
     error_type: &str,
     msg: &str,
 ) -> bool {
-    let keep = head.keep_alive;
-    let resp = http::response::error_response(status, error_type, msg, &[], !keep);
-    write_all_by(stream, resp, Instant::now() + Duration::from_secs(30))
-        .await
-        .is_ok()
-        && keep
+    reply_error_with(stream, head, status, error_type, msg, &[]).await
 }
 
 async fn reply_error_with_id(
@@ -88,9 +84,27 @@ async fn reply_error_with_id(
     msg: &str,
     id: &str,
 ) -> bool {
+    reply_error_with(
+        stream,
+        head,
+        status,
+        error_type,
+        msg,
+        &[("x-request-id", id)],
+    )
+    .await
+}
+
+async fn reply_error_with(
+    stream: &mut TcpStream,
+    head: &RequestHead,
+    status: u16,
+    error_type: &str,
+    msg: &str,
+    extra: &[(&str, &str)],
+) -> bool {
     let keep = head.keep_alive;
-    let resp =
-        http::response::error_response(status, error_type, msg, &[("x-request-id", id)], !keep);
+    let resp = http::response::error_response(status, error_type, msg, extra, !keep);
     write_all_by(stream, resp, Instant::now() + Duration::from_secs(30))
         .await
         .is_ok()
