@@ -52,7 +52,11 @@ fn parse_worker_url(s: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
+/// A parsed `--cpu-list` (a newtype so clap takes the whole list as one value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuList(pub Vec<usize>);
+
+fn parse_cpu_list(s: &str) -> Result<CpuList, String> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         if let Some((a, b)) = part.split_once('-') {
@@ -71,7 +75,7 @@ fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
     }
     out.sort_unstable();
     out.dedup();
-    Ok(out)
+    Ok(CpuList(out))
 }
 
 /// The gateway's command line (and, through `--config`, its config file).
@@ -284,7 +288,7 @@ pub struct Config {
     pub cores: Option<usize>,
     /// Pin the serving threads to these CPUs (e.g. `0-3,8`); implies --cores.
     #[arg(long = "cpu-list", value_parser = parse_cpu_list)]
-    pub cpu_list: Option<Vec<usize>>,
+    pub cpu_list: Option<CpuList>,
     /// I/O driver: auto (io_uring, epoll fallback), uring, legacy (epoll).
     #[arg(long = "io-driver", value_enum, default_value_t = IoDriver::Auto)]
     pub io_driver: IoDriver,
@@ -528,7 +532,9 @@ mod tests {
 
     #[test]
     fn cpu_list_parses_ranges() {
-        assert_eq!(parse_cpu_list("0-2,5,1").unwrap(), vec![0, 1, 2, 5]);
+        assert_eq!(parse_cpu_list("0-2,5,1").unwrap().0, vec![0, 1, 2, 5]);
+        let c = parse(&["--cpu-list", "0,1"]).unwrap();
+        assert_eq!(c.cpu_list, Some(CpuList(vec![0, 1])));
         assert!(parse_cpu_list("3-1").is_err());
     }
 }

@@ -8,6 +8,7 @@ use crate::metrics::Metrics;
 use crate::proxy::pool::Pool;
 use crate::proxy::retry::RetryPolicy;
 use crate::route::policy::Policy;
+use crate::route::recent::RecentInserts;
 use crate::route::rng::Rng;
 use crate::tree::{TreeHandle, WorkerId};
 use crate::workers::breaker::{BreakerConfig, Transition};
@@ -41,6 +42,8 @@ pub struct Gateway {
     pub breaker: BreakerConfig,
     /// Retry settings.
     pub retry: RetryPolicy,
+    /// Tree inserts not yet visible in the published snapshot, shared by the cores.
+    pub recent: RecentInserts,
     /// Model names the workers serve (from their `/v1/models`): the only values the `model`
     /// metric label takes, so clients cannot mint series with made-up names.
     pub known_models: arc_swap::ArcSwap<Vec<String>>,

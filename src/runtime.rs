@@ -142,7 +142,7 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 /// CPUs to serve on: `--cpu-list`, else the first `--cores` usable CPUs, else all usable CPUs.
 fn choose_cpus(cfg: &Config) -> Vec<Option<core_affinity::CoreId>> {
     let usable = core_affinity::get_core_ids().unwrap_or_default();
-    if let Some(list) = &cfg.cpu_list {
+    if let Some(crate::config::CpuList(list)) = &cfg.cpu_list {
         return list
             .iter()
             .map(|&id| Some(core_affinity::CoreId { id }))
@@ -256,6 +256,7 @@ pub fn start(cfg: Config) -> Result<Running, String> {
         breaker: cfg.breaker_config(),
         retry: cfg.retry_policy(),
         known_models: Default::default(),
+        recent: Default::default(),
         cfg,
         registry,
         policy,

@@ -12,8 +12,16 @@ fn run_policy(policy: &str) -> loadtest::loadgen::Report {
     let mut cfg = LoadConfig::smoke(&format!("http://{}", gw.addr));
     cfg.model = "meta-llama/Llama-3.1-8B-Instruct".into();
     let report = run(&cfg).expect("workload runs");
-    assert_eq!(report.failed, 0, "{policy}: {:?} {:?}", report.errors, report.error_examples);
-    assert!(report.ok >= 12, "{policy}: only {} requests completed", report.ok);
+    assert_eq!(
+        report.failed, 0,
+        "{policy}: {:?} {:?}",
+        report.errors, report.error_examples
+    );
+    assert!(
+        report.ok >= 12,
+        "{policy}: only {} requests completed",
+        report.ok
+    );
     assert!(report.ttft.count > 0);
     report
 }
@@ -25,5 +33,8 @@ fn cache_aware_keeps_a_higher_hit_rate_than_round_robin_on_a_chat_workload() {
     let (rr_hit, ca_hit) = (rr.hit_rate.unwrap_or(0.0), ca.hit_rate.unwrap_or(0.0));
     eprintln!("hit rate: round_robin {rr_hit:.3}, cache_aware {ca_hit:.3}");
     assert!(ca_hit > 0.3, "cache_aware hit rate {ca_hit}");
-    assert!(ca_hit >= rr_hit, "cache_aware {ca_hit} < round_robin {rr_hit}");
+    assert!(
+        ca_hit >= rr_hit,
+        "cache_aware {ca_hit} < round_robin {rr_hit}"
+    );
 }

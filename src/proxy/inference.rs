@@ -207,18 +207,24 @@ pub async fn handle(
     loop {
         let list = gw.registry.load_full();
         let now_ms = gw.now_ms();
-        let input = RouteInput {
+        let mut input = RouteInput {
             text: &info.text,
             routing_key,
             target_worker: head.header("x-smg-target-worker"),
             hash_key,
             exclude: &excluded,
             now_ms,
+            recent: None,
         };
+        let mut epoch = 0;
         let decision = if api.is_some() {
             let forest = gw.tree.as_ref().map(|t| t.load());
             let model = info.model.as_deref().map(str::as_bytes);
             let tree = forest.as_ref().and_then(|f| f.tree(model));
+            if let Some(f) = forest.as_ref() {
+                epoch = f.epoch();
+                input.recent = gw.recent.longest(model, &info.text, epoch);
+            }
             gw.policy.select(
                 &input,
                 &list.ids,
@@ -267,6 +273,22 @@ pub async fn handle(
         gw.metrics
             .selection(gw.policy.kind().as_str(), decision.branch.as_str());
         let in_flight = InFlight::new(&gw, worker.id, routing_key);
+        // Insert now, as the reference does: requests that arrive while this one is still in
+        // prefill (a burst sharing a system prompt) then already follow it to this worker. If
+        // the attempt fails, the retry excludes this worker whatever the tree says.
+        if decision.insert_text {
+            if let Some(tree) = &gw.tree {
+                let text = as_body_slice(&body, &info.text);
+                gw.recent
+                    .push(model_bytes.clone(), text.clone(), worker.id, epoch);
+                tree.try_insert(Insert {
+                    model: model_bytes.clone(),
+                    text,
+                    worker: worker.id,
+                    now_ms,
+                });
+            }
+        }
         let req = UpstreamRequest::build(
             head.method(),
             head.target(),
@@ -295,6 +317,7 @@ pub async fn handle(
             Err(e) => {
                 if e.is_connect() {
                     gw.on_connect_failure(&worker);
+                    gw.recent.forget_worker(worker.id);
                 }
                 gw.record_outcome(&worker, false);
                 drop(in_flight);
@@ -320,17 +343,6 @@ pub async fn handle(
         // Committed to this worker: from here on bytes reach the client, so no more retries.
         let status = up.head.status;
         gw.record_outcome(&worker, !is_worker_failure(status));
-        if decision.insert_text && (200..300).contains(&status) {
-            if let Some(tree) = &gw.tree {
-                let text = as_body_slice(&body, &info.text);
-                tree.try_insert(Insert {
-                    model: model_bytes.clone(),
-                    text,
-                    worker: worker.id,
-                    now_ms,
-                });
-            }
-        }
         let chunked = matches!(up.head.framing, http::BodyFraming::Chunked);
         let mut capture = api
             .filter(|_| gw.cfg.insert_response_text && decision.insert_text)

@@ -20,6 +20,7 @@
 //! the holders of the deepest matched position, so holders of a shorter prefix are not
 //! considered.
 use crate::route::policy::{Branch, Decision, PolicyConfig};
+use crate::route::recent::RecentMatch;
 use crate::route::rng::Rng;
 use crate::tree::{RadixTree, WorkerId};
 use crate::workers::load::LoadBoard;
@@ -173,18 +174,29 @@ pub fn select<'t>(
 }
 
 /// The thin wrapper the policy calls: match `text` against this model's tree (if any).
+#[allow(clippy::too_many_arguments)]
 pub fn select_with_tree(
     p: &Params,
     text: &str,
     tree: Option<&RadixTree>,
+    recent: Option<&RecentMatch>,
     workers: &[WorkerId],
     exclude: &[WorkerId],
     loads: &LoadBoard,
     rng: &mut Rng,
 ) -> Option<Decision> {
     select(p, workers, exclude, loads, rng, || {
-        let t = tree?;
-        let m = t.longest_match(text);
+        let from_tree = tree.map(|t| t.longest_match(text));
+        let tree_chars = from_tree.as_ref().map_or(0, |m| m.matched_chars);
+        // This core's not-yet-published inserts win when they match more of the request.
+        if let Some(r) = recent.filter(|r| r.matched_chars > tree_chars) {
+            return Some(MatchResult {
+                matched_chars: r.matched_chars,
+                request_chars: char_count(text),
+                workers: std::slice::from_ref(&r.worker),
+            });
+        }
+        let m = from_tree?;
         Some(MatchResult {
             matched_chars: m.matched_chars,
             request_chars: char_count(text),

@@ -5,4 +5,5 @@ pub mod extract;
 pub mod hashing;
 pub mod manual;
 pub mod policy;
+pub mod recent;
 pub mod rng;

@@ -3,6 +3,7 @@
 //! Every policy here is pure: no I/O, the clock arrives as `RouteInput::now_ms`, randomness as a
 //! caller-owned `Rng` (per core, seeded in tests). Per-request work never allocates and never
 //! takes a lock except `manual`'s short per-shard lock on its key map.
+use crate::route::recent::RecentMatch;
 use crate::route::rng::Rng;
 use crate::route::{bucket, cache_aware, hashing, manual};
 use crate::tree::{RadixTree, WorkerId};
@@ -204,6 +205,8 @@ pub struct RouteInput<'a> {
     pub exclude: &'a [WorkerId],
     /// Current time in milliseconds (any monotonic origin shared with `maintain`).
     pub now_ms: u64,
+    /// cache_aware: the longest match among this core's inserts the snapshot does not show yet.
+    pub recent: Option<RecentMatch>,
 }
 
 impl<'a> RouteInput<'a> {
@@ -216,6 +219,7 @@ impl<'a> RouteInput<'a> {
             hash_key: None,
             exclude: &[],
             now_ms,
+            recent: None,
         }
     }
 }
@@ -376,6 +380,7 @@ impl Policy {
                 &self.cache_aware,
                 input.text,
                 tree,
+                input.recent.as_ref(),
                 workers,
                 exclude,
                 loads,

@@ -1,0 +1,218 @@
+//! What was routed since the last tree snapshot was published. The tree reaches the cores
+//! through snapshots published every ~1 ms (later when the writer thread is starved of CPU), so
+//! in a burst — a thousand prompts sharing system prompts arriving at once — requests right
+//! behind the first of a group would not see where it went and would scatter; the reference,
+//! which inserts into one shared locked tree, does see it. So every insert is also written into
+//! this small lock-free ring shared by all cores until the writer has published it, and routing
+//! matches against it too. Pure: epochs are passed in.
+
+use crate::tree::WorkerId;
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Slots in the ring; a burst larger than this within one publication falls back to the
+/// snapshot for the oldest entries.
+pub const CAPACITY: usize = 64;
+
+/// Entries count for this many snapshot publications after their insert (the writer applies an
+/// insert before the publication that follows it; one more covers a publication in flight).
+const KEEP_EPOCHS: u64 = 2;
+
+#[derive(Debug)]
+struct Entry {
+    model: Option<Bytes>,
+    text: Bytes,
+    worker: WorkerId,
+    epoch: u64,
+}
+
+/// The longest match found among recent inserts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecentMatch {
+    pub matched_chars: usize,
+    pub worker: WorkerId,
+}
+
+/// A ring of unpublished inserts, written and read by every core without locks.
+#[derive(Debug)]
+pub struct RecentInserts {
+    slots: Box<[ArcSwapOption<Entry>]>,
+    next: AtomicUsize,
+}
+
+impl Default for RecentInserts {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Length of the common prefix of `a` and `b` in bytes, cut back to a UTF-8 boundary of `a`.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    // Compare 16 bytes at a time, then finish bytewise.
+    while i + 16 <= n && a[i..i + 16] == b[i..i + 16] {
+        i += 16;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    while i > 0 && i < a.len() && (a[i] & 0xC0) == 0x80 {
+        i -= 1;
+    }
+    i
+}
+
+fn chars(s: &[u8]) -> usize {
+    s.iter().filter(|&&b| (b & 0xC0) != 0x80).count()
+}
+
+impl RecentInserts {
+    /// An empty ring.
+    pub fn new() -> Self {
+        RecentInserts {
+            slots: (0..CAPACITY).map(|_| ArcSwapOption::empty()).collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Remember an insert made while the published snapshot was at `epoch`.
+    pub fn push(&self, model: Option<Bytes>, text: Bytes, worker: WorkerId, epoch: u64) {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % CAPACITY;
+        self.slots[i].store(Some(Arc::new(Entry {
+            model,
+            text,
+            worker,
+            epoch,
+        })));
+    }
+
+    /// Forget a worker (removed, or refusing connections).
+    pub fn forget_worker(&self, worker: WorkerId) {
+        for slot in self.slots.iter() {
+            if slot.load().as_ref().is_some_and(|e| e.worker == worker) {
+                slot.store(None);
+            }
+        }
+    }
+
+    /// The longest prefix of `text` among inserts the snapshot at `epoch` may not show yet, for
+    /// the same model; `None` when nothing matches.
+    pub fn longest(&self, model: Option<&[u8]>, text: &str, epoch: u64) -> Option<RecentMatch> {
+        let key = text.as_bytes();
+        let mut best: Option<(usize, WorkerId)> = None;
+        for slot in self.slots.iter() {
+            let guard = slot.load();
+            let Some(e) = guard.as_ref() else { continue };
+            if e.epoch + KEEP_EPOCHS <= epoch || e.model.as_deref() != model {
+                continue;
+            }
+            let n = common_prefix(key, &e.text);
+            if n > 0 && best.is_none_or(|(b, _)| n > b) {
+                best = Some((n, e.worker));
+            }
+        }
+        best.map(|(n, worker)| RecentMatch {
+            matched_chars: chars(&key[..n]),
+            worker,
+        })
+    }
+
+    /// Entries that still count at `epoch`.
+    pub fn live(&self, epoch: u64) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| {
+                s.load()
+                    .as_ref()
+                    .is_some_and(|e| e.epoch + KEEP_EPOCHS > epoch)
+            })
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    #[test]
+    fn finds_the_longest_recent_prefix_of_the_same_model() {
+        let r = RecentInserts::new();
+        r.push(None, b("system prompt A question 1"), 1, 10);
+        r.push(None, b("system prompt B"), 2, 10);
+        r.push(
+            Some(b("m")),
+            b("system prompt A question 1 and more"),
+            3,
+            10,
+        );
+        let m = r.longest(None, "system prompt A question 2", 10).unwrap();
+        assert_eq!(
+            m,
+            RecentMatch {
+                matched_chars: "system prompt A question ".len(),
+                worker: 1
+            }
+        );
+        assert_eq!(
+            r.longest(Some(b"m"), "system prompt A question 1 and", 10)
+                .unwrap()
+                .worker,
+            3
+        );
+        assert!(r.longest(Some(b"other"), "system", 10).is_none());
+        assert!(r.longest(None, "zzz", 10).is_none());
+    }
+
+    #[test]
+    fn entries_expire_once_published_and_capacity_is_bounded() {
+        let r = RecentInserts::new();
+        r.push(None, b("abc"), 1, 5);
+        assert!(r.longest(None, "abc", 6).is_some());
+        assert!(r.longest(None, "abc", 7).is_none());
+        assert_eq!(r.live(7), 0);
+        for i in 0..200 {
+            r.push(None, b(&format!("text {i}")), i, 0);
+        }
+        assert_eq!(r.live(0), CAPACITY);
+        assert_eq!(r.longest(None, "text 199", 0).unwrap().worker, 199);
+        assert_eq!(
+            r.longest(None, "text 5", 0).map(|m| m.matched_chars),
+            Some("text ".len())
+        );
+    }
+
+    #[test]
+    fn matches_never_split_a_character_and_workers_can_be_forgotten() {
+        let r = RecentInserts::new();
+        r.push(None, b("naïve é"), 4, 0);
+        // 'é' (C3 A9) vs 'è' (C3 A8) share their first byte: the match stops before it.
+        assert_eq!(
+            r.longest(None, "naïve è", 0).unwrap().matched_chars,
+            "naïve ".chars().count()
+        );
+        r.forget_worker(4);
+        assert!(r.longest(None, "naïve", 0).is_none());
+    }
+
+    #[test]
+    fn cores_see_each_others_inserts() {
+        let r = Arc::new(RecentInserts::new());
+        let w = r.clone();
+        std::thread::spawn(move || w.push(None, b("shared system prompt"), 9, 3))
+            .join()
+            .unwrap();
+        assert_eq!(
+            r.longest(None, "shared system prompt, question", 3)
+                .unwrap()
+                .worker,
+            9
+        );
+    }
+}
