@@ -318,6 +318,34 @@ mod tests {
     }
 
     #[test]
+    fn an_unpublished_insert_that_matches_more_wins_over_the_snapshot() {
+        let (ws, b) = board(4);
+        let mut rng = Rng::with_seed(9);
+        let p = Params::default();
+        let mut tree = RadixTree::new();
+        tree.insert("shared system prompt", 1, 1);
+        let text = "shared system prompt, then the first question";
+        let recent = RecentMatch {
+            matched_chars: 30,
+            worker: 3,
+        };
+        let d =
+            select_with_tree(&p, text, Some(&tree), Some(&recent), &ws, &[], &b, &mut rng).unwrap();
+        assert_eq!(
+            (d.worker, d.branch, d.matched_chars),
+            (3, Branch::CacheHit, 30)
+        );
+        // A shorter recent match loses to the snapshot.
+        let short = RecentMatch {
+            matched_chars: 5,
+            worker: 3,
+        };
+        let d =
+            select_with_tree(&p, text, Some(&tree), Some(&short), &ws, &[], &b, &mut rng).unwrap();
+        assert_eq!(d.worker, 1);
+    }
+
+    #[test]
     fn no_tree_is_a_random_least_loaded_miss() {
         let (ws, b) = board(4);
         set_load(&b, 0, 2);
@@ -325,7 +353,7 @@ mod tests {
         let p = Params::default();
         let mut seen = [0u32; 4];
         for _ in 0..300 {
-            let d = select_with_tree(&p, "hello", None, &ws, &[], &b, &mut rng).unwrap();
+            let d = select_with_tree(&p, "hello", None, None, &ws, &[], &b, &mut rng).unwrap();
             assert_eq!((d.branch, d.matched_chars), (Branch::CacheMiss, 0));
             seen[d.worker as usize] += 1;
         }
@@ -468,7 +496,7 @@ mod tests {
             None
         );
         assert_eq!(
-            select_with_tree(&p, "x", None, &ws, &[], &b, &mut rng),
+            select_with_tree(&p, "x", None, None, &ws, &[], &b, &mut rng),
             None
         );
     }
