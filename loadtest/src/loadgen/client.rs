@@ -258,18 +258,7 @@ async fn attempt(
                     clean_end = pending.is_empty();
                     break;
                 }
-                let (res, b) = conn.read(rbuf).await;
-                rbuf = b;
-                match res {
-                    Ok(0) => {
-                        return Err((
-                            ReqError::Protocol("connection closed inside the body".into()),
-                            None,
-                        ))
-                    }
-                    Ok(n) => pending.extend_from_slice(&rbuf[..n]),
-                    Err(e) => return Err((ReqError::Io(e), None)),
-                }
+                rbuf = read_body_more(&mut conn, rbuf, &mut pending, "the body").await?;
             }
         }
         BodyFraming::Chunked => {
@@ -290,18 +279,7 @@ async fn attempt(
                     clean_end = pending.is_empty();
                     break;
                 }
-                let (res, b) = conn.read(rbuf).await;
-                rbuf = b;
-                match res {
-                    Ok(0) => {
-                        return Err((
-                            ReqError::Protocol("connection closed inside a chunked body".into()),
-                            None,
-                        ))
-                    }
-                    Ok(n) => pending.extend_from_slice(&rbuf[..n]),
-                    Err(e) => return Err((ReqError::Io(e), None)),
-                }
+                rbuf = read_body_more(&mut conn, rbuf, &mut pending, "a chunked body").await?;
             }
         }
         BodyFraming::Close => {
@@ -326,6 +304,30 @@ async fn attempt(
         pool.put(conn);
     }
     Ok(body.finish(head.status, done))
+}
+
+/// Read more of a length-delimited or chunked body into `pending`, handing the read buffer back
+/// (monoio reads take ownership of it). End of stream here means the body was cut short:
+/// `inside` names what was being read in the protocol error. Failures are past the response
+/// head, so the request is never handed back for a retry.
+async fn read_body_more(
+    conn: &mut TcpStream,
+    rbuf: Vec<u8>,
+    pending: &mut BytesMut,
+    inside: &str,
+) -> Result<Vec<u8>, (ReqError, Option<Vec<u8>>)> {
+    let (res, rbuf) = conn.read(rbuf).await;
+    match res {
+        Ok(0) => Err((
+            ReqError::Protocol(format!("connection closed inside {inside}")),
+            None,
+        )),
+        Ok(n) => {
+            pending.extend_from_slice(&rbuf[..n]);
+            Ok(rbuf)
+        }
+        Err(e) => Err((ReqError::Io(e), None)),
+    }
 }
 
 /// Accumulates a body: a streamed 200 goes through the SSE splitter event by event, anything

@@ -14,10 +14,10 @@ use serde::Serialize;
 use super::client::{exchange, Exchange, Pool, ReqError, Target};
 use super::hist::Histogram;
 use super::report::Report;
-use super::rng::Rng;
 use super::trace;
 use super::workload::{self, render, Pacing, SessionPlan, SessionSource, Turn};
 use super::{Api, Arrival, LoadConfig, WorkloadKind};
+use crate::rng::Rng;
 
 /// Build the runtime and run to completion (called on the loadgen thread).
 pub fn run_blocking(cfg: LoadConfig) -> io::Result<Report> {
@@ -471,33 +471,31 @@ impl Conversation {
         let stream_options = (cfg.stream && self.api != Api::Generate).then_some(StreamOptions {
             include_usage: true,
         });
-        let body = match self.api {
-            Api::Chat => {
-                let messages: Vec<Message> = self
-                    .messages
-                    .iter()
-                    .map(|(role, content)| Message { role, content })
-                    .collect();
-                serde_json::to_vec(&ChatBody {
-                    model: &cfg.model,
-                    messages: &messages,
-                    max_tokens: turn.max_tokens,
-                    temperature: 0.0,
-                    ignore_eos: true,
-                    stream: cfg.stream,
-                    stream_options,
-                })
-            }
-            Api::Completions => serde_json::to_vec(&CompletionBody {
+        // Borrowed views of the chat history (empty, so no allocation, for the other APIs).
+        let messages: Vec<Message> = match self.api {
+            Api::Chat => self
+                .messages
+                .iter()
+                .map(|(role, content)| Message { role, content })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let input = match self.api {
+            Api::Chat => Some(OpenAiInput::Messages(&messages)),
+            Api::Completions => Some(OpenAiInput::Prompt(&self.flat)),
+            Api::Generate => None,
+        };
+        let body = match input {
+            Some(input) => serde_json::to_vec(&OpenAiBody {
                 model: &cfg.model,
-                prompt: &self.flat,
+                input,
                 max_tokens: turn.max_tokens,
                 temperature: 0.0,
                 ignore_eos: true,
                 stream: cfg.stream,
                 stream_options,
             }),
-            Api::Generate => serde_json::to_vec(&GenerateBody {
+            None => serde_json::to_vec(&GenerateBody {
                 text: &self.flat,
                 sampling_params: SamplingParams {
                     max_new_tokens: turn.max_tokens,
@@ -543,10 +541,14 @@ struct StreamOptions {
     include_usage: bool,
 }
 
+/// The body of `/v1/chat/completions` and `/v1/completions`: the same sampling fields around one
+/// API-specific input field.
 #[derive(Serialize)]
-struct ChatBody<'a> {
+struct OpenAiBody<'a> {
     model: &'a str,
-    messages: &'a [Message<'a>],
+    /// Serialised as a single `"messages"` or `"prompt"` field, in this position.
+    #[serde(flatten)]
+    input: OpenAiInput<'a>,
     max_tokens: u32,
     temperature: f32,
     ignore_eos: bool,
@@ -555,16 +557,12 @@ struct ChatBody<'a> {
     stream_options: Option<StreamOptions>,
 }
 
+/// The input of an [`OpenAiBody`]: a chat messages array, or one flat completions prompt.
 #[derive(Serialize)]
-struct CompletionBody<'a> {
-    model: &'a str,
-    prompt: &'a str,
-    max_tokens: u32,
-    temperature: f32,
-    ignore_eos: bool,
-    stream: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stream_options: Option<StreamOptions>,
+#[serde(rename_all = "lowercase")]
+enum OpenAiInput<'a> {
+    Messages(&'a [Message<'a>]),
+    Prompt(&'a str),
 }
 
 #[derive(Serialize)]
@@ -579,4 +577,43 @@ struct GenerateBody<'a> {
     text: &'a str,
     sampling_params: SamplingParams,
     stream: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire format of both OpenAI bodies, field for field and in order.
+    #[test]
+    fn openai_bodies_serialise_exactly() {
+        let messages = [Message {
+            role: "user",
+            content: "hi",
+        }];
+        let body = |input, stream_options| {
+            let b = OpenAiBody {
+                model: "m",
+                input,
+                max_tokens: 5,
+                temperature: 0.0,
+                ignore_eos: true,
+                stream: true,
+                stream_options,
+            };
+            String::from_utf8(serde_json::to_vec(&b).unwrap()).unwrap()
+        };
+        assert_eq!(
+            body(
+                OpenAiInput::Messages(&messages),
+                Some(StreamOptions {
+                    include_usage: true
+                })
+            ),
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"temperature":0.0,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}"#
+        );
+        assert_eq!(
+            body(OpenAiInput::Prompt("a\n\nb"), None),
+            r#"{"model":"m","prompt":"a\n\nb","max_tokens":5,"temperature":0.0,"ignore_eos":true,"stream":true}"#
+        );
+    }
 }

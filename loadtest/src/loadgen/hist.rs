@@ -177,8 +177,8 @@ pub struct LatencySummary {
 
 #[cfg(test)]
 mod tests {
-    use super::super::rng::Rng;
     use super::*;
+    use crate::rng::Rng;
 
     #[test]
     fn buckets_tile_the_range() {

@@ -19,7 +19,6 @@ mod engine;
 pub mod hist;
 pub mod report;
 pub mod response;
-pub mod rng;
 pub mod text;
 pub mod trace;
 pub mod workload;

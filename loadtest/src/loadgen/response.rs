@@ -148,19 +148,10 @@ impl Answer {
             self.done = true;
             return EventKind::Done;
         }
-        let chunk: Chunk = match serde_json::from_slice(trimmed) {
+        let chunk = match self.read_chunk(trimmed, "event") {
             Ok(c) => c,
-            Err(e) => {
-                self.error
-                    .get_or_insert_with(|| format!("bad event JSON: {e}"));
-                return EventKind::Error;
-            }
+            Err(kind) => return kind,
         };
-        self.take_counts(&chunk);
-        if let Some(err) = &chunk.error {
-            self.error.get_or_insert_with(|| err.to_string());
-            return EventKind::Error;
-        }
         let before = self.text.len();
         if let Some(c) = chunk.choices.as_ref().and_then(|c| c.first()) {
             if let Some(s) = c
@@ -188,19 +179,10 @@ impl Answer {
 
     /// Take a whole (non-streamed) JSON body.
     pub fn on_body(&mut self, body: &[u8]) -> EventKind {
-        let chunk: Chunk = match serde_json::from_slice(body) {
+        let chunk = match self.read_chunk(body, "response") {
             Ok(c) => c,
-            Err(e) => {
-                self.error
-                    .get_or_insert_with(|| format!("bad response JSON: {e}"));
-                return EventKind::Error;
-            }
+            Err(kind) => return kind,
         };
-        self.take_counts(&chunk);
-        if let Some(err) = &chunk.error {
-            self.error.get_or_insert_with(|| err.to_string());
-            return EventKind::Error;
-        }
         let text = match chunk.choices.as_ref().and_then(|c| c.first()) {
             Some(c) => c
                 .message
@@ -216,6 +198,26 @@ impl Answer {
             self.content_events = 1;
             EventKind::Content
         }
+    }
+
+    /// Parse one JSON object (an event payload or a whole body, `what` in the message) and take
+    /// its token counts. Unreadable JSON or an error object yields `Err(EventKind::Error)`, with
+    /// the first error message kept in [`Answer::error`].
+    fn read_chunk<'b>(&mut self, json: &'b [u8], what: &str) -> Result<Chunk<'b>, EventKind> {
+        let chunk: Chunk = match serde_json::from_slice(json) {
+            Ok(c) => c,
+            Err(e) => {
+                self.error
+                    .get_or_insert_with(|| format!("bad {what} JSON: {e}"));
+                return Err(EventKind::Error);
+            }
+        };
+        self.take_counts(&chunk);
+        if let Some(err) = &chunk.error {
+            self.error.get_or_insert_with(|| err.to_string());
+            return Err(EventKind::Error);
+        }
+        Ok(chunk)
     }
 
     fn take_counts(&mut self, chunk: &Chunk) {

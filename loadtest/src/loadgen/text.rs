@@ -3,7 +3,7 @@
 //! distinct between entities that should not share a prefix. Lengths are given in tokens and
 //! converted at [`CHARS_PER_TOKEN`].
 
-use super::rng::Rng;
+use crate::rng::Rng;
 
 /// Characters per token assumed when turning a token count into text. The word list below
 /// averages 4.16 characters a word (leading space included); common short English words are one

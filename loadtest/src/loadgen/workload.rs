@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::rng::{Rng, Zipf};
 use super::text::push_words;
 use super::trace::{render_blocks, TraceReader};
+use crate::rng::{Rng, Zipf};
 
 /// A piece of prompt text, rendered at send time.
 #[derive(Debug, Clone, PartialEq, Eq)]

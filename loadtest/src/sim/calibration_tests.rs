@@ -11,7 +11,7 @@
 
 use super::cost::CostModel;
 use super::engine::{Engine, EngineConfig, Event, ReqId};
-use super::rng::SimRng;
+use crate::rng::Rng;
 
 const N: usize = 4;
 const SESSIONS: usize = 1000;
@@ -88,10 +88,7 @@ fn run(sticky: bool) -> Outcome {
     // Turn 2: sticky → home; round-robin → global counter continuing after turn 1, over a seeded
     // random arrival order.
     let mut order: Vec<usize> = (0..SESSIONS).collect();
-    let mut rng = SimRng::new(2024);
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.below(i as u64 + 1) as usize);
-    }
+    Rng::new(2024).shuffle(&mut order);
     let mut at_home = 0;
     let mut turn2 = std::collections::HashSet::new();
     for (k, &j) in order.iter().enumerate() {

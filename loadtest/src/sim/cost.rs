@@ -5,7 +5,7 @@
 //! hardware; `fixed_step_ms` replaces the model with a constant per forward for tests that need
 //! exact SSE pacing.
 
-use super::rng::SimRng;
+use crate::rng::Rng;
 
 /// One request's share of a prefill forward: `uncached` new tokens computed after `context`
 /// tokens already present (cached prefix or earlier chunks).
@@ -82,7 +82,7 @@ impl CostModel {
     }
 
     /// Apply the seeded jitter to a duration (no-op with `fixed_step_ms` or zero jitter).
-    pub fn jitter(&self, ms: f64, rng: &mut SimRng) -> f64 {
+    pub fn jitter(&self, ms: f64, rng: &mut Rng) -> f64 {
         if self.fixed_step_ms.is_some() || self.jitter <= 0.0 {
             return ms;
         }
@@ -153,7 +153,7 @@ mod tests {
     #[test]
     fn jitter_bounds_and_fixed_step() {
         let m = CostModel::default();
-        let mut rng = SimRng::new(3);
+        let mut rng = Rng::new(3);
         for _ in 0..1000 {
             let j = m.jitter(100.0, &mut rng);
             assert!((95.0..=105.0).contains(&j));

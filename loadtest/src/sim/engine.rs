@@ -23,7 +23,7 @@ use std::collections::{HashMap, VecDeque};
 use super::cost::{CostModel, PrefillItem};
 use super::metrics::{Gauges, Metrics};
 use super::radix::{NodeId, RadixCache, ROOT};
-use super::rng::{hash_tokens, SimRng};
+use crate::rng::{hash_tokens, Rng};
 
 /// Request handle inside one engine.
 pub type ReqId = u64;
@@ -169,7 +169,7 @@ struct Req {
     tokens: Vec<u32>,
     prompt_len: usize,
     max_new: usize,
-    out_rng: SimRng,
+    out_rng: Rng,
     internal: bool,
     arrival_ms: f64,
     first_token_ms: Option<f64>,
@@ -203,7 +203,7 @@ pub struct Engine {
     max_running: usize,
     seed: u64,
     vocab: Vec<u32>,
-    rng: SimRng,
+    rng: Rng,
     now_ms: f64,
     next_id: ReqId,
     reqs: HashMap<ReqId, Req>,
@@ -239,7 +239,7 @@ impl Engine {
             max_running: cfg.max_running.max(1),
             seed: cfg.seed,
             vocab,
-            rng: SimRng::new(cfg.seed ^ 0xC0FF_EE00_D15E_A5E5),
+            rng: Rng::new(cfg.seed ^ 0xC0FF_EE00_D15E_A5E5),
             now_ms: 0.0,
             next_id: 1,
             reqs: HashMap::new(),
@@ -377,7 +377,7 @@ impl Engine {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let out_rng = SimRng::new(hash_tokens(self.seed, &prompt));
+        let out_rng = Rng::new(hash_tokens(self.seed, &prompt));
         let prompt_len = prompt.len();
         let mut tokens = prompt;
         tokens.reserve(max_new_tokens);
@@ -648,7 +648,7 @@ impl Engine {
         let Some(r) = self.reqs.get_mut(&id) else {
             return false;
         };
-        let token = self.vocab[r.out_rng.below(self.vocab.len() as u64) as usize];
+        let token = self.vocab[r.out_rng.below(self.vocab.len())];
         r.tokens.push(token);
         let first = r.first_token_ms.is_none();
         if !r.internal {
@@ -1013,14 +1013,13 @@ mod tests {
             ..cfg()
         });
         let mut ev = Vec::new();
-        let mut rng = SimRng::new(9);
+        let mut rng = Rng::new(9);
         for i in 0..200u32 {
-            let n = 50 + rng.below(900) as usize;
+            let n = 50 + rng.below(900);
             let shared = (rng.below(4) * 100_000) as u32;
             let mut p = prompt(shared, 200);
             p.extend(prompt(i * 10_000 + 500, n));
-            e.submit(p, 1 + rng.below(40) as usize, e.now_ms(), false)
-                .unwrap();
+            e.submit(p, 1 + rng.below(40), e.now_ms(), false).unwrap();
             if i % 7 == 0 {
                 while e.plan().is_some() {
                     e.complete(&mut ev);

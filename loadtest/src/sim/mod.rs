@@ -19,7 +19,6 @@ pub mod cost;
 pub mod engine;
 pub mod metrics;
 pub mod radix;
-pub mod rng;
 pub mod server;
 pub mod tokenizer;
 

@@ -230,6 +230,14 @@ impl RadixCache {
     pub fn match_prefix(&mut self, key: &[u32]) -> (usize, NodeId) {
         let key = &key[..self.floor_page(key.len())];
         let tick = self.next_tick();
+        self.walk_and_split(key, tick)
+    }
+
+    /// The shared walk of [`match_prefix`](Self::match_prefix) and [`insert`](Self::insert):
+    /// follow `key` (already page-floored) from the root, stamping every node on the path with
+    /// `tick` and splitting a partially matched edge so the returned node covers exactly the
+    /// matched prefix. Returns `(matched len, node)`.
+    fn walk_and_split(&mut self, key: &[u32], tick: u64) -> (usize, NodeId) {
         let mut node = ROOT;
         let mut pos = 0;
         while pos < key.len() {
@@ -277,33 +285,13 @@ impl RadixCache {
     pub fn insert(&mut self, key: &[u32]) -> (usize, NodeId) {
         let key = &key[..self.floor_page(key.len())];
         let tick = self.next_tick();
-        let mut node = ROOT;
-        let mut pos = 0;
-        while pos < key.len() {
-            let Some(c) = self.child(node, &key[pos..pos + self.page]) else {
-                break;
-            };
-            let edge_len = self.nodes[c as usize].key.len();
-            let common = self.common_pages(&self.nodes[c as usize].key, &key[pos..]);
-            let next = if common < edge_len {
-                self.split(c, common)
-            } else {
-                c
-            };
-            self.nodes[next as usize].last_access = tick;
-            node = next;
-            pos += common;
-            if common < edge_len {
-                break;
-            }
-        }
-        let existing = pos;
-        if pos < key.len() {
-            let rest = key[pos..].to_vec();
+        let (existing, mut node) = self.walk_and_split(key, tick);
+        if existing < key.len() {
+            let rest = key[existing..].to_vec();
             let first = rest[0];
             let leaf = self.alloc_node(rest, node, 0, tick);
             self.nodes[node as usize].children.push((first, leaf));
-            let added = key.len() - pos;
+            let added = key.len() - existing;
             self.tree_tokens += added;
             self.evictable_tokens += added;
             node = leaf;
@@ -480,7 +468,7 @@ impl RadixCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::rng::SimRng;
+    use crate::rng::Rng;
 
     fn ok(c: &RadixCache) {
         c.check_invariants().unwrap();
@@ -608,12 +596,12 @@ mod tests {
 
     #[test]
     fn random_ops_never_exceed_capacity() {
-        let mut rng = SimRng::new(42);
+        let mut rng = Rng::new(42);
         for page in [1usize, 4] {
             let mut c = RadixCache::new(500, page);
             let mut held: Vec<(NodeId, usize)> = Vec::new();
             for _ in 0..3000 {
-                let len = 1 + rng.below(60) as usize;
+                let len = 1 + rng.below(60);
                 let base = rng.below(6) as u32;
                 let key: Vec<u32> = (0..len as u32)
                     .map(|i| base * 100 + (i % (3 + base)))
@@ -641,7 +629,7 @@ mod tests {
                         c.insert(&key);
                     }
                     _ => {
-                        let n = rng.below(50) as usize;
+                        let n = rng.below(50);
                         if c.alloc(n) {
                             c.free(n);
                         }

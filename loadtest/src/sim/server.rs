@@ -29,9 +29,9 @@ use serde_json::{json, Value};
 use super::api::{self, Completed, Endpoint, RespMeta, StreamRenderer, TokenChunk, Usage};
 use super::cost::CostModel;
 use super::engine::{Engine, EngineConfig, Event, FinishInfo, FinishReason, ReqId};
-use super::rng::SimRng;
 use super::tokenizer::{SimTokenizer, TokenizerMode};
 use super::{IoDriver, SimConfig};
+use crate::rng::Rng;
 
 /// Idle keep-alive timeout between requests (uvicorn's default).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -216,7 +216,7 @@ struct Server {
     /// Inference requests received / answered (fault counters).
     received: Cell<u64>,
     answered: Cell<u64>,
-    fault_rng: RefCell<SimRng>,
+    fault_rng: RefCell<Rng>,
     records: RefCell<VecDeque<Recorded>>,
     next_id: Cell<u64>,
 }
@@ -259,7 +259,7 @@ impl Server {
             shutdown: LocalEvent::default(),
             received: Cell::new(0),
             answered: Cell::new(0),
-            fault_rng: RefCell::new(SimRng::new(seed ^ 0xFA11_0000)),
+            fault_rng: RefCell::new(Rng::new(seed ^ 0xFA11_0000)),
             records: RefCell::new(VecDeque::new()),
             next_id: Cell::new(1),
         }
@@ -593,14 +593,7 @@ async fn connection(sh: Rc<Server>, stream: TcpStream) {
             HeadRead::Head(h) => h,
             HeadRead::Closed => return,
             HeadRead::Error(status, msg) => {
-                let resp = error_response(
-                    status,
-                    "BadRequestError",
-                    msg,
-                    &[("x-worker-port", &sh.port_str)],
-                    true,
-                );
-                let _ = write(&mut wr, resp).await;
+                respond_error(&sh, &mut wr, false, status, "BadRequestError", msg).await;
                 return;
             }
         };
@@ -615,14 +608,7 @@ async fn connection(sh: Rc<Server>, stream: TcpStream) {
         let body = match read_body(&sh, &head, &mut reader).await {
             Ok(b) => b,
             Err(Some((status, msg))) => {
-                let resp = error_response(
-                    status,
-                    "BadRequestError",
-                    msg,
-                    &[("x-worker-port", &sh.port_str)],
-                    true,
-                );
-                let _ = write(&mut wr, resp).await;
+                respond_error(&sh, &mut wr, false, status, "BadRequestError", msg).await;
                 return;
             }
             Err(None) => return,
@@ -1230,44 +1216,43 @@ fn run_runtime(
     stop: Arc<AtomicBool>,
     ready: Ready,
 ) {
-    let cfg = Rc::new(cfg);
-    let failed = |ready: &Ready, e: io::Error| {
-        let msg = format!("cannot start the monoio runtime ({driver:?} driver): {e}");
-        let _ = ready.send(Err(io::Error::new(e.kind(), msg)));
+    // `Auto` picks a driver exactly as monoio's `FusionDriver` does (io_uring when the kernel has
+    // the ops monoio needs and `MONOIO_FORCE_LEGACY_DRIVER` is not set, else epoll), so every
+    // choice ends up on one concrete driver and one code path.
+    let uring = match driver {
+        IoDriver::Auto => monoio::utils::detect_uring(),
+        IoDriver::Uring => true,
+        IoDriver::Legacy => false,
     };
-    match driver {
-        IoDriver::Auto => {
-            match monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-                .enable_timer()
-                .build()
-            {
-                Ok(mut rt) => {
-                    let name = match &rt {
-                        monoio::FusionRuntime::Uring(_) => "io_uring",
-                        monoio::FusionRuntime::Legacy(_) => "legacy",
-                    };
-                    rt.block_on(serve(cfg, listeners, stop, ready, name));
-                }
-                Err(e) => failed(&ready, e),
-            }
-        }
-        IoDriver::Uring => {
-            match monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
-                .enable_timer()
-                .build()
-            {
-                Ok(mut rt) => rt.block_on(serve(cfg, listeners, stop, ready, "io_uring")),
-                Err(e) => failed(&ready, e),
-            }
-        }
-        IoDriver::Legacy => {
-            match monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
-                .enable_timer()
-                .build()
-            {
-                Ok(mut rt) => rt.block_on(serve(cfg, listeners, stop, ready, "legacy")),
-                Err(e) => failed(&ready, e),
-            }
+    if uring {
+        let rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
+            .enable_timer()
+            .build();
+        serve_on(rt, "io_uring", driver, cfg, listeners, stop, ready);
+    } else {
+        let rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build();
+        serve_on(rt, "legacy", driver, cfg, listeners, stop, ready);
+    }
+}
+
+/// Run the workers on a freshly built runtime (`name` is the driver reported to
+/// [`SimCluster`]), or report through `ready` why the `requested` driver could not start.
+fn serve_on<D: monoio::Driver>(
+    rt: io::Result<monoio::Runtime<D>>,
+    name: &'static str,
+    requested: IoDriver,
+    cfg: SimConfig,
+    listeners: Vec<std::net::TcpListener>,
+    stop: Arc<AtomicBool>,
+    ready: Ready,
+) {
+    match rt {
+        Ok(mut rt) => rt.block_on(serve(Rc::new(cfg), listeners, stop, ready, name)),
+        Err(e) => {
+            let msg = format!("cannot start the monoio runtime ({requested:?} driver): {e}");
+            let _ = ready.send(Err(io::Error::new(e.kind(), msg)));
         }
     }
 }
