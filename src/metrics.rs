@@ -88,6 +88,10 @@ impl Metrics {
     pub fn routed(&self, model: String, endpoint: &'static str, streaming: bool) {
         counter!("smg_router_requests_total", "model" => model, "endpoint" => endpoint, "streaming" => if streaming { "true" } else { "false" }).increment(1);
     }
+    /// A client closed its connection before the worker answered (the request was aborted).
+    pub fn client_gone(&self) {
+        counter!("radixgate_client_aborts_total").increment(1);
+    }
     /// A request moved to another worker.
     pub fn retry(&self) {
         counter!("smg_worker_retries_total").increment(1);
@@ -110,6 +114,7 @@ fn status_label(status: u16) -> &'static str {
         405 => "405",
         408 => "408",
         413 => "413",
+        499 => "499",
         429 => "429",
         431 => "431",
         500 => "500",

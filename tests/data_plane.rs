@@ -428,3 +428,39 @@ fn a_second_gateway_on_the_same_port_refuses_to_start() {
         .expect("second gateway must refuse");
     assert!(err.contains("already in use"), "{err}");
 }
+
+#[test]
+fn client_leaving_before_the_answer_aborts_the_upstream_request() {
+    let cluster = sim(1, |c| {
+        c.time_scale = 1.0;
+        c.token_interval_ms = Some(50.0);
+    });
+    let gw = gateway_for(&cluster.urls(), &[]);
+    let worker = format!("127.0.0.1:{}", cluster.ports()[0]).parse().unwrap();
+    let mut c = Conn::open(gw.addr);
+    // Non-streaming: nothing comes back for 10 s, so only watching the client socket can tell.
+    c.send(&raw_request(
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat_body(&[("user", "long answer")], false, 200),
+    ));
+    std::thread::sleep(Duration::from_millis(300));
+    drop(c);
+    let until = Instant::now() + Duration::from_secs(3);
+    loop {
+        let m = request(worker, "GET", "/metrics", &[], b"").unwrap().text();
+        if m.lines().any(|l| {
+            l.starts_with("sglang:num_aborted_requests_total") && !l.trim_end().ends_with(" 0")
+        }) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "upstream request kept running after the client left:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let list = gw.gateway().registry.load_full();
+    assert_eq!(gw.gateway().registry.loads.load(list.ids[0]), 0);
+}

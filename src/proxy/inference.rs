@@ -8,7 +8,7 @@ use crate::gateway::{Core, Gateway};
 use crate::http::{self, RequestHead};
 use crate::proxy::capture::Capture;
 use crate::proxy::forward::{self, UpstreamRequest};
-use crate::proxy::io::write_all_by;
+use crate::proxy::io::{closed_by_peer, write_all_by};
 use crate::proxy::request_id::request_id;
 use crate::proxy::retry::{is_retryable_status, RetryPolicy};
 use crate::route::extract::{extract, Api, RoutingInfo};
@@ -297,7 +297,17 @@ pub async fn handle(
             &rid,
             body.clone(),
         );
-        let outcome = forward::roundtrip(core, &worker, &req, req_head_is_head, deadline).await;
+        // Race the worker's answer against the client leaving: a client that gives up while its
+        // prompt is in prefill or its reply is being generated frees the worker at once.
+        let outcome = monoio::select! {
+            r = forward::roundtrip(core, &worker, &req, req_head_is_head, deadline) => Some(r),
+            _ = closed_by_peer(client) => None,
+        };
+        let Some(outcome) = outcome else {
+            drop(in_flight);
+            gw.metrics.client_gone();
+            return (499, false);
+        };
         let can_retry = attempt < retry.max_attempts && Instant::now() < deadline;
         let up = match outcome {
             Ok(up) if is_retryable_status(up.head.status) && can_retry => {

@@ -53,3 +53,52 @@ pub async fn write_all_by<T: monoio::buf::IoBuf + 'static>(
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out")),
     }
 }
+
+/// What a non-blocking peek at a socket finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peek {
+    /// Nothing to read yet: the peer is connected and quiet.
+    Quiet,
+    /// Bytes are waiting.
+    Data,
+    /// The peer closed (EOF) or the socket failed.
+    Closed,
+}
+
+/// Peek at `stream` without consuming or blocking.
+pub fn peek(stream: &TcpStream) -> Peek {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: the fd is a valid open socket owned by `stream` for the duration of this call and
+    // `byte` is a valid 1-byte buffer; MSG_PEEK|MSG_DONTWAIT neither consumes data nor blocks.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            &mut byte as *mut u8 as *mut libc::c_void,
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => Peek::Closed,
+        n if n > 0 => Peek::Data,
+        _ if io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock => Peek::Quiet,
+        _ => Peek::Closed,
+    }
+}
+
+/// Resolves when the client closes its connection; pending while it stays open (also once it
+/// has sent its next pipelined request, which must not be read yet). Raced against the wait
+/// for a worker's answer, so a client that gives up frees the worker at once.
+pub async fn closed_by_peer(stream: &TcpStream) {
+    loop {
+        if stream.readable(false).await.is_err() {
+            return;
+        }
+        match peek(stream) {
+            Peek::Closed => return,
+            Peek::Data => std::future::pending::<()>().await,
+            Peek::Quiet => monoio::time::sleep(std::time::Duration::from_millis(1)).await,
+        }
+    }
+}

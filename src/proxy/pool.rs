@@ -3,11 +3,11 @@
 //! engines' 5 s keep-alive) are dropped, and a connection is probed before reuse: a peer that
 //! closed it, or sent bytes nobody asked for, makes it unusable.
 
+use crate::proxy::io::{peek, Peek};
 use crate::tree::WorkerId;
 use monoio::net::TcpStream;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 struct Idle {
@@ -33,23 +33,7 @@ pub struct Pool {
 
 /// Whether an idle connection is still usable: no EOF and no unexpected bytes pending.
 pub fn is_reusable(stream: &TcpStream) -> bool {
-    let fd = stream.as_raw_fd();
-    let mut byte = 0u8;
-    // SAFETY: `fd` is a valid open socket owned by `stream` for the duration of this call, and
-    // `byte` is a valid 1-byte buffer; MSG_PEEK|MSG_DONTWAIT neither consumes data nor blocks.
-    let n = unsafe {
-        libc::recv(
-            fd,
-            &mut byte as *mut u8 as *mut libc::c_void,
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    if n < 0 {
-        let err = std::io::Error::last_os_error();
-        return err.kind() == std::io::ErrorKind::WouldBlock;
-    }
-    false
+    peek(stream) == Peek::Quiet
 }
 
 impl Pool {
