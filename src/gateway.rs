@@ -117,6 +117,11 @@ impl Gateway {
         self.known_models.store(Arc::new(next));
     }
 
+    /// Epoch of the currently published tree snapshot (0 without a tree).
+    pub fn recent_epoch(&self) -> u64 {
+        self.tree.as_ref().map_or(0, |t| t.load().epoch())
+    }
+
     /// Tell the policy the worker set or eligibility changed (rings keyed by URL).
     pub fn membership_changed(&self) {
         let list = self.registry.load();

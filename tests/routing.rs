@@ -377,3 +377,71 @@ fn removing_a_worker_takes_it_out_of_routing_and_the_tree() {
         .json();
     assert_eq!(list["urls"].as_array().unwrap().len(), 1);
 }
+
+#[test]
+fn insert_response_text_teaches_the_tree_the_reply() {
+    let cluster = sim(2, |_| {});
+    for (flag, expect_reply) in [(true, true), (false, false)] {
+        let mut args = vec!["--policy", "cache_aware"];
+        if flag {
+            args.push("--insert-response-text");
+        }
+        let gw = gateway_for(&cluster.urls(), &args);
+        for stream in [false, true] {
+            // A fresh prompt per case, so the streamed case cannot pass on what the other learned.
+            let prompt = words(11 + stream as u64, 60);
+            let r = request(
+                gw.addr,
+                "POST",
+                "/v1/chat/completions",
+                &[],
+                &chat_body(&[("user", &prompt)], stream, 6),
+            )
+            .unwrap();
+            assert_eq!(r.status, 200);
+            let reply: String = if stream {
+                r.text()
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .filter(|d| *d != "[DONE]")
+                    .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                    .filter_map(|v| {
+                        v["choices"][0]["delta"]["content"]
+                            .as_str()
+                            .map(str::to_string)
+                    })
+                    .collect()
+            } else {
+                r.json()["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            };
+            // The reply is learned after the last byte went to the client: poll briefly.
+            let tree = gw.gateway().tree.as_ref().unwrap();
+            let full = format!("{prompt} {reply}");
+            let until =
+                Instant::now() + Duration::from_millis(if expect_reply { 3000 } else { 300 });
+            let (learned, m) = loop {
+                tree.sync();
+                let forest = tree.load();
+                let m = forest
+                    .tree(Some(b"meta-llama/Llama-3.1-8B-Instruct"))
+                    .unwrap()
+                    .longest_match(&full)
+                    .matched_chars;
+                let learned = m == full.chars().count();
+                if learned || Instant::now() > until {
+                    break (learned, m);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            assert_eq!(
+                learned,
+                expect_reply,
+                "flag {flag}, stream {stream}: matched {m} of {}",
+                full.chars().count()
+            );
+        }
+    }
+}

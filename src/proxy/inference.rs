@@ -207,7 +207,7 @@ pub async fn handle(
     loop {
         let list = gw.registry.load_full();
         let now_ms = gw.now_ms();
-        let mut input = RouteInput {
+        let input = RouteInput {
             text: &info.text,
             routing_key,
             target_worker: head.header("x-smg-target-worker"),
@@ -216,28 +216,8 @@ pub async fn handle(
             now_ms,
             recent: None,
         };
-        let mut epoch = 0;
-        let decision = if api.is_some() {
-            let forest = gw.tree.as_ref().map(|t| t.load());
-            let model = info.model.as_deref().map(str::as_bytes);
-            let tree = forest.as_ref().and_then(|f| f.tree(model));
-            if let Some(f) = forest.as_ref() {
-                epoch = f.epoch();
-                input.recent = gw.recent.longest(model, &info.text, epoch);
-            }
-            gw.policy.select(
-                &input,
-                &list.ids,
-                &gw.registry.loads,
-                tree,
-                &mut core.rng.borrow_mut(),
-            )
-        } else {
-            gw.registry
-                .loads
-                .pick_random_eligible(&list.ids, &excluded, &mut core.rng.borrow_mut())
-                .map(|w| Decision::plain(w, Branch::Random))
-        };
+        let (decision, epoch) =
+            choose(core, api.is_some(), info.model.as_deref(), input, &list.ids);
         let Some(decision) = decision else {
             let (status, msg) = last_error.unwrap_or_else(|| {
                 let msg = if list.is_empty() {
@@ -277,17 +257,8 @@ pub async fn handle(
         // prefill (a burst sharing a system prompt) then already follow it to this worker. If
         // the attempt fails, the retry excludes this worker whatever the tree says.
         if decision.insert_text {
-            if let Some(tree) = &gw.tree {
-                let text = as_body_slice(&body, &info.text);
-                gw.recent
-                    .push(model_bytes.clone(), text.clone(), worker.id, epoch);
-                tree.try_insert(Insert {
-                    model: model_bytes.clone(),
-                    text,
-                    worker: worker.id,
-                    now_ms,
-                });
-            }
+            let text = as_body_slice(&body, &info.text);
+            learn(&gw, model_bytes.clone(), text, worker.id, epoch, now_ms);
         }
         let req = UpstreamRequest::build(
             head.method(),
@@ -374,25 +345,79 @@ pub async fn handle(
         if let Some(t) = relayed.first_body_at {
             gw.metrics.ttft(t.duration_since(started));
         }
-        if let (Some(c), Some(tree), true) = (
-            capture,
-            &gw.tree,
-            relayed.complete && (200..300).contains(&status),
-        ) {
-            if let Some(reply) = c.reply() {
+        if relayed.complete && (200..300).contains(&status) {
+            // Opt-in: learn "prompt + reply" so the next turn matches its whole history.
+            if let Some(reply) = capture.and_then(|c| c.reply()) {
                 let mut full = String::with_capacity(info.text.len() + 1 + reply.len());
                 full.push_str(&info.text);
                 full.push(' ');
                 full.push_str(&reply);
-                tree.try_insert(Insert {
-                    model: model_bytes,
-                    text: Bytes::from(full),
-                    worker: worker.id,
-                    now_ms: gw.now_ms(),
-                });
+                let now = gw.now_ms();
+                learn(
+                    &gw,
+                    model_bytes,
+                    Bytes::from(full),
+                    worker.id,
+                    gw.recent_epoch(),
+                    now,
+                );
             }
         }
         return (status, relayed.client_keep_alive);
+    }
+}
+
+/// Ask the policy for a worker against the current snapshot (and the unpublished inserts);
+/// pass-through GETs (`routed` false) take any selectable worker. Returns the decision and the
+/// snapshot epoch it saw.
+fn choose(
+    core: &Core,
+    routed: bool,
+    model: Option<&str>,
+    mut input: RouteInput<'_>,
+    workers: &[WorkerId],
+) -> (Option<Decision>, u64) {
+    let gw = &core.gw;
+    let rng = &mut core.rng.borrow_mut();
+    if !routed {
+        let d = gw
+            .registry
+            .loads
+            .pick_random_eligible(workers, input.exclude, rng);
+        return (d.map(|w| Decision::plain(w, Branch::Random)), 0);
+    }
+    let forest = gw.tree.as_ref().map(|t| t.load());
+    let model = model.map(str::as_bytes);
+    let tree = forest.as_ref().and_then(|f| f.tree(model));
+    let epoch = forest.as_ref().map_or(0, |f| f.epoch());
+    if forest.is_some() {
+        input.recent = gw.recent.longest(model, input.text, epoch);
+    }
+    (
+        gw.policy
+            .select(&input, workers, &gw.registry.loads, tree, rng),
+        epoch,
+    )
+}
+
+/// Record that `text` now lives on `worker`: in the shared ring at once, in the tree through
+/// the writer (never blocking: a full channel drops the insert and counts it).
+fn learn(
+    gw: &Gateway,
+    model: Option<Bytes>,
+    text: Bytes,
+    worker: WorkerId,
+    epoch: u64,
+    now_ms: u64,
+) {
+    if let Some(tree) = &gw.tree {
+        gw.recent.push(model.clone(), text.clone(), worker, epoch);
+        tree.try_insert(Insert {
+            model,
+            text,
+            worker,
+            now_ms,
+        });
     }
 }
 
