@@ -371,18 +371,7 @@ fn client_disconnect_mid_stream_frees_the_upstream() {
     ));
     let _ = c.read_timed_until(b"\"content\"", Duration::from_secs(5));
     drop(c);
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        let m = request(worker, "GET", "/metrics", &[], b"").unwrap().text();
-        let aborted = m.lines().any(|l| {
-            l.starts_with("sglang:num_aborted_requests_total") && !l.trim_end().ends_with(" 0")
-        });
-        if aborted {
-            break;
-        }
-        assert!(Instant::now() < until, "upstream request not aborted:\n{m}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_upstream_abort(worker, Duration::from_secs(5));
     // And the gateway's in-flight count for that worker is back to zero.
     let list = gw.gateway().registry.load_full();
     assert_eq!(gw.gateway().registry.loads.load(list.ids[0]), 0);
@@ -447,20 +436,25 @@ fn client_leaving_before_the_answer_aborts_the_upstream_request() {
     ));
     std::thread::sleep(Duration::from_millis(300));
     drop(c);
-    let until = Instant::now() + Duration::from_secs(3);
+    wait_for_upstream_abort(worker, Duration::from_secs(3));
+    let list = gw.gateway().registry.load_full();
+    assert_eq!(gw.gateway().registry.loads.load(list.ids[0]), 0);
+}
+
+/// Wait until the simulated worker counts an aborted request (the gateway closed the upstream).
+fn wait_for_upstream_abort(worker: std::net::SocketAddr, limit: Duration) {
+    let until = Instant::now() + limit;
     loop {
         let m = request(worker, "GET", "/metrics", &[], b"").unwrap().text();
         if m.lines().any(|l| {
             l.starts_with("sglang:num_aborted_requests_total") && !l.trim_end().ends_with(" 0")
         }) {
-            break;
+            return;
         }
         assert!(
             Instant::now() < until,
-            "upstream request kept running after the client left:\n{m}"
+            "upstream request not aborted within {limit:?}:\n{m}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let list = gw.gateway().registry.load_full();
-    assert_eq!(gw.gateway().registry.loads.load(list.ids[0]), 0);
 }

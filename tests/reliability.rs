@@ -600,7 +600,7 @@ fn graceful_shutdown_lets_a_stream_finish_and_exits_zero() {
     // Killed by PID if the test fails before the gateway exits by itself.
     let mut child = KillOnDrop(Some(child));
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    wait_ready_process(addr);
+    wait_ready(addr, Duration::from_secs(20));
     let mut c = Conn::open(addr);
     c.send(&raw_request(
         "POST",
@@ -619,19 +619,6 @@ fn graceful_shutdown_lets_a_stream_finish_and_exits_zero() {
     );
     let status = child.0.take().unwrap().wait().unwrap();
     assert!(status.success(), "exit status {status:?}");
-}
-
-fn wait_ready_process(addr: std::net::SocketAddr) {
-    let until = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < until {
-        if let Ok(r) = request(addr, "GET", "/readiness", &[], b"") {
-            if r.status == 200 {
-                return;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("radixgate process not ready");
 }
 
 #[test]

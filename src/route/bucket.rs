@@ -213,14 +213,7 @@ fn weighted_cuts(sorted: &[u64], n: usize) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn board(n: u32) -> (Vec<WorkerId>, LoadBoard) {
-        let b = LoadBoard::new(n as usize);
-        for w in 0..n {
-            b.set_eligible(w, true);
-        }
-        ((0..n).collect(), b)
-    }
+    use crate::workers::load::tests_support::board;
 
     /// Share of the window's characters each range receives under the current cuts.
     fn shares(s: &BucketState, lens: &[u64]) -> Vec<f64> {

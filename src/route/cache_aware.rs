@@ -208,14 +208,7 @@ pub fn select_with_tree(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn board(n: u32) -> (Vec<WorkerId>, LoadBoard) {
-        let b = LoadBoard::new(n as usize);
-        for w in 0..n {
-            b.set_eligible(w, true);
-        }
-        ((0..n).collect(), b)
-    }
+    use crate::workers::load::tests_support::board;
 
     fn set_load(b: &LoadBoard, w: WorkerId, l: u32) {
         while b.load(w) < l {

@@ -248,14 +248,7 @@ fn least_by(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn board(n: u32) -> (Vec<WorkerId>, LoadBoard) {
-        let b = LoadBoard::new(n as usize);
-        for w in 0..n {
-            b.set_eligible(w, true);
-        }
-        ((0..n).collect(), b)
-    }
+    use crate::workers::load::tests_support::board;
 
     #[test]
     fn sticky_until_ineligible_then_replaced() {

@@ -504,14 +504,7 @@ fn power_of_two(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn board(n: u32) -> (Vec<WorkerId>, LoadBoard) {
-        let b = LoadBoard::new(n as usize);
-        for w in 0..n {
-            b.set_eligible(w, true);
-        }
-        ((0..n).collect(), b)
-    }
+    use crate::workers::load::tests_support::board;
 
     fn policy(kind: PolicyKind) -> Policy {
         Policy::new(PolicyConfig {

@@ -813,3 +813,19 @@ mod tests {
         }
     }
 }
+
+/// Test helpers shared by the policy tests.
+#[cfg(test)]
+pub mod tests_support {
+    use super::LoadBoard;
+    use crate::tree::WorkerId;
+
+    /// `n` eligible workers with ids `0..n`, all idle.
+    pub fn board(n: u32) -> (Vec<WorkerId>, LoadBoard) {
+        let b = LoadBoard::new(n as usize);
+        for w in 0..n {
+            b.set_eligible(w, true);
+        }
+        ((0..n).collect(), b)
+    }
+}
