@@ -340,16 +340,26 @@ async fn core_main(gw: Arc<Gateway>, index: usize, listener: std::net::TcpListen
             }
         });
     }
-    while !gw.is_shutting_down() {
-        match monoio::time::timeout(Duration::from_millis(200), listener.accept()).await {
-            Ok(Ok((stream, _peer))) => {
-                monoio::spawn(crate::proxy::conn::serve(core.clone(), stream));
+    // One accept stays pending across shutdown checks: cancelling an in-flight accept can lose
+    // a connection the kernel already handed over (monoio #318), so only the timer is dropped.
+    {
+        let mut accept = std::pin::pin!(listener.accept());
+        while !gw.is_shutting_down() {
+            monoio::select! {
+                r = &mut accept => {
+                    match r {
+                        Ok((stream, _peer)) => {
+                            monoio::spawn(crate::proxy::conn::serve(core.clone(), stream));
+                        }
+                        Err(e) => {
+                            crate::log!(Warn, "core {index}: accept failed: {e}");
+                            monoio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                    accept.set(listener.accept());
+                }
+                _ = monoio::time::sleep(Duration::from_millis(200)) => {}
             }
-            Ok(Err(e)) => {
-                crate::log!(Warn, "core {index}: accept failed: {e}");
-                monoio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(_) => {}
         }
     }
     drop(listener);
