@@ -46,7 +46,9 @@ pub struct Gateway {
     pub recent: RecentInserts,
     /// Model names the workers serve (from their `/v1/models`): the only values the `model`
     /// metric label takes, so clients cannot mint series with made-up names.
-    pub known_models: arc_swap::ArcSwap<Vec<String>>,
+    /// Names are leaked once (at most `MAX_KNOWN_MODELS`) so the hot path labels with a
+    /// `&'static str` and allocates nothing.
+    pub known_models: arc_swap::ArcSwap<Vec<&'static str>>,
 }
 
 impl Gateway {
@@ -76,17 +78,16 @@ impl Gateway {
     }
 
     /// The `model` label for a request's model: a name some worker serves, else "other".
-    pub fn model_label(&self, model: Option<&str>) -> String {
+    pub fn model_label(&self, model: Option<&str>) -> &'static str {
         match model {
-            None => "default".to_string(),
-            Some(m) => {
-                let known = self.known_models.load();
-                if known.iter().any(|k| k == m) {
-                    m.to_string()
-                } else {
-                    "other".to_string()
-                }
-            }
+            None => "default",
+            Some(m) => self
+                .known_models
+                .load()
+                .iter()
+                .copied()
+                .find(|k| *k == m)
+                .unwrap_or("other"),
         }
     }
 
@@ -95,23 +96,20 @@ impl Gateway {
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
             return;
         };
-        let ids: Vec<String> = v
+        let ids: Vec<&str> = v
             .get("data")
             .and_then(|d| d.as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|c| c.get("id")?.as_str().map(str::to_string))
-                    .collect()
-            })
+            .map(|a| a.iter().filter_map(|c| c.get("id")?.as_str()).collect())
             .unwrap_or_default();
         let cur = self.known_models.load();
         if ids.iter().all(|id| cur.contains(id)) {
             return;
         }
-        let mut next: Vec<String> = cur.as_ref().clone();
+        let mut next: Vec<&'static str> = cur.as_ref().clone();
         for id in ids {
-            if !next.contains(&id) && next.len() < 256 {
-                next.push(id);
+            if !next.contains(&id) && next.len() < MAX_KNOWN_MODELS {
+                // Bounded by MAX_KNOWN_MODELS over the process lifetime: leaking is the point.
+                next.push(Box::leak(id.to_string().into_boxed_str()));
             }
         }
         self.known_models.store(Arc::new(next));
@@ -258,6 +256,9 @@ impl Gateway {
         Ok(worker)
     }
 }
+
+/// Most distinct model names ever used as metric labels.
+pub const MAX_KNOWN_MODELS: usize = 256;
 
 /// Compare two secrets in time independent of where they differ (the length is not secret).
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -85,7 +85,7 @@ impl Metrics {
     }
     /// One routed request, by model (`label` from `Gateway::model_label`: a served model name,
     /// "default" or "other"), endpoint and streaming flag.
-    pub fn routed(&self, model: String, endpoint: &'static str, streaming: bool) {
+    pub fn routed(&self, model: &'static str, endpoint: &'static str, streaming: bool) {
         counter!("smg_router_requests_total", "model" => model, "endpoint" => endpoint, "streaming" => if streaming { "true" } else { "false" }).increment(1);
     }
     /// A client closed its connection before the worker answered (the request was aborted).

@@ -37,3 +37,32 @@ fn the_example_config_parses() {
     let cfg = Config::try_from_args(&args).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(cfg.worker_urls.len(), 2);
 }
+
+#[test]
+fn dashboard_and_readme_name_only_metrics_the_gateway_exports() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut src = String::new();
+    for f in [
+        "src/metrics.rs",
+        "src/metrics_server.rs",
+        "src/gateway.rs",
+        "src/proxy/pool.rs",
+        "src/proxy/forward.rs",
+    ] {
+        src.push_str(&std::fs::read_to_string(format!("{root}/{f}")).unwrap());
+    }
+    let docs = std::fs::read_to_string(format!("{root}/configs/grafana-dashboard.json")).unwrap()
+        + &std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let mut checked = 0;
+    for word in docs.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if !(word.starts_with("smg_") || word.starts_with("radixgate_")) {
+            continue;
+        }
+        let name = word.trim_end_matches("_bucket");
+        // README shorthand such as radixgate_tree_{nodes,chars}: check the stem.
+        let name = name.trim_end_matches('_');
+        assert!(src.contains(name), "{name} is documented but not exported");
+        checked += 1;
+    }
+    assert!(checked > 10);
+}
