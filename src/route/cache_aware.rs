@@ -104,7 +104,10 @@ pub fn min_max_excluding(
     exclude: &[WorkerId],
     loads: &LoadBoard,
 ) -> Option<(u32, u32)> {
-    if exclude.is_empty() {
+    // Small fleets: one exact pass over the loads (a few ns a worker) is cheaper than the
+    // level counts and never sees a transient state between two cores' updates. Large fleets:
+    // the level counts, O(levels between min and max).
+    if exclude.is_empty() && workers.len() > EXACT_SCAN_WORKERS {
         return loads.min_max();
     }
     workers
@@ -117,6 +120,9 @@ pub fn min_max_excluding(
             Some((lo, hi)) => Some((lo.min(l), hi.max(l))),
         })
 }
+
+/// Fleets up to this size get an exact min/max scan.
+pub const EXACT_SCAN_WORKERS: usize = 64;
 
 /// A decision that asks for the text to be inserted under the chosen worker.
 #[inline]
