@@ -226,7 +226,9 @@ pub fn start(cfg: Config) -> Result<Running, String> {
             max_chars_per_worker: cfg.max_tree_size,
             eviction_interval: Duration::from_secs(cfg.eviction_interval.max(1)),
             overflow_margin: 0.1,
-            channel_capacity: 65_536,
+            // Each queued insert keeps its text (often a slice of the request body) alive: bound
+            // the backlog a starved writer can accumulate.
+            channel_capacity: 16_384,
             epoch: Duration::from_millis(1),
             publish_after: 1024,
         })

@@ -515,12 +515,7 @@ fn slowloris_is_cut_off_by_the_header_timeout() {
     let cut = cut || c.closed_within(Duration::from_secs(2));
     assert!(cut, "a trickling client was not cut off");
     assert!(t0.elapsed() < Duration::from_secs(5));
-    assert_eq!(
-        request(gw.addr, "POST", "/generate", &[], &gen(0))
-            .unwrap()
-            .status,
-        200
-    );
+    assert_still_serves(gw.addr);
 }
 
 #[test]
@@ -533,12 +528,7 @@ fn non_utf8_prompts_are_refused_cleanly() {
     let r = request(gw.addr, "POST", "/v1/completions", &[], &body).unwrap();
     assert_eq!(r.status, 400);
     assert!(r.json()["error"]["message"].is_string());
-    assert_eq!(
-        request(gw.addr, "POST", "/generate", &[], &gen(0))
-            .unwrap()
-            .status,
-        200
-    );
+    assert_still_serves(gw.addr);
 }
 
 #[test]

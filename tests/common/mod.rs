@@ -299,3 +299,16 @@ pub fn served_by(r: &Response) -> u16 {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no x-worker-port in {:?}", r.headers))
 }
+
+/// After a bad request, the gateway still serves a normal one.
+pub fn assert_still_serves(addr: SocketAddr) {
+    let r = request(
+        addr,
+        "POST",
+        "/generate",
+        &[],
+        br#"{"text":"still fine","sampling_params":{"max_new_tokens":1}}"#,
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "the gateway stopped serving: {}", r.text());
+}
