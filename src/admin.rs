@@ -210,7 +210,8 @@ pub async fn handle(
             )
         }
         Endpoint::Readiness => {
-            let list = gw.registry.load();
+            // An owned Arc, not a guard: it lives across the response write.
+            let list = gw.registry.load_full();
             let healthy = list
                 .workers
                 .iter()
@@ -275,7 +276,8 @@ pub async fn handle(
             )
         }
         Endpoint::ServerInfo => {
-            let list = gw.registry.load();
+            // An owned Arc, not a guard: it lives across the response write.
+            let list = gw.registry.load_full();
             let workers: Vec<Value> = list.workers.iter().map(|w| worker_json(core, w)).collect();
             let body = json!({
                 "router_manager": true,
@@ -293,7 +295,8 @@ pub async fn handle(
             (200, send(stream, head, 200, &body).await)
         }
         Endpoint::ListWorkers | Endpoint::LegacyList => {
-            let list = gw.registry.load();
+            // An owned Arc, not a guard: it lives across the response write.
+            let list = gw.registry.load_full();
             let workers: Vec<Value> = list.workers.iter().map(|w| worker_json(core, w)).collect();
             let body = if ep == Endpoint::LegacyList {
                 json!({"urls": list.workers.iter().map(|w| w.url.clone()).collect::<Vec<_>>()})
