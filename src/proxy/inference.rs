@@ -272,7 +272,11 @@ pub async fn handle(
         // prompt is in prefill or its reply is being generated frees the worker at once.
         let outcome = monoio::select! {
             r = forward::roundtrip(core, &worker, &req, req_head_is_head, deadline) => Some(r),
-            _ = closed_by_peer(client) => None,
+            _ = async {
+                // Quick answers never pay for the watch (a poll op and its cancellation).
+                monoio::time::sleep(Duration::from_millis(20)).await;
+                closed_by_peer(client).await
+            } => None,
         };
         let Some(outcome) = outcome else {
             drop(in_flight);
