@@ -14,6 +14,7 @@ use crate::workers::registry::Worker;
 use bytes::{Buf, Bytes, BytesMut};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
+use std::fmt::Write as _;
 use std::io;
 use std::time::Duration;
 
@@ -87,7 +88,8 @@ impl UpstreamRequest {
         }
         if !body.is_empty() || method != b"GET" {
             out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(body.len().to_string().as_bytes());
+            // Formatted straight into the buffer (no temporary String).
+            let _ = write!(out, "{}", body.len());
             out.extend_from_slice(b"\r\n");
         }
         out.extend_from_slice(b"x-request-id: ");
@@ -305,7 +307,7 @@ pub struct Relayed {
 pub fn client_head(up: &ResponseHead, request_id: &str, close: bool) -> BytesMut {
     let mut out = BytesMut::with_capacity(up.buf.len() + 96);
     out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(up.status.to_string().as_bytes());
+    let _ = write!(out, "{}", up.status);
     out.extend_from_slice(b" ");
     out.extend_from_slice(http::response::reason(up.status).as_bytes());
     out.extend_from_slice(b"\r\n");
