@@ -2,7 +2,7 @@
 //! `--insert-response-text`), so the tree can learn "prompt + reply" and the next turn of the
 //! conversation matches its whole history. Bounded: replies past the cap are not learned.
 
-use crate::http::{ChunkedDecoder, RequestHead};
+use crate::http::ChunkedDecoder;
 use crate::route::extract::Api;
 use bytes::BytesMut;
 
@@ -113,14 +113,6 @@ fn sse_reply(api: Api, body: &[u8]) -> Option<String> {
         }
     }
     (!out.is_empty()).then_some(out)
-}
-
-/// Whether the client asked for a streamed response (used when the body flag is absent).
-pub fn wants_event_stream(head: &RequestHead) -> bool {
-    head.header("accept").is_some_and(|v| {
-        v.windows(17)
-            .any(|w| w.eq_ignore_ascii_case(b"text/event-stream"))
-    })
 }
 
 #[cfg(test)]

@@ -94,11 +94,6 @@ impl Pool {
         });
     }
 
-    /// Idle connections held for `worker`.
-    pub fn idle_count(&self, worker: WorkerId) -> usize {
-        self.idle.borrow().get(&worker).map_or(0, Vec::len)
-    }
-
     /// Counters since start.
     pub fn stats(&self) -> PoolStats {
         *self.stats.borrow()

@@ -305,15 +305,6 @@ impl Registry {
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
     }
-
-    /// Number of workers currently selectable.
-    pub fn healthy_count(&self) -> usize {
-        self.load()
-            .workers
-            .iter()
-            .filter(|w| w.is_healthy() && !w.is_draining())
-            .count()
-    }
 }
 
 impl Default for Registry {
