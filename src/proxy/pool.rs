@@ -15,20 +15,11 @@ struct Idle {
     since: Instant,
 }
 
-/// Counters for /metrics.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PoolStats {
-    pub reused: u64,
-    pub discarded: u64,
-    pub returned: u64,
-}
-
 /// One core's idle upstream connections.
 pub struct Pool {
     idle: RefCell<HashMap<WorkerId, Vec<Idle>>>,
     idle_timeout: Duration,
     max_per_worker: usize,
-    stats: RefCell<PoolStats>,
 }
 
 /// Whether an idle connection is still usable: no EOF and no unexpected bytes pending.
@@ -43,7 +34,6 @@ impl Pool {
             idle: RefCell::new(HashMap::new()),
             idle_timeout,
             max_per_worker,
-            stats: RefCell::new(PoolStats::default()),
         }
     }
 
@@ -54,12 +44,10 @@ impl Pool {
         let now = Instant::now();
         while let Some(idle) = stack.pop() {
             if now.duration_since(idle.since) < self.idle_timeout && is_reusable(&idle.stream) {
-                self.stats.borrow_mut().reused += 1;
                 metrics::counter!("radixgate_upstream_connections_total", "kind" => "reused")
                     .increment(1);
                 return Some(idle.stream);
             }
-            self.stats.borrow_mut().discarded += 1;
         }
         None
     }
@@ -71,13 +59,11 @@ impl Pool {
         if stack.len() >= self.max_per_worker {
             // Drop the oldest: the newest are the likeliest to still be open upstream.
             stack.remove(0);
-            self.stats.borrow_mut().discarded += 1;
         }
         stack.push(Idle {
             stream,
             since: Instant::now(),
         });
-        self.stats.borrow_mut().returned += 1;
     }
 
     /// Drop connections idle too long (called from a per-core timer) and those of workers that
@@ -92,10 +78,5 @@ impl Pool {
             stack.retain(|i| now.duration_since(i.since) < self.idle_timeout);
             !stack.is_empty()
         });
-    }
-
-    /// Counters since start.
-    pub fn stats(&self) -> PoolStats {
-        *self.stats.borrow()
     }
 }

@@ -184,8 +184,6 @@ pub struct Registry {
     /// In-flight counts and eligibility for every worker id.
     pub loads: LoadBoard,
     admin: Mutex<WorkerId>,
-    /// Bumped on every membership change (policies rebuild rings when it moves).
-    generation: AtomicU64,
 }
 
 impl Registry {
@@ -195,7 +193,6 @@ impl Registry {
             list: ArcSwap::from_pointee(WorkerList::default()),
             loads: LoadBoard::new(MAX_WORKER_IDS),
             admin: Mutex::new(0),
-            generation: AtomicU64::new(0),
         }
     }
 
@@ -207,11 +204,6 @@ impl Registry {
     /// Full `Arc` of the current list (for holding across awaits).
     pub fn load_full(&self) -> Arc<WorkerList> {
         self.list.load_full()
-    }
-
-    /// Membership generation.
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
     }
 
     /// Register a worker (resolving its host now, on the caller's thread). It starts healthy
@@ -256,7 +248,6 @@ impl Registry {
         workers.push(worker.clone());
         self.list.store(Arc::new(WorkerList::build(workers)));
         self.loads.set_eligible(id, healthy);
-        self.generation.fetch_add(1, Ordering::AcqRel);
         Ok(worker)
     }
 
@@ -284,7 +275,6 @@ impl Registry {
             .cloned()
             .collect();
         self.list.store(Arc::new(WorkerList::build(workers)));
-        self.generation.fetch_add(1, Ordering::AcqRel);
         Ok(found)
     }
 
@@ -302,7 +292,6 @@ impl Registry {
         let eligible = worker.is_healthy() && !worker.is_draining() && worker.breaker.admits();
         if self.loads.is_eligible(worker.id) != eligible {
             self.loads.set_eligible(worker.id, eligible);
-            self.generation.fetch_add(1, Ordering::AcqRel);
         }
     }
 }
