@@ -64,6 +64,8 @@ impl Gateway {
     /// Passive health: a worker that refused a connection leaves selection at once; the health
     /// checker re-admits it after `--health-success-threshold` good checks (probed quickly).
     pub fn on_connect_failure(&self, worker: &Worker) {
+        // Unpublished inserts must not lead the next requests back to it.
+        self.recent.forget_worker(worker.id);
         if self.cfg.disable_health_check {
             return;
         }
@@ -245,6 +247,7 @@ impl Gateway {
     /// (on a helper thread, so no core waits on the writer's channel).
     pub fn remove_worker(&self, url_or_id: &str) -> Result<Arc<Worker>, RegistryError> {
         let worker = self.registry.remove(url_or_id)?;
+        self.recent.forget_worker(worker.id);
         self.membership_changed();
         if let Some(tree) = self.tree.clone() {
             let id = worker.id;

@@ -47,10 +47,13 @@ impl Running {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        // Core threads leave their accept loops within one accept tick; connections still
-        // open are closed when the process exits (callers exit right after).
-        for t in self.threads {
-            let _ = t.join();
+        // Drained: core threads leave their accept loops within one accept tick. Not drained:
+        // the cores are still waiting on requests past the grace period, so do not join them;
+        // the caller exits and the process ends them.
+        if drained {
+            for t in self.threads {
+                let _ = t.join();
+            }
         }
         drained
     }

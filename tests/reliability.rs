@@ -440,54 +440,24 @@ fn api_keys_guard_inference_and_admin_endpoints() {
     let r = request(gw.addr, "POST", "/generate", &[], &gen(0)).unwrap();
     assert_eq!(r.status, 401);
     assert!(r.json()["error"]["message"].is_string());
-    assert_eq!(
+    // (method, path, bearer key) → status.
+    let status = |method: &str, path: &str, key: &str| {
+        let auth = format!("Bearer {key}");
+        let body = if method == "POST" { gen(0) } else { Vec::new() };
         request(
             gw.addr,
-            "POST",
-            "/generate",
-            &[("authorization", "Bearer wrong")],
-            &gen(0)
+            method,
+            path,
+            &[("authorization", auth.as_str())],
+            &body,
         )
         .unwrap()
-        .status,
-        401
-    );
-    assert_eq!(
-        request(
-            gw.addr,
-            "POST",
-            "/generate",
-            &[("authorization", "Bearer secret")],
-            &gen(0)
-        )
-        .unwrap()
-        .status,
-        200
-    );
-    assert_eq!(
-        request(
-            gw.addr,
-            "GET",
-            "/workers",
-            &[("authorization", "Bearer secret")],
-            b""
-        )
-        .unwrap()
-        .status,
-        401
-    );
-    assert_eq!(
-        request(
-            gw.addr,
-            "GET",
-            "/workers",
-            &[("authorization", "Bearer root")],
-            b""
-        )
-        .unwrap()
-        .status,
-        200
-    );
+        .status
+    };
+    assert_eq!(status("POST", "/generate", "wrong"), 401);
+    assert_eq!(status("POST", "/generate", "secret"), 200);
+    assert_eq!(status("GET", "/workers", "secret"), 401);
+    assert_eq!(status("GET", "/workers", "root"), 200);
     // Health endpoints stay open for orchestrators.
     assert_eq!(
         request(gw.addr, "GET", "/health", &[], b"").unwrap().status,

@@ -188,16 +188,19 @@ fn consistent_hashing_moves_few_keys_when_a_worker_joins() {
     let urls = cluster.urls();
     let gw = gateway_for(&urls[..4], &["--policy", "consistent_hashing"]);
     let keys: Vec<String> = (0..60).map(|i| format!("user-{i}")).collect();
-    let before: Vec<u16> = keys
-        .iter()
-        .map(|k| {
-            served_by(&chat(
-                gw.addr,
-                &[("user", "x")],
-                &[("x-smg-routing-key", k)],
-            ))
-        })
-        .collect();
+    // The worker each key lands on right now.
+    let placement = |keys: &[String]| -> Vec<u16> {
+        keys.iter()
+            .map(|k| {
+                served_by(&chat(
+                    gw.addr,
+                    &[("user", "x")],
+                    &[("x-smg-routing-key", k)],
+                ))
+            })
+            .collect()
+    };
+    let before = placement(&keys);
     // Same key, same worker.
     for (k, p) in keys.iter().zip(&before).take(10) {
         assert_eq!(
@@ -219,16 +222,7 @@ fn consistent_hashing_moves_few_keys_when_a_worker_joins() {
     .unwrap();
     assert!(add.status == 202 || add.status == 200, "{}", add.text());
     let new_port = cluster.ports()[4];
-    let after: Vec<u16> = keys
-        .iter()
-        .map(|k| {
-            served_by(&chat(
-                gw.addr,
-                &[("user", "x")],
-                &[("x-smg-routing-key", k)],
-            ))
-        })
-        .collect();
+    let after = placement(&keys);
     let moved: Vec<usize> = (0..keys.len()).filter(|&i| before[i] != after[i]).collect();
     assert!(
         moved.iter().all(|&i| after[i] == new_port),

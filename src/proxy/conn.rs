@@ -8,7 +8,7 @@ use crate::admin;
 use crate::gateway::Core;
 use crate::http::{self, BodyFraming, ChunkError, ChunkedDecoder, HeadLimits, RequestHead};
 use crate::proxy::inference;
-use crate::proxy::io::{read_into, write_all, write_all_by};
+use crate::proxy::io::{read_into, send_error, write_all};
 use crate::route::extract::Api;
 use bytes::{Buf, Bytes, BytesMut};
 use monoio::net::TcpStream;
@@ -74,8 +74,7 @@ async fn reply_error_and_close(stream: &mut TcpStream, status: u16, msg: &str) {
     } else {
         "invalid_request_error"
     };
-    let resp = http::response::error_response(status, error_type, msg, &[], true);
-    let _ = write_all_by(stream, resp, Instant::now() + Duration::from_secs(5)).await;
+    send_error(stream, status, error_type, msg, &[], true).await;
 }
 
 async fn read_head(

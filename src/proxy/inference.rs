@@ -8,7 +8,7 @@ use crate::gateway::{Core, Gateway};
 use crate::http::{self, RequestHead};
 use crate::proxy::capture::Capture;
 use crate::proxy::forward::{self, UpstreamRequest};
-use crate::proxy::io::{closed_by_peer, write_all_by};
+use crate::proxy::io::{closed_by_peer, send_error};
 use crate::proxy::request_id::request_id;
 use crate::proxy::retry::{is_retryable_status, RetryPolicy};
 use crate::route::extract::{extract, Api, RoutingInfo};
@@ -104,11 +104,7 @@ async fn reply_error_with(
     extra: &[(&str, &str)],
 ) -> bool {
     let keep = head.keep_alive;
-    let resp = http::response::error_response(status, error_type, msg, extra, !keep);
-    write_all_by(stream, resp, Instant::now() + Duration::from_secs(30))
-        .await
-        .is_ok()
-        && keep
+    send_error(stream, status, error_type, msg, extra, !keep).await && keep
 }
 
 /// Handle a proxied request (`api` None: pass-through GET with no routing text). Returns the
@@ -196,7 +192,12 @@ pub async fn handle(
         .or_else(|| head.header("authorization"))
         .or_else(|| head.header("x-forwarded-for"))
         .or_else(|| head.header("cookie"));
-    let model_bytes = info.model.as_ref().map(|m| as_body_slice(&body, m));
+    // Only the tree needs the model as bytes.
+    let model_bytes = info
+        .model
+        .as_ref()
+        .filter(|_| gw.tree.is_some())
+        .map(|m| as_body_slice(&body, m));
     let req_head_is_head = head.method() == b"HEAD";
     let retry = gw.retry;
     // Workers that already failed this request: every retry goes elsewhere (the reference
@@ -302,7 +303,6 @@ pub async fn handle(
             Err(e) => {
                 if e.is_connect() {
                     gw.on_connect_failure(&worker);
-                    gw.recent.forget_worker(worker.id);
                 }
                 gw.record_outcome(&worker, false);
                 drop(in_flight);

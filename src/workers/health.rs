@@ -23,6 +23,8 @@ struct Probe {
     seen_up: bool,
     first_poll: Instant,
     attempts: u32,
+    /// The start-up timeout has been reported (once).
+    timeout_reported: bool,
 }
 
 /// What one check result does to a worker's verdict; pure so it is tested alone.
@@ -108,6 +110,7 @@ async fn run(gw: Arc<Gateway>) {
                 seen_up: w.is_healthy(),
                 first_poll: now,
                 attempts: 0,
+                timeout_reported: false,
             });
             if p.next <= now {
                 due.push(w.clone());
@@ -168,10 +171,8 @@ async fn run(gw: Arc<Gateway>) {
             }
             let now = Instant::now();
             p.next = if starting && !p.seen_up {
-                if now.duration_since(p.first_poll) > startup_timeout
-                    && p.attempts > 1
-                    && p.attempts % 100 == 2
-                {
+                if !p.timeout_reported && now.duration_since(p.first_poll) > startup_timeout {
+                    p.timeout_reported = true;
                     crate::log!(
                         Error,
                         "worker {} did not come up within --worker-startup-timeout-secs",
@@ -206,6 +207,7 @@ mod tests {
             seen_up,
             first_poll: now,
             attempts: 0,
+            timeout_reported: false,
         }
     }
 

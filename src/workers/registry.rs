@@ -247,7 +247,7 @@ impl Registry {
         let mut workers = cur.workers.clone();
         workers.push(worker.clone());
         self.list.store(Arc::new(WorkerList::build(workers)));
-        self.loads.set_eligible(id, healthy);
+        self.refresh_eligibility(&worker);
         Ok(worker)
     }
 
@@ -267,7 +267,7 @@ impl Registry {
             .cloned()
             .ok_or_else(|| RegistryError::NotFound(url_or_id.to_string()))?;
         found.draining.store(true, Ordering::Relaxed);
-        self.loads.set_eligible(found.id, false);
+        self.refresh_eligibility(&found);
         let workers: Vec<Arc<Worker>> = cur
             .workers
             .iter()
