@@ -3,7 +3,6 @@
 //! the pure `http` framing) → `route` (extract, policies) against `tree` snapshots and `workers`
 //! loads → `proxy::forward` (pooled upstream, streamed relay) → `metrics`.
 
-pub mod admin;
 pub mod admission;
 pub mod config;
 pub mod gateway;
@@ -14,5 +13,6 @@ pub mod metrics_server;
 pub mod proxy;
 pub mod route;
 pub mod runtime;
+pub mod serve;
 pub mod tree;
 pub mod workers;

@@ -1,7 +1,9 @@
 //! Prometheus metrics: the `metrics` facade with the exporter's recorder (no tokio/hyper), and
 //! `/metrics` served from our own tiny listener on `--prometheus-port`. Names follow the
 //! reference's `smg_*` families where one exists, plus what the reference dropped (tree size,
-//! cache-aware branches) under `radixgate_*`.
+//! cache-aware branches) under `radixgate_*`. Every series the gateway exports is emitted by a
+//! function here and nowhere else, so this file is the list `tests/docs.rs` checks the README
+//! against.
 
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -51,55 +53,85 @@ pub fn path_label(path: &[u8]) -> &'static str {
     }
 }
 
-/// The gateway's metric emitters.
-#[derive(Debug, Default)]
-pub struct Metrics {}
+/// A client connection was accepted.
+pub fn connection_opened() {
+    gauge!("smg_http_connections_active").increment(1.0);
+}
 
-impl Metrics {
-    /// Emitters bound to the global recorder.
-    pub fn new() -> Metrics {
-        Metrics {}
-    }
-    /// A client connection was accepted.
-    pub fn connection_opened(&self) {
-        gauge!("smg_http_connections_active").increment(1.0);
-    }
-    /// A client connection ended.
-    pub fn connection_closed(&self) {
-        gauge!("smg_http_connections_active").decrement(1.0);
-    }
-    /// One HTTP request answered.
-    pub fn http_request(&self, path: &[u8], status: u16, took: Duration) {
-        let path = path_label(path);
-        counter!("smg_http_requests_total", "path" => path).increment(1);
-        counter!("smg_http_responses_total", "status_code" => status_label(status)).increment(1);
-        histogram!("smg_http_request_duration_seconds", "path" => path).record(took.as_secs_f64());
-    }
-    /// A policy decision.
-    pub fn selection(&self, policy: &'static str, branch: &'static str) {
-        counter!("smg_worker_selection_total", "policy" => policy, "branch" => branch).increment(1);
-    }
-    /// Time from request start to the first response body byte sent to the client.
-    pub fn ttft(&self, took: Duration) {
-        histogram!("radixgate_time_to_first_byte_seconds").record(took.as_secs_f64());
-    }
-    /// One routed request, by model (`label` from `Gateway::model_label`: a served model name,
-    /// "default" or "other"), endpoint and streaming flag.
-    pub fn routed(&self, model: &'static str, endpoint: &'static str, streaming: bool) {
-        counter!("smg_router_requests_total", "model" => model, "endpoint" => endpoint, "streaming" => if streaming { "true" } else { "false" }).increment(1);
-    }
-    /// A client closed its connection before the worker answered (the request was aborted).
-    pub fn client_gone(&self) {
-        counter!("radixgate_client_aborts_total").increment(1);
-    }
-    /// A request moved to another worker.
-    pub fn retry(&self) {
-        counter!("smg_worker_retries_total").increment(1);
-    }
-    /// The io driver in use (exported once at start).
-    pub fn io_driver(&self, kind: &'static str) {
-        gauge!("radixgate_io_driver", "kind" => kind).set(1.0);
-    }
+/// A client connection ended.
+pub fn connection_closed() {
+    gauge!("smg_http_connections_active").decrement(1.0);
+}
+
+/// One HTTP request answered.
+pub fn http_request(path: &[u8], status: u16, took: Duration) {
+    let path = path_label(path);
+    counter!("smg_http_requests_total", "path" => path).increment(1);
+    counter!("smg_http_responses_total", "status_code" => status_label(status)).increment(1);
+    histogram!("smg_http_request_duration_seconds", "path" => path).record(took.as_secs_f64());
+}
+
+/// A policy decision, by policy and by the branch that made it.
+pub fn selection(policy: &'static str, branch: &'static str) {
+    counter!("smg_worker_selection_total", "policy" => policy, "branch" => branch).increment(1);
+}
+
+/// Time from request start to the first response body byte sent to the client.
+pub fn ttft(took: Duration) {
+    histogram!("radixgate_time_to_first_byte_seconds").record(took.as_secs_f64());
+}
+
+/// One routed request, by model (`label` from `ServedModels::label`: a served model name,
+/// "default" or "other"), endpoint and streaming flag.
+pub fn routed(model: &'static str, endpoint: &'static str, streaming: bool) {
+    let streaming = if streaming { "true" } else { "false" };
+    counter!("smg_router_requests_total", "model" => model, "endpoint" => endpoint, "streaming" => streaming).increment(1);
+}
+
+/// A client closed its connection before the worker answered (the request was aborted).
+pub fn client_gone() {
+    counter!("radixgate_client_aborts_total").increment(1);
+}
+
+/// A request moved to another worker.
+pub fn retry() {
+    counter!("smg_worker_retries_total").increment(1);
+}
+
+/// A worker's circuit moved to state `to` ("open", "half_open", "closed").
+pub fn circuit_transition(to: &'static str) {
+    counter!("smg_worker_cb_transitions_total", "to" => to).increment(1);
+}
+
+/// An upstream connection was opened (`kind` "new") or taken from a pool ("reused").
+pub fn upstream_connection(kind: &'static str) {
+    counter!("radixgate_upstream_connections_total", "kind" => kind).increment(1);
+}
+
+/// The io driver in use (exported once at start).
+pub fn io_driver(kind: &'static str) {
+    gauge!("radixgate_io_driver", "kind" => kind).set(1.0);
+}
+
+/// One worker's in-flight requests and eligibility, refreshed at each scrape.
+pub fn worker_state(url: &str, in_flight: u32, eligible: bool) {
+    let label = url.to_string();
+    gauge!("smg_worker_requests_active", "worker" => label.clone()).set(f64::from(in_flight));
+    gauge!("smg_worker_health", "worker" => label).set(if eligible { 1.0 } else { 0.0 });
+}
+
+/// Registered workers, refreshed at each scrape.
+pub fn worker_pool_size(n: usize) {
+    gauge!("smg_worker_pool_size").set(n as f64);
+}
+
+/// The prefix trees' size and the writer's counters, refreshed at each scrape.
+pub fn tree_stats(nodes: u64, chars: u64, epoch: u64, dropped: u64, evicted_chars: u64) {
+    gauge!("radixgate_tree_nodes").set(nodes as f64);
+    gauge!("radixgate_tree_chars").set(chars as f64);
+    gauge!("radixgate_tree_epoch").set(epoch as f64);
+    gauge!("radixgate_tree_inserts_dropped").set(dropped as f64);
+    gauge!("radixgate_tree_evicted_chars").set(evicted_chars as f64);
 }
 
 fn status_label(status: u16) -> &'static str {

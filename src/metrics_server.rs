@@ -4,7 +4,6 @@
 use crate::gateway::Gateway;
 use crate::http::{self, HeadLimits};
 use bytes::BytesMut;
-use metrics::gauge;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
@@ -24,7 +23,7 @@ pub fn spawn(gw: Arc<Gateway>) -> Result<SocketAddr, String> {
         .name("radixgate-metrics".into())
         .spawn(move || {
             for conn in listener.incoming() {
-                if gw.is_shutting_down() {
+                if gw.life.is_shutting_down() {
                     break;
                 }
                 if let Ok(s) = conn {
@@ -38,26 +37,23 @@ pub fn spawn(gw: Arc<Gateway>) -> Result<SocketAddr, String> {
 
 fn refresh(gw: &Gateway) {
     let list = gw.registry.load();
-    gauge!("smg_worker_pool_size").set(list.len() as f64);
+    crate::metrics::worker_pool_size(list.len());
     for w in &list.workers {
-        let label = w.url.clone();
-        gauge!("smg_worker_requests_active", "worker" => label.clone())
-            .set(gw.registry.loads.load(w.id) as f64);
-        gauge!("smg_worker_health", "worker" => label).set(
-            if gw.registry.loads.is_eligible(w.id) {
-                1.0
-            } else {
-                0.0
-            },
+        crate::metrics::worker_state(
+            &w.url,
+            gw.registry.loads.load(w.id),
+            gw.registry.loads.is_eligible(w.id),
         );
     }
-    if let Some(t) = &gw.tree {
+    if let Some(t) = &gw.router.tree {
         let s = t.stats();
-        gauge!("radixgate_tree_nodes").set(s.nodes() as f64);
-        gauge!("radixgate_tree_chars").set(s.chars() as f64);
-        gauge!("radixgate_tree_epoch").set(s.epoch() as f64);
-        gauge!("radixgate_tree_inserts_dropped").set(s.dropped() as f64);
-        gauge!("radixgate_tree_evicted_chars").set(s.evicted_chars() as f64);
+        crate::metrics::tree_stats(
+            s.nodes(),
+            s.chars(),
+            s.epoch(),
+            s.dropped(),
+            s.evicted_chars(),
+        );
     }
 }
 

@@ -5,14 +5,9 @@
 
 use crate::config::{Config, IoDriver};
 use crate::gateway::{Core, Gateway};
-use crate::metrics::Metrics;
-use crate::route::policy::{Policy, PolicyKind};
-use crate::tree::{spawn_writer, WriterConfig};
 use crate::workers::registry::Registry;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::fd::FromRawFd;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -36,11 +31,11 @@ impl Running {
     /// Stop accepting; in-flight requests finish within the grace period; then return.
     /// Returns true when everything finished in time.
     pub fn shutdown(self) -> bool {
-        self.gw.shutting_down.store(true, Ordering::SeqCst);
+        self.gw.life.begin_shutdown();
         let grace = Duration::from_secs(self.gw.cfg.shutdown_grace_period_secs);
         let until = Instant::now() + grace;
         let mut drained = true;
-        while self.gw.active_requests.load(Ordering::Acquire) > 0 {
+        while self.gw.life.active_requests() > 0 {
             if Instant::now() >= until {
                 drained = false;
                 break;
@@ -61,85 +56,14 @@ impl Running {
 
 /// Create a listening TCP socket with `SO_REUSEPORT` so every core can own one.
 pub fn bind_reuseport(addr: SocketAddr, backlog: i32) -> std::io::Result<std::net::TcpListener> {
-    let domain = if addr.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    // SAFETY: plain socket(2) call; the returned fd is checked and owned below.
-    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh socket we own; from here `listener` closes it on every path.
-    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
-    let one: libc::c_int = 1;
-    for opt in [libc::SO_REUSEPORT, libc::SO_REUSEADDR] {
-        // SAFETY: valid fd, option pointer/len describe a live c_int.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                opt,
-                &one as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as u32,
-            )
-        };
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    let (storage, len) = sockaddr(addr);
-    // SAFETY: `storage` holds a valid sockaddr of `len` bytes for this family.
-    if unsafe { libc::bind(fd, &storage as *const _ as *const libc::sockaddr, len) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: valid bound socket.
-    if unsafe { libc::listen(fd, backlog) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    listener.set_nonblocking(true)?;
-    Ok(listener)
-}
-
-fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_in fits in sockaddr_storage.
-            unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in, sin) };
-            (
-                storage,
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            )
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
-            unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in6, sin6) };
-            (
-                storage,
-                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-            )
-        }
-    }
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_port(true)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(backlog)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
 }
 
 /// CPUs to serve on: `--cpu-list`, else the first `--cores` usable CPUs, else all usable CPUs.
@@ -224,54 +148,9 @@ pub fn start(cfg: Config) -> Result<Running, String> {
             .add(url, cfg.disable_health_check)
             .map_err(|e| format!("--worker-urls {url}: {e}"))?;
     }
-    let tree = (cfg.policy == PolicyKind::CacheAware).then(|| {
-        spawn_writer(WriterConfig {
-            max_chars_per_worker: cfg.max_tree_size,
-            eviction_interval: Duration::from_secs(cfg.eviction_interval.max(1)),
-            overflow_margin: 0.1,
-            // Each queued insert keeps its text (often a slice of the request body) alive: bound
-            // the backlog a starved writer can accumulate.
-            channel_capacity: 16_384,
-            epoch: Duration::from_millis(1),
-            publish_after: 1024,
-        })
-    });
-    let policy = Policy::new(cfg.policy_config());
-    {
-        let list = registry.load();
-        let named: Vec<(crate::tree::WorkerId, &[u8])> = list
-            .workers
-            .iter()
-            .map(|w| (w.id, w.url.as_bytes()))
-            .collect();
-        policy.workers_changed_named(&named);
-    }
     crate::metrics::install();
-    let metrics = Metrics::new();
-    metrics.io_driver(driver);
-    let admission = crate::admission::Admission::new(
-        cfg.max_concurrent_requests,
-        cfg.queue_size,
-        Duration::from_secs(cfg.queue_timeout_secs),
-        cfg.rate_limit_tokens_per_second,
-    );
-    let gw = Arc::new(Gateway {
-        cores: cpus.len(),
-        admission,
-        breaker: cfg.breaker_config(),
-        retry: cfg.retry_policy(),
-        known_models: Default::default(),
-        recent: Default::default(),
-        cfg,
-        registry,
-        policy,
-        tree,
-        metrics,
-        started: Instant::now(),
-        shutting_down: Default::default(),
-        active_requests: Default::default(),
-        io_driver: driver,
-    });
+    crate::metrics::io_driver(driver);
+    let gw = Arc::new(Gateway::new(cfg, registry, driver, cpus.len()));
 
     let mut threads = Vec::new();
     for (index, (cpu, listener)) in cpus.into_iter().zip(listeners).enumerate() {
@@ -298,7 +177,7 @@ pub fn start(cfg: Config) -> Result<Running, String> {
             .map_err(|e| format!("cannot spawn core thread: {e}"))?;
         threads.push(t);
     }
-    crate::workers::health::spawn(gw.clone());
+    crate::gateway::health::spawn(gw.clone());
     let metrics_addr = if gw.cfg.prometheus_port != 0 {
         Some(crate::metrics_server::spawn(gw.clone())?)
     } else {
@@ -307,7 +186,7 @@ pub fn start(cfg: Config) -> Result<Running, String> {
     crate::log!(
         Info,
         "listening on {bound} with {} core(s), io driver {driver}, policy {}, {} worker(s)",
-        gw.cores,
+        gw.life.cores,
         gw.cfg.policy.as_str(),
         gw.registry.load().len()
     );
@@ -334,13 +213,13 @@ async fn core_main(gw: Arc<Gateway>, index: usize, listener: std::net::TcpListen
         monoio::spawn(async move {
             loop {
                 monoio::time::sleep(Duration::from_millis(500)).await;
-                if core.gw.is_shutting_down() {
+                if core.gw.life.is_shutting_down() {
                     break;
                 }
                 let list = core.gw.registry.load_full();
                 core.pool.sweep(&|w| list.get(w).is_some());
                 if core.index == 0 {
-                    core.gw.policy.maintain(core.gw.now_ms());
+                    core.gw.router.policy.maintain(core.gw.life.now_ms());
                 }
             }
         });
@@ -349,12 +228,12 @@ async fn core_main(gw: Arc<Gateway>, index: usize, listener: std::net::TcpListen
     // a connection the kernel already handed over (monoio #318), so only the timer is dropped.
     {
         let mut accept = std::pin::pin!(listener.accept());
-        while !gw.is_shutting_down() {
+        while !gw.life.is_shutting_down() {
             monoio::select! {
                 r = &mut accept => {
                     match r {
                         Ok((stream, _peer)) => {
-                            monoio::spawn(crate::proxy::conn::serve(core.clone(), stream));
+                            monoio::spawn(crate::serve::conn::serve(core.clone(), stream));
                         }
                         Err(e) => {
                             crate::log!(Warn, "core {index}: accept failed: {e}");
@@ -369,7 +248,7 @@ async fn core_main(gw: Arc<Gateway>, index: usize, listener: std::net::TcpListen
     }
     drop(listener);
     // Let in-flight requests on this core finish (the shutdown caller bounds the wait).
-    while gw.active_requests.load(Ordering::Acquire) > 0 {
+    while gw.life.active_requests() > 0 {
         monoio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -587,7 +587,7 @@ fn unknown_model_names_collapse_into_one_metric_label() {
     let gw = gateway_for(&cluster.urls(), &[]);
     let known = "meta-llama/Llama-3.1-8B-Instruct";
     let until = Instant::now() + Duration::from_secs(5);
-    while !gw.gateway().known_models.load().contains(&known) {
+    while gw.gateway().models.label(Some(known)) != known {
         assert!(Instant::now() < until, "served models never learned");
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -66,7 +66,7 @@ fn a_conversation_keeps_its_worker_turn_by_turn() {
             .to_string();
         history.push(("assistant".into(), reply));
         history.push(("user".into(), words(100 + turn, 30)));
-        gw.gateway().tree.as_ref().unwrap().sync();
+        gw.gateway().router.tree.as_ref().unwrap().sync();
     }
 }
 
@@ -114,7 +114,7 @@ fn imbalance_sends_to_the_least_loaded_worker() {
     )
     .unwrap();
     let home = served_by(&r);
-    gw.gateway().tree.as_ref().unwrap().sync();
+    gw.gateway().router.tree.as_ref().unwrap().sync();
     // Hold 4 slow streams with the same prefix: they all stick to `home` (balanced so far:
     // the gap must exceed 2 before the policy reacts).
     let mut held = Vec::new();
@@ -170,16 +170,16 @@ fn manual_policy_is_sticky_per_key_and_keys_expire() {
             assert_eq!(*placed.entry(key).or_insert(port), port, "key {key} moved");
         }
     }
-    assert_eq!(gw.gateway().policy.manual_keys(), 5);
+    assert_eq!(gw.gateway().router.policy.manual_keys(), 5);
     // Idle keys expire (the sweep runs on core 0 about every 0.5 s).
     let until = Instant::now() + Duration::from_secs(6);
-    while gw.gateway().policy.manual_keys() > 0 {
+    while gw.gateway().router.policy.manual_keys() > 0 {
         assert!(Instant::now() < until, "keys did not expire");
         std::thread::sleep(Duration::from_millis(100));
     }
     // A request without the header is placed fresh and not remembered.
     chat(gw.addr, &[("user", "no key")], &[]);
-    assert_eq!(gw.gateway().policy.manual_keys(), 0);
+    assert_eq!(gw.gateway().router.policy.manual_keys(), 0);
 }
 
 #[test]
@@ -282,7 +282,7 @@ fn per_model_trees_do_not_mix() {
             200
         );
     }
-    let tree = gw.gateway().tree.as_ref().unwrap();
+    let tree = gw.gateway().router.tree.as_ref().unwrap();
     tree.sync();
     let forest = tree.load();
     let a = forest.tree(Some(b"model-a")).expect("tree for model-a");
@@ -313,7 +313,7 @@ fn eviction_keeps_each_worker_under_the_limit_while_requests_flow() {
             "1",
         ],
     );
-    let tree = gw.gateway().tree.as_ref().unwrap();
+    let tree = gw.gateway().router.tree.as_ref().unwrap();
     for i in 0..60 {
         chat(
             gw.addr,
@@ -412,7 +412,7 @@ fn insert_response_text_teaches_the_tree_the_reply() {
                     .to_string()
             };
             // The reply is learned after the last byte went to the client: poll briefly.
-            let tree = gw.gateway().tree.as_ref().unwrap();
+            let tree = gw.gateway().router.tree.as_ref().unwrap();
             let full = format!("{prompt} {reply}");
             let until =
                 Instant::now() + Duration::from_millis(if expect_reply { 3000 } else { 300 });

@@ -4,12 +4,12 @@
 //! written to the client at once (SSE tokens are never held), and the client write is the
 //! backpressure. A client that goes away aborts the upstream request by closing it.
 
-use crate::gateway::Core;
 use crate::http::{
     self, BodyFraming, ChunkTracker, ChunkedDecoder, HeadLimits, RequestHead, ResponseHead,
 };
 use crate::proxy::capture::Capture;
 use crate::proxy::io::{read_into, write_all_by};
+use crate::proxy::pool::Pool;
 use crate::workers::registry::Worker;
 use bytes::{Buf, Bytes, BytesMut};
 use monoio::net::TcpStream;
@@ -169,8 +169,7 @@ pub async fn connect(
         match monoio::time::timeout_at(limit, TcpStream::connect_addr(*addr)).await {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
-                metrics::counter!("radixgate_upstream_connections_total", "kind" => "new")
-                    .increment(1);
+                crate::metrics::upstream_connection("new");
                 return Ok(s);
             }
             Ok(Err(e)) => last = e,
@@ -251,17 +250,17 @@ async fn exchange_head(
 /// Send `req` to `worker` and read the response head. A pooled connection that fails before any
 /// response byte is replaced once by a fresh one (the body is still in memory).
 pub async fn roundtrip(
-    core: &Core,
+    pool: &Pool,
     worker: &Worker,
     req: &UpstreamRequest,
     request_was_head: bool,
+    connect_timeout: Duration,
     deadline: Instant,
 ) -> Result<UpstreamResponse, UpstreamError> {
-    let connect_timeout = Duration::from_secs(core.gw.cfg.connect_timeout_secs);
     let mut allow_pooled = true;
     loop {
         let pooled = if allow_pooled {
-            core.pool.take(worker.id)
+            pool.take(worker.id)
         } else {
             None
         };
@@ -381,13 +380,15 @@ pub struct RelayTo<'a> {
     pub client_keep_alive: bool,
     /// The whole-request deadline.
     pub deadline: Instant,
+    /// The gateway is shutting down: close the client connection after this response.
+    pub shutting_down: bool,
 }
 
 /// Relay the response to the client. The upstream connection goes back to the pool when the
 /// response was complete and reusable; otherwise it is dropped (closing it, which also aborts
 /// the work on the worker when the client went away).
 pub async fn relay(
-    core: &Core,
+    pool: &Pool,
     client: &mut TcpStream,
     up: UpstreamResponse,
     how: RelayTo<'_>,
@@ -398,6 +399,7 @@ pub async fn relay(
         request_id,
         client_keep_alive: client_wants_keep_alive,
         deadline,
+        shutting_down,
     } = how;
     let UpstreamResponse {
         mut stream,
@@ -411,9 +413,8 @@ pub async fn relay(
         BodyFraming::Chunked => BodyEnd::Chunked(ChunkTracker::new()),
         BodyFraming::Close => BodyEnd::UntilClose,
     };
-    let close_client = !client_wants_keep_alive
-        || matches!(head.framing, BodyFraming::Close)
-        || core.gw.is_shutting_down();
+    let close_client =
+        !client_wants_keep_alive || matches!(head.framing, BodyFraming::Close) || shutting_down;
     let mut out = client_head(&head, request_id, close_client);
     let mut relayed = Relayed {
         client_keep_alive: !close_client,
@@ -508,7 +509,7 @@ pub async fn relay(
     }
     relayed.complete = true;
     if head.keep_alive && upstream_clean && !matches!(end, BodyEnd::UntilClose) {
-        core.pool.put(worker.id, stream);
+        pool.put(worker.id, stream);
     }
     relayed
 }
@@ -595,18 +596,26 @@ pub async fn read_full_body(
     Ok((head, body.freeze(), stream))
 }
 
+/// Largest body a gateway-originated call reads (model cards, loads, flush answers).
+const FETCH_MAX_BODY: u64 = 64 << 20;
+
 /// One complete gateway-originated request to a worker (admin fan-out, /v1/models, health):
-/// returns status and body; the connection goes back to the pool when reusable.
+/// returns status and body; the connection goes back to `pool` when reusable. `timeout`
+/// bounds the whole call, connecting included.
 pub async fn fetch(
-    core: &Core,
+    pool: &Pool,
     worker: &Worker,
     method: &str,
     path: &str,
     body: Bytes,
     timeout: Duration,
 ) -> Result<(u16, Bytes), UpstreamError> {
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let deadline = Instant::now() + timeout;
-    let id = format!("gw-{}", core.gw.now_ms());
+    let id = format!(
+        "gw-{}",
+        NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
     let req = UpstreamRequest::build(
         method.as_bytes(),
         path.as_bytes(),
@@ -615,13 +624,13 @@ pub async fn fetch(
         &id,
         body,
     );
-    let up = roundtrip(core, worker, &req, method == "HEAD", deadline).await?;
+    let up = roundtrip(pool, worker, &req, method == "HEAD", timeout, deadline).await?;
     let reusable = up.head.keep_alive && !matches!(up.head.framing, BodyFraming::Close);
-    let (head, body, stream) = read_full_body(up, deadline, 64 << 20)
+    let (head, body, stream) = read_full_body(up, deadline, FETCH_MAX_BODY)
         .await
         .map_err(UpstreamError::Io)?;
     if reusable {
-        core.pool.put(worker.id, stream);
+        pool.put(worker.id, stream);
     }
     Ok((head.status, body))
 }

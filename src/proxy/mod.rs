@@ -1,11 +1,11 @@
-//! The proxy: one client connection's keep-alive loop (`conn`), the forwarding of one request to
-//! a worker and of its response back (`forward`), per-core upstream connection pools (`pool`),
-//! and the byte-level I/O helpers they share (`io`).
+//! The mechanics of proxying to a worker, below any knowledge of the gateway's shared state:
+//! forwarding one request and relaying its response as it arrives (`forward`), per-core upstream
+//! connection pools (`pool`), the byte-level I/O helpers (`io`), learning a reply's text
+//! (`capture`), request ids (`request_id`) and the retry schedule (`retry`). Callers pass in the
+//! pool, timeouts and deadlines; nothing here imports `gateway` or `serve`.
 
 pub mod capture;
-pub mod conn;
 pub mod forward;
-pub mod inference;
 pub mod io;
 pub mod pool;
 pub mod request_id;

@@ -44,8 +44,7 @@ impl Pool {
         let now = Instant::now();
         while let Some(idle) = stack.pop() {
             if now.duration_since(idle.since) < self.idle_timeout && is_reusable(&idle.stream) {
-                metrics::counter!("radixgate_upstream_connections_total", "kind" => "reused")
-                    .increment(1);
+                crate::metrics::upstream_connection("reused");
                 return Some(idle.stream);
             }
         }

@@ -7,3 +7,4 @@ pub mod manual;
 pub mod policy;
 pub mod recent;
 pub mod rng;
+pub mod types;

@@ -5,13 +5,20 @@
 //! that are unhealthy are probed every second, so a worker that refused one connection (passive
 //! detection) comes back within seconds, not minutes.
 
-use crate::gateway::{Core, Gateway};
+use super::core::upstream_pool;
+use super::Gateway;
 use crate::proxy::forward;
 use crate::tree::WorkerId;
 use bytes::Bytes;
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How often the checker wakes to look for due probes and circuits to half-open.
+const TICK: Duration = Duration::from_millis(100);
+/// Unhealthy workers are probed at least this often, so passive removals heal quickly.
+const UNHEALTHY_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Per-worker probe bookkeeping.
 #[derive(Debug, Clone)]
@@ -80,7 +87,8 @@ pub fn spawn(gw: Arc<Gateway>) {
 }
 
 async fn run(gw: Arc<Gateway>) {
-    let core = std::rc::Rc::new(Core::new(gw.clone(), usize::MAX));
+    // The checker's own upstream connections: it never borrows a serving core's pool.
+    let pool = Rc::new(upstream_pool(&gw));
     let cfg = &gw.cfg;
     let interval = Duration::from_secs(cfg.health_check_interval_secs.max(1));
     let timeout = Duration::from_secs(cfg.health_check_timeout_secs.max(1));
@@ -88,15 +96,15 @@ async fn run(gw: Arc<Gateway>) {
     let startup_timeout = Duration::from_secs(cfg.worker_startup_timeout_secs);
     let mut probes: HashMap<WorkerId, Probe> = HashMap::new();
     let mut models_seen: std::collections::HashSet<WorkerId> = Default::default();
-    while !gw.is_shutting_down() {
+    while !gw.life.is_shutting_down() {
         let list = gw.registry.load_full();
-        let now_ms = gw.now_ms();
+        let now_ms = gw.life.now_ms();
         for w in &list.workers {
             let t = w.breaker.tick(&gw.breaker, now_ms);
             gw.after_breaker(w, t);
         }
         if cfg.disable_health_check {
-            monoio::time::sleep(Duration::from_millis(100)).await;
+            monoio::time::sleep(TICK).await;
             continue;
         }
         probes.retain(|id, _| list.get(*id).is_some());
@@ -118,17 +126,17 @@ async fn run(gw: Arc<Gateway>) {
         }
         let mut handles = Vec::with_capacity(due.len());
         for w in due {
-            let core = core.clone();
+            let pool = pool.clone();
             let path = cfg.health_check_endpoint.clone();
             let learn = !models_seen.contains(&w.id);
             handles.push(monoio::spawn(async move {
                 let ok = matches!(
-                    forward::fetch(&core, &w, "GET", &path, Bytes::new(), timeout).await,
+                    forward::fetch(&pool, &w, "GET", &path, Bytes::new(), timeout).await,
                     Ok((200..=299, _))
                 );
                 // Learn the served model names once per worker (for the metric label).
                 let models = if ok && learn {
-                    match forward::fetch(&core, &w, "GET", "/v1/models", Bytes::new(), timeout)
+                    match forward::fetch(&pool, &w, "GET", "/v1/models", Bytes::new(), timeout)
                         .await
                     {
                         Ok((200, body)) => Some(body),
@@ -144,7 +152,7 @@ async fn run(gw: Arc<Gateway>) {
         for h in handles {
             let (w, ok, models) = h.await;
             if let Some(body) = models {
-                gw.learn_models(&body);
+                gw.models.learn(&body);
                 models_seen.insert(w.id);
             }
             let Some(p) = probes.get_mut(&w.id) else {
@@ -182,7 +190,7 @@ async fn run(gw: Arc<Gateway>) {
                 // Back off 1 s, 2 s, ... up to --worker-startup-check-interval.
                 now + std::cmp::min(Duration::from_secs(p.attempts as u64), startup_cap)
             } else if !w.is_healthy() {
-                now + std::cmp::min(interval, Duration::from_secs(1))
+                now + std::cmp::min(interval, UNHEALTHY_PROBE_INTERVAL)
             } else {
                 now + interval
             };
@@ -190,7 +198,7 @@ async fn run(gw: Arc<Gateway>) {
         if changed {
             gw.membership_changed();
         }
-        monoio::time::sleep(Duration::from_millis(100)).await;
+        monoio::time::sleep(TICK).await;
     }
 }
 

@@ -4,12 +4,13 @@
 //! requests are answered in order. Any framing error is answered with its status and a close;
 //! other connections never notice.
 
-use crate::admin;
+use super::error::GatewayError;
+use super::reply::send_error;
+use super::routes::{route, Route};
+use super::{admin, exchange, Outcome};
 use crate::gateway::Core;
 use crate::http::{self, BodyFraming, ChunkError, ChunkedDecoder, HeadLimits, RequestHead};
-use crate::proxy::inference;
-use crate::proxy::io::{read_into, send_error, write_all};
-use crate::route::extract::Api;
+use crate::proxy::io::{read_into, write_all};
 use bytes::{Buf, Bytes, BytesMut};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
@@ -21,15 +22,21 @@ use std::time::Duration;
 enum ReadFail {
     /// Peer closed or the connection broke: nothing to answer.
     Gone,
-    /// Answer this status and message, then close.
-    Reply(u16, String),
+    /// Answer this (a framing error: the connection closes after it).
+    Reply(GatewayError),
+}
+
+impl ReadFail {
+    fn reply(status: u16, message: impl Into<std::borrow::Cow<'static, str>>) -> ReadFail {
+        ReadFail::Reply(GatewayError::framing(status, message))
+    }
 }
 
 /// Serve one accepted connection until it closes.
 pub async fn serve(core: Rc<Core>, mut stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let gw = core.gw.clone();
-    gw.metrics.connection_opened();
+    crate::metrics::connection_opened();
     let limits = HeadLimits::default();
     let header_timeout = Duration::from_secs(gw.cfg.header_timeout_secs);
     let idle_timeout = Duration::from_secs(gw.cfg.keepalive_timeout_secs);
@@ -39,8 +46,8 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream) {
             match read_head(&mut stream, &mut buf, &limits, header_timeout, idle_timeout).await {
                 Ok(h) => h,
                 Err(ReadFail::Gone) => break,
-                Err(ReadFail::Reply(status, msg)) => {
-                    reply_error_and_close(&mut stream, status, &msg).await;
+                Err(ReadFail::Reply(e)) => {
+                    send_error(&mut stream, None, &e, None).await;
                     break;
                 }
             };
@@ -55,26 +62,17 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream) {
         {
             Ok(b) => b,
             Err(ReadFail::Gone) => break,
-            Err(ReadFail::Reply(status, msg)) => {
-                reply_error_and_close(&mut stream, status, &msg).await;
+            Err(ReadFail::Reply(e)) => {
+                send_error(&mut stream, None, &e, None).await;
                 break;
             }
         };
-        let keep_alive = dispatch(&core, &mut stream, &head, body).await;
-        if !keep_alive || !head.keep_alive || gw.is_shutting_down() {
+        let outcome = dispatch(&core, &mut stream, &head, body).await;
+        if !outcome.keep_alive || !head.keep_alive || gw.life.is_shutting_down() {
             break;
         }
     }
-    gw.metrics.connection_closed();
-}
-
-async fn reply_error_and_close(stream: &mut TcpStream, status: u16, msg: &str) {
-    let error_type = if status >= 500 {
-        "server_error"
-    } else {
-        "invalid_request_error"
-    };
-    send_error(stream, status, error_type, msg, &[], true).await;
+    crate::metrics::connection_closed();
 }
 
 async fn read_head(
@@ -91,7 +89,7 @@ async fn read_head(
         match http::parse_request_head(buf, limits) {
             Ok(Some(head)) => return Ok(head),
             Ok(None) => {}
-            Err(e) => return Err(ReadFail::Reply(e.status(), e.message().to_string())),
+            Err(e) => return Err(ReadFail::reply(e.status(), e.message().to_string())),
         }
         let deadline = match header_deadline {
             Some(d) => d,
@@ -102,7 +100,7 @@ async fn read_head(
                 return Err(if buf.is_empty() {
                     ReadFail::Gone
                 } else {
-                    ReadFail::Reply(400, "connection closed inside the request head".into())
+                    ReadFail::reply(400, "connection closed inside the request head")
                 })
             }
             Ok(_) => {
@@ -111,10 +109,7 @@ async fn read_head(
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut && header_deadline.is_some() => {
-                return Err(ReadFail::Reply(
-                    408,
-                    "request head not received in time".into(),
-                ))
+                return Err(ReadFail::reply(408, "request head not received in time"))
             }
             Err(_) => return Err(ReadFail::Gone),
         }
@@ -129,7 +124,7 @@ async fn read_body(
     read_timeout: Duration,
 ) -> Result<Bytes, ReadFail> {
     let too_large = || {
-        ReadFail::Reply(
+        ReadFail::reply(
             413,
             format!("request body exceeds the limit of {max_payload} bytes"),
         )
@@ -166,7 +161,7 @@ async fn read_body(
                 let used = decoder.feed(buf, &mut body).map_err(|e| match e {
                     ChunkError::TooLarge => too_large(),
                     ChunkError::Malformed(m) => {
-                        ReadFail::Reply(400, format!("bad chunked body: {m}"))
+                        ReadFail::reply(400, format!("bad chunked body: {m}"))
                     }
                 })?;
                 buf.advance(used);
@@ -186,62 +181,15 @@ async fn read_body_bytes(
     read_timeout: Duration,
 ) -> Result<(), ReadFail> {
     match read_into(stream, buf, Some(Instant::now() + read_timeout)).await {
-        Ok(0) => Err(ReadFail::Reply(
+        Ok(0) => Err(ReadFail::reply(
             400,
-            "connection closed inside the request body".into(),
+            "connection closed inside the request body",
         )),
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(ReadFail::Reply(
-            408,
-            "request body not received in time".into(),
-        )),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            Err(ReadFail::reply(408, "request body not received in time"))
+        }
         Err(_) => Err(ReadFail::Gone),
-    }
-}
-
-/// Where a request goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    /// Routed by the policy and proxied.
-    Inference(Api),
-    /// Proxied to one selectable worker, no routing text.
-    PassThrough,
-    /// Answered by the gateway itself.
-    Local(admin::Endpoint),
-    /// Known path, wrong method.
-    MethodNotAllowed,
-    NotFound,
-}
-
-/// Map method and path to a route.
-pub fn route(method: &[u8], path: &[u8]) -> Route {
-    let post = method == b"POST";
-    let get = method == b"GET";
-    let inference = |api| {
-        if post {
-            Route::Inference(api)
-        } else {
-            Route::MethodNotAllowed
-        }
-    };
-    match path {
-        b"/generate" => inference(Api::Generate),
-        b"/v1/chat/completions" => inference(Api::Chat),
-        b"/v1/completions" => inference(Api::Completions),
-        b"/v1/embeddings" => inference(Api::Embeddings),
-        b"/v1/rerank" | b"/rerank" => inference(Api::Rerank),
-        b"/get_model_info" | b"/model_info" | b"/health_generate" => {
-            if get {
-                Route::PassThrough
-            } else {
-                Route::MethodNotAllowed
-            }
-        }
-        _ => match admin::endpoint(method, path) {
-            Some(Ok(e)) => Route::Local(e),
-            Some(Err(())) => Route::MethodNotAllowed,
-            None => Route::NotFound,
-        },
     }
 }
 
@@ -250,14 +198,12 @@ async fn dispatch(
     stream: &mut TcpStream,
     head: &RequestHead,
     body: Bytes,
-) -> bool {
+) -> Outcome {
     let gw = &core.gw;
     let started = Instant::now();
-    gw.active_requests
-        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-    let (status, keep) = match route(head.method(), head.path()) {
-        Route::Inference(api) => inference::handle(core, stream, head, body, Some(api)).await,
-        Route::PassThrough => inference::handle(core, stream, head, body, None).await,
+    let _active = gw.life.request_started();
+    let outcome = match route(head.method(), head.path()) {
+        Route::Proxy(forwarding) => exchange::handle(core, stream, head, body, forwarding).await,
         Route::Local(ep) => admin::handle(core, stream, head, body, ep).await,
         Route::MethodNotAllowed => {
             let msg = format!(
@@ -265,43 +211,13 @@ async fn dispatch(
                 String::from_utf8_lossy(head.method()),
                 String::from_utf8_lossy(head.path())
             );
-            (
-                405,
-                inference::reply_error(stream, head, 405, "invalid_request_error", &msg).await,
-            )
+            send_error(stream, Some(head), &GatewayError::new(405, msg), None).await
         }
         Route::NotFound => {
             let msg = format!("no route for {}", String::from_utf8_lossy(head.path()));
-            (
-                404,
-                inference::reply_error(stream, head, 404, "not_found_error", &msg).await,
-            )
+            send_error(stream, Some(head), &GatewayError::new(404, msg), None).await
         }
     };
-    gw.active_requests
-        .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-    gw.metrics
-        .http_request(head.path(), status, started.elapsed());
-    keep
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn routes() {
-        assert_eq!(
-            route(b"POST", b"/v1/chat/completions"),
-            Route::Inference(Api::Chat)
-        );
-        assert_eq!(
-            route(b"GET", b"/v1/chat/completions"),
-            Route::MethodNotAllowed
-        );
-        assert_eq!(route(b"POST", b"/rerank"), Route::Inference(Api::Rerank));
-        assert_eq!(route(b"GET", b"/get_model_info"), Route::PassThrough);
-        assert_eq!(route(b"GET", b"/nope"), Route::NotFound);
-        assert!(matches!(route(b"GET", b"/health"), Route::Local(_)));
-    }
+    crate::metrics::http_request(head.path(), outcome.status, started.elapsed());
+    outcome
 }

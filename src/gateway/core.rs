@@ -1,0 +1,42 @@
+//! One serving core's private state: never shared between threads, so no locks.
+
+use super::Gateway;
+use crate::proxy::pool::Pool;
+use crate::route::rng::Rng;
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Idle upstream connections kept per worker on one core.
+const POOL_PER_WORKER: usize = 64;
+
+/// One core's private state.
+pub struct Core {
+    /// The state every core shares.
+    pub gw: Arc<Gateway>,
+    /// Which serving core this is (core 0 also runs policy upkeep).
+    pub index: usize,
+    /// This core's idle upstream connections.
+    pub pool: Pool,
+    /// This core's random source (ties, jitter, request ids).
+    pub rng: RefCell<Rng>,
+}
+
+impl Core {
+    /// A core bound to the shared gateway.
+    pub fn new(gw: Arc<Gateway>, index: usize) -> Core {
+        let pool = upstream_pool(&gw);
+        Core {
+            gw,
+            index,
+            pool,
+            rng: RefCell::new(Rng::from_entropy()),
+        }
+    }
+}
+
+/// An empty upstream pool with the configured idle timeout (for a core or a helper thread).
+pub fn upstream_pool(gw: &Gateway) -> Pool {
+    let idle = Duration::from_millis(gw.cfg.upstream_idle_timeout_ms);
+    Pool::new(idle, POOL_PER_WORKER)
+}

@@ -1,0 +1,67 @@
+//! Changes to which workers may be chosen: a worker refusing a connection, a circuit opening or
+//! closing, a worker removed. Each touches the registry, the router and the metrics together,
+//! so they live here, in one place, rather than at their callers.
+
+use super::Gateway;
+use crate::workers::breaker::Transition;
+use crate::workers::registry::{RegistryError, Worker};
+use std::sync::Arc;
+
+impl Gateway {
+    /// Passive health: a worker that refused a connection leaves selection at once; the health
+    /// checker re-admits it after `--health-success-threshold` good checks (probed quickly).
+    pub fn on_connect_failure(&self, worker: &Worker) {
+        self.router.forget_unpublished(worker.id);
+        if self.cfg.disable_health_check {
+            return;
+        }
+        if self.registry.set_healthy(worker, false) {
+            crate::log!(
+                Warn,
+                "worker {} refused a connection: out of selection until healthy",
+                worker.url
+            );
+            self.membership_changed();
+        }
+    }
+
+    /// Tell the policy the worker set or eligibility changed (rings keyed by URL).
+    pub fn membership_changed(&self) {
+        let list = self.registry.load();
+        let named: Vec<_> = list
+            .workers
+            .iter()
+            .map(|w| (w.id, w.url.as_bytes()))
+            .collect();
+        self.router.policy.workers_changed_named(&named);
+    }
+
+    /// Record a request outcome on a worker's breaker; on a transition, update eligibility.
+    pub fn record_outcome(&self, worker: &Worker, success: bool) {
+        let t = worker
+            .breaker
+            .record(&self.breaker, success, self.life.now_ms());
+        self.after_breaker(worker, t);
+    }
+
+    /// Apply a breaker transition (logs, metrics, eligibility).
+    pub fn after_breaker(&self, worker: &Worker, t: Transition) {
+        if t == Transition::None {
+            return;
+        }
+        let state = worker.breaker.state().as_str();
+        crate::log!(Warn, "worker {}: circuit {state}", worker.url);
+        crate::metrics::circuit_transition(state);
+        self.registry.refresh_eligibility(worker);
+        self.membership_changed();
+    }
+
+    /// Remove a worker: out of selection now, in-flight requests finish, and its tree entries go.
+    pub fn remove_worker(&self, url_or_id: &str) -> Result<Arc<Worker>, RegistryError> {
+        let worker = self.registry.remove(url_or_id)?;
+        self.router.forget_worker(worker.id);
+        self.membership_changed();
+        crate::log!(Info, "worker {} removed (id {})", worker.url, worker.id);
+        Ok(worker)
+    }
+}

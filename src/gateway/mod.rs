@@ -1,0 +1,79 @@
+//! State shared by every core (`Gateway`, behind an `Arc`) and state owned by one core (`Core`,
+//! behind an `Rc`: its connection pool and random source never cross threads).
+//!
+//! `Gateway` is split by concern so a reader finds each thing in one place: the workers
+//! (`registry`, `models`), the routing state (`router`), the gate in front of them (`auth`,
+//! `admission`), the process's life (`life`), and the settings derived from the flags. The
+//! operations that touch several of them at once (a worker leaving, a circuit opening) live in
+//! `membership`.
+
+mod auth;
+mod core;
+pub mod health;
+mod lifecycle;
+mod membership;
+mod models;
+mod router;
+
+pub use self::auth::{constant_time_eq, Auth, Scope};
+pub use self::core::Core;
+pub use self::lifecycle::Lifecycle;
+pub use self::models::{ServedModels, MAX_KNOWN_MODELS};
+pub use self::router::Router;
+
+use crate::admission::Admission;
+use crate::config::Config;
+use crate::proxy::retry::RetryPolicy;
+use crate::workers::breaker::BreakerConfig;
+use crate::workers::registry::Registry;
+use std::time::Duration;
+
+/// Everything the cores share. Read-mostly; mutation goes through atomics, `ArcSwap`s and
+/// channels, never a lock on the request path.
+pub struct Gateway {
+    /// The flags it was started with.
+    pub cfg: Config,
+    /// The workers, their loads, health and circuits.
+    pub registry: Registry,
+    /// Model names the workers serve (the only values of the `model` metric label).
+    pub models: ServedModels,
+    /// The policy and the prefix trees it reads.
+    pub router: Router,
+    /// Who may call what (`--api-key`, `--admin-api-key`).
+    pub auth: Auth,
+    /// Concurrency limit and queue (off by default).
+    pub admission: Admission,
+    /// Start time, shutdown flag, requests in flight, io driver.
+    pub life: Lifecycle,
+    /// Circuit breaker settings (from `--cb-*`).
+    pub breaker: BreakerConfig,
+    /// Retry settings (from `--retry-*`).
+    pub retry: RetryPolicy,
+}
+
+impl Gateway {
+    /// The shared state for `cfg`, serving `registry`'s workers on `cores` cores with the io
+    /// driver named `io_driver`. Starts the tree writer when the policy needs one.
+    pub fn new(cfg: Config, registry: Registry, io_driver: &'static str, cores: usize) -> Gateway {
+        let router = Router::new(&cfg);
+        let admission = Admission::new(
+            cfg.max_concurrent_requests,
+            cfg.queue_size,
+            Duration::from_secs(cfg.queue_timeout_secs),
+            cfg.rate_limit_tokens_per_second,
+        );
+        let gw = Gateway {
+            registry,
+            models: ServedModels::default(),
+            router,
+            auth: Auth::new(cfg.api_key.clone(), cfg.admin_api_key.clone()),
+            admission,
+            life: Lifecycle::new(io_driver, cores),
+            breaker: cfg.breaker_config(),
+            retry: cfg.retry_policy(),
+            cfg,
+        };
+        gw.membership_changed();
+        gw
+    }
+}

@@ -1,0 +1,121 @@
+//! The routing state every core reads: the policy, the prefix trees (cache_aware only) behind
+//! their single writer, and the ring of inserts the writer has not published yet. Cores choose
+//! against a snapshot and learn by message; nothing here takes a lock on the request path.
+
+use crate::config::Config;
+use crate::route::policy::Policy;
+use crate::route::recent::RecentInserts;
+use crate::route::rng::Rng;
+use crate::route::types::{Decision, PolicyKind, RouteInput};
+use crate::tree::{spawn_writer, Insert, TreeHandle, WorkerId, WriterConfig};
+use crate::workers::load::LoadBoard;
+use bytes::Bytes;
+use std::time::Duration;
+
+/// Tree inserts a starved writer may have queued: each keeps its text (often a slice of the
+/// request body) alive, so the backlog is bounded.
+const INSERT_BACKLOG: usize = 16_384;
+
+/// Policy, trees and unpublished inserts.
+pub struct Router {
+    /// The configured policy.
+    pub policy: Policy,
+    /// The prefix trees and their writer (cache_aware only).
+    pub tree: Option<TreeHandle>,
+    /// Tree inserts not yet visible in the published snapshot, shared by the cores.
+    pub recent: RecentInserts,
+}
+
+impl Router {
+    /// The policy of `cfg`; starts the tree writer thread when the policy reads a tree.
+    pub fn new(cfg: &Config) -> Router {
+        let tree = (cfg.policy == PolicyKind::CacheAware).then(|| {
+            spawn_writer(WriterConfig {
+                max_chars_per_worker: cfg.max_tree_size,
+                eviction_interval: Duration::from_secs(cfg.eviction_interval.max(1)),
+                overflow_margin: 0.1,
+                channel_capacity: INSERT_BACKLOG,
+                epoch: Duration::from_millis(1),
+                publish_after: 1024,
+            })
+        });
+        Router {
+            policy: Policy::new(cfg.policy_config()),
+            tree,
+            recent: RecentInserts::default(),
+        }
+    }
+
+    /// Ask the policy for a worker against the current snapshot of `model`'s tree and the
+    /// unpublished inserts. Returns the decision and the snapshot epoch it saw.
+    pub fn choose(
+        &self,
+        model: Option<&str>,
+        mut input: RouteInput<'_>,
+        workers: &[WorkerId],
+        loads: &LoadBoard,
+        rng: &mut Rng,
+    ) -> (Option<Decision>, u64) {
+        let forest = self.tree.as_ref().map(|t| t.load());
+        let model = model.map(str::as_bytes);
+        let tree = forest.as_ref().and_then(|f| f.tree(model));
+        let epoch = forest.as_ref().map_or(0, |f| f.epoch());
+        if forest.is_some() {
+            input.recent = self.recent.longest(model, input.text, epoch);
+        }
+        (self.policy.select(&input, workers, loads, tree, rng), epoch)
+    }
+
+    /// Whether requests feed a tree (only then is the model sliced out of the body).
+    pub fn has_tree(&self) -> bool {
+        self.tree.is_some()
+    }
+
+    /// Epoch of the currently published tree snapshot (0 without a tree).
+    pub fn epoch(&self) -> u64 {
+        self.tree.as_ref().map_or(0, |t| t.load().epoch())
+    }
+
+    /// Record that `text` now lives on `worker`: in the shared ring at once, in the tree through
+    /// the writer (never blocking: a full channel drops the insert and counts it).
+    pub fn learn(
+        &self,
+        model: Option<Bytes>,
+        text: Bytes,
+        worker: WorkerId,
+        epoch: u64,
+        now_ms: u64,
+    ) {
+        if let Some(tree) = &self.tree {
+            self.recent.push(model.clone(), text.clone(), worker, epoch);
+            tree.try_insert(Insert {
+                model,
+                text,
+                worker,
+                now_ms,
+            });
+        }
+    }
+
+    /// Unpublished inserts on `worker` must not lead the next requests back to it.
+    pub fn forget_unpublished(&self, worker: WorkerId) {
+        self.recent.forget_worker(worker);
+    }
+
+    /// `worker` is gone: forget its unpublished inserts, and drop its tree entries on a helper
+    /// thread so no core waits on the writer's channel.
+    pub fn forget_worker(&self, worker: WorkerId) {
+        self.recent.forget_worker(worker);
+        if let Some(tree) = self.tree.clone() {
+            let spawned = std::thread::Builder::new()
+                .name("radixgate-remove".into())
+                .spawn(move || tree.remove_worker(worker));
+            if let Err(e) = spawned {
+                crate::log!(
+                    Warn,
+                    "cannot start the tree clean-up for worker {worker}: {e}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Endpoints answered by asking every worker: `/v1/models` (merged), `/flush_cache`,
+//! `/get_loads`. The calls run concurrently from the serving core, each bounded by a timeout.
+
+use crate::gateway::Core;
+use crate::proxy::forward;
+use crate::serve::error::GatewayError;
+use crate::serve::reply::Reply;
+use crate::workers::registry::Worker;
+use bytes::Bytes;
+use serde_json::{json, Value};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Each worker's `/v1/models` answer.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Each worker's `/flush_cache` (a flush waits for running requests on the worker).
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Each worker's `/get_load`.
+const LOADS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One worker's answer to a fan-out call: status and body, or why there is none.
+type Answer = Result<(u16, Bytes), String>;
+
+/// Call `path` on every given worker concurrently (from this core).
+async fn fan_out(
+    core: &Rc<Core>,
+    workers: Vec<Arc<Worker>>,
+    method: &'static str,
+    path: &'static str,
+    timeout: Duration,
+) -> Vec<(Arc<Worker>, Answer)> {
+    let mut handles = Vec::with_capacity(workers.len());
+    for w in workers {
+        let core = core.clone();
+        handles.push(monoio::spawn(async move {
+            let r = forward::fetch(&core.pool, &w, method, path, Bytes::new(), timeout)
+                .await
+                .map_err(|e| e.message(&w.url));
+            (w, r)
+        }));
+    }
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await);
+    }
+    out
+}
+
+/// `GET /v1/models`: the selectable workers' model cards, merged by id.
+pub async fn models(core: &Rc<Core>) -> Result<Reply, GatewayError> {
+    let gw = &core.gw;
+    let workers: Vec<Arc<Worker>> = gw
+        .registry
+        .load()
+        .workers
+        .iter()
+        .filter(|w| gw.registry.loads.is_eligible(w.id))
+        .cloned()
+        .collect();
+    let results = fan_out(core, workers, "GET", "/v1/models", MODELS_TIMEOUT).await;
+    let mut data: Vec<Value> = Vec::new();
+    let mut answered = 0;
+    for (_, r) in results {
+        let Ok((200, body)) = r else { continue };
+        let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+            continue;
+        };
+        answered += 1;
+        let cards = v
+            .get("data")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten();
+        for card in cards {
+            let id = card.get("id");
+            if !data.iter().any(|c| c.get("id") == id) {
+                data.push(card.clone());
+            }
+        }
+    }
+    if answered == 0 && !gw.registry.load().is_empty() {
+        return Err(GatewayError::new(503, "no worker answered /v1/models"));
+    }
+    Ok(Reply::json(200, &json!({"object": "list", "data": data})))
+}
+
+/// `POST /flush_cache`: flush every worker's cache; 206 when some did not answer 200.
+pub async fn flush_cache(core: &Rc<Core>) -> Reply {
+    let workers = core.gw.registry.load().workers.clone();
+    let results = fan_out(core, workers, "POST", "/flush_cache", FLUSH_TIMEOUT).await;
+    let total = results.len();
+    let ok = results
+        .iter()
+        .filter(|(_, r)| matches!(r, Ok((200, _))))
+        .count();
+    let details: Vec<Value> = results
+        .iter()
+        .map(|(w, r)| match r {
+            Ok((s, b)) => json!({"worker": w.url, "status": s, "body": String::from_utf8_lossy(b)}),
+            Err(e) => json!({"worker": w.url, "error": e}),
+        })
+        .collect();
+    let status = if ok == total { 200 } else { 206 };
+    Reply::json(
+        status,
+        &json!({"flushed": ok, "total": total, "workers": details}),
+    )
+}
+
+/// `GET /get_loads`: each worker's own `/get_load` beside the gateway's in-flight count.
+pub async fn loads(core: &Rc<Core>) -> Reply {
+    let gw = &core.gw;
+    let workers = gw.registry.load().workers.clone();
+    let results = fan_out(core, workers, "GET", "/get_load", LOADS_TIMEOUT).await;
+    let loads: Vec<Value> = results
+        .iter()
+        .map(|(w, r)| {
+            let load = match r {
+                Ok((200, b)) => serde_json::from_slice::<Value>(b).unwrap_or(Value::Null),
+                _ => Value::Null,
+            };
+            json!({"worker": w.url, "load": load, "gateway_in_flight": gw.registry.loads.load(w.id)})
+        })
+        .collect();
+    Reply::json(200, &json!({"workers": loads}))
+}

@@ -1,0 +1,80 @@
+//! What the gateway says about itself: liveness, readiness, and `/get_server_info`.
+
+use super::workers::worker_json;
+use crate::gateway::Gateway;
+use crate::serve::reply::Reply;
+use serde_json::{json, Value};
+
+/// `GET /health`: 200 while the process runs.
+pub fn health() -> Reply {
+    Reply::text(200, "OK")
+}
+
+/// `GET /readiness`: 200 once a worker is selectable; 503 before, and while shutting down.
+pub fn readiness(gw: &Gateway) -> Reply {
+    let list = gw.registry.load();
+    let healthy = list
+        .workers
+        .iter()
+        .filter(|w| gw.registry.loads.is_eligible(w.id))
+        .count();
+    let shutting_down = gw.life.is_shutting_down();
+    let ready = healthy > 0 && !shutting_down;
+    let status = match (ready, shutting_down) {
+        (true, _) => "ready",
+        (false, true) => "shutting_down",
+        (false, false) => "not_ready",
+    };
+    let body = json!({
+        "status": status,
+        "healthy_workers": healthy,
+        "total_workers": list.len(),
+    });
+    Reply::json(if ready { 200 } else { 503 }, &body)
+}
+
+/// `GET /get_server_info`: version, io driver, effective configuration, workers, tree stats.
+pub fn server_info(gw: &Gateway) -> Reply {
+    let list = gw.registry.load();
+    let workers: Vec<Value> = list.workers.iter().map(|w| worker_json(gw, w)).collect();
+    let tree = gw.router.tree.as_ref().map(|t| {
+        let s = t.stats();
+        json!({"nodes": s.nodes(), "chars": s.chars(), "epoch": s.epoch(),
+               "dropped_inserts": s.dropped(), "evicted_chars": s.evicted_chars()})
+    });
+    let body = json!({
+        "router_manager": true,
+        "gateway": "radixgate",
+        "version": env!("CARGO_PKG_VERSION"),
+        "io_driver": gw.life.io_driver,
+        "cores": gw.life.cores,
+        "config": config_json(gw),
+        "workers": workers,
+        "tree": tree,
+    });
+    Reply::json(200, &body)
+}
+
+/// The effective configuration (secrets redacted).
+fn config_json(gw: &Gateway) -> Value {
+    let c = &gw.cfg;
+    json!({
+        "host": c.host, "port": c.port, "worker_urls": c.worker_urls,
+        "policy": c.policy.as_str(), "cache_threshold": c.cache_threshold,
+        "balance_abs_threshold": c.balance_abs_threshold,
+        "balance_rel_threshold": c.balance_rel_threshold,
+        "eviction_interval": c.eviction_interval, "max_tree_size": c.max_tree_size,
+        "insert_response_text": c.insert_response_text, "affinity_window": c.affinity_window,
+        "assignment_mode": c.assignment_mode.as_str(), "max_idle_secs": c.max_idle_secs,
+        "prefix_hash_chars": c.prefix_hash_chars,
+        "bucket_adjust_interval_secs": c.bucket_adjust_interval_secs,
+        "request_timeout_secs": c.request_timeout_secs, "max_payload_size": c.max_payload_size,
+        "request_id_headers": c.request_id_headers,
+        "prometheus_port": c.prometheus_port, "prometheus_host": c.prometheus_host,
+        "health_check_interval_secs": c.health_check_interval_secs,
+        "health_check_endpoint": c.health_check_endpoint,
+        "disable_health_check": c.disable_health_check,
+        "api_key": c.api_key.as_ref().map(|_| "<redacted>"),
+        "io_driver": gw.life.io_driver, "cores": gw.life.cores,
+    })
+}

@@ -1,0 +1,162 @@
+//! Worker management: list, describe, add (probed once so it is routable at once), remove.
+
+use crate::gateway::{Core, Gateway};
+use crate::http::RequestHead;
+use crate::proxy::forward;
+use crate::serve::error::GatewayError;
+use crate::serve::reply::Reply;
+use crate::workers::registry::{RegistryError, Worker};
+use bytes::{Bytes, BytesMut};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Describe a worker for the management API.
+pub fn worker_json(gw: &Gateway, w: &Worker) -> Value {
+    json!({
+        "id": w.id.to_string(),
+        "url": w.url,
+        "healthy": w.is_healthy(),
+        "draining": w.is_draining(),
+        "circuit": w.breaker.state().as_str(),
+        "in_flight": gw.registry.loads.load(w.id),
+        "completed": w.completed.load(std::sync::atomic::Ordering::Relaxed),
+    })
+}
+
+/// `GET /workers`.
+pub fn list(gw: &Gateway) -> Reply {
+    let list = gw.registry.load();
+    let workers: Vec<Value> = list.workers.iter().map(|w| worker_json(gw, w)).collect();
+    Reply::json(200, &json!({"workers": workers, "total": list.len()}))
+}
+
+/// `GET /list_workers` (legacy): the URLs only.
+pub fn legacy_list(gw: &Gateway) -> Reply {
+    let list = gw.registry.load();
+    let urls: Vec<&str> = list.workers.iter().map(|w| w.url.as_str()).collect();
+    Reply::json(200, &json!({ "urls": urls }))
+}
+
+/// `GET /workers/{id or url}`.
+pub fn get(gw: &Gateway, head: &RequestHead) -> Result<Reply, GatewayError> {
+    let id = path_id(head);
+    let list = gw.registry.load();
+    let found = list
+        .workers
+        .iter()
+        .find(|w| w.id.to_string() == id || w.url == id);
+    match found {
+        Some(w) => Ok(Reply::json(200, &worker_json(gw, w))),
+        None => Err(GatewayError::new(404, format!("no worker {id}"))),
+    }
+}
+
+/// `POST /workers` (`created` 202) and `POST /add_worker?url=` (`created` 200).
+pub async fn add(core: &Core, url: Option<String>, created: u16) -> Result<Reply, GatewayError> {
+    let url = url.ok_or_else(|| GatewayError::new(400, "a worker `url` is required"))?;
+    match register(core, &url).await {
+        Ok(w) => Ok(Reply::json(created, &worker_json(&core.gw, &w))),
+        Err(RegistryError::Duplicate(u)) => Err(GatewayError::new(
+            409,
+            format!("worker {u} is already registered"),
+        )),
+        Err(e) => Err(GatewayError::new(400, e.to_string())),
+    }
+}
+
+/// `DELETE /workers/{id or url}` (`removed` 202) and `/remove_worker?url=` (`removed` 200).
+pub fn remove(gw: &Gateway, key: &str, removed: u16) -> Result<Reply, GatewayError> {
+    let w = gw
+        .remove_worker(key)
+        .map_err(|e| GatewayError::new(404, e.to_string()))?;
+    let body = json!({"removed": w.url, "id": w.id.to_string(), "in_flight": gw.registry.loads.load(w.id)});
+    Ok(Reply::json(removed, &body))
+}
+
+/// Register a worker at run time: probe its health endpoint once (so it is routable at once
+/// when up), then make it selectable.
+async fn register(core: &Core, url: &str) -> Result<Arc<Worker>, RegistryError> {
+    let gw = &core.gw;
+    let worker = gw.registry.add(url, false)?;
+    let healthy = gw.cfg.disable_health_check || {
+        let timeout = Duration::from_secs(gw.cfg.health_check_timeout_secs);
+        let path = &gw.cfg.health_check_endpoint;
+        let probe = forward::fetch(&core.pool, &worker, "GET", path, Bytes::new(), timeout);
+        matches!(probe.await, Ok((200..=299, _)))
+    };
+    gw.registry.set_healthy(&worker, healthy);
+    gw.membership_changed();
+    crate::log!(
+        Info,
+        "worker {} added (id {}, healthy: {healthy})",
+        worker.url,
+        worker.id
+    );
+    Ok(worker)
+}
+
+/// The `url` field of a JSON body.
+pub fn url_from_json(body: &Bytes) -> Option<String> {
+    let v = serde_json::from_slice::<Value>(body).ok()?;
+    v.get("url").and_then(Value::as_str).map(str::to_string)
+}
+
+/// The `url` query parameter (legacy calls).
+pub fn url_from_query(head: &RequestHead) -> Option<String> {
+    query_param(head, "url")
+}
+
+/// The `{id or url}` of `/workers/{…}`, percent-decoded.
+pub fn path_id(head: &RequestHead) -> String {
+    let p = head.path();
+    percent_decode(p.strip_prefix(b"/workers/").unwrap_or(p))
+}
+
+fn query_param(head: &RequestHead, name: &str) -> Option<String> {
+    let q = head.query()?;
+    q.split(|&b| b == b'&').find_map(|pair| {
+        let (k, v) = match pair.iter().position(|&b| b == b'=') {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, &b""[..]),
+        };
+        (k == name.as_bytes()).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(v: &[u8]) -> String {
+    let mut out = BytesMut::with_capacity(v.len());
+    let mut i = 0;
+    while i < v.len() {
+        let hex = (v[i] == b'%' && i + 2 < v.len())
+            .then(|| std::str::from_utf8(&v[i + 1..i + 3]).ok())
+            .flatten()
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (v[i], hex) {
+            (_, Some(b)) => {
+                out.extend_from_slice(&[b]);
+                i += 3;
+                continue;
+            }
+            (b'+', None) => out.extend_from_slice(b" "),
+            (b, None) => out.extend_from_slice(&[b]),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(
+            percent_decode(b"http%3A%2F%2F127.0.0.1%3A1"),
+            "http://127.0.0.1:1"
+        );
+        assert_eq!(percent_decode(b"a+b%zz%"), "a b%zz%");
+        assert_eq!(percent_decode(b"%41%"), "A%");
+    }
+}

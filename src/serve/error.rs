@@ -1,0 +1,142 @@
+//! Every answer the gateway writes itself instead of a worker: one type, so the status, the
+//! OpenAI `type`, whether another worker could do better, and whether the connection must close
+//! are decided in one place and written by one writer (`reply::send_error`).
+
+use crate::admission::Refusal;
+use crate::proxy::forward::UpstreamError;
+use crate::proxy::retry::is_retryable_status;
+use std::borrow::Cow;
+
+/// An error answered by the gateway, in the OpenAI shape `{"error":{"message","type","code"}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayError {
+    /// HTTP status (also the body's `code`).
+    pub status: u16,
+    /// Human-readable message for the body.
+    pub message: Cow<'static, str>,
+    /// Another worker might answer this request: the exchange may retry elsewhere.
+    pub retryable: bool,
+    /// The connection cannot serve another request after this (broken framing, unread body).
+    pub close: bool,
+}
+
+impl GatewayError {
+    /// The client's request is at fault, or the gateway refuses it; the connection stays usable.
+    pub fn new(status: u16, message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError {
+            status,
+            message: message.into(),
+            retryable: false,
+            close: false,
+        }
+    }
+
+    /// The request could not be read or framed: answer, then close (the rest of the stream is
+    /// not a request boundary anyone can trust).
+    pub fn framing(status: u16, message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError {
+            close: true,
+            ..GatewayError::new(status, message)
+        }
+    }
+
+    /// A worker answered `status` (retryable when another worker might do better).
+    pub fn worker_status(status: u16, worker_url: &str) -> GatewayError {
+        GatewayError {
+            retryable: is_retryable_status(status),
+            ..GatewayError::new(status, format!("worker {worker_url} answered {status}"))
+        }
+    }
+
+    /// No response head came back from a worker: always worth another worker.
+    pub fn upstream(e: &UpstreamError, worker_url: &str) -> GatewayError {
+        GatewayError {
+            retryable: true,
+            ..GatewayError::new(e.status(), e.message(worker_url))
+        }
+    }
+
+    /// No worker can take the request (none registered, or all unhealthy / circuits open).
+    pub fn no_workers(none_registered: bool) -> GatewayError {
+        GatewayError::new(
+            503,
+            if none_registered {
+                "no workers are registered"
+            } else {
+                "no available workers (all unhealthy or circuits open)"
+            },
+        )
+    }
+
+    /// The OpenAI error `type` for this status: one table for every error the gateway writes.
+    pub fn kind(&self) -> &'static str {
+        error_type(self.status)
+    }
+}
+
+impl From<Refusal> for GatewayError {
+    fn from(r: Refusal) -> GatewayError {
+        match r {
+            Refusal::QueueFull => {
+                GatewayError::new(429, "too many requests: the admission queue is full")
+            }
+            Refusal::Timeout => GatewayError::new(408, "timed out waiting in the admission queue"),
+        }
+    }
+}
+
+/// The OpenAI-style `type` for a status the gateway answers itself.
+pub fn error_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        408 | 504 => "timeout",
+        409 => "conflict",
+        429 => "rate_limit_exceeded",
+        502 => "bad_gateway",
+        503 => "service_unavailable",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_type_per_status() {
+        assert_eq!(error_type(400), "invalid_request_error");
+        assert_eq!(error_type(405), "invalid_request_error");
+        assert_eq!(error_type(413), "invalid_request_error");
+        assert_eq!(error_type(431), "invalid_request_error");
+        assert_eq!(error_type(401), "authentication_error");
+        assert_eq!(error_type(404), "not_found_error");
+        assert_eq!(error_type(408), "timeout");
+        assert_eq!(error_type(504), "timeout");
+        assert_eq!(error_type(429), "rate_limit_exceeded");
+        assert_eq!(error_type(502), "bad_gateway");
+        assert_eq!(error_type(503), "service_unavailable");
+        assert_eq!(error_type(500), "server_error");
+    }
+
+    #[test]
+    fn upstream_failures_are_retryable_and_keep_their_status() {
+        let e = GatewayError::upstream(&UpstreamError::Timeout, "http://w");
+        assert_eq!((e.status, e.retryable, e.close), (504, true, false));
+        assert_eq!(e.kind(), "timeout");
+        let s = GatewayError::worker_status(503, "http://w");
+        assert!(s.retryable);
+        assert!(!GatewayError::worker_status(501, "http://w").retryable);
+    }
+
+    #[test]
+    fn admission_refusals() {
+        assert_eq!(GatewayError::from(Refusal::QueueFull).status, 429);
+        assert_eq!(GatewayError::from(Refusal::Timeout).status, 408);
+        assert!(GatewayError::framing(400, "x").close);
+        assert!(!GatewayError::new(400, "x").close);
+        assert_eq!(GatewayError::no_workers(true).status, 503);
+    }
+}

@@ -1,0 +1,479 @@
+//! One proxied request as named phases on an [`Exchange`], in the order a request lives them:
+//!
+//! - **admit**: auth, routing inputs from the body, request id, admission permit;
+//! - **pick**: a policy decision, the worker's circuit, the in-flight count, the tree insert;
+//! - **attempt**: one upstream round trip raced against the client leaving;
+//! - **retry_after**: a failed attempt's bookkeeping, and whether another worker gets a try;
+//! - **commit**: relay the answer, account the outcome, learn the reply.
+//!
+//! As in Pingora's `proxy_to_upstream`, a failed attempt carries its own retry decision, so the
+//! loop in [`handle`] reads as the lifecycle: pick → attempt → commit, or retry_after → pick.
+//! Plain methods, no trait objects: this is the hot path.
+
+use super::error::GatewayError;
+use super::reply::send_error;
+use super::Outcome;
+use crate::admission::Permit;
+use crate::gateway::{Core, Gateway, Scope};
+use crate::http::{BodyFraming, RequestHead};
+use crate::proxy::capture::Capture;
+use crate::proxy::forward::{self, RelayTo, UpstreamRequest, UpstreamResponse};
+use crate::proxy::io::closed_by_peer;
+use crate::proxy::request_id::request_id;
+use crate::proxy::retry::is_retryable_status;
+use crate::route::extract::{extract, Api, RoutingInfo};
+use crate::route::types::{Branch, Decision, RouteInput};
+use crate::tree::WorkerId;
+use crate::workers::breaker::is_worker_failure;
+use crate::workers::registry::Worker;
+use bytes::Bytes;
+use monoio::net::TcpStream;
+use monoio::time::Instant;
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Answers quicker than this never pay for watching the client (a poll op and its cancel).
+const CLIENT_WATCH_DELAY: Duration = Duration::from_millis(20);
+
+/// How a proxied request reaches a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forwarding {
+    /// An inference call: its body gives the routing text, the policy picks the worker.
+    Routed(Api),
+    /// An informational GET (`/get_model_info`, `/health_generate`): any selectable worker.
+    PassThrough,
+}
+
+/// Handle a proxied request from its head and body to the last byte relayed.
+pub async fn handle(
+    core: &Core,
+    client: &mut TcpStream,
+    head: &RequestHead,
+    body: Bytes,
+    forwarding: Forwarding,
+) -> Outcome {
+    let mut ex = match Exchange::admit(core, head, &body, forwarding).await {
+        Ok(ex) => ex,
+        Err(refused) => {
+            let id = refused.request_id.as_deref();
+            return send_error(client, Some(head), &refused.error, id).await;
+        }
+    };
+    loop {
+        let picked = match ex.pick() {
+            Ok(p) => p,
+            Err(e) => return ex.fail(client, e).await,
+        };
+        match ex.attempt(client, &picked).await {
+            Ok(up) => return ex.commit(client, picked, up).await,
+            Err(Failure::ClientGone) => {
+                drop(picked);
+                crate::metrics::client_gone();
+                return Outcome {
+                    status: 499,
+                    keep_alive: false,
+                };
+            }
+            Err(Failure::Worker(f)) => {
+                if let Err(e) = ex.retry_after(picked, f).await {
+                    return ex.fail(client, e).await;
+                }
+            }
+        }
+    }
+}
+
+/// A request refused before it reached a worker (with its request id once one exists).
+struct Refused {
+    error: GatewayError,
+    request_id: Option<String>,
+}
+
+/// Why an attempt did not produce a response to relay.
+enum Failure {
+    /// The client closed its connection while the worker worked: nothing more to send.
+    ClientGone,
+    /// The worker failed (no head, or a retryable status while retries remain).
+    Worker(WorkerFailure),
+}
+
+/// A worker's failure, with the decisions that follow from it.
+struct WorkerFailure {
+    /// What the client gets if this is the last attempt.
+    error: GatewayError,
+    /// The worker could not even be reached (passive health signal).
+    connect: bool,
+    /// The outcome counts as a success for the worker's circuit (e.g. a 429).
+    breaker_success: bool,
+    /// Attempts and time remain: try another worker.
+    retry: bool,
+}
+
+/// The worker chosen for one attempt, counted in flight until dropped.
+struct Picked<'a> {
+    worker: Arc<Worker>,
+    decision: Decision,
+    _in_flight: InFlight<'a>,
+}
+
+/// Keeps a worker's in-flight count raised while a request is on it, and tells the policy when
+/// the request is over, on every path (success, retry, error, client gone).
+struct InFlight<'a> {
+    gw: &'a Gateway,
+    worker: WorkerId,
+    routing_key: Option<&'a [u8]>,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(gw: &'a Gateway, worker: WorkerId, routing_key: Option<&'a [u8]>) -> Self {
+        gw.registry.loads.inc(worker);
+        InFlight {
+            gw,
+            worker,
+            routing_key,
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.gw.registry.loads.dec(self.worker);
+        let now = self.gw.life.now_ms();
+        self.gw
+            .router
+            .policy
+            .request_finished(self.routing_key, self.worker, now);
+    }
+}
+
+/// One request's state across its attempts.
+struct Exchange<'a> {
+    core: &'a Core,
+    gw: &'a Gateway,
+    head: &'a RequestHead,
+    body: &'a Bytes,
+    forwarding: Forwarding,
+    info: RoutingInfo<'a>,
+    request_id: String,
+    started: Instant,
+    deadline: Instant,
+    routing_key: Option<&'a [u8]>,
+    hash_key: Option<&'a [u8]>,
+    /// The model as a slice of the body, only when a tree will be fed.
+    model_bytes: Option<Bytes>,
+    /// Workers that already failed this request: every retry goes elsewhere (the reference
+    /// retries the worker its tree points at, i.e. the failing one).
+    excluded: Vec<WorkerId>,
+    attempts: u32,
+    /// What the client gets when no worker is left.
+    last_error: Option<GatewayError>,
+    _permit: Permit<'a>,
+}
+
+impl<'a> Exchange<'a> {
+    /// Phase *admit*: auth, routing inputs, request id, admission permit.
+    async fn admit(
+        core: &'a Core,
+        head: &'a RequestHead,
+        body: &'a Bytes,
+        forwarding: Forwarding,
+    ) -> Result<Exchange<'a>, Refused> {
+        let gw: &'a Gateway = &core.gw;
+        let refuse = |error, request_id| Refused { error, request_id };
+        let info = match forwarding {
+            Forwarding::Routed(api) => {
+                // Inference needs the key; the proxied informational GETs are public like the
+                // reference's.
+                if let Err(msg) = gw.auth.authorize(head, Scope::Inference) {
+                    return Err(refuse(GatewayError::new(401, msg), None));
+                }
+                let info =
+                    extract(api, body).map_err(|e| refuse(GatewayError::new(400, e.0), None))?;
+                crate::metrics::routed(
+                    gw.models.label(info.model.as_deref()),
+                    crate::metrics::path_label(head.path()),
+                    info.stream,
+                );
+                info
+            }
+            Forwarding::PassThrough => RoutingInfo {
+                model: None,
+                stream: false,
+                text: Cow::Borrowed(""),
+            },
+        };
+        let started = Instant::now();
+        let rid = request_id(
+            head,
+            &gw.cfg.request_id_headers,
+            head.path(),
+            &mut core.rng.borrow_mut(),
+        );
+        let permit = match gw.admission.acquire().await {
+            Ok(p) => p,
+            Err(r) => return Err(refuse(r.into(), Some(rid))),
+        };
+        let routing_key = head.header("x-smg-routing-key");
+        let model_bytes = info
+            .model
+            .as_ref()
+            .filter(|_| gw.router.has_tree())
+            .map(|m| as_body_slice(body, m));
+        Ok(Exchange {
+            core,
+            gw,
+            head,
+            body,
+            forwarding,
+            request_id: rid,
+            started,
+            deadline: started + gw.cfg.request_timeout(),
+            routing_key,
+            hash_key: routing_key
+                .or_else(|| head.header("authorization"))
+                .or_else(|| head.header("x-forwarded-for"))
+                .or_else(|| head.header("cookie")),
+            model_bytes,
+            info,
+            excluded: Vec::new(),
+            attempts: 0,
+            last_error: None,
+            _permit: permit,
+        })
+    }
+
+    /// Phase *pick*: a worker the policy chose, whose circuit admits the request, counted in
+    /// flight; the routing text is learned now, as the reference does, so requests arriving
+    /// while this one is in prefill (a burst sharing a system prompt) already follow it.
+    fn pick(&mut self) -> Result<Picked<'a>, GatewayError> {
+        let gw = self.gw;
+        loop {
+            let list = gw.registry.load_full();
+            let now_ms = gw.life.now_ms();
+            let (decision, epoch) = self.choose(&list.ids, now_ms);
+            let Some(decision) = decision else {
+                return Err(self
+                    .last_error
+                    .take()
+                    .unwrap_or_else(|| GatewayError::no_workers(list.is_empty())));
+            };
+            let worker = list.get(decision.worker).cloned();
+            // Gone since the snapshot, or half-open with its probe slots taken: try another.
+            let Some(worker) = worker.filter(|w| w.breaker.try_acquire(&gw.breaker)) else {
+                gw.router
+                    .policy
+                    .request_finished(self.routing_key, decision.worker, now_ms);
+                self.excluded.push(decision.worker);
+                continue;
+            };
+            self.attempts += 1;
+            crate::metrics::selection(gw.router.policy.kind().as_str(), decision.branch.as_str());
+            let in_flight = InFlight::new(gw, worker.id, self.routing_key);
+            if decision.insert_text {
+                let text = as_body_slice(self.body, &self.info.text);
+                gw.router
+                    .learn(self.model_bytes.clone(), text, worker.id, epoch, now_ms);
+            }
+            return Ok(Picked {
+                worker,
+                decision,
+                _in_flight: in_flight,
+            });
+        }
+    }
+
+    /// The policy's decision (routed) or any selectable worker (pass-through), with the
+    /// snapshot epoch it saw.
+    fn choose(&self, workers: &[WorkerId], now_ms: u64) -> (Option<Decision>, u64) {
+        let gw = self.gw;
+        let rng = &mut self.core.rng.borrow_mut();
+        match self.forwarding {
+            Forwarding::PassThrough => {
+                let w = gw
+                    .registry
+                    .loads
+                    .pick_random_eligible(workers, &self.excluded, rng);
+                (w.map(|w| Decision::plain(w, Branch::Random)), 0)
+            }
+            Forwarding::Routed(_) => {
+                let input = RouteInput {
+                    text: &self.info.text,
+                    routing_key: self.routing_key,
+                    target_worker: self.head.header("x-smg-target-worker"),
+                    hash_key: self.hash_key,
+                    exclude: &self.excluded,
+                    now_ms,
+                    recent: None,
+                };
+                let model = self.info.model.as_deref();
+                gw.router
+                    .choose(model, input, workers, &gw.registry.loads, rng)
+            }
+        }
+    }
+
+    /// Phase *attempt*: one round trip to the picked worker, raced against the client leaving
+    /// (a client that gives up while its prompt is in prefill frees the worker at once).
+    async fn attempt(
+        &self,
+        client: &TcpStream,
+        picked: &Picked<'_>,
+    ) -> Result<UpstreamResponse, Failure> {
+        let worker = &picked.worker;
+        let req = UpstreamRequest::build(
+            self.head.method(),
+            self.head.target(),
+            Some(self.head),
+            &worker.authority,
+            &self.request_id,
+            self.body.clone(),
+        );
+        let connect_timeout = Duration::from_secs(self.gw.cfg.connect_timeout_secs);
+        let is_head = self.head.method() == b"HEAD";
+        let pool = &self.core.pool;
+        let answer = monoio::select! {
+            r = forward::roundtrip(pool, worker, &req, is_head, connect_timeout, self.deadline) => Some(r),
+            _ = async {
+                monoio::time::sleep(CLIENT_WATCH_DELAY).await;
+                closed_by_peer(client).await
+            } => None,
+        };
+        let retry = self.attempts < self.gw.retry.max_attempts && Instant::now() < self.deadline;
+        match answer {
+            None => Err(Failure::ClientGone),
+            // Dropping `up` closes that upstream connection: its body is not wanted.
+            Some(Ok(up)) if is_retryable_status(up.head.status) && retry => {
+                Err(Failure::Worker(WorkerFailure {
+                    error: GatewayError::worker_status(up.head.status, &worker.url),
+                    connect: false,
+                    breaker_success: !is_worker_failure(up.head.status),
+                    retry,
+                }))
+            }
+            Some(Ok(up)) => Ok(up),
+            Some(Err(e)) => Err(Failure::Worker(WorkerFailure {
+                error: GatewayError::upstream(&e, &worker.url),
+                connect: e.is_connect(),
+                breaker_success: false,
+                retry,
+            })),
+        }
+    }
+
+    /// Phase *retry_after*: account a failed attempt on its worker, then either back off and
+    /// let the next `pick` exclude that worker, or give up with the error the client gets.
+    async fn retry_after(
+        &mut self,
+        picked: Picked<'a>,
+        failure: WorkerFailure,
+    ) -> Result<(), GatewayError> {
+        let worker = picked.worker.clone();
+        if failure.connect {
+            self.gw.on_connect_failure(&worker);
+        }
+        self.gw.record_outcome(&worker, failure.breaker_success);
+        drop(picked);
+        if !failure.retry {
+            return Err(failure.error);
+        }
+        self.last_error = Some(failure.error);
+        self.excluded.push(worker.id);
+        crate::metrics::retry();
+        self.backoff().await;
+        Ok(())
+    }
+
+    async fn backoff(&self) {
+        let u = self.core.rng.borrow_mut().unit();
+        let retry = &self.gw.retry;
+        let delay = Duration::from_millis(retry.delay_ms(self.attempts.saturating_sub(1), u));
+        let until = std::cmp::min(Instant::now() + delay, self.deadline);
+        monoio::time::sleep_until(until).await;
+    }
+
+    /// Phase *commit*: bytes reach the client from here on, so no more retries. Relay the
+    /// answer, account the outcome, and (opt-in) learn the reply.
+    async fn commit(
+        self,
+        client: &mut TcpStream,
+        picked: Picked<'a>,
+        up: UpstreamResponse,
+    ) -> Outcome {
+        let gw = self.gw;
+        let worker = picked.worker.clone();
+        let status = up.head.status;
+        gw.record_outcome(&worker, !is_worker_failure(status));
+        let chunked = matches!(up.head.framing, BodyFraming::Chunked);
+        let mut capture = match self.forwarding {
+            Forwarding::Routed(api)
+                if gw.cfg.insert_response_text && picked.decision.insert_text =>
+            {
+                Some(Capture::new(api, chunked))
+            }
+            _ => None,
+        };
+        let how = RelayTo {
+            worker: &worker,
+            request_id: &self.request_id,
+            client_keep_alive: self.head.keep_alive,
+            deadline: self.deadline,
+            shutting_down: gw.life.is_shutting_down(),
+        };
+        let relayed = forward::relay(&self.core.pool, client, up, how, capture.as_mut()).await;
+        drop(picked);
+        worker
+            .completed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if relayed.upstream_broke {
+            gw.record_outcome(&worker, false);
+        }
+        if let Some(t) = relayed.first_body_at {
+            crate::metrics::ttft(t.duration_since(self.started));
+        }
+        if relayed.complete && (200..300).contains(&status) {
+            if let Some(reply) = capture.and_then(|c| c.reply()) {
+                self.learn_reply(&reply, worker.id);
+            }
+        }
+        Outcome {
+            status,
+            keep_alive: relayed.client_keep_alive,
+        }
+    }
+
+    /// Opt-in (`--insert-response-text`): learn "prompt + reply" so the next turn matches its
+    /// whole history.
+    fn learn_reply(&self, reply: &str, worker: WorkerId) {
+        let mut full = String::with_capacity(self.info.text.len() + 1 + reply.len());
+        full.push_str(&self.info.text);
+        full.push(' ');
+        full.push_str(reply);
+        let router = &self.gw.router;
+        let now = self.gw.life.now_ms();
+        router.learn(
+            self.model_bytes.clone(),
+            Bytes::from(full),
+            worker,
+            router.epoch(),
+            now,
+        );
+    }
+
+    /// Answer `e` with this request's id.
+    async fn fail(&self, client: &mut TcpStream, e: GatewayError) -> Outcome {
+        send_error(client, Some(self.head), &e, Some(&self.request_id)).await
+    }
+}
+
+/// Bytes of `s` as a zero-copy slice of `body` when `s` lies inside it (borrowed by the
+/// extractor), else a copy (text that had to be unescaped or joined).
+pub fn as_body_slice(body: &Bytes, s: &str) -> Bytes {
+    let start = body.as_ptr() as usize;
+    let p = s.as_ptr() as usize;
+    if !s.is_empty() && p >= start && p + s.len() <= start + body.len() {
+        body.slice(p - start..p - start + s.len())
+    } else {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+}

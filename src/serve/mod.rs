@@ -1,0 +1,21 @@
+//! Serving clients: the keep-alive loop of one connection (`conn`), which handler answers a
+//! method and path (`routes`), a proxied request as named phases (`exchange`), the endpoints the
+//! gateway answers itself (`admin`), and the one error type and writer they share (`error`,
+//! `reply`). Built on `gateway` (shared state) and `proxy` (upstream mechanics); nothing below
+//! imports it.
+
+pub mod admin;
+pub mod conn;
+pub mod error;
+pub mod exchange;
+pub mod reply;
+pub mod routes;
+
+/// How one request ended, as the connection loop and the metrics need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// The status the client got (499: it left before the answer).
+    pub status: u16,
+    /// The connection may serve another request.
+    pub keep_alive: bool,
+}

@@ -1,0 +1,98 @@
+//! The one writer of responses the gateway makes itself: local endpoints' answers and every
+//! [`GatewayError`]. Each is rendered into one buffer and written with one deadline.
+
+use super::error::GatewayError;
+use super::Outcome;
+use crate::http::response::{error_body, render};
+use crate::http::RequestHead;
+use crate::proxy::io::write_all_by;
+use monoio::net::TcpStream;
+use monoio::time::Instant;
+use std::time::Duration;
+
+/// How long the gateway tries to deliver one of its own responses.
+pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A complete local answer: status, content type and body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    /// HTTP status.
+    pub status: u16,
+    content_type: &'static str,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    /// A JSON answer.
+    pub fn json(status: u16, body: &serde_json::Value) -> Reply {
+        Reply {
+            status,
+            content_type: "application/json",
+            // Serialising a `Value` cannot fail (its map keys are strings).
+            body: serde_json::to_vec(body).unwrap_or_default(),
+        }
+    }
+
+    /// A plain-text answer.
+    pub fn text(status: u16, body: &str) -> Reply {
+        Reply {
+            status,
+            content_type: "text/plain",
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    /// The response bytes, with `x-request-id` when known and `connection: close` when `close`.
+    pub fn render(&self, request_id: Option<&str>, close: bool) -> bytes::Bytes {
+        match request_id {
+            Some(id) => render(
+                self.status,
+                self.content_type,
+                &[("x-request-id", id)],
+                &self.body,
+                close,
+            ),
+            None => render(self.status, self.content_type, &[], &self.body, close),
+        }
+    }
+
+    /// The OpenAI-style body of `e`.
+    pub fn error(e: &GatewayError) -> Reply {
+        Reply {
+            status: e.status,
+            content_type: "application/json",
+            body: error_body(e.status, e.kind(), &e.message),
+        }
+    }
+}
+
+/// Write `reply` (with `x-request-id` when known). The connection may go on only when the
+/// client wants it, `close` is not set and the write succeeded.
+pub async fn send(
+    stream: &mut TcpStream,
+    reply: &Reply,
+    request_id: Option<&str>,
+    keep_alive: bool,
+    close: bool,
+) -> Outcome {
+    let keep = keep_alive && !close;
+    let bytes = reply.render(request_id, !keep);
+    let written = write_all_by(stream, bytes, Instant::now() + REPLY_WRITE_TIMEOUT)
+        .await
+        .is_ok();
+    Outcome {
+        status: reply.status,
+        keep_alive: written && keep,
+    }
+}
+
+/// Write `e` for the request `head` (its keep-alive wish honoured unless `e` must close).
+pub async fn send_error(
+    stream: &mut TcpStream,
+    head: Option<&RequestHead>,
+    e: &GatewayError,
+    request_id: Option<&str>,
+) -> Outcome {
+    let keep_alive = head.is_some_and(|h| h.keep_alive);
+    send(stream, &Reply::error(e), request_id, keep_alive, e.close).await
+}
