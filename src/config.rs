@@ -279,8 +279,8 @@ pub struct Config {
     #[arg(long = "prometheus-host", default_value = "0.0.0.0")]
     pub prometheus_host: String,
     /// Log level: trace, debug, info, warn, error.
-    #[arg(long = "log-level", default_value = "info", value_parser = ["trace", "debug", "info", "warn", "error"])]
-    pub log_level: String,
+    #[arg(long = "log-level", value_enum, default_value_t = crate::log::Level::Info)]
+    pub log_level: crate::log::Level,
 
     // ---- runtime (radixgate's own) ----
     /// Number of cores (threads) serving requests; default: every CPU this process may use.

@@ -3,29 +3,24 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// Severity, ordered from most to least verbose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// Severity, ordered from most to least verbose (`--log-level`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 #[repr(u8)]
 pub enum Level {
+    /// Everything.
     Trace = 0,
+    /// Diagnostics.
     Debug = 1,
+    /// Start-up, worker changes (the default).
     Info = 2,
+    /// Circuits opening, workers refusing connections.
+    #[value(alias = "warning")]
     Warn = 3,
+    /// Only errors.
     Error = 4,
 }
 
 impl Level {
-    /// Parse `--log-level` values (case-insensitive).
-    pub fn parse(s: &str) -> Option<Level> {
-        match s.to_ascii_lowercase().as_str() {
-            "trace" => Some(Level::Trace),
-            "debug" => Some(Level::Debug),
-            "info" => Some(Level::Info),
-            "warn" | "warning" => Some(Level::Warn),
-            "error" => Some(Level::Error),
-            _ => None,
-        }
-    }
     /// Upper-case name used in log lines.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -12,6 +12,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Pending connections each core's listener queues.
+const LISTEN_BACKLOG: i32 = 4096;
+/// io_uring submission queue entries per core.
+const RING_ENTRIES: u32 = 4096;
+
 /// A running gateway.
 pub struct Running {
     /// The address clients connect to (the real port when `--port 0` was given).
@@ -110,38 +115,11 @@ fn choose_driver(cfg: &Config) -> Result<&'static str, String> {
 
 /// Start the gateway described by `cfg`.
 pub fn start(cfg: Config) -> Result<Running, String> {
-    if let Some(level) = crate::log::Level::parse(&cfg.log_level) {
-        crate::log::set_level(level);
-    }
+    crate::log::set_level(cfg.log_level);
     raise_nofile_limit();
     let driver = choose_driver(&cfg)?;
     let cpus = choose_cpus(&cfg);
-    let addr = (cfg.host.as_str(), cfg.port)
-        .to_socket_addrs()
-        .map_err(|e| format!("bad --host {}: {e}", cfg.host))?
-        .next()
-        .ok_or_else(|| format!("--host {} resolves to nothing", cfg.host))?;
-
-    // Refuse to share the port: our sockets use SO_REUSEPORT, so a second gateway (or anything
-    // else listening with it) would silently take part of the traffic.
-    if addr.port() != 0 {
-        if let Err(e) = std::net::TcpListener::bind(addr) {
-            return Err(if e.kind() == std::io::ErrorKind::AddrInUse {
-                format!("{addr} is already in use by another process; refusing to start")
-            } else {
-                format!("cannot listen on {addr}: {e}")
-            });
-        }
-    }
-    let first = bind_reuseport(addr, 4096).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let bound = first.local_addr().map_err(|e| e.to_string())?;
-    let mut listeners = vec![first];
-    for _ in 1..cpus.len() {
-        listeners.push(
-            bind_reuseport(bound, 4096).map_err(|e| format!("cannot listen on {bound}: {e}"))?,
-        );
-    }
-
+    let (bound, listeners) = bind_listeners(&cfg, cpus.len())?;
     let registry = Registry::new();
     for url in &cfg.worker_urls {
         registry
@@ -151,31 +129,9 @@ pub fn start(cfg: Config) -> Result<Running, String> {
     crate::metrics::install();
     crate::metrics::io_driver(driver);
     let gw = Arc::new(Gateway::new(cfg, registry, driver, cpus.len()));
-
     let mut threads = Vec::new();
     for (index, (cpu, listener)) in cpus.into_iter().zip(listeners).enumerate() {
-        let gw = gw.clone();
-        let t = std::thread::Builder::new()
-            .name(format!("radixgate-core-{index}"))
-            .spawn(move || {
-                if let Some(cpu) = cpu {
-                    core_affinity::set_for_current(cpu);
-                }
-                let built = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-                    .enable_timer()
-                    .with_entries(4096)
-                    .build();
-                let mut rt = match built {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        crate::log!(Error, "core {index}: cannot build runtime: {e}");
-                        return;
-                    }
-                };
-                rt.block_on(core_main(gw, index, listener));
-            })
-            .map_err(|e| format!("cannot spawn core thread: {e}"))?;
-        threads.push(t);
+        threads.push(spawn_core(gw.clone(), index, cpu, listener)?);
     }
     crate::gateway::health::spawn(gw.clone());
     let metrics_addr = if gw.cfg.prometheus_port != 0 {
@@ -196,6 +152,65 @@ pub fn start(cfg: Config) -> Result<Running, String> {
         gw,
         threads,
     })
+}
+
+/// One `SO_REUSEPORT` listener per core on `--host:--port`; returns the bound address (the real
+/// port when `--port 0` was given).
+fn bind_listeners(
+    cfg: &Config,
+    n: usize,
+) -> Result<(SocketAddr, Vec<std::net::TcpListener>), String> {
+    let addr = (cfg.host.as_str(), cfg.port)
+        .to_socket_addrs()
+        .map_err(|e| format!("bad --host {}: {e}", cfg.host))?
+        .next()
+        .ok_or_else(|| format!("--host {} resolves to nothing", cfg.host))?;
+    // Refuse to share the port: our sockets use SO_REUSEPORT, so a second gateway (or anything
+    // else listening with it) would silently take part of the traffic.
+    if addr.port() != 0 {
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            return Err(if e.kind() == std::io::ErrorKind::AddrInUse {
+                format!("{addr} is already in use by another process; refusing to start")
+            } else {
+                format!("cannot listen on {addr}: {e}")
+            });
+        }
+    }
+    let first = bind_reuseport(addr, LISTEN_BACKLOG)
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let bound = first.local_addr().map_err(|e| e.to_string())?;
+    let mut listeners = vec![first];
+    for _ in 1..n {
+        let l = bind_reuseport(bound, LISTEN_BACKLOG)
+            .map_err(|e| format!("cannot listen on {bound}: {e}"))?;
+        listeners.push(l);
+    }
+    Ok((bound, listeners))
+}
+
+/// Start serving core `index` on its own pinned thread and monoio runtime.
+fn spawn_core(
+    gw: Arc<Gateway>,
+    index: usize,
+    cpu: Option<core_affinity::CoreId>,
+    listener: std::net::TcpListener,
+) -> Result<JoinHandle<()>, String> {
+    std::thread::Builder::new()
+        .name(format!("radixgate-core-{index}"))
+        .spawn(move || {
+            if let Some(cpu) = cpu {
+                core_affinity::set_for_current(cpu);
+            }
+            let built = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+                .enable_timer()
+                .with_entries(RING_ENTRIES)
+                .build();
+            match built {
+                Ok(mut rt) => rt.block_on(core_main(gw, index, listener)),
+                Err(e) => crate::log!(Error, "core {index}: cannot build runtime: {e}"),
+            }
+        })
+        .map_err(|e| format!("cannot spawn core thread: {e}"))
 }
 
 async fn core_main(gw: Arc<Gateway>, index: usize, listener: std::net::TcpListener) {

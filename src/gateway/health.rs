@@ -8,9 +8,11 @@
 use super::core::upstream_pool;
 use super::Gateway;
 use crate::proxy::forward;
+use crate::proxy::pool::Pool;
 use crate::tree::WorkerId;
+use crate::workers::registry::{Worker, WorkerList};
 use bytes::Bytes;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,16 +88,36 @@ pub fn spawn(gw: Arc<Gateway>) {
     }
 }
 
+/// The checker's state between ticks.
+struct Checker {
+    gw: Arc<Gateway>,
+    /// The checker's own upstream connections: it never borrows a serving core's pool.
+    pool: Rc<Pool>,
+    interval: Duration,
+    timeout: Duration,
+    startup_cap: Duration,
+    startup_timeout: Duration,
+    probes: HashMap<WorkerId, Probe>,
+    /// Workers whose `/v1/models` was read (once each, for the metric label).
+    models_seen: HashSet<WorkerId>,
+}
+
+/// One probe's result: the worker, whether its health endpoint answered 2xx, and its
+/// `/v1/models` body when it was asked for.
+type ProbeResult = (Arc<Worker>, bool, Option<Bytes>);
+
 async fn run(gw: Arc<Gateway>) {
-    // The checker's own upstream connections: it never borrows a serving core's pool.
-    let pool = Rc::new(upstream_pool(&gw));
     let cfg = &gw.cfg;
-    let interval = Duration::from_secs(cfg.health_check_interval_secs.max(1));
-    let timeout = Duration::from_secs(cfg.health_check_timeout_secs.max(1));
-    let startup_cap = Duration::from_secs(cfg.worker_startup_check_interval.max(1));
-    let startup_timeout = Duration::from_secs(cfg.worker_startup_timeout_secs);
-    let mut probes: HashMap<WorkerId, Probe> = HashMap::new();
-    let mut models_seen: std::collections::HashSet<WorkerId> = Default::default();
+    let mut checker = Checker {
+        pool: Rc::new(upstream_pool(&gw)),
+        interval: Duration::from_secs(cfg.health_check_interval_secs.max(1)),
+        timeout: Duration::from_secs(cfg.health_check_timeout_secs.max(1)),
+        startup_cap: Duration::from_secs(cfg.worker_startup_check_interval.max(1)),
+        startup_timeout: Duration::from_secs(cfg.worker_startup_timeout_secs),
+        probes: HashMap::new(),
+        models_seen: HashSet::new(),
+        gw: gw.clone(),
+    };
     while !gw.life.is_shutting_down() {
         let list = gw.registry.load_full();
         let now_ms = gw.life.now_ms();
@@ -103,15 +125,29 @@ async fn run(gw: Arc<Gateway>) {
             let t = w.breaker.tick(&gw.breaker, now_ms);
             gw.after_breaker(w, t);
         }
-        if cfg.disable_health_check {
-            monoio::time::sleep(TICK).await;
-            continue;
+        if !gw.cfg.disable_health_check {
+            let due = checker.due(&list);
+            let results = checker.probe(due).await;
+            let mut changed = false;
+            for r in results {
+                changed |= checker.apply(r);
+            }
+            if changed {
+                gw.membership_changed();
+            }
         }
-        probes.retain(|id, _| list.get(*id).is_some());
+        monoio::time::sleep(TICK).await;
+    }
+}
+
+impl Checker {
+    /// Workers whose next check is due (new workers are due at once).
+    fn due(&mut self, list: &WorkerList) -> Vec<Arc<Worker>> {
+        self.probes.retain(|id, _| list.get(*id).is_some());
         let now = Instant::now();
         let mut due = Vec::new();
         for w in &list.workers {
-            let p = probes.entry(w.id).or_insert_with(|| Probe {
+            let p = self.probes.entry(w.id).or_insert_with(|| Probe {
                 next: now,
                 failures: 0,
                 successes: 0,
@@ -124,11 +160,17 @@ async fn run(gw: Arc<Gateway>) {
                 due.push(w.clone());
             }
         }
+        due
+    }
+
+    /// Check every due worker concurrently.
+    async fn probe(&self, due: Vec<Arc<Worker>>) -> Vec<ProbeResult> {
         let mut handles = Vec::with_capacity(due.len());
         for w in due {
-            let pool = pool.clone();
-            let path = cfg.health_check_endpoint.clone();
-            let learn = !models_seen.contains(&w.id);
+            let pool = self.pool.clone();
+            let path = self.gw.cfg.health_check_endpoint.clone();
+            let learn = !self.models_seen.contains(&w.id);
+            let timeout = self.timeout;
             handles.push(monoio::spawn(async move {
                 let ok = matches!(
                     forward::fetch(&pool, &w, "GET", &path, Bytes::new(), timeout).await,
@@ -136,9 +178,8 @@ async fn run(gw: Arc<Gateway>) {
                 );
                 // Learn the served model names once per worker (for the metric label).
                 let models = if ok && learn {
-                    match forward::fetch(&pool, &w, "GET", "/v1/models", Bytes::new(), timeout)
-                        .await
-                    {
+                    let r = forward::fetch(&pool, &w, "GET", "/v1/models", Bytes::new(), timeout);
+                    match r.await {
                         Ok((200, body)) => Some(body),
                         _ => None,
                     }
@@ -148,57 +189,60 @@ async fn run(gw: Arc<Gateway>) {
                 (w, ok, models)
             }));
         }
-        let mut changed = false;
+        let mut out = Vec::with_capacity(handles.len());
         for h in handles {
-            let (w, ok, models) = h.await;
-            if let Some(body) = models {
-                gw.models.learn(&body);
-                models_seen.insert(w.id);
-            }
-            let Some(p) = probes.get_mut(&w.id) else {
-                continue;
-            };
-            p.attempts += 1;
-            let starting = !p.seen_up;
-            if let Some(v) = verdict(
-                p,
-                ok,
-                w.is_healthy(),
-                cfg.health_failure_threshold,
-                cfg.health_success_threshold,
-            ) {
-                if gw.registry.set_healthy(&w, v) {
-                    changed = true;
-                    crate::log!(
-                        Info,
-                        "worker {} is now {}",
-                        w.url,
-                        if v { "healthy" } else { "unhealthy" }
-                    );
-                }
-            }
-            let now = Instant::now();
-            p.next = if starting && !p.seen_up {
-                if !p.timeout_reported && now.duration_since(p.first_poll) > startup_timeout {
-                    p.timeout_reported = true;
-                    crate::log!(
-                        Error,
-                        "worker {} did not come up within --worker-startup-timeout-secs",
-                        w.url
-                    );
-                }
-                // Back off 1 s, 2 s, ... up to --worker-startup-check-interval.
-                now + std::cmp::min(Duration::from_secs(p.attempts as u64), startup_cap)
-            } else if !w.is_healthy() {
-                now + std::cmp::min(interval, UNHEALTHY_PROBE_INTERVAL)
-            } else {
-                now + interval
-            };
+            out.push(h.await);
         }
-        if changed {
-            gw.membership_changed();
+        out
+    }
+
+    /// Apply one result: learn models, update the verdict, schedule the next check. Returns
+    /// whether the worker's health changed.
+    fn apply(&mut self, (w, ok, models): ProbeResult) -> bool {
+        let gw = &self.gw;
+        if let Some(body) = models {
+            gw.models.learn(&body);
+            self.models_seen.insert(w.id);
         }
-        monoio::time::sleep(TICK).await;
+        let Some(p) = self.probes.get_mut(&w.id) else {
+            return false;
+        };
+        p.attempts += 1;
+        let starting = !p.seen_up;
+        let cfg = &gw.cfg;
+        let mut changed = false;
+        let fail_threshold = cfg.health_failure_threshold;
+        if let Some(v) = verdict(
+            p,
+            ok,
+            w.is_healthy(),
+            fail_threshold,
+            cfg.health_success_threshold,
+        ) {
+            if gw.registry.set_healthy(&w, v) {
+                changed = true;
+                let now_is = if v { "healthy" } else { "unhealthy" };
+                crate::log!(Info, "worker {} is now {now_is}", w.url);
+            }
+        }
+        let now = Instant::now();
+        p.next = if starting && !p.seen_up {
+            if !p.timeout_reported && now.duration_since(p.first_poll) > self.startup_timeout {
+                p.timeout_reported = true;
+                crate::log!(
+                    Error,
+                    "worker {} did not come up within --worker-startup-timeout-secs",
+                    w.url
+                );
+            }
+            // Back off 1 s, 2 s, ... up to --worker-startup-check-interval.
+            now + std::cmp::min(Duration::from_secs(p.attempts as u64), self.startup_cap)
+        } else if !w.is_healthy() {
+            now + std::cmp::min(self.interval, UNHEALTHY_PROBE_INTERVAL)
+        } else {
+            now + self.interval
+        };
+        changed
     }
 }
 

@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::route::policy::Policy;
 use crate::route::recent::RecentInserts;
 use crate::route::rng::Rng;
-use crate::route::types::{Decision, PolicyKind, RouteInput};
+use crate::route::types::{Decision, RouteInput};
 use crate::tree::{spawn_writer, Insert, TreeHandle, WorkerId, WriterConfig};
 use crate::workers::load::LoadBoard;
 use bytes::Bytes;
@@ -29,7 +29,8 @@ pub struct Router {
 impl Router {
     /// The policy of `cfg`; starts the tree writer thread when the policy reads a tree.
     pub fn new(cfg: &Config) -> Router {
-        let tree = (cfg.policy == PolicyKind::CacheAware).then(|| {
+        let policy = Policy::new(cfg.policy_config());
+        let tree = policy.needs_tree().then(|| {
             spawn_writer(WriterConfig {
                 max_chars_per_worker: cfg.max_tree_size,
                 eviction_interval: Duration::from_secs(cfg.eviction_interval.max(1)),
@@ -40,7 +41,7 @@ impl Router {
             })
         });
         Router {
-            policy: Policy::new(cfg.policy_config()),
+            policy,
             tree,
             recent: RecentInserts::default(),
         }

@@ -1,13 +1,9 @@
-//! Forwarding one request to a worker and its response back, in Pingora-like phases:
-//! connect (pooled, probed, one silent retry on a fresh connection), send the head and the SAME
-//! body bytes, read the response head, then relay the body as it arrives — every upstream read is
-//! written to the client at once (SSE tokens are never held), and the client write is the
-//! backpressure. A client that goes away aborts the upstream request by closing it.
+//! Forwarding one request to a worker, in Pingora-like phases: connect (pooled, probed, one
+//! silent retry on a fresh connection), send the head and the SAME body bytes, read the response
+//! head. Relaying the body back is `relay`'s job; gateway-originated calls (`fetch`) read it
+//! whole here.
 
-use crate::http::{
-    self, BodyFraming, ChunkTracker, ChunkedDecoder, HeadLimits, RequestHead, ResponseHead,
-};
-use crate::proxy::capture::Capture;
+use crate::http::{self, BodyFraming, ChunkedDecoder, HeadLimits, RequestHead, ResponseHead};
 use crate::proxy::io::{read_into, write_all_by};
 use crate::proxy::pool::Pool;
 use crate::workers::registry::Worker;
@@ -34,13 +30,11 @@ const REQUEST_SKIP: [&str; 11] = [
     "x-request-id",
 ];
 
-/// Response headers of the upstream hop that the gateway replaces.
-const RESPONSE_SKIP: [&str; 3] = ["connection", "keep-alive", "proxy-connection"];
-
 /// Bodies up to this size are copied behind the head so the request is one write.
 const COALESCE_BODY: usize = 16 * 1024;
 
-fn skip(name: &[u8], list: &[&str]) -> bool {
+/// Whether header `name` is in `list` (ASCII case-insensitive).
+pub(super) fn skip(name: &[u8], list: &[&str]) -> bool {
     list.iter().any(|s| name.eq_ignore_ascii_case(s.as_bytes()))
 }
 
@@ -212,7 +206,7 @@ async fn exchange_head(
     loop {
         match http::parse_response_head(&mut buf, request_was_head, &limits) {
             Ok(Some(head)) => {
-                if (100..200).contains(&head.status) && head.status != 101 {
+                if head.is_interim() {
                     continue; // informational; the real head follows
                 }
                 return Ok((head, buf));
@@ -283,248 +277,6 @@ pub async fn roundtrip(
             }
             Err(ExchangeError::NothingBack(e)) => return Err(UpstreamError::Io(e)),
             Err(ExchangeError::Other(e)) => return Err(e),
-        }
-    }
-}
-
-/// How a relayed response ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Relayed {
-    /// The client connection may serve another request.
-    pub client_keep_alive: bool,
-    /// The whole response reached the client.
-    pub complete: bool,
-    /// When the first body byte was written to the client (time to first token for streams).
-    pub first_body_at: Option<Instant>,
-    /// Body bytes relayed.
-    pub body_bytes: u64,
-    /// The worker broke the response off (error, EOF or timeout mid-body): counts against it.
-    pub upstream_broke: bool,
-}
-
-/// Render the client-facing response head from the worker's.
-pub fn client_head(up: &ResponseHead, request_id: &str, close: bool) -> BytesMut {
-    let mut out = BytesMut::with_capacity(up.buf.len() + 96);
-    out.extend_from_slice(b"HTTP/1.1 ");
-    let _ = write!(out, "{}", up.status);
-    out.extend_from_slice(b" ");
-    out.extend_from_slice(http::response::reason(up.status).as_bytes());
-    out.extend_from_slice(b"\r\n");
-    let mut has_id = false;
-    let chunked = matches!(up.framing, BodyFraming::Chunked);
-    for (name, value) in up.headers() {
-        if skip(name, &RESPONSE_SKIP) {
-            continue;
-        }
-        // RFC 9112 §6.3: with chunked framing a Content-Length must not be forwarded.
-        if chunked && name.eq_ignore_ascii_case(b"content-length") {
-            continue;
-        }
-        if name.eq_ignore_ascii_case(b"x-request-id") {
-            has_id = true;
-        }
-        out.extend_from_slice(name);
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
-    }
-    if !has_id {
-        out.extend_from_slice(b"x-request-id: ");
-        out.extend_from_slice(request_id.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    if close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    out
-}
-
-/// Where the body ends, as it is relayed.
-enum BodyEnd {
-    Done,
-    Remaining(u64),
-    Chunked(ChunkTracker),
-    UntilClose,
-}
-
-impl BodyEnd {
-    /// Consume up to the end of the body from `data`; returns (bytes that belong to the body,
-    /// finished).
-    fn advance(&mut self, data: &[u8]) -> Result<(usize, bool), String> {
-        match self {
-            BodyEnd::Done => Ok((0, true)),
-            BodyEnd::Remaining(n) => {
-                let take = std::cmp::min(*n, data.len() as u64);
-                *n -= take;
-                Ok((take as usize, *n == 0))
-            }
-            BodyEnd::Chunked(t) => match t.feed(data) {
-                Ok(Some(end)) => Ok((end, true)),
-                Ok(None) => Ok((data.len(), false)),
-                Err(e) => Err(format!("{e:?}")),
-            },
-            BodyEnd::UntilClose => Ok((data.len(), false)),
-        }
-    }
-}
-
-/// Where and how a response is relayed.
-#[derive(Clone, Copy)]
-pub struct RelayTo<'a> {
-    /// The worker the response comes from (its pool gets the connection back).
-    pub worker: &'a Worker,
-    /// Echoed as `x-request-id` when the worker did not set one.
-    pub request_id: &'a str,
-    /// The client asked to keep its connection.
-    pub client_keep_alive: bool,
-    /// The whole-request deadline.
-    pub deadline: Instant,
-    /// The gateway is shutting down: close the client connection after this response.
-    pub shutting_down: bool,
-}
-
-/// Relay the response to the client. The upstream connection goes back to the pool when the
-/// response was complete and reusable; otherwise it is dropped (closing it, which also aborts
-/// the work on the worker when the client went away).
-pub async fn relay(
-    pool: &Pool,
-    client: &mut TcpStream,
-    up: UpstreamResponse,
-    how: RelayTo<'_>,
-    mut capture: Option<&mut Capture>,
-) -> Relayed {
-    let RelayTo {
-        worker,
-        request_id,
-        client_keep_alive: client_wants_keep_alive,
-        deadline,
-        shutting_down,
-    } = how;
-    let UpstreamResponse {
-        mut stream,
-        head,
-        mut leftover,
-    } = up;
-    let mut end = match head.framing {
-        BodyFraming::None => BodyEnd::Done,
-        BodyFraming::Length(0) => BodyEnd::Done,
-        BodyFraming::Length(n) => BodyEnd::Remaining(n),
-        BodyFraming::Chunked => BodyEnd::Chunked(ChunkTracker::new()),
-        BodyFraming::Close => BodyEnd::UntilClose,
-    };
-    let close_client =
-        !client_wants_keep_alive || matches!(head.framing, BodyFraming::Close) || shutting_down;
-    let mut out = client_head(&head, request_id, close_client);
-    let mut relayed = Relayed {
-        client_keep_alive: !close_client,
-        complete: false,
-        first_body_at: None,
-        body_bytes: 0,
-        upstream_broke: false,
-    };
-
-    // The head and whatever body bytes came with it go out in one write.
-    let mut finished = matches!(end, BodyEnd::Done);
-    let mut upstream_clean = true;
-    if !finished && !leftover.is_empty() {
-        match end.advance(&leftover) {
-            Ok((n, done)) => {
-                if n < leftover.len() {
-                    upstream_clean = false; // bytes past the response: never reuse
-                }
-                if let Some(c) = capture.as_deref_mut() {
-                    c.feed(&leftover[..n]);
-                }
-                out.extend_from_slice(&leftover[..n]);
-                relayed.body_bytes += n as u64;
-                finished = done;
-            }
-            Err(_) => {
-                relayed.client_keep_alive = false;
-                let _ = write_all_by(client, out.freeze(), deadline).await;
-                return relayed;
-            }
-        }
-        leftover.clear();
-    }
-    let had_body = relayed.body_bytes > 0;
-    if write_all_by(client, out.freeze(), deadline).await.is_err() {
-        relayed.client_keep_alive = false;
-        return relayed;
-    }
-    if had_body {
-        relayed.first_body_at = Some(Instant::now());
-    }
-
-    let mut buf = leftover;
-    while !finished {
-        buf.clear();
-        let n = match read_into(&mut stream, &mut buf, Some(deadline)).await {
-            Ok(n) => n,
-            Err(_) => {
-                // Upstream broke or the deadline passed mid-body: the client cannot get a
-                // complete response, so end it cleanly rather than leave it hanging.
-                relayed.upstream_broke = true;
-                end_broken_stream(client, &end, deadline).await;
-                relayed.client_keep_alive = false;
-                return relayed;
-            }
-        };
-        if n == 0 {
-            if matches!(end, BodyEnd::UntilClose) {
-                relayed.complete = true;
-            } else {
-                relayed.upstream_broke = true;
-                end_broken_stream(client, &end, deadline).await;
-            }
-            relayed.client_keep_alive = false;
-            return relayed;
-        }
-        let (take, done) = match end.advance(&buf) {
-            Ok(v) => v,
-            Err(_) => {
-                relayed.client_keep_alive = false;
-                return relayed;
-            }
-        };
-        if take < buf.len() {
-            upstream_clean = false;
-        }
-        if let Some(c) = capture.as_deref_mut() {
-            c.feed(&buf[..take]);
-        }
-        let chunk = buf.split_to(take).freeze();
-        relayed.body_bytes += take as u64;
-        if write_all_by(client, chunk, deadline).await.is_err() {
-            // The client went away: dropping `stream` closes the upstream connection, which
-            // makes the engine abort the request and free its GPU work.
-            relayed.client_keep_alive = false;
-            return relayed;
-        }
-        if relayed.first_body_at.is_none() {
-            relayed.first_body_at = Some(Instant::now());
-        }
-        finished = done;
-    }
-    relayed.complete = true;
-    if head.keep_alive && upstream_clean && !matches!(end, BodyEnd::UntilClose) {
-        pool.put(worker.id, stream);
-    }
-    relayed
-}
-
-/// A chunked stream that broke between chunks gets an SSE error event and a proper last chunk,
-/// so clients see an explicit error and a clean end, never a hang or a torn frame.
-async fn end_broken_stream(client: &mut TcpStream, end: &BodyEnd, deadline: Instant) {
-    if let BodyEnd::Chunked(t) = end {
-        if t.at_chunk_boundary() {
-            let event = b"data: {\"error\":{\"message\":\"the worker ended the stream early\",\"type\":\"upstream_error\",\"code\":502}}\n\n";
-            let mut out = BytesMut::with_capacity(event.len() + 16);
-            out.extend_from_slice(format!("{:x}\r\n", event.len()).as_bytes());
-            out.extend_from_slice(event);
-            out.extend_from_slice(b"\r\n0\r\n\r\n");
-            let _ = write_all_by(client, out.freeze(), deadline).await;
         }
     }
 }

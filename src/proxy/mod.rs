@@ -8,5 +8,6 @@ pub mod capture;
 pub mod forward;
 pub mod io;
 pub mod pool;
+pub mod relay;
 pub mod request_id;
 pub mod retry;

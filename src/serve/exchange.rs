@@ -17,8 +17,9 @@ use crate::admission::Permit;
 use crate::gateway::{Core, Gateway, Scope};
 use crate::http::{BodyFraming, RequestHead};
 use crate::proxy::capture::Capture;
-use crate::proxy::forward::{self, RelayTo, UpstreamRequest, UpstreamResponse};
+use crate::proxy::forward::{self, UpstreamRequest, UpstreamResponse};
 use crate::proxy::io::closed_by_peer;
+use crate::proxy::relay::{self, RelayTo};
 use crate::proxy::request_id::request_id;
 use crate::proxy::retry::is_retryable_status;
 use crate::route::extract::{extract, Api, RoutingInfo};
@@ -420,7 +421,7 @@ impl<'a> Exchange<'a> {
             deadline: self.deadline,
             shutting_down: gw.life.is_shutting_down(),
         };
-        let relayed = forward::relay(&self.core.pool, client, up, how, capture.as_mut()).await;
+        let relayed = relay::relay(&self.core.pool, client, up, how, capture.as_mut()).await;
         drop(picked);
         worker
             .completed

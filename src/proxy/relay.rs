@@ -1,0 +1,292 @@
+//! Relaying a worker's response to the client as it arrives: every upstream read is written to
+//! the client at once (SSE tokens are never held), and the client write is the backpressure. A
+//! client that goes away aborts the upstream request by closing it; a worker that breaks a
+//! stream off gets the client an explicit error event and a clean end.
+
+use super::capture::Capture;
+use super::forward::{skip, UpstreamResponse};
+use super::io::{read_into, write_all_by};
+use super::pool::Pool;
+use crate::http::{self, BodyFraming, ChunkTracker, ResponseHead};
+use crate::workers::registry::Worker;
+use bytes::BytesMut;
+use monoio::net::TcpStream;
+use monoio::time::Instant;
+use std::fmt::Write as _;
+
+/// Response headers of the upstream hop that the gateway replaces.
+const RESPONSE_SKIP: [&str; 3] = ["connection", "keep-alive", "proxy-connection"];
+
+/// The SSE event a client gets when the worker ends a chunked stream early.
+const BROKEN_STREAM_EVENT: &[u8] = b"data: {\"error\":{\"message\":\"the worker ended the stream early\",\"type\":\"upstream_error\",\"code\":502}}\n\n";
+
+/// How a relayed response ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Relayed {
+    /// The client connection may serve another request.
+    pub client_keep_alive: bool,
+    /// The whole response reached the client.
+    pub complete: bool,
+    /// When the first body byte was written to the client (time to first token for streams).
+    pub first_body_at: Option<Instant>,
+    /// Body bytes relayed.
+    pub body_bytes: u64,
+    /// The worker broke the response off (error, EOF or timeout mid-body): counts against it.
+    pub upstream_broke: bool,
+}
+
+/// Where and how a response is relayed.
+#[derive(Clone, Copy)]
+pub struct RelayTo<'a> {
+    /// The worker the response comes from (its pool gets the connection back).
+    pub worker: &'a Worker,
+    /// Echoed as `x-request-id` when the worker did not set one.
+    pub request_id: &'a str,
+    /// The client asked to keep its connection.
+    pub client_keep_alive: bool,
+    /// The whole-request deadline.
+    pub deadline: Instant,
+    /// The gateway is shutting down: close the client connection after this response.
+    pub shutting_down: bool,
+}
+
+/// Render the client-facing response head from the worker's.
+pub fn client_head(up: &ResponseHead, request_id: &str, close: bool) -> BytesMut {
+    let mut out = BytesMut::with_capacity(up.buf.len() + 96);
+    out.extend_from_slice(b"HTTP/1.1 ");
+    let _ = write!(out, "{}", up.status);
+    out.extend_from_slice(b" ");
+    out.extend_from_slice(http::response::reason(up.status).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let mut has_id = false;
+    let chunked = matches!(up.framing, BodyFraming::Chunked);
+    for (name, value) in up.headers() {
+        if skip(name, &RESPONSE_SKIP) {
+            continue;
+        }
+        // RFC 9112 §6.3: with chunked framing a Content-Length must not be forwarded.
+        if chunked && name.eq_ignore_ascii_case(b"content-length") {
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"x-request-id") {
+            has_id = true;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !has_id {
+        out.extend_from_slice(b"x-request-id: ");
+        out.extend_from_slice(request_id.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// Where the body ends, as it is relayed.
+enum BodyEnd {
+    Done,
+    Remaining(u64),
+    Chunked(ChunkTracker),
+    UntilClose,
+}
+
+impl BodyEnd {
+    fn for_framing(framing: BodyFraming) -> BodyEnd {
+        match framing {
+            BodyFraming::None | BodyFraming::Length(0) => BodyEnd::Done,
+            BodyFraming::Length(n) => BodyEnd::Remaining(n),
+            BodyFraming::Chunked => BodyEnd::Chunked(ChunkTracker::new()),
+            BodyFraming::Close => BodyEnd::UntilClose,
+        }
+    }
+
+    /// Consume up to the end of the body from `data`; returns (bytes that belong to the body,
+    /// finished).
+    fn advance(&mut self, data: &[u8]) -> Result<(usize, bool), String> {
+        match self {
+            BodyEnd::Done => Ok((0, true)),
+            BodyEnd::Remaining(n) => {
+                let take = std::cmp::min(*n, data.len() as u64);
+                *n -= take;
+                Ok((take as usize, *n == 0))
+            }
+            BodyEnd::Chunked(t) => match t.feed(data) {
+                Ok(Some(end)) => Ok((end, true)),
+                Ok(None) => Ok((data.len(), false)),
+                Err(e) => Err(format!("{e:?}")),
+            },
+            BodyEnd::UntilClose => Ok((data.len(), false)),
+        }
+    }
+}
+
+/// Why relaying stopped before the body's end.
+struct Stopped;
+
+/// One response on its way to the client.
+struct Relay<'c, 'k> {
+    client: &'c mut TcpStream,
+    capture: Option<&'k mut Capture>,
+    end: BodyEnd,
+    deadline: Instant,
+    relayed: Relayed,
+    /// No byte past the response was seen: the upstream connection may be reused.
+    upstream_clean: bool,
+}
+
+/// Relay the response to the client. The upstream connection goes back to `pool` when the
+/// response was complete and reusable; otherwise it is dropped (closing it, which also aborts
+/// the work on the worker when the client went away).
+pub async fn relay(
+    pool: &Pool,
+    client: &mut TcpStream,
+    up: UpstreamResponse,
+    how: RelayTo<'_>,
+    capture: Option<&mut Capture>,
+) -> Relayed {
+    let UpstreamResponse {
+        mut stream,
+        head,
+        leftover,
+    } = up;
+    let close_client =
+        !how.client_keep_alive || matches!(head.framing, BodyFraming::Close) || how.shutting_down;
+    let mut r = Relay {
+        client,
+        capture,
+        end: BodyEnd::for_framing(head.framing),
+        deadline: how.deadline,
+        relayed: Relayed {
+            client_keep_alive: !close_client,
+            complete: false,
+            first_body_at: None,
+            body_bytes: 0,
+            upstream_broke: false,
+        },
+        upstream_clean: true,
+    };
+    let out = client_head(&head, how.request_id, close_client);
+    let Ok((finished, buf)) = r.send_head(out, leftover).await else {
+        return r.relayed;
+    };
+    if !finished && r.pump(&mut stream, buf).await.is_err() {
+        return r.relayed;
+    }
+    r.relayed.complete = true;
+    if head.keep_alive && r.upstream_clean && !matches!(r.end, BodyEnd::UntilClose) {
+        pool.put(how.worker.id, stream);
+    }
+    r.relayed
+}
+
+impl Relay<'_, '_> {
+    /// The head and whatever body bytes came with it go out in one write. Returns whether the
+    /// body is already complete, and the buffer to read the rest into.
+    async fn send_head(
+        &mut self,
+        mut out: BytesMut,
+        mut leftover: BytesMut,
+    ) -> Result<(bool, BytesMut), Stopped> {
+        let mut finished = matches!(self.end, BodyEnd::Done);
+        if !finished && !leftover.is_empty() {
+            let Ok((n, done)) = self.end.advance(&leftover) else {
+                self.relayed.client_keep_alive = false;
+                let _ = write_all_by(self.client, out.freeze(), self.deadline).await;
+                return Err(Stopped);
+            };
+            self.take_body(&leftover, n);
+            out.extend_from_slice(&leftover[..n]);
+            finished = done;
+            leftover.clear();
+        }
+        let had_body = self.relayed.body_bytes > 0;
+        if write_all_by(self.client, out.freeze(), self.deadline)
+            .await
+            .is_err()
+        {
+            self.relayed.client_keep_alive = false;
+            return Err(Stopped);
+        }
+        if had_body {
+            self.relayed.first_body_at = Some(Instant::now());
+        }
+        Ok((finished, leftover))
+    }
+
+    /// Read the rest of the body from the worker and write each read to the client at once.
+    async fn pump(&mut self, stream: &mut TcpStream, mut buf: BytesMut) -> Result<(), Stopped> {
+        loop {
+            buf.clear();
+            let n = match read_into(stream, &mut buf, Some(self.deadline)).await {
+                Ok(n) => n,
+                // Upstream broke or the deadline passed mid-body: the client cannot get a
+                // complete response, so end it cleanly rather than leave it hanging.
+                Err(_) => return Err(self.upstream_broke().await),
+            };
+            if n == 0 {
+                if !matches!(self.end, BodyEnd::UntilClose) {
+                    return Err(self.upstream_broke().await);
+                }
+                self.relayed.complete = true;
+                self.relayed.client_keep_alive = false;
+                return Err(Stopped);
+            }
+            let Ok((take, done)) = self.end.advance(&buf) else {
+                self.relayed.client_keep_alive = false;
+                return Err(Stopped);
+            };
+            self.take_body(&buf, take);
+            let chunk = buf.split_to(take).freeze();
+            if write_all_by(self.client, chunk, self.deadline)
+                .await
+                .is_err()
+            {
+                // The client went away: dropping the upstream stream closes it, which makes
+                // the engine abort the request and free its GPU work.
+                self.relayed.client_keep_alive = false;
+                return Err(Stopped);
+            }
+            if self.relayed.first_body_at.is_none() {
+                self.relayed.first_body_at = Some(Instant::now());
+            }
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Account `n` body bytes at the start of `data` (the rest belongs to no response).
+    fn take_body(&mut self, data: &[u8], n: usize) {
+        if n < data.len() {
+            self.upstream_clean = false; // bytes past the response: never reuse
+        }
+        if let Some(c) = self.capture.as_deref_mut() {
+            c.feed(&data[..n]);
+        }
+        self.relayed.body_bytes += n as u64;
+    }
+
+    /// The worker broke the body off: a chunked stream that broke between chunks gets an SSE
+    /// error event and a proper last chunk, so clients see an explicit error and a clean end,
+    /// never a hang or a torn frame.
+    async fn upstream_broke(&mut self) -> Stopped {
+        self.relayed.upstream_broke = true;
+        self.relayed.client_keep_alive = false;
+        if let BodyEnd::Chunked(t) = &self.end {
+            if t.at_chunk_boundary() {
+                let mut out = BytesMut::with_capacity(BROKEN_STREAM_EVENT.len() + 16);
+                let _ = write!(out, "{:x}\r\n", BROKEN_STREAM_EVENT.len());
+                out.extend_from_slice(BROKEN_STREAM_EVENT);
+                out.extend_from_slice(b"\r\n0\r\n\r\n");
+                let _ = write_all_by(self.client, out.freeze(), self.deadline).await;
+            }
+        }
+        Stopped
+    }
+}
