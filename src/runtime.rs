@@ -4,7 +4,7 @@
 //! gateway in-process on 127.0.0.1.
 
 use crate::config::{Config, IoDriver};
-use crate::gateway::{Core, Gateway};
+use crate::gateway::{Core, Driver, Gateway};
 use crate::workers::registry::Registry;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
@@ -86,30 +86,26 @@ fn choose_cpus(cfg: &Config) -> Vec<Option<core_affinity::CoreId>> {
         .collect()
 }
 
-/// Pick the io driver and report its name, or refuse.
-fn choose_driver(cfg: &Config) -> Result<&'static str, String> {
+/// Pick the io driver, or refuse when `--io-driver uring` cannot be honoured.
+fn choose_driver(cfg: &Config) -> Result<Driver, String> {
+    // monoio caches its io_uring probe (which honours MONOIO_FORCE_LEGACY_DRIVER) on first use,
+    // so the probe must not run before `legacy` has set that variable.
+    let uring = || monoio::utils::detect_uring();
     match cfg.io_driver {
         IoDriver::Legacy => {
             // monoio reads this once, before its first runtime is built (which is below).
             std::env::set_var("MONOIO_FORCE_LEGACY_DRIVER", "1");
-            Ok("epoll")
+            Ok(Driver::Epoll)
         }
-        IoDriver::Uring => {
-            if monoio::utils::detect_uring() {
-                Ok("io_uring")
-            } else {
-                Err(
-                    "--io-driver uring: io_uring is not available here (kernel, seccomp or \
-                     io_uring_disabled); use --io-driver auto or legacy"
-                        .into(),
-                )
-            }
-        }
-        IoDriver::Auto => Ok(if monoio::utils::detect_uring() {
-            "io_uring"
-        } else {
-            "epoll"
-        }),
+        IoDriver::Uring if uring() => Ok(Driver::IoUring),
+        IoDriver::Uring => Err(
+            "--io-driver uring: io_uring is not available here (kernel, \
+                                seccomp, io_uring_disabled or MONOIO_FORCE_LEGACY_DRIVER); use \
+                                --io-driver auto or legacy"
+                .into(),
+        ),
+        IoDriver::Auto if uring() => Ok(Driver::IoUring),
+        IoDriver::Auto => Ok(Driver::Epoll),
     }
 }
 
@@ -127,7 +123,7 @@ pub fn start(cfg: Config) -> Result<Running, String> {
             .map_err(|e| format!("--worker-urls {url}: {e}"))?;
     }
     crate::metrics::install();
-    crate::metrics::io_driver(driver);
+    crate::metrics::io_driver(driver.as_str());
     let gw = Arc::new(Gateway::new(cfg, registry, driver, cpus.len()));
     let mut threads = Vec::new();
     for (index, (cpu, listener)) in cpus.into_iter().zip(listeners).enumerate() {
@@ -141,8 +137,9 @@ pub fn start(cfg: Config) -> Result<Running, String> {
     };
     crate::log!(
         Info,
-        "listening on {bound} with {} core(s), io driver {driver}, policy {}, {} worker(s)",
+        "listening on {bound} with {} core(s), io driver {}, policy {}, {} worker(s)",
         gw.life.cores,
+        driver.as_str(),
         gw.cfg.policy.as_str(),
         gw.registry.load().len()
     );
@@ -262,7 +259,7 @@ async fn core_main(gw: Arc<Gateway>, index: usize, listener: std::net::TcpListen
         }
     }
     drop(listener);
-    // Let in-flight requests on this core finish (the shutdown caller bounds the wait).
+    // Let in-flight requests (on every core) finish; the shutdown caller bounds the wait.
     while gw.life.active_requests() > 0 {
         monoio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -4,21 +4,40 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
+/// The io driver the cores actually run on (`--io-driver auto` picks one at start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// Linux io_uring.
+    IoUring,
+    /// epoll (monoio's legacy driver).
+    Epoll,
+}
+
+impl Driver {
+    /// The name in logs, `/get_server_info` and the `radixgate_io_driver` metric.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Driver::IoUring => "io_uring",
+            Driver::Epoll => "epoll",
+        }
+    }
+}
+
 /// Start time, shutdown flag and requests in flight.
 #[derive(Debug)]
 pub struct Lifecycle {
     started: Instant,
     shutting_down: AtomicBool,
     active_requests: AtomicU64,
-    /// Name of the io driver the cores run on ("io_uring" or "epoll").
-    pub io_driver: &'static str,
+    /// The io driver the cores run on.
+    pub io_driver: Driver,
     /// Number of serving cores.
     pub cores: usize,
 }
 
 impl Lifecycle {
     /// Starting now.
-    pub fn new(io_driver: &'static str, cores: usize) -> Lifecycle {
+    pub fn new(io_driver: Driver, cores: usize) -> Lifecycle {
         Lifecycle {
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
@@ -70,7 +89,7 @@ mod tests {
 
     #[test]
     fn active_requests_follow_their_guards() {
-        let life = Lifecycle::new("epoll", 1);
+        let life = Lifecycle::new(Driver::Epoll, 1);
         let a = life.request_started();
         let b = life.request_started();
         assert_eq!(life.active_requests(), 2);

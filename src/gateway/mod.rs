@@ -17,7 +17,7 @@ mod router;
 
 pub use self::auth::{constant_time_eq, Auth, Scope};
 pub use self::core::Core;
-pub use self::lifecycle::Lifecycle;
+pub use self::lifecycle::{Driver, Lifecycle};
 pub use self::models::{ServedModels, MAX_KNOWN_MODELS};
 pub use self::router::Router;
 
@@ -53,8 +53,8 @@ pub struct Gateway {
 
 impl Gateway {
     /// The shared state for `cfg`, serving `registry`'s workers on `cores` cores with the io
-    /// driver named `io_driver`. Starts the tree writer when the policy needs one.
-    pub fn new(cfg: Config, registry: Registry, io_driver: &'static str, cores: usize) -> Gateway {
+    /// driver `io_driver`. Starts the tree writer when the policy needs one.
+    pub fn new(cfg: Config, registry: Registry, io_driver: Driver, cores: usize) -> Gateway {
         let router = Router::new(&cfg);
         let admission = Admission::new(
             cfg.max_concurrent_requests,

@@ -201,7 +201,8 @@ pub struct RouteInput<'a> {
     pub exclude: &'a [WorkerId],
     /// Current time in milliseconds (any monotonic origin shared with `maintain`).
     pub now_ms: u64,
-    /// cache_aware: the longest match among this core's inserts the snapshot does not show yet.
+    /// cache_aware: the longest match among the inserts (from every core) that the snapshot
+    /// does not show yet.
     pub recent: Option<RecentMatch>,
 }
 

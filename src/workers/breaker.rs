@@ -32,7 +32,8 @@ impl Default for BreakerConfig {
     }
 }
 
-/// The three states, as exported in `smg_worker_cb_state` (0 closed, 1 open, 2 half-open).
+/// The three states (the `circuit` field of `GET /workers`, the `to` label of
+/// `smg_worker_cb_transitions_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum BreakerState {
@@ -146,8 +147,8 @@ impl Breaker {
         Transition::None
     }
 
-    /// Record a request's outcome (`success` = not a worker fault). `acquired_probe`: this
-    /// request held a half-open probe slot.
+    /// Record a request's outcome (`success` = not a worker fault). In half-open, the outcome
+    /// also gives back the probe slot its request took with `try_acquire`.
     pub fn record(&self, cfg: &BreakerConfig, success: bool, now_ms: u64) -> Transition {
         if !cfg.enabled {
             return Transition::None;

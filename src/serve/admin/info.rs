@@ -46,7 +46,7 @@ pub fn server_info(gw: &Gateway) -> Reply {
         "router_manager": true,
         "gateway": "radixgate",
         "version": env!("CARGO_PKG_VERSION"),
-        "io_driver": gw.life.io_driver,
+        "io_driver": gw.life.io_driver.as_str(),
         "cores": gw.life.cores,
         "config": config_json(gw),
         "workers": workers,
@@ -75,6 +75,6 @@ fn config_json(gw: &Gateway) -> Value {
         "health_check_endpoint": c.health_check_endpoint,
         "disable_health_check": c.disable_health_check,
         "api_key": c.api_key.as_ref().map(|_| "<redacted>"),
-        "io_driver": gw.life.io_driver, "cores": gw.life.cores,
+        "io_driver": gw.life.io_driver.as_str(), "cores": gw.life.cores,
     })
 }
