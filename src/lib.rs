@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod base;
 pub mod config;
 pub mod gateway;
 pub mod http;

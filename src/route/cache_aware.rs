@@ -19,6 +19,7 @@
 //! holder whose load is at most `min + balance_abs_threshold` still wins. The tree reports only
 //! the holders of the deepest matched position, so holders of a shorter prefix are not
 //! considered.
+use crate::base::text::char_count;
 use crate::route::policy::{Branch, Decision, PolicyConfig};
 use crate::route::recent::RecentMatch;
 use crate::route::rng::Rng;
@@ -85,16 +86,6 @@ impl MatchResult<'_> {
             self.matched_chars as f64 / self.request_chars as f64
         }
     }
-}
-
-/// Number of Unicode scalar values in `s`: the bytes that do not continue a UTF-8 sequence.
-/// Same as `s.chars().count()`, but a branch-free byte loop the compiler vectorises.
-#[inline]
-pub fn char_count(s: &str) -> usize {
-    s.as_bytes()
-        .iter()
-        .filter(|&&b| (b as i8) >= -0x40) // not 0b10xx_xxxx
-        .count()
 }
 
 /// (min, max) in-flight over eligible workers not in `exclude`. Without exclusions this is the
@@ -198,14 +189,14 @@ pub fn select_with_tree(
         if let Some(r) = recent.filter(|r| r.matched_chars > tree_chars) {
             return Some(MatchResult {
                 matched_chars: r.matched_chars,
-                request_chars: char_count(text),
+                request_chars: char_count(text.as_bytes()),
                 workers: std::slice::from_ref(&r.worker),
             });
         }
         let m = from_tree?;
         Some(MatchResult {
             matched_chars: m.matched_chars,
-            request_chars: char_count(text),
+            request_chars: char_count(text.as_bytes()),
             workers: m.workers,
         })
     })
@@ -231,20 +222,6 @@ mod tests {
             request_chars: total,
             workers: ws,
         })
-    }
-
-    #[test]
-    fn char_count_matches_chars() {
-        for s in [
-            "",
-            "abc",
-            "héllo wörld",
-            "日本語テキスト",
-            "🦀🦀 x",
-            "a\u{0}b",
-        ] {
-            assert_eq!(char_count(s), s.chars().count(), "{s:?}");
-        }
     }
 
     #[test]

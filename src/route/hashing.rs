@@ -5,6 +5,7 @@
 //!
 //! The ring is rebuilt on the admin path (`RingCell::rebuild`) and published through `ArcSwap`,
 //! so `select` only does an atomic load, a binary search and a short clockwise walk.
+use crate::base::text::prefix_chars;
 use crate::route::policy::{Branch, Decision, RouteInput};
 use crate::route::rng::Rng;
 use crate::tree::WorkerId;
@@ -219,17 +220,6 @@ pub fn select_consistent(
         .map(|w| Decision::plain(w, Branch::Random))
 }
 
-/// The first `n` characters of `text` (cut at a character boundary).
-pub fn prefix_chars(text: &str, n: usize) -> &str {
-    if text.len() <= n {
-        return text; // at most n bytes, hence at most n chars
-    }
-    match text.char_indices().nth(n) {
-        Some((i, _)) => &text[..i],
-        None => text,
-    }
-}
-
 /// Bounded-load test for prefix_hash. With `S` the in-flight sum and `N` the number of eligible
 /// workers, a worker is overloaded when `load > 1.25 × (S + 1) / N`: the `+ 1` counts the
 /// request being placed, so an idle fleet never trips it, and a worker may exceed the average
@@ -415,15 +405,6 @@ mod tests {
             seen[d.worker as usize] += 1;
         }
         assert!(seen.iter().all(|&s| s > 50), "{seen:?}");
-    }
-
-    #[test]
-    fn prefix_cut_respects_char_boundaries() {
-        assert_eq!(prefix_chars("héllo", 2), "hé");
-        assert_eq!(prefix_chars("日本語", 2), "日本");
-        assert_eq!(prefix_chars("abc", 10), "abc");
-        assert_eq!(prefix_chars("abc", 0), "");
-        assert_eq!(prefix_chars("日本語", 3), "日本語");
     }
 
     #[test]
