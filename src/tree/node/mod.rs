@@ -18,7 +18,7 @@
 //! single child holding the same set of workers; inserts, removals and evictions all merge such
 //! pairs back. This keeps the node count proportional to the distinct branch points.
 //!
-//! # Invariants (checked by [`RadixTree::check_invariants`])
+//! # Invariants (checked by `RadixTree::check_invariants` in test builds)
 //! - Every non-root node has a non-empty edge and a non-empty, sorted set of workers.
 //! - A worker held by a node is held by all its ancestors, with an access time at least as large.
 //! - A worker holds a node only if some text it was sent covers the node's whole edge; hence the
@@ -34,8 +34,11 @@
 //! - `lookup`: longest-prefix match (the request path).
 //! - `insert`: inserts with path copying and node splits.
 //! - `evict`: LRU eviction and worker removal (plan, then prune).
-//! - `stats`: character and node accounting, and the invariant checker.
+//! - `stats`: character and node accounting.
+//! - `check`: the invariant checker (test builds only).
 
+#[cfg(test)]
+mod check;
 mod evict;
 mod insert;
 mod lookup;

@@ -157,6 +157,7 @@ impl Workers {
     }
 
     /// Representation invariant: `Many` holds whole entries and never exactly one.
+    #[cfg(test)]
     pub(super) fn well_formed(&self) -> bool {
         match self {
             Workers::One { .. } => true,
