@@ -126,121 +126,23 @@ pub fn parse_inference(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let model = v.get("model").and_then(Value::as_str).map(str::to_owned);
-    let mut prompts = Vec::new();
-    let max_new_tokens;
     let mut rid = None;
-    match endpoint {
+    let (prompts, max_new_tokens) = match endpoint {
         Endpoint::Generate => {
             let sp = v.get("sampling_params").cloned().unwrap_or(Value::Null);
-            max_new_tokens = max_tokens_field(&sp, &["max_new_tokens"], default_max)?;
+            let max = max_tokens_field(&sp, &["max_new_tokens"], default_max)?;
             rid = v.get("rid").and_then(Value::as_str).map(str::to_owned);
-            match (v.get("text"), v.get("input_ids")) {
-                (Some(Value::String(s)), None) => {
-                    let mut ids = Vec::new();
-                    tok.encode_prompt(s, &mut ids);
-                    prompts.push(ids);
-                }
-                (Some(Value::Array(list)), None) => {
-                    for s in list {
-                        let s = s.as_str().ok_or_else(|| {
-                            ApiError::new("text must be a string or a list of strings")
-                        })?;
-                        let mut ids = Vec::new();
-                        tok.encode_prompt(s, &mut ids);
-                        prompts.push(ids);
-                    }
-                }
-                (None, Some(ids)) => {
-                    if let Some(one) = token_ids(ids) {
-                        prompts.push(one);
-                    } else if let Some(list) = ids.as_array() {
-                        for item in list {
-                            prompts.push(token_ids(item).ok_or_else(|| {
-                                ApiError::new(
-                                    "input_ids must be a list of token ids or a list of lists",
-                                )
-                            })?);
-                        }
-                    } else {
-                        return Err(ApiError::new("input_ids must be a list of token ids"));
-                    }
-                }
-                (Some(_), Some(_)) => {
-                    return Err(ApiError::new(
-                        "Either text or input_ids should be provided, not both.",
-                    ))
-                }
-                (Some(_), None) => {
-                    return Err(ApiError::new("text must be a string or a list of strings"))
-                }
-                (None, None) => {
-                    return Err(ApiError::new(
-                        "Either text or input_ids should be provided.",
-                    ))
-                }
-            }
+            (generate_prompts(&v, tok)?, max)
         }
         Endpoint::Chat => {
-            max_new_tokens =
-                max_tokens_field(&v, &["max_completion_tokens", "max_tokens"], default_max)?;
-            let msgs = v
-                .get("messages")
-                .and_then(Value::as_array)
-                .filter(|m| !m.is_empty())
-                .ok_or_else(|| ApiError::new("messages must be a non-empty array"))?;
-            let mut contents = Vec::with_capacity(msgs.len());
-            for m in msgs {
-                let role = m
-                    .get("role")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| ApiError::new("each message needs a string role"))?;
-                let mut text = String::new();
-                flatten_content(m.get("content"), &mut text)?;
-                contents.push((role, text));
-            }
-            let turns: Vec<ChatTurn<'_>> = contents
-                .iter()
-                .map(|(role, c)| ChatTurn { role, content: c })
-                .collect();
-            let mut ids = Vec::new();
-            tok.encode_chat(&turns, &mut ids);
-            prompts.push(ids);
+            let max = max_tokens_field(&v, &["max_completion_tokens", "max_tokens"], default_max)?;
+            (vec![chat_prompt(&v, tok)?], max)
         }
         Endpoint::Completions => {
-            max_new_tokens = max_tokens_field(&v, &["max_tokens"], default_max)?;
-            match v.get("prompt") {
-                Some(Value::String(s)) => {
-                    let mut ids = Vec::new();
-                    tok.encode_prompt(s, &mut ids);
-                    prompts.push(ids);
-                }
-                Some(p @ Value::Array(list)) => {
-                    if let Some(one) = token_ids(p).filter(|ids| !ids.is_empty()) {
-                        prompts.push(one);
-                    } else {
-                        for item in list {
-                            if let Some(s) = item.as_str() {
-                                let mut ids = Vec::new();
-                                tok.encode_prompt(s, &mut ids);
-                                prompts.push(ids);
-                            } else {
-                                prompts.push(token_ids(item).ok_or_else(|| {
-                                    ApiError::new(
-                                        "prompt must be a string, a list of strings or token ids",
-                                    )
-                                })?);
-                            }
-                        }
-                    }
-                }
-                _ => {
-                    return Err(ApiError::new(
-                        "prompt must be a string, a list of strings or token ids",
-                    ))
-                }
-            }
+            let max = max_tokens_field(&v, &["max_tokens"], default_max)?;
+            (completion_prompts(&v, tok)?, max)
         }
-    }
+    };
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
         return Err(ApiError::new("The input is empty."));
     }
@@ -258,6 +160,101 @@ pub fn parse_inference(
         model,
         rid,
     })
+}
+
+/// The token ids of one text prompt.
+fn encode(tok: &SimTokenizer, text: &str) -> Vec<u32> {
+    let mut ids = Vec::new();
+    tok.encode_prompt(text, &mut ids);
+    ids
+}
+
+/// `/generate` prompts: `text` (a string or a list of strings) or `input_ids` (a list of ids or
+/// a list of lists), exactly one of the two.
+fn generate_prompts(v: &Value, tok: &SimTokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
+    match (v.get("text"), v.get("input_ids")) {
+        (Some(Value::String(s)), None) => Ok(vec![encode(tok, s)]),
+        (Some(Value::Array(list)), None) => list
+            .iter()
+            .map(|s| {
+                s.as_str()
+                    .map(|s| encode(tok, s))
+                    .ok_or_else(|| ApiError::new("text must be a string or a list of strings"))
+            })
+            .collect(),
+        (None, Some(ids)) => input_id_prompts(ids),
+        (Some(_), Some(_)) => Err(ApiError::new(
+            "Either text or input_ids should be provided, not both.",
+        )),
+        (Some(_), None) => Err(ApiError::new("text must be a string or a list of strings")),
+        (None, None) => Err(ApiError::new(
+            "Either text or input_ids should be provided.",
+        )),
+    }
+}
+
+/// `/generate`'s `input_ids`: one prompt of token ids, or a batch of them.
+fn input_id_prompts(ids: &Value) -> Result<Vec<Vec<u32>>, ApiError> {
+    if let Some(one) = token_ids(ids) {
+        return Ok(vec![one]);
+    }
+    let Some(list) = ids.as_array() else {
+        return Err(ApiError::new("input_ids must be a list of token ids"));
+    };
+    list.iter()
+        .map(|item| {
+            token_ids(item).ok_or_else(|| {
+                ApiError::new("input_ids must be a list of token ids or a list of lists")
+            })
+        })
+        .collect()
+}
+
+/// The chat prompt: `messages` (non-empty, each with a string role) through the chat template.
+fn chat_prompt(v: &Value, tok: &SimTokenizer) -> Result<Vec<u32>, ApiError> {
+    let msgs = v
+        .get("messages")
+        .and_then(Value::as_array)
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::new("messages must be a non-empty array"))?;
+    let mut contents = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::new("each message needs a string role"))?;
+        let mut text = String::new();
+        flatten_content(m.get("content"), &mut text)?;
+        contents.push((role, text));
+    }
+    let turns: Vec<ChatTurn<'_>> = contents
+        .iter()
+        .map(|(role, c)| ChatTurn { role, content: c })
+        .collect();
+    let mut ids = Vec::new();
+    tok.encode_chat(&turns, &mut ids);
+    Ok(ids)
+}
+
+/// `/v1/completions` prompts: a string, a list of token ids, or a list mixing strings and lists
+/// of token ids (one prompt each).
+fn completion_prompts(v: &Value, tok: &SimTokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
+    const SHAPE: &str = "prompt must be a string, a list of strings or token ids";
+    match v.get("prompt") {
+        Some(Value::String(s)) => Ok(vec![encode(tok, s)]),
+        Some(p @ Value::Array(list)) => {
+            if let Some(one) = token_ids(p).filter(|ids| !ids.is_empty()) {
+                return Ok(vec![one]);
+            }
+            list.iter()
+                .map(|item| match item.as_str() {
+                    Some(s) => Ok(encode(tok, s)),
+                    None => token_ids(item).ok_or_else(|| ApiError::new(SHAPE)),
+                })
+                .collect()
+        }
+        _ => Err(ApiError::new(SHAPE)),
+    }
 }
 
 /// One finished (or partial, for streaming) result.
