@@ -187,6 +187,29 @@ struct Req {
     reserved: usize,
 }
 
+/// The prefill batch [`Engine::plan`] is assembling: items with their cost inputs, the token
+/// budget left, and the new and cached prompt tokens so far (for the batch hit rate).
+struct PrefillBatch<'a> {
+    items: &'a mut Vec<(ReqId, usize)>,
+    costs: &'a mut Vec<PrefillItem>,
+    budget: usize,
+    new_tokens: usize,
+    hit_tokens: usize,
+}
+
+impl PrefillBatch<'_> {
+    /// Adds `u` uncached tokens of request `id` over `context` tokens already in KV.
+    fn push(&mut self, id: ReqId, u: usize, context: usize) {
+        self.items.push((id, u));
+        self.costs.push(PrefillItem {
+            uncached: u,
+            context,
+        });
+        self.budget -= u;
+        self.new_tokens += u;
+    }
+}
+
 #[derive(Debug)]
 struct InFlight {
     kind: ForwardKind,
@@ -437,31 +460,53 @@ impl Engine {
         let mut costs = std::mem::take(&mut self.cost_buf);
         items.clear();
         costs.clear();
-        let mut budget = self.chunk;
-        let mut new_tokens = 0usize;
-        let mut hit_tokens = 0usize;
+        let mut batch = PrefillBatch {
+            items: &mut items,
+            costs: &mut costs,
+            budget: self.chunk,
+            new_tokens: 0,
+            hit_tokens: 0,
+        };
+        self.continue_chunked(&mut batch);
+        self.admit_waiting(&mut batch);
+        let (new_tokens, hit_tokens) = (batch.new_tokens, batch.hit_tokens);
+        let info = if !items.is_empty() {
+            self.prefill_forward(&items, &costs, new_tokens, hit_tokens)
+        } else if !self.running.is_empty() {
+            self.decode_forward(&mut items)
+        } else {
+            self.items_buf = items;
+            self.cost_buf = costs;
+            return None;
+        };
+        self.cost_buf = costs;
+        self.inflight = Some(InFlight {
+            kind: info.kind,
+            duration_ms: info.duration_ms,
+            items,
+        });
+        Some(info)
+    }
 
-        // Continue a chunked prefill first.
+    /// Continue a chunked prefill first: it takes what it needs of the budget.
+    fn continue_chunked(&mut self, batch: &mut PrefillBatch<'_>) {
         if let Some(id) = self.chunked.take() {
             if let Some(r) = self.reqs.get(&id) {
-                let u = budget.min(r.prompt_len - r.kv_len);
-                items.push((id, u));
-                costs.push(PrefillItem {
-                    uncached: u,
-                    context: r.kv_len,
-                });
-                budget -= u;
-                new_tokens += u;
+                let u = batch.budget.min(r.prompt_len - r.kv_len);
+                batch.push(id, u, r.kv_len);
             }
         }
-        // Admit waiting requests FCFS while the budget, the batch cap and memory allow.
-        let mut partial = !items.is_empty() && {
-            let (id, u) = items[0];
+    }
+
+    /// Admit waiting requests FCFS while the budget, the batch cap and memory allow; a request
+    /// whose prefill does not fit the budget is chunked and ends the batch.
+    fn admit_waiting(&mut self, batch: &mut PrefillBatch<'_>) {
+        let mut partial = batch.items.first().is_some_and(|&(id, u)| {
             self.reqs
                 .get(&id)
                 .is_some_and(|r| r.kv_len + u < r.prompt_len)
-        };
-        while budget > 0 && !partial && self.admitted < self.max_running {
+        });
+        while batch.budget > 0 && !partial && self.admitted < self.max_running {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
@@ -490,65 +535,57 @@ impl Engine {
                     .queue
                     .observe((self.now_ms - r.arrival_ms).max(0.0) / 1000.0);
             }
-            let u = budget.min(r.prompt_len - hit);
-            items.push((id, u));
-            costs.push(PrefillItem {
-                uncached: u,
-                context: hit,
-            });
-            budget -= u;
-            new_tokens += u;
-            hit_tokens += hit;
+            let u = batch.budget.min(r.prompt_len - hit);
+            batch.push(id, u, hit);
+            batch.hit_tokens += hit;
             partial = u < r.prompt_len - hit;
         }
+    }
 
-        let info = if !items.is_empty() {
-            for &(id, u) in &items {
-                self.allocate(id, u);
-            }
-            self.last_hit_rate = if new_tokens + hit_tokens == 0 {
-                0.0
-            } else {
-                hit_tokens as f64 / (new_tokens + hit_tokens) as f64
-            };
-            let d = self
-                .cost
-                .jitter(self.cost.prefill_ms(&costs), &mut self.rng);
-            ForwardInfo {
-                kind: ForwardKind::Prefill,
-                duration_ms: d,
-                batch: items.len(),
-                tokens: new_tokens,
-            }
-        } else if !self.running.is_empty() {
-            let mut ctx = 0;
-            for i in 0..self.running.len() {
-                let id = self.running[i];
-                items.push((id, 1));
-                self.allocate(id, 1);
-                ctx += self.reqs.get(&id).map_or(0, |r| r.tokens.len());
-            }
-            let d = self
-                .cost
-                .jitter(self.cost.decode_ms(items.len(), ctx), &mut self.rng);
-            ForwardInfo {
-                kind: ForwardKind::Decode,
-                duration_ms: d,
-                batch: items.len(),
-                tokens: items.len(),
-            }
+    /// A prefill forward over `items`: allocates their slots, records the batch hit rate and
+    /// times it with the cost model.
+    fn prefill_forward(
+        &mut self,
+        items: &[(ReqId, usize)],
+        costs: &[PrefillItem],
+        new_tokens: usize,
+        hit_tokens: usize,
+    ) -> ForwardInfo {
+        for &(id, u) in items {
+            self.allocate(id, u);
+        }
+        self.last_hit_rate = if new_tokens + hit_tokens == 0 {
+            0.0
         } else {
-            self.items_buf = items;
-            self.cost_buf = costs;
-            return None;
+            hit_tokens as f64 / (new_tokens + hit_tokens) as f64
         };
-        self.cost_buf = costs;
-        self.inflight = Some(InFlight {
-            kind: info.kind,
-            duration_ms: info.duration_ms,
-            items,
-        });
-        Some(info)
+        let d = self.cost.jitter(self.cost.prefill_ms(costs), &mut self.rng);
+        ForwardInfo {
+            kind: ForwardKind::Prefill,
+            duration_ms: d,
+            batch: items.len(),
+            tokens: new_tokens,
+        }
+    }
+
+    /// A decode forward: one token for every running request, pushed onto `items`.
+    fn decode_forward(&mut self, items: &mut Vec<(ReqId, usize)>) -> ForwardInfo {
+        let mut ctx = 0;
+        for i in 0..self.running.len() {
+            let id = self.running[i];
+            items.push((id, 1));
+            self.allocate(id, 1);
+            ctx += self.reqs.get(&id).map_or(0, |r| r.tokens.len());
+        }
+        let d = self
+            .cost
+            .jitter(self.cost.decode_ms(items.len(), ctx), &mut self.rng);
+        ForwardInfo {
+            kind: ForwardKind::Decode,
+            duration_ms: d,
+            batch: items.len(),
+            tokens: items.len(),
+        }
     }
 
     /// Take `n` reserved slots for request `id`'s in-flight forward.
