@@ -688,7 +688,6 @@ async fn handle(
             _ => Next::Close,
         };
     }
-    let get = method == b"GET";
     let post = method == b"POST";
     match head.path() {
         b"/generate" if post || method == b"PUT" => {
@@ -696,6 +695,42 @@ async fn handle(
         }
         b"/v1/chat/completions" if post => inference(sh, head, Endpoint::Chat, body, r, wr).await,
         b"/v1/completions" if post => inference(sh, head, Endpoint::Completions, body, r, wr).await,
+        path => handle_info(sh, method, path, keep, r, wr).await,
+    }
+}
+
+/// Every path the simulator serves (with some method): other methods get 405, other paths 404.
+const KNOWN_PATHS: &[&[u8]] = &[
+    b"/generate",
+    b"/v1/chat/completions",
+    b"/v1/completions",
+    b"/health",
+    b"/health_generate",
+    b"/v1/models",
+    b"/get_model_info",
+    b"/model_info",
+    b"/get_server_info",
+    b"/server_info",
+    b"/get_load",
+    b"/v1/loads",
+    b"/flush_cache",
+    b"/metrics",
+    b"/debug/requests",
+];
+
+/// The non-inference endpoints (health, info, load, cache, metrics, recorded requests), and the
+/// 405/404 answers for everything else.
+async fn handle_info(
+    sh: &Rc<Server>,
+    method: &[u8],
+    path: &[u8],
+    keep: bool,
+    r: &mut Reader,
+    wr: &mut WriteHalf,
+) -> Next {
+    let get = method == b"GET";
+    let post = method == b"POST";
+    match path {
         b"/health" if get => {
             if sh.cfg.faults.health_fail {
                 respond(sh, wr, keep, 503, "text/plain", b"").await
@@ -713,19 +748,7 @@ async fn handle(
         }
         b"/get_load" if get => respond_json(sh, wr, keep, 200, &get_load(sh)).await,
         b"/v1/loads" if get => respond_json(sh, wr, keep, 200, &loads(sh)).await,
-        b"/flush_cache" if get || post => {
-            let ok = sh.engine.borrow_mut().flush_cache();
-            let text = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n";
-            respond(
-                sh,
-                wr,
-                keep,
-                if ok { 200 } else { 400 },
-                "text/plain; charset=utf-8",
-                text.as_bytes(),
-            )
-            .await
-        }
+        b"/flush_cache" if get || post => flush_cache(sh, keep, wr).await,
         b"/metrics" if get => {
             let text = sh.engine.borrow().render_metrics(&sh.cfg.model_name);
             respond(
@@ -739,25 +762,26 @@ async fn handle(
             .await
         }
         b"/debug/requests" if get => respond_json(sh, wr, keep, 200, &debug_requests(sh)).await,
-        b"/generate"
-        | b"/v1/chat/completions"
-        | b"/v1/completions"
-        | b"/health"
-        | b"/health_generate"
-        | b"/v1/models"
-        | b"/get_model_info"
-        | b"/model_info"
-        | b"/get_server_info"
-        | b"/server_info"
-        | b"/get_load"
-        | b"/v1/loads"
-        | b"/flush_cache"
-        | b"/metrics"
-        | b"/debug/requests" => {
+        p if KNOWN_PATHS.contains(&p) => {
             respond_json(sh, wr, keep, 405, &json!({"detail": "Method Not Allowed"})).await
         }
         _ => respond_json(sh, wr, keep, 404, &json!({"detail": "Not Found"})).await,
     }
+}
+
+/// `/flush_cache`: SGLang's text answer, 400 when requests are in flight.
+async fn flush_cache(sh: &Rc<Server>, keep: bool, wr: &mut WriteHalf) -> Next {
+    let ok = sh.engine.borrow_mut().flush_cache();
+    let text = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n";
+    respond(
+        sh,
+        wr,
+        keep,
+        if ok { 200 } else { 400 },
+        "text/plain; charset=utf-8",
+        text.as_bytes(),
+    )
+    .await
 }
 
 fn models(sh: &Server) -> Value {
@@ -913,22 +937,80 @@ async fn inference(
     wr: &mut WriteHalf,
 ) -> Next {
     let keep = head.keep_alive;
+    if let Some(next) = apply_faults(sh, keep, r, wr).await {
+        return next;
+    }
+    let req = match api::parse_inference(ep, body, &sh.tok, sh.cfg.default_max_tokens) {
+        Ok(req) => req,
+        Err(e) => {
+            let next = respond_error(sh, wr, keep, 400, "BadRequestError", &e.message).await;
+            answered(sh);
+            return next;
+        }
+    };
+    let (guard, slots, prompt_lens) = match submit_all(sh, req.prompts, req.max_new_tokens) {
+        Ok(x) => x,
+        Err(msg) => {
+            let next = respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await;
+            answered(sh);
+            return next;
+        }
+    };
+    let model = req.model.unwrap_or_else(|| sh.cfg.model_name.clone());
+    let id = match ep {
+        Endpoint::Chat => sh.next_resp_id("chatcmpl-"),
+        Endpoint::Completions => sh.next_resp_id("cmpl-"),
+        Endpoint::Generate => req.rid.unwrap_or_else(|| sh.next_resp_id("")),
+    };
+    let created = unix_now() as u64;
+    let next = if req.stream {
+        let renderer = StreamRenderer::new(ep, id, created, model, req.include_usage);
+        stream_response(sh, head, renderer, &slots[0], prompt_lens[0], r, wr).await
+    } else {
+        let meta = RespMeta {
+            id: &id,
+            created,
+            model: &model,
+        };
+        match complete_response(sh, ep, &meta, &slots, keep, r, wr).await {
+            Some(next) => next,
+            // The client or the server left before the results: nothing was answered.
+            None => return Next::Close,
+        }
+    };
+    // The guard aborts whatever did not finish (disconnect, cut stream); finished requests
+    // already left the slot registry, so it is a no-op for them.
+    drop(guard);
+    if slots.iter().all(|s| s.finish.get().is_some()) {
+        answered(sh);
+    }
+    next
+}
+
+/// The fault knobs that act before an inference request is parsed: die, stall, delay, fail.
+/// `Some` is the outcome when a fault answered (or dropped) the request.
+async fn apply_faults(
+    sh: &Rc<Server>,
+    keep: bool,
+    r: &mut Reader,
+    wr: &mut WriteHalf,
+) -> Option<Next> {
     let faults = &sh.cfg.faults;
     let count = sh.received.get() + 1;
     sh.received.set(count);
     if faults.die_after.is_some_and(|n| count > n) {
         sh.die();
-        return Next::Close;
+        return Some(Next::Close);
     }
     if faults.stall_after.is_some_and(|n| count > n) {
         stall(sh, r).await;
-        return Next::Close;
+        return Some(Next::Close);
     }
     if faults.latency_ms > 0 {
         monoio::select! {
             _ = monoio::time::sleep(Duration::from_millis(faults.latency_ms)) => {}
-            _ = r.disconnected() => return Next::Close,
-            _ = sh.shutdown.wait() => return Next::Close,
+            _ = r.disconnected() => return Some(Next::Close),
+            _ = sh.shutdown.wait() => return Some(Next::Close),
         }
     }
     if faults.fail_rate > 0.0 && sh.fault_rng.borrow_mut().chance(faults.fail_rate) {
@@ -942,94 +1024,74 @@ async fn inference(
         )
         .await;
         answered(sh);
-        return next;
+        return Some(next);
     }
-    let req = match api::parse_inference(ep, body, &sh.tok, sh.cfg.default_max_tokens) {
-        Ok(req) => req,
-        Err(e) => {
-            let next = respond_error(sh, wr, keep, 400, "BadRequestError", &e.message).await;
-            answered(sh);
-            return next;
-        }
-    };
+    None
+}
+
+/// Submit every prompt of a request: the guard that aborts them if the client leaves, their
+/// result slots and prompt lengths. On a refused prompt the ones already submitted are aborted
+/// before the error is returned.
+fn submit_all(
+    sh: &Rc<Server>,
+    prompts: Vec<Vec<u32>>,
+    max_new_tokens: usize,
+) -> Result<(AbortGuard, Vec<Rc<Slot>>, Vec<usize>), String> {
     let mut guard = AbortGuard {
         sh: sh.clone(),
-        ids: Vec::with_capacity(req.prompts.len()),
+        ids: Vec::with_capacity(prompts.len()),
     };
-    let mut slots = Vec::with_capacity(req.prompts.len());
-    let mut prompt_lens = Vec::with_capacity(req.prompts.len());
-    for p in req.prompts {
+    let mut slots = Vec::with_capacity(prompts.len());
+    let mut prompt_lens = Vec::with_capacity(prompts.len());
+    for p in prompts {
         prompt_lens.push(p.len());
-        match sh.submit(p, req.max_new_tokens, false) {
-            Ok((id, slot)) => {
-                guard.ids.push(id);
-                slots.push(slot);
+        let (id, slot) = sh.submit(p, max_new_tokens, false)?;
+        guard.ids.push(id);
+        slots.push(slot);
+    }
+    Ok((guard, slots, prompt_lens))
+}
+
+/// A non-streaming answer: wait for every prompt of the request, then render all the results
+/// in one body. `None` when the client leaves (or the server stops) first.
+async fn complete_response(
+    sh: &Rc<Server>,
+    ep: Endpoint,
+    meta: &RespMeta<'_>,
+    slots: &[Rc<Slot>],
+    keep: bool,
+    r: &mut Reader,
+    wr: &mut WriteHalf,
+) -> Option<Next> {
+    for slot in slots {
+        loop {
+            if slot.finish.get().is_some() {
+                break;
             }
-            Err(msg) => {
-                drop(guard);
-                let next = respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await;
-                answered(sh);
-                return next;
+            let seen = slot.tokens.borrow().len();
+            monoio::select! {
+                _ = slot.changed(seen) => {}
+                _ = r.disconnected() => return None,
+                _ = sh.shutdown.wait() => return None,
             }
         }
     }
-    let model = req.model.unwrap_or_else(|| sh.cfg.model_name.clone());
-    let id = match ep {
-        Endpoint::Chat => sh.next_resp_id("chatcmpl-"),
-        Endpoint::Completions => sh.next_resp_id("cmpl-"),
-        Endpoint::Generate => req.rid.unwrap_or_else(|| sh.next_resp_id("")),
-    };
-    let created = unix_now() as u64;
-    let next = if req.stream {
-        let renderer = StreamRenderer::new(ep, id, created, model, req.include_usage);
-        stream_response(sh, head, renderer, &slots[0], prompt_lens[0], r, wr).await
-    } else {
-        // Wait for every prompt of the request, watching for the client leaving.
-        for slot in &slots {
-            loop {
-                if slot.finish.get().is_some() {
-                    break;
-                }
-                let seen = slot.tokens.borrow().len();
-                monoio::select! {
-                    _ = slot.changed(seen) => {}
-                    _ = r.disconnected() => return Next::Close,
-                    _ = sh.shutdown.wait() => return Next::Close,
-                }
+    let results: Vec<Completed> = slots
+        .iter()
+        .filter_map(|s| s.finish.get().map(|info| (s, info)))
+        .map(|(s, info)| {
+            let ids = s.tokens.borrow().clone();
+            Completed {
+                text: sh.tok.decode_output(&ids),
+                output_ids: ids,
+                usage: Usage::from_info(&info),
+                e2e_latency: (info.finish_ms - info.arrival_ms) / 1000.0,
+                aborted: info.reason == FinishReason::Abort,
             }
-        }
-        let results: Vec<Completed> = slots
-            .iter()
-            .filter_map(|s| s.finish.get().map(|info| (s, info)))
-            .map(|(s, info)| {
-                let ids = s.tokens.borrow().clone();
-                Completed {
-                    text: sh.tok.decode_output(&ids),
-                    output_ids: ids,
-                    usage: Usage::from_info(&info),
-                    e2e_latency: (info.finish_ms - info.arrival_ms) / 1000.0,
-                    aborted: info.reason == FinishReason::Abort,
-                }
-            })
-            .collect();
-        let body = api::render_completed(
-            ep,
-            &RespMeta {
-                id: &id,
-                created,
-                model: &model,
-            },
-            &results,
-        );
-        respond(sh, wr, keep, 200, "application/json", &body).await
-    };
-    // The guard aborts whatever did not finish (disconnect, cut stream); finished requests
-    // already left the slot registry, so it is a no-op for them.
-    drop(guard);
-    if slots.iter().all(|s| s.finish.get().is_some()) {
-        answered(sh);
-    }
-    next
+        })
+        .collect();
+    let body = api::render_completed(ep, meta, &results);
+    Some(respond(sh, wr, keep, 200, "application/json", &body).await)
 }
 
 async fn stream_response(
@@ -1043,19 +1105,10 @@ async fn stream_response(
 ) -> Next {
     // HTTP/1.0 has no chunked coding: the stream is delimited by closing the connection.
     let chunked = head.minor_version >= 1;
-    let mut h = String::with_capacity(192);
-    h.push_str("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ncache-control: no-cache\r\nx-worker-port: ");
-    h.push_str(&sh.port_str);
-    h.push_str(if chunked {
-        "\r\ntransfer-encoding: chunked\r\n"
-    } else {
-        "\r\nconnection: close\r\n"
-    });
-    if chunked && !head.keep_alive {
-        h.push_str("connection: close\r\n");
-    }
-    h.push_str("\r\n");
-    if write(wr, Bytes::from(h.into_bytes())).await.is_err() {
+    if write(wr, stream_head(sh, chunked, head.keep_alive))
+        .await
+        .is_err()
+    {
         return Next::Close;
     }
     let arrival = slot.last_at.get();
@@ -1066,39 +1119,13 @@ async fn stream_response(
     loop {
         text.clear();
         let finish = slot.finish.get();
-        {
-            let tokens = slot.tokens.borrow();
-            let at = slot.last_at.get();
-            while seen < tokens.len() {
-                let token = tokens[seen];
-                seen += 1;
-                piece.clear();
-                sh.tok.push_output_text(token, &mut piece);
-                let usage = Usage {
-                    prompt_tokens: prompt_len,
-                    completion_tokens: seen,
-                    cached_tokens: slot.cached.get(),
-                };
-                let last = finish.is_some() && seen == tokens.len();
-                let fin = if last {
-                    finish.map(|i| i.reason == FinishReason::Abort)
-                } else {
-                    None
-                };
-                renderer.token(
-                    &mut text,
-                    &TokenChunk {
-                        token,
-                        piece: &piece,
-                        first: seen == 1,
-                        usage,
-                        e2e: (at - arrival) / 1000.0,
-                        finish: fin,
-                    },
-                );
-                events_sent += 1;
-            }
-        }
+        let tokens = TokenRun {
+            slot,
+            prompt_len,
+            arrival,
+            finish,
+        };
+        events_sent += tokens.render(sh, &mut renderer, &mut seen, &mut text, &mut piece);
         if let Some(info) = finish {
             let aborted = info.reason == FinishReason::Abort;
             renderer.finish(
@@ -1111,17 +1138,7 @@ async fn stream_response(
         }
         let cut = sh.cfg.faults.close_mid_stream && events_sent >= CUT_AFTER_EVENTS;
         if !text.is_empty() {
-            let mut out = Vec::with_capacity(text.len() + 16);
-            if chunked {
-                out.extend_from_slice(format!("{:x}\r\n", text.len()).as_bytes());
-                out.extend_from_slice(text.as_bytes());
-                out.extend_from_slice(b"\r\n");
-                if finish.is_some() && !cut {
-                    out.extend_from_slice(b"0\r\n\r\n");
-                }
-            } else {
-                out.extend_from_slice(text.as_bytes());
-            }
+            let out = stream_frame(&text, chunked, finish.is_some() && !cut);
             if write(wr, Bytes::from(out)).await.is_err() {
                 return Next::Close;
             }
@@ -1142,6 +1159,97 @@ async fn stream_response(
             _ = r.disconnected() => return Next::Close,
             _ = sh.shutdown.wait() => return Next::Close,
         }
+    }
+}
+
+/// The head of an SSE response: chunked on HTTP/1.1, close-delimited on HTTP/1.0.
+fn stream_head(sh: &Server, chunked: bool, keep_alive: bool) -> Bytes {
+    let mut h = String::with_capacity(192);
+    h.push_str("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ncache-control: no-cache\r\nx-worker-port: ");
+    h.push_str(&sh.port_str);
+    h.push_str(if chunked {
+        "\r\ntransfer-encoding: chunked\r\n"
+    } else {
+        "\r\nconnection: close\r\n"
+    });
+    if chunked && !keep_alive {
+        h.push_str("connection: close\r\n");
+    }
+    h.push_str("\r\n");
+    Bytes::from(h.into_bytes())
+}
+
+/// `text` framed for the wire: one chunk (plus the terminating chunk when `last`) when
+/// `chunked`, else as is.
+fn stream_frame(text: &str, chunked: bool, last: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len() + 16);
+    if chunked {
+        out.extend_from_slice(format!("{:x}\r\n", text.len()).as_bytes());
+        out.extend_from_slice(text.as_bytes());
+        out.extend_from_slice(b"\r\n");
+        if last {
+            out.extend_from_slice(b"0\r\n\r\n");
+        }
+    } else {
+        out.extend_from_slice(text.as_bytes());
+    }
+    out
+}
+
+/// What a streamed response needs to render the tokens a slot produced since the last wake-up.
+struct TokenRun<'a> {
+    slot: &'a Slot,
+    prompt_len: usize,
+    /// When the request's first output was recorded (for the per-token e2e latency).
+    arrival: f64,
+    /// The request's finish, if it finished: the last token then carries the finish reason.
+    finish: Option<FinishInfo>,
+}
+
+impl TokenRun<'_> {
+    /// Renders the tokens after the first `seen` into `text` (advancing `seen`); returns the
+    /// number of events rendered.
+    fn render(
+        &self,
+        sh: &Server,
+        renderer: &mut StreamRenderer,
+        seen: &mut usize,
+        text: &mut String,
+        piece: &mut String,
+    ) -> usize {
+        let tokens = self.slot.tokens.borrow();
+        let at = self.slot.last_at.get();
+        let mut events = 0;
+        while *seen < tokens.len() {
+            let token = tokens[*seen];
+            *seen += 1;
+            piece.clear();
+            sh.tok.push_output_text(token, piece);
+            let usage = Usage {
+                prompt_tokens: self.prompt_len,
+                completion_tokens: *seen,
+                cached_tokens: self.slot.cached.get(),
+            };
+            let last = self.finish.is_some() && *seen == tokens.len();
+            let fin = if last {
+                self.finish.map(|i| i.reason == FinishReason::Abort)
+            } else {
+                None
+            };
+            renderer.token(
+                text,
+                &TokenChunk {
+                    token,
+                    piece,
+                    first: *seen == 1,
+                    usage,
+                    e2e: (at - self.arrival) / 1000.0,
+                    finish: fin,
+                },
+            );
+            events += 1;
+        }
+        events
     }
 }
 
