@@ -38,7 +38,11 @@ pub(super) async fn inference(
             return next;
         }
     };
-    let (guard, slots, prompt_lens) = match submit_all(sh, req.prompts, req.max_new_tokens) {
+    let Submitted {
+        guard,
+        slots,
+        prompt_lens,
+    } = match submit_all(sh, req.prompts, req.max_new_tokens) {
         Ok(x) => x,
         Err(msg) => {
             let next = respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await;
@@ -119,6 +123,16 @@ async fn apply_faults(
     None
 }
 
+/// The prompts of one request, submitted to the engine.
+struct Submitted {
+    /// Aborts the requests that did not finish when dropped.
+    guard: AbortGuard,
+    /// One result slot per prompt.
+    slots: Vec<Rc<Slot>>,
+    /// Prompt lengths in tokens, parallel to `slots`.
+    prompt_lens: Vec<usize>,
+}
+
 /// Submit every prompt of a request: the guard that aborts them if the client leaves, their
 /// result slots and prompt lengths. On a refused prompt the ones already submitted are aborted
 /// before the error is returned.
@@ -126,7 +140,7 @@ fn submit_all(
     sh: &Rc<Server>,
     prompts: Vec<Vec<u32>>,
     max_new_tokens: usize,
-) -> Result<(AbortGuard, Vec<Rc<Slot>>, Vec<usize>), String> {
+) -> Result<Submitted, String> {
     let mut guard = AbortGuard {
         sh: sh.clone(),
         ids: Vec::with_capacity(prompts.len()),
@@ -139,7 +153,11 @@ fn submit_all(
         guard.ids.push(id);
         slots.push(slot);
     }
-    Ok((guard, slots, prompt_lens))
+    Ok(Submitted {
+        guard,
+        slots,
+        prompt_lens,
+    })
 }
 
 /// A non-streaming answer: wait for every prompt of the request, then render all the results
