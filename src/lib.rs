@@ -4,6 +4,7 @@
 //! loads → `proxy::forward` (pooled upstream, streamed relay) → `metrics`.
 
 pub mod admission;
+pub mod base;
 pub mod config;
 pub mod gateway;
 pub mod http;

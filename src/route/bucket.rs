@@ -12,7 +12,7 @@
 //!   cut then moves **half way** toward its target (damping sampling noise), keeping the cuts
 //!   non-decreasing.
 //! * A range whose owner is ineligible or excluded falls back to the least-loaded worker.
-use crate::route::cache_aware::char_count;
+use crate::base::text::char_count;
 use crate::route::policy::{Branch, Decision};
 use crate::route::rng::Rng;
 use crate::tree::WorkerId;
@@ -108,7 +108,7 @@ impl BucketState {
         loads: &LoadBoard,
         rng: &mut Rng,
     ) -> Option<Decision> {
-        let len = char_count(text) as u64;
+        let len = char_count(text.as_bytes()) as u64;
         self.record(len);
         let owner = {
             let t = self.table.load();

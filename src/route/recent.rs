@@ -6,6 +6,7 @@
 //! this small lock-free ring shared by all cores until the writer has published it, and routing
 //! matches against it too. Pure: epochs are passed in.
 
+use crate::base::text::{char_count, common_prefix};
 use crate::tree::WorkerId;
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
@@ -49,27 +50,6 @@ impl Default for RecentInserts {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// Length of the common prefix of `a` and `b` in bytes, cut back to a UTF-8 boundary of `a`.
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    let n = a.len().min(b.len());
-    let mut i = 0;
-    // Compare 16 bytes at a time, then finish bytewise.
-    while i + 16 <= n && a[i..i + 16] == b[i..i + 16] {
-        i += 16;
-    }
-    while i < n && a[i] == b[i] {
-        i += 1;
-    }
-    while i > 0 && i < a.len() && (a[i] & 0xC0) == 0x80 {
-        i -= 1;
-    }
-    i
-}
-
-fn chars(s: &[u8]) -> usize {
-    s.iter().filter(|&&b| (b & 0xC0) != 0x80).count()
 }
 
 impl RecentInserts {
@@ -118,7 +98,7 @@ impl RecentInserts {
             }
         }
         best.map(|(n, worker)| RecentMatch {
-            matched_chars: chars(&key[..n]),
+            matched_chars: char_count(&key[..n]),
             worker,
         })
     }

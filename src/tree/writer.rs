@@ -7,6 +7,7 @@
 //! `epoch` (or right after `publish_after` messages). Publishing is O(models): the trees are
 //! `Arc` roots, so a snapshot shares every node the writer has not touched since.
 use super::{RadixTree, WorkerId};
+use crate::base::text::valid_prefix;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use crossbeam::channel::{self, Receiver, RecvTimeoutError, Sender, TrySendError};
@@ -399,10 +400,7 @@ impl Writer {
 
     fn insert(&mut self, ins: &Insert) {
         // Invalid UTF-8 is cut at the last valid boundary: routing text is text.
-        let text = match std::str::from_utf8(&ins.text) {
-            Ok(t) => t,
-            Err(e) => std::str::from_utf8(&ins.text[..e.valid_up_to()]).unwrap_or_default(),
-        };
+        let text = valid_prefix(&ins.text);
         self.clock = self.clock.max(ins.now_ms);
         let tree = self.forest.tree_mut(ins.model.as_deref());
         tree.insert(text, ins.worker, self.clock);

@@ -126,121 +126,23 @@ pub fn parse_inference(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let model = v.get("model").and_then(Value::as_str).map(str::to_owned);
-    let mut prompts = Vec::new();
-    let max_new_tokens;
     let mut rid = None;
-    match endpoint {
+    let (prompts, max_new_tokens) = match endpoint {
         Endpoint::Generate => {
             let sp = v.get("sampling_params").cloned().unwrap_or(Value::Null);
-            max_new_tokens = max_tokens_field(&sp, &["max_new_tokens"], default_max)?;
+            let max = max_tokens_field(&sp, &["max_new_tokens"], default_max)?;
             rid = v.get("rid").and_then(Value::as_str).map(str::to_owned);
-            match (v.get("text"), v.get("input_ids")) {
-                (Some(Value::String(s)), None) => {
-                    let mut ids = Vec::new();
-                    tok.encode_prompt(s, &mut ids);
-                    prompts.push(ids);
-                }
-                (Some(Value::Array(list)), None) => {
-                    for s in list {
-                        let s = s.as_str().ok_or_else(|| {
-                            ApiError::new("text must be a string or a list of strings")
-                        })?;
-                        let mut ids = Vec::new();
-                        tok.encode_prompt(s, &mut ids);
-                        prompts.push(ids);
-                    }
-                }
-                (None, Some(ids)) => {
-                    if let Some(one) = token_ids(ids) {
-                        prompts.push(one);
-                    } else if let Some(list) = ids.as_array() {
-                        for item in list {
-                            prompts.push(token_ids(item).ok_or_else(|| {
-                                ApiError::new(
-                                    "input_ids must be a list of token ids or a list of lists",
-                                )
-                            })?);
-                        }
-                    } else {
-                        return Err(ApiError::new("input_ids must be a list of token ids"));
-                    }
-                }
-                (Some(_), Some(_)) => {
-                    return Err(ApiError::new(
-                        "Either text or input_ids should be provided, not both.",
-                    ))
-                }
-                (Some(_), None) => {
-                    return Err(ApiError::new("text must be a string or a list of strings"))
-                }
-                (None, None) => {
-                    return Err(ApiError::new(
-                        "Either text or input_ids should be provided.",
-                    ))
-                }
-            }
+            (generate_prompts(&v, tok)?, max)
         }
         Endpoint::Chat => {
-            max_new_tokens =
-                max_tokens_field(&v, &["max_completion_tokens", "max_tokens"], default_max)?;
-            let msgs = v
-                .get("messages")
-                .and_then(Value::as_array)
-                .filter(|m| !m.is_empty())
-                .ok_or_else(|| ApiError::new("messages must be a non-empty array"))?;
-            let mut contents = Vec::with_capacity(msgs.len());
-            for m in msgs {
-                let role = m
-                    .get("role")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| ApiError::new("each message needs a string role"))?;
-                let mut text = String::new();
-                flatten_content(m.get("content"), &mut text)?;
-                contents.push((role, text));
-            }
-            let turns: Vec<ChatTurn<'_>> = contents
-                .iter()
-                .map(|(role, c)| ChatTurn { role, content: c })
-                .collect();
-            let mut ids = Vec::new();
-            tok.encode_chat(&turns, &mut ids);
-            prompts.push(ids);
+            let max = max_tokens_field(&v, &["max_completion_tokens", "max_tokens"], default_max)?;
+            (vec![chat_prompt(&v, tok)?], max)
         }
         Endpoint::Completions => {
-            max_new_tokens = max_tokens_field(&v, &["max_tokens"], default_max)?;
-            match v.get("prompt") {
-                Some(Value::String(s)) => {
-                    let mut ids = Vec::new();
-                    tok.encode_prompt(s, &mut ids);
-                    prompts.push(ids);
-                }
-                Some(p @ Value::Array(list)) => {
-                    if let Some(one) = token_ids(p).filter(|ids| !ids.is_empty()) {
-                        prompts.push(one);
-                    } else {
-                        for item in list {
-                            if let Some(s) = item.as_str() {
-                                let mut ids = Vec::new();
-                                tok.encode_prompt(s, &mut ids);
-                                prompts.push(ids);
-                            } else {
-                                prompts.push(token_ids(item).ok_or_else(|| {
-                                    ApiError::new(
-                                        "prompt must be a string, a list of strings or token ids",
-                                    )
-                                })?);
-                            }
-                        }
-                    }
-                }
-                _ => {
-                    return Err(ApiError::new(
-                        "prompt must be a string, a list of strings or token ids",
-                    ))
-                }
-            }
+            let max = max_tokens_field(&v, &["max_tokens"], default_max)?;
+            (completion_prompts(&v, tok)?, max)
         }
-    }
+    };
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
         return Err(ApiError::new("The input is empty."));
     }
@@ -258,6 +160,101 @@ pub fn parse_inference(
         model,
         rid,
     })
+}
+
+/// The token ids of one text prompt.
+fn encode(tok: &SimTokenizer, text: &str) -> Vec<u32> {
+    let mut ids = Vec::new();
+    tok.encode_prompt(text, &mut ids);
+    ids
+}
+
+/// `/generate` prompts: `text` (a string or a list of strings) or `input_ids` (a list of ids or
+/// a list of lists), exactly one of the two.
+fn generate_prompts(v: &Value, tok: &SimTokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
+    match (v.get("text"), v.get("input_ids")) {
+        (Some(Value::String(s)), None) => Ok(vec![encode(tok, s)]),
+        (Some(Value::Array(list)), None) => list
+            .iter()
+            .map(|s| {
+                s.as_str()
+                    .map(|s| encode(tok, s))
+                    .ok_or_else(|| ApiError::new("text must be a string or a list of strings"))
+            })
+            .collect(),
+        (None, Some(ids)) => input_id_prompts(ids),
+        (Some(_), Some(_)) => Err(ApiError::new(
+            "Either text or input_ids should be provided, not both.",
+        )),
+        (Some(_), None) => Err(ApiError::new("text must be a string or a list of strings")),
+        (None, None) => Err(ApiError::new(
+            "Either text or input_ids should be provided.",
+        )),
+    }
+}
+
+/// `/generate`'s `input_ids`: one prompt of token ids, or a batch of them.
+fn input_id_prompts(ids: &Value) -> Result<Vec<Vec<u32>>, ApiError> {
+    if let Some(one) = token_ids(ids) {
+        return Ok(vec![one]);
+    }
+    let Some(list) = ids.as_array() else {
+        return Err(ApiError::new("input_ids must be a list of token ids"));
+    };
+    list.iter()
+        .map(|item| {
+            token_ids(item).ok_or_else(|| {
+                ApiError::new("input_ids must be a list of token ids or a list of lists")
+            })
+        })
+        .collect()
+}
+
+/// The chat prompt: `messages` (non-empty, each with a string role) through the chat template.
+fn chat_prompt(v: &Value, tok: &SimTokenizer) -> Result<Vec<u32>, ApiError> {
+    let msgs = v
+        .get("messages")
+        .and_then(Value::as_array)
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::new("messages must be a non-empty array"))?;
+    let mut contents = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::new("each message needs a string role"))?;
+        let mut text = String::new();
+        flatten_content(m.get("content"), &mut text)?;
+        contents.push((role, text));
+    }
+    let turns: Vec<ChatTurn<'_>> = contents
+        .iter()
+        .map(|(role, c)| ChatTurn { role, content: c })
+        .collect();
+    let mut ids = Vec::new();
+    tok.encode_chat(&turns, &mut ids);
+    Ok(ids)
+}
+
+/// `/v1/completions` prompts: a string, a list of token ids, or a list mixing strings and lists
+/// of token ids (one prompt each).
+fn completion_prompts(v: &Value, tok: &SimTokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
+    const SHAPE: &str = "prompt must be a string, a list of strings or token ids";
+    match v.get("prompt") {
+        Some(Value::String(s)) => Ok(vec![encode(tok, s)]),
+        Some(p @ Value::Array(list)) => {
+            if let Some(one) = token_ids(p).filter(|ids| !ids.is_empty()) {
+                return Ok(vec![one]);
+            }
+            list.iter()
+                .map(|item| match item.as_str() {
+                    Some(s) => Ok(encode(tok, s)),
+                    None => token_ids(item).ok_or_else(|| ApiError::new(SHAPE)),
+                })
+                .collect()
+        }
+        _ => Err(ApiError::new(SHAPE)),
+    }
 }
 
 /// One finished (or partial, for streaming) result.
@@ -596,225 +593,4 @@ impl StreamRenderer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sim::tokenizer::TokenizerMode;
-
-    fn tok() -> SimTokenizer {
-        SimTokenizer::new(TokenizerMode::Approx)
-    }
-
-    #[test]
-    fn parses_each_endpoint() {
-        let t = tok();
-        let g = parse_inference(
-            Endpoint::Generate,
-            br#"{"text":"hi there","sampling_params":{"max_new_tokens":7},"stream":true}"#,
-            &t,
-            128,
-        )
-        .unwrap();
-        assert_eq!((g.max_new_tokens, g.stream, g.prompts.len()), (7, true, 1));
-        assert_eq!(g.prompts[0][0], crate::sim::tokenizer::BOS);
-        let g = parse_inference(Endpoint::Generate, br#"{"input_ids":[1,2,3]}"#, &t, 128).unwrap();
-        assert_eq!(
-            (g.prompts[0].clone(), g.max_new_tokens),
-            (vec![1, 2, 3], 128)
-        );
-        let g =
-            parse_inference(Endpoint::Generate, br#"{"input_ids":[[1],[2,3]]}"#, &t, 128).unwrap();
-        assert_eq!(g.prompts, vec![vec![1], vec![2, 3]]);
-        let c = parse_inference(
-            Endpoint::Chat,
-            br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":3,"max_completion_tokens":5,"stream":true,"stream_options":{"include_usage":true}}"#,
-            &t,
-            128,
-        )
-        .unwrap();
-        assert_eq!(
-            (c.max_new_tokens, c.include_usage, c.model.as_deref()),
-            (5, true, Some("m"))
-        );
-        let p = parse_inference(
-            Endpoint::Completions,
-            br#"{"prompt":"abc","max_tokens":2}"#,
-            &t,
-            128,
-        )
-        .unwrap();
-        assert_eq!(p.max_new_tokens, 2);
-        let p =
-            parse_inference(Endpoint::Completions, br#"{"prompt":["a","b"]}"#, &t, 128).unwrap();
-        assert_eq!(p.prompts.len(), 2);
-    }
-
-    #[test]
-    fn rejects_bad_input() {
-        let t = tok();
-        for (ep, body) in [
-            (Endpoint::Chat, &b"{not json"[..]),
-            (Endpoint::Chat, br#"{"messages":[]}"#),
-            (Endpoint::Chat, br#"{"messages":[{"content":"x"}]}"#),
-            (
-                Endpoint::Chat,
-                br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#,
-            ),
-            (Endpoint::Generate, br#"{}"#),
-            (Endpoint::Generate, br#"{"input_ids":[]}"#),
-            (Endpoint::Generate, br#"{"text":"a","input_ids":[1]}"#),
-            (Endpoint::Completions, br#"{"prompt":5}"#),
-            (
-                Endpoint::Completions,
-                br#"{"prompt":["a","b"],"stream":true}"#,
-            ),
-            (Endpoint::Generate, br#"[1]"#),
-        ] {
-            assert!(
-                parse_inference(ep, body, &t, 128).is_err(),
-                "{}",
-                String::from_utf8_lossy(body)
-            );
-        }
-    }
-
-    #[test]
-    fn chat_stream_shape() {
-        let mut r = StreamRenderer::new(Endpoint::Chat, "chatcmpl-1".into(), 5, "m".into(), true);
-        let mut out = String::new();
-        let u = Usage {
-            prompt_tokens: 10,
-            completion_tokens: 1,
-            cached_tokens: 4,
-        };
-        r.token(
-            &mut out,
-            &TokenChunk {
-                token: 1,
-                piece: " the",
-                first: true,
-                usage: u,
-                e2e: 0.0,
-                finish: None,
-            },
-        );
-        r.token(
-            &mut out,
-            &TokenChunk {
-                token: 2,
-                piece: " \"q\"",
-                first: false,
-                usage: u,
-                e2e: 0.0,
-                finish: Some(false),
-            },
-        );
-        r.finish(&mut out, &u, 0.1, false, 2);
-        let events: Vec<&str> = out.split("\n\n").filter(|s| !s.is_empty()).collect();
-        assert_eq!(events.len(), 6);
-        let parsed: Vec<Value> = events[..5]
-            .iter()
-            .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap())
-            .collect();
-        assert_eq!(parsed[0]["choices"][0]["delta"]["role"], "assistant");
-        assert_eq!(parsed[1]["choices"][0]["delta"]["content"], " the");
-        assert_eq!(parsed[2]["choices"][0]["delta"]["content"], " \"q\"");
-        assert_eq!(parsed[3]["choices"][0]["finish_reason"], "length");
-        assert_eq!(parsed[4]["choices"].as_array().unwrap().len(), 0);
-        assert_eq!(
-            parsed[4]["usage"]["prompt_tokens_details"]["cached_tokens"],
-            4
-        );
-        assert_eq!(events[5], "data: [DONE]");
-    }
-
-    #[test]
-    fn generate_stream_is_cumulative() {
-        let mut r = StreamRenderer::new(Endpoint::Generate, "rid".into(), 5, "m".into(), false);
-        let mut out = String::new();
-        let u = Usage {
-            prompt_tokens: 3,
-            completion_tokens: 1,
-            cached_tokens: 0,
-        };
-        r.token(
-            &mut out,
-            &TokenChunk {
-                token: 1,
-                piece: " a",
-                first: true,
-                usage: u,
-                e2e: 0.0,
-                finish: None,
-            },
-        );
-        let u2 = Usage {
-            completion_tokens: 2,
-            ..u
-        };
-        r.token(
-            &mut out,
-            &TokenChunk {
-                token: 2,
-                piece: " b",
-                first: false,
-                usage: u2,
-                e2e: 0.2,
-                finish: Some(false),
-            },
-        );
-        r.finish(&mut out, &u2, 0.2, false, 2);
-        let events: Vec<&str> = out.split("\n\n").filter(|s| !s.is_empty()).collect();
-        assert_eq!(events.len(), 3);
-        let last: Value = serde_json::from_str(events[1].strip_prefix("data: ").unwrap()).unwrap();
-        assert_eq!(last["text"], " a b");
-        assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
-        assert_eq!(last["meta_info"]["completion_tokens"], 2);
-        assert_eq!(events[2], "data: [DONE]");
-    }
-
-    #[test]
-    fn completed_bodies() {
-        let meta = RespMeta {
-            id: "cmpl-1",
-            created: 1,
-            model: "m",
-        };
-        let c = Completed {
-            text: " x".into(),
-            output_ids: vec![9],
-            usage: Usage {
-                prompt_tokens: 5,
-                completion_tokens: 1,
-                cached_tokens: 2,
-            },
-            e2e_latency: 0.5,
-            aborted: false,
-        };
-        let v: Value = serde_json::from_slice(&render_completed(
-            Endpoint::Chat,
-            &meta,
-            std::slice::from_ref(&c),
-        ))
-        .unwrap();
-        assert_eq!(v["object"], "chat.completion");
-        assert_eq!(v["choices"][0]["message"]["content"], " x");
-        assert_eq!(v["usage"]["total_tokens"], 6);
-        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
-        let v: Value = serde_json::from_slice(&render_completed(
-            Endpoint::Generate,
-            &meta,
-            std::slice::from_ref(&c),
-        ))
-        .unwrap();
-        assert_eq!(v["meta_info"]["finish_reason"]["length"], 1);
-        assert_eq!(v["meta_info"]["cached_tokens"], 2);
-        let v: Value = serde_json::from_slice(&render_completed(
-            Endpoint::Completions,
-            &meta,
-            &[c.clone(), c],
-        ))
-        .unwrap();
-        assert_eq!(v["choices"][1]["index"], 1);
-        assert_eq!(v["usage"]["prompt_tokens"], 10);
-    }
-}
+mod tests;

@@ -141,88 +141,27 @@ pub struct Gauges {
 impl Metrics {
     /// Prometheus text exposition for this worker. `model` is escaped for the label value.
     pub fn render(&self, model: &str, g: &Gauges) -> String {
-        let mut esc = String::with_capacity(model.len());
-        for c in model.chars() {
-            match c {
-                '\\' => esc.push_str("\\\\"),
-                '"' => esc.push_str("\\\""),
-                '\n' => esc.push_str("\\n"),
-                _ => esc.push(c),
-            }
-        }
-        let l = format!("model_name=\"{esc}\"");
+        let l = format!("model_name=\"{}\"", escape_label(model));
         let mut o = String::with_capacity(8192);
-        let gauge = |o: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(
-                o,
-                "# HELP sglang:{name} {help}\n# TYPE sglang:{name} gauge\nsglang:{name}{{{l}}} {v}"
-            );
-        };
-        let counter = |o: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(o, "# HELP sglang:{name} {help}\n# TYPE sglang:{name} counter\nsglang:{name}{{{l}}} {v}");
-        };
-        let usage = if g.capacity == 0 {
-            0.0
-        } else {
-            g.used_tokens as f64 / g.capacity as f64
-        };
-        gauge(
-            &mut o,
-            "num_running_reqs",
-            "The number of running requests.",
-            g.running as f64,
-        );
-        gauge(
-            &mut o,
-            "num_queue_reqs",
-            "The number of requests in the waiting queue.",
-            g.queued as f64,
-        );
-        gauge(
-            &mut o,
-            "num_used_tokens",
-            "The number of used tokens.",
-            g.used_tokens as f64,
-        );
-        gauge(&mut o, "token_usage", "The token usage.", usage);
-        gauge(
-            &mut o,
-            "kv_used_tokens",
-            "KV tokens pinned by live requests.",
-            g.used_tokens as f64,
-        );
-        gauge(
-            &mut o,
-            "kv_available_tokens",
-            "KV tokens free or evictable.",
-            (g.capacity - g.used_tokens) as f64,
-        );
-        gauge(
-            &mut o,
-            "kv_evictable_tokens",
-            "Cached KV tokens nothing pins.",
-            g.evictable_tokens as f64,
-        );
-        gauge(
-            &mut o,
-            "cache_hit_rate",
-            "The prefix cache hit rate of the last prefill batch.",
-            g.cache_hit_rate,
-        );
-        gauge(
-            &mut o,
-            "gen_throughput",
-            "The generation throughput (token/s).",
-            g.gen_throughput,
-        );
+        render_gauges(&mut o, &l, g);
+        self.render_counters(&mut o, &l, g);
+        self.render_histograms(&mut o, &l);
+        o
+    }
+
+    /// The monotonic counters (`cached_tokens_total` carries a second label, and the evicted
+    /// tokens are a simulator extra), in the order SGLang exposes them.
+    fn render_counters(&self, o: &mut String, l: &str, g: &Gauges) {
         counter(
-            &mut o,
+            o,
+            l,
             "prompt_tokens_total",
             "Number of prefill tokens processed.",
             self.prompt_tokens,
         );
         counter(
-            &mut o,
+            o,
+            l,
             "generation_tokens_total",
             "Number of generation tokens processed.",
             self.generation_tokens,
@@ -235,13 +174,15 @@ impl Metrics {
             c = self.cached_tokens
         );
         counter(
-            &mut o,
+            o,
+            l,
             "num_requests_total",
             "Number of requests processed.",
             self.num_requests,
         );
         counter(
-            &mut o,
+            o,
+            l,
             "num_aborted_requests_total",
             "Number of requests aborted.",
             self.num_aborted,
@@ -252,31 +193,119 @@ impl Metrics {
              # TYPE sglang:evicted_tokens_total counter\nsglang:evicted_tokens_total{{{l}}} {}",
             g.evicted_tokens
         );
+    }
+
+    /// The four latency histograms.
+    fn render_histograms(&self, o: &mut String, l: &str) {
         self.ttft.render(
-            &mut o,
+            o,
             "sglang:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
-            &l,
+            l,
         );
         self.e2e.render(
-            &mut o,
+            o,
             "sglang:e2e_request_latency_seconds",
             "Histogram of End-to-end request latency in seconds.",
-            &l,
+            l,
         );
         self.itl.render(
-            &mut o,
+            o,
             "sglang:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
-            &l,
+            l,
         );
         self.queue.render(
-            &mut o,
+            o,
             "sglang:queue_time_seconds",
             "Histogram of queueing time in seconds.",
-            &l,
+            l,
         );
-        o
+    }
+}
+
+/// `model` escaped for a Prometheus label value (backslash, double quote, newline).
+fn escape_label(model: &str) -> String {
+    let mut esc = String::with_capacity(model.len());
+    for c in model.chars() {
+        match c {
+            '\\' => esc.push_str("\\\\"),
+            '"' => esc.push_str("\\\""),
+            '\n' => esc.push_str("\\n"),
+            _ => esc.push(c),
+        }
+    }
+    esc
+}
+
+/// One gauge with its HELP and TYPE lines; `l` is the rendered label set.
+fn gauge(o: &mut String, l: &str, name: &str, help: &str, v: f64) {
+    let _ = writeln!(
+        o,
+        "# HELP sglang:{name} {help}\n# TYPE sglang:{name} gauge\nsglang:{name}{{{l}}} {v}"
+    );
+}
+
+/// One counter with its HELP and TYPE lines; `l` is the rendered label set.
+fn counter(o: &mut String, l: &str, name: &str, help: &str, v: u64) {
+    let _ = writeln!(
+        o,
+        "# HELP sglang:{name} {help}\n# TYPE sglang:{name} counter\nsglang:{name}{{{l}}} {v}"
+    );
+}
+
+/// The scheduler gauges, in the order SGLang exposes them.
+fn render_gauges(o: &mut String, l: &str, g: &Gauges) {
+    let usage = if g.capacity == 0 {
+        0.0
+    } else {
+        g.used_tokens as f64 / g.capacity as f64
+    };
+    let gauges = [
+        (
+            "num_running_reqs",
+            "The number of running requests.",
+            g.running as f64,
+        ),
+        (
+            "num_queue_reqs",
+            "The number of requests in the waiting queue.",
+            g.queued as f64,
+        ),
+        (
+            "num_used_tokens",
+            "The number of used tokens.",
+            g.used_tokens as f64,
+        ),
+        ("token_usage", "The token usage.", usage),
+        (
+            "kv_used_tokens",
+            "KV tokens pinned by live requests.",
+            g.used_tokens as f64,
+        ),
+        (
+            "kv_available_tokens",
+            "KV tokens free or evictable.",
+            (g.capacity - g.used_tokens) as f64,
+        ),
+        (
+            "kv_evictable_tokens",
+            "Cached KV tokens nothing pins.",
+            g.evictable_tokens as f64,
+        ),
+        (
+            "cache_hit_rate",
+            "The prefix cache hit rate of the last prefill batch.",
+            g.cache_hit_rate,
+        ),
+        (
+            "gen_throughput",
+            "The generation throughput (token/s).",
+            g.gen_throughput,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        gauge(o, l, name, help, v);
     }
 }
 

@@ -1,3 +1,4 @@
+use super::workers::Workers;
 use super::*;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,0 +1,309 @@
+use super::*;
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        cost: CostModel {
+            jitter: 0.0,
+            ..CostModel::default()
+        },
+        ..EngineConfig::default()
+    }
+}
+
+fn prompt(base: u32, n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| base + i).collect()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6
+}
+
+fn finished(events: &[Event]) -> Vec<(ReqId, FinishInfo)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Finished { id, info } => Some((*id, *info)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn prefill_is_chunked_and_timed_by_the_formula() {
+    let mut e = Engine::new(cfg());
+    let id = e.submit(prompt(0, 20_000), 2, 0.0, false).unwrap();
+    let m = CostModel {
+        jitter: 0.0,
+        ..CostModel::default()
+    };
+    let mut ev = Vec::new();
+    let mut t = 0.0;
+    for (u, c) in [(8192, 0), (8192, 8192), (3616, 16384)] {
+        let f = e.plan().unwrap();
+        assert_eq!(f.kind, ForwardKind::Prefill);
+        assert_eq!(f.tokens, u);
+        let want = m.prefill_ms(&[PrefillItem {
+            uncached: u,
+            context: c,
+        }]);
+        assert!(close(f.duration_ms, want));
+        t += want;
+        e.complete(&mut ev);
+        assert!(close(e.now_ms(), t));
+    }
+    // The first token came out of the last chunk; the prefix is in the tree.
+    assert_eq!(ev.len(), 1);
+    assert!(matches!(ev[0], Event::Token { id: i, first: true, .. } if i == id));
+    assert_eq!(e.cache().tree_tokens(), 20_000);
+    let f = e.plan().unwrap();
+    assert_eq!(f.kind, ForwardKind::Decode);
+    assert!(close(f.duration_ms, m.decode_ms(1, 20_001)));
+    e.complete(&mut ev);
+    let fin = finished(&ev);
+    assert_eq!(fin[0].1.completion_tokens, 2);
+    assert_eq!(fin[0].1.reason, FinishReason::Length);
+    assert!(e.is_idle());
+    assert!(e.cache().is_idle());
+    assert_eq!(
+        e.cache().tree_tokens(),
+        20_001,
+        "(prompt + output)[:-1] inserted"
+    );
+    e.cache().check_invariants().unwrap();
+}
+
+#[test]
+fn prefill_first_and_decode_batching() {
+    let m = CostModel {
+        jitter: 0.0,
+        ..CostModel::default()
+    };
+    let mut e = Engine::new(cfg());
+    let mut ev = Vec::new();
+    e.submit(prompt(0, 100), 5, 0.0, false).unwrap();
+    e.submit(prompt(1000, 100), 5, 0.0, false).unwrap();
+    let f = e.plan().unwrap();
+    assert_eq!(
+        (f.kind, f.batch, f.tokens),
+        (ForwardKind::Prefill, 2, 200),
+        "one forward, two requests"
+    );
+    e.complete(&mut ev);
+    let f = e.plan().unwrap();
+    assert_eq!((f.kind, f.batch), (ForwardKind::Decode, 2));
+    assert!(close(f.duration_ms, m.decode_ms(2, 202)));
+    e.complete(&mut ev);
+    // A new arrival is prefilled before the next decode step.
+    e.submit(prompt(5000, 50), 5, e.now_ms(), false).unwrap();
+    assert_eq!(e.plan().unwrap().kind, ForwardKind::Prefill);
+    e.complete(&mut ev);
+    let f = e.plan().unwrap();
+    assert_eq!((f.kind, f.batch), (ForwardKind::Decode, 3));
+    assert!(close(f.duration_ms, m.decode_ms(3, 102 + 102 + 51)));
+    e.complete(&mut ev);
+    e.run_until_idle(&mut ev);
+    assert_eq!(finished(&ev).len(), 3);
+    let tokens = ev
+        .iter()
+        .filter(|e| matches!(e, Event::Token { .. }))
+        .count();
+    assert_eq!(tokens, 15);
+    assert_eq!(e.metrics().generation_tokens, 15);
+    assert_eq!(e.metrics().ttft.count(), 3);
+    assert_eq!(e.metrics().itl.count(), 12);
+}
+
+#[test]
+fn fcfs_head_of_line_under_memory_pressure() {
+    let mut e = Engine::new(EngineConfig {
+        max_total_tokens: 1000,
+        ..cfg()
+    });
+    let mut ev = Vec::new();
+    let a = e.submit(prompt(0, 500), 300, 0.0, false).unwrap(); // needs 799
+    let b = e.submit(prompt(10_000, 400), 10, 0.0, false).unwrap(); // needs 409: must wait
+    let c = e.submit(prompt(20_000, 10), 2, 0.0, false).unwrap(); // small, but behind b
+    let f = e.plan().unwrap();
+    assert_eq!(f.batch, 1, "only the head fits");
+    e.complete(&mut ev);
+    assert_eq!(e.num_waiting(), 2);
+    // While a decodes, b and c stay queued (FCFS: c does not jump b).
+    for _ in 0..5 {
+        assert_eq!(e.plan().unwrap().kind, ForwardKind::Decode);
+        e.complete(&mut ev);
+    }
+    assert_eq!(e.num_waiting(), 2);
+    e.run_until_idle(&mut ev);
+    let first_tokens: Vec<ReqId> = ev
+        .iter()
+        .filter_map(|e| match e {
+            Event::Token {
+                id, first: true, ..
+            } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(first_tokens, vec![a, b, c], "scheduled in arrival order");
+    assert_eq!(finished(&ev).len(), 3);
+    e.cache().check_invariants().unwrap();
+    assert!(e.cache().tree_tokens() <= 1000);
+}
+
+#[test]
+fn max_running_caps_admission() {
+    let mut e = Engine::new(EngineConfig {
+        max_running: 2,
+        ..cfg()
+    });
+    for i in 0..3 {
+        e.submit(prompt(i * 1000, 10), 3, 0.0, false).unwrap();
+    }
+    assert_eq!(e.plan().unwrap().batch, 2);
+    let mut ev = Vec::new();
+    e.complete(&mut ev);
+    assert_eq!(e.num_running(), 2);
+    assert_eq!(e.num_waiting(), 1);
+    e.run_until_idle(&mut ev);
+    assert_eq!(finished(&ev).len(), 3);
+}
+
+#[test]
+fn prefix_visible_only_after_prefill() {
+    let mut e = Engine::new(cfg());
+    let mut ev = Vec::new();
+    let p = prompt(7, 300);
+    e.submit(p.clone(), 4, 0.0, false).unwrap();
+    e.submit(p.clone(), 4, 0.0, false).unwrap();
+    let f = e.plan().unwrap();
+    assert_eq!(f.batch, 2);
+    assert_eq!(e.last_hit_rate(), 0.0, "same batch: both miss");
+    // Arrives while that prefill is in flight: scheduled after it, so it hits.
+    e.submit(p.clone(), 4, 1.0, false).unwrap();
+    e.complete(&mut ev);
+    e.run_until_idle(&mut ev);
+    let fin = finished(&ev);
+    let cached: Vec<usize> = fin.iter().map(|(_, i)| i.cached_tokens).collect();
+    assert_eq!(cached, vec![0, 0, 299], "hit = len − 1");
+    // After finish, (prompt + output)[:-1] is cached: a follow-up extending the answer hits it.
+    let mut next = p.clone();
+    let answer: Vec<u32> = ev
+        .iter()
+        .filter_map(|e| match e {
+            Event::Token { id, token, .. } if *id == fin[0].0 => Some(*token),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answer.len(), 4);
+    next.extend(&answer);
+    next.extend([1, 2, 3]);
+    e.submit(next, 1, e.now_ms(), false).unwrap();
+    ev.clear();
+    e.run_until_idle(&mut ev);
+    assert_eq!(
+        finished(&ev)[0].1.cached_tokens,
+        303,
+        "prompt + answer minus its last token"
+    );
+    assert_eq!(e.metrics().cached_tokens, 299 + 303);
+}
+
+#[test]
+fn identical_prompts_get_identical_answers() {
+    let mut e = Engine::new(cfg());
+    let mut ev = Vec::new();
+    let a = e.submit(prompt(3, 20), 8, 0.0, false).unwrap();
+    let b = e.submit(prompt(3, 20), 8, 0.0, false).unwrap();
+    e.run_until_idle(&mut ev);
+    let toks = |want| -> Vec<u32> {
+        ev.iter()
+            .filter_map(|e| match e {
+                Event::Token { id, token, .. } if *id == want => Some(*token),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(toks(a), toks(b));
+    assert_eq!(toks(a).len(), 8);
+}
+
+#[test]
+fn abort_releases_locks_and_kv() {
+    let mut e = Engine::new(cfg());
+    let mut ev = Vec::new();
+    let a = e.submit(prompt(0, 100), 50, 0.0, false).unwrap();
+    let b = e.submit(prompt(0, 100), 50, 0.0, false).unwrap();
+    e.plan().unwrap();
+    // Abort while its prefill is in flight.
+    let info = e.abort(a).unwrap();
+    assert_eq!(info.reason, FinishReason::Abort);
+    e.complete(&mut ev);
+    assert_eq!(e.num_running(), 1);
+    e.plan().unwrap();
+    e.complete(&mut ev);
+    e.abort(b).unwrap();
+    assert!(e.abort(b).is_none());
+    assert_eq!(e.num_running(), 0);
+    assert!(e.is_idle());
+    assert!(e.cache().is_idle(), "no lock, no private KV left");
+    assert_eq!(e.metrics().num_aborted, 2);
+    assert_eq!(e.metrics().num_requests, 2);
+    e.cache().check_invariants().unwrap();
+    assert!(e.plan().is_none());
+    // Aborting a waiting request.
+    let c = e.submit(prompt(0, 10), 1, 0.0, false).unwrap();
+    e.abort(c).unwrap();
+    assert!(e.plan().is_none());
+}
+
+#[test]
+fn rejects_impossible_requests_and_flush_rules() {
+    let mut e = Engine::new(EngineConfig {
+        max_total_tokens: 100,
+        ..cfg()
+    });
+    assert_eq!(
+        e.submit(vec![], 1, 0.0, false),
+        Err(SubmitError::EmptyPrompt)
+    );
+    assert!(matches!(
+        e.submit(prompt(0, 90), 20, 0.0, false),
+        Err(SubmitError::TooLong { .. })
+    ));
+    let id = e.submit(prompt(0, 50), 2, 0.0, false).unwrap();
+    assert!(!e.flush_cache(), "refused while a request waits");
+    let mut ev = Vec::new();
+    e.run_until_idle(&mut ev);
+    assert!(e.cache().tree_tokens() > 0);
+    assert!(e.flush_cache());
+    assert_eq!(e.cache().tree_tokens(), 0);
+    let _ = id;
+}
+
+#[test]
+fn eviction_under_pressure_keeps_capacity() {
+    let mut e = Engine::new(EngineConfig {
+        max_total_tokens: 5000,
+        page_size: 4,
+        ..cfg()
+    });
+    let mut ev = Vec::new();
+    let mut rng = Rng::new(9);
+    for i in 0..200u32 {
+        let n = 50 + rng.below(900);
+        let shared = (rng.below(4) * 100_000) as u32;
+        let mut p = prompt(shared, 200);
+        p.extend(prompt(i * 10_000 + 500, n));
+        e.submit(p, 1 + rng.below(40), e.now_ms(), false).unwrap();
+        if i % 7 == 0 {
+            while e.plan().is_some() {
+                e.complete(&mut ev);
+                e.cache().check_invariants().unwrap();
+            }
+        }
+    }
+    e.run_until_idle(&mut ev);
+    assert_eq!(finished(&ev).len(), 200);
+    assert!(e.cache().stats().evicted_tokens > 0);
+    e.cache().check_invariants().unwrap();
+    assert!(e.cache().is_idle());
+}

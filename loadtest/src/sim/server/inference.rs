@@ -1,0 +1,362 @@
+//! Inference requests: fault knobs, submission to the engine, and the blocking or streamed
+//! (SSE) answer.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use radixgate::http::RequestHead;
+
+use crate::sim::api::{self, Completed, Endpoint, RespMeta, StreamRenderer, TokenChunk, Usage};
+use crate::sim::engine::{FinishInfo, FinishReason};
+
+use super::conn::{write, AbortGuard, Next, Reader, WriteHalf};
+use super::routes::{answered, respond, respond_error, stall};
+use super::wake::Slot;
+use super::{unix_now, Server};
+
+/// Data events written before a `close_mid_stream` fault cuts the stream.
+const CUT_AFTER_EVENTS: usize = 3;
+
+pub(super) async fn inference(
+    sh: &Rc<Server>,
+    head: &RequestHead,
+    ep: Endpoint,
+    body: &[u8],
+    r: &mut Reader,
+    wr: &mut WriteHalf,
+) -> Next {
+    let keep = head.keep_alive;
+    if let Some(next) = apply_faults(sh, keep, r, wr).await {
+        return next;
+    }
+    let req = match api::parse_inference(ep, body, &sh.tok, sh.cfg.default_max_tokens) {
+        Ok(req) => req,
+        Err(e) => {
+            let next = respond_error(sh, wr, keep, 400, "BadRequestError", &e.message).await;
+            answered(sh);
+            return next;
+        }
+    };
+    let Submitted {
+        guard,
+        slots,
+        prompt_lens,
+    } = match submit_all(sh, req.prompts, req.max_new_tokens) {
+        Ok(x) => x,
+        Err(msg) => {
+            let next = respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await;
+            answered(sh);
+            return next;
+        }
+    };
+    let model = req.model.unwrap_or_else(|| sh.cfg.model_name.clone());
+    let id = match ep {
+        Endpoint::Chat => sh.next_resp_id("chatcmpl-"),
+        Endpoint::Completions => sh.next_resp_id("cmpl-"),
+        Endpoint::Generate => req.rid.unwrap_or_else(|| sh.next_resp_id("")),
+    };
+    let created = unix_now() as u64;
+    let next = if req.stream {
+        let renderer = StreamRenderer::new(ep, id, created, model, req.include_usage);
+        stream_response(sh, head, renderer, &slots[0], prompt_lens[0], r, wr).await
+    } else {
+        let meta = RespMeta {
+            id: &id,
+            created,
+            model: &model,
+        };
+        match complete_response(sh, ep, &meta, &slots, keep, r, wr).await {
+            Some(next) => next,
+            // The client or the server left before the results: nothing was answered.
+            None => return Next::Close,
+        }
+    };
+    // The guard aborts whatever did not finish (disconnect, cut stream); finished requests
+    // already left the slot registry, so it is a no-op for them.
+    drop(guard);
+    if slots.iter().all(|s| s.finish.get().is_some()) {
+        answered(sh);
+    }
+    next
+}
+
+/// The fault knobs that act before an inference request is parsed: die, stall, delay, fail.
+/// `Some` is the outcome when a fault answered (or dropped) the request.
+async fn apply_faults(
+    sh: &Rc<Server>,
+    keep: bool,
+    r: &mut Reader,
+    wr: &mut WriteHalf,
+) -> Option<Next> {
+    let faults = &sh.cfg.faults;
+    let count = sh.received.get() + 1;
+    sh.received.set(count);
+    if faults.die_after.is_some_and(|n| count > n) {
+        sh.die();
+        return Some(Next::Close);
+    }
+    if faults.stall_after.is_some_and(|n| count > n) {
+        stall(sh, r).await;
+        return Some(Next::Close);
+    }
+    if faults.latency_ms > 0 {
+        monoio::select! {
+            _ = monoio::time::sleep(Duration::from_millis(faults.latency_ms)) => {}
+            _ = r.disconnected() => return Some(Next::Close),
+            _ = sh.shutdown.wait() => return Some(Next::Close),
+        }
+    }
+    if faults.fail_rate > 0.0 && sh.fault_rng.borrow_mut().chance(faults.fail_rate) {
+        let next = respond_error(
+            sh,
+            wr,
+            keep,
+            500,
+            "InternalServerError",
+            "simulated worker failure (fail_rate)",
+        )
+        .await;
+        answered(sh);
+        return Some(next);
+    }
+    None
+}
+
+/// The prompts of one request, submitted to the engine.
+struct Submitted {
+    /// Aborts the requests that did not finish when dropped.
+    guard: AbortGuard,
+    /// One result slot per prompt.
+    slots: Vec<Rc<Slot>>,
+    /// Prompt lengths in tokens, parallel to `slots`.
+    prompt_lens: Vec<usize>,
+}
+
+/// Submit every prompt of a request: the guard that aborts them if the client leaves, their
+/// result slots and prompt lengths. On a refused prompt the ones already submitted are aborted
+/// before the error is returned.
+fn submit_all(
+    sh: &Rc<Server>,
+    prompts: Vec<Vec<u32>>,
+    max_new_tokens: usize,
+) -> Result<Submitted, String> {
+    let mut guard = AbortGuard {
+        sh: sh.clone(),
+        ids: Vec::with_capacity(prompts.len()),
+    };
+    let mut slots = Vec::with_capacity(prompts.len());
+    let mut prompt_lens = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        prompt_lens.push(p.len());
+        let (id, slot) = sh.submit(p, max_new_tokens, false)?;
+        guard.ids.push(id);
+        slots.push(slot);
+    }
+    Ok(Submitted {
+        guard,
+        slots,
+        prompt_lens,
+    })
+}
+
+/// A non-streaming answer: wait for every prompt of the request, then render all the results
+/// in one body. `None` when the client leaves (or the server stops) first.
+async fn complete_response(
+    sh: &Rc<Server>,
+    ep: Endpoint,
+    meta: &RespMeta<'_>,
+    slots: &[Rc<Slot>],
+    keep: bool,
+    r: &mut Reader,
+    wr: &mut WriteHalf,
+) -> Option<Next> {
+    for slot in slots {
+        loop {
+            if slot.finish.get().is_some() {
+                break;
+            }
+            let seen = slot.tokens.borrow().len();
+            monoio::select! {
+                _ = slot.changed(seen) => {}
+                _ = r.disconnected() => return None,
+                _ = sh.shutdown.wait() => return None,
+            }
+        }
+    }
+    let results: Vec<Completed> = slots
+        .iter()
+        .filter_map(|s| s.finish.get().map(|info| (s, info)))
+        .map(|(s, info)| {
+            let ids = s.tokens.borrow().clone();
+            Completed {
+                text: sh.tok.decode_output(&ids),
+                output_ids: ids,
+                usage: Usage::from_info(&info),
+                e2e_latency: (info.finish_ms - info.arrival_ms) / 1000.0,
+                aborted: info.reason == FinishReason::Abort,
+            }
+        })
+        .collect();
+    let body = api::render_completed(ep, meta, &results);
+    Some(respond(sh, wr, keep, 200, "application/json", &body).await)
+}
+
+async fn stream_response(
+    sh: &Rc<Server>,
+    head: &RequestHead,
+    mut renderer: StreamRenderer,
+    slot: &Slot,
+    prompt_len: usize,
+    r: &mut Reader,
+    wr: &mut WriteHalf,
+) -> Next {
+    // HTTP/1.0 has no chunked coding: the stream is delimited by closing the connection.
+    let chunked = head.minor_version >= 1;
+    if write(wr, stream_head(sh, chunked, head.keep_alive))
+        .await
+        .is_err()
+    {
+        return Next::Close;
+    }
+    let arrival = slot.last_at.get();
+    let mut seen = 0;
+    let mut events_sent = 0;
+    let mut text = String::with_capacity(4096);
+    let mut piece = String::with_capacity(32);
+    loop {
+        text.clear();
+        let finish = slot.finish.get();
+        let tokens = TokenRun {
+            slot,
+            prompt_len,
+            arrival,
+            finish,
+        };
+        events_sent += tokens.render(sh, &mut renderer, &mut seen, &mut text, &mut piece);
+        if let Some(info) = finish {
+            let aborted = info.reason == FinishReason::Abort;
+            renderer.finish(
+                &mut text,
+                &Usage::from_info(&info),
+                (info.finish_ms - info.arrival_ms) / 1000.0,
+                aborted,
+                seen,
+            );
+        }
+        let cut = sh.cfg.faults.close_mid_stream && events_sent >= CUT_AFTER_EVENTS;
+        if !text.is_empty() {
+            let out = stream_frame(&text, chunked, finish.is_some() && !cut);
+            if write(wr, Bytes::from(out)).await.is_err() {
+                return Next::Close;
+            }
+        }
+        if cut {
+            // Fault: drop the connection without the terminating chunk.
+            return Next::Close;
+        }
+        if finish.is_some() {
+            return if chunked && head.keep_alive {
+                Next::KeepAlive
+            } else {
+                Next::Close
+            };
+        }
+        monoio::select! {
+            _ = slot.changed(seen) => {}
+            _ = r.disconnected() => return Next::Close,
+            _ = sh.shutdown.wait() => return Next::Close,
+        }
+    }
+}
+
+/// The head of an SSE response: chunked on HTTP/1.1, close-delimited on HTTP/1.0.
+fn stream_head(sh: &Server, chunked: bool, keep_alive: bool) -> Bytes {
+    let mut h = String::with_capacity(192);
+    h.push_str("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ncache-control: no-cache\r\nx-worker-port: ");
+    h.push_str(&sh.port_str);
+    h.push_str(if chunked {
+        "\r\ntransfer-encoding: chunked\r\n"
+    } else {
+        "\r\nconnection: close\r\n"
+    });
+    if chunked && !keep_alive {
+        h.push_str("connection: close\r\n");
+    }
+    h.push_str("\r\n");
+    Bytes::from(h.into_bytes())
+}
+
+/// `text` framed for the wire: one chunk (plus the terminating chunk when `last`) when
+/// `chunked`, else as is.
+fn stream_frame(text: &str, chunked: bool, last: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len() + 16);
+    if chunked {
+        out.extend_from_slice(format!("{:x}\r\n", text.len()).as_bytes());
+        out.extend_from_slice(text.as_bytes());
+        out.extend_from_slice(b"\r\n");
+        if last {
+            out.extend_from_slice(b"0\r\n\r\n");
+        }
+    } else {
+        out.extend_from_slice(text.as_bytes());
+    }
+    out
+}
+
+/// What a streamed response needs to render the tokens a slot produced since the last wake-up.
+struct TokenRun<'a> {
+    slot: &'a Slot,
+    prompt_len: usize,
+    /// When the request's first output was recorded (for the per-token e2e latency).
+    arrival: f64,
+    /// The request's finish, if it finished: the last token then carries the finish reason.
+    finish: Option<FinishInfo>,
+}
+
+impl TokenRun<'_> {
+    /// Renders the tokens after the first `seen` into `text` (advancing `seen`); returns the
+    /// number of events rendered.
+    pub(super) fn render(
+        &self,
+        sh: &Server,
+        renderer: &mut StreamRenderer,
+        seen: &mut usize,
+        text: &mut String,
+        piece: &mut String,
+    ) -> usize {
+        let tokens = self.slot.tokens.borrow();
+        let at = self.slot.last_at.get();
+        let mut events = 0;
+        while *seen < tokens.len() {
+            let token = tokens[*seen];
+            *seen += 1;
+            piece.clear();
+            sh.tok.push_output_text(token, piece);
+            let usage = Usage {
+                prompt_tokens: self.prompt_len,
+                completion_tokens: *seen,
+                cached_tokens: self.slot.cached.get(),
+            };
+            let last = self.finish.is_some() && *seen == tokens.len();
+            let fin = if last {
+                self.finish.map(|i| i.reason == FinishReason::Abort)
+            } else {
+                None
+            };
+            renderer.token(
+                text,
+                &TokenChunk {
+                    token,
+                    piece,
+                    first: *seen == 1,
+                    usage,
+                    e2e: (at - self.arrival) / 1000.0,
+                    finish: fin,
+                },
+            );
+            events += 1;
+        }
+        events
+    }
+}

@@ -1,0 +1,502 @@
+//! The network side of the simulated worker: one monoio thread serving every port, each port an
+//! independent task set (accept loop, connections, one "GPU" task) around its own [`Engine`].
+//!
+//! The GPU task plans a forward, sleeps its virtual duration scaled to real time (to an absolute
+//! deadline, so timer slack does not accumulate), then applies it and wakes the response tasks
+//! of the requests it touched. Response tasks wait on per-request slots (`Rc` + local wakers: all
+//! on one thread, nothing crosses threads) while keeping a read pending on the socket, so a
+//! client that disconnects aborts its request at once. HTTP framing is radixgate's own pure
+//! `radixgate::http` module.
+
+//!
+//! Layout: `wake` (single-thread wake primitives and the per-request result slot), `conn`
+//! (connection I/O and request framing), `routes` (endpoint dispatch and the info endpoints),
+//! `inference` (inference requests, blocking and streamed); the per-port state and the cluster
+//! lifecycle live here.
+
+mod conn;
+mod inference;
+mod routes;
+mod wake;
+
+use conn::connection;
+use wake::{LocalEvent, LocalNotify, Slot};
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use monoio::net::TcpListener;
+use radixgate::http::RequestHead;
+
+use super::cost::CostModel;
+use super::engine::{Engine, EngineConfig, Event, ReqId};
+use super::tokenizer::SimTokenizer;
+use super::{IoDriver, SimConfig};
+use crate::rng::Rng;
+/// How often the runtime thread checks for a cross-thread shutdown request (monoio without the
+/// `sync` feature drops cross-thread wakes, so the flag is polled).
+const STOP_POLL: Duration = Duration::from_millis(10);
+
+// ---------------------------------------------------------------------------------------------
+// Per-port server state.
+
+/// One raw request kept for `/debug/requests`.
+struct Recorded {
+    method: String,
+    target: String,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+/// One simulated worker.
+struct Server {
+    port: u16,
+    port_str: String,
+    cfg: Rc<SimConfig>,
+    tok: Rc<SimTokenizer>,
+    engine: RefCell<Engine>,
+    epoch: Instant,
+    started_unix: u64,
+    gpu_wake: LocalNotify,
+    slots: RefCell<HashMap<ReqId, Rc<Slot>>>,
+    shutdown: LocalEvent,
+    /// Inference requests received / answered (fault counters).
+    received: Cell<u64>,
+    answered: Cell<u64>,
+    fault_rng: RefCell<Rng>,
+    records: RefCell<VecDeque<Recorded>>,
+    next_id: Cell<u64>,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+impl Server {
+    fn new(port: u16, index: usize, cfg: Rc<SimConfig>, tok: Rc<SimTokenizer>) -> Self {
+        let cost = CostModel {
+            fixed_step_ms: cfg.token_interval_ms,
+            ..CostModel::default()
+        };
+        let seed = cfg.seed.wrapping_add(index as u64);
+        let engine = Engine::new(EngineConfig {
+            max_total_tokens: cfg.max_total_tokens,
+            page_size: cfg.page_size,
+            chunked_prefill_size: cfg.chunked_prefill_size,
+            max_running: cfg.max_running,
+            cost,
+            // Answers depend on the prompt and the cluster seed only, so every worker generates
+            // the same reply to the same prompt (routing does not change the conversation).
+            seed: cfg.seed,
+            output_vocab: tok.output_vocab(),
+        });
+        Server {
+            port,
+            port_str: port.to_string(),
+            cfg,
+            tok,
+            engine: RefCell::new(engine),
+            epoch: Instant::now(),
+            started_unix: unix_now() as u64,
+            gpu_wake: LocalNotify::default(),
+            slots: RefCell::new(HashMap::new()),
+            shutdown: LocalEvent::default(),
+            received: Cell::new(0),
+            answered: Cell::new(0),
+            fault_rng: RefCell::new(Rng::new(seed ^ 0xFA11_0000)),
+            records: RefCell::new(VecDeque::new()),
+            next_id: Cell::new(1),
+        }
+    }
+
+    /// `spawn_cluster` validated it to be finite and positive.
+    fn scale(&self) -> f64 {
+        self.cfg.time_scale
+    }
+
+    /// Real time since start mapped to virtual ms.
+    fn virt_now(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64() * 1000.0 * self.scale()
+    }
+
+    /// Real instant at which virtual time `ms` is reached.
+    fn real_at(&self, ms: f64) -> Instant {
+        self.epoch + Duration::from_secs_f64((ms / 1000.0 / self.scale()).max(0.0))
+    }
+
+    fn die(&self) {
+        self.shutdown.set();
+        self.gpu_wake.notify();
+    }
+
+    fn next_resp_id(&self, prefix: &str) -> String {
+        let n = self.next_id.get();
+        self.next_id.set(n + 1);
+        format!("{prefix}{:08x}{n:08x}", self.port as u32 ^ 0x5eed)
+    }
+
+    /// Queue a request, stamping its arrival on the virtual clock: now, if the GPU is idle;
+    /// otherwise real time clamped into the forward in flight.
+    fn submit(
+        &self,
+        prompt: Vec<u32>,
+        max_new: usize,
+        internal: bool,
+    ) -> Result<(ReqId, Rc<Slot>), String> {
+        let mut e = self.engine.borrow_mut();
+        let v = self.virt_now();
+        let arrival = match e.inflight_ms() {
+            None => {
+                e.advance_to(v);
+                e.now_ms()
+            }
+            Some(d) => v.clamp(e.now_ms(), e.now_ms() + d),
+        };
+        let id = e
+            .submit(prompt, max_new, arrival, internal)
+            .map_err(|err| err.to_string())?;
+        drop(e);
+        let slot = Rc::new(Slot::default());
+        slot.last_at.set(arrival);
+        self.slots.borrow_mut().insert(id, slot.clone());
+        self.gpu_wake.notify();
+        Ok((id, slot))
+    }
+
+    fn abort(&self, id: ReqId) {
+        if self.slots.borrow_mut().remove(&id).is_some() {
+            self.engine.borrow_mut().abort(id);
+        }
+    }
+
+    fn dispatch(&self, events: &[Event]) {
+        let mut slots = self.slots.borrow_mut();
+        for ev in events {
+            match *ev {
+                Event::Token {
+                    id,
+                    token,
+                    first,
+                    at_ms,
+                } => {
+                    if let Some(s) = slots.get(&id) {
+                        if first {
+                            s.cached
+                                .set(self.engine.borrow().cached_tokens(id).unwrap_or(0));
+                        }
+                        s.tokens.borrow_mut().push(token);
+                        s.last_at.set(at_ms);
+                        s.wake();
+                    }
+                }
+                Event::Finished { id, info } => {
+                    if let Some(s) = slots.remove(&id) {
+                        s.cached.set(info.cached_tokens);
+                        s.finish.set(Some(info));
+                        s.wake();
+                    }
+                }
+            }
+        }
+    }
+
+    fn record(&self, head: &RequestHead, body: &[u8]) {
+        let keep = self.cfg.record_requests;
+        if keep == 0 || head.path().starts_with(b"/debug/") {
+            return;
+        }
+        let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let mut r = self.records.borrow_mut();
+        while r.len() >= keep {
+            r.pop_front();
+        }
+        r.push_back(Recorded {
+            method: s(head.method()),
+            target: s(head.target()),
+            headers: head.headers().map(|(n, v)| (s(n), s(v))).collect(),
+            body: s(body),
+        });
+    }
+}
+
+/// The virtual GPU: plan, sleep the scaled duration, apply, wake.
+async fn gpu_loop(sh: Rc<Server>) {
+    let mut events = Vec::new();
+    while !sh.shutdown.is_set() {
+        let planned = sh.engine.borrow_mut().plan();
+        let Some(f) = planned else {
+            monoio::select! {
+                _ = sh.gpu_wake.wait() => {}
+                _ = sh.shutdown.wait() => return,
+            }
+            continue;
+        };
+        let end = sh.engine.borrow().now_ms() + f.duration_ms;
+        let deadline = sh.real_at(end);
+        if deadline > Instant::now() {
+            monoio::select! {
+                _ = monoio::time::sleep_until(deadline.into()) => {}
+                _ = sh.shutdown.wait() => return,
+            }
+        }
+        events.clear();
+        sh.engine.borrow_mut().complete(&mut events);
+        sh.dispatch(&events);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cluster lifecycle.
+
+async fn accept_loop(sh: Rc<Server>, listener: TcpListener) {
+    loop {
+        monoio::select! {
+            res = listener.accept() => match res {
+                Ok((stream, _)) => {
+                    monoio::spawn(connection(sh.clone(), stream));
+                }
+                Err(_) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    monoio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = sh.shutdown.wait() => break,
+        }
+    }
+    // Dropping the listener closes the port: connection refused from now on.
+    drop(listener);
+}
+
+/// Reports the outcome of runtime start-up (driver name, or why it failed) to `spawn_cluster`.
+type Ready = std::sync::mpsc::Sender<io::Result<&'static str>>;
+
+async fn serve(
+    cfg: Rc<SimConfig>,
+    listeners: Vec<std::net::TcpListener>,
+    stop: Arc<AtomicBool>,
+    ready: Ready,
+    driver: &'static str,
+) {
+    // Built before reporting ready, so the first request does not pay for the vocabulary.
+    let tok = Rc::new(SimTokenizer::new(cfg.tokenizer));
+    let mut servers = Vec::with_capacity(listeners.len());
+    let mut registered = Vec::with_capacity(listeners.len());
+    for std_l in listeners {
+        let port = std_l.local_addr().map(|a| a.port()).unwrap_or(0);
+        match TcpListener::from_std(std_l) {
+            Ok(l) => registered.push((port, l)),
+            Err(e) => {
+                let msg = format!("cannot register listener on port {port}: {e}");
+                let _ = ready.send(Err(io::Error::new(e.kind(), msg)));
+                return;
+            }
+        }
+    }
+    for (i, (port, listener)) in registered.into_iter().enumerate() {
+        let sh = Rc::new(Server::new(port, i, cfg.clone(), tok.clone()));
+        monoio::spawn(gpu_loop(sh.clone()));
+        monoio::spawn(accept_loop(sh.clone(), listener));
+        servers.push(sh);
+    }
+    let _ = ready.send(Ok(driver));
+    while !stop.load(Ordering::Acquire) {
+        monoio::time::sleep(STOP_POLL).await;
+    }
+    for sh in &servers {
+        sh.die();
+    }
+    // Let tasks observe the shutdown and close their sockets before the runtime drops them.
+    monoio::time::sleep(Duration::from_millis(5)).await;
+}
+
+fn run_runtime(
+    driver: IoDriver,
+    cfg: SimConfig,
+    listeners: Vec<std::net::TcpListener>,
+    stop: Arc<AtomicBool>,
+    ready: Ready,
+) {
+    // `Auto` picks a driver exactly as monoio's `FusionDriver` does (io_uring when the kernel has
+    // the ops monoio needs and `MONOIO_FORCE_LEGACY_DRIVER` is not set, else epoll), so every
+    // choice ends up on one concrete driver and one code path.
+    let uring = match driver {
+        IoDriver::Auto => monoio::utils::detect_uring(),
+        IoDriver::Uring => true,
+        IoDriver::Legacy => false,
+    };
+    if uring {
+        let rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
+            .enable_timer()
+            .build();
+        serve_on(rt, "io_uring", driver, cfg, listeners, stop, ready);
+    } else {
+        let rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build();
+        serve_on(rt, "legacy", driver, cfg, listeners, stop, ready);
+    }
+}
+
+/// Run the workers on a freshly built runtime (`name` is the driver reported to
+/// [`SimCluster`]), or report through `ready` why the `requested` driver could not start.
+fn serve_on<D: monoio::Driver>(
+    rt: io::Result<monoio::Runtime<D>>,
+    name: &'static str,
+    requested: IoDriver,
+    cfg: SimConfig,
+    listeners: Vec<std::net::TcpListener>,
+    stop: Arc<AtomicBool>,
+    ready: Ready,
+) {
+    match rt {
+        Ok(mut rt) => rt.block_on(serve(Rc::new(cfg), listeners, stop, ready, name)),
+        Err(e) => {
+            let msg = format!("cannot start the monoio runtime ({requested:?} driver): {e}");
+            let _ = ready.send(Err(io::Error::new(e.kind(), msg)));
+        }
+    }
+}
+
+/// A running simulated cluster: one worker per port on a background thread. Dropping it (or
+/// [`shutdown`](Self::shutdown)) stops every worker and closes the ports.
+pub struct SimCluster {
+    ports: Vec<u16>,
+    host: String,
+    driver: &'static str,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for SimCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimCluster")
+            .field("host", &self.host)
+            .field("ports", &self.ports)
+            .field("io_driver", &self.driver)
+            .finish()
+    }
+}
+
+impl SimCluster {
+    /// Bound ports, in configuration order (ephemeral ones resolved).
+    pub fn ports(&self) -> &[u16] {
+        &self.ports
+    }
+
+    /// `http://host:port` per worker.
+    pub fn urls(&self) -> Vec<String> {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        self.ports
+            .iter()
+            .map(|p| format!("http://{host}:{p}"))
+            .collect()
+    }
+
+    /// Stop all workers and wait for the serving thread to exit (ports closed on return).
+    pub fn shutdown(mut self) {
+        self.stop_and_join();
+    }
+
+    /// Block until the serving thread exits (after a stop requested through
+    /// [`stopper`](Self::stopper)). Errors if the thread panicked.
+    pub fn join(mut self) -> io::Result<()> {
+        match self.thread.take() {
+            Some(t) => t
+                .join()
+                .map_err(|_| io::Error::other("sim-worker thread panicked")),
+            None => Ok(()),
+        }
+    }
+
+    /// The monoio driver in use: `"io_uring"` or `"legacy"` (epoll).
+    pub fn io_driver(&self) -> &'static str {
+        self.driver
+    }
+
+    /// A handle that stops the cluster from another thread (signal handlers, tests).
+    pub fn stopper(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    fn stop_and_join(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for SimCluster {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+/// Bind every port (so clients can connect as soon as this returns), then serve them all on one
+/// background monoio thread.
+pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
+    let invalid = |msg: &str| Err(io::Error::new(io::ErrorKind::InvalidInput, msg.to_owned()));
+    if cfg.ports.is_empty() {
+        return invalid("no ports configured");
+    }
+    if !(cfg.time_scale.is_finite() && cfg.time_scale > 0.0) {
+        return invalid("time_scale must be a positive number");
+    }
+    if cfg
+        .token_interval_ms
+        .is_some_and(|ms| !(ms.is_finite() && ms >= 0.0))
+    {
+        return invalid("token_interval_ms must be a non-negative number");
+    }
+    if !(0.0..=1.0).contains(&cfg.faults.fail_rate) {
+        return invalid("fail_rate must be within [0, 1]");
+    }
+    let mut listeners = Vec::with_capacity(cfg.ports.len());
+    let mut ports = Vec::with_capacity(cfg.ports.len());
+    for &p in &cfg.ports {
+        // Names ("localhost") and bare IPv6 literals resolve through ToSocketAddrs.
+        let l = std::net::TcpListener::bind((cfg.host.as_str(), p))
+            .map_err(|e| io::Error::new(e.kind(), format!("bind {}:{p}: {e}", cfg.host)))?;
+        l.set_nonblocking(true)?;
+        ports.push(l.local_addr()?.port());
+        listeners.push(l);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = cfg.io_driver;
+    let host = cfg.host.clone();
+    let stop2 = stop.clone();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("sim-worker".into())
+        .spawn(move || run_runtime(driver, cfg, listeners, stop2, ready_tx))?;
+    // Wait until the runtime runs and every listener is registered, so a failure (io_uring not
+    // permitted, ...) is reported here rather than as refused connections later.
+    let started = ready_rx
+        .recv()
+        .unwrap_or_else(|_| Err(io::Error::other("sim-worker thread exited during start-up")));
+    match started {
+        Ok(driver) => Ok(SimCluster {
+            ports,
+            host,
+            driver,
+            stop,
+            thread: Some(thread),
+        }),
+        Err(e) => {
+            let _ = thread.join();
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! Endpoint dispatch, the response helpers, and the info, health, load and cache endpoints.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use radixgate::http::response::{error_response, render};
+use radixgate::http::RequestHead;
+use serde_json::{json, Value};
+
+use crate::sim::api::Endpoint;
+use crate::sim::tokenizer::TokenizerMode;
+
+use super::conn::{write, AbortGuard, Next, Reader, WriteHalf};
+use super::inference::inference;
+use super::{unix_now, Server};
+
+/// `/health_generate` gives up after this long (SGLang's `SGLANG_HEALTH_CHECK_TIMEOUT`).
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(20);
+/// Context length advertised by `/v1/models` and `/get_server_info`.
+const CONTEXT_LEN: usize = 131_072;
+
+pub(super) async fn respond(
+    sh: &Server,
+    wr: &mut WriteHalf,
+    keep: bool,
+    status: u16,
+    ctype: &str,
+    body: &[u8],
+) -> Next {
+    let resp = render(
+        status,
+        ctype,
+        &[("x-worker-port", &sh.port_str)],
+        body,
+        !keep,
+    );
+    match write(wr, resp).await {
+        Ok(()) if keep => Next::KeepAlive,
+        _ => Next::Close,
+    }
+}
+
+async fn respond_json(sh: &Server, wr: &mut WriteHalf, keep: bool, status: u16, v: &Value) -> Next {
+    let body = serde_json::to_vec(v).unwrap_or_default();
+    respond(sh, wr, keep, status, "application/json", &body).await
+}
+
+pub(super) async fn respond_error(
+    sh: &Server,
+    wr: &mut WriteHalf,
+    keep: bool,
+    status: u16,
+    kind: &str,
+    msg: &str,
+) -> Next {
+    let resp = error_response(status, kind, msg, &[("x-worker-port", &sh.port_str)], !keep);
+    match write(wr, resp).await {
+        Ok(()) if keep => Next::KeepAlive,
+        _ => Next::Close,
+    }
+}
+
+pub(super) async fn handle(
+    sh: &Rc<Server>,
+    head: &RequestHead,
+    body: &[u8],
+    r: &mut Reader,
+    wr: &mut WriteHalf,
+) -> Next {
+    let keep = head.keep_alive;
+    let method = head.method();
+    if method == b"HEAD" {
+        // Only GET/POST APIs exist; a HEAD answer must not carry a body.
+        let resp = render(
+            405,
+            "application/json",
+            &[("x-worker-port", &sh.port_str)],
+            b"",
+            !keep,
+        );
+        return match write(wr, resp).await {
+            Ok(()) if keep => Next::KeepAlive,
+            _ => Next::Close,
+        };
+    }
+    let post = method == b"POST";
+    match head.path() {
+        b"/generate" if post || method == b"PUT" => {
+            inference(sh, head, Endpoint::Generate, body, r, wr).await
+        }
+        b"/v1/chat/completions" if post => inference(sh, head, Endpoint::Chat, body, r, wr).await,
+        b"/v1/completions" if post => inference(sh, head, Endpoint::Completions, body, r, wr).await,
+        path => handle_info(sh, method, path, keep, r, wr).await,
+    }
+}
+
+/// Every path the simulator serves (with some method): other methods get 405, other paths 404.
+const KNOWN_PATHS: &[&[u8]] = &[
+    b"/generate",
+    b"/v1/chat/completions",
+    b"/v1/completions",
+    b"/health",
+    b"/health_generate",
+    b"/v1/models",
+    b"/get_model_info",
+    b"/model_info",
+    b"/get_server_info",
+    b"/server_info",
+    b"/get_load",
+    b"/v1/loads",
+    b"/flush_cache",
+    b"/metrics",
+    b"/debug/requests",
+];
+
+/// The non-inference endpoints (health, info, load, cache, metrics, recorded requests), and the
+/// 405/404 answers for everything else.
+async fn handle_info(
+    sh: &Rc<Server>,
+    method: &[u8],
+    path: &[u8],
+    keep: bool,
+    r: &mut Reader,
+    wr: &mut WriteHalf,
+) -> Next {
+    let get = method == b"GET";
+    let post = method == b"POST";
+    match path {
+        b"/health" if get => {
+            if sh.cfg.faults.health_fail {
+                respond(sh, wr, keep, 503, "text/plain", b"").await
+            } else {
+                respond(sh, wr, keep, 200, "text/plain", b"").await
+            }
+        }
+        b"/health_generate" if get => health_generate(sh, keep, r, wr).await,
+        b"/v1/models" if get => respond_json(sh, wr, keep, 200, &models(sh)).await,
+        b"/get_model_info" | b"/model_info" if get => {
+            respond_json(sh, wr, keep, 200, &model_info(sh)).await
+        }
+        b"/get_server_info" | b"/server_info" if get => {
+            respond_json(sh, wr, keep, 200, &server_info(sh)).await
+        }
+        b"/get_load" if get => respond_json(sh, wr, keep, 200, &get_load(sh)).await,
+        b"/v1/loads" if get => respond_json(sh, wr, keep, 200, &loads(sh)).await,
+        b"/flush_cache" if get || post => flush_cache(sh, keep, wr).await,
+        b"/metrics" if get => {
+            let text = sh.engine.borrow().render_metrics(&sh.cfg.model_name);
+            respond(
+                sh,
+                wr,
+                keep,
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                text.as_bytes(),
+            )
+            .await
+        }
+        b"/debug/requests" if get => respond_json(sh, wr, keep, 200, &debug_requests(sh)).await,
+        p if KNOWN_PATHS.contains(&p) => {
+            respond_json(sh, wr, keep, 405, &json!({"detail": "Method Not Allowed"})).await
+        }
+        _ => respond_json(sh, wr, keep, 404, &json!({"detail": "Not Found"})).await,
+    }
+}
+
+/// `/flush_cache`: SGLang's text answer, 400 when requests are in flight.
+async fn flush_cache(sh: &Rc<Server>, keep: bool, wr: &mut WriteHalf) -> Next {
+    let ok = sh.engine.borrow_mut().flush_cache();
+    let text = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n";
+    respond(
+        sh,
+        wr,
+        keep,
+        if ok { 200 } else { 400 },
+        "text/plain; charset=utf-8",
+        text.as_bytes(),
+    )
+    .await
+}
+
+fn models(sh: &Server) -> Value {
+    let m = &sh.cfg.model_name;
+    json!({"object": "list", "data": [{
+        "id": m, "object": "model", "created": sh.started_unix, "owned_by": "sglang",
+        "root": m, "parent": null, "max_model_len": CONTEXT_LEN,
+    }]})
+}
+
+fn model_info(sh: &Server) -> Value {
+    let m = &sh.cfg.model_name;
+    json!({
+        "model_path": m, "tokenizer_path": m, "is_generation": true,
+        "preferred_sampling_params": null, "weight_version": "default",
+        "served_model_name": m, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+    })
+}
+
+fn server_info(sh: &Server) -> Value {
+    let c = &sh.cfg;
+    let e = sh.engine.borrow();
+    let tokenizer = match c.tokenizer {
+        TokenizerMode::Bpe => "bpe",
+        TokenizerMode::Approx => "approx",
+    };
+    json!({
+        "model_path": c.model_name, "tokenizer_path": c.model_name, "served_model_name": c.model_name,
+        "host": c.host, "port": sh.port, "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1,
+        "page_size": c.page_size, "chunked_prefill_size": c.chunked_prefill_size,
+        "max_prefill_tokens": 16384, "max_running_requests": c.max_running,
+        "max_total_tokens": c.max_total_tokens, "schedule_policy": "fcfs",
+        "radix_eviction_policy": "lru", "disable_radix_cache": false, "enable_metrics": true,
+        "enable_cache_report": true, "context_length": CONTEXT_LEN, "stream_interval": 1,
+        "random_seed": c.seed, "kv_cache_dtype": "auto", "dtype": "bfloat16",
+        "max_total_num_tokens": c.max_total_tokens,
+        "max_req_input_len": c.max_total_tokens.saturating_sub(1).min(CONTEXT_LEN),
+        "internal_states": [{
+            "last_gen_throughput": e.gen_throughput(),
+            "num_running_reqs": e.num_running(),
+            "num_waiting_reqs": e.num_waiting(),
+            "token_usage": e.cache().used_tokens() as f64 / c.max_total_tokens.max(1) as f64,
+            "cache_hit_rate": e.last_hit_rate(),
+            "memory_usage": {"kvcache_tokens": e.cache().tree_tokens() + e.cache().private_tokens()},
+        }],
+        "version": "0.5.2-sim",
+        "simulator": {
+            "time_scale": c.time_scale, "tokenizer": tokenizer,
+            "token_interval_ms": c.token_interval_ms, "default_max_tokens": c.default_max_tokens,
+        },
+    })
+}
+
+fn get_load(sh: &Server) -> Value {
+    let e = sh.engine.borrow();
+    json!([{
+        "dp_rank": 0,
+        "num_reqs": e.num_running() + e.num_waiting(),
+        "num_waiting_reqs": e.num_waiting(),
+        "num_tokens": e.cache().used_tokens(),
+        "num_pending_tokens": e.waiting_tokens(),
+        "ts_tic": unix_now(),
+    }])
+}
+
+fn loads(sh: &Server) -> Value {
+    let e = sh.engine.borrow();
+    let cap = sh.cfg.max_total_tokens.max(1);
+    let used = e.cache().used_tokens();
+    json!({
+        "timestamp": unix_now(), "version": "0.5.2-sim", "accelerator": "sim", "num_accelerators": 1,
+        "loads": [{
+            "dp_rank": 0, "num_running_reqs": e.num_running(), "num_waiting_reqs": e.num_waiting(),
+            "num_waiting_uncached_tokens": e.waiting_tokens(), "num_used_tokens": used,
+            "num_total_tokens": e.cache().tree_tokens() + e.cache().private_tokens(),
+            "max_total_num_tokens": cap, "token_usage": used as f64 / cap as f64,
+            "gen_throughput": e.gen_throughput(), "cache_hit_rate": e.last_hit_rate(),
+            "utilization": if e.is_idle() { 0.0 } else { 1.0 },
+        }],
+    })
+}
+
+fn debug_requests(sh: &Server) -> Value {
+    Value::Array(
+        sh.records
+            .borrow()
+            .iter()
+            .map(|r| {
+                json!({
+                    "method": r.method,
+                    "path": r.target,
+                    "headers": r.headers.iter().map(|(n, v)| json!([n, v])).collect::<Vec<_>>(),
+                    "body": r.body,
+                })
+            })
+            .collect(),
+    )
+}
+
+async fn health_generate(sh: &Rc<Server>, keep: bool, r: &mut Reader, wr: &mut WriteHalf) -> Next {
+    if sh.cfg.faults.health_fail {
+        return respond(sh, wr, keep, 503, "text/plain", b"").await;
+    }
+    if sh
+        .cfg
+        .faults
+        .stall_after
+        .is_some_and(|n| sh.received.get() > n)
+    {
+        // A wedged scheduler never produces the probe's token either.
+        stall(sh, r).await;
+        return Next::Close;
+    }
+    let (id, slot) = match sh.submit(vec![0], 1, true) {
+        Ok(x) => x,
+        Err(_) => return respond(sh, wr, keep, 503, "text/plain", b"").await,
+    };
+    let _guard = AbortGuard {
+        sh: sh.clone(),
+        ids: vec![id],
+    };
+    let ok = monoio::select! {
+        res = monoio::time::timeout(HEALTH_TIMEOUT, slot.changed(0)) => res.is_ok(),
+        _ = r.disconnected() => return Next::Close,
+        _ = sh.shutdown.wait() => return Next::Close,
+    };
+    respond(sh, wr, keep, if ok { 200 } else { 503 }, "text/plain", b"").await
+}
+
+/// Hold a request forever (until the client leaves or the server stops).
+pub(super) async fn stall(sh: &Server, r: &mut Reader) {
+    monoio::select! {
+        _ = r.disconnected() => {}
+        _ = sh.shutdown.wait() => {}
+    }
+}
+
+/// Count an answered inference request; the `die_after`-th one kills the server.
+pub(super) fn answered(sh: &Server) {
+    let n = sh.answered.get() + 1;
+    sh.answered.set(n);
+    if sh.cfg.faults.die_after.is_some_and(|limit| n >= limit) {
+        sh.die();
+    }
+}

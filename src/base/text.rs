@@ -1,0 +1,93 @@
+//! UTF-8 text helpers shared by the tree, the routing policies and the writer: counting
+//! characters, common prefixes that never split a character, and cutting text at character
+//! boundaries. One implementation each, on bytes where the hot paths hold bytes.
+//!
+//! "Character" means a Unicode scalar value (what `str::chars` yields). The byte-slice helpers
+//! expect valid UTF-8 that starts at a character boundary (a whole `str` or a slice of one cut at
+//! boundaries); that is what every caller holds.
+
+/// `true` when `b` starts a UTF-8 character, i.e. is not a continuation byte `10xx_xxxx`. The
+/// signed compare is one instruction and lets counting loops vectorise.
+#[inline(always)]
+fn is_char_start(b: u8) -> bool {
+    (b as i8) >= -0x40
+}
+
+/// Characters in `bytes` (valid UTF-8 starting at a boundary): the bytes that do not continue a
+/// sequence. Same as `str::chars().count()`, but branch-free, so it vectorises; the tree and the
+/// policies count characters of every request.
+#[inline]
+pub fn char_count(bytes: &[u8]) -> usize {
+    bytes.iter().filter(|&&b| is_char_start(b)).count()
+}
+
+/// Moves byte offset `n` back to the nearest character boundary of `s` (valid UTF-8 starting at
+/// a boundary); offsets at or past the end are returned unchanged. Works on bytes because the
+/// tree's keys and edges are byte slices.
+#[inline]
+pub fn floor_char_boundary(s: &[u8], mut n: usize) -> usize {
+    while n > 0 && n < s.len() && !is_char_start(s[n]) {
+        n -= 1;
+    }
+    n
+}
+
+/// Length in bytes of the common prefix of `a` and `b`, cut back to a character boundary of `a`,
+/// so `&a[..n]` is whole characters (for valid UTF-8 `b` it is a boundary of `b` too). Prefix
+/// matching of prompts (tree lookups, recent inserts) runs on every request, so the compare is
+/// block-wise: see [`common_byte_prefix`].
+#[inline]
+pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    floor_char_boundary(a, common_byte_prefix(a, b))
+}
+
+/// Length of the common prefix of `a` and `b` in bytes (may end inside a character). Compares
+/// 32-byte blocks (constant-size array equality, which LLVM lowers to vector compares), then
+/// 8-byte words (the first differing byte found from the XOR), then single bytes for the tail.
+#[inline]
+fn common_byte_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut i = 0;
+    while let (Some(x), Some(y)) = (a[i..].first_chunk::<32>(), b[i..].first_chunk::<32>()) {
+        if x != y {
+            break;
+        }
+        i += 32;
+    }
+    while let (Some(x), Some(y)) = (a[i..].first_chunk::<8>(), b[i..].first_chunk::<8>()) {
+        let diff = u64::from_le_bytes(*x) ^ u64::from_le_bytes(*y);
+        if diff != 0 {
+            return i + (diff.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}
+
+/// The first `n` characters of `text` (all of it when shorter). `prefix_hash` hashes a prompt's
+/// first characters, so the cut must count characters, not bytes.
+pub fn prefix_chars(text: &str, n: usize) -> &str {
+    if text.len() <= n {
+        return text; // at most n bytes, hence at most n chars
+    }
+    match text.char_indices().nth(n) {
+        Some((i, _)) => &text[..i],
+        None => text,
+    }
+}
+
+/// The longest valid UTF-8 prefix of `bytes`: routing text that arrives as bytes is cut at the
+/// first invalid sequence rather than rejected, because routing is best-effort.
+pub fn valid_prefix(bytes: &[u8]) -> &str {
+    match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

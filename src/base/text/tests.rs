@@ -1,0 +1,100 @@
+use super::*;
+use proptest::prelude::*;
+
+/// The oracle for common prefixes: whole equal characters, in bytes.
+fn common_by_chars(a: &str, b: &str) -> usize {
+    a.chars()
+        .zip(b.chars())
+        .take_while(|(x, y)| x == y)
+        .map(|(x, _)| x.len_utf8())
+        .sum()
+}
+
+const SAMPLES: [&str; 7] = [
+    "",
+    "abc",
+    "héllo wörld",
+    "日本語テキスト",
+    "🦀🦀 x",
+    "a\u{0}b",
+    "naïve é",
+];
+
+#[test]
+fn char_count_matches_chars() {
+    for s in SAMPLES {
+        assert_eq!(char_count(s.as_bytes()), s.chars().count(), "{s:?}");
+    }
+}
+
+#[test]
+fn common_prefix_stops_before_a_shared_lead_byte() {
+    // 'é' (C3 A9) and 'è' (C3 A8) share their first byte.
+    assert_eq!(common_prefix("naïve é".as_bytes(), "naïve è".as_bytes()), 7);
+    assert_eq!(common_prefix(b"abc", b"abd"), 2);
+    assert_eq!(common_prefix(b"abc", b"abc and more"), 3);
+    assert_eq!(common_prefix(b"", b"abc"), 0);
+    let long = "x".repeat(100);
+    assert_eq!(common_prefix(long.as_bytes(), long.as_bytes()), 100);
+}
+
+#[test]
+fn floor_char_boundary_moves_back_only_inside_a_character() {
+    let s = "a日b".as_bytes(); // a, E6 97 A5, b
+    let floors: Vec<usize> = (0..=6).map(|n| floor_char_boundary(s, n)).collect();
+    assert_eq!(floors, [0, 1, 1, 1, 4, 5, 6]);
+    assert_eq!(floor_char_boundary(s, 99), 99);
+}
+
+#[test]
+fn prefix_chars_counts_characters() {
+    assert_eq!(prefix_chars("héllo", 2), "hé");
+    assert_eq!(prefix_chars("日本語", 2), "日本");
+    assert_eq!(prefix_chars("abc", 10), "abc");
+    assert_eq!(prefix_chars("abc", 0), "");
+    assert_eq!(prefix_chars("日本語", 3), "日本語");
+}
+
+#[test]
+fn valid_prefix_cuts_at_the_first_invalid_sequence() {
+    assert_eq!(valid_prefix(b"plain"), "plain");
+    assert_eq!(valid_prefix(b"ok \xff rest"), "ok ");
+    assert_eq!(valid_prefix("日本".as_bytes().split_at(4).0), "日");
+    assert_eq!(valid_prefix(b""), "");
+}
+
+/// Mostly characters that share lead bytes, so mismatches land inside characters.
+fn text() -> impl Strategy<Value = String> {
+    prop::collection::vec(
+        prop::sample::select(vec![
+            'a', 'b', 'é', 'è', 'ï', '日', '本', '🦀', '🦁', '\u{0}',
+        ]),
+        0..80,
+    )
+    .prop_map(|v| v.into_iter().collect())
+}
+
+proptest! {
+    #[test]
+    fn agrees_with_str_chars(a in text(), b in text(), n in 0usize..100) {
+        prop_assert_eq!(char_count(a.as_bytes()), a.chars().count());
+        // A shared prefix makes long block-wise matches likely.
+        let b = format!("{a}{b}");
+        for (x, y) in [(&a, &b), (&b, &a)] {
+            let got = common_prefix(x.as_bytes(), y.as_bytes());
+            prop_assert_eq!(got, common_by_chars(x, y));
+            prop_assert!(x.is_char_boundary(got));
+        }
+        let floor = floor_char_boundary(b.as_bytes(), n);
+        let want = (0..=n.min(b.len())).rev().find(|&i| b.is_char_boundary(i)).unwrap_or(0);
+        prop_assert_eq!(floor, if n > b.len() { n } else { want });
+        let cut = prefix_chars(&b, n);
+        prop_assert_eq!(cut, b.chars().take(n).collect::<String>());
+        prop_assert_eq!(valid_prefix(b.as_bytes()), b.as_str());
+    }
+
+    #[test]
+    fn common_prefix_of_unrelated_texts(a in text(), b in text()) {
+        prop_assert_eq!(common_prefix(a.as_bytes(), b.as_bytes()), common_by_chars(&a, &b));
+    }
+}

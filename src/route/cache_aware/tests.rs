@@ -1,0 +1,270 @@
+use super::*;
+use crate::workers::load::tests_support::board;
+
+fn set_load(b: &LoadBoard, w: WorkerId, l: u32) {
+    while b.load(w) < l {
+        b.inc(w);
+    }
+    while b.load(w) > l {
+        b.dec(w);
+    }
+}
+
+fn m(matched: usize, total: usize, ws: &[WorkerId]) -> Option<MatchResult<'_>> {
+    Some(MatchResult {
+        matched_chars: matched,
+        request_chars: total,
+        workers: ws,
+    })
+}
+
+#[test]
+fn hit_above_threshold_goes_to_the_holder() {
+    let (ws, b) = board(4);
+    set_load(&b, 2, 5); // the holder is busier, affinity still wins
+    let mut rng = Rng::with_seed(1);
+    let p = Params::default();
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(40, 100, &[2])).unwrap();
+    assert_eq!(d.worker, 2);
+    assert_eq!(d.branch, Branch::CacheHit);
+    assert!(d.insert_text);
+    assert_eq!(d.matched_chars, 40);
+}
+
+#[test]
+fn several_holders_least_loaded_wins_random_among_ties() {
+    let (ws, b) = board(6);
+    set_load(&b, 1, 3);
+    set_load(&b, 3, 1);
+    set_load(&b, 4, 1);
+    set_load(&b, 5, 2);
+    let mut rng = Rng::with_seed(2);
+    let p = Params::default();
+    let mut seen = [0u32; 6];
+    for _ in 0..400 {
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1, 3, 4, 5])).unwrap();
+        assert_eq!(d.branch, Branch::CacheHit);
+        seen[d.worker as usize] += 1;
+    }
+    assert_eq!(seen[1] + seen[5] + seen[0] + seen[2], 0, "{seen:?}");
+    assert!(seen[3] > 120 && seen[4] > 120, "{seen:?}");
+}
+
+#[test]
+fn exactly_at_threshold_is_a_miss() {
+    let (ws, b) = board(3);
+    set_load(&b, 0, 1);
+    set_load(&b, 1, 1);
+    let mut rng = Rng::with_seed(3);
+    let p = Params::default();
+    for (matched, total) in [(3, 10), (30, 100), (300, 1000)] {
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(matched, total, &[0])).unwrap();
+        assert_eq!(d.branch, Branch::CacheMiss, "{matched}/{total}");
+        assert_eq!(d.worker, 2, "a miss goes to the least loaded");
+        assert!(d.insert_text);
+    }
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(31, 100, &[0])).unwrap();
+    assert_eq!((d.worker, d.branch), (0, Branch::CacheHit));
+    // Empty text: rate 0 → miss.
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(0, 0, &[0])).unwrap();
+    assert_eq!(d.branch, Branch::CacheMiss);
+}
+
+#[test]
+fn misses_spread_over_ties() {
+    let (ws, b) = board(8);
+    let mut rng = Rng::with_seed(4);
+    let p = Params::default();
+    let mut seen = [0u32; 8];
+    for _ in 0..800 {
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(0, 50, &[])).unwrap();
+        assert_eq!(d.branch, Branch::CacheMiss);
+        seen[d.worker as usize] += 1;
+    }
+    assert!(
+        seen.iter().all(|&c| c > 50),
+        "not all on one worker: {seen:?}"
+    );
+}
+
+#[test]
+fn an_unpublished_insert_that_matches_more_wins_over_the_snapshot() {
+    let (ws, b) = board(4);
+    let mut rng = Rng::with_seed(9);
+    let p = Params::default();
+    let mut tree = RadixTree::new();
+    tree.insert("shared system prompt", 1, 1);
+    let text = "shared system prompt, then the first question";
+    let recent = RecentMatch {
+        matched_chars: 30,
+        worker: 3,
+    };
+    let d = select_with_tree(&p, text, Some(&tree), Some(&recent), &ws, &[], &b, &mut rng).unwrap();
+    assert_eq!(
+        (d.worker, d.branch, d.matched_chars),
+        (3, Branch::CacheHit, 30)
+    );
+    // A shorter recent match loses to the snapshot.
+    let short = RecentMatch {
+        matched_chars: 5,
+        worker: 3,
+    };
+    let d = select_with_tree(&p, text, Some(&tree), Some(&short), &ws, &[], &b, &mut rng).unwrap();
+    assert_eq!(d.worker, 1);
+}
+
+#[test]
+fn no_tree_is_a_random_least_loaded_miss() {
+    let (ws, b) = board(4);
+    set_load(&b, 0, 2);
+    let mut rng = Rng::with_seed(5);
+    let p = Params::default();
+    let mut seen = [0u32; 4];
+    for _ in 0..300 {
+        let d = select_with_tree(&p, "hello", None, None, &ws, &[], &b, &mut rng).unwrap();
+        assert_eq!((d.branch, d.matched_chars), (Branch::CacheMiss, 0));
+        seen[d.worker as usize] += 1;
+    }
+    assert_eq!(seen[0], 0);
+    assert!(seen[1..].iter().all(|&c| c > 60), "{seen:?}");
+}
+
+#[test]
+fn imbalance_needs_both_conditions() {
+    let p = Params::default();
+    // abs gap 80 > 64 but 280 > 200·1.5 = 300 fails → balanced.
+    assert!(!p.is_imbalanced(200, 280));
+    // rel 10 > 1·1.5 but abs gap 9 ≤ 64 → balanced.
+    assert!(!p.is_imbalanced(1, 10));
+    // Exactly 64 apart is not "more than 64".
+    assert!(!p.is_imbalanced(0, 64));
+    assert!(p.is_imbalanced(0, 65));
+    assert!(p.is_imbalanced(100, 165 + 100));
+
+    let (ws, b) = board(3);
+    let mut rng = Rng::with_seed(6);
+    // Only the absolute condition: the cache hit stands.
+    set_load(&b, 0, 200);
+    set_load(&b, 1, 280);
+    set_load(&b, 2, 240);
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1])).unwrap();
+    assert_eq!((d.worker, d.branch), (1, Branch::CacheHit));
+    // Only the relative condition: the cache hit stands.
+    set_load(&b, 0, 1);
+    set_load(&b, 1, 10);
+    set_load(&b, 2, 5);
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1])).unwrap();
+    assert_eq!((d.worker, d.branch), (1, Branch::CacheHit));
+    // Both: least loaded, text still inserted, the tree is not consulted.
+    set_load(&b, 1, 70);
+    let d = select(&p, &ws, &[], &b, &mut rng, || -> Option<MatchResult<'_>> {
+        panic!("imbalanced without the window must not match")
+    })
+    .unwrap();
+    assert_eq!((d.worker, d.branch), (0, Branch::Imbalanced));
+    assert!(d.insert_text);
+}
+
+#[test]
+fn imbalanced_ties_are_random() {
+    let (ws, b) = board(4);
+    set_load(&b, 3, 100);
+    let mut rng = Rng::with_seed(7);
+    let p = Params::default();
+    let mut seen = [0u32; 4];
+    for _ in 0..300 {
+        let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[3])).unwrap();
+        assert_eq!(d.branch, Branch::Imbalanced);
+        seen[d.worker as usize] += 1;
+    }
+    assert_eq!(seen[3], 0);
+    assert!(seen[..3].iter().all(|&c| c > 60), "{seen:?}");
+}
+
+#[test]
+fn affinity_window_keeps_a_close_holder() {
+    let (ws, b) = board(3);
+    let p = Params {
+        affinity_window: true,
+        ..Params::default()
+    };
+    let mut rng = Rng::with_seed(8);
+    set_load(&b, 0, 0);
+    set_load(&b, 1, 60); // within 0 + 64
+    set_load(&b, 2, 100); // makes the fleet imbalanced
+    assert!(p.is_imbalanced(0, 100));
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(80, 100, &[1])).unwrap();
+    assert_eq!(
+        (d.worker, d.branch, d.matched_chars),
+        (1, Branch::AffinityWindow, 80)
+    );
+    // Holder outside the window → least loaded.
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(80, 100, &[2])).unwrap();
+    assert_eq!((d.worker, d.branch), (0, Branch::Imbalanced));
+    // Low match rate → least loaded even if the holder is close.
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(10, 100, &[1])).unwrap();
+    assert_eq!((d.worker, d.branch), (0, Branch::Imbalanced));
+    // Without the option the close holder is ignored.
+    let d = select(&Params::default(), &ws, &[], &b, &mut rng, || {
+        m(80, 100, &[1])
+    })
+    .unwrap();
+    assert_eq!((d.worker, d.branch), (0, Branch::Imbalanced));
+}
+
+#[test]
+fn ineligible_or_excluded_holders_make_a_miss() {
+    let (ws, b) = board(4);
+    set_load(&b, 0, 3);
+    set_load(&b, 1, 3);
+    set_load(&b, 2, 3);
+    let mut rng = Rng::with_seed(9);
+    let p = Params::default();
+    b.set_eligible(1, false);
+    let d = select(&p, &ws, &[2], &b, &mut rng, || m(90, 100, &[1, 2])).unwrap();
+    assert_eq!(
+        (d.worker, d.branch, d.matched_chars),
+        (3, Branch::CacheMiss, 90)
+    );
+    // One holder left: it wins even though another is lighter.
+    let d = select(&p, &ws, &[2], &b, &mut rng, || m(90, 100, &[0, 1, 2])).unwrap();
+    assert_eq!((d.worker, d.branch), (0, Branch::CacheHit));
+}
+
+#[test]
+fn exclusions_shape_the_balance_check() {
+    let (ws, b) = board(3);
+    set_load(&b, 0, 0);
+    set_load(&b, 1, 100);
+    set_load(&b, 2, 90);
+    let mut rng = Rng::with_seed(10);
+    let p = Params::default();
+    // With worker 0 excluded the remaining loads (90, 100) are balanced → hit on 1.
+    let d = select(&p, &ws, &[0], &b, &mut rng, || m(90, 100, &[1])).unwrap();
+    assert_eq!((d.worker, d.branch), (1, Branch::CacheHit));
+    // Without the exclusion the fleet is imbalanced.
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1])).unwrap();
+    assert_eq!((d.worker, d.branch), (0, Branch::Imbalanced));
+}
+
+#[test]
+fn nothing_eligible_is_none() {
+    let (ws, b) = board(3);
+    let mut rng = Rng::with_seed(11);
+    let p = Params::default();
+    assert_eq!(
+        select(&p, &ws, &[0, 1, 2], &b, &mut rng, || m(90, 100, &[1])),
+        None
+    );
+    for w in 0..3 {
+        b.set_eligible(w, false);
+    }
+    assert_eq!(
+        select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1])),
+        None
+    );
+    assert_eq!(
+        select_with_tree(&p, "x", None, None, &ws, &[], &b, &mut rng),
+        None
+    );
+}
