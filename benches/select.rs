@@ -5,10 +5,12 @@
 //! Loads are "realistic": most workers carry a few requests (0..=3), one in 16 is busier
 //! (4..=19), so the least-loaded level holds a fair share of the fleet but not all of it.
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use radixgate::base::rng::Rng;
+use radixgate::base::WorkerId;
 use radixgate::route::cache_aware::{self, MatchResult, Params};
-use radixgate::route::policy::{Policy, PolicyConfig, PolicyKind, RouteInput};
-use radixgate::route::rng::Rng;
-use radixgate::tree::{RadixTree, WorkerId};
+use radixgate::route::policy::Policy;
+use radixgate::route::types::{PolicyConfig, PolicyKind, RouteInput};
+use radixgate::tree::RadixTree;
 use radixgate::workers::load::LoadBoard;
 use std::hint::black_box;
 

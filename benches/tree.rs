@@ -13,7 +13,8 @@
 //! Memory per node is printed after the tree benchmarks (requested bytes, and rounded up to
 //! mimalloc's size classes, the allocator the gateway runs on).
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput};
-use radixgate::tree::{spawn_writer, Insert, RadixTree, WorkerId, WriterConfig};
+use radixgate::base::WorkerId;
+use radixgate::tree::{spawn_writer, Insert, RadixTree, WriterConfig};
 use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};

@@ -7,7 +7,7 @@
 //! *before* the command line, so the file and the command line go through the same parser and
 //! validation, and flags on the command line override the file.
 
-use crate::route::policy::{AssignmentMode, PolicyKind};
+use crate::route::types::{AssignmentMode, PolicyKind};
 use clap::{ArgAction, Parser, ValueEnum};
 use std::time::Duration;
 
@@ -329,8 +329,8 @@ impl Config {
     }
 
     /// Policy settings for the routing layer.
-    pub fn policy_config(&self) -> crate::route::policy::PolicyConfig {
-        crate::route::policy::PolicyConfig {
+    pub fn policy_config(&self) -> crate::route::types::PolicyConfig {
+        crate::route::types::PolicyConfig {
             kind: self.policy,
             cache_threshold: self.cache_threshold,
             balance_abs_threshold: self.balance_abs_threshold,

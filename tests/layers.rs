@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Layers as the README lists them: lines `layer N: module module …` inside the architecture
-/// section's code block.
+/// Layers as the README lists them: lines `layer N: module module … | what they do` inside the
+/// architecture section's code block.
 fn layers_from_readme() -> HashMap<String, u32> {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
         .expect("README.md");
@@ -19,6 +19,7 @@ fn layers_from_readme() -> HashMap<String, u32> {
             continue;
         };
         let n: u32 = n.trim().parse().expect("layer number");
+        let modules = modules.split('|').next().unwrap_or("");
         for m in modules.split_whitespace() {
             assert!(
                 out.insert(m.to_string(), n).is_none(),
@@ -44,7 +45,12 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 /// The top-level module a file under `src/` belongs to.
 fn top_module(src: &Path, file: &Path) -> String {
     let rel = file.strip_prefix(src).unwrap();
-    let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+    let first = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy();
     first.trim_end_matches(".rs").to_string()
 }
 
@@ -83,7 +89,10 @@ fn every_import_points_to_a_lower_layer() {
         }
         seen_modules.insert(from.clone());
         let Some(&from_layer) = layers.get(&from) else {
-            violations.push(format!("{}: module `{from}` is not in the README layers", f.display()));
+            violations.push(format!(
+                "{}: module `{from}` is not in the README layers",
+                f.display()
+            ));
             continue;
         };
         let text = std::fs::read_to_string(f).unwrap();

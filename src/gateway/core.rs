@@ -1,8 +1,8 @@
 //! One serving core's private state: never shared between threads, so no locks.
 
 use super::Gateway;
+use crate::base::rng::Rng;
 use crate::proxy::pool::Pool;
-use crate::route::rng::Rng;
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;

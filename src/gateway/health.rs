@@ -7,9 +7,9 @@
 
 use super::core::upstream_pool;
 use super::Gateway;
+use crate::base::WorkerId;
 use crate::proxy::forward;
 use crate::proxy::pool::Pool;
-use crate::tree::WorkerId;
 use crate::workers::registry::{Worker, WorkerList};
 use bytes::Bytes;
 use std::collections::{HashMap, HashSet};

@@ -2,12 +2,13 @@
 //! their single writer, and the ring of inserts the writer has not published yet. Cores choose
 //! against a snapshot and learn by message; nothing here takes a lock on the request path.
 
+use crate::base::rng::Rng;
+use crate::base::WorkerId;
 use crate::config::Config;
 use crate::route::policy::Policy;
 use crate::route::recent::RecentInserts;
-use crate::route::rng::Rng;
 use crate::route::types::{Decision, RouteInput};
-use crate::tree::{spawn_writer, Insert, TreeHandle, WorkerId, WriterConfig};
+use crate::tree::{spawn_writer, Insert, TreeHandle, WriterConfig};
 use crate::workers::load::LoadBoard;
 use bytes::Bytes;
 use std::time::Duration;

@@ -3,8 +3,8 @@
 //! engines' 5 s keep-alive) are dropped, and a connection is probed before reuse: a peer that
 //! closed it, or sent bytes nobody asked for, makes it unusable.
 
+use crate::base::WorkerId;
 use crate::proxy::io::{peek, Peek};
-use crate::tree::WorkerId;
 use monoio::net::TcpStream;
 use std::cell::RefCell;
 use std::collections::HashMap;

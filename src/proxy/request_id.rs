@@ -1,8 +1,8 @@
 //! Request ids: taken from the first configured header the client sent, else generated with the
 //! reference's prefixes (`chatcmpl-`, `cmpl-`, `gnt-`, `req-`) and 24 random alphanumerics.
 
+use crate::base::rng::Rng;
 use crate::http::RequestHead;
-use crate::route::rng::Rng;
 
 const ALPHABET: &[u8; 62] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
 

@@ -12,10 +12,10 @@
 //!   cut then moves **half way** toward its target (damping sampling noise), keeping the cuts
 //!   non-decreasing.
 //! * A range whose owner is ineligible or excluded falls back to the least-loaded worker.
+use crate::base::rng::Rng;
 use crate::base::text::char_count;
-use crate::route::policy::{Branch, Decision};
-use crate::route::rng::Rng;
-use crate::tree::WorkerId;
+use crate::base::WorkerId;
+use crate::route::types::{Branch, Decision};
 use crate::workers::load::LoadBoard;
 use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};

@@ -19,11 +19,12 @@
 //! holder whose load is at most `min + balance_abs_threshold` still wins. The tree reports only
 //! the holders of the deepest matched position, so holders of a shorter prefix are not
 //! considered.
+use crate::base::rng::Rng;
 use crate::base::text::char_count;
-use crate::route::policy::{Branch, Decision, PolicyConfig};
+use crate::base::WorkerId;
 use crate::route::recent::RecentMatch;
-use crate::route::rng::Rng;
-use crate::tree::{RadixTree, WorkerId};
+use crate::route::types::{Branch, Decision, PolicyConfig};
+use crate::tree::RadixTree;
 use crate::workers::load::LoadBoard;
 
 /// The cache_aware knobs, copied out of `PolicyConfig` once.

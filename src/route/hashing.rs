@@ -5,10 +5,10 @@
 //!
 //! The ring is rebuilt on the admin path (`RingCell::rebuild`) and published through `ArcSwap`,
 //! so `select` only does an atomic load, a binary search and a short clockwise walk.
+use crate::base::rng::Rng;
 use crate::base::text::prefix_chars;
-use crate::route::policy::{Branch, Decision, RouteInput};
-use crate::route::rng::Rng;
-use crate::tree::WorkerId;
+use crate::base::WorkerId;
+use crate::route::types::{Branch, Decision, RouteInput};
 use crate::workers::load::LoadBoard;
 use arc_swap::ArcSwap;
 use std::sync::Arc;

@@ -11,10 +11,10 @@
 //!   replaced by a fresh placement, and the map follows.
 //! * Keys idle longer than `max_idle_secs` are dropped by `expire` (from `Policy::maintain`).
 //! * Requests without the header are placed fresh every time and not stored.
+use crate::base::rng::Rng;
+use crate::base::WorkerId;
 use crate::route::hashing::hash64;
-use crate::route::policy::{AssignmentMode, Branch, Decision};
-use crate::route::rng::Rng;
-use crate::tree::WorkerId;
+use crate::route::types::{AssignmentMode, Branch, Decision};
 use crate::workers::load::LoadBoard;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};

@@ -6,5 +6,4 @@ pub mod hashing;
 pub mod manual;
 pub mod policy;
 pub mod recent;
-pub mod rng;
 pub mod types;

@@ -7,7 +7,7 @@
 //! matches against it too. Pure: epochs are passed in.
 
 use crate::base::text::{char_count, common_prefix};
-use crate::tree::WorkerId;
+use crate::base::WorkerId;
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};

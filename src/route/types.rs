@@ -3,8 +3,8 @@
 //! the policies import this module, `policy.rs` imports the policies, and nothing here imports
 //! either.
 
+use crate::base::WorkerId;
 use crate::route::recent::RecentMatch;
-use crate::tree::WorkerId;
 use std::fmt;
 use std::str::FromStr;
 
@@ -301,5 +301,28 @@ impl Decision {
             insert_text: false,
             matched_chars: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for k in PolicyKind::ALL {
+            assert_eq!(k.as_str().parse::<PolicyKind>(), Ok(k));
+            assert_eq!(k.to_string(), k.as_str());
+        }
+        let err = "cache-aware".parse::<PolicyKind>().unwrap_err().to_string();
+        assert!(
+            err.contains("cache-aware") && err.contains("cache_aware"),
+            "{err}"
+        );
+        for m in ["random", "min_load", "min_group"] {
+            assert_eq!(m.parse::<AssignmentMode>().unwrap().as_str(), m);
+        }
+        assert!("minload".parse::<AssignmentMode>().is_err());
+        assert_eq!(Branch::HashRingOverloaded.as_str(), "hash_ring_overloaded");
     }
 }

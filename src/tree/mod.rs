@@ -5,9 +5,5 @@
 pub mod node;
 pub mod writer;
 
-/// A worker's stable identity inside the gateway. Assigned once by the registry and never reused,
-/// so tree entries of a removed worker can never be mistaken for a new one.
-pub type WorkerId = u32;
-
 pub use node::{Match, RadixTree};
 pub use writer::{spawn_writer, Forest, Insert, TreeHandle, WriterConfig, WriterStats};

@@ -6,8 +6,9 @@
 //! of the forest, applies messages with path copying, and publishes a new snapshot at most every
 //! `epoch` (or right after `publish_after` messages). Publishing is O(models): the trees are
 //! `Arc` roots, so a snapshot shares every node the writer has not touched since.
-use super::{RadixTree, WorkerId};
+use super::RadixTree;
 use crate::base::text::valid_prefix;
+use crate::base::WorkerId;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use crossbeam::channel::{self, Receiver, RecvTimeoutError, Sender, TrySendError};

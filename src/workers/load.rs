@@ -23,8 +23,8 @@
 //! Memory ordering: slot words are `Relaxed` (a count, nothing is published through it). Level
 //! counts and hints use `SeqCst` so the narrow-then-recheck argument holds; on x86 a `SeqCst`
 //! read-modify-write costs the same as a relaxed one and `SeqCst` loads are plain loads.
-use crate::route::rng::Rng;
-use crate::tree::WorkerId;
+use crate::base::rng::Rng;
+use crate::base::WorkerId;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::Relaxed, Ordering::SeqCst};
 
 /// Bit of a slot word that marks the worker eligible.
@@ -518,7 +518,7 @@ mod tests;
 #[cfg(test)]
 pub mod tests_support {
     use super::LoadBoard;
-    use crate::tree::WorkerId;
+    use crate::base::WorkerId;
 
     /// `n` eligible workers with ids `0..n`, all idle.
     pub fn board(n: u32) -> (Vec<WorkerId>, LoadBoard) {

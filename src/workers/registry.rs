@@ -3,7 +3,7 @@
 //! by a mutex on the admin path. Worker ids are never reused, so a stale id in a tree or a pool
 //! can never point at a different worker.
 
-use crate::tree::WorkerId;
+use crate::base::WorkerId;
 use crate::workers::breaker::Breaker;
 use crate::workers::load::LoadBoard;
 use arc_swap::ArcSwap;

@@ -3,7 +3,7 @@
 
 use super::repr::{char_key, key_at, Node, META_BYTES};
 use super::RadixTree;
-use crate::tree::WorkerId;
+use crate::base::WorkerId;
 
 impl RadixTree {
     /// Checks every structural invariant (see the module docs) in one iterative pass. O(nodes);

@@ -3,7 +3,7 @@
 
 use super::repr::{assemble, bloom_bit, bloom_in, key_at, Node, META_BYTES};
 use super::RadixTree;
-use crate::tree::WorkerId;
+use crate::base::WorkerId;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 use super::repr::{assemble, char_key, Node, META_BYTES};
 use super::RadixTree;
 use crate::base::text::{char_count, floor_char_boundary};
-use crate::tree::WorkerId;
+use crate::base::WorkerId;
 use std::sync::Arc;
 
 /// Keys longer than this are cut (at a character boundary) so every edge length fits in `u32`.

@@ -3,7 +3,7 @@
 use super::repr::Node;
 use super::{Match, RadixTree};
 use crate::base::text::char_count;
-use crate::tree::WorkerId;
+use crate::base::WorkerId;
 
 impl RadixTree {
     /// Longest prefix of `key` present in the tree, with the workers that hold it.

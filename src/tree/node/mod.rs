@@ -46,7 +46,7 @@ mod repr;
 mod stats;
 mod workers;
 
-use super::WorkerId;
+use crate::base::WorkerId;
 use repr::Node;
 use std::fmt;
 use std::sync::Arc;

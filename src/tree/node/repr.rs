@@ -3,7 +3,7 @@
 
 use super::workers::Workers;
 use crate::base::text::common_prefix;
-use crate::tree::WorkerId;
+use crate::base::WorkerId;
 use std::sync::Arc;
 
 /// Bytes per child key.

@@ -2,7 +2,7 @@
 
 use super::repr::Node;
 use super::RadixTree;
-use crate::tree::WorkerId;
+use crate::base::WorkerId;
 
 impl RadixTree {
     /// Characters held by `worker` (shared text counts once per worker holding it).

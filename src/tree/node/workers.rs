@@ -1,7 +1,7 @@
 //! The set of workers holding a node, with their last access times, in 24 bytes.
 
 use super::repr::bloom_bit;
-use crate::tree::WorkerId;
+use crate::base::WorkerId;
 
 /// The workers holding a node and their last access times. Most nodes (leaves) have one worker,
 /// kept inline: no allocation and no extra cache miss. Otherwise one allocation: the sorted ids,

@@ -1,5 +1,5 @@
 use super::*;
-use crate::route::rng::Rng;
+use crate::base::rng::Rng;
 use proptest::prelude::*;
 use std::sync::Arc;
 
