@@ -50,6 +50,8 @@ const CONTEXT_LEN: usize = 131_072;
 /// How often the runtime thread checks for a cross-thread shutdown request (monoio without the
 /// `sync` feature drops cross-thread wakes, so the flag is polled).
 const STOP_POLL: Duration = Duration::from_millis(10);
+/// How often a held inference request checks whether `POST /debug/faults` released it.
+const HOLD_POLL: Duration = Duration::from_millis(2);
 
 // ---------------------------------------------------------------------------------------------
 // Single-thread wake primitives.
@@ -219,6 +221,25 @@ struct Server {
     fault_rng: RefCell<Rng>,
     records: RefCell<VecDeque<Recorded>>,
     next_id: Cell<u64>,
+    /// Connections accepted, and those of them that carried at least one inference request
+    /// (`GET /debug/stats`).
+    connections: Cell<u64>,
+    inference_connections: Cell<u64>,
+    /// Inference requests received and not yet finished (held, delayed, stalled or generating).
+    in_progress: Cell<u64>,
+    /// Run-time fault knobs (`POST /debug/faults`): `fail_rate` replaces the configured one;
+    /// `hold` keeps new and waiting inference requests from being handled until it is cleared.
+    fail_rate_override: Cell<Option<f64>>,
+    hold: Cell<bool>,
+}
+
+/// Counts an inference request as in progress while it lives.
+struct InProgress<'a>(&'a Cell<u64>);
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
 }
 
 fn unix_now() -> f64 {
@@ -262,7 +283,19 @@ impl Server {
             fault_rng: RefCell::new(Rng::new(seed ^ 0xFA11_0000)),
             records: RefCell::new(VecDeque::new()),
             next_id: Cell::new(1),
+            connections: Cell::new(0),
+            inference_connections: Cell::new(0),
+            in_progress: Cell::new(0),
+            fail_rate_override: Cell::new(None),
+            hold: Cell::new(false),
         }
+    }
+
+    /// The fail rate in force: the run-time override, else the configured one.
+    fn fail_rate(&self) -> f64 {
+        self.fail_rate_override
+            .get()
+            .unwrap_or(self.cfg.faults.fail_rate)
     }
 
     /// `spawn_cluster` validated it to be finite and positive.
@@ -588,6 +621,8 @@ async fn connection(sh: Rc<Server>, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let (rd, mut wr) = stream.into_split();
     let mut reader = Reader::new(rd);
+    sh.connections.set(sh.connections.get() + 1);
+    let mut carried_inference = false;
     loop {
         let head = match read_head(&sh, &mut reader).await {
             HeadRead::Head(h) => h,
@@ -614,6 +649,16 @@ async fn connection(sh: Rc<Server>, stream: TcpStream) {
             Err(None) => return,
         };
         sh.record(&head, &body);
+        if !carried_inference
+            && matches!(
+                head.path(),
+                b"/generate" | b"/v1/chat/completions" | b"/v1/completions"
+            )
+        {
+            carried_inference = true;
+            sh.inference_connections
+                .set(sh.inference_connections.get() + 1);
+        }
         let next = handle(&sh, &head, &body, &mut reader, &mut wr).await;
         if matches!(next, Next::Close) || !head.keep_alive || sh.shutdown.is_set() {
             return;
@@ -739,6 +784,11 @@ async fn handle(
             .await
         }
         b"/debug/requests" if get => respond_json(sh, wr, keep, 200, &debug_requests(sh)).await,
+        b"/debug/stats" if get => respond_json(sh, wr, keep, 200, &debug_stats(sh)).await,
+        b"/debug/faults" if post => match set_faults(sh, body) {
+            Ok(()) => respond_json(sh, wr, keep, 200, &debug_stats(sh)).await,
+            Err(msg) => respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await,
+        },
         b"/generate"
         | b"/v1/chat/completions"
         | b"/v1/completions"
@@ -753,7 +803,9 @@ async fn handle(
         | b"/v1/loads"
         | b"/flush_cache"
         | b"/metrics"
-        | b"/debug/requests" => {
+        | b"/debug/requests"
+        | b"/debug/stats"
+        | b"/debug/faults" => {
             respond_json(sh, wr, keep, 405, &json!({"detail": "Method Not Allowed"})).await
         }
         _ => respond_json(sh, wr, keep, 404, &json!({"detail": "Not Found"})).await,
@@ -857,6 +909,43 @@ fn debug_requests(sh: &Server) -> Value {
     )
 }
 
+fn debug_stats(sh: &Server) -> Value {
+    json!({
+        "port": sh.port,
+        "connections": sh.connections.get(),
+        "inference_connections": sh.inference_connections.get(),
+        "inference_received": sh.received.get(),
+        "inference_answered": sh.answered.get(),
+        "inference_in_progress": sh.in_progress.get(),
+        "fail_rate": sh.fail_rate(),
+        "hold": sh.hold.get(),
+    })
+}
+
+/// `POST /debug/faults` with `{"fail_rate": 0.0..=1.0 | null, "hold": bool}` (each optional;
+/// `fail_rate: null` restores the configured rate).
+fn set_faults(sh: &Server, body: &[u8]) -> Result<(), String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
+    let Some(obj) = v.as_object() else {
+        return Err("expected a JSON object".into());
+    };
+    if let Some(f) = obj.get("fail_rate") {
+        let rate = match f {
+            Value::Null => None,
+            v => match v.as_f64() {
+                Some(r) if (0.0..=1.0).contains(&r) => Some(r),
+                _ => return Err("fail_rate must be within [0, 1] or null".into()),
+            },
+        };
+        sh.fail_rate_override.set(rate);
+    }
+    if let Some(h) = obj.get("hold") {
+        sh.hold
+            .set(h.as_bool().ok_or("hold must be true or false")?);
+    }
+    Ok(())
+}
+
 async fn health_generate(sh: &Rc<Server>, keep: bool, r: &mut Reader, wr: &mut WriteHalf) -> Next {
     if sh.cfg.faults.health_fail {
         return respond(sh, wr, keep, 503, "text/plain", b"").await;
@@ -916,6 +1005,15 @@ async fn inference(
     let faults = &sh.cfg.faults;
     let count = sh.received.get() + 1;
     sh.received.set(count);
+    sh.in_progress.set(sh.in_progress.get() + 1);
+    let _in_progress = InProgress(&sh.in_progress);
+    while sh.hold.get() {
+        monoio::select! {
+            _ = monoio::time::sleep(HOLD_POLL) => {}
+            _ = r.disconnected() => return Next::Close,
+            _ = sh.shutdown.wait() => return Next::Close,
+        }
+    }
     if faults.die_after.is_some_and(|n| count > n) {
         sh.die();
         return Next::Close;
@@ -931,7 +1029,8 @@ async fn inference(
             _ = sh.shutdown.wait() => return Next::Close,
         }
     }
-    if faults.fail_rate > 0.0 && sh.fault_rng.borrow_mut().chance(faults.fail_rate) {
+    let fail_rate = sh.fail_rate();
+    if fail_rate > 0.0 && sh.fault_rng.borrow_mut().chance(fail_rate) {
         let next = respond_error(
             sh,
             wr,
