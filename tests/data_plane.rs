@@ -1,6 +1,7 @@
 //! End-to-end tests of the HTTP/1.1 data plane over real sockets on 127.0.0.1: a gateway
-//! in-process in front of simulated SGLang workers. CI runs this file twice: with io_uring and
-//! with `MONOIO_FORCE_LEGACY_DRIVER=1` (epoll).
+//! in-process in front of simulated SGLang workers. scripts/test.sh runs this file twice:
+//! with `RADIXGATE_TEST_IO_DRIVER=uring` and with `RADIXGATE_TEST_IO_DRIVER=epoll` (see
+//! tests/common: every gateway then runs on, and is checked to report, that driver).
 
 mod common;
 use common::*;
