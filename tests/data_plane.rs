@@ -508,7 +508,9 @@ fn client_leaves_and_the_upstream_is_freed(stream: bool) {
     if stream {
         let _ = c.read_timed_until(b"\"content\"", Duration::from_secs(5));
     } else {
-        std::thread::sleep(Duration::from_millis(300));
+        wait_until("the request at the worker", Duration::from_secs(5), || {
+            (sim_count(&cluster, 0, "inference_in_progress") == 1).then_some(())
+        });
     }
     drop(c);
     wait_for_upstream_abort(worker, Duration::from_secs(5));

@@ -432,7 +432,10 @@ fn workers_added_and_removed_under_load() {
             ports
         })
     };
-    std::thread::sleep(Duration::from_millis(200));
+    let served = |c: &loadtest::sim::SimCluster, i: usize| sim_count(c, i, "inference_received");
+    wait_until("load on the first workers", Duration::from_secs(10), || {
+        (served(&a, 0) + served(&a, 1) >= 5).then_some(())
+    });
     let r = request(
         gw.addr,
         "POST",
@@ -442,7 +445,9 @@ fn workers_added_and_removed_under_load() {
     )
     .unwrap();
     assert_eq!(r.status, 202, "{}", r.text());
-    std::thread::sleep(Duration::from_millis(200));
+    wait_until("the added worker serving", Duration::from_secs(10), || {
+        (served(&b, 0) >= 3).then_some(())
+    });
     let id = r.json()["id"].as_str().unwrap().to_string();
     assert_eq!(
         request(gw.addr, "GET", &format!("/workers/{id}"), &[], b"")
@@ -462,7 +467,27 @@ fn workers_added_and_removed_under_load() {
     )
     .unwrap();
     assert_eq!(r.status, 202, "{}", r.text());
-    std::thread::sleep(Duration::from_millis(200));
+    wait_until(
+        "the removed worker gone from /workers",
+        Duration::from_secs(10),
+        || {
+            let w = request(gw.addr, "GET", "/workers", &[], b"")
+                .unwrap()
+                .json();
+            (!w.to_string().contains(&a.urls()[0])).then_some(())
+        },
+    );
+    // Load goes on without it: the others serve more, the removed one (at most one request
+    // chosen before the removal) nothing.
+    let removed_before = served(&a, 0);
+    let others_before = served(&a, 1) + served(&b, 0);
+    wait_until("load after the removal", Duration::from_secs(10), || {
+        (served(&a, 1) + served(&b, 0) >= others_before + 10).then_some(())
+    });
+    assert!(
+        served(&a, 0) <= removed_before + 1,
+        "the removed worker still gets traffic"
+    );
     stop.store(true, Ordering::Relaxed);
     let ports = load.join().unwrap();
     assert_eq!(bad.load(Ordering::Relaxed), 0);
