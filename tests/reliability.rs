@@ -229,12 +229,8 @@ fn a_failing_worker_opens_its_circuit_and_4xx_do_not_count() {
         ],
     );
     for i in 0..10 {
-        assert_eq!(
-            request(gw.addr, "POST", "/generate", &[], &gen(i))
-                .unwrap()
-                .status,
-            200
-        );
+        let r = request(gw.addr, "POST", "/generate", &[], &gen(i)).unwrap();
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
     }
     let workers = request(gw.addr, "GET", "/workers", &[], b"")
         .unwrap()
@@ -803,7 +799,7 @@ fn five_thousand_idle_connections_do_not_slow_normal_traffic() {
     };
     let before = measure();
     let idle: Vec<std::net::TcpStream> = (0..5000)
-        .map(|_| std::net::TcpStream::connect(gw.addr).expect("idle connection"))
+        .map(|_| connect_retrying(gw.addr).expect("idle connection"))
         .collect();
     std::thread::sleep(Duration::from_millis(300));
     let during = measure();

@@ -183,7 +183,7 @@ pub struct Conn {
 
 impl Conn {
     pub fn open(addr: SocketAddr) -> Conn {
-        let stream = TcpStream::connect(addr).expect("connect");
+        let stream = connect_retrying(addr).expect("connect");
         stream
             .set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
@@ -200,7 +200,7 @@ impl Conn {
 
     fn fill(&mut self) -> std::io::Result<usize> {
         let mut tmp = [0u8; 16384];
-        let n = self.stream.read(&mut tmp)?;
+        let n = read_retrying(&mut self.stream, &mut tmp)?;
         self.buf.extend_from_slice(&tmp[..n]);
         Ok(n)
     }
@@ -297,7 +297,7 @@ impl Conn {
         }
         while Instant::now() < until && !all.windows(end.len()).any(|w| w == end) {
             let mut tmp = [0u8; 16384];
-            match self.stream.read(&mut tmp) {
+            match read_retrying(&mut self.stream, &mut tmp) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     all.extend_from_slice(&tmp[..n]);
@@ -323,7 +323,7 @@ impl Conn {
             }
             self.stream.set_read_timeout(Some(left)).unwrap();
             let mut tmp = [0u8; 4096];
-            match self.stream.read(&mut tmp) {
+            match read_retrying(&mut self.stream, &mut tmp) {
                 Ok(0) => break,
                 Ok(n) => extra.extend_from_slice(&tmp[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
@@ -350,11 +350,33 @@ impl Conn {
         self.stream.set_read_timeout(Some(limit)).unwrap();
         let mut tmp = [0u8; 4096];
         loop {
-            match self.stream.read(&mut tmp) {
+            match read_retrying(&mut self.stream, &mut tmp) {
                 Ok(0) => return true,
                 Ok(_) => continue,
                 Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
             }
+        }
+    }
+}
+
+/// `read`, retried when a signal interrupts it (EINTR is not an answer from the peer; test
+/// threads that probed or built io_uring rings do get interrupted).
+fn read_retrying(stream: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match stream.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
+/// `connect`, retried when a signal interrupts it.
+pub fn connect_retrying(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let mut tries = 0;
+    loop {
+        match TcpStream::connect(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted && tries < 10 => tries += 1,
+            r => return r,
         }
     }
 }
@@ -382,7 +404,7 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> std::io::Result<Response> {
-    let stream = TcpStream::connect(addr)?;
+    let stream = connect_retrying(addr)?;
     stream.set_read_timeout(Some(Duration::from_secs(20)))?;
     let mut c = Conn {
         stream,
