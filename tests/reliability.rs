@@ -70,13 +70,50 @@ fn nothing_is_lost_when_one_of_four_workers_fails_20_percent() {
 
 #[test]
 fn retries_exclude_the_worker_that_failed() {
-    let good = sim(1, |_| {});
     let bad = sim(1, |c| c.faults.fail_rate = 1.0);
+    let good = sim(1, |_| {});
     let urls = vec![bad.urls()[0].clone(), good.urls()[0].clone()];
-    // cache_aware would send the same prompt back to the failing worker every time if retries
-    // did not exclude it (its tree points there).
+    // `X-SMG-Target-Worker: 0` sends every first attempt to the failing worker (registered
+    // first): a retry that did not exclude it would go straight back there, every time.
     let gw = gateway_for(
         &urls,
+        &[
+            "--policy",
+            "consistent_hashing",
+            "--retry-initial-backoff-ms",
+            "1",
+            "--cb-failure-threshold",
+            "1000",
+        ],
+    );
+    let n = 20;
+    for i in 0..n {
+        let r = request(
+            gw.addr,
+            "POST",
+            "/v1/completions",
+            &[("x-smg-target-worker", "0")],
+            format!(r#"{{"prompt":"same prompt {}","max_tokens":1}}"#, i % 2).as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(served_by(&r), good.ports()[0]);
+    }
+    // Each request was tried on the failing worker exactly once, then answered by the other.
+    assert_eq!(
+        sim_count(&bad, 0, "inference_received"),
+        n,
+        "the failing worker was not tried exactly once per request"
+    );
+    assert_eq!(sim_count(&good, 0, "inference_received"), n);
+
+    // cache_aware: its tree points at the failing worker for a prompt it has seen there (the
+    // insert happens at selection), so without exclusion a retry would often go back to it.
+    // Whatever the ties, a request never reaches the failing worker twice.
+    let bad2 = sim(1, |c| c.faults.fail_rate = 1.0);
+    let good2 = sim(1, |_| {});
+    let gw = gateway_for(
+        &[bad2.urls()[0].clone(), good2.urls()[0].clone()],
         &[
             "--policy",
             "cache_aware",
@@ -86,7 +123,7 @@ fn retries_exclude_the_worker_that_failed() {
             "1000",
         ],
     );
-    for i in 0..20 {
+    for i in 0..n {
         let r = request(
             gw.addr,
             "POST",
@@ -95,9 +132,16 @@ fn retries_exclude_the_worker_that_failed() {
             format!(r#"{{"prompt":"same prompt {}","max_tokens":1}}"#, i % 2).as_bytes(),
         )
         .unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(served_by(&r), good.ports()[0]);
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(served_by(&r), good2.ports()[0]);
+        let tried = sim_count(&bad2, 0, "inference_received");
+        assert!(
+            tried <= i + 1,
+            "request {i} reached the failing worker twice ({tried} attempts so far)"
+        );
     }
+    assert_eq!(sim_count(&good2, 0, "inference_received"), n);
+
     // With retries disabled the failure reaches the client.
     let gw = gateway_for(&[bad.urls()[0].clone()], &["--disable-retries"]);
     assert_eq!(
@@ -106,6 +150,65 @@ fn retries_exclude_the_worker_that_failed() {
             .status,
         500
     );
+}
+
+#[test]
+fn a_circuit_opens_half_opens_after_its_timeout_and_closes_after_successful_probes() {
+    let worker = sim(1, |c| c.faults.fail_rate = 1.0);
+    let url = worker.urls()[0].clone();
+    let gw = gateway_for(
+        &worker.urls(),
+        &[
+            "--cb-failure-threshold",
+            "3",
+            "--cb-success-threshold",
+            "2",
+            "--cb-timeout-duration-secs",
+            "1",
+            "--disable-retries",
+        ],
+    );
+    let generate = |i: usize| {
+        request(gw.addr, "POST", "/generate", &[], &gen(i))
+            .unwrap()
+            .status
+    };
+    let state = || circuit(gw.addr, &[], &url);
+    let half_open_within = |limit: Duration| {
+        wait_until("the circuit to half-open", limit, || {
+            let s = state();
+            assert_ne!(s, "closed", "the circuit closed without probes");
+            (s == "half_open").then_some(())
+        })
+    };
+    // Closed: failures reach the worker until the third opens the circuit.
+    for i in 0..3 {
+        assert_eq!(state(), "closed", "opened after {i} failures");
+        assert_eq!(generate(i), 500);
+    }
+    assert_eq!(state(), "open");
+    // Open: nothing reaches the worker.
+    assert_eq!(generate(3), 503);
+    assert_eq!(sim_count(&worker, 0, "inference_received"), 3);
+
+    // Half-open after the open period; a failing probe reopens it.
+    half_open_within(Duration::from_secs(5));
+    assert_eq!(generate(4), 500);
+    assert_eq!(state(), "open", "a failed probe must reopen the circuit");
+    assert_eq!(sim_count(&worker, 0, "inference_received"), 4);
+
+    // The worker recovers; the next half-open period lets probes through and closes the
+    // circuit after --cb-success-threshold successes.
+    set_faults(&worker, 0, serde_json::json!({"fail_rate": 0.0}));
+    half_open_within(Duration::from_secs(5));
+    assert_eq!(generate(5), 200);
+    assert_eq!(state(), "half_open", "closed after one success of two");
+    assert_eq!(generate(6), 200);
+    assert_eq!(state(), "closed");
+    assert_eq!(sim_count(&worker, 0, "inference_received"), 6);
+    for i in 7..10 {
+        assert_eq!(generate(i), 200);
+    }
 }
 
 #[test]
@@ -126,12 +229,8 @@ fn a_failing_worker_opens_its_circuit_and_4xx_do_not_count() {
         ],
     );
     for i in 0..10 {
-        assert_eq!(
-            request(gw.addr, "POST", "/generate", &[], &gen(i))
-                .unwrap()
-                .status,
-            200
-        );
+        let r = request(gw.addr, "POST", "/generate", &[], &gen(i)).unwrap();
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
     }
     let workers = request(gw.addr, "GET", "/workers", &[], b"")
         .unwrap()
@@ -194,7 +293,23 @@ fn unhealthy_workers_leave_selection_and_refused_connections_act_at_once() {
         "1",
     ]);
     wait_ready(gw.addr, Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(300));
+    wait_until(
+        "the sick worker marked unhealthy",
+        Duration::from_secs(10),
+        || {
+            let w = request(gw.addr, "GET", "/workers", &[], b"")
+                .unwrap()
+                .json();
+            let sick_entry = w["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["url"] == sick.urls()[0])
+                .cloned()
+                .unwrap();
+            (sick_entry["healthy"] == false).then_some(())
+        },
+    );
     for i in 0..6 {
         assert_eq!(
             served_by(&request(gw.addr, "POST", "/generate", &[], &gen(i)).unwrap()),
@@ -313,7 +428,10 @@ fn workers_added_and_removed_under_load() {
             ports
         })
     };
-    std::thread::sleep(Duration::from_millis(200));
+    let served = |c: &loadtest::sim::SimCluster, i: usize| sim_count(c, i, "inference_received");
+    wait_until("load on the first workers", Duration::from_secs(10), || {
+        (served(&a, 0) + served(&a, 1) >= 5).then_some(())
+    });
     let r = request(
         gw.addr,
         "POST",
@@ -323,7 +441,9 @@ fn workers_added_and_removed_under_load() {
     )
     .unwrap();
     assert_eq!(r.status, 202, "{}", r.text());
-    std::thread::sleep(Duration::from_millis(200));
+    wait_until("the added worker serving", Duration::from_secs(10), || {
+        (served(&b, 0) >= 3).then_some(())
+    });
     let id = r.json()["id"].as_str().unwrap().to_string();
     assert_eq!(
         request(gw.addr, "GET", &format!("/workers/{id}"), &[], b"")
@@ -343,7 +463,27 @@ fn workers_added_and_removed_under_load() {
     )
     .unwrap();
     assert_eq!(r.status, 202, "{}", r.text());
-    std::thread::sleep(Duration::from_millis(200));
+    wait_until(
+        "the removed worker gone from /workers",
+        Duration::from_secs(10),
+        || {
+            let w = request(gw.addr, "GET", "/workers", &[], b"")
+                .unwrap()
+                .json();
+            (!w.to_string().contains(&a.urls()[0])).then_some(())
+        },
+    );
+    // Load goes on without it: the others serve more, the removed one (at most one request
+    // chosen before the removal) nothing.
+    let removed_before = served(&a, 0);
+    let others_before = served(&a, 1) + served(&b, 0);
+    wait_until("load after the removal", Duration::from_secs(10), || {
+        (served(&a, 1) + served(&b, 0) >= others_before + 10).then_some(())
+    });
+    assert!(
+        served(&a, 0) <= removed_before + 1,
+        "the removed worker still gets traffic"
+    );
     stop.store(true, Ordering::Relaxed);
     let ports = load.join().unwrap();
     assert_eq!(bad.load(Ordering::Relaxed), 0);
@@ -370,18 +510,26 @@ fn workers_added_and_removed_under_load() {
     );
 }
 
+/// Requests the gateway is handling right now (admitted, queued, or local), as it counts them.
+fn gateway_active(gw: &radixgate::runtime::Running) -> u64 {
+    gw.gateway().life.active_requests()
+}
+
 #[test]
 fn admission_queue_full_is_429_and_queue_timeout_is_408() {
-    let slow = sim(1, |c| c.faults.latency_ms = 600);
+    // The worker holds every inference request until the test releases it, so the orderings
+    // below come from observed state, not from timing.
+    let held = sim(1, |_| {});
+    set_faults(&held, 0, serde_json::json!({"hold": true}));
     let gw = gateway_for(
-        &slow.urls(),
+        &held.urls(),
         &[
             "--max-concurrent-requests",
             "1",
             "--queue-size",
             "1",
             "--queue-timeout-secs",
-            "1",
+            "30",
             "--rate-limit-tokens-per-second",
             "1000",
         ],
@@ -392,17 +540,30 @@ fn admission_queue_full_is_429_and_queue_timeout_is_408() {
             .unwrap()
             .status
     });
-    std::thread::sleep(Duration::from_millis(100));
+    // The first request holds the only slot: it is at the worker.
+    wait_until(
+        "the first request at the worker",
+        Duration::from_secs(10),
+        || (sim_count(&held, 0, "inference_in_progress") == 1).then_some(()),
+    );
     let queued = std::thread::spawn(move || {
         request(addr, "POST", "/generate", &[], &gen(1))
             .unwrap()
             .status
     });
-    std::thread::sleep(Duration::from_millis(100));
+    // The second one is in the gateway (one core: it has reached the admission queue when it
+    // is counted active, nothing in between yields) and not at the worker.
+    wait_until("the second request queued", Duration::from_secs(10), || {
+        (gateway_active(&gw) == 2).then_some(())
+    });
+    assert_eq!(sim_count(&held, 0, "inference_received"), 1);
     let refused = request(addr, "POST", "/generate", &[], &gen(2)).unwrap();
     assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(sim_count(&held, 0, "inference_received"), 1);
+    set_faults(&held, 0, serde_json::json!({"hold": false}));
     assert_eq!(first.join().unwrap(), 200);
     assert_eq!(queued.join().unwrap(), 200);
+    assert_eq!(sim_count(&held, 0, "inference_received"), 2);
 
     let stalled = sim(1, |c| c.faults.stall_after = Some(0));
     let gw = gateway_for(
@@ -421,13 +582,18 @@ fn admission_queue_full_is_429_and_queue_timeout_is_408() {
     );
     let addr = gw.addr;
     let _hog = std::thread::spawn(move || request(addr, "POST", "/generate", &[], &gen(0)));
-    std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(
-        request(addr, "POST", "/generate", &[], &gen(1))
-            .unwrap()
-            .status,
-        408
+    wait_until("the hog at the worker", Duration::from_secs(10), || {
+        (sim_count(&stalled, 0, "inference_in_progress") == 1).then_some(())
+    });
+    let t0 = Instant::now();
+    let r = request(addr, "POST", "/generate", &[], &gen(1)).unwrap();
+    assert_eq!(r.status, 408, "{}", r.text());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900) && t0.elapsed() < Duration::from_secs(4),
+        "408 after {:?}, not after the 1 s queue timeout",
+        t0.elapsed()
     );
+    assert_eq!(sim_count(&stalled, 0, "inference_received"), 1);
 }
 
 #[test]
@@ -463,6 +629,118 @@ fn api_keys_guard_inference_and_admin_endpoints() {
         request(gw.addr, "GET", "/health", &[], b"").unwrap().status,
         200
     );
+}
+
+/// Every admin endpoint (see `Endpoint::is_admin`): (method, path, body). Bodies and ids are
+/// chosen so that an authorized call changes nothing (unknown ids, missing URLs).
+const ADMIN_ENDPOINTS: &[(&str, &str, &str)] = &[
+    ("GET", "/workers", ""),
+    ("POST", "/workers", "{}"),
+    ("GET", "/workers/no-such-worker", ""),
+    ("DELETE", "/workers/no-such-worker", ""),
+    ("POST", "/add_worker", ""),
+    ("POST", "/remove_worker", ""),
+    ("GET", "/list_workers", ""),
+    ("POST", "/flush_cache", ""),
+    ("GET", "/flush_cache", ""),
+    ("GET", "/get_loads", ""),
+];
+
+/// Endpoints that stay open whatever keys are set.
+const PUBLIC_ENDPOINTS: &[(&str, &str)] = &[
+    ("GET", "/health"),
+    ("GET", "/liveness"),
+    ("GET", "/readiness"),
+    ("GET", "/v1/models"),
+    ("GET", "/get_server_info"),
+    ("GET", "/server_info"),
+];
+
+/// Status of `method path` with an optional bearer key.
+fn status_with_key(
+    gw: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    key: Option<&str>,
+) -> u16 {
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let headers: Vec<(&str, &str)> = auth
+        .as_deref()
+        .map(|a| vec![("authorization", a)])
+        .unwrap_or_default();
+    let r = request(gw, method, path, &headers, body.as_bytes()).unwrap();
+    if r.status == 401 {
+        assert!(
+            r.json()["error"]["message"].is_string(),
+            "401 without an OpenAI-style error: {}",
+            r.text()
+        );
+    }
+    r.status
+}
+
+#[test]
+fn every_admin_endpoint_needs_the_admin_key_and_public_ones_stay_open() {
+    let cluster = sim(1, |_| {});
+    let gw = gateway_for(
+        &cluster.urls(),
+        &["--api-key", "secret", "--admin-api-key", "root"],
+    );
+    for &(method, path, body) in ADMIN_ENDPOINTS {
+        for key in [None, Some("secret"), Some("wrong")] {
+            assert_eq!(
+                status_with_key(gw.addr, method, path, body, key),
+                401,
+                "{method} {path} with key {key:?} must need the admin key"
+            );
+        }
+        let s = status_with_key(gw.addr, method, path, body, Some("root"));
+        assert_ne!(s, 401, "{method} {path} refused the admin key");
+        assert!(s < 500, "{method} {path} with the admin key: {s}");
+    }
+    for &(method, path) in PUBLIC_ENDPOINTS {
+        assert_eq!(
+            status_with_key(gw.addr, method, path, "", None),
+            200,
+            "{method} {path} must stay open"
+        );
+    }
+    // The worker is still there: no authorized call above removed it.
+    assert_eq!(
+        request(gw.addr, "GET", "/readiness", &[], b"")
+            .unwrap()
+            .status,
+        200
+    );
+}
+
+#[test]
+fn without_an_admin_key_admin_endpoints_take_the_api_key() {
+    let cluster = sim(1, |_| {});
+    let gw = gateway_for(&cluster.urls(), &["--api-key", "secret"]);
+    for &(method, path, body) in ADMIN_ENDPOINTS {
+        for key in [None, Some("wrong"), Some("secre"), Some("secrett")] {
+            assert_eq!(
+                status_with_key(gw.addr, method, path, body, key),
+                401,
+                "{method} {path} with key {key:?}"
+            );
+        }
+        let s = status_with_key(gw.addr, method, path, body, Some("secret"));
+        assert_ne!(
+            s, 401,
+            "{method} {path} refused the API key (the admin fallback)"
+        );
+        assert!(s < 500, "{method} {path} with the API key: {s}");
+    }
+    for &(method, path) in PUBLIC_ENDPOINTS {
+        assert_eq!(
+            status_with_key(gw.addr, method, path, "", None),
+            200,
+            "{method} {path} must stay open"
+        );
+    }
 }
 
 #[test]
@@ -519,7 +797,7 @@ fn five_thousand_idle_connections_do_not_slow_normal_traffic() {
     };
     let before = measure();
     let idle: Vec<std::net::TcpStream> = (0..5000)
-        .map(|_| std::net::TcpStream::connect(gw.addr).expect("idle connection"))
+        .map(|_| connect_retrying(gw.addr).expect("idle connection"))
         .collect();
     std::thread::sleep(Duration::from_millis(300));
     let during = measure();
@@ -577,8 +855,26 @@ fn graceful_shutdown_lets_a_stream_finish_and_exits_zero() {
         String::from_utf8_lossy(&all).contains("[DONE]"),
         "the stream was cut by shutdown"
     );
-    let status = child.0.take().unwrap().wait().unwrap();
+    let status = wait_with_deadline(&mut child, Duration::from_secs(20));
     assert!(status.success(), "exit status {status:?}");
+}
+
+/// Wait for the child to exit; past `limit`, fail (unwinding drops `KillOnDrop`, which kills
+/// the child by its PID and reaps it).
+fn wait_with_deadline(child: &mut KillOnDrop, limit: Duration) -> std::process::ExitStatus {
+    let until = Instant::now() + limit;
+    loop {
+        let c = child.0.as_mut().expect("child still owned");
+        if let Some(status) = c.try_wait().expect("waitpid") {
+            child.0 = None;
+            return status;
+        }
+        assert!(
+            Instant::now() < until,
+            "the gateway did not exit within {limit:?} of SIGTERM (killing it)"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

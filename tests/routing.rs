@@ -334,7 +334,14 @@ fn eviction_keeps_each_worker_under_the_limit_while_requests_flow() {
             }
         }
     }
-    std::thread::sleep(Duration::from_millis(1500));
+    // The next eviction pass (every second) brings every worker under the limit.
+    wait_until("an eviction pass", Duration::from_secs(10), || {
+        tree.sync();
+        tree.load()
+            .models()
+            .all(|(_, t)| t.worker_char_counts().all(|(_, chars)| chars <= limit))
+            .then_some(())
+    });
     tree.sync();
     for (_, t) in tree.load().models() {
         for (w, chars) in t.worker_char_counts() {

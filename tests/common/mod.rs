@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use bytes::BytesMut;
-use loadtest::sim::{spawn_cluster, SimCluster, SimConfig};
+use loadtest::sim::{spawn_cluster, IoDriver, SimCluster, SimConfig};
 use radixgate::config::Config;
 use radixgate::http::{self, BodyFraming, ChunkedDecoder, HeadLimits};
 use radixgate::runtime::{start, Running};
@@ -12,9 +12,57 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+/// The io driver the end-to-end tests must run on, from `RADIXGATE_TEST_IO_DRIVER`
+/// (`uring` or `epoll`; unset or `auto`: whatever monoio picks, nothing asserted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestDriver {
+    Uring,
+    Epoll,
+}
+
+impl TestDriver {
+    /// The `--io-driver` value that requests it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            TestDriver::Uring => "uring",
+            TestDriver::Epoll => "legacy",
+        }
+    }
+    /// What the gateway reports in `GET /get_server_info` `io_driver` when it runs on it.
+    pub fn reported(self) -> &'static str {
+        match self {
+            TestDriver::Uring => "io_uring",
+            TestDriver::Epoll => "epoll",
+        }
+    }
+}
+
+/// The driver requested by `RADIXGATE_TEST_IO_DRIVER`. For `epoll` this also sets
+/// `MONOIO_FORCE_LEGACY_DRIVER=1` once, before any runtime of this test binary is built:
+/// monoio caches its io_uring probe per process, so a gateway asking for epoll after another
+/// runtime already probed would otherwise get io_uring while reporting epoll.
+pub fn test_driver() -> Option<TestDriver> {
+    static DRIVER: std::sync::OnceLock<Option<TestDriver>> = std::sync::OnceLock::new();
+    *DRIVER.get_or_init(|| {
+        let d = match std::env::var("RADIXGATE_TEST_IO_DRIVER").as_deref() {
+            Err(_) | Ok("") | Ok("auto") => None,
+            Ok("uring") | Ok("io_uring") => Some(TestDriver::Uring),
+            Ok("epoll") | Ok("legacy") => Some(TestDriver::Epoll),
+            Ok(other) => panic!("RADIXGATE_TEST_IO_DRIVER={other}: use uring, epoll or auto"),
+        };
+        if d == Some(TestDriver::Epoll) {
+            std::env::set_var("MONOIO_FORCE_LEGACY_DRIVER", "1");
+        }
+        d
+    })
+}
+
 /// Start a gateway with these extra flags (host 127.0.0.1, ephemeral port, metrics off,
-/// one core unless the flags say otherwise).
+/// one core unless the flags say otherwise). With `RADIXGATE_TEST_IO_DRIVER` set, the gateway
+/// is started with the matching `--io-driver` (so it fails to start when that driver is
+/// unavailable) and must report that driver in `/get_server_info`.
 pub fn gateway(extra: &[&str]) -> Running {
+    let driver = test_driver();
     let mut args: Vec<String> = [
         "radixgate",
         "--host",
@@ -33,9 +81,26 @@ pub fn gateway(extra: &[&str]) -> Running {
         args.push("--cores".into());
         args.push("1".into());
     }
+    let explicit_driver = extra.contains(&"--io-driver");
+    if let (Some(d), false) = (driver, explicit_driver) {
+        args.push("--io-driver".into());
+        args.push(d.flag().into());
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     let cfg = Config::try_from_args(&args).expect("valid test flags");
-    start(cfg).expect("gateway starts")
+    let running = start(cfg).unwrap_or_else(|e| panic!("gateway does not start: {e}"));
+    if let (Some(d), false) = (driver, explicit_driver) {
+        let info = request(running.addr, "GET", "/get_server_info", &[], b"")
+            .expect("GET /get_server_info")
+            .json();
+        assert_eq!(
+            info["io_driver"].as_str(),
+            Some(d.reported()),
+            "RADIXGATE_TEST_IO_DRIVER asked for {d:?}; /get_server_info says {}",
+            info["io_driver"]
+        );
+    }
+    running
 }
 
 /// Start a gateway in front of `urls` and wait until it is ready.
@@ -66,7 +131,13 @@ pub fn wait_ready(addr: SocketAddr, limit: Duration) {
 
 /// A simulated cluster of `n` workers with fast, deterministic defaults for tests.
 pub fn sim(n: usize, tweak: impl FnOnce(&mut SimConfig)) -> SimCluster {
+    let io_driver = match test_driver() {
+        None => IoDriver::Auto,
+        Some(TestDriver::Uring) => IoDriver::Uring,
+        Some(TestDriver::Epoll) => IoDriver::Legacy,
+    };
     let mut cfg = SimConfig {
+        io_driver,
         ports: vec![0; n],
         time_scale: 50.0,
         tokenizer: loadtest::sim::TokenizerMode::Approx,
@@ -112,7 +183,7 @@ pub struct Conn {
 
 impl Conn {
     pub fn open(addr: SocketAddr) -> Conn {
-        let stream = TcpStream::connect(addr).expect("connect");
+        let stream = connect_retrying(addr).expect("connect");
         stream
             .set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
@@ -129,7 +200,7 @@ impl Conn {
 
     fn fill(&mut self) -> std::io::Result<usize> {
         let mut tmp = [0u8; 16384];
-        let n = self.stream.read(&mut tmp)?;
+        let n = read_retrying(&mut self.stream, &mut tmp)?;
         self.buf.extend_from_slice(&tmp[..n]);
         Ok(n)
     }
@@ -226,7 +297,7 @@ impl Conn {
         }
         while Instant::now() < until && !all.windows(end.len()).any(|w| w == end) {
             let mut tmp = [0u8; 16384];
-            match self.stream.read(&mut tmp) {
+            match read_retrying(&mut self.stream, &mut tmp) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     all.extend_from_slice(&tmp[..n]);
@@ -237,16 +308,75 @@ impl Conn {
         out
     }
 
+    /// Ok when the peer closes the connection (EOF or reset) within `limit` without sending
+    /// anything more; Err describing what happened otherwise (bytes received, or timeout).
+    pub fn closes_silently_within(&mut self, limit: Duration) -> Result<(), String> {
+        let until = Instant::now() + limit;
+        let mut extra = self.buf.split().to_vec();
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "still open after {limit:?}; received {:?}",
+                    String::from_utf8_lossy(&extra)
+                ));
+            }
+            self.stream.set_read_timeout(Some(left)).unwrap();
+            let mut tmp = [0u8; 4096];
+            match read_retrying(&mut self.stream, &mut tmp) {
+                Ok(0) => break,
+                Ok(n) => extra.extend_from_slice(&tmp[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => return Err(format!("read error {e}")),
+            }
+        }
+        if extra.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "closed, but only after sending {:?}",
+                String::from_utf8_lossy(&extra)
+            ))
+        }
+    }
+
     /// True when the peer closed the connection (EOF) within `limit`.
     pub fn closed_within(&mut self, limit: Duration) -> bool {
         self.stream.set_read_timeout(Some(limit)).unwrap();
         let mut tmp = [0u8; 4096];
         loop {
-            match self.stream.read(&mut tmp) {
+            match read_retrying(&mut self.stream, &mut tmp) {
                 Ok(0) => return true,
                 Ok(_) => continue,
                 Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
             }
+        }
+    }
+}
+
+/// `read`, retried when a signal interrupts it (EINTR is not an answer from the peer; test
+/// threads that probed or built io_uring rings do get interrupted).
+fn read_retrying(stream: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match stream.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
+/// `connect`, retried when a signal interrupts it.
+pub fn connect_retrying(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let mut tries = 0;
+    loop {
+        match TcpStream::connect(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted && tries < 10 => tries += 1,
+            r => return r,
         }
     }
 }
@@ -274,7 +404,7 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> std::io::Result<Response> {
-    let stream = TcpStream::connect(addr)?;
+    let stream = connect_retrying(addr)?;
     stream.set_read_timeout(Some(Duration::from_secs(20)))?;
     let mut c = Conn {
         stream,
@@ -311,4 +441,75 @@ pub fn assert_still_serves(addr: SocketAddr) {
     )
     .unwrap();
     assert_eq!(r.status, 200, "the gateway stopped serving: {}", r.text());
+}
+
+/// Poll `check` until it returns `Some`, or fail after `limit` naming `what`.
+pub fn wait_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < until,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The address of worker `i` of a simulated cluster.
+pub fn worker_addr(cluster: &SimCluster, i: usize) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], cluster.ports()[i]))
+}
+
+/// `GET /debug/stats` of worker `i`: per-port counters (`connections`, `inference_connections`,
+/// `inference_received`, `inference_answered`, `inference_in_progress`).
+pub fn sim_stats(cluster: &SimCluster, i: usize) -> serde_json::Value {
+    let r = request(worker_addr(cluster, i), "GET", "/debug/stats", &[], b"")
+        .expect("GET /debug/stats");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// One counter of `sim_stats`.
+pub fn sim_count(cluster: &SimCluster, i: usize, name: &str) -> u64 {
+    sim_stats(cluster, i)[name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name} in /debug/stats"))
+}
+
+/// Change worker `i`'s fault knobs at run time (`{"fail_rate": .., "hold": ..}`).
+pub fn set_faults(cluster: &SimCluster, i: usize, knobs: serde_json::Value) {
+    let r = request(
+        worker_addr(cluster, i),
+        "POST",
+        "/debug/faults",
+        &[],
+        &serde_json::to_vec(&knobs).unwrap(),
+    )
+    .expect("POST /debug/faults");
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// The raw requests worker `i` recorded (`record_requests` must be on), as JSON text.
+pub fn sim_recorded(cluster: &SimCluster, i: usize) -> String {
+    let r = request(worker_addr(cluster, i), "GET", "/debug/requests", &[], b"")
+        .expect("GET /debug/requests");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.text()
+}
+
+/// The circuit state ("closed", "open", "half_open") the gateway reports for `url`.
+pub fn circuit(gw: SocketAddr, headers: &[(&str, &str)], url: &str) -> String {
+    let w = request(gw, "GET", "/workers", headers, b"").unwrap().json();
+    w["workers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("GET /workers: {w}"))
+        .iter()
+        .find(|x| x["url"] == url)
+        .unwrap_or_else(|| panic!("{url} not in {w}"))["circuit"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }

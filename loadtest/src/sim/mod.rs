@@ -28,6 +28,12 @@ pub use tokenizer::TokenizerMode;
 /// Fault injection, applied to every port of a cluster (run separate clusters for healthy and
 /// faulty workers). "Inference requests" are `/generate`, `/v1/chat/completions` and
 /// `/v1/completions`; the counters below are per port.
+///
+/// Tests can also change faults at run time, per port: `POST /debug/faults` with
+/// `{"fail_rate": 0.0..=1.0 | null, "hold": bool}` (null restores the configured rate; `hold`
+/// keeps inference requests waiting, counted as in progress, until it is cleared), and read
+/// per-port counters at `GET /debug/stats` (`connections`, `inference_connections`,
+/// `inference_received`, `inference_answered`, `inference_in_progress`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Faults {
     /// Fraction of inference requests answered 500 with a JSON error (seeded RNG).

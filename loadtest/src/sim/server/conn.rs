@@ -211,6 +211,8 @@ pub(super) async fn connection(sh: Rc<Server>, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let (rd, mut wr) = stream.into_split();
     let mut reader = Reader::new(rd);
+    sh.connections.set(sh.connections.get() + 1);
+    let mut carried_inference = false;
     loop {
         let head = match read_head(&sh, &mut reader).await {
             HeadRead::Head(h) => h,
@@ -237,6 +239,16 @@ pub(super) async fn connection(sh: Rc<Server>, stream: TcpStream) {
             Err(None) => return,
         };
         sh.record(&head, &body);
+        if !carried_inference
+            && matches!(
+                head.path(),
+                b"/generate" | b"/v1/chat/completions" | b"/v1/completions"
+            )
+        {
+            carried_inference = true;
+            sh.inference_connections
+                .set(sh.inference_connections.get() + 1);
+        }
         let next = handle(&sh, &head, &body, &mut reader, &mut wr).await;
         if matches!(next, Next::Close) || !head.keep_alive || sh.shutdown.is_set() {
             return;

@@ -13,7 +13,7 @@ use crate::sim::engine::{FinishInfo, FinishReason};
 use super::conn::{write, AbortGuard, Next, Reader, WriteHalf};
 use super::routes::{answered, respond, respond_error, stall};
 use super::wake::Slot;
-use super::{unix_now, Server};
+use super::{unix_now, InProgress, Server, HOLD_POLL};
 
 /// Data events written before a `close_mid_stream` fault cuts the stream.
 const CUT_AFTER_EVENTS: usize = 3;
@@ -27,6 +27,8 @@ pub(super) async fn inference(
     wr: &mut WriteHalf,
 ) -> Next {
     let keep = head.keep_alive;
+    sh.in_progress.set(sh.in_progress.get() + 1);
+    let _in_progress = InProgress(&sh.in_progress);
     if let Some(next) = apply_faults(sh, keep, r, wr).await {
         return next;
     }
@@ -92,6 +94,13 @@ async fn apply_faults(
     let faults = &sh.cfg.faults;
     let count = sh.received.get() + 1;
     sh.received.set(count);
+    while sh.hold.get() {
+        monoio::select! {
+            _ = monoio::time::sleep(HOLD_POLL) => {}
+            _ = r.disconnected() => return Some(Next::Close),
+            _ = sh.shutdown.wait() => return Some(Next::Close),
+        }
+    }
     if faults.die_after.is_some_and(|n| count > n) {
         sh.die();
         return Some(Next::Close);
@@ -107,7 +116,8 @@ async fn apply_faults(
             _ = sh.shutdown.wait() => return Some(Next::Close),
         }
     }
-    if faults.fail_rate > 0.0 && sh.fault_rng.borrow_mut().chance(faults.fail_rate) {
+    let fail_rate = sh.fail_rate();
+    if fail_rate > 0.0 && sh.fault_rng.borrow_mut().chance(fail_rate) {
         let next = respond_error(
             sh,
             wr,

@@ -41,6 +41,8 @@ use crate::rng::Rng;
 /// How often the runtime thread checks for a cross-thread shutdown request (monoio without the
 /// `sync` feature drops cross-thread wakes, so the flag is polled).
 const STOP_POLL: Duration = Duration::from_millis(10);
+/// How often a held inference request checks whether `POST /debug/faults` released it.
+const HOLD_POLL: Duration = Duration::from_millis(2);
 
 // ---------------------------------------------------------------------------------------------
 // Per-port server state.
@@ -71,6 +73,25 @@ struct Server {
     fault_rng: RefCell<Rng>,
     records: RefCell<VecDeque<Recorded>>,
     next_id: Cell<u64>,
+    /// Connections accepted, and those of them that carried at least one inference request
+    /// (`GET /debug/stats`).
+    connections: Cell<u64>,
+    inference_connections: Cell<u64>,
+    /// Inference requests received and not yet finished (held, delayed, stalled or generating).
+    in_progress: Cell<u64>,
+    /// Run-time fault knobs (`POST /debug/faults`): `fail_rate` replaces the configured one;
+    /// `hold` keeps new and waiting inference requests from being handled until it is cleared.
+    fail_rate_override: Cell<Option<f64>>,
+    hold: Cell<bool>,
+}
+
+/// Counts an inference request as in progress while it lives.
+struct InProgress<'a>(&'a Cell<u64>);
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
 }
 
 fn unix_now() -> f64 {
@@ -114,7 +135,19 @@ impl Server {
             fault_rng: RefCell::new(Rng::new(seed ^ 0xFA11_0000)),
             records: RefCell::new(VecDeque::new()),
             next_id: Cell::new(1),
+            connections: Cell::new(0),
+            inference_connections: Cell::new(0),
+            in_progress: Cell::new(0),
+            fail_rate_override: Cell::new(None),
+            hold: Cell::new(false),
         }
+    }
+
+    /// The fail rate in force: the run-time override, else the configured one.
+    fn fail_rate(&self) -> f64 {
+        self.fail_rate_override
+            .get()
+            .unwrap_or(self.cfg.faults.fail_rate)
     }
 
     /// `spawn_cluster` validated it to be finite and positive.

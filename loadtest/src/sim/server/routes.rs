@@ -90,7 +90,7 @@ pub(super) async fn handle(
         }
         b"/v1/chat/completions" if post => inference(sh, head, Endpoint::Chat, body, r, wr).await,
         b"/v1/completions" if post => inference(sh, head, Endpoint::Completions, body, r, wr).await,
-        path => handle_info(sh, method, path, keep, r, wr).await,
+        path => handle_info(sh, method, path, body, keep, r, wr).await,
     }
 }
 
@@ -111,6 +111,8 @@ const KNOWN_PATHS: &[&[u8]] = &[
     b"/flush_cache",
     b"/metrics",
     b"/debug/requests",
+    b"/debug/stats",
+    b"/debug/faults",
 ];
 
 /// The non-inference endpoints (health, info, load, cache, metrics, recorded requests), and the
@@ -119,6 +121,7 @@ async fn handle_info(
     sh: &Rc<Server>,
     method: &[u8],
     path: &[u8],
+    body: &[u8],
     keep: bool,
     r: &mut Reader,
     wr: &mut WriteHalf,
@@ -157,6 +160,11 @@ async fn handle_info(
             .await
         }
         b"/debug/requests" if get => respond_json(sh, wr, keep, 200, &debug_requests(sh)).await,
+        b"/debug/stats" if get => respond_json(sh, wr, keep, 200, &debug_stats(sh)).await,
+        b"/debug/faults" if post => match set_faults(sh, body) {
+            Ok(()) => respond_json(sh, wr, keep, 200, &debug_stats(sh)).await,
+            Err(msg) => respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await,
+        },
         p if KNOWN_PATHS.contains(&p) => {
             respond_json(sh, wr, keep, 405, &json!({"detail": "Method Not Allowed"})).await
         }
@@ -257,6 +265,43 @@ fn loads(sh: &Server) -> Value {
             "utilization": if e.is_idle() { 0.0 } else { 1.0 },
         }],
     })
+}
+
+fn debug_stats(sh: &Server) -> Value {
+    json!({
+        "port": sh.port,
+        "connections": sh.connections.get(),
+        "inference_connections": sh.inference_connections.get(),
+        "inference_received": sh.received.get(),
+        "inference_answered": sh.answered.get(),
+        "inference_in_progress": sh.in_progress.get(),
+        "fail_rate": sh.fail_rate(),
+        "hold": sh.hold.get(),
+    })
+}
+
+/// `POST /debug/faults` with `{"fail_rate": 0.0..=1.0 | null, "hold": bool}` (each optional;
+/// `fail_rate: null` restores the configured rate).
+fn set_faults(sh: &Server, body: &[u8]) -> Result<(), String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
+    let Some(obj) = v.as_object() else {
+        return Err("expected a JSON object".into());
+    };
+    if let Some(f) = obj.get("fail_rate") {
+        let rate = match f {
+            Value::Null => None,
+            v => match v.as_f64() {
+                Some(r) if (0.0..=1.0).contains(&r) => Some(r),
+                _ => return Err("fail_rate must be within [0, 1] or null".into()),
+            },
+        };
+        sh.fail_rate_override.set(rate);
+    }
+    if let Some(h) = obj.get("hold") {
+        sh.hold
+            .set(h.as_bool().ok_or("hold must be true or false")?);
+    }
+    Ok(())
 }
 
 fn debug_requests(sh: &Server) -> Value {
