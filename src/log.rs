@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Severity, ordered from most to least verbose (`--log-level`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
-#[repr(u8)]
 pub enum Level {
     /// Everything.
     Trace = 0,

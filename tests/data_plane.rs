@@ -28,14 +28,7 @@ fn non_streaming_and_streaming_chat() {
         .is_empty());
     assert!(r.header("x-request-id").unwrap().starts_with("chatcmpl-"));
 
-    let r = request(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        &chat_body(&[("user", "hello")], true, 4),
-    )
-    .unwrap();
+    let r = chat(gw.addr, "hello", true, 4);
     assert_eq!(r.status, 200);
     let text = r.text();
     assert!(text.contains("data: {"), "{text}");
@@ -49,13 +42,7 @@ fn sse_events_arrive_one_by_one_with_the_upstream_pacing() {
         c.token_interval_ms = Some(60.0);
     });
     let gw = gateway_for(&cluster.urls(), &[]);
-    let mut c = Conn::open(gw.addr);
-    c.send(&raw_request(
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        &chat_body(&[("user", "pace me")], true, 6),
-    ));
+    let mut c = stream_chat(gw.addr, "pace me", 6);
     let reads = c.read_timed_until(b"data: [DONE]", Duration::from_secs(10));
     let content_reads: Vec<Instant> = reads
         .iter()
@@ -147,14 +134,10 @@ fn unknown_fields_and_custom_headers_reach_the_upstream_unchanged() {
 fn request_id_is_generated_when_absent_and_taken_from_configured_headers() {
     let cluster = sim(1, |_| {});
     let gw = gateway_for(&cluster.urls(), &[]);
-    let r = request(
+    let r = generate(
         gw.addr,
-        "POST",
-        "/generate",
-        &[],
         br#"{"text":"hi","sampling_params":{"max_new_tokens":2}}"#,
-    )
-    .unwrap();
+    );
     let id = r.header("x-request-id").unwrap();
     assert!(id.starts_with("gnt-") && id.len() == 4 + 24, "{id}");
     let r = request(
@@ -367,36 +350,8 @@ fn the_gateway_process_runs_on_the_io_driver_it_reports() {
     // The in-process gateways share one process with the sims; a child process shows its own
     // driver through its file descriptors: io_uring instances are `anon_inode:[io_uring]`.
     let cluster = sim(1, |_| {});
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let mut args: Vec<String> = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--prometheus-port",
-        "0",
-        "--cores",
-        "2",
-        "--log-level",
-        "warn",
-        "--worker-urls",
-        &cluster.urls()[0],
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    if let Some(d) = test_driver() {
-        args.extend(["--io-driver".to_string(), d.flag().to_string()]);
-    }
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_radixgate"))
-        .args(&args)
-        .spawn()
-        .expect("start radixgate");
-    // Killed by PID (and reaped) however the test ends.
-    let child = ChildGuard(child);
+    let port = free_port();
+    let child = spawn_binary(port, 2, &cluster.urls()[0]);
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     wait_ready(addr, Duration::from_secs(20));
     let info = request(addr, "GET", "/get_server_info", &[], b"")
@@ -406,7 +361,7 @@ fn the_gateway_process_runs_on_the_io_driver_it_reports() {
     if let Some(d) = test_driver() {
         assert_eq!(reported, d.reported(), "RADIXGATE_TEST_IO_DRIVER={d:?}");
     }
-    let pid = child.0.id();
+    let pid = child.id();
     let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
@@ -429,16 +384,6 @@ fn the_gateway_process_runs_on_the_io_driver_it_reports() {
     }
 }
 
-/// Kills the child by its PID (and reaps it) when dropped.
-struct ChildGuard(std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn upstream_down_gives_a_json_gateway_error() {
     // A port with nothing listening.
@@ -446,7 +391,7 @@ fn upstream_down_gives_a_json_gateway_error() {
     let url = format!("http://{}", dead.local_addr().unwrap());
     drop(dead);
     let gw = gateway(&["--worker-urls", &url, "--disable-health-check"]);
-    let r = request(gw.addr, "POST", "/generate", &[], br#"{"text":"x"}"#).unwrap();
+    let r = generate(gw.addr, br#"{"text":"x"}"#);
     assert!(r.status == 502 || r.status == 503, "status {}", r.status);
     assert!(r.json()["error"]["message"]
         .as_str()

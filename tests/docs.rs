@@ -132,10 +132,7 @@ fn readme_metrics_section_and_the_code_name_the_same_families() {
 fn a_running_gateway_exports_only_documented_families() {
     let readme = families_in_readme();
     let cluster = sim(1, |_| {});
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port().to_string()
-    };
+    let port = free_port().to_string();
     let gw = gateway_for(
         &cluster.urls(),
         &[

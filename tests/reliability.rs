@@ -9,6 +9,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A worker that answers every inference request with 500, a healthy one, and their URLs in
+/// that order.
+fn failing_and_good() -> (
+    loadtest::sim::SimCluster,
+    loadtest::sim::SimCluster,
+    Vec<String>,
+) {
+    let bad = sim(1, |c| c.faults.fail_rate = 1.0);
+    let good = sim(1, |_| {});
+    let urls = vec![bad.urls()[0].clone(), good.urls()[0].clone()];
+    (bad, good, urls)
+}
+
 fn gen(i: usize) -> Vec<u8> {
     format!(r#"{{"text":"request {i}","sampling_params":{{"max_new_tokens":1}}}}"#).into_bytes()
 }
@@ -70,9 +83,7 @@ fn nothing_is_lost_when_one_of_four_workers_fails_20_percent() {
 
 #[test]
 fn retries_exclude_the_worker_that_failed() {
-    let bad = sim(1, |c| c.faults.fail_rate = 1.0);
-    let good = sim(1, |_| {});
-    let urls = vec![bad.urls()[0].clone(), good.urls()[0].clone()];
+    let (bad, good, urls) = failing_and_good();
     // `X-SMG-Target-Worker: 0` sends every first attempt to the failing worker (registered
     // first): a retry that did not exclude it would go straight back there, every time.
     let gw = gateway_for(
@@ -110,10 +121,9 @@ fn retries_exclude_the_worker_that_failed() {
     // cache_aware: its tree points at the failing worker for a prompt it has seen there (the
     // insert happens at selection), so without exclusion a retry would often go back to it.
     // Whatever the ties, a request never reaches the failing worker twice.
-    let bad2 = sim(1, |c| c.faults.fail_rate = 1.0);
-    let good2 = sim(1, |_| {});
+    let (bad2, good2, urls) = failing_and_good();
     let gw = gateway_for(
-        &[bad2.urls()[0].clone(), good2.urls()[0].clone()],
+        &urls,
         &[
             "--policy",
             "cache_aware",
@@ -144,12 +154,7 @@ fn retries_exclude_the_worker_that_failed() {
 
     // With retries disabled the failure reaches the client.
     let gw = gateway_for(&[bad.urls()[0].clone()], &["--disable-retries"]);
-    assert_eq!(
-        request(gw.addr, "POST", "/generate", &[], &gen(1))
-            .unwrap()
-            .status,
-        500
-    );
+    assert_eq!(generate(gw.addr, &gen(1)).status, 500);
 }
 
 #[test]
@@ -168,11 +173,7 @@ fn a_circuit_opens_half_opens_after_its_timeout_and_closes_after_successful_prob
             "--disable-retries",
         ],
     );
-    let generate = |i: usize| {
-        request(gw.addr, "POST", "/generate", &[], &gen(i))
-            .unwrap()
-            .status
-    };
+    let generate = |i: usize| generate(gw.addr, &gen(i)).status;
     let state = || circuit(gw.addr, &[], &url);
     let half_open_within = |limit: Duration| {
         wait_until("the circuit to half-open", limit, || {
@@ -213,10 +214,9 @@ fn a_circuit_opens_half_opens_after_its_timeout_and_closes_after_successful_prob
 
 #[test]
 fn a_failing_worker_opens_its_circuit_and_4xx_do_not_count() {
-    let bad = sim(1, |c| c.faults.fail_rate = 1.0);
-    let good = sim(1, |_| {});
+    let (bad, good, urls) = failing_and_good();
     let gw = gateway_for(
-        &[bad.urls()[0].clone(), good.urls()[0].clone()],
+        &urls,
         &[
             "--policy",
             "round_robin",
@@ -229,7 +229,7 @@ fn a_failing_worker_opens_its_circuit_and_4xx_do_not_count() {
         ],
     );
     for i in 0..10 {
-        let r = request(gw.addr, "POST", "/generate", &[], &gen(i)).unwrap();
+        let r = generate(gw.addr, &gen(i));
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
     }
     let workers = request(gw.addr, "GET", "/workers", &[], b"")
@@ -258,14 +258,10 @@ fn a_failing_worker_opens_its_circuit_and_4xx_do_not_count() {
     // Client errors (4xx from the worker) never open a circuit.
     let gw = gateway_for(&good.urls(), &["--cb-failure-threshold", "2"]);
     for _ in 0..5 {
-        let r = request(
+        let r = generate(
             gw.addr,
-            "POST",
-            "/generate",
-            &[],
             br#"{"text":"x","sampling_params":{"max_new_tokens":-5}}"#,
-        )
-        .unwrap();
+        );
         assert!(
             r.status >= 400 && r.status < 500,
             "sim should refuse: {} {}",
@@ -297,9 +293,7 @@ fn unhealthy_workers_leave_selection_and_refused_connections_act_at_once() {
         "the sick worker marked unhealthy",
         Duration::from_secs(10),
         || {
-            let w = request(gw.addr, "GET", "/workers", &[], b"")
-                .unwrap()
-                .json();
+            let w = workers_json(gw.addr);
             let sick_entry = w["workers"]
                 .as_array()
                 .unwrap()
@@ -311,10 +305,7 @@ fn unhealthy_workers_leave_selection_and_refused_connections_act_at_once() {
         },
     );
     for i in 0..6 {
-        assert_eq!(
-            served_by(&request(gw.addr, "POST", "/generate", &[], &gen(i)).unwrap()),
-            good.ports()[0]
-        );
+        assert_eq!(served_by(&generate(gw.addr, &gen(i))), good.ports()[0]);
     }
     // Passive detection: a worker that dies is out after its first refused connection.
     let doomed = sim(1, |_| {});
@@ -324,7 +315,7 @@ fn unhealthy_workers_leave_selection_and_refused_connections_act_at_once() {
     );
     doomed.shutdown();
     for i in 0..6 {
-        let r = request(gw.addr, "POST", "/generate", &[], &gen(i)).unwrap();
+        let r = generate(gw.addr, &gen(i));
         assert_eq!(r.status, 200);
     }
     let w = request(gw.addr, "GET", "/workers", &[], b"")
@@ -366,7 +357,7 @@ fn a_stalled_worker_gives_504_within_the_timeout() {
         &["--request-timeout-secs", "1", "--disable-retries"],
     );
     let t0 = Instant::now();
-    let r = request(gw.addr, "POST", "/generate", &[], &gen(0)).unwrap();
+    let r = generate(gw.addr, &gen(0));
     assert_eq!(r.status, 504, "{}", r.text());
     assert!(
         t0.elapsed() < Duration::from_secs(3),
@@ -379,13 +370,7 @@ fn a_stalled_worker_gives_504_within_the_timeout() {
 fn a_stream_that_breaks_ends_with_an_error_event_and_a_clean_close() {
     let cutting = sim(1, |c| c.faults.close_mid_stream = true);
     let gw = gateway_for(&cutting.urls(), &[]);
-    let mut c = Conn::open(gw.addr);
-    c.send(&raw_request(
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        &chat_body(&[("user", "hi")], true, 50),
-    ));
+    let mut c = stream_chat(gw.addr, "hi", 50);
     let r = c
         .read_response()
         .expect("a complete chunked response, not a hang");
@@ -467,9 +452,7 @@ fn workers_added_and_removed_under_load() {
         "the removed worker gone from /workers",
         Duration::from_secs(10),
         || {
-            let w = request(gw.addr, "GET", "/workers", &[], b"")
-                .unwrap()
-                .json();
+            let w = workers_json(gw.addr);
             (!w.to_string().contains(&a.urls()[0])).then_some(())
         },
     );
@@ -535,29 +518,21 @@ fn admission_queue_full_is_429_and_queue_timeout_is_408() {
         ],
     );
     let addr = gw.addr;
-    let first = std::thread::spawn(move || {
-        request(addr, "POST", "/generate", &[], &gen(0))
-            .unwrap()
-            .status
-    });
+    let first = std::thread::spawn(move || generate(addr, &gen(0)).status);
     // The first request holds the only slot: it is at the worker.
     wait_until(
         "the first request at the worker",
         Duration::from_secs(10),
         || (sim_count(&held, 0, "inference_in_progress") == 1).then_some(()),
     );
-    let queued = std::thread::spawn(move || {
-        request(addr, "POST", "/generate", &[], &gen(1))
-            .unwrap()
-            .status
-    });
+    let queued = std::thread::spawn(move || generate(addr, &gen(1)).status);
     // The second one is in the gateway (one core: it has reached the admission queue when it
     // is counted active, nothing in between yields) and not at the worker.
     wait_until("the second request queued", Duration::from_secs(10), || {
         (gateway_active(&gw) == 2).then_some(())
     });
     assert_eq!(sim_count(&held, 0, "inference_received"), 1);
-    let refused = request(addr, "POST", "/generate", &[], &gen(2)).unwrap();
+    let refused = generate(addr, &gen(2));
     assert_eq!(refused.status, 429, "{}", refused.text());
     assert_eq!(sim_count(&held, 0, "inference_received"), 1);
     set_faults(&held, 0, serde_json::json!({"hold": false}));
@@ -586,7 +561,7 @@ fn admission_queue_full_is_429_and_queue_timeout_is_408() {
         (sim_count(&stalled, 0, "inference_in_progress") == 1).then_some(())
     });
     let t0 = Instant::now();
-    let r = request(addr, "POST", "/generate", &[], &gen(1)).unwrap();
+    let r = generate(addr, &gen(1));
     assert_eq!(r.status, 408, "{}", r.text());
     assert!(
         t0.elapsed() >= Duration::from_millis(900) && t0.elapsed() < Duration::from_secs(4),
@@ -603,7 +578,7 @@ fn api_keys_guard_inference_and_admin_endpoints() {
         &cluster.urls(),
         &["--api-key", "secret", "--admin-api-key", "root"],
     );
-    let r = request(gw.addr, "POST", "/generate", &[], &gen(0)).unwrap();
+    let r = generate(gw.addr, &gen(0));
     assert_eq!(r.status, 401);
     assert!(r.json()["error"]["message"].is_string());
     // (method, path, bearer key) → status.
@@ -814,41 +789,15 @@ fn graceful_shutdown_lets_a_stream_finish_and_exits_zero() {
         c.time_scale = 1.0;
         c.token_interval_ms = Some(50.0);
     });
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_radixgate"))
-        .args([
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--prometheus-port",
-            "0",
-            "--cores",
-            "1",
-            "--log-level",
-            "warn",
-            "--worker-urls",
-            &cluster.urls()[0],
-        ])
-        .spawn()
-        .expect("start radixgate");
+    let port = free_port();
     // Killed by PID if the test fails before the gateway exits by itself.
-    let mut child = KillOnDrop(Some(child));
+    let mut child = spawn_binary(port, 1, &cluster.urls()[0]);
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     wait_ready(addr, Duration::from_secs(20));
-    let mut c = Conn::open(addr);
-    c.send(&raw_request(
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        &chat_body(&[("user", "stream")], true, 20),
-    ));
+    let mut c = stream_chat(addr, "stream", 20);
     let _ = c.read_head(false).unwrap();
     // SAFETY: plain kill(2) on the child we started.
-    unsafe { libc::kill(child.0.as_ref().unwrap().id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let r = c.read_timed_until(b"data: [DONE]", Duration::from_secs(10));
     let all: Vec<u8> = r.into_iter().flat_map(|(_, b)| b).collect();
     assert!(
@@ -859,9 +808,9 @@ fn graceful_shutdown_lets_a_stream_finish_and_exits_zero() {
     assert!(status.success(), "exit status {status:?}");
 }
 
-/// Wait for the child to exit; past `limit`, fail (unwinding drops `KillOnDrop`, which kills
+/// Wait for the child to exit; past `limit`, fail (unwinding drops `ChildGuard`, which kills
 /// the child by its PID and reaps it).
-fn wait_with_deadline(child: &mut KillOnDrop, limit: Duration) -> std::process::ExitStatus {
+fn wait_with_deadline(child: &mut ChildGuard, limit: Duration) -> std::process::ExitStatus {
     let until = Instant::now() + limit;
     loop {
         let c = child.0.as_mut().expect("child still owned");
@@ -908,15 +857,4 @@ fn unknown_model_names_collapse_into_one_metric_label() {
     );
     assert!(rendered.contains("model=\"other\""));
     assert!(rendered.contains(&format!("model=\"{known}\"")));
-}
-
-struct KillOnDrop(Option<std::process::Child>);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }

@@ -198,22 +198,12 @@ pub fn parse_request_head(
     if buf.is_empty() {
         return Ok(None);
     }
-    let max_head = effective_max_head(limits);
-    let window = &buf[..buf.len().min(max_head)];
+    let (window, max_head, slots) = head_window(buf, limits);
     let mut storage = header_storage();
-    let slots = limits.max_headers.min(MAX_HEADERS_CAP);
     let mut req = httparse::Request::new(&mut []);
     let head_len = match req.parse_with_uninit_headers(window, &mut storage[..slots]) {
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => {
-            // The window is capped at `max_head`: a partial window of that size means the head
-            // needs more than `max_head` bytes.
-            return if window.len() >= max_head {
-                Err(HeadError::TooLarge)
-            } else {
-                Ok(None)
-            };
-        }
+        Ok(httparse::Status::Partial) => return incomplete(window, max_head).map(|()| None),
         Err(e) => return Err(map_parse_error(e, window, Side::Request)),
     };
     // httparse fills all three on `Complete`; a missing one would be a parser bug, reported as
@@ -291,6 +281,24 @@ impl ResponseHead {
     }
 }
 
+/// The bytes a head may occupy (the front of `buf`, capped at the head limit), that limit, and
+/// the header slots the parser may fill.
+fn head_window<'b>(buf: &'b [u8], limits: &HeadLimits) -> (&'b [u8], usize, usize) {
+    let max_head = effective_max_head(limits);
+    let window = &buf[..buf.len().min(max_head)];
+    (window, max_head, limits.max_headers.min(MAX_HEADERS_CAP))
+}
+
+/// A head not complete within `window`: wait for more bytes, unless the window is already at
+/// `max_head` (it is capped there), which means the head needs more than `max_head` bytes.
+fn incomplete(window: &[u8], max_head: usize) -> Result<(), HeadError> {
+    if window.len() >= max_head {
+        Err(HeadError::TooLarge)
+    } else {
+        Ok(())
+    }
+}
+
 /// Parse an upstream response head; `request_was_head` makes the body `None`. Same contract as
 /// [`parse_request_head`]. 1xx informational responses other than 101 are returned too; the
 /// caller skips them.
@@ -307,10 +315,8 @@ pub fn parse_response_head(
     if buf.is_empty() {
         return Ok(None);
     }
-    let max_head = effective_max_head(limits);
-    let window = &buf[..buf.len().min(max_head)];
+    let (window, max_head, slots) = head_window(buf, limits);
     let mut storage = header_storage();
-    let slots = limits.max_headers.min(MAX_HEADERS_CAP);
     let mut resp = httparse::Response::new(&mut []);
     let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
         &mut resp,
@@ -319,13 +325,7 @@ pub fn parse_response_head(
     );
     let head_len = match parsed {
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => {
-            return if window.len() >= max_head {
-                Err(HeadError::TooLarge)
-            } else {
-                Ok(None)
-            };
-        }
+        Ok(httparse::Status::Partial) => return incomplete(window, max_head).map(|()| None),
         Err(e) => return Err(map_parse_error(e, window, Side::Response)),
     };
     let (Some(status), Some(minor)) = (resp.code, resp.version) else {

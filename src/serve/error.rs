@@ -107,18 +107,23 @@ mod tests {
 
     #[test]
     fn one_type_per_status() {
-        assert_eq!(error_type(400), "invalid_request_error");
-        assert_eq!(error_type(405), "invalid_request_error");
-        assert_eq!(error_type(413), "invalid_request_error");
-        assert_eq!(error_type(431), "invalid_request_error");
-        assert_eq!(error_type(401), "authentication_error");
-        assert_eq!(error_type(404), "not_found_error");
-        assert_eq!(error_type(408), "timeout");
-        assert_eq!(error_type(504), "timeout");
-        assert_eq!(error_type(429), "rate_limit_exceeded");
-        assert_eq!(error_type(502), "bad_gateway");
-        assert_eq!(error_type(503), "service_unavailable");
-        assert_eq!(error_type(500), "server_error");
+        let table = [
+            (400, "invalid_request_error"),
+            (405, "invalid_request_error"),
+            (413, "invalid_request_error"),
+            (431, "invalid_request_error"),
+            (401, "authentication_error"),
+            (404, "not_found_error"),
+            (408, "timeout"),
+            (504, "timeout"),
+            (429, "rate_limit_exceeded"),
+            (502, "bad_gateway"),
+            (503, "service_unavailable"),
+            (500, "server_error"),
+        ];
+        for (status, kind) in table {
+            assert_eq!(error_type(status), kind, "{status}");
+        }
     }
 
     #[test]

@@ -230,15 +230,7 @@ impl Conn {
     /// Read a whole response.
     pub fn read_response(&mut self) -> std::io::Result<Response> {
         let head = self.read_head(false)?;
-        let headers = head
-            .headers()
-            .map(|(n, v)| {
-                (
-                    String::from_utf8_lossy(n).into_owned(),
-                    String::from_utf8_lossy(v).into_owned(),
-                )
-            })
-            .collect();
+        let headers = loadtest::sim::header_strings(&head);
         let mut body = BytesMut::new();
         match head.framing {
             BodyFraming::None => {}
@@ -381,20 +373,8 @@ pub fn connect_retrying(addr: SocketAddr) -> std::io::Result<TcpStream> {
     }
 }
 
-/// Render a request with a Content-Length body.
-pub fn raw_request(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
-    let mut s = format!("{method} {path} HTTP/1.1\r\nhost: test\r\n");
-    for (n, v) in headers {
-        s.push_str(&format!("{n}: {v}\r\n"));
-    }
-    if !body.is_empty() || method == "POST" {
-        s.push_str(&format!("content-length: {}\r\n", body.len()));
-    }
-    s.push_str("\r\n");
-    let mut v = s.into_bytes();
-    v.extend_from_slice(body);
-    v
-}
+/// Render a request with a Content-Length body (the simulator's renderer: one for both crates).
+pub use loadtest::sim::raw_request;
 
 /// One request on a fresh connection.
 pub fn request(
@@ -512,4 +492,88 @@ pub fn circuit(gw: SocketAddr, headers: &[(&str, &str)], url: &str) -> String {
         .as_str()
         .unwrap()
         .to_string()
+}
+
+/// A port nothing listens on right now (bound once, then released).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Start the real `radixgate` binary on 127.0.0.1:`port` with `cores` cores in front of
+/// `worker_url` (and on the driver `RADIXGATE_TEST_IO_DRIVER` asks for). The guard kills it by
+/// PID and reaps it however the test ends.
+pub fn spawn_binary(port: u16, cores: u32, worker_url: &str) -> ChildGuard {
+    let mut args: Vec<String> = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--prometheus-port",
+        "0",
+        "--cores",
+        &cores.to_string(),
+        "--log-level",
+        "warn",
+        "--worker-urls",
+        worker_url,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if let Some(d) = test_driver() {
+        args.extend(["--io-driver".to_string(), d.flag().to_string()]);
+    }
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_radixgate"))
+        .args(&args)
+        .spawn()
+        .expect("start radixgate");
+    ChildGuard(Some(child))
+}
+
+/// A child process killed by its PID (and reaped) when dropped, unless already waited for.
+pub struct ChildGuard(pub Option<std::process::Child>);
+
+impl ChildGuard {
+    /// The child's PID.
+    pub fn id(&self) -> u32 {
+        self.0.as_ref().map_or(0, |c| c.id())
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A streamed chat request for `text` (`max_tokens` tokens) sent on a new connection.
+pub fn stream_chat(addr: SocketAddr, text: &str, max_tokens: u32) -> Conn {
+    let mut c = Conn::open(addr);
+    c.send(&raw_request(
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat_body(&[("user", text)], true, max_tokens),
+    ));
+    c
+}
+
+/// `GET /workers` as JSON.
+pub fn workers_json(addr: SocketAddr) -> serde_json::Value {
+    request(addr, "GET", "/workers", &[], b"").unwrap().json()
+}
+
+/// One chat completion for `text` (streamed or not, `max_tokens` tokens), read to the end.
+pub fn chat(addr: SocketAddr, text: &str, stream: bool, max_tokens: u32) -> Response {
+    let body = chat_body(&[("user", text)], stream, max_tokens);
+    request(addr, "POST", "/v1/chat/completions", &[], &body).unwrap()
+}
+
+/// One `/generate` call with this JSON body, read to the end.
+pub fn generate(addr: SocketAddr, body: &[u8]) -> Response {
+    request(addr, "POST", "/generate", &[], body).unwrap()
 }

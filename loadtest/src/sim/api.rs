@@ -492,6 +492,25 @@ impl StreamRenderer {
         push_json_str(out, &self.model);
     }
 
+    /// One `/generate` stream event: the cumulative text and ids so far, with `meta_info`
+    /// (`finish`: `Some(aborted)` on the last event).
+    fn generate_event(&self, out: &mut String, usage: &Usage, finish: Option<bool>, e2e: f64) {
+        let meta = RespMeta {
+            id: &self.id,
+            created: self.created,
+            model: &self.model,
+        };
+        let finish = finish.map(|a| (a, usage.completion_tokens));
+        let v = json!({
+            "text": self.text,
+            "output_ids": self.ids,
+            "meta_info": generate_meta(&meta, usage, finish, e2e),
+        });
+        out.push_str("data: ");
+        out.push_str(&v.to_string());
+        out.push_str("\n\n");
+    }
+
     /// Events for one generated token (see [`TokenChunk`]).
     pub fn token(&mut self, out: &mut String, t: &TokenChunk<'_>) {
         let TokenChunk {
@@ -506,19 +525,7 @@ impl StreamRenderer {
             Endpoint::Generate => {
                 self.text.push_str(piece);
                 self.ids.push(token);
-                let meta = RespMeta {
-                    id: &self.id,
-                    created: self.created,
-                    model: &self.model,
-                };
-                let v = json!({
-                    "text": self.text,
-                    "output_ids": self.ids,
-                    "meta_info": generate_meta(&meta, usage, finish.map(|a| (a, usage.completion_tokens)), e2e),
-                });
-                out.push_str("data: ");
-                out.push_str(&v.to_string());
-                out.push_str("\n\n");
+                self.generate_event(out, usage, finish, e2e);
             }
             Endpoint::Chat => {
                 if first {
@@ -553,19 +560,7 @@ impl StreamRenderer {
         match self.endpoint {
             Endpoint::Generate => {
                 if sent_tokens == 0 {
-                    let meta = RespMeta {
-                        id: &self.id,
-                        created: self.created,
-                        model: &self.model,
-                    };
-                    let v = json!({
-                        "text": self.text,
-                        "output_ids": self.ids,
-                        "meta_info": generate_meta(&meta, usage, Some((aborted, usage.completion_tokens)), e2e),
-                    });
-                    out.push_str("data: ");
-                    out.push_str(&v.to_string());
-                    out.push_str("\n\n");
+                    self.generate_event(out, usage, Some(aborted), e2e);
                 }
             }
             Endpoint::Chat | Endpoint::Completions => {

@@ -50,17 +50,8 @@ fn connect(port: u16) -> TcpStream {
 }
 
 fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) {
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: sim\r\n");
-    for (n, v) in headers {
-        req.push_str(&format!("{n}: {v}\r\n"));
-    }
-    if !body.is_empty() || method == "POST" {
-        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
-    }
-    req.push_str("\r\n");
-    let mut bytes = req.into_bytes();
-    bytes.extend_from_slice(body);
-    s.write_all(&bytes).unwrap();
+    s.write_all(&super::raw_request(method, path, headers, body))
+        .unwrap();
 }
 
 /// Read one response; tolerates the server closing early (`complete` = false).
@@ -76,15 +67,7 @@ fn read_resp(s: &mut TcpStream, buf: &mut BytesMut) -> Resp {
         assert!(n > 0, "connection closed before a response head");
         buf.extend_from_slice(&tmp[..n]);
     };
-    let headers = head
-        .headers()
-        .map(|(n, v)| {
-            (
-                String::from_utf8_lossy(n).into_owned(),
-                String::from_utf8_lossy(v).into_owned(),
-            )
-        })
-        .collect();
+    let headers = super::header_strings(&head);
     let mut body = BytesMut::new();
     let complete = match head.framing {
         BodyFraming::None => true,

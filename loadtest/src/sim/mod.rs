@@ -127,3 +127,31 @@ impl Default for SimConfig {
 mod calibration_tests;
 #[cfg(test)]
 mod e2e_tests;
+
+/// A raw HTTP/1.1 request (`Host: sim`, the headers in order, `Content-Length` for any body or
+/// POST) for tests that speak to a worker or a gateway byte by byte.
+pub fn raw_request(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: sim\r\n");
+    for (n, v) in headers {
+        req.push_str(&format!("{n}: {v}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" {
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    let mut bytes = req.into_bytes();
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+/// A response head's headers as owned (name, value) strings, in order (tests compare them).
+pub fn header_strings(head: &radixgate::http::ResponseHead) -> Vec<(String, String)> {
+    head.headers()
+        .map(|(n, v)| {
+            (
+                String::from_utf8_lossy(n).into_owned(),
+                String::from_utf8_lossy(v).into_owned(),
+            )
+        })
+        .collect()
+}
