@@ -3,6 +3,8 @@
 
 use crate::gateway::Gateway;
 use crate::http::{self, HeadLimits};
+use crate::serve::error::GatewayError;
+use crate::serve::reply::Reply;
 use bytes::BytesMut;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -73,14 +75,15 @@ fn serve(gw: &Gateway, mut s: TcpStream) -> std::io::Result<()> {
         }
         buf.extend_from_slice(&tmp[..n]);
     };
-    let resp = if head.path() == b"/metrics" && head.method() == b"GET" {
+    let resp = if head.path() == b"/metrics" && head.method_kind() == http::Method::Get {
         refresh(gw);
         let body = crate::metrics::install()
             .map(|h| h.render())
             .unwrap_or_default();
         http::response::render(200, "text/plain; version=0.0.4", &[], body.as_bytes(), true)
     } else {
-        http::response::error_response(404, "not_found_error", "only GET /metrics here", &[], true)
+        let e = GatewayError::new(404, "only GET /metrics here");
+        Reply::error(&e).render(None, true)
     };
     s.write_all(&resp)
 }

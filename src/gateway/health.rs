@@ -8,6 +8,7 @@
 use super::core::upstream_pool;
 use super::Gateway;
 use crate::base::WorkerId;
+use crate::http::Method;
 use crate::proxy::forward;
 use crate::proxy::pool::Pool;
 use crate::workers::registry::{Worker, WorkerList};
@@ -173,12 +174,13 @@ impl Checker {
             let timeout = self.timeout;
             handles.push(monoio::spawn(async move {
                 let ok = matches!(
-                    forward::fetch(&pool, &w, "GET", &path, Bytes::new(), timeout).await,
+                    forward::fetch(&pool, &w, Method::Get, &path, Bytes::new(), timeout).await,
                     Ok((200..=299, _))
                 );
                 // Learn the served model names once per worker (for the metric label).
                 let models = if ok && learn {
-                    let r = forward::fetch(&pool, &w, "GET", "/v1/models", Bytes::new(), timeout);
+                    let r =
+                        forward::fetch(&pool, &w, Method::Get, "/v1/models", Bytes::new(), timeout);
                     match r.await {
                         Ok((200, body)) => Some(body),
                         _ => None,

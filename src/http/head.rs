@@ -146,9 +146,14 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
-    /// Method token, e.g. `POST`.
+    /// Method token, e.g. `POST` (forwarded as it came).
     pub fn method(&self) -> &[u8] {
         self.method.slice(&self.buf)
+    }
+
+    /// The method, for routing decisions.
+    pub fn method_kind(&self) -> super::Method {
+        super::Method::parse(self.method())
     }
 
     /// Path + query.

@@ -3,6 +3,7 @@
 
 pub mod chunked;
 pub mod head;
+pub mod method;
 pub mod response;
 
 pub use chunked::{ChunkError, ChunkTracker, ChunkedDecoder};
@@ -10,3 +11,4 @@ pub use head::{
     parse_request_head, parse_response_head, BodyFraming, HeadError, HeadLimits, HeaderSpan,
     RequestHead, ResponseHead, Span,
 };
+pub use method::Method;

@@ -3,7 +3,9 @@
 //! head. Relaying the body back is `relay`'s job; gateway-originated calls (`fetch`) read it
 //! whole here.
 
-use crate::http::{self, BodyFraming, ChunkedDecoder, HeadLimits, RequestHead, ResponseHead};
+use crate::http::{
+    self, BodyFraming, ChunkedDecoder, HeadLimits, Method, RequestHead, ResponseHead,
+};
 use crate::proxy::io::{read_into, write_all_by};
 use crate::proxy::pool::Pool;
 use crate::workers::registry::Worker;
@@ -357,7 +359,7 @@ const FETCH_MAX_BODY: u64 = 64 << 20;
 pub async fn fetch(
     pool: &Pool,
     worker: &Worker,
-    method: &str,
+    method: Method,
     path: &str,
     body: Bytes,
     timeout: Duration,
@@ -369,14 +371,22 @@ pub async fn fetch(
         NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
     let req = UpstreamRequest::build(
-        method.as_bytes(),
+        method.as_str().as_bytes(),
         path.as_bytes(),
         None,
         &worker.authority,
         &id,
         body,
     );
-    let up = roundtrip(pool, worker, &req, method == "HEAD", timeout, deadline).await?;
+    let up = roundtrip(
+        pool,
+        worker,
+        &req,
+        method == Method::Head,
+        timeout,
+        deadline,
+    )
+    .await?;
     let reusable = up.head.keep_alive && !matches!(up.head.framing, BodyFraming::Close);
     let (head, body, stream) = read_full_body(up, deadline, FETCH_MAX_BODY)
         .await

@@ -7,7 +7,6 @@ use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 use std::io;
-use std::time::Duration;
 
 /// Smallest free space offered to a read.
 pub const READ_CHUNK: usize = 16 * 1024;
@@ -102,23 +101,4 @@ pub async fn closed_by_peer(stream: &TcpStream) {
             Peek::Quiet => monoio::time::sleep(std::time::Duration::from_millis(1)).await,
         }
     }
-}
-
-/// How long the gateway tries to deliver one of its own error responses.
-const ERROR_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Write an OpenAI-style error response (with `connection: close` when `close`); true when it
-/// was written. Every error the gateway answers itself goes through here.
-pub async fn send_error(
-    stream: &mut TcpStream,
-    status: u16,
-    error_type: &str,
-    msg: &str,
-    extra_headers: &[(&str, &str)],
-    close: bool,
-) -> bool {
-    let resp = crate::http::response::error_response(status, error_type, msg, extra_headers, close);
-    write_all_by(stream, resp, Instant::now() + ERROR_WRITE_TIMEOUT)
-        .await
-        .is_ok()
 }

@@ -171,22 +171,34 @@ pub fn select<'t>(
     Some(decided(w, Branch::CacheMiss, m.matched_chars))
 }
 
-/// The thin wrapper the policy calls: match `text` against this model's tree (if any).
-#[allow(clippy::too_many_arguments)]
+/// Where one request's prefix is looked up: its routing text, its model's tree in the current
+/// snapshot (`None`: no tree for that model yet), and the best match among the inserts the
+/// snapshot does not show yet.
+#[derive(Debug, Clone, Copy)]
+pub struct Lookup<'a> {
+    /// The routing text.
+    pub text: &'a str,
+    /// The model's tree.
+    pub tree: Option<&'a RadixTree>,
+    /// The longest match among unpublished inserts (from every core).
+    pub recent: Option<&'a RecentMatch>,
+}
+
+/// The thin wrapper the policy calls: match the text against the tree and the unpublished
+/// inserts, then decide.
 pub fn select_with_tree(
     p: &Params,
-    text: &str,
-    tree: Option<&RadixTree>,
-    recent: Option<&RecentMatch>,
+    prefix: Lookup<'_>,
     workers: &[WorkerId],
     exclude: &[WorkerId],
     loads: &LoadBoard,
     rng: &mut Rng,
 ) -> Option<Decision> {
+    let Lookup { text, tree, recent } = prefix;
     select(p, workers, exclude, loads, rng, || {
         let from_tree = tree.map(|t| t.longest_match(text));
         let tree_chars = from_tree.as_ref().map_or(0, |m| m.matched_chars);
-        // This core's not-yet-published inserts win when they match more of the request.
+        // Unpublished inserts (from any core) win when they match more of the request.
         if let Some(r) = recent.filter(|r| r.matched_chars > tree_chars) {
             return Some(MatchResult {
                 matched_chars: r.matched_chars,

@@ -80,16 +80,21 @@ impl Policy {
                 .map(|w| Decision::plain(w, Branch::Random)),
             PolicyKind::RoundRobin => self.round_robin(workers, exclude, loads),
             PolicyKind::PowerOfTwo => power_of_two(workers, exclude, loads, rng),
-            PolicyKind::CacheAware => cache_aware::select_with_tree(
-                &self.cache_aware,
-                input.text,
-                tree,
-                input.recent.as_ref(),
-                workers,
-                exclude,
-                loads,
-                rng,
-            ),
+            PolicyKind::CacheAware => {
+                let prefix = cache_aware::Lookup {
+                    text: input.text,
+                    tree,
+                    recent: input.recent.as_ref(),
+                };
+                cache_aware::select_with_tree(
+                    &self.cache_aware,
+                    prefix,
+                    workers,
+                    exclude,
+                    loads,
+                    rng,
+                )
+            }
             PolicyKind::Manual => self.manual.as_ref()?.select(
                 input.routing_key,
                 workers,

@@ -202,7 +202,7 @@ async fn dispatch(
     let gw = &core.gw;
     let started = Instant::now();
     let _active = gw.life.request_started();
-    let outcome = match route(head.method(), head.path()) {
+    let outcome = match route(head.method_kind(), head.path()) {
         Route::Proxy(forwarding) => exchange::handle(core, stream, head, body, forwarding).await,
         Route::Local(ep) => admin::handle(core, stream, head, body, ep).await,
         Route::MethodNotAllowed => {

@@ -16,7 +16,7 @@ use super::Outcome;
 use crate::admission::Permit;
 use crate::base::WorkerId;
 use crate::gateway::{Core, Gateway, Scope};
-use crate::http::{BodyFraming, RequestHead};
+use crate::http::{BodyFraming, Method, RequestHead};
 use crate::proxy::capture::Capture;
 use crate::proxy::forward::{self, UpstreamRequest, UpstreamResponse};
 use crate::proxy::io::closed_by_peer;
@@ -331,7 +331,7 @@ impl<'a> Exchange<'a> {
             self.body.clone(),
         );
         let connect_timeout = Duration::from_secs(self.gw.cfg.connect_timeout_secs);
-        let is_head = self.head.method() == b"HEAD";
+        let is_head = self.head.method_kind() == Method::Head;
         let pool = &self.core.pool;
         let answer = monoio::select! {
             r = forward::roundtrip(pool, worker, &req, is_head, connect_timeout, self.deadline) => Some(r),

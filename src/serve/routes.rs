@@ -2,6 +2,7 @@
 
 use super::admin::{self, Endpoint};
 use super::exchange::Forwarding;
+use crate::http::Method;
 use crate::route::extract::Api;
 
 /// Where a request goes.
@@ -18,9 +19,9 @@ pub enum Route {
 }
 
 /// Map method and path to a route.
-pub fn route(method: &[u8], path: &[u8]) -> Route {
+pub fn route(method: Method, path: &[u8]) -> Route {
     let routed = |api| {
-        if method == b"POST" {
+        if method == Method::Post {
             Route::Proxy(Forwarding::Routed(api))
         } else {
             Route::MethodNotAllowed
@@ -33,7 +34,7 @@ pub fn route(method: &[u8], path: &[u8]) -> Route {
         b"/v1/embeddings" => routed(Api::Embeddings),
         b"/v1/rerank" | b"/rerank" => routed(Api::Rerank),
         b"/get_model_info" | b"/model_info" | b"/health_generate" => {
-            if method == b"GET" {
+            if method == Method::Get {
                 Route::Proxy(Forwarding::PassThrough)
             } else {
                 Route::MethodNotAllowed
@@ -54,23 +55,26 @@ mod tests {
     #[test]
     fn routes() {
         assert_eq!(
-            route(b"POST", b"/v1/chat/completions"),
+            route(Method::Post, b"/v1/chat/completions"),
             Route::Proxy(Forwarding::Routed(Api::Chat))
         );
         assert_eq!(
-            route(b"GET", b"/v1/chat/completions"),
+            route(Method::Get, b"/v1/chat/completions"),
             Route::MethodNotAllowed
         );
         assert_eq!(
-            route(b"POST", b"/rerank"),
+            route(Method::Post, b"/rerank"),
             Route::Proxy(Forwarding::Routed(Api::Rerank))
         );
         assert_eq!(
-            route(b"GET", b"/get_model_info"),
+            route(Method::Get, b"/get_model_info"),
             Route::Proxy(Forwarding::PassThrough)
         );
-        assert_eq!(route(b"POST", b"/health_generate"), Route::MethodNotAllowed);
-        assert_eq!(route(b"GET", b"/nope"), Route::NotFound);
-        assert!(matches!(route(b"GET", b"/health"), Route::Local(_)));
+        assert_eq!(
+            route(Method::Post, b"/health_generate"),
+            Route::MethodNotAllowed
+        );
+        assert_eq!(route(Method::Get, b"/nope"), Route::NotFound);
+        assert!(matches!(route(Method::Get, b"/health"), Route::Local(_)));
     }
 }

@@ -158,7 +158,7 @@ fn nasty_messages_round_trip_through_serde_json() {
 fn error_response_is_complete() {
     let r = error_response(
         429,
-        "rate_limit_error",
+        "rate_limit_exceeded",
         "slow down",
         &[("retry-after", "1")],
         true,
@@ -171,7 +171,7 @@ fn error_response_is_complete() {
     assert!(head.ends_with("retry-after: 1\r\nconnection: close"));
     assert_eq!(
         parse_error_body(body.as_bytes()),
-        ("slow down".into(), "rate_limit_error".into(), 429)
+        ("slow down".into(), "rate_limit_exceeded".into(), 429)
     );
 }
 

@@ -99,7 +99,19 @@ fn an_unpublished_insert_that_matches_more_wins_over_the_snapshot() {
         matched_chars: 30,
         worker: 3,
     };
-    let d = select_with_tree(&p, text, Some(&tree), Some(&recent), &ws, &[], &b, &mut rng).unwrap();
+    let d = select_with_tree(
+        &p,
+        Lookup {
+            text,
+            tree: Some(&tree),
+            recent: Some(&recent),
+        },
+        &ws,
+        &[],
+        &b,
+        &mut rng,
+    )
+    .unwrap();
     assert_eq!(
         (d.worker, d.branch, d.matched_chars),
         (3, Branch::CacheHit, 30)
@@ -109,7 +121,19 @@ fn an_unpublished_insert_that_matches_more_wins_over_the_snapshot() {
         matched_chars: 5,
         worker: 3,
     };
-    let d = select_with_tree(&p, text, Some(&tree), Some(&short), &ws, &[], &b, &mut rng).unwrap();
+    let d = select_with_tree(
+        &p,
+        Lookup {
+            text,
+            tree: Some(&tree),
+            recent: Some(&short),
+        },
+        &ws,
+        &[],
+        &b,
+        &mut rng,
+    )
+    .unwrap();
     assert_eq!(d.worker, 1);
 }
 
@@ -121,7 +145,19 @@ fn no_tree_is_a_random_least_loaded_miss() {
     let p = Params::default();
     let mut seen = [0u32; 4];
     for _ in 0..300 {
-        let d = select_with_tree(&p, "hello", None, None, &ws, &[], &b, &mut rng).unwrap();
+        let d = select_with_tree(
+            &p,
+            Lookup {
+                text: "hello",
+                tree: None,
+                recent: None,
+            },
+            &ws,
+            &[],
+            &b,
+            &mut rng,
+        )
+        .unwrap();
         assert_eq!((d.branch, d.matched_chars), (Branch::CacheMiss, 0));
         seen[d.worker as usize] += 1;
     }
@@ -264,7 +300,18 @@ fn nothing_eligible_is_none() {
         None
     );
     assert_eq!(
-        select_with_tree(&p, "x", None, None, &ws, &[], &b, &mut rng),
+        select_with_tree(
+            &p,
+            Lookup {
+                text: "x",
+                tree: None,
+                recent: None
+            },
+            &ws,
+            &[],
+            &b,
+            &mut rng
+        ),
         None
     );
 }

@@ -2,6 +2,7 @@
 //! `/get_loads`. The calls run concurrently from the serving core, each bounded by a timeout.
 
 use crate::gateway::Core;
+use crate::http::Method;
 use crate::proxy::forward;
 use crate::serve::error::GatewayError;
 use crate::serve::reply::Reply;
@@ -26,7 +27,7 @@ type Answer = Result<(u16, Bytes), String>;
 async fn fan_out(
     core: &Rc<Core>,
     workers: Vec<Arc<Worker>>,
-    method: &'static str,
+    method: Method,
     path: &'static str,
     timeout: Duration,
 ) -> Vec<(Arc<Worker>, Answer)> {
@@ -58,7 +59,7 @@ pub async fn models(core: &Rc<Core>) -> Result<Reply, GatewayError> {
         .filter(|w| gw.registry.loads.is_eligible(w.id))
         .cloned()
         .collect();
-    let results = fan_out(core, workers, "GET", "/v1/models", MODELS_TIMEOUT).await;
+    let results = fan_out(core, workers, Method::Get, "/v1/models", MODELS_TIMEOUT).await;
     let mut data: Vec<Value> = Vec::new();
     let mut answered = 0;
     for (_, r) in results {
@@ -88,7 +89,7 @@ pub async fn models(core: &Rc<Core>) -> Result<Reply, GatewayError> {
 /// `POST /flush_cache`: flush every worker's cache; 206 when some did not answer 200.
 pub async fn flush_cache(core: &Rc<Core>) -> Reply {
     let workers = core.gw.registry.load().workers.clone();
-    let results = fan_out(core, workers, "POST", "/flush_cache", FLUSH_TIMEOUT).await;
+    let results = fan_out(core, workers, Method::Post, "/flush_cache", FLUSH_TIMEOUT).await;
     let total = results.len();
     let ok = results
         .iter()
@@ -112,7 +113,7 @@ pub async fn flush_cache(core: &Rc<Core>) -> Reply {
 pub async fn loads(core: &Rc<Core>) -> Reply {
     let gw = &core.gw;
     let workers = gw.registry.load().workers.clone();
-    let results = fan_out(core, workers, "GET", "/get_load", LOADS_TIMEOUT).await;
+    let results = fan_out(core, workers, Method::Get, "/get_load", LOADS_TIMEOUT).await;
     let loads: Vec<Value> = results
         .iter()
         .map(|(w, r)| {

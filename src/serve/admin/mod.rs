@@ -14,7 +14,7 @@ use super::error::GatewayError;
 use super::reply::{self, send_error, Reply};
 use super::Outcome;
 use crate::gateway::{Core, Scope};
-use crate::http::RequestHead;
+use crate::http::{Method, RequestHead};
 use bytes::Bytes;
 use monoio::net::TcpStream;
 use std::rc::Rc;
@@ -70,28 +70,28 @@ impl Endpoint {
 
 /// The local endpoint for a method and path: `None` when the path is not local,
 /// `Some(Err(()))` when the path is local but the method is wrong.
-pub fn endpoint(method: &[u8], path: &[u8]) -> Option<Result<Endpoint, ()>> {
+pub fn endpoint(method: Method, path: &[u8]) -> Option<Result<Endpoint, ()>> {
     let m = |ok: bool, e: Endpoint| Some(if ok { Ok(e) } else { Err(()) });
-    let get = method == b"GET";
-    let post = method == b"POST";
+    let get = method == Method::Get;
+    let post = method == Method::Post;
     match path {
         b"/health" | b"/liveness" => m(get, Endpoint::Health),
         b"/readiness" => m(get, Endpoint::Readiness),
         b"/v1/models" => m(get, Endpoint::Models),
         b"/get_server_info" | b"/server_info" => m(get, Endpoint::ServerInfo),
         b"/workers" => match method {
-            b"GET" => Some(Ok(Endpoint::ListWorkers)),
-            b"POST" => Some(Ok(Endpoint::AddWorker)),
+            Method::Get => Some(Ok(Endpoint::ListWorkers)),
+            Method::Post => Some(Ok(Endpoint::AddWorker)),
             _ => Some(Err(())),
         },
         b"/add_worker" => m(post, Endpoint::LegacyAdd),
-        b"/remove_worker" => m(post || method == b"DELETE", Endpoint::LegacyRemove),
+        b"/remove_worker" => m(post || method == Method::Delete, Endpoint::LegacyRemove),
         b"/list_workers" => m(get, Endpoint::LegacyList),
         b"/flush_cache" => m(post || get, Endpoint::FlushCache),
         b"/get_loads" => m(get, Endpoint::GetLoads),
         p if p.starts_with(b"/workers/") && p.len() > b"/workers/".len() => match method {
-            b"GET" => Some(Ok(Endpoint::GetWorker)),
-            b"DELETE" => Some(Ok(Endpoint::DeleteWorker)),
+            Method::Get => Some(Ok(Endpoint::GetWorker)),
+            Method::Delete => Some(Ok(Endpoint::DeleteWorker)),
             _ => Some(Err(())),
         },
         _ => None,
@@ -152,14 +152,17 @@ mod tests {
 
     #[test]
     fn endpoints_and_methods() {
-        assert_eq!(endpoint(b"GET", b"/health"), Some(Ok(Endpoint::Health)));
-        assert_eq!(endpoint(b"POST", b"/health"), Some(Err(())));
         assert_eq!(
-            endpoint(b"DELETE", b"/workers/3"),
+            endpoint(Method::Get, b"/health"),
+            Some(Ok(Endpoint::Health))
+        );
+        assert_eq!(endpoint(Method::Post, b"/health"), Some(Err(())));
+        assert_eq!(
+            endpoint(Method::Delete, b"/workers/3"),
             Some(Ok(Endpoint::DeleteWorker))
         );
-        assert_eq!(endpoint(b"GET", b"/workers/"), None);
-        assert_eq!(endpoint(b"GET", b"/other"), None);
+        assert_eq!(endpoint(Method::Get, b"/workers/"), None);
+        assert_eq!(endpoint(Method::Get, b"/other"), None);
     }
 
     #[test]

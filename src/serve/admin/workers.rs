@@ -1,7 +1,7 @@
 //! Worker management: list, describe, add (probed once so it is routable at once), remove.
 
 use crate::gateway::{Core, Gateway};
-use crate::http::RequestHead;
+use crate::http::{Method, RequestHead};
 use crate::proxy::forward;
 use crate::serve::error::GatewayError;
 use crate::serve::reply::Reply;
@@ -82,7 +82,14 @@ async fn register(core: &Core, url: &str) -> Result<Arc<Worker>, RegistryError> 
     let healthy = gw.cfg.disable_health_check || {
         let timeout = Duration::from_secs(gw.cfg.health_check_timeout_secs);
         let path = &gw.cfg.health_check_endpoint;
-        let probe = forward::fetch(&core.pool, &worker, "GET", path, Bytes::new(), timeout);
+        let probe = forward::fetch(
+            &core.pool,
+            &worker,
+            Method::Get,
+            path,
+            Bytes::new(),
+            timeout,
+        );
         matches!(probe.await, Ok((200..=299, _)))
     };
     gw.registry.set_healthy(&worker, healthy);
