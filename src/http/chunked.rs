@@ -256,6 +256,23 @@ impl Machine {
 
     /// Advance over one framing byte (never called in `Data`, `Done` or `Failed`).
     fn byte(&mut self, b: u8) -> Result<(), ChunkError> {
+        match self.state {
+            State::SizeStart | State::Size | State::SizeWs | State::Ext | State::SizeLf => {
+                self.size_line_byte(b)
+            }
+            State::DataCr | State::DataLf => self.data_end_byte(b),
+            State::TrailerStart
+            | State::TrailerName
+            | State::TrailerValue
+            | State::TrailerLf
+            | State::EndLf => self.trailer_byte(b),
+            // `run` handles these without calling `byte`.
+            State::Data | State::Done | State::Failed(_) => Ok(()),
+        }
+    }
+
+    /// A byte of a chunk-size line: hex digits, optional whitespace and extensions, CRLF.
+    fn size_line_byte(&mut self, b: u8) -> Result<(), ChunkError> {
         use ChunkError::Malformed;
         match self.state {
             State::SizeStart => {
@@ -306,6 +323,15 @@ impl Machine {
                     self.state = State::Data;
                 }
             }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The CRLF after a chunk's data.
+    fn data_end_byte(&mut self, b: u8) -> Result<(), ChunkError> {
+        use ChunkError::Malformed;
+        match self.state {
             State::DataCr => {
                 if b != b'\r' {
                     return Err(Malformed("chunk data not followed by CRLF"));
@@ -318,6 +344,15 @@ impl Machine {
                 }
                 self.state = State::SizeStart;
             }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A byte of the trailer section and the final CRLF.
+    fn trailer_byte(&mut self, b: u8) -> Result<(), ChunkError> {
+        use ChunkError::Malformed;
+        match self.state {
             State::TrailerStart => {
                 self.count_trailer()?;
                 match b {
@@ -355,8 +390,7 @@ impl Machine {
                 }
                 self.state = State::Done;
             }
-            // `run` handles these without calling `byte`.
-            State::Data | State::Done | State::Failed(_) => {}
+            _ => {}
         }
         Ok(())
     }
