@@ -1,7 +1,9 @@
-//! radixgate: a cache-aware LLM gateway. The module tree follows one request from socket to
-//! worker and back: `runtime` (cores, listeners) → `proxy::conn` (HTTP/1.1 keep-alive loop over
-//! the pure `http` framing) → `route` (extract, policies) against `tree` snapshots and `workers`
-//! loads → `proxy::forward` (pooled upstream, streamed relay) → `metrics`.
+//! radixgate: a cache-aware LLM gateway. One request goes from socket to worker and back:
+//! `runtime` (cores, listeners) → `serve::conn` (HTTP/1.1 keep-alive loop over the pure `http`
+//! framing) → `serve::exchange` (admit, pick, attempt, commit) → `gateway::Router` →
+//! `route` (extract, policies) against `tree` snapshots and `workers` loads → `proxy`
+//! (pooled upstream, streamed relay) → `metrics`. The README's architecture section lists the
+//! layers; `tests/layers.rs` keeps imports pointing downward.
 
 pub mod admission;
 pub mod base;

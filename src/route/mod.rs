@@ -1,4 +1,6 @@
-//! Choosing a worker for a request: what to route on (`extract`) and the policies.
+//! Choosing a worker for a request, pure: what to route on (`extract`), the vocabulary every
+//! policy shares (`types`), the front door (`policy`) and the policies (`cache_aware`, `manual`,
+//! `hashing`, `bucket`), and the inserts the tree writer has not published yet (`recent`).
 pub mod bucket;
 pub mod cache_aware;
 pub mod extract;

@@ -181,6 +181,7 @@ impl<'a> Exchange<'a> {
         forwarding: Forwarding,
     ) -> Result<Exchange<'a>, Refused> {
         let gw: &'a Gateway = &core.gw;
+        let started = Instant::now();
         let refuse = |error, request_id| Refused { error, request_id };
         let info = match forwarding {
             Forwarding::Routed(api) => {
@@ -204,7 +205,6 @@ impl<'a> Exchange<'a> {
                 text: Cow::Borrowed(""),
             },
         };
-        let started = Instant::now();
         let rid = request_id(
             head,
             &gw.cfg.request_id_headers,
