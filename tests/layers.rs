@@ -129,3 +129,53 @@ fn the_checker_sees_upward_imports() {
         vec!["gateway".to_string(), "http".to_string()]
     );
 }
+
+/// The README's `src/` tree names every source file (tests aside), so the map a newcomer reads
+/// cannot drift from the code.
+#[test]
+fn the_readme_source_tree_names_every_file() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let line_of = |dir: &str| {
+        readme
+            .lines()
+            .find(|l| l.starts_with(&format!("  {dir}")))
+            .unwrap_or_else(|| panic!("README's src/ tree has no line for {dir}"))
+            .to_string()
+    };
+    let mut missing = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(src).unwrap();
+        let parts: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts.iter().any(|p| p == "tests.rs" || p == "tests") {
+            continue;
+        }
+        let words = |line: &str| -> Vec<String> {
+            line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '/'))
+                .map(str::to_string)
+                .collect()
+        };
+        let ok = match parts.as_slice() {
+            [file] => words(&line_of("main.rs")).contains(file),
+            // A folder's own module file is the folder itself.
+            [_, file] if file == "mod.rs" => true,
+            [dir, file] => words(&line_of(&format!("{dir}/"))).contains(file),
+            [dir, sub, file] => {
+                let line = line_of(&format!("{dir}/"));
+                let stem = file.trim_end_matches(".rs");
+                line.contains(&format!("{sub}/")) && words(&line).iter().any(|w| w == stem)
+            }
+            _ => false,
+        };
+        if !ok {
+            missing.push(rel.display().to_string());
+        }
+    }
+    assert!(missing.is_empty(), "README's src/ tree misses: {missing:?}");
+}
