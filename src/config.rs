@@ -167,6 +167,15 @@ pub struct Config {
     /// Seconds an idle keep-alive client connection is kept open.
     #[arg(long = "keepalive-timeout-secs", default_value_t = 75)]
     pub keepalive_timeout_secs: u64,
+    /// Slowest average rate a request body may arrive at, in bytes per second, after a grace of
+    /// --header-timeout-secs; a slower body gets 408 (never more than --request-timeout-secs in
+    /// all). 0: no minimum (only the per-read --header-timeout-secs).
+    #[arg(long = "min-body-bytes-per-second", default_value_t = 4096)]
+    pub min_body_bytes_per_second: u64,
+    /// Client connections one core keeps open; at the cap the longest-idle keep-alive connection
+    /// is closed for a new one, and when none is idle the new one gets 503. 0: no cap.
+    #[arg(long = "max-connections-per-core", default_value_t = 8192)]
+    pub max_connections_per_core: usize,
     /// Seconds to wait for a TCP connection to a worker.
     #[arg(long = "connect-timeout-secs", default_value_t = 10)]
     pub connect_timeout_secs: u64,

@@ -1,15 +1,23 @@
-//! The `/metrics` listener on `--prometheus-port`: a plain blocking thread, away from the
-//! serving cores, that refreshes the gauges derived from shared state and renders the exporter.
+//! The `/metrics` listener on `--prometheus-port`: plain blocking threads, away from the
+//! serving cores, that refresh the gauges derived from shared state and render the exporter.
+//! One thread accepts; each connection gets its own short-lived thread (at most
+//! [`MAX_CONNECTIONS`] at once) with a whole-connection deadline, so one slow or non-reading
+//! client cannot keep Prometheus from scraping.
 
 use crate::gateway::Gateway;
 use crate::http::{self, HeadLimits};
 use crate::serve::error::GatewayError;
-use crate::serve::reply::Reply;
+use crate::serve::reply::{Reply, REPLY_WRITE_TIMEOUT};
 use bytes::BytesMut;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Connections served at once; one more is closed at once (a scraper retries next interval).
+/// A slow client holds its place for at most `--header-timeout-secs` plus the write timeout.
+pub const MAX_CONNECTIONS: usize = 8;
 
 /// Bind and serve; returns the bound address.
 pub fn spawn(gw: Arc<Gateway>) -> Result<SocketAddr, String> {
@@ -23,18 +31,49 @@ pub fn spawn(gw: Arc<Gateway>) -> Result<SocketAddr, String> {
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     std::thread::Builder::new()
         .name("radixgate-metrics".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                if gw.life.is_shutting_down() {
-                    break;
-                }
-                if let Ok(s) = conn {
-                    let _ = serve(&gw, s);
-                }
-            }
-        })
+        .spawn(move || accept_loop(gw, listener))
         .map_err(|e| e.to_string())?;
     Ok(bound)
+}
+
+fn accept_loop(gw: Arc<Gateway>, listener: TcpListener) {
+    let active = Arc::new(AtomicUsize::new(0));
+    for conn in listener.incoming() {
+        if gw.life.is_shutting_down() {
+            break;
+        }
+        let s = match conn {
+            Ok(s) => s,
+            Err(_) => {
+                // Out of descriptors or similar: do not spin.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            active.fetch_sub(1, Ordering::AcqRel);
+            continue;
+        }
+        let place = Place(active.clone());
+        let gw = gw.clone();
+        let spawned = std::thread::Builder::new()
+            .name("radixgate-metrics-conn".into())
+            .spawn(move || {
+                let _place = place;
+                let _ = serve(&gw, s);
+            });
+        // A thread that could not start dropped its closure, and with it the place.
+        drop(spawned);
+    }
+}
+
+/// One of the [`MAX_CONNECTIONS`] places, given back when the connection's thread ends.
+struct Place(Arc<AtomicUsize>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 fn refresh(gw: &Gateway) {
@@ -60,7 +99,8 @@ fn refresh(gw: &Gateway) {
 }
 
 fn serve(gw: &Gateway, mut s: TcpStream) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    // The whole head within --header-timeout-secs: a client trickling bytes is cut off too.
+    let head_deadline = Instant::now() + Duration::from_secs(gw.cfg.header_timeout_secs.max(1));
     let mut buf = BytesMut::with_capacity(4096);
     let mut tmp = [0u8; 4096];
     let head = loop {
@@ -69,6 +109,7 @@ fn serve(gw: &Gateway, mut s: TcpStream) -> std::io::Result<()> {
             Ok(None) => {}
             Err(_) => return Ok(()),
         }
+        s.set_read_timeout(Some(left(head_deadline)?))?;
         let n = s.read(&mut tmp)?;
         if n == 0 {
             return Ok(());
@@ -85,5 +126,28 @@ fn serve(gw: &Gateway, mut s: TcpStream) -> std::io::Result<()> {
         let e = GatewayError::new(404, "only GET /metrics here");
         Reply::error(&e).render(None, true)
     };
-    s.write_all(&resp)
+    write_by(&mut s, &resp, Instant::now() + REPLY_WRITE_TIMEOUT)
+}
+
+/// Time left until `deadline`, or `TimedOut` when none is.
+fn left(deadline: Instant) -> std::io::Result<Duration> {
+    let d = deadline.saturating_duration_since(Instant::now());
+    if d.is_zero() {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    Ok(d)
+}
+
+/// Write all of `data` by `deadline` (a client reading a byte at a time cannot stretch it).
+fn write_by(s: &mut TcpStream, mut data: &[u8], deadline: Instant) -> std::io::Result<()> {
+    while !data.is_empty() {
+        s.set_write_timeout(Some(left(deadline)?))?;
+        match s.write(data) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }

@@ -16,6 +16,41 @@ use std::time::{Duration, Instant};
 const LISTEN_BACKLOG: i32 = 4096;
 /// io_uring submission queue entries per core.
 const RING_ENTRIES: u32 = 4096;
+/// At most one "accept failed" line per core per this interval: out of descriptors, accept
+/// fails every few milliseconds, and a line each time would flood the log.
+const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Lets a repeating message through at most once per interval, counting what it held back.
+#[derive(Debug)]
+struct LogLimiter {
+    interval: Duration,
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl LogLimiter {
+    fn new(interval: Duration) -> LogLimiter {
+        LogLimiter {
+            interval,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(held back since the last line)` when a line may be written at `now`.
+    fn allow(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(t) if now.duration_since(t) < self.interval => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
 
 /// A running gateway.
 pub struct Running {
@@ -239,16 +274,35 @@ async fn core_main(gw: Arc<Gateway>, index: usize, listener: std::net::TcpListen
     // One accept stays pending across shutdown checks: cancelling an in-flight accept can lose
     // a connection the kernel already handed over (monoio #318), so only the timer is dropped.
     {
+        let conns = crate::serve::conn::Connections::new(gw.cfg.max_connections_per_core);
+        let mut accept_log = LogLimiter::new(ACCEPT_LOG_INTERVAL);
         let mut accept = std::pin::pin!(listener.accept());
         while !gw.life.is_shutting_down() {
             monoio::select! {
                 r = &mut accept => {
                     match r {
-                        Ok((stream, _peer)) => {
-                            monoio::spawn(crate::serve::conn::serve(core.clone(), stream));
-                        }
+                        Ok((stream, _peer)) => match conns.admit() {
+                            Some(slot) => {
+                                monoio::spawn(crate::serve::conn::serve(core.clone(), stream, slot));
+                            }
+                            None => {
+                                monoio::spawn(crate::serve::conn::refuse_over_cap(stream));
+                            }
+                        },
                         Err(e) => {
-                            crate::log!(Warn, "core {index}: accept failed: {e}");
+                            // Out of descriptors: an idle keep-alive connection is worth less
+                            // than the new one waiting in the backlog.
+                            if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                                conns.shed_oldest_idle();
+                            }
+                            if let Some(suppressed) = accept_log.allow(Instant::now()) {
+                                crate::log!(
+                                    Warn,
+                                    "core {index}: accept failed: {e} ({suppressed} more \
+                                     failure(s) not logged in the last {}s)",
+                                    ACCEPT_LOG_INTERVAL.as_secs()
+                                );
+                            }
                             monoio::time::sleep(Duration::from_millis(10)).await;
                         }
                     }
@@ -279,5 +333,23 @@ pub fn raise_nofile_limit() {
             lim.rlim_cur = lim.rlim_max;
             let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeating_log_line_is_written_once_per_interval_with_a_count() {
+        let mut l = LogLimiter::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert_eq!(l.allow(t0), Some(0));
+        for i in 1..100 {
+            assert_eq!(l.allow(t0 + Duration::from_millis(i * 10 - 9)), None);
+        }
+        assert_eq!(l.allow(t0 + Duration::from_secs(1)), Some(99));
+        assert_eq!(l.allow(t0 + Duration::from_millis(1500)), None);
+        assert_eq!(l.allow(t0 + Duration::from_secs(5)), Some(1));
     }
 }

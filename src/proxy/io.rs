@@ -3,10 +3,11 @@
 
 use bytes::BytesMut;
 use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 use std::io;
+use std::time::Duration;
 
 /// Smallest free space offered to a read.
 pub const READ_CHUNK: usize = 16 * 1024;
@@ -51,6 +52,36 @@ pub async fn write_all_by<T: monoio::buf::IoBuf + 'static>(
     match monoio::time::timeout_at(deadline, stream.write_all(data)).await {
         Ok((res, _)) => res.map(|_| ()),
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out")),
+    }
+}
+
+/// How long a connection lingers after an error reply that closes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Linger {
+    /// Longest time spent draining in all.
+    pub total: Duration,
+    /// Stop once the client has sent nothing for this long.
+    pub idle: Duration,
+}
+
+/// Close `stream` politely after a reply the client may not expect yet (an error answered while
+/// it is still sending its body): shut down the write side, so the reply is followed by FIN,
+/// then read and discard what the client still sends until it closes, falls quiet for
+/// `linger.idle`, or `linger.total` has passed. Closing at once with unread bytes makes the
+/// kernel send a reset, and a client still writing then sees "connection reset" instead of
+/// the reply. `buf` is reused as scratch space (cleared; it does not grow beyond one read).
+pub async fn linger_close(stream: &mut TcpStream, buf: &mut BytesMut, linger: Linger) {
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let until = Instant::now() + linger.total;
+    loop {
+        buf.clear();
+        let deadline = until.min(Instant::now() + linger.idle);
+        match read_into(stream, buf, Some(deadline)).await {
+            Ok(n) if n > 0 && Instant::now() < until => {}
+            _ => return,
+        }
     }
 }
 

@@ -1,21 +1,51 @@
 //! One client connection: the keep-alive loop. Reads a head (header timeout from its first
-//! byte, idle timeout between requests), reads the body (Content-Length or chunked, with
-//! `100 Continue` and the payload limit), dispatches, and keeps leftover bytes so pipelined
-//! requests are answered in order. Any framing error is answered with its status and a close;
-//! other connections never notice.
+//! byte, idle timeout between requests), decides on the head alone where it goes, whether its
+//! key is good and how large a body it may carry (refusals are answered at once, without
+//! `100 Continue` and without reading the body), reads the body (Content-Length or chunked,
+//! within a whole-body deadline), dispatches, and keeps leftover bytes so pipelined requests
+//! are answered in order. Any error that ends the connection is answered with its status and a
+//! lingering close; other connections never notice.
+//!
+//! [`Connections`] is one core's table of open connections: the accept loop holds them under
+//! `--max-connections-per-core`, closing the longest-idle keep-alive connection first.
 
+use super::admin::{self, Endpoint};
 use super::error::GatewayError;
+use super::exchange::{self, Forwarding};
 use super::reply::send_error;
 use super::routes::{route, Route};
-use super::{admin, exchange, Outcome};
-use crate::gateway::Core;
+use super::Outcome;
+use crate::gateway::{Core, Gateway};
 use crate::http::{self, BodyFraming, ChunkError, ChunkedDecoder, HeadLimits, RequestHead};
-use crate::proxy::io::{read_into, write_all};
+use crate::proxy::io::{linger_close, read_into, write_all, Linger};
 use bytes::{Buf, Bytes, BytesMut};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
+
+/// Lingering close after an error reply: long enough for a client to finish writing a body
+/// it had already started (loopback or LAN: milliseconds), short enough that a client
+/// trickling bytes holds the connection only briefly.
+const ERROR_LINGER: Linger = Linger {
+    total: Duration::from_secs(2),
+    idle: Duration::from_millis(500),
+};
+
+/// Lingering close for a connection refused at the cap: it has sent at most a request head.
+const REFUSAL_LINGER: Linger = Linger {
+    total: Duration::from_millis(500),
+    idle: Duration::from_millis(100),
+};
+
+/// Largest body buffer reserved up front from a declared `Content-Length`; beyond it the
+/// buffer grows as bytes arrive, so a declared size alone reserves no memory.
+const BODY_RESERVE_LIMIT: usize = 1 << 20;
 
 /// Why a request could not be read; each ends the connection after an error response
 /// (or silently, when the peer is gone).
@@ -32,70 +62,169 @@ impl ReadFail {
     }
 }
 
-/// Serve one accepted connection until it closes.
-pub async fn serve(core: Rc<Core>, mut stream: TcpStream) {
+/// Serve one accepted connection until it closes. `slot` is its place in the core's
+/// [`Connections`]; the connection closes when the table sheds it while idle.
+pub async fn serve(core: Rc<Core>, mut stream: TcpStream, slot: Slot) {
     let _ = stream.set_nodelay(true);
     let gw = core.gw.clone();
     crate::metrics::connection_opened();
     let limits = HeadLimits::default();
     let header_timeout = Duration::from_secs(gw.cfg.header_timeout_secs);
     let idle_timeout = Duration::from_secs(gw.cfg.keepalive_timeout_secs);
+    let pace = BodyPace {
+        grace: header_timeout,
+        min_rate: gw.cfg.min_body_bytes_per_second,
+        cap: gw.cfg.request_timeout(),
+    };
     let mut buf = BytesMut::with_capacity(8 * 1024);
+    let mut linger = false;
     loop {
-        let head =
-            match read_head(&mut stream, &mut buf, &limits, header_timeout, idle_timeout).await {
-                Ok(h) => h,
-                Err(ReadFail::Gone) => break,
-                Err(ReadFail::Reply(e)) => {
-                    send_error(&mut stream, None, &e, None).await;
-                    break;
-                }
-            };
-        let body = match read_body(
-            &mut stream,
-            &mut buf,
-            &head,
-            gw.cfg.max_payload_size,
-            header_timeout,
-        )
-        .await
-        {
-            Ok(b) => b,
-            Err(ReadFail::Gone) => break,
-            Err(ReadFail::Reply(e)) => {
-                send_error(&mut stream, None, &e, None).await;
+        let waits = Waits {
+            header: header_timeout,
+            idle: idle_timeout,
+            slot: &slot,
+        };
+        let head = match read_head(&mut stream, &mut buf, &limits, waits).await {
+            Ok(h) => h,
+            Err(fail) => {
+                linger = answer(&mut stream, fail).await;
                 break;
             }
         };
-        let outcome = dispatch(&core, &mut stream, &head, body).await;
+        let (handler, body_limit) = match decide(&gw, &head) {
+            Ok(d) => d,
+            Err(e) => {
+                let outcome = send_error(&mut stream, Some(&head), &e, None).await;
+                crate::metrics::http_request(head.path(), e.status, Duration::ZERO);
+                if outcome.keep_alive && !gw.life.is_shutting_down() {
+                    continue;
+                }
+                linger = e.close;
+                break;
+            }
+        };
+        let body = match read_body(&mut stream, &mut buf, &head, body_limit, pace).await {
+            Ok(b) => b,
+            Err(fail) => {
+                linger = answer(&mut stream, fail).await;
+                break;
+            }
+        };
+        let outcome = dispatch(&core, &mut stream, &head, body, handler).await;
         if !outcome.keep_alive || !head.keep_alive || gw.life.is_shutting_down() {
             break;
         }
     }
+    if linger {
+        linger_close(&mut stream, &mut buf, ERROR_LINGER).await;
+    }
     crate::metrics::connection_closed();
+}
+
+/// Answer a request that could not be read (nothing when the peer is gone). True when an
+/// answer was written: the connection then closes with a linger.
+async fn answer(stream: &mut TcpStream, fail: ReadFail) -> bool {
+    match fail {
+        ReadFail::Gone => false,
+        ReadFail::Reply(e) => {
+            send_error(stream, None, &e, None).await;
+            true
+        }
+    }
+}
+
+/// Answer a connection accepted over `--max-connections-per-core` with 503 and close it.
+pub async fn refuse_over_cap(mut stream: TcpStream) {
+    let e = GatewayError::framing(
+        503,
+        "too many connections to this gateway core; retry on a new connection",
+    );
+    send_error(&mut stream, None, &e, None).await;
+    let mut scratch = BytesMut::new();
+    linger_close(&mut stream, &mut scratch, REFUSAL_LINGER).await;
+}
+
+/// What the head alone decides: the route and the largest body it may carry, or the refusal
+/// (404, 405, 401) answered before any body byte is read. A refused request that declared a
+/// body closes the connection (the unread body is no request boundary), so no `100 Continue`
+/// is ever sent for it and nothing of its upload is buffered.
+fn decide(gw: &Gateway, head: &RequestHead) -> Result<(Handler, u64), GatewayError> {
+    let refuse = |mut e: GatewayError| {
+        e.close = !matches!(head.framing, BodyFraming::None | BodyFraming::Length(0));
+        e
+    };
+    let r = route(head.method_kind(), head.path());
+    let handler = match r {
+        Route::Proxy(f) => Handler::Proxy(f),
+        Route::Local(ep) => Handler::Local(ep),
+        Route::NotFound => {
+            let msg = format!("no route for {}", String::from_utf8_lossy(head.path()));
+            return Err(refuse(GatewayError::new(404, msg)));
+        }
+        Route::MethodNotAllowed => {
+            let msg = format!(
+                "method {} not allowed on {}",
+                String::from_utf8_lossy(head.method()),
+                String::from_utf8_lossy(head.path())
+            );
+            return Err(refuse(GatewayError::new(405, msg)));
+        }
+    };
+    if let Some(scope) = r.scope() {
+        if let Err(msg) = gw.auth.authorize(head, scope) {
+            return Err(refuse(GatewayError::new(401, msg)));
+        }
+    }
+    Ok((handler, r.body_limit(gw.cfg.max_payload_size)))
+}
+
+/// Who answers a request that passed `decide`.
+#[derive(Debug, Clone, Copy)]
+enum Handler {
+    Proxy(Forwarding),
+    Local(Endpoint),
+}
+
+/// What `read_head` waits for: the head deadline, the idle keep-alive deadline, and the shed
+/// signal of this connection's slot.
+struct Waits<'a> {
+    header: Duration,
+    idle: Duration,
+    slot: &'a Slot,
 }
 
 async fn read_head(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     limits: &HeadLimits,
-    header_timeout: Duration,
-    idle_timeout: Duration,
+    waits: Waits<'_>,
 ) -> Result<RequestHead, ReadFail> {
     // The header deadline runs from the first byte of this head, so a client trickling one
     // byte a second is cut off, while an idle keep-alive connection gets the idle timeout.
-    let mut header_deadline = (!buf.is_empty()).then(|| Instant::now() + header_timeout);
+    let mut header_deadline = (!buf.is_empty()).then(|| Instant::now() + waits.header);
     loop {
         match http::parse_request_head(buf, limits) {
-            Ok(Some(head)) => return Ok(head),
+            Ok(Some(head)) => {
+                waits.slot.busy();
+                return Ok(head);
+            }
             Ok(None) => {}
             Err(e) => return Err(ReadFail::reply(e.status(), e.message().to_string())),
         }
-        let deadline = match header_deadline {
-            Some(d) => d,
-            None => Instant::now() + idle_timeout,
+        let read = match header_deadline {
+            Some(d) => read_into(stream, buf, Some(d)).await,
+            None => {
+                // Idle: no byte of the next request yet. The core may shed this connection
+                // for a new one (it is the one whose loss costs nobody a request).
+                waits.slot.idle();
+                let deadline = Instant::now() + waits.idle;
+                monoio::select! {
+                    r = read_into(stream, buf, Some(deadline)) => r,
+                    _ = waits.slot.shed() => return Err(ReadFail::Gone),
+                }
+            }
         };
-        match read_into(stream, buf, Some(deadline)).await {
+        match read {
             Ok(0) => {
                 return Err(if buf.is_empty() {
                     ReadFail::Gone
@@ -105,7 +234,8 @@ async fn read_head(
             }
             Ok(_) => {
                 if header_deadline.is_none() {
-                    header_deadline = Some(Instant::now() + header_timeout);
+                    waits.slot.busy();
+                    header_deadline = Some(Instant::now() + waits.header);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut && header_deadline.is_some() => {
@@ -116,19 +246,47 @@ async fn read_head(
     }
 }
 
+/// How long a request body may take: `grace` (`--header-timeout-secs`) plus one second per
+/// `min_rate` (`--min-body-bytes-per-second`) bytes, never more than `cap`
+/// (`--request-timeout-secs`). A per-read timeout alone lets a client trickling one byte just
+/// inside it hold a connection for days.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyPace {
+    /// Time allowed on top of the transfer at `min_rate` (and the longest pause between reads).
+    pub grace: Duration,
+    /// Slowest acceptable average rate, bytes per second (0: no minimum).
+    pub min_rate: u64,
+    /// Longest time any body may take.
+    pub cap: Duration,
+}
+
+impl BodyPace {
+    /// Time allowed, from the end of the head, for the first `bytes` bytes of a body.
+    pub fn allowance(&self, bytes: u64) -> Duration {
+        if self.min_rate == 0 {
+            return self.cap;
+        }
+        let millis = bytes.saturating_mul(1000) / self.min_rate;
+        self.grace
+            .saturating_add(Duration::from_millis(millis))
+            .min(self.cap)
+    }
+}
+
 async fn read_body(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     head: &RequestHead,
     max_payload: u64,
-    read_timeout: Duration,
+    pace: BodyPace,
 ) -> Result<Bytes, ReadFail> {
     let too_large = || {
         ReadFail::reply(
             413,
-            format!("request body exceeds the limit of {max_payload} bytes"),
+            format!("request body exceeds the limit of {max_payload} bytes for this endpoint"),
         )
     };
+    let started = Instant::now();
     match head.framing {
         BodyFraming::None | BodyFraming::Close => Ok(Bytes::new()),
         BodyFraming::Length(n) => {
@@ -141,11 +299,13 @@ async fn read_body(
                     .await
                     .map_err(|_| ReadFail::Gone)?;
             }
-            if buf.capacity() - buf.len() < n.saturating_sub(buf.len()) {
-                buf.reserve(n - buf.len());
+            let want = n.min(BODY_RESERVE_LIMIT);
+            if buf.len() < want {
+                buf.reserve(want - buf.len());
             }
+            let whole = started + pace.allowance(n as u64);
             while buf.len() < n {
-                read_body_bytes(stream, buf, read_timeout).await?;
+                read_body_bytes(stream, buf, pace, whole).await?;
             }
             Ok(buf.split_to(n).freeze())
         }
@@ -157,6 +317,8 @@ async fn read_body(
             }
             let mut decoder = ChunkedDecoder::new(max_payload);
             let mut body = BytesMut::new();
+            // Wire bytes so far: the length is unknown, so the deadline grows with what came.
+            let mut received = buf.len() as u64;
             loop {
                 let used = decoder.feed(buf, &mut body).map_err(|e| match e {
                     ChunkError::TooLarge => too_large(),
@@ -168,27 +330,39 @@ async fn read_body(
                 if decoder.is_done() {
                     return Ok(body.freeze());
                 }
-                read_body_bytes(stream, buf, read_timeout).await?;
+                let whole = started + pace.allowance(received);
+                received += read_body_bytes(stream, buf, pace, whole).await? as u64;
             }
         }
     }
 }
 
-/// One read of request-body bytes: EOF → 400, no bytes within `read_timeout` → 408.
+/// One read of request-body bytes: EOF → 400; nothing within `pace.grace`, or `whole` (the
+/// body's deadline) passed → 408.
 async fn read_body_bytes(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
-    read_timeout: Duration,
-) -> Result<(), ReadFail> {
-    match read_into(stream, buf, Some(Instant::now() + read_timeout)).await {
+    pace: BodyPace,
+    whole: Instant,
+) -> Result<usize, ReadFail> {
+    let pause = Instant::now() + pace.grace;
+    match read_into(stream, buf, Some(pause.min(whole))).await {
         Ok(0) => Err(ReadFail::reply(
             400,
             "connection closed inside the request body",
         )),
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-            Err(ReadFail::reply(408, "request body not received in time"))
-        }
+        Ok(n) => Ok(n),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(if whole < pause {
+            ReadFail::reply(
+                408,
+                format!(
+                    "request body arrived slower than {} bytes per second",
+                    pace.min_rate
+                ),
+            )
+        } else {
+            ReadFail::reply(408, "request body not received in time")
+        }),
         Err(_) => Err(ReadFail::Gone),
     }
 }
@@ -198,26 +372,214 @@ async fn dispatch(
     stream: &mut TcpStream,
     head: &RequestHead,
     body: Bytes,
+    handler: Handler,
 ) -> Outcome {
     let gw = &core.gw;
     let started = Instant::now();
     let _active = gw.life.request_started();
-    let outcome = match route(head.method_kind(), head.path()) {
-        Route::Proxy(forwarding) => exchange::handle(core, stream, head, body, forwarding).await,
-        Route::Local(ep) => admin::handle(core, stream, head, body, ep).await,
-        Route::MethodNotAllowed => {
-            let msg = format!(
-                "method {} not allowed on {}",
-                String::from_utf8_lossy(head.method()),
-                String::from_utf8_lossy(head.path())
-            );
-            send_error(stream, Some(head), &GatewayError::new(405, msg), None).await
-        }
-        Route::NotFound => {
-            let msg = format!("no route for {}", String::from_utf8_lossy(head.path()));
-            send_error(stream, Some(head), &GatewayError::new(404, msg), None).await
-        }
+    let outcome = match handler {
+        Handler::Proxy(forwarding) => exchange::handle(core, stream, head, body, forwarding).await,
+        Handler::Local(ep) => admin::handle(core, stream, head, body, ep).await,
     };
     crate::metrics::http_request(head.path(), outcome.status, started.elapsed());
     outcome
+}
+
+/// One core's open client connections, so the accept loop can hold them under
+/// `--max-connections-per-core`. At the cap, the connection idle the longest (waiting for its
+/// next request, or for its first) is told to close: it is the one whose loss costs nobody a
+/// request. Single-threaded (one per core), so plain cells.
+pub struct Connections {
+    /// 0: no cap.
+    cap: usize,
+    /// Connections counted against the cap (a shed one stops counting at once).
+    open: Cell<usize>,
+    /// Idle connections in the order they fell idle, with the mark they had then; an entry
+    /// whose slot has since moved on (busy, idle again, closed) is stale and skipped.
+    idle: RefCell<VecDeque<(Rc<SlotState>, u64)>>,
+    /// Source of idle marks (0 means "not idle").
+    marks: Cell<u64>,
+}
+
+/// The state a connection and its table share.
+#[derive(Default)]
+pub struct SlotState {
+    /// The mark of the current idle period, 0 while busy.
+    idle_mark: Cell<u64>,
+    /// The table told this connection to close.
+    shed: Cell<bool>,
+    /// Woken when `shed` is set.
+    waker: Cell<Option<Waker>>,
+}
+
+/// A connection's place in its core's [`Connections`]; leaving it (drop) frees the place.
+pub struct Slot {
+    table: Rc<Connections>,
+    state: Rc<SlotState>,
+}
+
+impl Connections {
+    /// A table holding at most `cap` connections (0: no cap).
+    pub fn new(cap: usize) -> Rc<Connections> {
+        Rc::new(Connections {
+            cap,
+            open: Cell::new(0),
+            idle: RefCell::new(VecDeque::new()),
+            marks: Cell::new(0),
+        })
+    }
+
+    /// Connections counted against the cap.
+    pub fn open(&self) -> usize {
+        self.open.get()
+    }
+
+    /// A place for a newly accepted connection: free below the cap, else taken from the
+    /// longest-idle connection (told to close); `None` when every connection is busy.
+    pub fn admit(self: &Rc<Self>) -> Option<Slot> {
+        if self.cap != 0 && self.open.get() >= self.cap && !self.shed_oldest_idle() {
+            return None;
+        }
+        self.open.set(self.open.get() + 1);
+        Some(Slot {
+            table: self.clone(),
+            state: Rc::new(SlotState::default()),
+        })
+    }
+
+    /// Tell the connection idle the longest to close. False when none is idle.
+    pub fn shed_oldest_idle(&self) -> bool {
+        let mut idle = self.idle.borrow_mut();
+        while let Some((state, mark)) = idle.pop_front() {
+            if state.idle_mark.get() == mark {
+                state.idle_mark.set(0);
+                state.shed.set(true);
+                self.open.set(self.open.get().saturating_sub(1));
+                if let Some(w) = state.waker.take() {
+                    w.wake();
+                }
+                return true;
+            }
+        }
+        false
+    }
+}
+
+impl Slot {
+    /// Waiting for the first byte of a request: may be shed from now on.
+    fn idle(&self) {
+        if self.state.idle_mark.get() != 0 || self.state.shed.get() {
+            return;
+        }
+        let mark = self.table.marks.get() + 1;
+        self.table.marks.set(mark);
+        self.state.idle_mark.set(mark);
+        let mut idle = self.table.idle.borrow_mut();
+        // Stale entries pile up while nobody sheds; drop them once they outnumber the live.
+        if idle.len() > 2 * self.table.open.get() + 64 {
+            idle.retain(|(s, m)| s.idle_mark.get() == *m);
+        }
+        idle.push_back((self.state.clone(), mark));
+    }
+
+    /// A request has started: not to be shed.
+    fn busy(&self) {
+        self.state.idle_mark.set(0);
+    }
+
+    /// Resolves once the table has told this connection to close.
+    fn shed(&self) -> ShedSignal<'_> {
+        ShedSignal(&self.state)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.state.idle_mark.set(0);
+        if !self.state.shed.get() {
+            self.table.open.set(self.table.open.get().saturating_sub(1));
+        }
+    }
+}
+
+/// The future of [`Slot::shed`].
+struct ShedSignal<'a>(&'a SlotState);
+
+impl Future for ShedSignal<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0.shed.get() {
+            return Poll::Ready(());
+        }
+        self.0.waker.set(Some(cx.waker().clone()));
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_body_deadline_is_grace_plus_rate_capped_by_the_request_timeout() {
+        let pace = BodyPace {
+            grace: Duration::from_secs(10),
+            min_rate: 1000,
+            cap: Duration::from_secs(60),
+        };
+        assert_eq!(pace.allowance(0), Duration::from_secs(10));
+        assert_eq!(pace.allowance(5_000), Duration::from_secs(15));
+        assert_eq!(pace.allowance(1500), Duration::from_millis(11_500));
+        assert_eq!(pace.allowance(u64::MAX), Duration::from_secs(60));
+        let no_minimum = BodyPace {
+            min_rate: 0,
+            ..pace
+        };
+        assert_eq!(no_minimum.allowance(1), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn at_the_cap_the_longest_idle_connection_is_shed_and_busy_ones_are_kept() {
+        let t = Connections::new(3);
+        let a = t.admit().unwrap();
+        let b = t.admit().unwrap();
+        let c = t.admit().unwrap();
+        b.idle();
+        a.idle();
+        c.idle();
+        c.busy();
+        // Full: b fell idle first.
+        let d = t.admit().unwrap();
+        assert!(b.state.shed.get() && !a.state.shed.get());
+        assert_eq!(t.open(), 3);
+        // a is idle, c and d busy: a goes next; then nobody is idle.
+        let e = t.admit().unwrap();
+        assert!(a.state.shed.get());
+        assert!(t.admit().is_none());
+        assert_eq!(t.open(), 3);
+        // A closed connection frees its place; a shed one does not count twice.
+        drop((a, b));
+        assert_eq!(t.open(), 3);
+        drop(d);
+        assert_eq!(t.open(), 2);
+        assert!(t.admit().is_some());
+        drop((c, e));
+        assert_eq!(t.open(), 0);
+    }
+
+    #[test]
+    fn stale_idle_entries_do_not_pile_up() {
+        let t = Connections::new(0);
+        let a = t.admit().unwrap();
+        for _ in 0..10_000 {
+            a.idle();
+            a.busy();
+        }
+        assert!(t.idle.borrow().len() <= 2 * t.open() + 65);
+        // No cap: never refused, nothing shed.
+        let many: Vec<Slot> = (0..100).map(|_| t.admit().unwrap()).collect();
+        assert_eq!(t.open(), 101);
+        drop(many);
+    }
 }

@@ -1,9 +1,16 @@
-//! Which handler answers a method and path. Pure: tested alone.
+//! Which handler answers a method and path, which key it needs and how large a body it may
+//! carry: all decided on the head, before any body byte is read. Pure: tested alone.
 
 use super::admin::{self, Endpoint};
 use super::exchange::Forwarding;
+use crate::gateway::Scope;
 use crate::http::Method;
 use crate::route::extract::Api;
+
+/// Largest body a request that is not inference may carry (worker management takes one URL,
+/// everything else nothing), so a client cannot make the gateway buffer `--max-payload-size`
+/// bytes for an endpoint that never reads them.
+pub const LOCAL_BODY_LIMIT: u64 = 64 * 1024;
 
 /// Where a request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +23,27 @@ pub enum Route {
     MethodNotAllowed,
     /// Unknown path.
     NotFound,
+}
+
+impl Route {
+    /// The key the request must carry (`None`: public, or refused anyway). Checked on the head,
+    /// so an unauthorised upload is refused before its body is read.
+    pub fn scope(self) -> Option<Scope> {
+        match self {
+            Route::Proxy(Forwarding::Routed(_)) => Some(Scope::Inference),
+            Route::Local(ep) if ep.is_admin() => Some(Scope::Admin),
+            _ => None,
+        }
+    }
+
+    /// Largest body this route accepts: `max_payload` (`--max-payload-size`) for inference,
+    /// [`LOCAL_BODY_LIMIT`] (or less) for everything else.
+    pub fn body_limit(self, max_payload: u64) -> u64 {
+        match self {
+            Route::Proxy(Forwarding::Routed(_)) => max_payload,
+            _ => max_payload.min(LOCAL_BODY_LIMIT),
+        }
+    }
 }
 
 /// Map method and path to a route.
@@ -76,5 +104,22 @@ mod tests {
         );
         assert_eq!(route(Method::Get, b"/nope"), Route::NotFound);
         assert!(matches!(route(Method::Get, b"/health"), Route::Local(_)));
+    }
+
+    #[test]
+    fn keys_and_body_limits_are_known_from_the_head() {
+        let chat = route(Method::Post, b"/v1/chat/completions");
+        assert_eq!(chat.scope(), Some(Scope::Inference));
+        assert_eq!(chat.body_limit(1 << 29), 1 << 29);
+        let add = route(Method::Post, b"/workers");
+        assert_eq!(add.scope(), Some(Scope::Admin));
+        assert_eq!(add.body_limit(1 << 29), LOCAL_BODY_LIMIT);
+        assert_eq!(add.body_limit(100), 100);
+        let health = route(Method::Get, b"/health");
+        assert_eq!(health.scope(), None);
+        let info = route(Method::Get, b"/get_model_info");
+        assert_eq!(info.scope(), None);
+        assert_eq!(info.body_limit(1 << 29), LOCAL_BODY_LIMIT);
+        assert_eq!(route(Method::Get, b"/nope").scope(), None);
     }
 }
