@@ -274,7 +274,7 @@ async fn core_main(gw: Arc<Gateway>, index: usize, listener: std::net::TcpListen
     // One accept stays pending across shutdown checks: cancelling an in-flight accept can lose
     // a connection the kernel already handed over (monoio #318), so only the timer is dropped.
     {
-        let conns = crate::serve::conn::Connections::new(gw.cfg.max_connections_per_core);
+        let conns = crate::serve::connections::Connections::new(gw.cfg.max_connections_per_core);
         let mut accept_log = LogLimiter::new(ACCEPT_LOG_INTERVAL);
         let mut accept = std::pin::pin!(listener.accept());
         while !gw.life.is_shutting_down() {

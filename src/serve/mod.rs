@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod conn;
+pub mod connections;
 pub mod error;
 pub mod exchange;
 pub mod reply;
