@@ -196,6 +196,13 @@ fn probes_whose_clients_leave_are_given_back() {
     for c in probes.drain(..) {
         let _ = c.stream.shutdown(std::net::Shutdown::Both);
     }
+    // The worker sees its three held requests go only when the gateway, having noticed its
+    // clients left, closed their upstream connections.
+    wait_until(
+        "the gateway to drop the probes",
+        Duration::from_secs(5),
+        || (sim_count(&worker, 0, "inference_in_progress") == 0).then_some(()),
+    );
     set_faults(&worker, 0, serde_json::json!({"hold": false}));
     // The slots come back: a new probe gets through and closes the circuit (before the fix
     // every request was refused with 503 forever).
@@ -328,6 +335,12 @@ fn http10_clients_get_a_plain_body_and_a_close() {
         assert!(head.contains("content-length"), "{head}");
         assert!(serde_json::from_slice::<serde_json::Value>(&body).is_ok());
     }
+    // The gateway's own answers close too.
+    let mut s = connect_retrying(gw.addr).unwrap();
+    s.write_all(b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        .unwrap();
+    let all = read_to_close(&mut s, Duration::from_secs(10)).expect("closed after /health");
+    assert!(split_head(&all).0.starts_with("http/1.1 200"));
 }
 
 // ---- item 9: worker management safe by default ------------------------------------------------
@@ -410,6 +423,12 @@ fn worker_urls_need_a_valid_host_and_a_port() {
         assert_eq!(r.json()["error"]["type"], "invalid_request_error");
     }
     assert_eq!(workers_json(gw.addr)["total"], 1);
+    // A host name is fine (resolved on a helper thread, not on the serving core).
+    let port = worker_addr(&cluster, 0).port();
+    let named = serde_json::json!({ "url": format!("http://localhost:{port}") }).to_string();
+    let r = request(gw.addr, "POST", "/workers", &[], named.as_bytes()).unwrap();
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(r.json()["healthy"], true, "{}", r.text());
 }
 
 #[test]

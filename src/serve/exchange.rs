@@ -117,10 +117,12 @@ struct WorkerFailure {
 /// The worker chosen for one attempt, counted in flight until dropped; its circuit slot records
 /// the outcome at most once and frees a half-open probe slot on every path.
 struct Picked<'a> {
+    /// First field, so dropped first: the in-flight count is down before the last `Arc` of a
+    /// removed worker goes (its id may be reused from then on).
+    _in_flight: InFlight<'a>,
     worker: Arc<Worker>,
     slot: CircuitSlot,
     decision: Decision,
-    _in_flight: InFlight<'a>,
 }
 
 /// Keeps a worker's in-flight count raised while a request is on it, and tells the policy when
