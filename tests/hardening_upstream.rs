@@ -238,33 +238,14 @@ fn a_gateway_out_of_file_descriptors_does_not_blame_the_worker() {
     let worker = sim(1, |_| {});
     let url = worker.urls()[0].clone();
     let port = free_port();
-    let mut args = vec![
-        "--host".to_string(),
-        "127.0.0.1".into(),
-        "--port".into(),
-        port.to_string(),
-        "--prometheus-port".into(),
-        "0".into(),
-        "--cores".into(),
-        "1".into(),
-        "--log-level".into(),
-        "error".into(),
-        "--worker-urls".into(),
-        url.clone(),
-        "--cb-failure-threshold".into(),
-        "1".into(),
-        "--health-check-interval-secs".into(),
-        "300".into(),
-        "--disable-retries".into(),
+    let extra = [
+        "--cb-failure-threshold",
+        "1",
+        "--health-check-interval-secs",
+        "300",
+        "--disable-retries",
     ];
-    if let Some(d) = test_driver() {
-        args.extend(["--io-driver".to_string(), d.flag().to_string()]);
-    }
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_radixgate"))
-        .args(&args)
-        .spawn()
-        .expect("start radixgate");
-    let child = ChildGuard(Some(child));
+    let child = spawn_binary_with(port, 1, &url, &extra);
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     wait_ready(addr, Duration::from_secs(10));
     // A kept-alive client connection, accepted while descriptors were plentiful.
@@ -567,27 +548,25 @@ fn the_stream_error_event_goes_only_into_event_streams() {
         a.close = true;
         a
     };
-    let json = scripted(move |_| body("application/json"));
-    let gw = gateway_scripted(std::slice::from_ref(&json.url), &["--disable-retries"]);
-    let mut c = Conn::open(gw.addr);
-    c.send(&raw_request("POST", "/generate", &[], &gen(0)));
-    let got = c.read_timed_until(b"\r\n0\r\n\r\n", Duration::from_secs(10));
-    let text: String = got
-        .iter()
-        .map(|(_, b)| String::from_utf8_lossy(b))
-        .collect();
-    assert!(!text.contains("ended the stream early"), "{text}");
-
-    let sse = scripted(move |_| body("text/event-stream; charset=utf-8"));
-    let gw = gateway_scripted(std::slice::from_ref(&sse.url), &["--disable-retries"]);
-    let mut c = Conn::open(gw.addr);
-    c.send(&raw_request("POST", "/generate", &[], &gen(0)));
-    let got = c.read_timed_until(b"\r\n0\r\n\r\n", Duration::from_secs(10));
-    let text: String = got
-        .iter()
-        .map(|(_, b)| String::from_utf8_lossy(b))
-        .collect();
-    assert!(text.contains("ended the stream early"), "{text}");
+    for (content_type, event) in [
+        ("application/json", false),
+        ("text/event-stream; charset=utf-8", true),
+    ] {
+        let w = scripted(move |_| body(content_type));
+        let gw = gateway_scripted(std::slice::from_ref(&w.url), &["--disable-retries"]);
+        let mut c = Conn::open(gw.addr);
+        c.send(&raw_request("POST", "/generate", &[], &gen(0)));
+        let got = c.read_timed_until(b"\r\n0\r\n\r\n", Duration::from_secs(10));
+        let text: String = got
+            .iter()
+            .map(|(_, b)| String::from_utf8_lossy(b))
+            .collect();
+        assert_eq!(
+            text.contains("ended the stream early"),
+            event,
+            "{content_type}: {text}"
+        );
+    }
 }
 
 // ---- item 12: worker URLs out of client errors; removed workers out of /metrics ---------------

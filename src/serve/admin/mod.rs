@@ -65,18 +65,15 @@ impl Endpoint {
 
     /// Worker management and cache control (need the admin key when one is set).
     pub fn is_admin(self) -> bool {
-        matches!(
-            self,
-            Endpoint::AddWorker
-                | Endpoint::DeleteWorker
-                | Endpoint::LegacyAdd
-                | Endpoint::LegacyRemove
-                | Endpoint::FlushCache
-                | Endpoint::ListWorkers
-                | Endpoint::GetWorker
-                | Endpoint::LegacyList
-                | Endpoint::GetLoads
-        )
+        self.changes_workers()
+            || matches!(
+                self,
+                Endpoint::FlushCache
+                    | Endpoint::ListWorkers
+                    | Endpoint::GetWorker
+                    | Endpoint::LegacyList
+                    | Endpoint::GetLoads
+            )
     }
 }
 
