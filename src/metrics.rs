@@ -4,13 +4,26 @@
 //! cache-aware branches) under `radixgate_*`. Every series the gateway exports is emitted by a
 //! function here and nowhere else, so this file is the list `tests/docs.rs` checks the README
 //! against.
+//!
+//! Series of removed workers leave `/metrics`: the exporter (0.18) has no call that deletes a
+//! series, but its idle sweep deletes any gauge not set since the previous render. Every gauge
+//! is therefore set again before each render (per-worker ones for the workers still
+//! registered, the others from the values kept here), so only a removed worker's gauges are
+//! idle, and they are gone from the first scrape after the removal.
 
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use std::sync::OnceLock;
+use metrics_util::MetricKindMask;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Open client connections (the gauge is set from it, so a re-set after an idle sweep is exact).
+static CONNECTIONS: AtomicI64 = AtomicI64::new(0);
+/// The io driver reported at start, re-set at each scrape.
+static IO_DRIVER: Mutex<Option<&'static str>> = Mutex::new(None);
 
 /// Buckets for request durations and time to first byte (seconds).
 const DURATION_BUCKETS: &[f64] = &[
@@ -25,6 +38,8 @@ pub fn install() -> Option<PrometheusHandle> {
             PrometheusBuilder::new()
                 .set_buckets(DURATION_BUCKETS)
                 .ok()?
+                // Gauges not set since the previous render are deleted (see the module doc).
+                .idle_timeout(MetricKindMask::GAUGE, Some(Duration::ZERO))
                 .install_recorder()
                 .ok()
         })
@@ -55,12 +70,14 @@ pub fn path_label(path: &[u8]) -> &'static str {
 
 /// A client connection was accepted.
 pub fn connection_opened() {
-    gauge!("smg_http_connections_active").increment(1.0);
+    let n = CONNECTIONS.fetch_add(1, Ordering::Relaxed) + 1;
+    gauge!("smg_http_connections_active").set(n as f64);
 }
 
 /// A client connection ended.
 pub fn connection_closed() {
-    gauge!("smg_http_connections_active").decrement(1.0);
+    let n = CONNECTIONS.fetch_sub(1, Ordering::Relaxed) - 1;
+    gauge!("smg_http_connections_active").set(n as f64);
 }
 
 /// One HTTP request answered.
@@ -108,8 +125,9 @@ pub fn upstream_connection(kind: &'static str) {
     counter!("radixgate_upstream_connections_total", "kind" => kind).increment(1);
 }
 
-/// The io driver in use (exported once at start).
+/// The io driver in use (exported at start, set again at each scrape).
 pub fn io_driver(kind: &'static str) {
+    *IO_DRIVER.lock().unwrap_or_else(|p| p.into_inner()) = Some(kind);
     gauge!("radixgate_io_driver", "kind" => kind).set(1.0);
 }
 
@@ -120,9 +138,15 @@ pub fn worker_state(url: &str, in_flight: u32, eligible: bool) {
     gauge!("smg_worker_health", "worker" => label).set(if eligible { 1.0 } else { 0.0 });
 }
 
-/// Registered workers, refreshed at each scrape.
+/// Registered workers, refreshed at each scrape (the start of every refresh: it also sets the
+/// process-wide gauges again, so the idle sweep only ever removes removed workers' series).
 pub fn worker_pool_size(n: usize) {
     gauge!("smg_worker_pool_size").set(n as f64);
+    let conns = CONNECTIONS.load(Ordering::Relaxed);
+    gauge!("smg_http_connections_active").set(conns as f64);
+    if let Some(kind) = *IO_DRIVER.lock().unwrap_or_else(|p| p.into_inner()) {
+        gauge!("radixgate_io_driver", "kind" => kind).set(1.0);
+    }
 }
 
 /// The prefix trees' size and the writer's counters, refreshed at each scrape.

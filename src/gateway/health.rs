@@ -26,6 +26,8 @@ const UNHEALTHY_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// Per-worker probe bookkeeping.
 #[derive(Debug, Clone)]
 struct Probe {
+    /// The worker incarnation this record is about.
+    serial: u64,
     next: Instant,
     failures: u32,
     successes: u32,
@@ -99,13 +101,15 @@ struct Checker {
     startup_cap: Duration,
     startup_timeout: Duration,
     probes: HashMap<WorkerId, Probe>,
-    /// Workers whose `/v1/models` was read (once each, for the metric label).
-    models_seen: HashSet<WorkerId>,
+    /// Workers (by serial: ids are reused) whose `/v1/models` was read (once each, for the
+    /// metric label).
+    models_seen: HashSet<u64>,
 }
 
-/// One probe's result: the worker, whether its health endpoint answered 2xx, and its
+/// One probe's result: the worker, whether its health endpoint answered 2xx (`None` when the
+/// gateway itself could not open a connection: no verdict on the worker), and its
 /// `/v1/models` body when it was asked for.
-type ProbeResult = (Arc<Worker>, bool, Option<Bytes>);
+type ProbeResult = (Arc<Worker>, Option<bool>, Option<Bytes>);
 
 async fn run(gw: Arc<Gateway>) {
     let cfg = &gw.cfg;
@@ -144,11 +148,16 @@ async fn run(gw: Arc<Gateway>) {
 impl Checker {
     /// Workers whose next check is due (new workers are due at once).
     fn due(&mut self, list: &WorkerList) -> Vec<Arc<Worker>> {
-        self.probes.retain(|id, _| list.get(*id).is_some());
+        // An id reused by a new worker starts a new record (the serial tells them apart).
+        self.probes
+            .retain(|id, p| list.get(*id).is_some_and(|w| w.serial == p.serial));
+        self.models_seen
+            .retain(|s| list.workers.iter().any(|w| w.serial == *s));
         let now = Instant::now();
         let mut due = Vec::new();
         for w in &list.workers {
             let p = self.probes.entry(w.id).or_insert_with(|| Probe {
+                serial: w.serial,
                 next: now,
                 failures: 0,
                 successes: 0,
@@ -170,15 +179,18 @@ impl Checker {
         for w in due {
             let pool = self.pool.clone();
             let path = self.gw.cfg.health_check_endpoint.clone();
-            let learn = !self.models_seen.contains(&w.id);
+            let learn = !self.models_seen.contains(&w.serial);
             let timeout = self.timeout;
             handles.push(monoio::spawn(async move {
-                let ok = matches!(
-                    forward::fetch(&pool, &w, Method::Get, &path, Bytes::new(), timeout).await,
-                    Ok((200..=299, _))
-                );
+                let ok = match forward::fetch(&pool, &w, Method::Get, &path, Bytes::new(), timeout)
+                    .await
+                {
+                    Ok((status, _)) => Some((200..=299).contains(&status)),
+                    Err(e) if e.is_local() => None,
+                    Err(_) => Some(false),
+                };
                 // Learn the served model names once per worker (for the metric label).
-                let models = if ok && learn {
+                let models = if ok == Some(true) && learn {
                     let r =
                         forward::fetch(&pool, &w, Method::Get, "/v1/models", Bytes::new(), timeout);
                     match r.await {
@@ -204,9 +216,14 @@ impl Checker {
         let gw = &self.gw;
         if let Some(body) = models {
             gw.models.learn(&body);
-            self.models_seen.insert(w.id);
+            self.models_seen.insert(w.serial);
         }
-        let Some(p) = self.probes.get_mut(&w.id) else {
+        let Some(p) = self.probes.get_mut(&w.id).filter(|p| p.serial == w.serial) else {
+            return false;
+        };
+        let Some(ok) = ok else {
+            // The gateway's own failure (out of descriptors): check again soon, no verdict.
+            p.next = Instant::now() + UNHEALTHY_PROBE_INTERVAL;
             return false;
         };
         p.attempts += 1;
@@ -255,6 +272,7 @@ mod tests {
     fn probe(seen_up: bool) -> Probe {
         let now = Instant::now();
         Probe {
+            serial: 1,
             next: now,
             failures: 0,
             successes: 0,

@@ -4,7 +4,7 @@
 
 use super::Gateway;
 use crate::workers::breaker::Transition;
-use crate::workers::registry::{RegistryError, Worker};
+use crate::workers::registry::{CircuitSlot, RegistryError, Worker};
 use std::sync::Arc;
 
 impl Gateway {
@@ -36,12 +36,11 @@ impl Gateway {
         self.router.policy.workers_changed_named(&named);
     }
 
-    /// Record a request outcome on a worker's breaker; on a transition, update eligibility.
-    pub fn record_outcome(&self, worker: &Worker, success: bool) {
-        let t = worker
-            .breaker
-            .record(&self.breaker, success, self.life.now_ms());
-        self.after_breaker(worker, t);
+    /// Record a request's outcome on its worker's breaker (at most once per slot); on a
+    /// transition, update eligibility.
+    pub fn record_outcome(&self, slot: &mut CircuitSlot, success: bool) {
+        let t = slot.record(&self.breaker, success, self.life.now_ms());
+        self.after_breaker(slot.worker(), t);
     }
 
     /// Apply a breaker transition (logs, metrics, eligibility).

@@ -146,6 +146,12 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
+    /// An HTTP/1.0 client: it gets no chunked framing and the connection closes after the
+    /// response (the end of a body it cannot frame is the close).
+    pub fn is_http10(&self) -> bool {
+        self.minor_version == 0
+    }
+
     /// Method token, e.g. `POST` (forwarded as it came).
     pub fn method(&self) -> &[u8] {
         self.method.slice(&self.buf)
@@ -600,7 +606,7 @@ impl Facts {
 /// Elements of a comma-separated field value (RFC 9110 §5.6.1) with optional whitespace
 /// trimmed; empty elements (including a wholly empty value) are yielded as empty slices so
 /// callers can decide about them.
-fn list_elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub fn list_elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value.split(|&b| b == b',').map(trim_ows)
 }
 

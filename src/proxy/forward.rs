@@ -16,9 +16,10 @@ use std::fmt::Write as _;
 use std::io;
 use std::time::Duration;
 
-/// Request headers that describe one hop, not the request; never forwarded upstream. `host`,
-/// `content-length` and `x-request-id` are re-written by the gateway.
-const REQUEST_SKIP: [&str; 11] = [
+/// Request headers that describe one hop, not the request; never forwarded upstream (nor are
+/// the headers the client's `Connection` names). `host`, `content-length`, `x-request-id` and
+/// `x-forwarded-for` are re-written by the gateway.
+const REQUEST_SKIP: [&str; 12] = [
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -30,6 +31,7 @@ const REQUEST_SKIP: [&str; 11] = [
     "host",
     "content-length",
     "x-request-id",
+    "x-forwarded-for",
 ];
 
 /// Bodies up to this size are copied behind the head so the request is one write.
@@ -40,6 +42,18 @@ pub(super) fn skip(name: &[u8], list: &[&str]) -> bool {
     list.iter().any(|s| name.eq_ignore_ascii_case(s.as_bytes()))
 }
 
+/// Whether header `name` is listed in one of the message's `Connection` fields (RFC 9110
+/// §7.6.1: such headers belong to that hop only). Scans in place: no allocation.
+pub(super) fn named_by_connection<'h>(
+    name: &[u8],
+    mut headers: impl Iterator<Item = (&'h [u8], &'h [u8])>,
+) -> bool {
+    headers.any(|(n, v)| {
+        n.eq_ignore_ascii_case(b"connection")
+            && http::head::list_elements(v).any(|t| !t.is_empty() && t.eq_ignore_ascii_case(name))
+    })
+}
+
 /// The upstream request bytes: head (and small bodies), then the body when large.
 pub struct UpstreamRequest {
     pub head: Bytes,
@@ -48,11 +62,13 @@ pub struct UpstreamRequest {
 
 impl UpstreamRequest {
     /// Render the request for `worker`: the client's method and target, the end-to-end headers
-    /// in order, then `host`, `content-length` and `x-request-id`.
+    /// in order, then `host`, `content-length`, `x-request-id` and `x-forwarded-for` (the
+    /// client's list with `peer` appended).
     pub fn build(
         method: &[u8],
         target: &[u8],
         client: Option<&RequestHead>,
+        peer: Option<std::net::IpAddr>,
         authority: &str,
         request_id: &str,
         body: Bytes,
@@ -73,7 +89,7 @@ impl UpstreamRequest {
         out.extend_from_slice(b"\r\n");
         if let Some(h) = client {
             for (name, value) in h.headers() {
-                if skip(name, &REQUEST_SKIP) {
+                if skip(name, &REQUEST_SKIP) || named_by_connection(name, h.headers()) {
                     continue;
                 }
                 out.extend_from_slice(name);
@@ -90,7 +106,9 @@ impl UpstreamRequest {
         }
         out.extend_from_slice(b"x-request-id: ");
         out.extend_from_slice(request_id.as_bytes());
-        out.extend_from_slice(b"\r\n\r\n");
+        out.extend_from_slice(b"\r\n");
+        write_forwarded_for(&mut out, client, peer);
+        out.extend_from_slice(b"\r\n");
         if body.len() <= COALESCE_BODY {
             out.extend_from_slice(&body);
             UpstreamRequest {
@@ -106,11 +124,43 @@ impl UpstreamRequest {
     }
 }
 
+/// `x-forwarded-for`: the client's own values (every such field, in order), then `peer`.
+fn write_forwarded_for(
+    out: &mut BytesMut,
+    client: Option<&RequestHead>,
+    peer: Option<std::net::IpAddr>,
+) {
+    let mut first = true;
+    let mut item = |out: &mut BytesMut, v: &[u8]| {
+        out.extend_from_slice(if first { b"x-forwarded-for: " } else { b", " });
+        out.extend_from_slice(v);
+        first = false;
+    };
+    for (name, value) in client.into_iter().flat_map(|h| h.headers()) {
+        if name.eq_ignore_ascii_case(b"x-forwarded-for") && !value.is_empty() {
+            item(out, value);
+        }
+    }
+    if let Some(ip) = peer {
+        let mut text = [0u8; 48];
+        let mut cur = std::io::Cursor::new(&mut text[..]);
+        let _ = std::io::Write::write_fmt(&mut cur, format_args!("{ip}"));
+        let n = cur.position() as usize;
+        item(out, &text[..n]);
+    }
+    if !first {
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
 /// Why no response head came back from a worker.
 #[derive(Debug)]
 pub enum UpstreamError {
     /// TCP connect failed (refused, unreachable, timed out).
     Connect(io::Error),
+    /// The gateway could not open a connection for reasons of its own (out of file
+    /// descriptors, out of local ports, out of memory): says nothing about the worker.
+    Local(io::Error),
     /// The whole-request deadline passed before the response head.
     Timeout,
     /// The connection broke before a complete response head.
@@ -126,24 +176,47 @@ impl UpstreamError {
             UpstreamError::Timeout => 504,
             UpstreamError::Connect(e) if e.kind() == io::ErrorKind::TimedOut => 504,
             UpstreamError::Connect(_) => 502,
+            UpstreamError::Local(_) => 503,
             UpstreamError::Io(_) | UpstreamError::BadResponse(_) => 502,
         }
     }
-    /// A message for the JSON error body.
-    pub fn message(&self, worker: &str) -> String {
+    /// A message for the JSON error body. It never names the worker (its address is internal
+    /// topology); the gateway's log does.
+    pub fn message(&self) -> String {
         match self {
-            UpstreamError::Connect(e) => format!("cannot connect to worker {worker}: {e}"),
-            UpstreamError::Timeout => format!("worker {worker} did not answer in time"),
-            UpstreamError::Io(e) => format!("connection to worker {worker} failed: {e}"),
-            UpstreamError::BadResponse(m) => {
-                format!("worker {worker} sent an invalid response: {m}")
+            UpstreamError::Connect(e) => format!("cannot connect to a worker: {e}"),
+            UpstreamError::Local(e) => {
+                format!("the gateway cannot open a connection to a worker: {e}")
             }
+            UpstreamError::Timeout => "the worker did not answer in time".to_string(),
+            UpstreamError::Io(e) => format!("the connection to the worker failed: {e}"),
+            UpstreamError::BadResponse(m) => format!("the worker sent an invalid response: {m}"),
         }
     }
     /// Whether the worker could not even be reached (passive health signal).
     pub fn is_connect(&self) -> bool {
         matches!(self, UpstreamError::Connect(_))
     }
+    /// The gateway's own failure: neither the worker's health nor its circuit hears of it.
+    pub fn is_local(&self) -> bool {
+        matches!(self, UpstreamError::Local(_))
+    }
+}
+
+/// A connect error that is the gateway's own fault: out of descriptors (EMFILE, ENFILE), of
+/// local addresses or ports (EADDRNOTAVAIL, EADDRINUSE), or of kernel memory (ENOBUFS, ENOMEM).
+pub fn is_local_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EMFILE
+                | libc::ENFILE
+                | libc::EADDRNOTAVAIL
+                | libc::EADDRINUSE
+                | libc::ENOBUFS
+                | libc::ENOMEM
+        )
+    )
 }
 
 /// A response head from a worker, with the connection and any body bytes already read.
@@ -168,6 +241,7 @@ pub async fn connect(
                 crate::metrics::upstream_connection("new");
                 return Ok(s);
             }
+            Ok(Err(e)) if is_local_error(&e) => return Err(UpstreamError::Local(e)),
             Ok(Err(e)) => last = e,
             Err(_) => last = io::Error::new(io::ErrorKind::TimedOut, "connect timed out"),
         }
@@ -211,6 +285,13 @@ async fn exchange_head(
                 if head.is_interim() {
                     continue; // informational; the real head follows
                 }
+                // The gateway forwards no `Upgrade`, so a switch of protocols is a broken
+                // worker; its connection is dropped (never pooled).
+                if head.status == 101 {
+                    return Err(ExchangeError::Other(UpstreamError::BadResponse(
+                        "unexpected 101 Switching Protocols".to_string(),
+                    )));
+                }
                 return Ok((head, buf));
             }
             Ok(None) => {}
@@ -243,8 +324,56 @@ async fn exchange_head(
     }
 }
 
-/// Send `req` to `worker` and read the response head. A pooled connection that fails before any
-/// response byte is replaced once by a fresh one (the body is still in memory).
+/// Longest first chunk-size line (with extensions) waited for before the head is relayed.
+const FIRST_CHUNK_LINE_MAX: usize = 4096;
+
+/// For a chunked answer, read until its first chunk-size line is complete and check it: a
+/// malformed start is a broken worker (a retryable 502), not a 200 with no body.
+async fn check_first_chunk(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    deadline: Instant,
+) -> Result<(), UpstreamError> {
+    loop {
+        let mut tracker = http::ChunkTracker::new();
+        if let Err(e) = tracker.feed(buf) {
+            return Err(UpstreamError::BadResponse(format!(
+                "bad chunked body: {e:?}"
+            )));
+        }
+        if buf.contains(&b'\n') {
+            return Ok(());
+        }
+        if buf.len() > FIRST_CHUNK_LINE_MAX {
+            return Err(UpstreamError::BadResponse(
+                "chunk-size line too long".to_string(),
+            ));
+        }
+        match read_into(stream, buf, Some(deadline)).await {
+            Ok(0) => {
+                return Err(UpstreamError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed before the first chunk",
+                )))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => return Err(UpstreamError::Timeout),
+            Err(e) => return Err(UpstreamError::Io(e)),
+        }
+    }
+}
+
+/// Send `req` to `worker` and read the response head (and, for a chunked answer, its first
+/// chunk-size line). A pooled connection that fails before any response byte is replaced once
+/// by a fresh one (the body is still in memory).
+///
+/// Why this replay is kept although it cannot be proven that the worker did not process the
+/// request: a worker that closes an idle keep-alive connection just as it is reused looks
+/// exactly like one that read the request and died, and the first is by far the likelier (the
+/// pool keeps connections idle for less than the engines' keep-alive and probes each before
+/// reuse, so only that race remains). The cost of the rare wrong guess is one duplicated
+/// generation, the same as the retry on another worker that the retry policy makes anyway;
+/// refusing the replay would instead turn every such race into an error or a retry elsewhere.
 pub async fn roundtrip(
     pool: &Pool,
     worker: &Worker,
@@ -256,7 +385,7 @@ pub async fn roundtrip(
     let mut allow_pooled = true;
     loop {
         let pooled = if allow_pooled {
-            pool.take(worker.id)
+            pool.take(worker)
         } else {
             None
         };
@@ -266,12 +395,15 @@ pub async fn roundtrip(
             None => connect(worker, connect_timeout, deadline).await?,
         };
         match exchange_head(&mut stream, req, request_was_head, deadline).await {
-            Ok((head, leftover)) => {
+            Ok((head, mut leftover)) => {
+                if head.framing == BodyFraming::Chunked {
+                    check_first_chunk(&mut stream, &mut leftover, deadline).await?;
+                }
                 return Ok(UpstreamResponse {
                     stream,
                     head,
                     leftover,
-                })
+                });
             }
             Err(ExchangeError::NothingBack(_)) if reused => {
                 allow_pooled = false;
@@ -283,12 +415,21 @@ pub async fn roundtrip(
     }
 }
 
+/// A whole response read by [`read_full_body`].
+pub struct FullResponse {
+    pub head: ResponseHead,
+    pub body: Bytes,
+    pub stream: TcpStream,
+    /// Bytes came after the response: the connection must not be reused.
+    pub stray: bool,
+}
+
 /// Read a whole response body (for gateway-side fan-out calls such as `/v1/models`).
 pub async fn read_full_body(
     up: UpstreamResponse,
     deadline: Instant,
     max: u64,
-) -> io::Result<(ResponseHead, Bytes, TcpStream)> {
+) -> io::Result<FullResponse> {
     let UpstreamResponse {
         mut stream,
         head,
@@ -347,7 +488,12 @@ pub async fn read_full_body(
             }
         },
     }
-    Ok((head, body.freeze(), stream))
+    Ok(FullResponse {
+        head,
+        body: body.freeze(),
+        stream,
+        stray: !raw.is_empty(),
+    })
 }
 
 /// Largest body a gateway-originated call reads (model cards, loads, flush answers).
@@ -374,6 +520,7 @@ pub async fn fetch(
         method.as_str().as_bytes(),
         path.as_bytes(),
         None,
+        None,
         &worker.authority,
         &id,
         body,
@@ -388,11 +535,11 @@ pub async fn fetch(
     )
     .await?;
     let reusable = up.head.keep_alive && !matches!(up.head.framing, BodyFraming::Close);
-    let (head, body, stream) = read_full_body(up, deadline, FETCH_MAX_BODY)
+    let full = read_full_body(up, deadline, FETCH_MAX_BODY)
         .await
         .map_err(UpstreamError::Io)?;
-    if reusable {
-        pool.put(worker.id, stream);
+    if reusable && !full.stray {
+        pool.put(worker, full.stream);
     }
-    Ok((head.status, body))
+    Ok((full.head.status, full.body))
 }

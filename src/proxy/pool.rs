@@ -1,10 +1,13 @@
 //! Per-core keep-alive pools of upstream connections, one LIFO stack per worker. Never shared
 //! between cores, so no locks. Connections idle longer than the idle timeout (kept below the
 //! engines' 5 s keep-alive) are dropped, and a connection is probed before reuse: a peer that
-//! closed it, or sent bytes nobody asked for, makes it unusable.
+//! closed it, or sent bytes nobody asked for, makes it unusable. Each connection remembers the
+//! worker's `serial`: ids are reused after a worker is removed, serials never are, so a
+//! connection to a removed worker's host is never handed to the worker that got its id.
 
 use crate::base::WorkerId;
 use crate::proxy::io::{peek, Peek};
+use crate::workers::registry::Worker;
 use monoio::net::TcpStream;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -13,6 +16,8 @@ use std::time::{Duration, Instant};
 struct Idle {
     stream: TcpStream,
     since: Instant,
+    /// The worker incarnation the connection was opened to.
+    serial: u64,
 }
 
 /// One core's idle upstream connections.
@@ -38,12 +43,15 @@ impl Pool {
     }
 
     /// A live idle connection to `worker`, most recently used first.
-    pub fn take(&self, worker: WorkerId) -> Option<TcpStream> {
+    pub fn take(&self, worker: &Worker) -> Option<TcpStream> {
         let mut map = self.idle.borrow_mut();
-        let stack = map.get_mut(&worker)?;
+        let stack = map.get_mut(&worker.id)?;
         let now = Instant::now();
         while let Some(idle) = stack.pop() {
-            if now.duration_since(idle.since) < self.idle_timeout && is_reusable(&idle.stream) {
+            if idle.serial == worker.serial
+                && now.duration_since(idle.since) < self.idle_timeout
+                && is_reusable(&idle.stream)
+            {
                 crate::metrics::upstream_connection("reused");
                 return Some(idle.stream);
             }
@@ -52,9 +60,10 @@ impl Pool {
     }
 
     /// Return a connection whose last response was read completely.
-    pub fn put(&self, worker: WorkerId, stream: TcpStream) {
+    pub fn put(&self, worker: &Worker, stream: TcpStream) {
         let mut map = self.idle.borrow_mut();
-        let stack = map.entry(worker).or_default();
+        let stack = map.entry(worker.id).or_default();
+        stack.retain(|i| i.serial == worker.serial);
         if stack.len() >= self.max_per_worker {
             // Drop the oldest: the newest are the likeliest to still be open upstream.
             stack.remove(0);
@@ -62,6 +71,7 @@ impl Pool {
         stack.push(Idle {
             stream,
             since: Instant::now(),
+            serial: worker.serial,
         });
     }
 

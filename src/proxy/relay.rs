@@ -1,13 +1,14 @@
 //! Relaying a worker's response to the client as it arrives: every upstream read is written to
 //! the client at once (SSE tokens are never held), and the client write is the backpressure. A
-//! client that goes away aborts the upstream request by closing it; a worker that breaks a
-//! stream off gets the client an explicit error event and a clean end.
+//! client that goes away aborts the upstream request by closing it; a worker that breaks an
+//! event stream off gets the client an explicit error event and a clean end. An HTTP/1.0
+//! client gets the body without chunked framing (decoded here) and the close as its end.
 
 use super::capture::Capture;
-use super::forward::{skip, UpstreamResponse};
+use super::forward::{named_by_connection, skip, UpstreamResponse};
 use super::io::{read_into, write_all_by};
 use super::pool::Pool;
-use crate::http::{self, BodyFraming, ChunkTracker, ResponseHead};
+use crate::http::{self, BodyFraming, ChunkTracker, ChunkedDecoder, ResponseHead};
 use crate::workers::registry::Worker;
 use bytes::BytesMut;
 use monoio::net::TcpStream;
@@ -44,14 +45,17 @@ pub struct RelayTo<'a> {
     pub request_id: &'a str,
     /// The client asked to keep its connection.
     pub client_keep_alive: bool,
+    /// The client spoke HTTP/1.0: no chunked framing, close after the response.
+    pub client_http10: bool,
     /// The whole-request deadline.
     pub deadline: Instant,
     /// The gateway is shutting down: close the client connection after this response.
     pub shutting_down: bool,
 }
 
-/// Render the client-facing response head from the worker's.
-pub fn client_head(up: &ResponseHead, request_id: &str, close: bool) -> BytesMut {
+/// Render the client-facing response head from the worker's. `dechunk`: the body goes out
+/// decoded and close-delimited (an HTTP/1.0 client), so no framing header is forwarded.
+pub fn client_head(up: &ResponseHead, request_id: &str, close: bool, dechunk: bool) -> BytesMut {
     let mut out = BytesMut::with_capacity(up.buf.len() + 96);
     out.extend_from_slice(b"HTTP/1.1 ");
     let _ = write!(out, "{}", up.status);
@@ -59,13 +63,16 @@ pub fn client_head(up: &ResponseHead, request_id: &str, close: bool) -> BytesMut
     out.extend_from_slice(http::response::reason(up.status).as_bytes());
     out.extend_from_slice(b"\r\n");
     let mut has_id = false;
-    let chunked = matches!(up.framing, BodyFraming::Chunked);
+    // RFC 9112 §6.3: beside a Transfer-Encoding a Content-Length must not be forwarded.
+    let has_te = up.header("transfer-encoding").is_some();
     for (name, value) in up.headers() {
-        if skip(name, &RESPONSE_SKIP) {
+        if skip(name, &RESPONSE_SKIP) || named_by_connection(name, up.headers()) {
             continue;
         }
-        // RFC 9112 §6.3: with chunked framing a Content-Length must not be forwarded.
-        if chunked && name.eq_ignore_ascii_case(b"content-length") {
+        if (has_te || dechunk) && name.eq_ignore_ascii_case(b"content-length") {
+            continue;
+        }
+        if dechunk && name.eq_ignore_ascii_case(b"transfer-encoding") {
             continue;
         }
         if name.eq_ignore_ascii_case(b"x-request-id") {
@@ -88,28 +95,44 @@ pub fn client_head(up: &ResponseHead, request_id: &str, close: bool) -> BytesMut
     out
 }
 
+/// Whether the response is a server-sent event stream (the only kind an error event is
+/// appended to: in any other body it would be garbage).
+fn is_event_stream(up: &ResponseHead) -> bool {
+    up.header("content-type").is_some_and(|v| {
+        let mime = v.split(|&b| b == b';').next().unwrap_or_default();
+        mime.trim_ascii().eq_ignore_ascii_case(b"text/event-stream")
+    })
+}
+
 /// Where the body ends, as it is relayed.
 enum BodyEnd {
     Done,
     Remaining(u64),
     Chunked(ChunkTracker),
+    /// Chunked upstream, decoded for an HTTP/1.0 client.
+    Dechunk(ChunkedDecoder),
     UntilClose,
 }
 
 impl BodyEnd {
-    fn for_framing(framing: BodyFraming) -> BodyEnd {
+    fn for_framing(framing: BodyFraming, dechunk: bool) -> BodyEnd {
         match framing {
             BodyFraming::None | BodyFraming::Length(0) => BodyEnd::Done,
             BodyFraming::Length(n) => BodyEnd::Remaining(n),
+            BodyFraming::Chunked if dechunk => BodyEnd::Dechunk(ChunkedDecoder::new(u64::MAX)),
             BodyFraming::Chunked => BodyEnd::Chunked(ChunkTracker::new()),
             BodyFraming::Close => BodyEnd::UntilClose,
         }
     }
 
     /// Consume up to the end of the body from `data`; returns (bytes that belong to the body,
-    /// finished).
-    fn advance(&mut self, data: &[u8]) -> Result<(usize, bool), String> {
+    /// finished). A decoding end appends what the client gets to `decoded`.
+    fn advance(&mut self, data: &[u8], decoded: &mut BytesMut) -> Result<(usize, bool), String> {
         match self {
+            BodyEnd::Dechunk(d) => {
+                let used = d.feed(data, decoded).map_err(|e| format!("{e:?}"))?;
+                Ok((used, d.is_done()))
+            }
             BodyEnd::Done => Ok((0, true)),
             BodyEnd::Remaining(n) => {
                 let take = std::cmp::min(*n, data.len() as u64);
@@ -138,6 +161,12 @@ struct Relay<'c, 'k> {
     relayed: Relayed,
     /// No byte past the response was seen: the upstream connection may be reused.
     upstream_clean: bool,
+    /// An error event may be appended if the worker breaks off (an event stream).
+    event_stream: bool,
+    /// Decoded bytes for a de-chunking relay (reused across reads).
+    decoded: BytesMut,
+    /// The decoded body so far ends between two events (`\n\n`), or nothing was written.
+    at_event_boundary: bool,
 }
 
 /// Relay the response to the client. The upstream connection goes back to `pool` when the
@@ -155,12 +184,15 @@ pub async fn relay(
         head,
         leftover,
     } = up;
-    let close_client =
-        !how.client_keep_alive || matches!(head.framing, BodyFraming::Close) || how.shutting_down;
+    let close_client = !how.client_keep_alive
+        || how.client_http10
+        || matches!(head.framing, BodyFraming::Close)
+        || how.shutting_down;
+    let dechunk = how.client_http10 && head.framing == BodyFraming::Chunked;
     let mut r = Relay {
         client,
         capture,
-        end: BodyEnd::for_framing(head.framing),
+        end: BodyEnd::for_framing(head.framing, dechunk),
         deadline: how.deadline,
         relayed: Relayed {
             client_keep_alive: !close_client,
@@ -170,8 +202,11 @@ pub async fn relay(
             upstream_broke: false,
         },
         upstream_clean: true,
+        event_stream: is_event_stream(&head),
+        decoded: BytesMut::new(),
+        at_event_boundary: true,
     };
-    let out = client_head(&head, how.request_id, close_client);
+    let out = client_head(&head, how.request_id, close_client, dechunk);
     let Ok((finished, buf)) = r.send_head(out, leftover).await else {
         return r.relayed;
     };
@@ -179,8 +214,13 @@ pub async fn relay(
         return r.relayed;
     }
     r.relayed.complete = true;
-    if head.keep_alive && r.upstream_clean && !matches!(r.end, BodyEnd::UntilClose) {
-        pool.put(how.worker.id, stream);
+    // A 101 (refused earlier, checked again) or any byte past the response: never reused.
+    if head.keep_alive
+        && head.status != 101
+        && r.upstream_clean
+        && !matches!(r.end, BodyEnd::UntilClose)
+    {
+        pool.put(how.worker, stream);
     }
     r.relayed
 }
@@ -194,14 +234,26 @@ impl Relay<'_, '_> {
         mut leftover: BytesMut,
     ) -> Result<(bool, BytesMut), Stopped> {
         let mut finished = matches!(self.end, BodyEnd::Done);
+        if finished && !leftover.is_empty() {
+            // e.g. a 204 or `Content-Length: 0` followed by stray bytes.
+            self.upstream_clean = false;
+        }
         if !finished && !leftover.is_empty() {
-            let Ok((n, done)) = self.end.advance(&leftover) else {
+            let mut decoded = std::mem::take(&mut self.decoded);
+            let Ok((n, done)) = self.end.advance(&leftover, &mut decoded) else {
                 self.relayed.client_keep_alive = false;
                 let _ = write_all_by(self.client, out.freeze(), self.deadline).await;
                 return Err(Stopped);
             };
             self.take_body(&leftover, n);
-            out.extend_from_slice(&leftover[..n]);
+            if matches!(self.end, BodyEnd::Dechunk(_)) {
+                self.note_decoded(&decoded);
+                out.extend_from_slice(&decoded);
+                decoded.clear();
+            } else {
+                out.extend_from_slice(&leftover[..n]);
+            }
+            self.decoded = decoded;
             finished = done;
             leftover.clear();
         }
@@ -237,12 +289,22 @@ impl Relay<'_, '_> {
                 self.relayed.client_keep_alive = false;
                 return Err(Stopped);
             }
-            let Ok((take, done)) = self.end.advance(&buf) else {
+            let mut decoded = std::mem::take(&mut self.decoded);
+            let Ok((take, done)) = self.end.advance(&buf, &mut decoded) else {
                 self.relayed.client_keep_alive = false;
                 return Err(Stopped);
             };
             self.take_body(&buf, take);
-            let chunk = buf.split_to(take).freeze();
+            let chunk = if matches!(self.end, BodyEnd::Dechunk(_)) {
+                self.note_decoded(&decoded);
+                decoded.split().freeze()
+            } else {
+                buf.split_to(take).freeze()
+            };
+            self.decoded = decoded;
+            if chunk.is_empty() && !done {
+                continue;
+            }
             if write_all_by(self.client, chunk, self.deadline)
                 .await
                 .is_err()
@@ -272,21 +334,36 @@ impl Relay<'_, '_> {
         self.relayed.body_bytes += n as u64;
     }
 
-    /// The worker broke the body off: a chunked stream that broke between chunks gets an SSE
-    /// error event and a proper last chunk, so clients see an explicit error and a clean end,
-    /// never a hang or a torn frame.
+    /// Remember whether the decoded body written so far ends between two events.
+    fn note_decoded(&mut self, decoded: &[u8]) {
+        if !decoded.is_empty() {
+            self.at_event_boundary = decoded.ends_with(b"\n\n");
+        }
+    }
+
+    /// The worker broke the body off: an event stream that broke between chunks (events, for
+    /// a de-chunked one) gets an SSE error event (and, when chunked, a proper last chunk), so
+    /// clients see an explicit error and a clean end, never a hang or a torn frame. Any other
+    /// body only ends (an event in it would be garbage).
     async fn upstream_broke(&mut self) -> Stopped {
         self.relayed.upstream_broke = true;
         self.relayed.client_keep_alive = false;
-        if let BodyEnd::Chunked(t) = &self.end {
-            if t.at_chunk_boundary() {
-                let mut out = BytesMut::with_capacity(BROKEN_STREAM_EVENT.len() + 16);
+        if !self.event_stream {
+            return Stopped;
+        }
+        let mut out = BytesMut::with_capacity(BROKEN_STREAM_EVENT.len() + 16);
+        match &self.end {
+            BodyEnd::Chunked(t) if t.at_chunk_boundary() => {
                 let _ = write!(out, "{:x}\r\n", BROKEN_STREAM_EVENT.len());
                 out.extend_from_slice(BROKEN_STREAM_EVENT);
                 out.extend_from_slice(b"\r\n0\r\n\r\n");
-                let _ = write_all_by(self.client, out.freeze(), self.deadline).await;
             }
+            BodyEnd::Dechunk(_) if self.at_event_boundary => {
+                out.extend_from_slice(BROKEN_STREAM_EVENT);
+            }
+            _ => return Stopped,
         }
+        let _ = write_all_by(self.client, out.freeze(), self.deadline).await;
         Stopped
     }
 }

@@ -107,7 +107,9 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream, slot: Slot) {
             }
         };
         let outcome = dispatch(&core, &mut stream, &head, body, handler).await;
-        if !outcome.keep_alive || !head.keep_alive || gw.life.is_shutting_down() {
+        // An HTTP/1.0 client always gets the close as the end of an answer (it may not frame it).
+        if !outcome.keep_alive || !head.keep_alive || head.is_http10() || gw.life.is_shutting_down()
+        {
             break;
         }
     }

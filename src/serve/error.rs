@@ -40,19 +40,20 @@ impl GatewayError {
         }
     }
 
-    /// A worker answered `status` (retryable when another worker might do better).
-    pub fn worker_status(status: u16, worker_url: &str) -> GatewayError {
+    /// A worker answered `status` (retryable when another worker might do better). Like every
+    /// client-visible message, it never names the worker: worker addresses stay internal.
+    pub fn worker_status(status: u16) -> GatewayError {
         GatewayError {
             retryable: is_retryable_status(status),
-            ..GatewayError::new(status, format!("worker {worker_url} answered {status}"))
+            ..GatewayError::new(status, format!("the worker answered {status}"))
         }
     }
 
     /// No response head came back from a worker: always worth another worker.
-    pub fn upstream(e: &UpstreamError, worker_url: &str) -> GatewayError {
+    pub fn upstream(e: &UpstreamError) -> GatewayError {
         GatewayError {
             retryable: true,
-            ..GatewayError::new(e.status(), e.message(worker_url))
+            ..GatewayError::new(e.status(), e.message())
         }
     }
 
@@ -128,12 +129,22 @@ mod tests {
 
     #[test]
     fn upstream_failures_are_retryable_and_keep_their_status() {
-        let e = GatewayError::upstream(&UpstreamError::Timeout, "http://w");
+        let e = GatewayError::upstream(&UpstreamError::Timeout);
         assert_eq!((e.status, e.retryable, e.close), (504, true, false));
         assert_eq!(e.kind(), "timeout");
-        let s = GatewayError::worker_status(503, "http://w");
+        let s = GatewayError::worker_status(503);
         assert!(s.retryable);
-        assert!(!GatewayError::worker_status(501, "http://w").retryable);
+        assert!(!GatewayError::worker_status(501).retryable);
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let local = std::io::Error::from_raw_os_error(libc::EMFILE);
+        for e in [
+            UpstreamError::Connect(refused),
+            UpstreamError::Local(local),
+            UpstreamError::BadResponse("x".into()),
+        ] {
+            let m = GatewayError::upstream(&e).message;
+            assert!(!m.contains("http://") && !m.contains("127.0.0.1"), "{m}");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::proxy::retry::is_retryable_status;
 use crate::route::extract::{extract, Api, RoutingInfo};
 use crate::route::types::{Branch, Decision, RouteInput};
 use crate::workers::breaker::is_worker_failure;
-use crate::workers::registry::Worker;
+use crate::workers::registry::{CircuitSlot, Worker};
 use bytes::Bytes;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
@@ -105,17 +105,24 @@ struct WorkerFailure {
     error: GatewayError,
     /// The worker could not even be reached (passive health signal).
     connect: bool,
+    /// The gateway itself failed (out of file descriptors or local ports): says nothing about
+    /// the worker, so neither its health nor its circuit hears of it.
+    local: bool,
     /// The outcome counts as a success for the worker's circuit (e.g. a 429).
     breaker_success: bool,
     /// Attempts and time remain: try another worker.
     retry: bool,
 }
 
-/// The worker chosen for one attempt, counted in flight until dropped.
+/// The worker chosen for one attempt, counted in flight until dropped; its circuit slot records
+/// the outcome at most once and frees a half-open probe slot on every path.
 struct Picked<'a> {
-    worker: Arc<Worker>,
-    decision: Decision,
+    /// First field, so dropped first: the in-flight count is down before the last `Arc` of a
+    /// removed worker goes (its id may be reused from then on).
     _in_flight: InFlight<'a>,
+    worker: Arc<Worker>,
+    slot: CircuitSlot,
+    decision: Decision,
 }
 
 /// Keeps a worker's in-flight count raised while a request is on it, and tells the policy when
@@ -259,15 +266,16 @@ impl<'a> Exchange<'a> {
                     .take()
                     .unwrap_or_else(|| GatewayError::no_workers(list.is_empty())));
             };
-            let worker = list.get(decision.worker).cloned();
             // Gone since the snapshot, or half-open with its probe slots taken: try another.
-            let Some(worker) = worker.filter(|w| w.breaker.try_acquire(&gw.breaker)) else {
+            let slot = list.get(decision.worker).and_then(|w| w.admit(&gw.breaker));
+            let Some(slot) = slot else {
                 gw.router
                     .policy
                     .request_finished(self.routing_key, decision.worker, now_ms);
                 self.excluded.push(decision.worker);
                 continue;
             };
+            let worker = slot.worker().clone();
             self.attempts += 1;
             crate::metrics::selection(gw.router.policy.kind().as_str(), decision.branch.as_str());
             let in_flight = InFlight::new(gw, worker.id, self.routing_key);
@@ -278,6 +286,7 @@ impl<'a> Exchange<'a> {
             }
             return Ok(Picked {
                 worker,
+                slot,
                 decision,
                 _in_flight: in_flight,
             });
@@ -326,6 +335,7 @@ impl<'a> Exchange<'a> {
             self.head.method(),
             self.head.target(),
             Some(self.head),
+            client.peer_addr().ok().map(|a| a.ip()),
             &worker.authority,
             &self.request_id,
             self.body.clone(),
@@ -346,19 +356,24 @@ impl<'a> Exchange<'a> {
             // Dropping `up` closes that upstream connection: its body is not wanted.
             Some(Ok(up)) if is_retryable_status(up.head.status) && retry => {
                 Err(Failure::Worker(WorkerFailure {
-                    error: GatewayError::worker_status(up.head.status, &worker.url),
+                    error: GatewayError::worker_status(up.head.status),
                     connect: false,
+                    local: false,
                     breaker_success: !is_worker_failure(up.head.status),
                     retry,
                 }))
             }
             Some(Ok(up)) => Ok(up),
-            Some(Err(e)) => Err(Failure::Worker(WorkerFailure {
-                error: GatewayError::upstream(&e, &worker.url),
-                connect: e.is_connect(),
-                breaker_success: false,
-                retry,
-            })),
+            Some(Err(e)) => {
+                crate::log!(Debug, "worker {}: {}", worker.url, e.message());
+                Err(Failure::Worker(WorkerFailure {
+                    error: GatewayError::upstream(&e),
+                    connect: e.is_connect(),
+                    local: e.is_local(),
+                    breaker_success: false,
+                    retry,
+                }))
+            }
         }
     }
 
@@ -366,14 +381,18 @@ impl<'a> Exchange<'a> {
     /// let the next `pick` exclude that worker, or give up with the error the client gets.
     async fn retry_after(
         &mut self,
-        picked: Picked<'a>,
+        mut picked: Picked<'a>,
         failure: WorkerFailure,
     ) -> Result<(), GatewayError> {
         let worker = picked.worker.clone();
         if failure.connect {
             self.gw.on_connect_failure(&worker);
         }
-        self.gw.record_outcome(&worker, failure.breaker_success);
+        // A local failure leaves the circuit alone: dropping the slot gives a probe slot back.
+        if !failure.local {
+            self.gw
+                .record_outcome(&mut picked.slot, failure.breaker_success);
+        }
         drop(picked);
         if !failure.retry {
             return Err(failure.error);
@@ -402,9 +421,9 @@ impl<'a> Exchange<'a> {
         up: UpstreamResponse,
     ) -> Outcome {
         let gw = self.gw;
+        let mut picked = picked;
         let worker = picked.worker.clone();
         let status = up.head.status;
-        gw.record_outcome(&worker, !is_worker_failure(status));
         let chunked = matches!(up.head.framing, BodyFraming::Chunked);
         let mut capture = match self.forwarding {
             Forwarding::Routed(api)
@@ -418,17 +437,18 @@ impl<'a> Exchange<'a> {
             worker: &worker,
             request_id: &self.request_id,
             client_keep_alive: self.head.keep_alive,
+            client_http10: self.head.is_http10(),
             deadline: self.deadline,
             shutting_down: gw.life.is_shutting_down(),
         };
         let relayed = relay::relay(&self.core.pool, client, up, how, capture.as_mut()).await;
+        // One outcome per request, once the answer is over (a probe holds its slot until then).
+        let success = !is_worker_failure(status) && !relayed.upstream_broke;
+        gw.record_outcome(&mut picked.slot, success);
         drop(picked);
         worker
             .completed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if relayed.upstream_broke {
-            gw.record_outcome(&worker, false);
-        }
         if let Some(t) = relayed.first_body_at {
             crate::metrics::ttft(t.duration_since(self.started));
         }

@@ -71,6 +71,19 @@ pub struct Breaker {
     last_failure_ms: AtomicU64,
     opened_at_ms: AtomicU64,
     probes: AtomicU32,
+    /// Counts Open → HalfOpen moves, so a probe slot taken in one half-open period is never
+    /// given back into the next one (whose count started again at zero).
+    half_open_round: AtomicU32,
+}
+
+/// A request slot taken with [`Breaker::try_acquire`]. In half-open it holds one of the few
+/// probe slots; hand it back with [`Breaker::release`] or [`Breaker::record`] (which consume
+/// it, so a request can give its slot back and record its outcome at most once).
+#[derive(Debug)]
+#[must_use = "a probe slot that is dropped without release() stays taken"]
+pub struct Ticket {
+    /// The half-open round this probe slot belongs to; `None` when admitted while closed.
+    probe_round: Option<u32>,
 }
 
 impl Default for Breaker {
@@ -82,6 +95,7 @@ impl Default for Breaker {
             last_failure_ms: AtomicU64::new(0),
             opened_at_ms: AtomicU64::new(0),
             probes: AtomicU32::new(0),
+            half_open_round: AtomicU32::new(0),
         }
     }
 }
@@ -101,16 +115,18 @@ impl Breaker {
         self.state() != BreakerState::Open
     }
 
-    /// Take a request slot: always in Closed, one of `half_open_probes` in HalfOpen.
-    pub fn try_acquire(&self, cfg: &BreakerConfig) -> bool {
+    /// Take a request slot: always in Closed, one of `half_open_probes` in HalfOpen. The
+    /// ticket must come back through `release` or `record` on every path.
+    pub fn try_acquire(&self, cfg: &BreakerConfig) -> Option<Ticket> {
         match self.state() {
-            BreakerState::Closed => true,
-            BreakerState::Open => false,
+            BreakerState::Closed => Some(Ticket { probe_round: None }),
+            BreakerState::Open => None,
             BreakerState::HalfOpen => {
+                let round = self.half_open_round.load(Ordering::Acquire);
                 let mut cur = self.probes.load(Ordering::Acquire);
                 loop {
                     if cur >= cfg.half_open_probes {
-                        return false;
+                        return None;
                     }
                     match self.probes.compare_exchange_weak(
                         cur,
@@ -118,10 +134,28 @@ impl Breaker {
                         Ordering::AcqRel,
                         Ordering::Acquire,
                     ) {
-                        Ok(_) => return true,
+                        Ok(_) => {
+                            return Some(Ticket {
+                                probe_round: Some(round),
+                            })
+                        }
                         Err(v) => cur = v,
                     }
                 }
+            }
+        }
+    }
+
+    /// Give a slot back without an outcome (the client left, the gateway failed locally): a
+    /// probe slot of the current half-open round is free again for the next request.
+    pub fn release(&self, ticket: Ticket) {
+        if let Some(round) = ticket.probe_round {
+            if self.state() == BreakerState::HalfOpen
+                && self.half_open_round.load(Ordering::Acquire) == round
+            {
+                let _ = self
+                    .probes
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1));
             }
         }
     }
@@ -140,6 +174,7 @@ impl Breaker {
                 )
                 .is_ok()
         {
+            self.half_open_round.fetch_add(1, Ordering::AcqRel);
             self.probes.store(0, Ordering::Release);
             self.successes.store(0, Ordering::Release);
             return Transition::HalfOpened;
@@ -147,18 +182,20 @@ impl Breaker {
         Transition::None
     }
 
-    /// Record a request's outcome (`success` = not a worker fault). In half-open, the outcome
-    /// also gives back the probe slot its request took with `try_acquire`.
-    pub fn record(&self, cfg: &BreakerConfig, success: bool, now_ms: u64) -> Transition {
+    /// Record a request's outcome (`success` = not a worker fault) and give its slot back.
+    /// Only a request that took a probe slot frees one: an outcome never frees another's.
+    pub fn record(
+        &self,
+        cfg: &BreakerConfig,
+        ticket: Ticket,
+        success: bool,
+        now_ms: u64,
+    ) -> Transition {
+        self.release(ticket);
         if !cfg.enabled {
             return Transition::None;
         }
         let state = self.state();
-        if state == BreakerState::HalfOpen {
-            let _ = self
-                .probes
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| p.checked_sub(1));
-        }
         if success {
             self.failures.store(0, Ordering::Release);
             if state == BreakerState::HalfOpen {
@@ -236,6 +273,12 @@ pub fn is_worker_failure(status: u16) -> bool {
 mod tests {
     use super::*;
 
+    /// Record an outcome for a request admitted while closed.
+    fn out(b: &Breaker, c: &BreakerConfig, ok: bool, now: u64) -> Transition {
+        let t = b.try_acquire(c).unwrap_or(Ticket { probe_round: None });
+        b.record(c, t, ok, now)
+    }
+
     fn cfg() -> BreakerConfig {
         BreakerConfig {
             enabled: true,
@@ -251,21 +294,21 @@ mod tests {
     fn opens_after_consecutive_failures_and_recovers_through_half_open() {
         let b = Breaker::default();
         let c = cfg();
-        assert_eq!(b.record(&c, false, 10), Transition::None);
-        assert_eq!(b.record(&c, false, 20), Transition::None);
-        assert_eq!(b.record(&c, false, 30), Transition::Opened);
+        assert_eq!(out(&b, &c, false, 10), Transition::None);
+        assert_eq!(out(&b, &c, false, 20), Transition::None);
+        assert_eq!(out(&b, &c, false, 30), Transition::Opened);
         assert!(!b.admits());
-        assert!(!b.try_acquire(&c));
+        assert!(b.try_acquire(&c).is_none());
         assert_eq!(b.tick(&c, 500), Transition::None);
         assert_eq!(b.tick(&c, 1030), Transition::HalfOpened);
-        assert!(b.try_acquire(&c));
+        let probe = b.try_acquire(&c).expect("a probe slot");
         assert!(
-            !b.try_acquire(&c),
+            b.try_acquire(&c).is_none(),
             "half-open admits a limited number of probes"
         );
-        assert_eq!(b.record(&c, true, 1100), Transition::None);
-        assert!(b.try_acquire(&c));
-        assert_eq!(b.record(&c, true, 1200), Transition::Closed);
+        assert_eq!(b.record(&c, probe, true, 1100), Transition::None);
+        let probe = b.try_acquire(&c).expect("the slot came back");
+        assert_eq!(b.record(&c, probe, true, 1200), Transition::Closed);
         assert_eq!(b.state(), BreakerState::Closed);
     }
 
@@ -273,14 +316,14 @@ mod tests {
     fn a_success_resets_the_run_and_old_failures_fall_out_of_the_window() {
         let b = Breaker::default();
         let c = cfg();
-        b.record(&c, false, 10);
-        b.record(&c, false, 20);
-        b.record(&c, true, 30);
-        b.record(&c, false, 40);
-        b.record(&c, false, 50);
+        out(&b, &c, false, 10);
+        out(&b, &c, false, 20);
+        out(&b, &c, true, 30);
+        out(&b, &c, false, 40);
+        out(&b, &c, false, 50);
         assert_eq!(b.state(), BreakerState::Closed);
         // 2000 ms later: the earlier run is outside the 500 ms window.
-        assert_eq!(b.record(&c, false, 2050), Transition::None);
+        assert_eq!(out(&b, &c, false, 2050), Transition::None);
         assert_eq!(b.state(), BreakerState::Closed);
     }
 
@@ -289,11 +332,46 @@ mod tests {
         let b = Breaker::default();
         let c = cfg();
         for t in 0..3 {
-            b.record(&c, false, t);
+            out(&b, &c, false, t);
         }
         b.tick(&c, 2000);
-        assert!(b.try_acquire(&c));
-        assert_eq!(b.record(&c, false, 2001), Transition::Opened);
+        let probe = b.try_acquire(&c).expect("a probe slot");
+        assert_eq!(b.record(&c, probe, false, 2001), Transition::Opened);
+    }
+
+    #[test]
+    fn released_probes_free_their_slot_and_only_their_own() {
+        let b = Breaker::default();
+        let c = BreakerConfig {
+            half_open_probes: 3,
+            ..cfg()
+        };
+        let early = b.try_acquire(&c).expect("closed admits");
+        for t in 0..3 {
+            out(&b, &c, false, t);
+        }
+        b.tick(&c, 2000);
+        // Three probes whose clients leave: each slot comes back, none stays wedged.
+        for _ in 0..10 {
+            let probes: Vec<Ticket> = (0..3).filter_map(|_| b.try_acquire(&c)).collect();
+            assert_eq!(probes.len(), 3);
+            assert!(b.try_acquire(&c).is_none());
+            probes.into_iter().for_each(|p| b.release(p));
+        }
+        // A request admitted while closed frees no probe slot when it finishes now.
+        let probes: Vec<Ticket> = (0..3).filter_map(|_| b.try_acquire(&c)).collect();
+        b.release(early);
+        assert!(b.try_acquire(&c).is_none());
+        // A slot of an earlier half-open round is not given back into the next round.
+        let mut old = probes.into_iter();
+        let p = old.next().expect("three probes");
+        assert_eq!(b.record(&c, p, false, 2100), Transition::Opened);
+        b.tick(&c, 4000);
+        let fresh: Vec<Ticket> = (0..3).filter_map(|_| b.try_acquire(&c)).collect();
+        assert_eq!(fresh.len(), 3);
+        old.for_each(|p| b.release(p));
+        assert!(b.try_acquire(&c).is_none(), "old slots freed nothing");
+        fresh.into_iter().for_each(|p| b.release(p));
     }
 
     #[test]
@@ -312,7 +390,7 @@ mod tests {
             ..cfg()
         };
         for t in 0..100 {
-            b.record(&c, false, t);
+            out(&b, &c, false, t);
         }
         assert!(b.admits());
     }

@@ -1,18 +1,23 @@
 //! Who the workers are. The list is published through `ArcSwap` (cores read it per request
 //! without locking); changes (startup, `/workers` admin calls, health) are rare and serialised
-//! by a mutex on the admin path. Worker ids are never reused, so a stale id in a tree or a pool
-//! can never point at a different worker.
+//! by a mutex on the admin path. A removed worker's id is reused only once nothing holds that
+//! worker any more (no request in flight on it), so add/remove cycles never exhaust the ids;
+//! pooled connections are keyed by the worker's never-reused `serial`, so a reused id never
+//! reaches the old worker's host (a stale id left in a tree is only a routing hint).
 
 use crate::base::WorkerId;
-use crate::workers::breaker::Breaker;
+use crate::workers::breaker::{Breaker, BreakerConfig, Ticket, Transition};
 use crate::workers::load::LoadBoard;
 use arc_swap::ArcSwap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Most workers a gateway process will ever register (ids are never reused).
+/// Most workers registered at once (ids of removed workers are reused once they are idle).
 pub const MAX_WORKER_IDS: usize = 16_384;
+
+/// Longest host name accepted in a worker URL (DNS limit).
+const MAX_HOST_LEN: usize = 255;
 
 /// A worker URL that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,54 +39,97 @@ pub struct WorkerUrl {
     pub port: u16,
 }
 
-/// Validate `http://host[:port][/]` (plain HTTP: the gateway talks to workers on a trusted
-/// network; TLS to workers is not supported).
+/// Validate `http://host:port[/]` (plain HTTP: the gateway talks to workers on a trusted
+/// network; TLS to workers is not supported). The port is required and the host is an IP
+/// literal or a name of `[A-Za-z0-9.-]{1,255}`, so nothing else reaches the resolver.
 pub fn parse_worker_url(url: &str) -> Result<WorkerUrl, UrlError> {
+    let bad = |why: &str| UrlError(format!("worker URL `{}`: {why}", shown(url)));
     let rest = url
         .strip_prefix("http://")
-        .ok_or_else(|| UrlError(format!("worker URL `{url}` must start with http://")))?;
-    let authority = rest.trim_end_matches('/');
+        .ok_or_else(|| bad("must start with http://"))?;
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
     if authority.is_empty() || authority.contains('/') || authority.contains('@') {
-        return Err(UrlError(format!(
-            "worker URL `{url}` must be http://host:port without a path"
-        )));
+        return Err(bad("must be http://host:port without a path"));
     }
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (h, after) = v6
-            .split_once(']')
-            .ok_or_else(|| UrlError(format!("worker URL `{url}`: unclosed [")))?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => p
-                .parse()
-                .map_err(|_| UrlError(format!("worker URL `{url}`: bad port")))?,
-            None if after.is_empty() => 80,
-            None => return Err(UrlError(format!("worker URL `{url}`: bad authority"))),
-        };
-        (h.to_string(), port)
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (
-                h.to_string(),
-                p.parse()
-                    .map_err(|_| UrlError(format!("worker URL `{url}`: bad port `{p}`")))?,
-            ),
-            None => (authority.to_string(), 80),
+        let (h, after) = v6.split_once(']').ok_or_else(|| bad("unclosed ["))?;
+        if h.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(bad("bad IPv6 literal"));
         }
+        (
+            h,
+            after
+                .strip_prefix(':')
+                .ok_or_else(|| bad("a port is required"))?,
+        )
+    } else {
+        let (h, p) = authority
+            .rsplit_once(':')
+            .ok_or_else(|| bad("a port is required"))?;
+        if !is_host_name(h) {
+            return Err(bad(
+                "the host must be an IP address or a name of letters, digits, `.` and `-`",
+            ));
+        }
+        (h, p)
     };
-    if host.is_empty() {
-        return Err(UrlError(format!("worker URL `{url}`: empty host")));
-    }
+    let port: u16 = match port.parse() {
+        Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => p,
+        _ => return Err(bad("bad port")),
+    };
     Ok(WorkerUrl {
         authority: authority.to_string(),
-        host,
+        host: host.to_string(),
         port,
     })
+}
+
+/// `[A-Za-z0-9.-]{1,255}` (IPv4 literals included).
+fn is_host_name(h: &str) -> bool {
+    (1..=MAX_HOST_LEN).contains(&h.len())
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+}
+
+/// A URL as shown in an error message: bounded, control characters replaced.
+fn shown(url: &str) -> String {
+    url.chars()
+        .take(300)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+/// The host's addresses without a lookup when it is an IP literal (`None` for a name).
+pub fn literal_addrs(u: &WorkerUrl) -> Option<Vec<SocketAddr>> {
+    let ip: std::net::IpAddr = u.host.parse().ok()?;
+    Some(vec![SocketAddr::new(ip, u.port)])
+}
+
+/// Resolve a worker's host (blocking: call it off the serving cores), IPv4 first.
+pub fn resolve(u: &WorkerUrl) -> Result<Vec<SocketAddr>, RegistryError> {
+    if let Some(a) = literal_addrs(u) {
+        return Ok(a);
+    }
+    let mut v: Vec<SocketAddr> = (u.host.as_str(), u.port)
+        .to_socket_addrs()
+        .map_err(|e| RegistryError::BadUrl(format!("cannot resolve {}: {e}", u.host)))?
+        .collect();
+    v.sort_by_key(|a| !a.is_ipv4());
+    if v.is_empty() {
+        return Err(RegistryError::BadUrl(format!(
+            "{} resolves to no address",
+            u.host
+        )));
+    }
+    Ok(v)
 }
 
 /// One upstream server.
 #[derive(Debug)]
 pub struct Worker {
     pub id: WorkerId,
+    /// Never reused (ids are): what pooled connections are keyed by.
+    pub serial: u64,
     /// Base URL as configured (no trailing slash).
     pub url: String,
     /// `host:port` for the upstream `Host` header.
@@ -106,6 +154,47 @@ impl Worker {
     /// Whether the worker is being removed.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+
+    /// A request slot on this worker's circuit (`None` when open or out of probe slots).
+    pub fn admit(self: &Arc<Self>, cfg: &BreakerConfig) -> Option<CircuitSlot> {
+        let ticket = self.breaker.try_acquire(cfg)?;
+        Some(CircuitSlot {
+            worker: self.clone(),
+            ticket: Some(ticket),
+        })
+    }
+}
+
+/// One request's place on a worker's circuit: it records the request's outcome at most once,
+/// and gives a half-open probe slot back on every path (dropped without an outcome when the
+/// client left or the gateway failed locally), so probes cannot leak and wedge the worker.
+#[derive(Debug)]
+pub struct CircuitSlot {
+    worker: Arc<Worker>,
+    ticket: Option<Ticket>,
+}
+
+impl CircuitSlot {
+    /// The worker this slot is on.
+    pub fn worker(&self) -> &Arc<Worker> {
+        &self.worker
+    }
+
+    /// Record the outcome; every call after the first does nothing.
+    pub fn record(&mut self, cfg: &BreakerConfig, success: bool, now_ms: u64) -> Transition {
+        match self.ticket.take() {
+            Some(t) => self.worker.breaker.record(cfg, t, success, now_ms),
+            None => Transition::None,
+        }
+    }
+}
+
+impl Drop for CircuitSlot {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            self.worker.breaker.release(t);
+        }
     }
 }
 
@@ -172,9 +261,44 @@ impl std::fmt::Display for RegistryError {
             RegistryError::Duplicate(u) => write!(f, "worker {u} is already registered"),
             RegistryError::NotFound(u) => write!(f, "worker {u} is not registered"),
             RegistryError::Full => {
-                write!(f, "no worker ids left ({MAX_WORKER_IDS} ever registered)")
+                write!(
+                    f,
+                    "no worker ids left ({MAX_WORKER_IDS} workers registered or busy)"
+                )
             }
         }
+    }
+}
+
+/// Id bookkeeping, behind the admin mutex.
+#[derive(Default)]
+struct Ids {
+    /// Next never-used id.
+    next: WorkerId,
+    /// Next serial (never reused).
+    serial: u64,
+    /// Removed workers; an id comes back once nothing else holds its worker.
+    retired: Vec<Arc<Worker>>,
+}
+
+impl Ids {
+    /// A free id: a retired one that nothing holds any more (lowest first), else a new one.
+    fn take(&mut self) -> Option<WorkerId> {
+        let idle = self
+            .retired
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| Arc::strong_count(w) == 1)
+            .min_by_key(|(_, w)| w.id)
+            .map(|(i, _)| i);
+        if let Some(i) = idle {
+            return Some(self.retired.swap_remove(i).id);
+        }
+        if (self.next as usize) < MAX_WORKER_IDS {
+            self.next += 1;
+            return Some(self.next - 1);
+        }
+        None
     }
 }
 
@@ -183,7 +307,7 @@ pub struct Registry {
     list: ArcSwap<WorkerList>,
     /// In-flight counts and eligibility for every worker id.
     pub loads: LoadBoard,
-    admin: Mutex<WorkerId>,
+    admin: Mutex<Ids>,
 }
 
 impl Registry {
@@ -192,7 +316,7 @@ impl Registry {
         Registry {
             list: ArcSwap::from_pointee(WorkerList::default()),
             loads: LoadBoard::new(MAX_WORKER_IDS),
-            admin: Mutex::new(0),
+            admin: Mutex::new(Ids::default()),
         }
     }
 
@@ -206,36 +330,34 @@ impl Registry {
         self.list.load_full()
     }
 
-    /// Register a worker (resolving its host now, on the caller's thread). It starts healthy
-    /// unless `healthy` is false (then it waits for a health check).
+    /// Register a worker (resolving its host now, on the caller's thread: never call it on a
+    /// serving core with a host name, see [`resolve`]). It starts healthy unless `healthy` is
+    /// false (then it waits for a health check).
     pub fn add(&self, url: &str, healthy: bool) -> Result<Arc<Worker>, RegistryError> {
         let parsed = parse_worker_url(url).map_err(|e| RegistryError::BadUrl(e.0))?;
+        let addrs = resolve(&parsed)?;
+        self.add_resolved(url, parsed, addrs, healthy)
+    }
+
+    /// Register a worker whose addresses are already known.
+    pub fn add_resolved(
+        &self,
+        url: &str,
+        parsed: WorkerUrl,
+        addrs: Vec<SocketAddr>,
+        healthy: bool,
+    ) -> Result<Arc<Worker>, RegistryError> {
         let url = url.trim_end_matches('/').to_string();
-        let addrs: Vec<SocketAddr> = match (parsed.host.as_str(), parsed.port).to_socket_addrs() {
-            Ok(a) => {
-                let mut v: Vec<SocketAddr> = a.collect();
-                v.sort_by_key(|a| !a.is_ipv4());
-                v
-            }
-            Err(e) => return Err(RegistryError::BadUrl(format!("cannot resolve {url}: {e}"))),
-        };
-        if addrs.is_empty() {
-            return Err(RegistryError::BadUrl(format!(
-                "{url} resolves to no address"
-            )));
-        }
-        let mut next = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ids = self.admin.lock().unwrap_or_else(|p| p.into_inner());
         let cur = self.list.load_full();
         if cur.by_url(&url).is_some() {
             return Err(RegistryError::Duplicate(url));
         }
-        if *next as usize >= MAX_WORKER_IDS {
-            return Err(RegistryError::Full);
-        }
-        let id = *next;
-        *next += 1;
+        let id = ids.take().ok_or(RegistryError::Full)?;
+        ids.serial += 1;
         let worker = Arc::new(Worker {
             id,
+            serial: ids.serial,
             url,
             authority: parsed.authority,
             addrs,
@@ -254,7 +376,7 @@ impl Registry {
     /// Take a worker out of selection at once and out of the list; in-flight requests keep
     /// their `Arc<Worker>` and finish. Returns the removed worker.
     pub fn remove(&self, url_or_id: &str) -> Result<Arc<Worker>, RegistryError> {
-        let _guard = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ids = self.admin.lock().unwrap_or_else(|p| p.into_inner());
         let cur = self.list.load_full();
         let found = cur
             .by_url(url_or_id)
@@ -275,6 +397,7 @@ impl Registry {
             .cloned()
             .collect();
         self.list.store(Arc::new(WorkerList::build(workers)));
+        ids.retired.push(found.clone());
         Ok(found)
     }
 
@@ -311,7 +434,8 @@ mod tests {
         let u = parse_worker_url("http://127.0.0.1:30000/").unwrap();
         assert_eq!((u.host.as_str(), u.port), ("127.0.0.1", 30000));
         assert_eq!(parse_worker_url("http://[::1]:8080").unwrap().host, "::1");
-        assert_eq!(parse_worker_url("http://example").unwrap().port, 80);
+        assert_eq!(parse_worker_url("http://gpu-1.lan:80").unwrap().port, 80);
+        let long = format!("http://{}:1", "a".repeat(256));
         for bad in [
             "https://a:1",
             "a:1",
@@ -319,13 +443,32 @@ mod tests {
             "http://a:x",
             "http://a:1/v1",
             "http://[::1",
+            "http://example",
+            "http://[::1]",
+            "http://a:0",
+            "http://a:+1",
+            "http://a b:1",
+            "http://a_b:1",
+            "http://a%00:1",
+            "http://:1",
+            "http://[zz]:1",
+            "http://a:1//",
+            long.as_str(),
         ] {
             assert!(parse_worker_url(bad).is_err(), "{bad}");
         }
+        assert!(parse_worker_url(&format!("http://{}:1", "a".repeat(255))).is_ok());
     }
 
     #[test]
-    fn ids_are_never_reused_and_lookup_follows_changes() {
+    fn ip_literals_need_no_lookup() {
+        let u = parse_worker_url("http://[::1]:9").unwrap();
+        assert_eq!(literal_addrs(&u), Some(vec!["[::1]:9".parse().unwrap()]));
+        assert!(literal_addrs(&parse_worker_url("http://localhost:9").unwrap()).is_none());
+    }
+
+    #[test]
+    fn ids_come_back_only_once_nothing_holds_the_worker() {
         let r = Registry::new();
         let a = r.add("http://127.0.0.1:1", true).unwrap();
         let b = r.add("http://127.0.0.1:2", true).unwrap();
@@ -334,13 +477,46 @@ mod tests {
             Err(RegistryError::Duplicate(_))
         ));
         r.remove("http://127.0.0.1:1").unwrap();
-        let c = r.add("http://127.0.0.1:1", true).unwrap();
+        // `a` is still held (a request in flight): its id is not handed out.
+        let c = r.add("http://127.0.0.1:3", true).unwrap();
         assert!(c.id != a.id && c.id != b.id);
         let list = r.load();
         assert!(list.get(a.id).is_none());
-        assert_eq!(list.get(c.id).unwrap().url, "http://127.0.0.1:1");
+        assert_eq!(list.get(c.id).unwrap().url, "http://127.0.0.1:3");
         assert_eq!(list.ids, vec![b.id, c.id]);
         assert!(a.is_draining());
         assert!(!r.loads.is_eligible(a.id));
+        drop(list);
+        let (old_id, old_serial) = (a.id, a.serial);
+        drop(a);
+        let d = r.add("http://127.0.0.1:1", true).unwrap();
+        assert_eq!(d.id, old_id, "an idle retired id is reused");
+        assert!(d.serial > old_serial, "serials never repeat");
+        for i in 0..(2 * MAX_WORKER_IDS) {
+            let w = r.add(&format!("http://127.0.0.1:{}", 10 + i % 50_000), true);
+            let w = w.expect("add/remove cycles never exhaust the ids");
+            r.remove(&w.url).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_slot_records_once_and_frees_its_probe_when_dropped() {
+        let r = Registry::new();
+        let w = r.add("http://127.0.0.1:1", true).unwrap();
+        let cfg = BreakerConfig {
+            failure_threshold: 1,
+            open_ms: 0,
+            half_open_probes: 1,
+            ..BreakerConfig::default()
+        };
+        let mut s = w.admit(&cfg).unwrap();
+        assert_eq!(s.record(&cfg, false, 1), Transition::Opened);
+        assert_eq!(s.record(&cfg, false, 2), Transition::None, "recorded once");
+        drop(s);
+        w.breaker.tick(&cfg, 10);
+        let probe = w.admit(&cfg).unwrap();
+        assert!(w.admit(&cfg).is_none());
+        drop(probe); // the client left: the slot comes back
+        assert!(w.admit(&cfg).is_some());
     }
 }

@@ -504,6 +504,11 @@ pub fn free_port() -> u16 {
 /// `worker_url` (and on the driver `RADIXGATE_TEST_IO_DRIVER` asks for). The guard kills it by
 /// PID and reaps it however the test ends.
 pub fn spawn_binary(port: u16, cores: u32, worker_url: &str) -> ChildGuard {
+    spawn_binary_with(port, cores, worker_url, &[])
+}
+
+/// [`spawn_binary`] with extra flags (none of the ones it already sets).
+pub fn spawn_binary_with(port: u16, cores: u32, worker_url: &str, extra: &[&str]) -> ChildGuard {
     let mut args: Vec<String> = [
         "--host",
         "127.0.0.1",
@@ -524,6 +529,7 @@ pub fn spawn_binary(port: u16, cores: u32, worker_url: &str) -> ChildGuard {
     if let Some(d) = test_driver() {
         args.extend(["--io-driver".to_string(), d.flag().to_string()]);
     }
+    args.extend(extra.iter().map(|s| s.to_string()));
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_radixgate"))
         .args(&args)
         .spawn()

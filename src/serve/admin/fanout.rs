@@ -37,7 +37,7 @@ async fn fan_out(
         handles.push(monoio::spawn(async move {
             let r = forward::fetch(&core.pool, &w, method, path, Bytes::new(), timeout)
                 .await
-                .map_err(|e| e.message(&w.url));
+                .map_err(|e| e.message());
             (w, r)
         }));
     }

@@ -51,20 +51,29 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// Worker management and cache control (need the admin key when one is set).
-    pub fn is_admin(self) -> bool {
+    /// Changes the worker set (where traffic goes): from other hosts only with
+    /// `--admin-api-key` configured.
+    pub fn changes_workers(self) -> bool {
         matches!(
             self,
             Endpoint::AddWorker
                 | Endpoint::DeleteWorker
                 | Endpoint::LegacyAdd
                 | Endpoint::LegacyRemove
-                | Endpoint::FlushCache
-                | Endpoint::ListWorkers
-                | Endpoint::GetWorker
-                | Endpoint::LegacyList
-                | Endpoint::GetLoads
         )
+    }
+
+    /// Worker management and cache control (need the admin key when one is set).
+    pub fn is_admin(self) -> bool {
+        self.changes_workers()
+            || matches!(
+                self,
+                Endpoint::FlushCache
+                    | Endpoint::ListWorkers
+                    | Endpoint::GetWorker
+                    | Endpoint::LegacyList
+                    | Endpoint::GetLoads
+            )
     }
 }
 
@@ -106,7 +115,8 @@ pub async fn handle(
     body: Bytes,
     ep: Endpoint,
 ) -> Outcome {
-    match answer(core, head, &body, ep).await {
+    let peer = stream.peer_addr().ok().map(|a| a.ip());
+    match answer(core, head, &body, ep, peer).await {
         Ok(r) => reply::send(stream, &r, None, head.keep_alive, false).await,
         Err(e) => send_error(stream, Some(head), &e, None).await,
     }
@@ -117,8 +127,19 @@ async fn answer(
     head: &RequestHead,
     body: &Bytes,
     ep: Endpoint,
+    peer: Option<std::net::IpAddr>,
 ) -> Result<Reply, GatewayError> {
     let gw = &core.gw;
+    // Safe by default: without an admin key only the host itself may change the worker set.
+    if ep.changes_workers()
+        && gw.cfg.admin_api_key.is_none()
+        && !workers::may_manage_without_key(peer)
+    {
+        return Err(GatewayError::new(
+            403,
+            "adding or removing workers from another host needs --admin-api-key on the gateway",
+        ));
+    }
     // Health, readiness, models and server info stay public (orchestrators probe them);
     // worker management and cache control need the admin key.
     if ep.is_admin() {

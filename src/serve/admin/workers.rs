@@ -5,11 +5,31 @@ use crate::http::{Method, RequestHead};
 use crate::proxy::forward;
 use crate::serve::error::GatewayError;
 use crate::serve::reply::Reply;
-use crate::workers::registry::{RegistryError, Worker};
+use crate::workers::registry::{self, RegistryError, Worker, WorkerUrl};
 use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// Longest wait for a worker's host name to resolve.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the serving core looks whether the resolver thread is done.
+const RESOLVE_POLL: Duration = Duration::from_millis(2);
+
+/// Whether `peer` may change the worker set without an admin key: only the host itself
+/// (127.0.0.1 or ::1 exactly). On a default install (no `--admin-api-key`) no network client
+/// can point the gateway's traffic at a host of its choosing.
+pub fn may_manage_without_key(peer: Option<IpAddr>) -> bool {
+    match peer {
+        Some(IpAddr::V4(a)) => a == std::net::Ipv4Addr::LOCALHOST,
+        Some(IpAddr::V6(a)) => {
+            a == std::net::Ipv6Addr::LOCALHOST
+                || a.to_ipv4_mapped() == Some(std::net::Ipv4Addr::LOCALHOST)
+        }
+        None => false,
+    }
+}
 
 /// Describe a worker for the management API.
 pub fn worker_json(gw: &Gateway, w: &Worker) -> Value {
@@ -74,11 +94,16 @@ pub fn remove(gw: &Gateway, key: &str, removed: u16) -> Result<Reply, GatewayErr
     Ok(Reply::json(removed, &body))
 }
 
-/// Register a worker at run time: probe its health endpoint once (so it is routable at once
-/// when up), then make it selectable.
+/// Register a worker at run time: resolve its host off this core, probe its health endpoint
+/// once (so it is routable at once when up), then make it selectable.
 async fn register(core: &Core, url: &str) -> Result<Arc<Worker>, RegistryError> {
     let gw = &core.gw;
-    let worker = gw.registry.add(url, false)?;
+    let parsed = registry::parse_worker_url(url).map_err(|e| RegistryError::BadUrl(e.0))?;
+    let addrs = match registry::literal_addrs(&parsed) {
+        Some(a) => a,
+        None => resolve_off_core(&parsed).await?,
+    };
+    let worker = gw.registry.add_resolved(url, parsed, addrs, false)?;
     let healthy = gw.cfg.disable_health_check || {
         let timeout = Duration::from_secs(gw.cfg.health_check_timeout_secs);
         let path = &gw.cfg.health_check_endpoint;
@@ -101,6 +126,34 @@ async fn register(core: &Core, url: &str) -> Result<Arc<Worker>, RegistryError> 
         worker.id
     );
     Ok(worker)
+}
+
+/// Resolve a host name on a helper thread: a slow resolver must never stall a serving core
+/// (every connection on it would wait). The core polls for the answer until a deadline.
+async fn resolve_off_core(u: &WorkerUrl) -> Result<Vec<SocketAddr>, RegistryError> {
+    type Answer = Option<Result<Vec<SocketAddr>, RegistryError>>;
+    let slot: Arc<Mutex<Answer>> = Arc::new(Mutex::new(None));
+    let (u2, slot2) = (u.clone(), slot.clone());
+    std::thread::Builder::new()
+        .name("radixgate-resolve".into())
+        .spawn(move || {
+            let r = registry::resolve(&u2);
+            *slot2.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        })
+        .map_err(|e| RegistryError::BadUrl(format!("cannot resolve {}: {e}", u.host)))?;
+    let deadline = monoio::time::Instant::now() + RESOLVE_TIMEOUT;
+    loop {
+        if let Some(r) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return r;
+        }
+        if monoio::time::Instant::now() >= deadline {
+            return Err(RegistryError::BadUrl(format!(
+                "cannot resolve {}: timed out",
+                u.host
+            )));
+        }
+        monoio::time::sleep(RESOLVE_POLL).await;
+    }
 }
 
 /// The `url` field of a JSON body.
@@ -156,6 +209,18 @@ fn percent_decode(v: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_host_itself_manages_without_a_key() {
+        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        assert!(may_manage_without_key(ip("127.0.0.1")));
+        assert!(may_manage_without_key(ip("::1")));
+        assert!(may_manage_without_key(ip("::ffff:127.0.0.1")));
+        for other in ["127.0.0.2", "10.0.0.1", "::2", "192.168.1.1"] {
+            assert!(!may_manage_without_key(ip(other)), "{other}");
+        }
+        assert!(!may_manage_without_key(None));
+    }
 
     #[test]
     fn percent_decoding() {
