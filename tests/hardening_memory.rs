@@ -7,6 +7,7 @@
 
 mod common;
 use common::*;
+use radixgate::tree::TreeKey;
 use std::io::{Read, Write};
 use std::time::Duration;
 
@@ -99,4 +100,140 @@ fn child_extracts_a_50_mb_number_array() {
     assert!(status.starts_with("HTTP/1.1 503"), "{status}");
     let after = status_bytes("VmHWM");
     println!("FIGURE={}", after.saturating_sub(before));
+}
+
+/// The model every simulated worker serves.
+const SERVED: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+/// A prompt of `n` words unique to `i`, so no two requests share more than a few characters.
+fn unique_prompt(i: usize, n: usize) -> String {
+    (0..n).map(|w| format!("w{i}x{w} ")).collect()
+}
+
+#[test]
+fn made_up_model_names_share_one_bounded_tree() {
+    let cluster = sim(1, |c| c.record_requests = 0);
+    let limit = 20_000u64;
+    let gw = gateway_for(
+        &cluster.urls(),
+        &[
+            "--policy",
+            "cache_aware",
+            "--max-tree-size",
+            &limit.to_string(),
+        ],
+    );
+    wait_model_served(&gw, SERVED);
+    // 300 distinct names with 2 KB prompts: 600,000 characters, 30 times the limit.
+    for i in 0..300 {
+        let model = if i % 10 == 0 {
+            SERVED.to_string()
+        } else {
+            format!("made-up-{i}")
+        };
+        let body =
+            serde_json::json!({"model": model, "prompt": unique_prompt(i, 200), "max_tokens": 1});
+        let r = request(
+            gw.addr,
+            "POST",
+            "/v1/completions",
+            &[],
+            body.to_string().as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let tree = gw.gateway().router.tree.as_ref().unwrap();
+    tree.sync();
+    let info = request(gw.addr, "GET", "/get_server_info", &[], b"")
+        .unwrap()
+        .json();
+    let chars = info["tree"]["chars"].as_u64().unwrap();
+    // Two trees hold text (the served model's and the shared one), each bounded per worker
+    // (immediate eviction at 10 % over the limit).
+    assert!(chars <= 2 * (limit + limit / 10), "{chars} characters kept");
+    let forest = tree.load();
+    let keys: Vec<_> = forest.models().map(|(k, _)| k).collect();
+    assert_eq!(
+        keys,
+        [TreeKey::Default, TreeKey::Shared, TreeKey::Served(SERVED)],
+        "only served models get a tree"
+    );
+    drop(forest);
+    // The worker leaves: its model's tree goes with it.
+    let url = cluster.urls()[0].clone();
+    let r = request(
+        gw.addr,
+        "POST",
+        &format!("/remove_worker?url={url}"),
+        &[],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_until(
+        "the removed model's tree is dropped",
+        Duration::from_secs(10),
+        || {
+            tree.sync();
+            (tree.load().models().count() == 2).then_some(())
+        },
+    );
+    assert_answers(gw.addr);
+}
+
+/// The gateway still answers on a fresh connection.
+fn assert_answers(addr: std::net::SocketAddr) {
+    let r = request(addr, "GET", "/health", &[], b"").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// Large uploads whose routing text is short are not kept alive by what the gateway learned.
+const BIG_BODY: usize = 40 * 1000 * 1000;
+const BIG_BODIES: usize = 6;
+
+#[test]
+fn learned_text_does_not_pin_request_bodies() {
+    let kept = run_child("child_sends_big_bodies_with_short_prompts");
+    eprintln!(
+        "resident growth after {BIG_BODIES} bodies of {BIG_BODY} bytes: {} MB",
+        kept / 1_000_000
+    );
+    assert!(
+        kept < BIG_BODY as u64 * 3 / 2,
+        "{kept} bytes still resident after {BIG_BODIES} bodies of {BIG_BODY} bytes"
+    );
+}
+
+/// Child of the test above: big bodies (above the allocator's mmap threshold, so freed memory
+/// leaves the resident set) with short prompts through a cache_aware gateway, then the resident
+/// growth once the requests are done.
+#[test]
+fn child_sends_big_bodies_with_short_prompts() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let cluster = sim(1, |c| c.record_requests = 0);
+    let gw = gateway_for(&cluster.urls(), &["--policy", "cache_aware"]);
+    let padding = "x".repeat(BIG_BODY);
+    let body = |i: usize| {
+        format!(r#"{{"prompt":"short prompt {i}","max_tokens":1,"padding":"{padding}"}}"#)
+    };
+    // Warm up every path once (thread stacks, pools, the first big buffers).
+    let r = request(gw.addr, "POST", "/v1/completions", &[], body(0).as_bytes()).unwrap();
+    assert_eq!(r.status, 200);
+    let base = status_bytes("VmRSS");
+    for i in 1..=BIG_BODIES {
+        let r = request(gw.addr, "POST", "/v1/completions", &[], body(i).as_bytes()).unwrap();
+        assert_eq!(r.status, 200);
+    }
+    // Connections close and buffers are freed asynchronously: the smallest growth seen within
+    // a deadline.
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    let mut least = u64::MAX;
+    while std::time::Instant::now() < until && least > BIG_BODY as u64 / 2 {
+        least = least.min(status_bytes("VmRSS").saturating_sub(base));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("FIGURE={least}");
 }

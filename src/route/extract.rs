@@ -51,8 +51,9 @@ impl fmt::Display for ExtractError {
 /// writer's queue, the tree itself) stays small whatever the body size.
 pub const MAX_ROUTING_TEXT: usize = 128 * 1024;
 
-/// The longest prefix of `s` that fits in `room` bytes, on a character boundary.
-fn capped(s: &str, room: usize) -> &str {
+/// The longest prefix of `s` that fits in `room` bytes, on a character boundary (also caps
+/// the text learned with a reply).
+pub fn capped(s: &str, room: usize) -> &str {
     &s[..floor_char_boundary(s.as_bytes(), room.min(s.len()))]
 }
 
