@@ -237,3 +237,46 @@ fn child_sends_big_bodies_with_short_prompts() {
     }
     println!("FIGURE={least}");
 }
+
+#[test]
+fn manual_routing_keys_are_bounded_in_length_and_number() {
+    let cluster = sim(2, |c| c.record_requests = 0);
+    let gw = gateway_for(
+        &cluster.urls(),
+        &["--policy", "manual", "--max-routing-keys", "64"],
+    );
+    let body = br#"{"text":"hi","sampling_params":{"max_new_tokens":1}}"#;
+    let send = |key: &str| {
+        request(
+            gw.addr,
+            "POST",
+            "/generate",
+            &[("x-smg-routing-key", key)],
+            body,
+        )
+        .unwrap()
+    };
+    // Too long: refused with a clear error, nothing remembered.
+    let r = send(&"k".repeat(257));
+    assert_eq!(r.status, 400, "{}", r.text());
+    let msg = r.json()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        msg.contains("X-SMG-Routing-Key") && msg.contains("256"),
+        "{msg}"
+    );
+    assert_eq!(send(&"k".repeat(256)).status, 200);
+    // A flood of distinct keys: the map stays at its cap, and a key in use stays sticky.
+    let policy = &gw.gateway().router.policy;
+    let home = served_by(&send("conversation"));
+    for i in 0..400 {
+        assert_eq!(send(&format!("flood-{i}")).status, 200);
+        if i % 4 == 0 {
+            assert_eq!(served_by(&send("conversation")), home, "sticky at {i}");
+        }
+        assert!(policy.manual_keys() <= 64, "{} keys", policy.manual_keys());
+    }
+    assert_answers(gw.addr);
+}

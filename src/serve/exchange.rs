@@ -24,7 +24,8 @@ use crate::proxy::relay::{self, RelayTo};
 use crate::proxy::request_id::request_id;
 use crate::proxy::retry::is_retryable_status;
 use crate::route::extract::{capped, extract, Api, RoutingInfo, MAX_ROUTING_TEXT};
-use crate::route::types::{Branch, Decision, RouteInput};
+use crate::route::manual::{key_too_long, MAX_ROUTING_KEY_LEN};
+use crate::route::types::{Branch, Decision, PolicyKind, RouteInput};
 use crate::tree::TreeKey;
 use crate::workers::breaker::is_worker_failure;
 use crate::workers::registry::Worker;
@@ -193,6 +194,15 @@ impl<'a> Exchange<'a> {
                 }
                 let info =
                     extract(api, body).map_err(|e| refuse(GatewayError::new(400, e.0), None))?;
+                // manual remembers keys: a hostile key length is refused, not hashed.
+                if let Some(key) = head.header("x-smg-routing-key").filter(|k| {
+                    k.len() > MAX_ROUTING_KEY_LEN && gw.router.policy.kind() == PolicyKind::Manual
+                }) {
+                    return Err(refuse(
+                        GatewayError::new(400, key_too_long(key.len())),
+                        None,
+                    ));
+                }
                 crate::metrics::routed(
                     gw.models.label(info.model.as_deref()),
                     crate::metrics::path_label(head.path()),
