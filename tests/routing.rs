@@ -376,15 +376,7 @@ fn removing_a_worker_takes_it_out_of_routing_and_the_tree() {
     let prompt = words(3, 200);
     let home = served_by(&chat(gw.addr, &[("user", &prompt)], &[]));
     let url = format!("http://127.0.0.1:{home}");
-    let r = request(
-        gw.addr,
-        "POST",
-        &format!("/remove_worker?url={url}"),
-        &[],
-        b"",
-    )
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
+    remove_worker(gw.addr, &url);
     for _ in 0..5 {
         assert_ne!(served_by(&chat(gw.addr, &[("user", &prompt)], &[])), home);
     }

@@ -596,3 +596,9 @@ pub fn wait_model_served(gw: &Running, model: &str) {
         served.then_some(())
     });
 }
+
+/// `POST /remove_worker?url=…`, asserting it succeeded.
+pub fn remove_worker(addr: SocketAddr, url: &str) {
+    let r = request(addr, "POST", &format!("/remove_worker?url={url}"), &[], b"").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}
