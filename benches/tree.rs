@@ -402,7 +402,7 @@ impl Stream {
         self.words.push(text, n);
         self.now += 1;
         Insert {
-            model: None,
+            tree: radixgate::tree::TreeKey::Default,
             text: bytes::Bytes::copy_from_slice(text.as_bytes()),
             worker: *worker,
             now_ms: self.now / 64,

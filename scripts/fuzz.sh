@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Fuzz the pure HTTP/1.1 framing (src/http) with cargo-fuzz / libFuzzer.
+# Fuzz the pure HTTP/1.1 framing (src/http) and the routing-text extraction (src/route/extract.rs)
+# with cargo-fuzz / libFuzzer.
 #
-#   scripts/fuzz.sh [SECONDS] [TARGET...]     default: 30 s each for `head` and `chunked`
+#   scripts/fuzz.sh [SECONDS] [TARGET...]     default: 30 s each for every target in fuzz/fuzz_targets
 #
 # Toolchain: libFuzzer's sanitizer flags (-Zsanitizer=address) need nightly rustc. A local
 # nightly toolchain is used when rustup has one; otherwise the stable compiler is unlocked with
@@ -16,10 +17,15 @@ set -euo pipefail
 SECONDS_PER_TARGET="${1:-30}"
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(head chunked)
-
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+
+# Every target by default (head, chunked, extract, and any added later).
+if [ ${#TARGETS[@]} -eq 0 ]; then
+    for f in fuzz/fuzz_targets/*.rs; do
+        TARGETS+=("$(basename "$f" .rs)")
+    done
+fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "fuzz.sh: installing cargo-fuzz" >&2
@@ -52,7 +58,8 @@ failed=()
 for target in "${TARGETS[@]}"; do
     mkdir -p "fuzz/corpus/$target"
     echo "fuzz.sh: $target for ${SECONDS_PER_TARGET}s" >&2
-    # -max_len: a head may be up to 64 KiB; -rss_limit_mb keeps a leak from eating the box.
+    # -max_len: a head may be up to 64 KiB (bodies for `extract` likewise); -rss_limit_mb keeps
+    # a leak from eating the box.
     if ! "${CARGO[@]}" fuzz run "${EXTRA[@]}" "${SANITIZER[@]}" "$target" \
         "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
         -max_total_time="$SECONDS_PER_TARGET" -max_len=70000 -rss_limit_mb=2048 \

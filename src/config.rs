@@ -139,6 +139,9 @@ pub struct Config {
     /// manual: routing keys idle longer than this many seconds expire.
     #[arg(long = "max-idle-secs", default_value_t = 14_400)]
     pub max_idle_secs: u64,
+    /// manual: most routing keys remembered; beyond it the least recently used go first.
+    #[arg(long = "max-routing-keys", default_value_t = 262_144)]
+    pub max_routing_keys: usize,
     /// prefix_hash: characters of the prompt hashed onto the ring.
     #[arg(long = "prefix-hash-chars", default_value_t = 1024)]
     pub prefix_hash_chars: usize,
@@ -347,6 +350,7 @@ impl Config {
             affinity_window: self.affinity_window,
             assignment_mode: self.assignment_mode,
             max_idle_secs: self.max_idle_secs,
+            max_routing_keys: self.max_routing_keys,
             prefix_hash_chars: self.prefix_hash_chars,
             bucket_adjust_interval_secs: self.bucket_adjust_interval_secs,
         }

@@ -4,6 +4,7 @@
 
 mod common;
 use common::*;
+use radixgate::tree::TreeKey;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -263,10 +264,14 @@ fn prefix_hash_bucket_random_round_robin_power_of_two_answer_200() {
 
 #[test]
 fn per_model_trees_do_not_mix() {
-    let cluster = sim(2, |_| {});
-    let gw = gateway_for(&cluster.urls(), &["--policy", "cache_aware"]);
+    let a_worker = sim(1, |c| c.model_name = "model-a".into());
+    let b_worker = sim(1, |c| c.model_name = "model-b".into());
+    let urls = [a_worker.urls()[0].clone(), b_worker.urls()[0].clone()];
+    let gw = gateway_for(&urls, &["--policy", "cache_aware"]);
+    wait_model_served(&gw, "model-a");
+    wait_model_served(&gw, "model-b");
     let text = words(5, 100);
-    for model in ["model-a", "model-b"] {
+    for model in ["model-a", "model-b", "made-up"] {
         let body = serde_json::to_vec(&serde_json::json!({"model": model, "prompt": format!("{model}: {text}"), "max_tokens": 1})).unwrap();
         assert_eq!(
             request(gw.addr, "POST", "/v1/completions", &[], &body)
@@ -278,17 +283,34 @@ fn per_model_trees_do_not_mix() {
     let tree = gw.gateway().router.tree.as_ref().unwrap();
     tree.sync();
     let forest = tree.load();
-    let a = forest.tree(Some(b"model-a")).expect("tree for model-a");
-    let b = forest.tree(Some(b"model-b")).expect("tree for model-b");
+    let a = forest.tree(TreeKey::Served("model-a"));
+    let b = forest.tree(TreeKey::Served("model-b"));
     assert!(a.longest_match(&format!("model-a: {text}")).matched_chars > 100);
     assert_eq!(
         a.longest_match(&format!("model-b: {text}")).matched_chars,
         "model-".len()
     );
     assert!(b.longest_match(&format!("model-b: {text}")).matched_chars > 100);
-    assert!(forest
-        .tree(None)
-        .is_none_or(|t| t.longest_match(&format!("model-a: {text}")).matched_chars == 0));
+    assert_eq!(
+        forest
+            .tree(TreeKey::Default)
+            .longest_match(&format!("model-a: {text}"))
+            .matched_chars,
+        0
+    );
+    // A name no worker serves feeds the shared tree, not a tree of its own.
+    let shared = forest.tree(TreeKey::Shared);
+    assert!(
+        shared
+            .longest_match(&format!("made-up: {text}"))
+            .matched_chars
+            > 100
+    );
+    assert_eq!(
+        forest.models().count(),
+        4,
+        "default, shared, model-a, model-b"
+    );
 }
 
 #[test]
@@ -354,15 +376,7 @@ fn removing_a_worker_takes_it_out_of_routing_and_the_tree() {
     let prompt = words(3, 200);
     let home = served_by(&chat(gw.addr, &[("user", &prompt)], &[]));
     let url = format!("http://127.0.0.1:{home}");
-    let r = request(
-        gw.addr,
-        "POST",
-        &format!("/remove_worker?url={url}"),
-        &[],
-        b"",
-    )
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
+    remove_worker(gw.addr, &url);
     for _ in 0..5 {
         assert_ne!(served_by(&chat(gw.addr, &[("user", &prompt)], &[])), home);
     }
@@ -381,6 +395,7 @@ fn insert_response_text_teaches_the_tree_the_reply() {
             args.push("--insert-response-text");
         }
         let gw = gateway_for(&cluster.urls(), &args);
+        wait_model_served(&gw, "meta-llama/Llama-3.1-8B-Instruct");
         for stream in [false, true] {
             // A fresh prompt per case, so the streamed case cannot pass on what the other learned.
             let prompt = words(11 + stream as u64, 60);
@@ -413,8 +428,7 @@ fn insert_response_text_teaches_the_tree_the_reply() {
                 tree.sync();
                 let forest = tree.load();
                 let m = forest
-                    .tree(Some(b"meta-llama/Llama-3.1-8B-Instruct"))
-                    .unwrap()
+                    .tree(TreeKey::Served("meta-llama/Llama-3.1-8B-Instruct"))
                     .longest_match(&full)
                     .matched_chars;
                 let learned = m == full.chars().count();

@@ -215,7 +215,7 @@ impl Checker {
     fn apply(&mut self, (w, ok, models): ProbeResult) -> bool {
         let gw = &self.gw;
         if let Some(body) = models {
-            gw.models.learn(&body);
+            gw.learn_models(w.id, &body);
             self.models_seen.insert(w.serial);
         }
         let Some(p) = self.probes.get_mut(&w.id).filter(|p| p.serial == w.serial) else {

@@ -59,6 +59,7 @@ impl Gateway {
     pub fn remove_worker(&self, url_or_id: &str) -> Result<Arc<Worker>, RegistryError> {
         let worker = self.registry.remove(url_or_id)?;
         self.router.forget_worker(worker.id);
+        self.forget_models(worker.id);
         self.membership_changed();
         crate::log!(Info, "worker {} removed (id {})", worker.url, worker.id);
         Ok(worker)

@@ -8,14 +8,18 @@ use crate::config::Config;
 use crate::route::policy::Policy;
 use crate::route::recent::RecentInserts;
 use crate::route::types::{Decision, RouteInput};
-use crate::tree::{spawn_writer, Insert, TreeHandle, WriterConfig};
+use crate::tree::{spawn_writer, Insert, TreeHandle, TreeKey, WriterConfig};
 use crate::workers::load::LoadBoard;
 use bytes::Bytes;
 use std::time::Duration;
 
-/// Tree inserts a starved writer may have queued: each keeps its text (often a slice of the
-/// request body) alive, so the backlog is bounded.
+/// Tree inserts a starved writer may have queued: each keeps its text alive, so the backlog is
+/// bounded in messages and in bytes.
 const INSERT_BACKLOG: usize = 16_384;
+
+/// Most routing-text bytes queued for the tree writer (beyond it inserts are dropped and
+/// counted, like a full queue).
+const INSERT_BACKLOG_BYTES: usize = 64 << 20;
 
 /// Policy, trees and unpublished inserts.
 pub struct Router {
@@ -37,6 +41,7 @@ impl Router {
                 eviction_interval: Duration::from_secs(cfg.eviction_interval.max(1)),
                 overflow_margin: 0.1,
                 channel_capacity: INSERT_BACKLOG,
+                channel_bytes: INSERT_BACKLOG_BYTES,
                 epoch: Duration::from_millis(1),
                 publish_after: 1024,
             })
@@ -48,22 +53,22 @@ impl Router {
         }
     }
 
-    /// Ask the policy for a worker against the current snapshot of `model`'s tree and the
-    /// unpublished inserts. Returns the decision and the snapshot epoch it saw.
+    /// Ask the policy for a worker against the current snapshot of the request's tree (see
+    /// `ServedModels::tree_key`) and the unpublished inserts. Returns the decision and the
+    /// snapshot epoch it saw.
     pub fn choose(
         &self,
-        model: Option<&str>,
+        key: TreeKey,
         mut input: RouteInput<'_>,
         workers: &[WorkerId],
         loads: &LoadBoard,
         rng: &mut Rng,
     ) -> (Option<Decision>, u64) {
         let forest = self.tree.as_ref().map(|t| t.load());
-        let model = model.map(str::as_bytes);
-        let tree = forest.as_ref().and_then(|f| f.tree(model));
+        let tree = forest.as_ref().map(|f| f.tree(key));
         let epoch = forest.as_ref().map_or(0, |f| f.epoch());
         if forest.is_some() {
-            input.recent = self.recent.longest(model, input.text, epoch);
+            input.recent = self.recent.longest(key, input.text, epoch);
         }
         (self.policy.select(&input, workers, loads, tree, rng), epoch)
     }
@@ -79,23 +84,24 @@ impl Router {
     }
 
     /// Record that `text` now lives on `worker`: in the shared ring at once, in the tree through
-    /// the writer (never blocking: a full channel drops the insert and counts it).
-    pub fn learn(
-        &self,
-        model: Option<Bytes>,
-        text: Bytes,
-        worker: WorkerId,
-        epoch: u64,
-        now_ms: u64,
-    ) {
+    /// the writer (never blocking: a full channel drops the insert and counts it). Both keep
+    /// `text` alive, so it must not pin a whole request body (see `serve::exchange`).
+    pub fn learn(&self, key: TreeKey, text: Bytes, worker: WorkerId, epoch: u64, now_ms: u64) {
         if let Some(tree) = &self.tree {
-            self.recent.push(model.clone(), text.clone(), worker, epoch);
+            self.recent.push(key, text.clone(), worker, epoch);
             tree.try_insert(Insert {
-                model,
+                tree: key,
                 text,
                 worker,
                 now_ms,
             });
+        }
+    }
+
+    /// The models the workers serve now: each gets a tree, trees of models gone are dropped.
+    pub fn serve_models(&self, names: Vec<&'static str>) {
+        if let Some(tree) = &self.tree {
+            tree.serve_models(names);
         }
     }
 

@@ -3,12 +3,14 @@
 //! (chat: message contents joined by single spaces, text parts only, assistant
 //! `reasoning_content` appended; completions: `prompt`, arrays joined by spaces; `/generate`:
 //! `text`, else `input_ids` as decimals joined by spaces). Strings without escapes stay borrowed
-//! from the body, so a single-message chat or a plain prompt costs no copy.
+//! from the body, so a single-message chat or a plain prompt costs no copy; anything else is
+//! written straight into one buffer, capped at [`MAX_ROUTING_TEXT`] bytes.
 
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use crate::base::text::floor_char_boundary;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::borrow::Cow;
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 /// Which inference API a request uses; decides how the routing text is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,30 +45,164 @@ impl fmt::Display for ExtractError {
     }
 }
 
-/// Accumulates text pieces, staying borrowed while there is only one piece.
-#[derive(Default)]
-struct Joiner<'a> {
-    text: Option<Cow<'a, str>>,
+/// Longest routing text, in bytes (cut back to a character boundary): longer prompts are routed
+/// on their first 128 KiB. Prefixes that agree for 128 KiB (about 32k tokens) are rare enough
+/// that routing loses little, and every copy of the text (the recent-insert ring, the tree
+/// writer's queue, the tree itself) stays small whatever the body size.
+pub const MAX_ROUTING_TEXT: usize = 128 * 1024;
+
+/// The longest prefix of `s` that fits in `room` bytes, on a character boundary (also caps
+/// the text learned with a reply).
+pub fn capped(s: &str, room: usize) -> &str {
+    &s[..floor_char_boundary(s.as_bytes(), room.min(s.len()))]
 }
 
-impl<'a> Joiner<'a> {
-    fn push(&mut self, piece: Cow<'a, str>) {
-        match self.text.take() {
-            None => self.text = Some(piece),
-            Some(prev) => {
-                let mut s = prev.into_owned();
-                s.reserve(piece.len() + 1);
-                s.push(' ');
-                s.push_str(&piece);
-                self.text = Some(Cow::Owned(s));
-            }
+/// The routing text of one field, built as the body is parsed: borrowed from the body while it
+/// is a single unescaped piece, else one `String` that every further piece (numbers included)
+/// is written straight into, never longer than [`MAX_ROUTING_TEXT`]. A sink that does not
+/// `keep` only validates (fields the API does not route on).
+struct Sink<'a> {
+    keep: bool,
+    pieces: usize,
+    borrowed: Option<&'a str>,
+    buf: String,
+}
+
+impl<'a> Sink<'a> {
+    fn new(keep: bool) -> Self {
+        Sink {
+            keep,
+            pieces: 0,
+            borrowed: None,
+            buf: String::new(),
         }
     }
-    fn push_number(&mut self, n: &str) {
-        self.push(Cow::Owned(n.to_string()));
+
+    /// Appends what fits of `s` to the owned buffer.
+    fn append(&mut self, s: &str) {
+        let room = MAX_ROUTING_TEXT - self.buf.len();
+        self.buf.push_str(capped(s, room));
     }
+
+    /// Starts a piece: pieces are joined by single spaces, so from the second one on the text
+    /// is owned.
+    fn begin(&mut self) {
+        if self.pieces > 0 {
+            if let Some(b) = self.borrowed.take() {
+                self.buf.push_str(b);
+            }
+            self.append(" ");
+        }
+        self.pieces += 1;
+    }
+
+    /// A piece that lives in the body (stays borrowed when it is the only one).
+    fn borrowed(&mut self, s: &'a str) {
+        if !self.keep {
+            return;
+        }
+        if self.pieces == 0 {
+            self.pieces = 1;
+            self.borrowed = Some(capped(s, MAX_ROUTING_TEXT));
+        } else {
+            self.begin();
+            self.append(s);
+        }
+    }
+
+    /// A piece decoded by the parser (it had escapes): copied, as far as it fits.
+    fn transient(&mut self, s: &str) {
+        if self.keep {
+            self.begin();
+            self.append(s);
+        }
+    }
+
+    fn piece(&mut self, p: Cow<'a, str>) {
+        match p {
+            Cow::Borrowed(s) => self.borrowed(s),
+            Cow::Owned(s) => self.transient(&s),
+        }
+    }
+
+    /// A JSON number, formatted as the reference does (`to_string`), without a `String` of its
+    /// own.
+    fn number(&mut self, n: impl fmt::Display) {
+        if !self.keep {
+            return;
+        }
+        self.begin();
+        if self.buf.len() < MAX_ROUTING_TEXT {
+            // Writing to a String cannot fail.
+            let _ = write!(self.buf, "{n}");
+            // Only ASCII was written past the old length, so the cut is a character boundary.
+            self.buf.truncate(MAX_ROUTING_TEXT);
+        }
+    }
+
+    /// A string kept aside until its object ends (a content part's `text`, a message's
+    /// `reasoning_content`), capped like the text itself.
+    fn aside(&self, s: Cow<'a, str>) -> Cow<'a, str> {
+        match s {
+            Cow::Borrowed(b) => Cow::Borrowed(capped(b, MAX_ROUTING_TEXT)),
+            Cow::Owned(_) if !self.keep => Cow::Borrowed(""),
+            Cow::Owned(o) => Cow::Owned(capped(&o, MAX_ROUTING_TEXT).to_owned()),
+        }
+    }
+
     fn finish(self) -> Cow<'a, str> {
-        self.text.unwrap_or(Cow::Borrowed(""))
+        match self.borrowed {
+            Some(b) if self.pieces == 1 => Cow::Borrowed(b),
+            _ => Cow::Owned(self.buf),
+        }
+    }
+}
+
+/// The object keys the extractor looks at, matched without copying the key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Model,
+    Stream,
+    Messages,
+    Prompt,
+    Text,
+    InputIds,
+    InputEmbeds,
+    Input,
+    Query,
+    Content,
+    ReasoningContent,
+    Type,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Key;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Key, E> {
+                Ok(match v {
+                    "model" => Key::Model,
+                    "stream" => Key::Stream,
+                    "messages" => Key::Messages,
+                    "prompt" => Key::Prompt,
+                    "text" => Key::Text,
+                    "input_ids" => Key::InputIds,
+                    "input_embeds" => Key::InputEmbeds,
+                    "input" => Key::Input,
+                    "query" => Key::Query,
+                    "content" => Key::Content,
+                    "reasoning_content" => Key::ReasoningContent,
+                    "type" => Key::Type,
+                    _ => Key::Other,
+                })
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 
@@ -87,197 +223,344 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 Ok(Str(Cow::Owned(v.to_string())))
             }
-            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Str(Cow::Owned(v)))
-            }
         }
         d.deserialize_str(V)
     }
 }
 
-/// Text pieces of a JSON value: a string, a number, or (nested) arrays of them. Chat content
-/// parts (`{"type":"text","text":..}`) contribute their `text`; other objects contribute nothing.
-struct Pieces<'a>(Vec<Cow<'a, str>>);
+/// Whether a content part's `type` (a string or null) leaves it a text part, without copying.
+struct IsText(bool);
 
-impl<'de: 'a, 'a> Deserialize<'de> for Pieces<'a> {
+impl<'de> Deserialize<'de> for IsText {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = Pieces<'de>;
+            type Value = IsText;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string, a number, an array or a content part")
+                f.write_str("a string")
             }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Pieces(vec![Cow::Borrowed(v)]))
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<IsText, E> {
+                Ok(IsText(v == "text"))
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Pieces(vec![Cow::Owned(v.to_string())]))
+            fn visit_none<E: de::Error>(self) -> Result<IsText, E> {
+                Ok(IsText(true))
             }
-            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Pieces(vec![Cow::Owned(v)]))
+            fn visit_unit<E: de::Error>(self) -> Result<IsText, E> {
+                Ok(IsText(true))
             }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                Ok(Pieces(vec![Cow::Owned(v.to_string())]))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                Ok(Pieces(vec![Cow::Owned(v.to_string())]))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-                Ok(Pieces(vec![Cow::Owned(v.to_string())]))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Pieces(Vec::new()))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(Pieces(Vec::new()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
-                while let Some(p) = seq.next_element::<Pieces<'de>>()? {
-                    out.extend(p.0);
-                }
-                Ok(Pieces(out))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                // A chat content part: keep `text` of parts whose type is text (or untyped).
-                let mut text: Option<Cow<'de, str>> = None;
-                let mut is_text = true;
-                while let Some(k) = map.next_key::<Str<'de>>()? {
-                    match k.0.as_ref() {
-                        "text" => match map.next_value::<Option<Str<'de>>>()? {
-                            Some(s) => text = Some(s.0),
-                            None => text = None,
-                        },
-                        "type" => {
-                            let t = map.next_value::<Option<Str<'de>>>()?;
-                            is_text = t.map(|t| t.0 == "text").unwrap_or(true);
-                        }
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                Ok(Pieces(match (is_text, text) {
-                    (true, Some(t)) => vec![t],
-                    _ => Vec::new(),
-                }))
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<IsText, D::Error> {
+                d.deserialize_str(self)
             }
         }
-        d.deserialize_any(V)
+        d.deserialize_option(V)
     }
 }
 
-/// One chat message: its content pieces and optional reasoning.
-struct Message<'a> {
-    pieces: Vec<Cow<'a, str>>,
-}
+/// Text pieces of a JSON value, written into a [`Sink`]: a string, a number, or (nested)
+/// arrays of them. Chat content parts (`{"type":"text","text":..}`) contribute their `text`;
+/// other objects, booleans and null contribute nothing.
+struct Pieces<'s, 'a>(&'s mut Sink<'a>);
 
-impl<'de: 'a, 'a> Deserialize<'de> for Message<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Message<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a chat message object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut content = Vec::new();
-                let mut reasoning = None;
-                while let Some(k) = map.next_key::<Str<'de>>()? {
-                    match k.0.as_ref() {
-                        "content" => content = map.next_value::<Pieces<'de>>()?.0,
-                        "reasoning_content" => {
-                            reasoning = map.next_value::<Option<Str<'de>>>()?.map(|s| s.0)
-                        }
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                content.extend(reasoning);
-                Ok(Message { pieces: content })
-            }
-        }
-        d.deserialize_map(V)
+impl<'de> DeserializeSeed<'de> for Pieces<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
     }
 }
 
-#[derive(Deserialize)]
-struct Body<'a> {
-    #[serde(borrow, default)]
-    model: Option<Str<'a>>,
-    #[serde(default)]
+impl<'de> Visitor<'de> for Pieces<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string, a number, an array or a content part")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
+        self.0.borrowed(v);
+        Ok(())
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.0.transient(v);
+        Ok(())
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.0.number(v);
+        Ok(())
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.0.number(v);
+        Ok(())
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        self.0.number(v);
+        Ok(())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Pieces(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        // A chat content part: keep `text` of parts whose type is text (or untyped); the type
+        // may come after the text, so the text waits for the end of the part.
+        let mut text: Option<Cow<'de, str>> = None;
+        let mut is_text = true;
+        while let Some(k) = map.next_key::<Key>()? {
+            match k {
+                Key::Text => {
+                    text = map
+                        .next_value::<Option<Str<'de>>>()?
+                        .map(|s| self.0.aside(s.0))
+                }
+                Key::Type => is_text = map.next_value::<IsText>()?.0,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if let (true, Some(t)) = (is_text, text) {
+            self.0.piece(t);
+        }
+        Ok(())
+    }
+}
+
+/// `messages`: an array of chat messages, each contributing its content pieces, then its
+/// `reasoning_content`.
+struct Messages<'s, 'a>(&'s mut Sink<'a>);
+
+impl<'de> DeserializeSeed<'de> for Messages<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Messages<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of chat messages")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Message(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+}
+
+/// One chat message.
+struct Message<'s, 'a>(&'s mut Sink<'a>);
+
+impl<'de> DeserializeSeed<'de> for Message<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Message<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a chat message object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut reasoning = None;
+        while let Some(k) = map.next_key::<Key>()? {
+            match k {
+                Key::Content => map.next_value_seed(Pieces(&mut *self.0))?,
+                Key::ReasoningContent => {
+                    reasoning = map
+                        .next_value::<Option<Str<'de>>>()?
+                        .map(|s| self.0.aside(s.0))
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if let Some(r) = reasoning {
+            self.0.piece(r);
+        }
+        Ok(())
+    }
+}
+
+/// `null` or a value read by the inner seed; the result says whether the value was there.
+struct Optional<S>(S);
+
+impl<'de, S: DeserializeSeed<'de, Value = ()>> DeserializeSeed<'de> for Optional<S> {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de, S: DeserializeSeed<'de, Value = ()>> Visitor<'de> for Optional<S> {
+    type Value = bool;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a value or null")
+    }
+    fn visit_none<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        self.0.deserialize(d).map(|()| true)
+    }
+}
+
+/// What the top-level object gave: the fields each API needs, the routing text already built.
+struct Parsed<'a> {
+    model: Option<Cow<'a, str>>,
     stream: Option<bool>,
-    #[serde(borrow, default)]
-    messages: Option<Vec<Message<'a>>>,
-    #[serde(borrow, default)]
-    prompt: Option<Pieces<'a>>,
-    #[serde(borrow, default)]
-    text: Option<Pieces<'a>>,
-    #[serde(borrow, default)]
-    input_ids: Option<Pieces<'a>>,
-    #[serde(default)]
-    input_embeds: Option<IgnoredAny>,
-    #[serde(borrow, default)]
-    input: Option<Pieces<'a>>,
-    #[serde(borrow, default)]
-    query: Option<Pieces<'a>>,
+    /// The field the API routes on was present and not null.
+    present: bool,
+    /// `/generate`: `input_ids` present (used when `text` is not).
+    ids_present: bool,
+    embeds_present: bool,
+    text: Sink<'a>,
+    ids: Sink<'a>,
 }
 
-/// Parse `body` as JSON and borrow the routing inputs for `api`.
+/// The top-level object. Every known field is validated as before whatever the API; only the
+/// API's own field writes routing text (`/generate` keeps `text` and `input_ids` apart: `text`
+/// wins wherever it appears).
+struct Top(Api);
+
+impl<'de> DeserializeSeed<'de> for Top {
+    type Value = Parsed<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Parsed<'de>, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Top {
+    type Value = Parsed<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parsed<'de>, A::Error> {
+        let api = self.0;
+        let mut p = Parsed {
+            model: None,
+            stream: None,
+            present: false,
+            ids_present: false,
+            embeds_present: false,
+            text: Sink::new(true),
+            ids: Sink::new(api == Api::Generate),
+        };
+        let mut discard = Sink::new(false);
+        let mut seen: u16 = 0;
+        let routes_on = match api {
+            Api::Chat => Key::Messages,
+            Api::Completions => Key::Prompt,
+            Api::Generate => Key::Text,
+            Api::Embeddings => Key::Input,
+            Api::Rerank => Key::Query,
+        };
+        while let Some(k) = map.next_key::<Key>()? {
+            // Known top-level fields may appear once (as serde's derive insisted); others repeat.
+            let tracked = !matches!(
+                k,
+                Key::Other | Key::Content | Key::ReasoningContent | Key::Type
+            );
+            if tracked {
+                let bit = 1u16 << (k as u16);
+                if seen & bit != 0 {
+                    return Err(de::Error::custom(format_args!(
+                        "duplicate field `{}`",
+                        key_name(k)
+                    )));
+                }
+                seen |= bit;
+            }
+            let sink = if k == routes_on {
+                &mut p.text
+            } else if k == Key::InputIds {
+                &mut p.ids
+            } else {
+                &mut discard
+            };
+            match k {
+                Key::Model => p.model = map.next_value::<Option<Str<'de>>>()?.map(|s| s.0),
+                Key::Stream => p.stream = map.next_value()?,
+                Key::Messages => {
+                    let there = map.next_value_seed(Optional(Messages(sink)))?;
+                    p.present |= there && k == routes_on;
+                }
+                Key::Prompt | Key::Text | Key::InputIds | Key::Input | Key::Query => {
+                    let there = map.next_value_seed(Optional(Pieces(sink)))?;
+                    p.present |= there && k == routes_on;
+                    p.ids_present |= there && k == Key::InputIds;
+                }
+                Key::InputEmbeds => {
+                    p.embeds_present = map.next_value::<Option<IgnoredAny>>()?.is_some()
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(p)
+    }
+}
+
+fn key_name(k: Key) -> &'static str {
+    match k {
+        Key::Model => "model",
+        Key::Stream => "stream",
+        Key::Messages => "messages",
+        Key::Prompt => "prompt",
+        Key::Text => "text",
+        Key::InputIds => "input_ids",
+        Key::InputEmbeds => "input_embeds",
+        Key::Input => "input",
+        Key::Query => "query",
+        Key::Content | Key::ReasoningContent | Key::Type | Key::Other => "?",
+    }
+}
+
+/// Parse `body` as JSON and borrow the routing inputs for `api`. Memory is the body plus at
+/// most [`MAX_ROUTING_TEXT`] bytes of text (and the model name when it has escapes), whatever
+/// the body holds.
 pub fn extract(api: Api, body: &[u8]) -> Result<RoutingInfo<'_>, ExtractError> {
-    let parsed: Body<'_> = serde_json::from_slice(body).map_err(|e| {
+    let describe = |e: serde_json::Error| {
         ExtractError(if e.is_data() {
             format!("invalid request body: {e}")
         } else {
             format!("invalid JSON in request body: {e}")
         })
-    })?;
-    let mut joiner = Joiner::default();
-    match api {
-        Api::Chat => {
-            let messages = parsed
-                .messages
-                .ok_or_else(|| ExtractError("`messages` is required".into()))?;
-            for m in messages {
-                for p in m.pieces {
-                    joiner.push(p);
-                }
-            }
-        }
-        Api::Completions => {
-            let prompt = parsed
-                .prompt
-                .ok_or_else(|| ExtractError("`prompt` is required".into()))?;
-            prompt.0.into_iter().for_each(|p| joiner.push(p));
-        }
-        Api::Generate => {
-            if let Some(t) = parsed.text {
-                t.0.into_iter().for_each(|p| joiner.push(p));
-            } else if let Some(ids) = parsed.input_ids {
-                ids.0.iter().for_each(|p| joiner.push_number(p));
-            } else if parsed.input_embeds.is_none() {
+    };
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed = Top(api).deserialize(&mut de).map_err(describe)?;
+    de.end().map_err(describe)?;
+    let required = |what: &str| Err(ExtractError(format!("`{what}` is required")));
+    let text = match api {
+        Api::Chat if !parsed.present => return required("messages"),
+        Api::Completions if !parsed.present => return required("prompt"),
+        Api::Generate if !parsed.present => {
+            if parsed.ids_present {
+                parsed.ids.finish()
+            } else if parsed.embeds_present {
+                Cow::Borrowed("")
+            } else {
                 return Err(ExtractError(
                     "one of `text`, `input_ids` or `input_embeds` is required".into(),
                 ));
             }
         }
-        Api::Embeddings => {
-            if let Some(i) = parsed.input {
-                i.0.into_iter().for_each(|p| joiner.push(p));
-            }
-        }
-        Api::Rerank => {
-            if let Some(q) = parsed.query {
-                q.0.into_iter().for_each(|p| joiner.push(p));
-            }
-        }
-    }
+        _ => parsed.text.finish(),
+    };
     Ok(RoutingInfo {
         // An empty model name means "no model": one default tree, as when the field is absent.
-        model: parsed.model.map(|m| m.0).filter(|m| !m.is_empty()),
+        model: parsed.model.filter(|m| !m.is_empty()),
         stream: parsed.stream.unwrap_or(false),
-        text: joiner.finish(),
+        text,
     })
 }
 
@@ -346,5 +629,90 @@ mod tests {
         assert!(extract(Api::Chat, br#"{"messages":"nope"}"#).is_err());
         assert!(extract(Api::Chat, br#"[1,2]"#).is_err());
         assert!(extract(Api::Generate, br#"{"input_embeds":[[0.1]]}"#).is_ok());
+        assert!(extract(Api::Completions, br#"{"prompt":null}"#).is_err());
+        assert!(extract(Api::Completions, br#"{"prompt":"a","prompt":"b"}"#)
+            .unwrap_err()
+            .0
+            .contains("duplicate field `prompt`"));
+        assert!(extract(Api::Completions, br#"{"prompt":"a"} x"#).is_err());
+        // Fields the API does not route on are still validated.
+        assert!(extract(Api::Completions, br#"{"prompt":"a","messages":"x"}"#).is_err());
+        assert!(extract(Api::Chat, br#"{"messages":[1]}"#).is_err());
+        // Unknown fields may repeat.
+        assert!(extract(Api::Completions, br#"{"prompt":"a","type":1,"type":2}"#).is_ok());
+    }
+
+    #[test]
+    fn order_inside_objects_does_not_matter() {
+        // `text` wins over `input_ids` wherever they appear.
+        assert_eq!(
+            text(Api::Generate, r#"{"input_ids":[1,2],"text":"t"}"#),
+            "t"
+        );
+        // A part's type may follow its text; reasoning follows the content.
+        assert_eq!(
+            text(
+                Api::Chat,
+                r#"{"messages":[{"reasoning_content":"r","content":[{"text":"a","type":"text"},
+                {"text":"img","type":"image_url"}]},{"content":"b"}]}"#
+            ),
+            "a r b"
+        );
+        assert_eq!(text(Api::Completions, r#"{"prompt":["","b"]}"#), " b");
+        assert_eq!(
+            text(Api::Completions, r#"{"prompt":[1.5,-2,[3,"x\"y"]]}"#),
+            "1.5 -2 3 x\"y"
+        );
+    }
+
+    #[test]
+    fn text_is_capped_on_a_character_boundary() {
+        let long = "é".repeat(MAX_ROUTING_TEXT); // two bytes each
+        let body = format!(r#"{{"prompt":"{long}"}}"#);
+        let t = extract(Api::Completions, body.as_bytes()).unwrap().text;
+        assert!(matches!(t, Cow::Borrowed(_)));
+        assert_eq!(t.len(), MAX_ROUTING_TEXT);
+        let body = format!(r#"{{"prompt":["ab","{long}"]}}"#);
+        let t = extract(Api::Completions, body.as_bytes()).unwrap().text;
+        assert_eq!(t.len(), MAX_ROUTING_TEXT - 1, "'ab', ' ', then whole 'é's");
+        assert!(t.starts_with("ab é"));
+        let mut ids = String::from(r#"{"input_ids":[0"#);
+        for i in 0..100_000 {
+            ids.push_str(&format!(",{i}"));
+        }
+        ids.push_str("]}");
+        let t = extract(Api::Generate, ids.as_bytes()).unwrap().text;
+        assert_eq!(t.len(), MAX_ROUTING_TEXT);
+        assert!(t.starts_with("0 0 1 2 3"));
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Same text as a plain reading of the parsed JSON value (the reference's rules), cut
+        /// at the cap.
+        #[test]
+        fn matches_a_plain_reading_of_the_value(
+            parts in proptest::collection::vec(
+                prop_oneof![
+                    "[a-zé\\\"]{0,6}".prop_map(serde_json::Value::from),
+                    proptest::num::i64::ANY.prop_map(serde_json::Value::from),
+                    proptest::strategy::Just(serde_json::Value::Null),
+                ],
+                0..6,
+            )
+        ) {
+            let body = serde_json::json!({"prompt": parts}).to_string();
+            let want: Vec<String> = parts
+                .iter()
+                .filter_map(|v| match v {
+                    serde_json::Value::String(s) => Some(s.clone()),
+                    serde_json::Value::Number(n) => Some(n.to_string()),
+                    _ => None,
+                })
+                .collect();
+            let got = extract(Api::Completions, body.as_bytes()).unwrap().text;
+            prop_assert_eq!(got.as_ref(), want.join(" "));
+        }
     }
 }

@@ -1,9 +1,13 @@
 //! manual: sticky routing on `X-SMG-Routing-Key`, so a client can pin a conversation to one
 //! worker (and its KV cache) explicitly.
 //!
-//! * State: routing key → (worker, last access, requests in flight), in 16 shards of
-//!   `Mutex<HashMap>` chosen by key hash; a lock is held only for one lookup/update (plus a
-//!   placement scan for a new key).
+//! * State: a 64-bit hash of the routing key → (worker, last access, requests in flight), in 16
+//!   shards of `Mutex<HashMap>` chosen by that hash; a lock is held only for one lookup/update
+//!   (plus a placement scan for a new key). Keys are never stored, so an entry costs the same
+//!   whatever the key's length; keys longer than [`MAX_ROUTING_KEY_LEN`] are refused (400) before
+//!   routing.
+//! * The map holds at most `max_keys` keys (`--max-routing-keys`): a full shard first drops its
+//!   least recently used eighth (keys with requests in flight are kept).
 //! * A key seen for the first time is placed by the assignment mode: `random`, `min_load`
 //!   (fewest in-flight requests) or `min_group` (fewest routing keys with requests in flight);
 //!   ties are random.
@@ -23,6 +27,15 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 /// Number of key-map shards (a power of two).
 const SHARDS: usize = 16;
 
+/// Longest `X-SMG-Routing-Key` accepted, in bytes; longer keys are answered 400. Conversation
+/// and session ids are far shorter; the limit keeps hostile headers out of every key path.
+pub const MAX_ROUTING_KEY_LEN: usize = 256;
+
+/// The error a too-long routing key gets (400).
+pub fn key_too_long(len: usize) -> String {
+    format!("X-SMG-Routing-Key is {len} bytes long; the limit is {MAX_ROUTING_KEY_LEN} bytes")
+}
+
 /// What is remembered per routing key.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -33,7 +46,9 @@ struct Entry {
     in_flight: u32,
 }
 
-type Shard = HashMap<Box<[u8]>, Entry>;
+/// Key hash → entry. A 64-bit hash collides with odds of about n²/2⁶⁵ (nil at the cap), and a
+/// collision only makes two keys share a worker.
+type Shard = HashMap<u64, Entry>;
 
 /// Shared state of the manual policy.
 #[derive(Debug)]
@@ -41,29 +56,59 @@ pub struct ManualState {
     shards: Box<[Mutex<Shard>]>,
     mode: AssignmentMode,
     max_idle_ms: u64,
+    /// Most keys per shard (the cap over all shards / `SHARDS`, at least 1).
+    shard_cap: usize,
     /// Per worker id: routing keys assigned to it with requests in flight (`min_group`). Sized
     /// from the `LoadBoard` capacity on first use; only written under a shard lock.
     groups: OnceLock<Box<[AtomicU32]>>,
 }
 
 impl ManualState {
-    /// Empty state for the given placement mode and idle timeout.
-    pub fn new(mode: AssignmentMode, max_idle_secs: u64) -> Self {
+    /// Empty state for the given placement mode, idle timeout and key cap (rounded up to a
+    /// multiple of the shard count).
+    pub fn new(mode: AssignmentMode, max_idle_secs: u64, max_keys: usize) -> Self {
         ManualState {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             mode,
             max_idle_ms: max_idle_secs.saturating_mul(1000),
+            shard_cap: max_keys.div_ceil(SHARDS).max(1),
             groups: OnceLock::new(),
         }
     }
 
-    /// A shard's map. A poisoned lock only means another thread panicked mid-update of plain
-    /// data that stays valid, so the guard is taken over.
-    fn shard(&self, key: &[u8]) -> MutexGuard<'_, Shard> {
-        let i = (hash64(key) as usize) & (SHARDS - 1);
-        self.shards[i]
+    /// A key's hash and its shard's map. A poisoned lock only means another thread panicked
+    /// mid-update of plain data that stays valid, so the guard is taken over.
+    fn shard(&self, key: &[u8]) -> (u64, MutexGuard<'_, Shard>) {
+        let h = hash64(key);
+        let i = (h as usize) & (SHARDS - 1);
+        let map = self.shards[i]
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        (h, map)
+    }
+
+    /// Makes room in a full shard: drops its least recently used eighth among the keys without
+    /// requests in flight (one scan and one selection, so the cost per new key stays constant).
+    fn make_room(map: &mut Shard, cap: usize) {
+        if map.len() < cap {
+            return;
+        }
+        let mut idle: Vec<u64> = map
+            .values()
+            .filter(|e| e.in_flight == 0)
+            .map(|e| e.last_access_ms)
+            .collect();
+        if idle.is_empty() {
+            return; // every key has a request in flight: bounded by concurrency
+        }
+        let n = (cap / 8).clamp(1, idle.len());
+        let (_, &mut cutoff, _) = idle.select_nth_unstable(n - 1);
+        let mut dropped = 0;
+        map.retain(|_, e| {
+            let drop = dropped < n && e.in_flight == 0 && e.last_access_ms <= cutoff;
+            dropped += usize::from(drop);
+            !drop
+        });
     }
 
     fn groups(&self, capacity: usize) -> &[AtomicU32] {
@@ -142,8 +187,8 @@ impl ManualState {
             let w = self.place(workers, exclude, loads, rng)?;
             return Some(Decision::plain(w, Branch::ManualNew));
         };
-        let mut map = self.shard(key);
-        if let Some(e) = map.get_mut(key) {
+        let (h, mut map) = self.shard(key);
+        if let Some(e) = map.get_mut(&h) {
             e.last_access_ms = now_ms;
             let branch = if loads.selectable(e.worker, exclude) {
                 Branch::ManualSticky
@@ -163,8 +208,9 @@ impl ManualState {
             return Some(Decision::plain(e.worker, branch));
         }
         let w = self.place(workers, exclude, loads, rng)?;
+        Self::make_room(&mut map, self.shard_cap);
         map.insert(
-            key.into(),
+            h,
             Entry {
                 worker: w,
                 last_access_ms: now_ms,
@@ -179,8 +225,8 @@ impl ManualState {
     /// owns the group even if an earlier attempt ran elsewhere), so `worker` is informational.
     pub fn request_finished(&self, key: &[u8], worker: WorkerId, now_ms: u64) {
         let _ = worker;
-        let mut map = self.shard(key);
-        if let Some(e) = map.get_mut(key) {
+        let (h, mut map) = self.shard(key);
+        if let Some(e) = map.get_mut(&h) {
             e.last_access_ms = e.last_access_ms.max(now_ms);
             if e.in_flight > 0 {
                 e.in_flight -= 1;
@@ -210,7 +256,8 @@ impl ManualState {
 
     /// The worker remembered for `key`, if any.
     pub fn lookup(&self, key: &[u8]) -> Option<WorkerId> {
-        self.shard(key).get(key).map(|e| e.worker)
+        let (h, map) = self.shard(key);
+        map.get(&h).map(|e| e.worker)
     }
 }
 
@@ -253,7 +300,7 @@ mod tests {
     #[test]
     fn sticky_until_ineligible_then_replaced() {
         let (ws, b) = board(8);
-        let m = ManualState::new(AssignmentMode::Random, 100);
+        let m = ManualState::new(AssignmentMode::Random, 100, 1 << 20);
         let mut rng = Rng::with_seed(1);
         let d = m
             .select(Some(b"conv-1"), &ws, &[], &b, 0, &mut rng)
@@ -293,7 +340,7 @@ mod tests {
     #[test]
     fn keys_expire_after_max_idle() {
         let (ws, b) = board(4);
-        let m = ManualState::new(AssignmentMode::Random, 10);
+        let m = ManualState::new(AssignmentMode::Random, 10, 1 << 20);
         let mut rng = Rng::with_seed(2);
         m.select(Some(b"a"), &ws, &[], &b, 0, &mut rng).unwrap();
         m.request_finished(b"a", 0, 0);
@@ -314,7 +361,7 @@ mod tests {
         for w in [0, 1, 3] {
             b.inc(w);
         }
-        let m = ManualState::new(AssignmentMode::MinLoad, 100);
+        let m = ManualState::new(AssignmentMode::MinLoad, 100, 1 << 20);
         let mut rng = Rng::with_seed(3);
         let d = m.select(Some(b"k"), &ws, &[], &b, 0, &mut rng).unwrap();
         assert_eq!(d.worker, 2);
@@ -334,7 +381,7 @@ mod tests {
     #[test]
     fn min_group_balances_active_keys() {
         let (ws, b) = board(3);
-        let m = ManualState::new(AssignmentMode::MinGroup, 100);
+        let m = ManualState::new(AssignmentMode::MinGroup, 100, 1 << 20);
         let mut rng = Rng::with_seed(4);
         // Six keys with requests in flight: two per worker.
         for i in 0..6u8 {
@@ -364,7 +411,7 @@ mod tests {
     #[test]
     fn no_header_is_placed_fresh_and_not_stored() {
         let (ws, b) = board(4);
-        let m = ManualState::new(AssignmentMode::Random, 100);
+        let m = ManualState::new(AssignmentMode::Random, 100, 1 << 20);
         let mut rng = Rng::with_seed(5);
         let mut seen = [0u32; 4];
         for _ in 0..400 {
@@ -380,7 +427,7 @@ mod tests {
     #[test]
     fn nothing_eligible_keeps_the_entry() {
         let (ws, b) = board(2);
-        let m = ManualState::new(AssignmentMode::Random, 100);
+        let m = ManualState::new(AssignmentMode::Random, 100, 1 << 20);
         let mut rng = Rng::with_seed(6);
         let w = m
             .select(Some(b"k"), &ws, &[], &b, 0, &mut rng)
@@ -389,5 +436,53 @@ mod tests {
         m.request_finished(b"k", w, 0);
         assert_eq!(m.select(Some(b"k"), &ws, &[0, 1], &b, 1, &mut rng), None);
         assert_eq!(m.lookup(b"k"), Some(w));
+    }
+
+    #[test]
+    fn the_map_is_capped_least_recently_used_out_first() {
+        let (ws, b) = board(4);
+        let m = ManualState::new(AssignmentMode::Random, 1_000_000, 160);
+        let mut rng = Rng::with_seed(7);
+        // A key kept busy, and one with a request in flight that never ends.
+        let hot = b"hot".as_slice();
+        let w_hot = m
+            .select(Some(hot), &ws, &[], &b, 0, &mut rng)
+            .unwrap()
+            .worker;
+        m.request_finished(hot, w_hot, 0);
+        m.select(Some(b"busy"), &ws, &[], &b, 0, &mut rng).unwrap();
+        for i in 1..=10_000u64 {
+            let key = format!("flood-{i}");
+            let d = m
+                .select(Some(key.as_bytes()), &ws, &[], &b, i, &mut rng)
+                .unwrap();
+            m.request_finished(key.as_bytes(), d.worker, i);
+            // Every 10 new keys (about one per shard in 16): well within a shard's LRU window.
+            if i % 10 == 0 {
+                let d = m.select(Some(hot), &ws, &[], &b, i, &mut rng).unwrap();
+                assert_eq!(d.worker, w_hot, "at {i}");
+                m.request_finished(hot, w_hot, i);
+            }
+            assert!(m.len() <= 160 + 1, "{} keys at {i}", m.len());
+        }
+        assert_eq!(m.lookup(hot), Some(w_hot), "recently used keys stay");
+        assert!(m.lookup(b"busy").is_some(), "keys in flight stay");
+        assert_eq!(m.lookup(b"flood-1"), None, "the oldest went first");
+        assert!(m.lookup(b"flood-10000").is_some());
+    }
+
+    #[test]
+    fn long_keys_cost_the_same_as_short_ones() {
+        let (ws, b) = board(2);
+        let m = ManualState::new(AssignmentMode::Random, 100, 1 << 20);
+        let mut rng = Rng::with_seed(8);
+        let long = vec![b'k'; 100_000];
+        let w = m
+            .select(Some(&long), &ws, &[], &b, 0, &mut rng)
+            .unwrap()
+            .worker;
+        assert_eq!(m.lookup(&long), Some(w));
+        assert_eq!(m.len(), 1);
+        assert!(key_too_long(257).contains("256"));
     }
 }

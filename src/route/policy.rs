@@ -35,8 +35,13 @@ impl Policy {
         Policy {
             cache_aware: cache_aware::Params::from_config(&cfg),
             rr: PaddedCounter::default(),
-            manual: (kind == PolicyKind::Manual)
-                .then(|| manual::ManualState::new(cfg.assignment_mode, cfg.max_idle_secs)),
+            manual: (kind == PolicyKind::Manual).then(|| {
+                manual::ManualState::new(
+                    cfg.assignment_mode,
+                    cfg.max_idle_secs,
+                    cfg.max_routing_keys,
+                )
+            }),
             ring: matches!(kind, PolicyKind::ConsistentHashing | PolicyKind::PrefixHash)
                 .then(hashing::RingCell::default),
             bucket: (kind == PolicyKind::Bucket)

@@ -5,9 +5,14 @@
 //! which inserts into one shared locked tree, does see it. So every insert is also written into
 //! this small lock-free ring shared by all cores until the writer has published it, and routing
 //! matches against it too. Pure: epochs are passed in.
+//!
+//! Memory: each slot holds one text of at most `MAX_ROUTING_TEXT` bytes that the core copied out
+//! of the request body when the body was much larger (never a slice pinning a whole upload), and
+//! a slot whose entry has expired is emptied by the next lookup that passes it.
 
 use crate::base::text::{char_count, common_prefix};
 use crate::base::WorkerId;
+use crate::tree::TreeKey;
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,7 +31,7 @@ const KEEP_EPOCHS: u64 = 2;
 
 #[derive(Debug)]
 struct Entry {
-    model: Option<Bytes>,
+    tree: TreeKey,
     text: Bytes,
     worker: WorkerId,
     epoch: u64,
@@ -61,11 +66,11 @@ impl RecentInserts {
         }
     }
 
-    /// Remember an insert made while the published snapshot was at `epoch`.
-    pub fn push(&self, model: Option<Bytes>, text: Bytes, worker: WorkerId, epoch: u64) {
+    /// Remember an insert into `tree` made while the published snapshot was at `epoch`.
+    pub fn push(&self, tree: TreeKey, text: Bytes, worker: WorkerId, epoch: u64) {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % CAPACITY;
         self.slots[i].store(Some(Arc::new(Entry {
-            model,
+            tree,
             text,
             worker,
             epoch,
@@ -82,14 +87,19 @@ impl RecentInserts {
     }
 
     /// The longest prefix of `text` among inserts the snapshot at `epoch` may not show yet, for
-    /// the same model; `None` when nothing matches.
-    pub fn longest(&self, model: Option<&[u8]>, text: &str, epoch: u64) -> Option<RecentMatch> {
+    /// the same tree; `None` when nothing matches. Expired entries met on the way are dropped
+    /// (unless a core replaced them meanwhile), so their text does not linger.
+    pub fn longest(&self, tree: TreeKey, text: &str, epoch: u64) -> Option<RecentMatch> {
         let key = text.as_bytes();
         let mut best: Option<(usize, WorkerId)> = None;
         for slot in self.slots.iter() {
             let guard = slot.load();
             let Some(e) = guard.as_ref() else { continue };
-            if e.epoch + KEEP_EPOCHS <= epoch || e.model.as_deref() != model {
+            if e.epoch + KEEP_EPOCHS <= epoch {
+                let _ = slot.compare_and_swap(&guard, None);
+                continue;
+            }
+            if e.tree != tree {
                 continue;
             }
             let n = common_prefix(key, &e.text);
@@ -127,15 +137,17 @@ mod tests {
     #[test]
     fn finds_the_longest_recent_prefix_of_the_same_model() {
         let r = RecentInserts::new();
-        r.push(None, b("system prompt A question 1"), 1, 10);
-        r.push(None, b("system prompt B"), 2, 10);
+        r.push(TreeKey::Default, b("system prompt A question 1"), 1, 10);
+        r.push(TreeKey::Default, b("system prompt B"), 2, 10);
         r.push(
-            Some(b("m")),
+            TreeKey::Served("m"),
             b("system prompt A question 1 and more"),
             3,
             10,
         );
-        let m = r.longest(None, "system prompt A question 2", 10).unwrap();
+        let m = r
+            .longest(TreeKey::Default, "system prompt A question 2", 10)
+            .unwrap();
         assert_eq!(
             m,
             RecentMatch {
@@ -144,35 +156,38 @@ mod tests {
             }
         );
         assert_eq!(
-            r.longest(Some(b"m"), "system prompt A question 1 and", 10)
+            r.longest(TreeKey::Served("m"), "system prompt A question 1 and", 10)
                 .unwrap()
                 .worker,
             3
         );
-        assert!(r.longest(Some(b"other"), "system", 10).is_none());
-        assert!(r.longest(None, "zzz", 10).is_none());
+        assert!(r.longest(TreeKey::Shared, "system", 10).is_none());
+        assert!(r.longest(TreeKey::Default, "zzz", 10).is_none());
     }
 
     #[test]
     fn entries_expire_once_published_and_capacity_is_bounded() {
         let r = RecentInserts::new();
-        r.push(None, b("abc"), 1, 5);
-        assert!(r.longest(None, "abc", 6).is_some());
-        assert!(r.longest(None, "abc", 7).is_none());
+        r.push(TreeKey::Default, b("abc"), 1, 5);
+        assert!(r.longest(TreeKey::Default, "abc", 6).is_some());
+        assert!(r.longest(TreeKey::Default, "abc", 7).is_none());
         assert_eq!(r.live(7), 0);
+        // The expired entry's slot was emptied by the lookup: its text is freed.
+        assert!(r.slots.iter().all(|s| s.load().is_none()));
         let n = CAPACITY as u32 + 100;
         for i in 0..n {
-            r.push(None, b(&format!("text {i}")), i, 0);
+            r.push(TreeKey::Default, b(&format!("text {i}")), i, 0);
         }
         assert_eq!(r.live(0), CAPACITY);
         assert_eq!(
-            r.longest(None, &format!("text {}", n - 1), 0)
+            r.longest(TreeKey::Default, &format!("text {}", n - 1), 0)
                 .unwrap()
                 .worker,
             n - 1
         );
         assert_eq!(
-            r.longest(None, "text 5", 0).map(|m| m.matched_chars),
+            r.longest(TreeKey::Default, "text 5", 0)
+                .map(|m| m.matched_chars),
             Some("text ".len())
         );
     }
@@ -180,25 +195,27 @@ mod tests {
     #[test]
     fn matches_never_split_a_character_and_workers_can_be_forgotten() {
         let r = RecentInserts::new();
-        r.push(None, b("naïve é"), 4, 0);
+        r.push(TreeKey::Default, b("naïve é"), 4, 0);
         // 'é' (C3 A9) vs 'è' (C3 A8) share their first byte: the match stops before it.
         assert_eq!(
-            r.longest(None, "naïve è", 0).unwrap().matched_chars,
+            r.longest(TreeKey::Default, "naïve è", 0)
+                .unwrap()
+                .matched_chars,
             "naïve ".chars().count()
         );
         r.forget_worker(4);
-        assert!(r.longest(None, "naïve", 0).is_none());
+        assert!(r.longest(TreeKey::Default, "naïve", 0).is_none());
     }
 
     #[test]
     fn cores_see_each_others_inserts() {
         let r = Arc::new(RecentInserts::new());
         let w = r.clone();
-        std::thread::spawn(move || w.push(None, b("shared system prompt"), 9, 3))
+        std::thread::spawn(move || w.push(TreeKey::Default, b("shared system prompt"), 9, 3))
             .join()
             .unwrap();
         assert_eq!(
-            r.longest(None, "shared system prompt, question", 3)
+            r.longest(TreeKey::Default, "shared system prompt, question", 3)
                 .unwrap()
                 .worker,
             9

@@ -164,6 +164,8 @@ pub struct PolicyConfig {
     pub assignment_mode: AssignmentMode,
     /// manual: routing keys idle longer than this are forgotten.
     pub max_idle_secs: u64,
+    /// manual: most routing keys remembered (least recently used out first).
+    pub max_routing_keys: usize,
     /// prefix_hash: characters of the routing text hashed.
     pub prefix_hash_chars: usize,
     /// bucket: seconds between boundary adjustments.
@@ -180,6 +182,7 @@ impl Default for PolicyConfig {
             affinity_window: false,
             assignment_mode: AssignmentMode::Random,
             max_idle_secs: 14_400,
+            max_routing_keys: 262_144,
             prefix_hash_chars: 1024,
             bucket_adjust_interval_secs: 5,
         }

@@ -23,8 +23,10 @@ use crate::proxy::io::closed_by_peer;
 use crate::proxy::relay::{self, RelayTo};
 use crate::proxy::request_id::request_id;
 use crate::proxy::retry::is_retryable_status;
-use crate::route::extract::{extract, Api, RoutingInfo};
-use crate::route::types::{Branch, Decision, RouteInput};
+use crate::route::extract::{capped, extract, Api, RoutingInfo, MAX_ROUTING_TEXT};
+use crate::route::manual::{key_too_long, MAX_ROUTING_KEY_LEN};
+use crate::route::types::{Branch, Decision, PolicyKind, RouteInput};
+use crate::tree::TreeKey;
 use crate::workers::breaker::is_worker_failure;
 use crate::workers::registry::{CircuitSlot, Worker};
 use bytes::Bytes;
@@ -168,8 +170,8 @@ struct Exchange<'a> {
     deadline: Instant,
     routing_key: Option<&'a [u8]>,
     hash_key: Option<&'a [u8]>,
-    /// The model as a slice of the body, only when a tree will be fed.
-    model_bytes: Option<Bytes>,
+    /// The tree the request's model reads and feeds (served models only; see `TreeKey`).
+    tree: TreeKey,
     /// Workers that already failed this request: every retry goes elsewhere (the reference
     /// retries the worker its tree points at, i.e. the failing one).
     excluded: Vec<WorkerId>,
@@ -199,6 +201,15 @@ impl<'a> Exchange<'a> {
                 }
                 let info =
                     extract(api, body).map_err(|e| refuse(GatewayError::new(400, e.0), None))?;
+                // manual remembers keys: a hostile key length is refused, not hashed.
+                if let Some(key) = head.header("x-smg-routing-key").filter(|k| {
+                    k.len() > MAX_ROUTING_KEY_LEN && gw.router.policy.kind() == PolicyKind::Manual
+                }) {
+                    return Err(refuse(
+                        GatewayError::new(400, key_too_long(key.len())),
+                        None,
+                    ));
+                }
                 crate::metrics::routed(
                     gw.models.label(info.model.as_deref()),
                     crate::metrics::path_label(head.path()),
@@ -223,11 +234,7 @@ impl<'a> Exchange<'a> {
             Err(r) => return Err(refuse(r.into(), Some(rid))),
         };
         let routing_key = head.header("x-smg-routing-key");
-        let model_bytes = info
-            .model
-            .as_ref()
-            .filter(|_| gw.router.has_tree())
-            .map(|m| as_body_slice(body, m));
+        let tree = gw.models.tree_key(info.model.as_deref());
         Ok(Exchange {
             core,
             gw,
@@ -242,7 +249,7 @@ impl<'a> Exchange<'a> {
                 .or_else(|| head.header("authorization"))
                 .or_else(|| head.header("x-forwarded-for"))
                 .or_else(|| head.header("cookie")),
-            model_bytes,
+            tree,
             info,
             excluded: Vec::new(),
             attempts: 0,
@@ -280,9 +287,8 @@ impl<'a> Exchange<'a> {
             crate::metrics::selection(gw.router.policy.kind().as_str(), decision.branch.as_str());
             let in_flight = InFlight::new(gw, worker.id, self.routing_key);
             if decision.insert_text {
-                let text = as_body_slice(self.body, &self.info.text);
-                gw.router
-                    .learn(self.model_bytes.clone(), text, worker.id, epoch, now_ms);
+                let text = learned_text(self.body, &self.info.text);
+                gw.router.learn(self.tree, text, worker.id, epoch, now_ms);
             }
             return Ok(Picked {
                 worker,
@@ -316,9 +322,8 @@ impl<'a> Exchange<'a> {
                     now_ms,
                     recent: None,
                 };
-                let model = self.info.model.as_deref();
                 gw.router
-                    .choose(model, input, workers, &gw.registry.loads, rng)
+                    .choose(self.tree, input, workers, &gw.registry.loads, rng)
             }
         }
     }
@@ -466,24 +471,32 @@ impl<'a> Exchange<'a> {
     /// Opt-in (`--insert-response-text`): learn "prompt + reply" so the next turn matches its
     /// whole history.
     fn learn_reply(&self, reply: &str, worker: WorkerId) {
-        let mut full = String::with_capacity(self.info.text.len() + 1 + reply.len());
-        full.push_str(&self.info.text);
+        let prompt = &self.info.text;
+        let reply = capped(reply, MAX_ROUTING_TEXT.saturating_sub(prompt.len() + 1));
+        let mut full = String::with_capacity(prompt.len() + 1 + reply.len());
+        full.push_str(prompt);
         full.push(' ');
         full.push_str(reply);
         let router = &self.gw.router;
         let now = self.gw.life.now_ms();
-        router.learn(
-            self.model_bytes.clone(),
-            Bytes::from(full),
-            worker,
-            router.epoch(),
-            now,
-        );
+        router.learn(self.tree, Bytes::from(full), worker, router.epoch(), now);
     }
 
     /// Answer `e` with this request's id.
     async fn fail(&self, client: &mut TcpStream, e: GatewayError) -> Outcome {
         send_error(client, Some(self.head), &e, Some(&self.request_id)).await
+    }
+}
+
+/// The routing text as the tree and the recent-insert ring keep it: a zero-copy slice of the
+/// body when the body is not much larger than the text (the common case: the prompt is most of
+/// the body), else a copy, so a kept text never pins a large upload (at most twice its size
+/// plus 4 KiB).
+fn learned_text(body: &Bytes, text: &str) -> Bytes {
+    if body.len() <= 2 * text.len() + 4096 {
+        as_body_slice(body, text)
+    } else {
+        Bytes::copy_from_slice(text.as_bytes())
     }
 }
 

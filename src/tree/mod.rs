@@ -6,4 +6,4 @@ pub mod node;
 pub mod writer;
 
 pub use node::{Match, RadixTree};
-pub use writer::{spawn_writer, Forest, Insert, TreeHandle, WriterConfig, WriterStats};
+pub use writer::{spawn_writer, Forest, Insert, TreeHandle, TreeKey, WriterConfig, WriterStats};

@@ -4,8 +4,9 @@
 //! `ArcSwap::load` and queue inserts with a non-blocking `try_send` (a full channel drops the
 //! insert and counts it; the tree is approximate anyway). The writer owns the only mutable copy
 //! of the forest, applies messages with path copying, and publishes a new snapshot at most every
-//! `epoch` (or right after `publish_after` messages). Publishing is O(models): the trees are
-//! `Arc` roots, so a snapshot shares every node the writer has not touched since.
+//! `epoch` (or right after `publish_after` messages). Publishing is O(served models): the trees
+//! are `Arc` roots, so a snapshot shares every node the writer has not touched since. Clients
+//! cannot add trees (see [`TreeKey`]), and the queue is bounded in messages and in bytes.
 use super::RadixTree;
 use crate::base::text::valid_prefix;
 use crate::base::WorkerId;
@@ -18,28 +19,50 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Read-only set of per-model trees, as published to the cores.
+/// Which tree of the forest a request reads and feeds. Clients choose model names freely, so a
+/// name only gets a tree of its own when some worker serves it (the names come from the
+/// workers' `/v1/models`, never from requests); every other name shares one tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TreeKey {
+    /// Requests that name no model.
+    Default,
+    /// Every model name no worker serves (made-up names, typos, names not learned yet).
+    Shared,
+    /// A model a worker serves (leaked once by the gateway's served-model list, so copying a
+    /// key costs nothing and never pins a request body).
+    Served(&'static str),
+}
+
+/// Read-only set of trees, as published to the cores: the default tree, the shared tree, and
+/// one per served model. Bounded: at most 2 + the number of served models, each tree holding at
+/// most `--max-tree-size` characters per worker.
 #[derive(Debug, Default, Clone)]
 pub struct Forest {
     /// The tree for requests without a model.
     default: RadixTree,
-    /// Per model name, sorted by name (binary search; few models, no hashing per request).
-    models: Vec<(Bytes, RadixTree)>,
+    /// The tree for model names no worker serves.
+    shared: RadixTree,
+    /// Per served model, sorted by name (binary search; few models, no hashing per request).
+    served: Vec<(&'static str, RadixTree)>,
     epoch: u64,
 }
 
 impl Forest {
-    /// The tree for `model`; `None` selects the default tree (requests without a model).
-    /// Model names are compared byte for byte, exactly as the cores sent them.
-    pub fn tree(&self, model: Option<&[u8]>) -> Option<&RadixTree> {
-        match model {
-            None => Some(&self.default),
-            Some(m) => self
-                .models
-                .binary_search_by(|(k, _)| k.as_ref().cmp(m))
-                .ok()
-                .map(|i| &self.models[i].1),
+    /// The tree for `key`; a served model whose tree the writer has not created yet (or has
+    /// dropped) reads the shared tree, where its inserts went meanwhile.
+    pub fn tree(&self, key: TreeKey) -> &RadixTree {
+        match key {
+            TreeKey::Default => &self.default,
+            TreeKey::Shared => &self.shared,
+            TreeKey::Served(m) => match self.find(m) {
+                Ok(i) => &self.served[i].1,
+                Err(_) => &self.shared,
+            },
         }
+    }
+
+    fn find(&self, model: &str) -> Result<usize, usize> {
+        self.served.binary_search_by(|(k, _)| (*k).cmp(model))
     }
 
     /// Snapshot sequence number (increments on every publish).
@@ -47,51 +70,54 @@ impl Forest {
         self.epoch
     }
 
-    /// Every tree with its model (`None` = the default tree first, then models by name), for
-    /// metrics and admin listings.
-    pub fn models(&self) -> impl Iterator<Item = (Option<&[u8]>, &RadixTree)> + '_ {
-        std::iter::once((None, &self.default))
-            .chain(self.models.iter().map(|(k, t)| (Some(k.as_ref()), t)))
+    /// Every tree with its key (default, shared, then served models by name), for metrics,
+    /// admin listings and eviction passes.
+    pub fn models(&self) -> impl Iterator<Item = (TreeKey, &RadixTree)> + '_ {
+        [
+            (TreeKey::Default, &self.default),
+            (TreeKey::Shared, &self.shared),
+        ]
+        .into_iter()
+        .chain(self.served.iter().map(|(k, t)| (TreeKey::Served(k), t)))
     }
 
-    /// The writer's mutable tree for `model`, created on first use. The name is copied so the
-    /// forest never pins a request body buffer.
-    fn tree_mut(&mut self, model: Option<&[u8]>) -> &mut RadixTree {
-        let Some(m) = model else {
-            return &mut self.default;
-        };
-        let i = match self.models.binary_search_by(|(k, _)| k.as_ref().cmp(m)) {
-            Ok(i) => i,
-            Err(i) => {
-                self.models
-                    .insert(i, (Bytes::copy_from_slice(m), RadixTree::new()));
-                i
-            }
-        };
-        &mut self.models[i].1
+    /// The writer's mutable tree for `key` (the shared tree for a model without its own).
+    fn tree_mut(&mut self, key: TreeKey) -> &mut RadixTree {
+        match key {
+            TreeKey::Default => &mut self.default,
+            TreeKey::Shared => &mut self.shared,
+            TreeKey::Served(m) => match self.find(m) {
+                Ok(i) => &mut self.served[i].1,
+                Err(_) => &mut self.shared,
+            },
+        }
     }
 
-    /// The writer's mutable tree for `model` if it exists.
-    fn existing_mut(&mut self, model: Option<&[u8]>) -> Option<&mut RadixTree> {
-        match model {
-            None => Some(&mut self.default),
-            Some(m) => self
-                .models
-                .binary_search_by(|(k, _)| k.as_ref().cmp(m))
-                .ok()
-                .map(|i| &mut self.models[i].1),
+    /// Trees for exactly `names`: trees of names still served are kept, new names get an empty
+    /// tree, trees of names no longer served are dropped (their memory goes with them).
+    fn serve(&mut self, mut names: Vec<&'static str>) {
+        names.sort_unstable();
+        names.dedup();
+        let mut old = std::mem::take(&mut self.served).into_iter().peekable();
+        for name in names {
+            while old.next_if(|(k, _)| *k < name).is_some() {}
+            let tree = old.next_if(|(k, _)| *k == name).map(|(_, t)| t);
+            self.served.push((name, tree.unwrap_or_default()));
         }
     }
 
     fn trees_mut(&mut self) -> impl Iterator<Item = &mut RadixTree> + '_ {
-        std::iter::once(&mut self.default).chain(self.models.iter_mut().map(|(_, t)| t))
+        [&mut self.default, &mut self.shared]
+            .into_iter()
+            .chain(self.served.iter_mut().map(|(_, t)| t))
     }
 }
 
-/// One insertion request from a core. `text` is usually a zero-copy slice of the request body.
+/// One insertion request from a core. `text` is at most `MAX_ROUTING_TEXT` bytes and never a
+/// slice pinning much more than itself (the core copies it out of a larger body).
 #[derive(Debug, Clone)]
 pub struct Insert {
-    pub model: Option<Bytes>,
+    pub tree: TreeKey,
     pub text: Bytes,
     pub worker: WorkerId,
     /// Milliseconds since the gateway started (for LRU order).
@@ -107,8 +133,11 @@ pub struct WriterConfig {
     pub eviction_interval: Duration,
     /// Evict at once when a worker exceeds the limit by this fraction (e.g. 0.1 = 10 %).
     pub overflow_margin: f64,
-    /// Bounded channel capacity.
+    /// Bounded channel capacity, in messages.
     pub channel_capacity: usize,
+    /// Most text bytes queued for the writer at once; inserts beyond it are dropped and
+    /// counted like a full channel, so a starved writer never holds more than this.
+    pub channel_bytes: usize,
     /// Longest time between an insert and its publication.
     pub epoch: Duration,
     /// Publish early after this many applied messages.
@@ -118,13 +147,15 @@ pub struct WriterConfig {
 impl Default for WriterConfig {
     /// The reference's `--max-tree-size` (2^26, characters per worker) and
     /// `--eviction-interval` (120 s); a 10 % overflow margin; 16 Ki queued inserts (~80 ms of
-    /// writer work); 1 ms epochs or 1,024 messages, whichever comes first.
+    /// writer work) holding at most 64 MiB of text; 1 ms epochs or 1,024 messages, whichever
+    /// comes first.
     fn default() -> Self {
         WriterConfig {
             max_chars_per_worker: 1 << 26,
             eviction_interval: Duration::from_secs(120),
             overflow_margin: 0.1,
             channel_capacity: 16 * 1024,
+            channel_bytes: 64 << 20,
             epoch: Duration::from_millis(1),
             publish_after: 1024,
         }
@@ -142,6 +173,8 @@ pub struct WriterStats {
     nodes: AtomicU64,
     chars: AtomicU64,
     epoch: AtomicU64,
+    trees: AtomicU64,
+    queued_bytes: AtomicU64,
 }
 
 impl WriterStats {
@@ -177,12 +210,22 @@ impl WriterStats {
     pub fn epoch(&self) -> u64 {
         self.epoch.load(Relaxed)
     }
+    /// Trees in the forest at the last publish (default and shared included).
+    pub fn trees(&self) -> u64 {
+        self.trees.load(Relaxed)
+    }
+    /// Text bytes queued for the writer and not applied yet.
+    pub fn queued_bytes(&self) -> u64 {
+        self.queued_bytes.load(Relaxed)
+    }
 }
 
 /// Messages from cores and admin paths to the writer.
 enum Msg {
     Insert(Insert),
     RemoveWorker(WorkerId),
+    /// The models the workers serve now (each gets a tree; the rest are dropped).
+    Serve(Vec<&'static str>),
     /// Publish everything applied so far, then reply.
     Sync(Sender<()>),
 }
@@ -204,6 +247,7 @@ pub struct TreeHandle {
     snapshot: Arc<ArcSwap<Forest>>,
     tx: Sender<Msg>,
     stats: Arc<WriterStats>,
+    max_queued_bytes: u64,
 }
 
 impl fmt::Debug for TreeHandle {
@@ -221,16 +265,33 @@ impl TreeHandle {
         self.snapshot.load()
     }
 
-    /// Queue an insert without blocking; `false` when the channel is full (the drop is counted).
+    /// Queue an insert without blocking; `false` when the channel is full or holds its byte
+    /// budget of text already (the drop is counted).
     pub fn try_insert(&self, ins: Insert) -> bool {
+        let n = ins.text.len() as u64;
+        let queued = &self.stats.queued_bytes;
+        if queued.fetch_add(n, Relaxed) + n > self.max_queued_bytes {
+            queued.fetch_sub(n, Relaxed);
+            self.stats.dropped.fetch_add(1, Relaxed);
+            return false;
+        }
         match self.tx.try_send(Msg::Insert(ins)) {
             Ok(()) => true,
-            Err(TrySendError::Full(_)) => {
-                self.stats.dropped.fetch_add(1, Relaxed);
+            Err(e) => {
+                queued.fetch_sub(n, Relaxed);
+                if let TrySendError::Full(_) = e {
+                    self.stats.dropped.fetch_add(1, Relaxed);
+                }
                 false
             }
-            Err(TrySendError::Disconnected(_)) => false,
         }
+    }
+
+    /// The models the workers serve now: each gets its own tree, trees of models no longer
+    /// served are dropped (health thread and admin paths; may block briefly).
+    pub fn serve_models(&self, names: Vec<&'static str>) {
+        // Fails only if the writer is gone, and then there is no tree to keep.
+        let _ = self.tx.send(Msg::Serve(names));
     }
 
     /// Remove a worker from every tree (admin path; may block briefly).
@@ -273,7 +334,7 @@ struct Writer {
     pending: usize,
     /// Workers over the limit found by the last periodic pass, evicted one per loop iteration so
     /// a pass over a big forest never stalls the inserts for long.
-    evict_queue: VecDeque<(Option<Bytes>, WorkerId)>,
+    evict_queue: VecDeque<(TreeKey, WorkerId)>,
     last_publish: Instant,
     next_eviction: Instant,
 }
@@ -321,6 +382,7 @@ fn build(cfg: WriterConfig) -> (TreeHandle, Writer) {
         snapshot: published,
         tx,
         stats,
+        max_queued_bytes: cfg.channel_bytes as u64,
     };
     (handle, writer)
 }
@@ -382,7 +444,18 @@ impl Writer {
 
     fn apply(&mut self, msg: Msg) {
         match msg {
-            Msg::Insert(ins) => self.insert(&ins),
+            Msg::Insert(ins) => {
+                self.insert(&ins);
+                self.stats
+                    .queued_bytes
+                    .fetch_sub(ins.text.len() as u64, Relaxed);
+            }
+            Msg::Serve(names) => {
+                self.forest.serve(names);
+                // Queued evictions may name a dropped tree; they would land on the shared one.
+                self.evict_queue.clear();
+                self.pending += 1;
+            }
             Msg::RemoveWorker(w) => {
                 for tree in self.forest.trees_mut() {
                     tree.remove_worker(w);
@@ -403,7 +476,7 @@ impl Writer {
         // Invalid UTF-8 is cut at the last valid boundary: routing text is text.
         let text = valid_prefix(&ins.text);
         self.clock = self.clock.max(ins.now_ms);
-        let tree = self.forest.tree_mut(ins.model.as_deref());
+        let tree = self.forest.tree_mut(ins.tree);
         tree.insert(text, ins.worker, self.clock);
         if tree.worker_chars(ins.worker) > self.hard_limit {
             let removed = tree.evict_worker(ins.worker, self.max_chars);
@@ -419,8 +492,7 @@ impl Writer {
         let max = self.max_chars;
         for (model, tree) in self.forest.models() {
             for (w, _) in tree.worker_char_counts().filter(|&(_, c)| c > max) {
-                self.evict_queue
-                    .push_back((model.map(Bytes::copy_from_slice), w));
+                self.evict_queue.push_back((model, w));
             }
         }
         self.stats.evictions.fetch_add(1, Relaxed);
@@ -428,12 +500,10 @@ impl Writer {
 
     /// Evicts the next queued worker back to the limit (if it is still over it).
     fn evict_next(&mut self) {
-        let Some((model, w)) = self.evict_queue.pop_front() else {
+        let Some((key, w)) = self.evict_queue.pop_front() else {
             return;
         };
-        let Some(tree) = self.forest.existing_mut(model.as_deref()) else {
-            return;
-        };
+        let tree = self.forest.tree_mut(key);
         let removed = tree.evict_worker(w, self.max_chars);
         if removed > 0 {
             self.stats.evicted_chars.fetch_add(removed, Relaxed);
@@ -461,12 +531,14 @@ impl Writer {
         }
         self.pending = 0;
         self.last_publish = Instant::now();
-        let (mut nodes, mut chars) = (0u64, 0u64);
+        let (mut nodes, mut chars, mut trees) = (0u64, 0u64, 0u64);
         for (_, tree) in self.forest.models() {
             nodes += tree.node_count() as u64;
             chars += tree.total_chars();
+            trees += 1;
         }
         let s = &self.stats;
+        s.trees.store(trees, Relaxed);
         s.nodes.store(nodes, Relaxed);
         s.chars.store(chars, Relaxed);
         s.epoch.store(self.forest.epoch, Relaxed);

@@ -583,3 +583,28 @@ pub fn chat(addr: SocketAddr, text: &str, stream: bool, max_tokens: u32) -> Resp
 pub fn generate(addr: SocketAddr, body: &[u8]) -> Response {
     request(addr, "POST", "/generate", &[], body).unwrap()
 }
+
+/// Wait until the health thread has learned `model` from the workers' `/v1/models` and the tree
+/// writer has given it a tree of its own (requests sent from now on feed that tree).
+pub fn wait_model_served(gw: &Running, model: &str) {
+    let tree = gw
+        .gateway()
+        .router
+        .tree
+        .as_ref()
+        .expect("a policy with a tree");
+    wait_until("the model's own tree", Duration::from_secs(10), || {
+        tree.sync();
+        let forest = tree.load();
+        let served = forest
+            .models()
+            .any(|(k, _)| matches!(k, radixgate::tree::TreeKey::Served(m) if m == model));
+        served.then_some(())
+    });
+}
+
+/// `POST /remove_worker?url=…`, asserting it succeeded.
+pub fn remove_worker(addr: SocketAddr, url: &str) {
+    let r = request(addr, "POST", &format!("/remove_worker?url={url}"), &[], b"").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}

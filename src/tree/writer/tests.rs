@@ -1,18 +1,20 @@
 use super::*;
 
-fn ins(model: Option<&str>, text: &str, worker: WorkerId, now_ms: u64) -> Insert {
+const D: TreeKey = TreeKey::Default;
+
+fn ins(tree: TreeKey, text: &str, worker: WorkerId, now_ms: u64) -> Insert {
     Insert {
-        model: model.map(|m| Bytes::copy_from_slice(m.as_bytes())),
+        tree,
         text: Bytes::copy_from_slice(text.as_bytes()),
         worker,
         now_ms,
     }
 }
 
-fn matched(h: &TreeHandle, model: Option<&str>, key: &str) -> Option<(usize, Vec<WorkerId>)> {
+fn matched(h: &TreeHandle, key: TreeKey, text: &str) -> Option<(usize, Vec<WorkerId>)> {
     let forest = h.load();
-    let tree = forest.tree(model.map(str::as_bytes))?;
-    let m = tree.longest_match(key);
+    let tree = forest.tree(key);
+    let m = tree.longest_match(text);
     Some((m.matched_chars, m.workers.to_vec()))
 }
 
@@ -31,16 +33,16 @@ fn eventually(mut cond: impl FnMut() -> bool) -> bool {
 #[test]
 fn insert_then_sync_is_visible() {
     let h = spawn_writer(WriterConfig::default());
-    assert_eq!(matched(&h, None, "hello"), Some((0, vec![])));
-    assert!(h.try_insert(ins(None, "hello world", 1, 1)));
+    assert_eq!(matched(&h, D, "hello"), Some((0, vec![])));
+    assert!(h.try_insert(ins(D, "hello world", 1, 1)));
     h.sync();
-    assert_eq!(matched(&h, None, "hello there"), Some((6, vec![1])));
+    assert_eq!(matched(&h, D, "hello there"), Some((6, vec![1])));
     assert!(h.load().epoch() >= 1);
     let s = h.stats();
     assert_eq!(s.inserts_applied(), 1);
     assert_eq!(s.dropped(), 0);
     assert_eq!(s.chars(), 11);
-    assert_eq!(s.nodes(), 2);
+    assert_eq!(s.nodes(), 3, "the text, the default root, the shared root");
     assert_eq!(s.epoch(), h.load().epoch());
     assert!(s.publishes() >= 1);
 }
@@ -53,56 +55,87 @@ fn full_channel_drops_and_counts() {
     };
     // The writer is not running yet, so the channel fills deterministically.
     let (h, writer) = build(cfg);
-    assert!(h.try_insert(ins(None, "kept", 1, 1)));
-    assert!(!h.try_insert(ins(None, "dropped", 2, 2)));
-    assert!(!h.try_insert(ins(None, "dropped too", 2, 3)));
+    assert!(h.try_insert(ins(D, "kept", 1, 1)));
+    assert!(!h.try_insert(ins(D, "dropped", 2, 2)));
+    assert!(!h.try_insert(ins(D, "dropped too", 2, 3)));
     assert_eq!(h.stats().dropped(), 2);
     std::thread::spawn(move || writer.run());
     h.sync();
-    assert_eq!(matched(&h, None, "kept"), Some((4, vec![1])));
-    assert_eq!(matched(&h, None, "dropped"), Some((0, vec![])));
+    assert_eq!(matched(&h, D, "kept"), Some((4, vec![1])));
+    assert_eq!(matched(&h, D, "dropped"), Some((0, vec![])));
     assert_eq!(h.stats().inserts_applied(), 1);
 }
 
 #[test]
 fn models_do_not_mix() {
     let h = spawn_writer(WriterConfig::default());
-    h.try_insert(ins(Some("llama"), "system: be brief. user: hi", 1, 1));
-    h.try_insert(ins(Some("qwen"), "system: be brief. user: hi", 2, 2));
-    h.try_insert(ins(None, "system: be brief", 3, 3));
+    h.serve_models(vec!["qwen", "llama"]);
+    let (llama, qwen) = (TreeKey::Served("llama"), TreeKey::Served("qwen"));
+    h.try_insert(ins(llama, "system: be brief. user: hi", 1, 1));
+    h.try_insert(ins(qwen, "system: be brief. user: hi", 2, 2));
+    h.try_insert(ins(D, "system: be brief", 3, 3));
     h.sync();
     let key = "system: be brief. user: hi";
-    assert_eq!(matched(&h, Some("llama"), key), Some((26, vec![1])));
-    assert_eq!(matched(&h, Some("qwen"), key), Some((26, vec![2])));
-    assert_eq!(matched(&h, None, key), Some((16, vec![3])));
-    assert_eq!(matched(&h, Some("mistral"), key), None);
+    assert_eq!(matched(&h, llama, key), Some((26, vec![1])));
+    assert_eq!(matched(&h, qwen, key), Some((26, vec![2])));
+    assert_eq!(matched(&h, D, key), Some((16, vec![3])));
+    assert_eq!(matched(&h, TreeKey::Shared, key), Some((0, vec![])));
     let forest = h.load();
-    let names: Vec<_> = forest
-        .models()
-        .map(|(m, _)| m.map(<[u8]>::to_vec))
-        .collect();
-    assert_eq!(
-        names,
-        vec![None, Some(b"llama".to_vec()), Some(b"qwen".to_vec())]
-    );
+    let keys: Vec<_> = forest.models().map(|(k, _)| k).collect();
+    assert_eq!(keys, vec![D, TreeKey::Shared, llama, qwen]);
+    assert_eq!(h.stats().trees(), 4);
 }
 
 #[test]
-fn remove_worker_clears_every_model() {
+fn models_without_a_tree_share_one_and_trees_go_with_their_model() {
     let h = spawn_writer(WriterConfig::default());
-    for model in [None, Some("a"), Some("b")] {
-        h.try_insert(ins(model, "shared prompt", 1, 1));
-        h.try_insert(ins(model, "shared prompt, more", 2, 2));
+    // Not served (yet): inserts land in the shared tree, and lookups read it.
+    for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+        h.try_insert(ins(TreeKey::Served(name), name, i as WorkerId, 1));
     }
+    h.try_insert(ins(TreeKey::Shared, "shared text", 9, 1));
     h.sync();
-    h.remove_worker(1);
+    assert_eq!(h.load().models().count(), 2);
+    assert_eq!(matched(&h, TreeKey::Served("b"), "b"), Some((1, vec![1])));
+    assert_eq!(matched(&h, TreeKey::Shared, "a"), Some((1, vec![0])));
+    // Served: its own tree, empty at first; the tree goes when the model does, the rest stay.
+    h.serve_models(vec!["a", "b"]);
+    h.try_insert(ins(TreeKey::Served("a"), "own text", 4, 2));
+    h.sync();
+    assert_eq!(
+        matched(&h, TreeKey::Served("a"), "own text"),
+        Some((8, vec![4]))
+    );
+    assert_eq!(matched(&h, TreeKey::Served("b"), "b"), Some((0, vec![])));
+    h.serve_models(vec!["b", "b"]);
     h.sync();
     let forest = h.load();
-    for (_, tree) in forest.models() {
-        assert_eq!(tree.worker_chars(1), 0);
-        assert_eq!(tree.longest_match("shared prompt").workers, &[2]);
-        tree.check_invariants().unwrap();
-    }
+    let keys: Vec<_> = forest.models().map(|(k, _)| k).collect();
+    assert_eq!(keys, vec![D, TreeKey::Shared, TreeKey::Served("b")]);
+    assert_eq!(
+        matched(&h, TreeKey::Served("a"), "own text"),
+        Some((0, vec![]))
+    );
+    assert_eq!(matched(&h, TreeKey::Shared, "shared"), Some((6, vec![9])));
+}
+
+#[test]
+fn queued_text_is_bounded_in_bytes() {
+    let cfg = WriterConfig {
+        channel_bytes: 100,
+        ..WriterConfig::default()
+    };
+    // The writer is not running yet, so the queue fills deterministically.
+    let (h, writer) = build(cfg);
+    assert!(h.try_insert(ins(D, &"a".repeat(60), 1, 1)));
+    assert!(!h.try_insert(ins(D, &"b".repeat(60), 1, 2)));
+    assert!(h.try_insert(ins(D, &"c".repeat(40), 1, 3)));
+    assert_eq!(h.stats().queued_bytes(), 100);
+    assert_eq!(h.stats().dropped(), 1);
+    std::thread::spawn(move || writer.run());
+    h.sync();
+    assert_eq!(h.stats().queued_bytes(), 0);
+    assert_eq!(h.stats().inserts_applied(), 2);
 }
 
 #[test]
@@ -111,21 +144,21 @@ fn invalid_utf8_is_cut_at_the_last_boundary() {
     let mut text = "abcé".as_bytes().to_vec();
     text.extend_from_slice(&[0xff, b'x']);
     h.try_insert(Insert {
-        model: None,
+        tree: D,
         text: Bytes::from(text),
         worker: 1,
         now_ms: 1,
     });
     // A truncated multi-byte character at the end.
     h.try_insert(Insert {
-        model: None,
+        tree: D,
         text: Bytes::copy_from_slice(&"zz中".as_bytes()[..4]),
         worker: 2,
         now_ms: 2,
     });
     h.sync();
-    assert_eq!(matched(&h, None, "abcéx"), Some((4, vec![1])));
-    assert_eq!(matched(&h, None, "zz中"), Some((2, vec![2])));
+    assert_eq!(matched(&h, D, "abcéx"), Some((4, vec![1])));
+    assert_eq!(matched(&h, D, "zz中"), Some((2, vec![2])));
     assert_eq!(h.stats().chars(), 6);
 }
 
@@ -141,15 +174,15 @@ fn immediate_eviction_bounds_growth_between_passes() {
     for i in 0..500u64 {
         let text = format!("conversation {i:04}: {}", "x".repeat(40));
         for worker in [1, 2] {
-            w.insert(&ins(Some("m"), &text, worker, i));
-            let chars = w.forest.tree(Some(b"m")).unwrap().worker_chars(worker);
+            w.insert(&ins(TreeKey::Served("m"), &text, worker, i));
+            let chars = w.forest.tree(TreeKey::Served("m")).worker_chars(worker);
             assert!(chars <= 1_100, "worker {worker} at {chars}");
         }
     }
     assert!(w.stats.evictions() > 0);
     // The periodic pass brings everyone back under the limit proper.
     w.evict_all();
-    let tree = w.forest.tree(Some(b"m")).unwrap();
+    let tree = w.forest.tree(TreeKey::Served("m"));
     for worker in [1, 2] {
         assert!(tree.worker_chars(worker) <= 1_000);
         // The most recent conversation survived (LRU), the first did not.
@@ -171,25 +204,25 @@ fn periodic_eviction_runs_while_inserts_flow() {
     let h = spawn_writer(cfg);
     for i in 0..2_000u64 {
         let text = format!("prompt {i}: {}", "y".repeat(50));
-        while !h.try_insert(ins(None, &text, (i % 3) as WorkerId, i)) {
+        while !h.try_insert(ins(D, &text, (i % 3) as WorkerId, i)) {
             std::thread::yield_now();
         }
     }
     h.sync();
     let over_margin = |h: &TreeHandle| {
         let f = h.load();
-        let t = f.tree(None).unwrap();
+        let t = f.tree(D);
         (0..3).all(|w| t.worker_chars(w) <= 4_000)
     };
     assert!(over_margin(&h));
     assert!(eventually(|| {
         h.sync();
         let f = h.load();
-        let t = f.tree(None).unwrap();
+        let t = f.tree(D);
         (0..3).all(|w| t.worker_chars(w) <= 2_000)
     }));
     assert!(h.stats().evicted_chars() > 0);
-    h.load().tree(None).unwrap().check_invariants().unwrap();
+    h.load().tree(D).check_invariants().unwrap();
 }
 
 #[test]
@@ -200,44 +233,42 @@ fn publishes_after_enough_messages_without_waiting_for_the_epoch() {
         ..WriterConfig::default()
     };
     let h = spawn_writer(cfg);
-    h.try_insert(ins(None, "one", 1, 1));
+    h.try_insert(ins(D, "one", 1, 1));
     std::thread::sleep(Duration::from_millis(30));
     assert_eq!(
         h.load().epoch(),
         0,
         "published before the epoch or the batch was due"
     );
-    h.try_insert(ins(None, "two", 1, 2));
-    h.try_insert(ins(None, "three", 1, 3));
+    h.try_insert(ins(D, "two", 1, 2));
+    h.try_insert(ins(D, "three", 1, 3));
     assert!(eventually(|| h.load().epoch() == 1));
-    assert_eq!(matched(&h, None, "three"), Some((5, vec![1])));
+    assert_eq!(matched(&h, D, "three"), Some((5, vec![1])));
 }
 
 #[test]
 fn publishes_within_an_epoch_without_sync() {
     let h = spawn_writer(WriterConfig::default());
-    h.try_insert(ins(None, "lonely", 4, 1));
-    assert!(eventually(
-        || matched(&h, None, "lonely") == Some((6, vec![4]))
-    ));
+    h.try_insert(ins(D, "lonely", 4, 1));
+    assert!(eventually(|| matched(&h, D, "lonely") == Some((6, vec![4]))));
 }
 
 #[test]
 fn clock_is_monotonic_and_snapshots_are_retired_on_the_writer() {
     let (h, mut w) = build(WriterConfig::default());
     let old = h.snapshot.load_full();
-    w.insert(&ins(None, "late", 1, 100));
-    w.insert(&ins(None, "early", 1, 50));
+    w.insert(&ins(D, "late", 1, 100));
+    w.insert(&ins(D, "early", 1, 50));
     assert_eq!(w.clock, 100);
     for i in 0..10 {
-        w.insert(&ins(None, &format!("p{i}"), 2, 200 + i));
+        w.insert(&ins(D, &format!("p{i}"), 2, 200 + i));
         w.publish();
         assert!(w.retired.len() <= RETAINED_SNAPSHOTS);
     }
     assert_eq!(h.load().epoch(), 10);
     // A snapshot a reader still holds stays intact.
     assert_eq!(old.epoch(), 0);
-    assert_eq!(old.tree(None).unwrap().node_count(), 1);
+    assert_eq!(old.tree(D).node_count(), 1);
 }
 
 #[test]
@@ -249,7 +280,7 @@ fn writer_exits_when_every_handle_is_gone() {
         w.run();
         let _ = done_tx.send(());
     });
-    h.try_insert(ins(None, "x", 1, 1));
+    h.try_insert(ins(D, "x", 1, 1));
     drop(h);
     assert!(done_rx.recv_timeout(Duration::from_millis(50)).is_err());
     drop(h2);
