@@ -2,13 +2,17 @@
 //!
 //! ```text
 //! sim-worker --ports 31000-31003 --time-scale 10 --tokenizer approx
+//! sim-worker --ports 31000-31001 --page-size 16 \
+//!     --kv-events-config '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:6557"}'
 //! ```
-//! Prints `sim-worker listening on HOST:PORT` per port once bound, runs until SIGINT/SIGTERM,
+//! Prints `sim-worker listening on HOST:PORT` per port once bound (and, with KV events,
+//! `sim-worker kv events for HOST:PORT on ENDPOINT replay REPLAY`), runs until SIGINT/SIGTERM,
 //! and exits 0.
 
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
+use loadtest::sim::kv_events::KvEventsConfig;
 use loadtest::sim::{spawn_cluster, Faults, IoDriver, SimConfig, TokenizerMode};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -90,6 +94,12 @@ struct Args {
     /// monoio driver.
     #[arg(long, value_enum, default_value = "auto")]
     io_driver: DriverArg,
+    /// Publish KV-cache events as SGLang does, e.g.
+    /// '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:6557"}'
+    /// (fields and defaults as SGLang's; sim-only "encoding": "array" | "map"). The worker at
+    /// index i of --ports publishes on endpoint port + i and replays on replay port + i.
+    #[arg(long, value_parser = KvEventsConfig::parse)]
+    kv_events_config: Option<KvEventsConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -167,6 +177,7 @@ fn main() -> ExitCode {
             DriverArg::Uring => IoDriver::Uring,
             DriverArg::Legacy => IoDriver::Legacy,
         },
+        kv_events: a.kv_events_config,
     };
     let set = block_signals();
     let host = cfg.host.clone();
@@ -180,6 +191,13 @@ fn main() -> ExitCode {
     eprintln!("sim-worker: io driver {}", cluster.io_driver());
     for p in cluster.ports() {
         println!("sim-worker listening on {host}:{p}");
+    }
+    for (p, kv) in cluster.ports().iter().zip(cluster.kv_events()) {
+        let replay = kv.replay_endpoint.as_deref().unwrap_or("none");
+        println!(
+            "sim-worker kv events for {host}:{p} on {} replay {replay}",
+            kv.endpoint
+        );
     }
     let stop = cluster.stopper();
     std::thread::spawn(move || {
@@ -211,5 +229,22 @@ mod tests {
         assert!(parse_ports("5-4").is_err());
         assert!(parse_ports("x").is_err());
         assert!(parse_ports("").is_err());
+    }
+
+    #[test]
+    fn kv_events_flag() {
+        let a = Args::try_parse_from([
+            "sim-worker",
+            "--kv-events-config",
+            r#"{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:6557"}"#,
+        ])
+        .unwrap();
+        let kv = a.kv_events_config.unwrap();
+        assert_eq!(kv.replay_endpoint.as_deref(), Some("tcp://*:6557"));
+        assert!(Args::try_parse_from(["sim-worker", "--kv-events-config", "{\"x\":1}"]).is_err());
+        assert!(Args::try_parse_from(["sim-worker"])
+            .unwrap()
+            .kv_events_config
+            .is_none());
     }
 }

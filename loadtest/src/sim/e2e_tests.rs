@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::{spawn_cluster, Faults, SimCluster, SimConfig, TokenizerMode};
 
-struct Resp {
-    status: u16,
+pub(super) struct Resp {
+    pub(super) status: u16,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
     /// The body ended properly (terminating chunk / full length).
@@ -20,7 +20,7 @@ struct Resp {
 }
 
 impl Resp {
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("bad JSON {e}: {}", String::from_utf8_lossy(&self.body)))
     }
@@ -30,7 +30,7 @@ impl Resp {
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
-    fn text(&self) -> String {
+    pub(super) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
     /// SSE `data:` payloads.
@@ -114,7 +114,7 @@ fn read_resp(s: &mut TcpStream, buf: &mut BytesMut) -> Resp {
     }
 }
 
-fn call(port: u16, method: &str, path: &str, body: &str) -> Resp {
+pub(super) fn call(port: u16, method: &str, path: &str, body: &str) -> Resp {
     let mut s = connect(port);
     send(&mut s, method, path, &[], body.as_bytes());
     read_resp(&mut s, &mut BytesMut::new())

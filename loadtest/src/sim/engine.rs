@@ -22,7 +22,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::cost::{CostModel, PrefillItem};
 use super::metrics::{Gauges, Metrics};
-use super::radix::{NodeId, RadixCache, ROOT};
+use super::radix::{CacheEvent, NodeId, RadixCache, ROOT};
 use crate::rng::{hash_tokens, Rng};
 
 /// Request handle inside one engine.
@@ -48,6 +48,9 @@ pub struct EngineConfig {
     pub seed: u64,
     /// Token ids answers are drawn from (must be non-empty).
     pub output_vocab: Vec<u32>,
+    /// Record KV-cache events (pages stored, evicted, flushed) for
+    /// [`take_kv_events`](Engine::take_kv_events), as SGLang does under `--kv-events-config`.
+    pub kv_events: bool,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +63,7 @@ impl Default for EngineConfig {
             cost: CostModel::default(),
             seed: 0,
             output_vocab: (1000..1256).collect(),
+            kv_events: false,
         }
     }
 }
@@ -255,8 +259,12 @@ impl Engine {
         } else {
             cfg.output_vocab
         };
+        let mut cache = RadixCache::new(cfg.max_total_tokens, cfg.page_size);
+        if cfg.kv_events {
+            cache.enable_events();
+        }
         Engine {
-            cache: RadixCache::new(cfg.max_total_tokens, cfg.page_size),
+            cache,
             cost: cfg.cost,
             chunk: cfg.chunked_prefill_size.max(1),
             max_running: cfg.max_running.max(1),
@@ -304,6 +312,13 @@ impl Engine {
     /// The KV cache (read-only view for stats and tests).
     pub fn cache(&self) -> &RadixCache {
         &self.cache
+    }
+
+    /// Move the KV-cache changes since the last call into `out` (empty unless
+    /// [`EngineConfig::kv_events`]). The server calls it once per scheduler step, so one call's
+    /// events form one published `EventBatch`, as in SGLang.
+    pub fn take_kv_events(&mut self, out: &mut Vec<CacheEvent>) {
+        self.cache.take_events(out);
     }
 
     /// Counters and histograms.

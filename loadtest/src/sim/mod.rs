@@ -5,7 +5,8 @@
 //! ([`cost`](crate::sim::cost)), a real BPE tokenizer and chat template
 //! ([`tokenizer`](crate::sim::tokenizer)), SGLang's HTTP API and Prometheus metrics
 //! ([`server`](crate::sim::server), [`api`](crate::sim::api),
-//! [`metrics`](crate::sim::metrics)), and fault knobs ([`Faults`](crate::sim::Faults)).
+//! [`metrics`](crate::sim::metrics)), SGLang's KV-cache events on ZeroMQ
+//! ([`kv_events`](crate::sim::kv_events)), and fault knobs ([`Faults`](crate::sim::Faults)).
 //!
 //! ```no_run
 //! use loadtest::sim::{spawn_cluster, SimConfig};
@@ -17,6 +18,7 @@
 pub mod api;
 pub mod cost;
 pub mod engine;
+pub mod kv_events;
 pub mod metrics;
 pub mod radix;
 pub mod server;
@@ -31,7 +33,10 @@ pub use tokenizer::TokenizerMode;
 ///
 /// Tests can also change faults at run time, per port: `POST /debug/faults` with
 /// `{"fail_rate": 0.0..=1.0 | null, "hold": bool}` (null restores the configured rate; `hold`
-/// keeps inference requests waiting, counted as in progress, until it is cleared), and read
+/// keeps inference requests waiting, counted as in progress, until it is cleared;
+/// `"skip_kv_seq": true` withholds the next KV-event batch from the PUB socket but keeps it for
+/// replay, a gap a subscriber can fill; `"lose_kv_seq": true` consumes the next sequence number
+/// with nothing sent or buffered, a gap it cannot), and read
 /// per-port counters at `GET /debug/stats` (`connections`, `inference_connections`,
 /// `inference_received`, `inference_answered`, `inference_in_progress`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -99,6 +104,8 @@ pub struct SimConfig {
     pub record_requests: usize,
     /// monoio driver selection.
     pub io_driver: IoDriver,
+    /// `--kv-events-config`: publish SGLang's KV-cache events (see [`kv_events`]).
+    pub kv_events: Option<kv_events::KvEventsConfig>,
 }
 
 impl Default for SimConfig {
@@ -119,6 +126,7 @@ impl Default for SimConfig {
             faults: Faults::default(),
             record_requests: 0,
             io_driver: IoDriver::Auto,
+            kv_events: None,
         }
     }
 }
@@ -127,6 +135,8 @@ impl Default for SimConfig {
 mod calibration_tests;
 #[cfg(test)]
 mod e2e_tests;
+#[cfg(test)]
+mod kv_events_e2e_tests;
 
 /// A raw HTTP/1.1 request (`Host: sim`, the headers in order, `Content-Length` for any body or
 /// POST) for tests that speak to a worker or a gateway byte by byte.

@@ -11,16 +11,50 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use crate::rng::hash_tokens;
+
 /// Index of a node in the arena. `ROOT` is the empty prefix and is never evicted or locked.
 pub type NodeId = u32;
 
 /// The root node: the empty prefix.
 pub const ROOT: NodeId = 0;
 
+/// Seed of the page-hash chain (the "hash" of the empty prefix), so the first page's hash is not
+/// a plain hash of its tokens.
+const ROOT_HASH_SEED: u64 = 0x6b76_5f72_6f6f_7400;
+
+/// A change to the set of cached pages, as SGLang's radix cache reports it for KV events
+/// (`BlockStored` / `BlockRemoved` / `AllBlocksCleared`). Pure data: the server batches these per
+/// scheduler step and [`kv_events`](crate::sim::kv_events) puts them on the wire.
+///
+/// Page hashes are this simulator's own stable chained 64-bit hash (page `i` hashes page `i−1`'s
+/// hash with the page's tokens); like SGLang's, they are opaque ids to consumers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheEvent {
+    /// Whole pages entered the tree: one radix node's run of consecutive pages.
+    Stored {
+        /// One hash per page, in order.
+        hashes: Vec<u64>,
+        /// Hash of the page before the first one; `None` when the run starts at the root.
+        parent: Option<u64>,
+        /// The pages' tokens, `hashes.len() × page_size` of them.
+        tokens: Vec<u32>,
+    },
+    /// A radix node was evicted: the hashes of all its pages.
+    Removed {
+        /// One hash per page.
+        hashes: Vec<u64>,
+    },
+    /// The whole cache was flushed.
+    Cleared,
+}
+
 #[derive(Debug, Clone)]
 struct Node {
     /// Edge label: the tokens from the parent to this node (a whole number of pages).
     key: Vec<u32>,
+    /// Chained hash of each page of `key` (KV-event block ids), `key.len() / page` of them.
+    hashes: Vec<u64>,
     parent: NodeId,
     /// `(first token of the child's edge, child)`. Linear scan: fan-outs in practice are small
     /// and the comparison is a single `u32` before the page check.
@@ -56,6 +90,9 @@ pub struct RadixCache {
     private_tokens: usize,
     tick: u64,
     stats: CacheStats,
+    /// Changes not yet taken by [`take_events`](Self::take_events); `None` while KV events are
+    /// off (nothing is recorded).
+    events: Option<Vec<CacheEvent>>,
 }
 
 impl RadixCache {
@@ -71,6 +108,7 @@ impl RadixCache {
             private_tokens: 0,
             tick: 0,
             stats: CacheStats::default(),
+            events: None,
         };
         c.reset();
         c
@@ -81,6 +119,7 @@ impl RadixCache {
         self.free_ids.clear();
         self.nodes.push(Node {
             key: Vec::new(),
+            hashes: Vec::new(),
             parent: ROOT,
             children: Vec::new(),
             lock_ref: 0,
@@ -89,6 +128,25 @@ impl RadixCache {
         });
         self.tree_tokens = 0;
         self.evictable_tokens = 0;
+    }
+
+    /// Start recording [`CacheEvent`]s (SGLang records them only with `--kv-events-config`).
+    pub fn enable_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// Move the changes recorded since the last call into `out`, oldest first (nothing while
+    /// events are off). The caller drains once per scheduler step, which bounds the buffer.
+    pub fn take_events(&mut self, out: &mut Vec<CacheEvent>) {
+        if let Some(ev) = &mut self.events {
+            out.append(ev);
+        }
+    }
+
+    fn record(&mut self, ev: CacheEvent) {
+        if let Some(events) = &mut self.events {
+            events.push(ev);
+        }
     }
 
     /// Page size in tokens.
@@ -147,6 +205,7 @@ impl RadixCache {
             return false;
         }
         self.reset();
+        self.record(CacheEvent::Cleared);
         true
     }
 
@@ -158,12 +217,14 @@ impl RadixCache {
     fn alloc_node(
         &mut self,
         key: Vec<u32>,
+        hashes: Vec<u64>,
         parent: NodeId,
         lock_ref: u32,
         last_access: u64,
     ) -> NodeId {
         let node = Node {
             key,
+            hashes,
             parent,
             children: Vec::new(),
             lock_ref,
@@ -203,15 +264,16 @@ impl RadixCache {
     /// Split `child` after `at` tokens (page-aligned, `0 < at < key.len()`): a new upper node takes
     /// the first `at` tokens and `child` keeps its id with the rest, so handles stay valid.
     fn split(&mut self, child: NodeId, at: usize) -> NodeId {
-        let (parent, lock_ref, last_access, upper_key) = {
+        let page = self.page;
+        let (parent, lock_ref, last_access, upper_key, upper_hashes) = {
             let c = &mut self.nodes[child as usize];
-            let upper: Vec<u32> = c.key[..at].to_vec();
-            c.key.drain(..at);
-            (c.parent, c.lock_ref, c.last_access, upper)
+            let upper: Vec<u32> = c.key.drain(..at).collect();
+            let hashes: Vec<u64> = c.hashes.drain(..at / page).collect();
+            (c.parent, c.lock_ref, c.last_access, upper, hashes)
         };
         let first_upper = upper_key[0];
         let lower_first = self.nodes[child as usize].key[0];
-        let upper = self.alloc_node(upper_key, parent, lock_ref, last_access);
+        let upper = self.alloc_node(upper_key, upper_hashes, parent, lock_ref, last_access);
         self.nodes[upper as usize]
             .children
             .push((lower_first, child));
@@ -289,7 +351,24 @@ impl RadixCache {
         if existing < key.len() {
             let rest = key[existing..].to_vec();
             let first = rest[0];
-            let leaf = self.alloc_node(rest, node, 0, tick);
+            // The node covering exactly `existing` tokens ends with the page before `rest`.
+            let parent_hash = self.nodes[node as usize].hashes.last().copied();
+            let mut h = parent_hash.unwrap_or(ROOT_HASH_SEED);
+            let hashes: Vec<u64> = rest
+                .chunks(self.page)
+                .map(|p| {
+                    h = hash_tokens(h, p);
+                    h
+                })
+                .collect();
+            if self.events.is_some() {
+                self.record(CacheEvent::Stored {
+                    hashes: hashes.clone(),
+                    parent: parent_hash,
+                    tokens: rest.clone(),
+                });
+            }
+            let leaf = self.alloc_node(rest, hashes, node, 0, tick);
             self.nodes[node as usize].children.push((first, leaf));
             let added = key.len() - existing;
             self.tree_tokens += added;
@@ -356,13 +435,15 @@ impl RadixCache {
     }
 
     fn remove_leaf(&mut self, id: NodeId) -> usize {
-        let (parent, len) = {
+        let (parent, len, hashes) = {
             let n = &mut self.nodes[id as usize];
             n.live = false;
             let len = n.key.len();
             n.key = Vec::new();
-            (n.parent, len)
+            let hashes = std::mem::take(&mut n.hashes);
+            (n.parent, len, hashes)
         };
+        self.record(CacheEvent::Removed { hashes });
         self.nodes[parent as usize]
             .children
             .retain(|&(_, c)| c != id);
@@ -434,6 +515,9 @@ impl RadixCache {
             if id != ROOT {
                 if n.key.is_empty() || !n.key.len().is_multiple_of(self.page) {
                     return Err(format!("node {id} key len {} not whole pages", n.key.len()));
+                }
+                if n.hashes.len() * self.page != n.key.len() {
+                    return Err(format!("node {id} has {} page hashes", n.hashes.len()));
                 }
                 total += n.key.len();
                 if n.lock_ref == 0 {
@@ -592,6 +676,204 @@ mod tests {
         assert!(c.is_idle());
         assert!(c.flush());
         assert_eq!(c.tree_tokens(), 0);
+    }
+
+    /// Applies recorded events to a consumer-side model (hash → (parent, page tokens)) and
+    /// checks what a KV-event subscriber relies on: parents are known when a page is stored,
+    /// removed pages were stored and have no stored children, and the model equals the tree.
+    #[derive(Default)]
+    struct Consumer {
+        pages: std::collections::HashMap<u64, (Option<u64>, Vec<u32>)>,
+    }
+
+    impl Consumer {
+        /// Apply `evs` as a subscriber would, asserting the stream is self-consistent.
+        fn apply(&mut self, evs: &[CacheEvent], page: usize) {
+            for ev in evs {
+                match ev {
+                    CacheEvent::Stored {
+                        hashes,
+                        parent,
+                        tokens,
+                    } => {
+                        assert_eq!(tokens.len(), hashes.len() * page);
+                        if let Some(p) = parent {
+                            assert!(self.pages.contains_key(p), "parent {p} not stored");
+                        }
+                        let mut prev = *parent;
+                        for (h, toks) in hashes.iter().zip(tokens.chunks(page)) {
+                            let old = self.pages.insert(*h, (prev, toks.to_vec()));
+                            assert!(old.is_none(), "page {h} stored twice");
+                            prev = Some(*h);
+                        }
+                    }
+                    CacheEvent::Removed { hashes } => {
+                        for h in hashes {
+                            assert!(self.pages.remove(h).is_some(), "unknown page {h} removed");
+                        }
+                        for (p, _) in self.pages.values() {
+                            assert!(!p.is_some_and(|p| hashes.contains(&p)), "orphaned child");
+                        }
+                    }
+                    CacheEvent::Cleared => self.pages.clear(),
+                }
+            }
+        }
+
+        /// The model holds exactly the tree's pages.
+        fn check(&self, c: &RadixCache) {
+            let mut live: Vec<u64> = c
+                .nodes
+                .iter()
+                .filter(|n| n.live)
+                .flat_map(|n| n.hashes.iter().copied())
+                .collect();
+            let mut model: Vec<u64> = self.pages.keys().copied().collect();
+            live.sort_unstable();
+            model.sort_unstable();
+            assert_eq!(live, model, "event stream and tree disagree");
+        }
+
+        /// Tokens of the whole prefix ending at page `h`, rebuilt from parents.
+        fn prefix(&self, mut h: u64) -> Vec<u32> {
+            let mut pages = Vec::new();
+            loop {
+                let (parent, toks) = &self.pages[&h];
+                pages.push(toks.clone());
+                match parent {
+                    Some(p) => h = *p,
+                    None => break,
+                }
+            }
+            pages.reverse();
+            pages.concat()
+        }
+    }
+
+    fn take(c: &mut RadixCache) -> Vec<CacheEvent> {
+        let mut evs = Vec::new();
+        c.take_events(&mut evs);
+        evs
+    }
+
+    #[test]
+    fn events_off_by_default() {
+        let mut c = RadixCache::new(100, 2);
+        c.insert(&[1, 2, 3, 4]);
+        assert!(take(&mut c).is_empty());
+    }
+
+    #[test]
+    fn events_store_split_evict_flush() {
+        let mut c = RadixCache::new(16, 2);
+        c.enable_events();
+        let mut m = Consumer::default();
+        c.insert(&[1, 2, 3, 4, 5, 6, 7]);
+        let evs = take(&mut c);
+        let [CacheEvent::Stored {
+            hashes,
+            parent: None,
+            tokens,
+        }] = &evs[..]
+        else {
+            panic!("{evs:?}")
+        };
+        assert_eq!(hashes.len(), 3, "full pages only");
+        assert_eq!(tokens, &[1, 2, 3, 4, 5, 6]);
+        let hashes = hashes.clone();
+        m.apply(&evs, 2);
+        m.check(&c);
+        // Same prefix, same hash (stable across caches); a different page, a different hash.
+        let mut other = RadixCache::new(16, 2);
+        other.enable_events();
+        other.insert(&[1, 2, 9, 9]);
+        let CacheEvent::Stored { hashes: oh, .. } = &take(&mut other)[0] else {
+            panic!()
+        };
+        assert_eq!(oh[0], hashes[0]);
+        assert_ne!(oh[1], hashes[1]);
+        // A diverging insert splits the edge (no event for the split) and chains to page 2.
+        c.insert(&[1, 2, 3, 4, 8, 8]);
+        let evs = take(&mut c);
+        let h88 = hash_tokens(hashes[1], &[8, 8]);
+        assert_eq!(
+            evs,
+            vec![CacheEvent::Stored {
+                hashes: vec![h88],
+                parent: Some(hashes[1]),
+                tokens: vec![8, 8],
+            }]
+        );
+        m.apply(&evs, 2);
+        m.check(&c);
+        assert_eq!(m.prefix(h88), vec![1, 2, 3, 4, 8, 8]);
+        // Evicting everything: the two leaves, then their shared parent, one event per node.
+        assert!(c.alloc(16));
+        let evs = take(&mut c);
+        assert_eq!(evs.len(), 3);
+        assert!(evs.iter().all(|e| matches!(e, CacheEvent::Removed { .. })));
+        m.apply(&evs, 2);
+        m.check(&c);
+        c.free(16);
+        c.insert(&[5, 5]);
+        assert!(c.flush());
+        let evs = take(&mut c);
+        assert_eq!(evs.last(), Some(&CacheEvent::Cleared));
+        m.apply(&evs, 2);
+        m.check(&c);
+    }
+
+    #[test]
+    fn events_follow_random_ops() {
+        let mut rng = Rng::new(7);
+        for page in [1usize, 3] {
+            let mut c = RadixCache::new(300, page);
+            c.enable_events();
+            let mut m = Consumer::default();
+            let mut held: Vec<NodeId> = Vec::new();
+            for step in 0..2000 {
+                let len = 1 + rng.below(40);
+                let base = rng.below(5) as u32;
+                let key: Vec<u32> = (0..len as u32)
+                    .map(|i| base * 100 + (i % (2 + base)))
+                    .collect();
+                match rng.below(5) {
+                    0 | 1 => {
+                        let (_, node) = c.insert(&key);
+                        if rng.chance(0.3) {
+                            c.inc_lock(node);
+                            held.push(node);
+                        }
+                    }
+                    2 => {
+                        if let Some(n) = held.pop() {
+                            c.dec_lock(n);
+                        }
+                    }
+                    3 => {
+                        let n = rng.below(120);
+                        if c.alloc(n) {
+                            c.free(n);
+                        }
+                    }
+                    _ => {
+                        if step % 97 == 0 && held.is_empty() {
+                            c.flush();
+                        } else {
+                            c.match_prefix(&key);
+                        }
+                    }
+                }
+                m.apply(&take(&mut c), page);
+                m.check(&c);
+                c.check_invariants().unwrap();
+            }
+            // Every stored page's chain rebuilds a prefix the tree really caches.
+            for &h in m.pages.keys() {
+                let p = m.prefix(h);
+                assert_eq!(c.peek_prefix(&p), p.len());
+            }
+        }
     }
 
     #[test]

@@ -35,6 +35,7 @@ use radixgate::http::RequestHead;
 
 use super::cost::CostModel;
 use super::engine::{Engine, EngineConfig, Event, ReqId};
+use super::kv_events::{self, KvEventsConfig, KvPublisher, PublisherKind};
 use super::tokenizer::SimTokenizer;
 use super::{IoDriver, SimConfig};
 use crate::rng::Rng;
@@ -83,6 +84,13 @@ struct Server {
     /// `hold` keeps new and waiting inference requests from being handled until it is cleared.
     fail_rate_override: Cell<Option<f64>>,
     hold: Cell<bool>,
+    /// This worker's KV-event publisher (`--kv-events-config` with publisher "zmq").
+    kv: Option<KvPublisher>,
+    /// This worker's `--kv-events-config` as reported by `/get_server_info` (endpoints offset
+    /// and resolved when publishing).
+    kv_config: Option<KvEventsConfig>,
+    /// Scratch for one step's KV events.
+    kv_scratch: RefCell<Vec<super::radix::CacheEvent>>,
 }
 
 /// Counts an inference request as in progress while it lives.
@@ -102,7 +110,13 @@ fn unix_now() -> f64 {
 }
 
 impl Server {
-    fn new(port: u16, index: usize, cfg: Rc<SimConfig>, tok: Rc<SimTokenizer>) -> Self {
+    fn new(
+        port: u16,
+        index: usize,
+        cfg: Rc<SimConfig>,
+        tok: Rc<SimTokenizer>,
+        kv: Option<KvPublisher>,
+    ) -> Self {
         let cost = CostModel {
             fixed_step_ms: cfg.token_interval_ms,
             ..CostModel::default()
@@ -118,7 +132,15 @@ impl Server {
             // the same reply to the same prompt (routing does not change the conversation).
             seed: cfg.seed,
             output_vocab: tok.output_vocab(),
+            kv_events: kv.is_some(),
         });
+        let kv_config = match &kv {
+            Some(p) => Some(p.config().clone()),
+            None => cfg
+                .kv_events
+                .as_ref()
+                .and_then(|c| c.for_worker(index).ok()),
+        };
         Server {
             port,
             port_str: port.to_string(),
@@ -140,6 +162,20 @@ impl Server {
             in_progress: Cell::new(0),
             fail_rate_override: Cell::new(None),
             hold: Cell::new(false),
+            kv,
+            kv_config,
+            kv_scratch: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Publish the KV events the engine recorded since the last call as one batch (SGLang
+    /// publishes once per scheduler step). Never blocks: see [`kv_events`].
+    fn publish_kv(&self) {
+        let Some(kv) = &self.kv else { return };
+        let mut evs = self.kv_scratch.borrow_mut();
+        self.engine.borrow_mut().take_kv_events(&mut evs);
+        if !evs.is_empty() {
+            kv.publish(std::mem::take(&mut *evs), unix_now());
         }
     }
 
@@ -282,6 +318,7 @@ async fn gpu_loop(sh: Rc<Server>) {
         }
         events.clear();
         sh.engine.borrow_mut().complete(&mut events);
+        sh.publish_kv();
         sh.dispatch(&events);
     }
 }
@@ -314,10 +351,12 @@ type Ready = std::sync::mpsc::Sender<io::Result<&'static str>>;
 async fn serve(
     cfg: Rc<SimConfig>,
     listeners: Vec<std::net::TcpListener>,
+    kv: Vec<KvPublisher>,
     stop: Arc<AtomicBool>,
     ready: Ready,
     driver: &'static str,
 ) {
+    let mut kv = kv.into_iter();
     // Built before reporting ready, so the first request does not pay for the vocabulary.
     let tok = Rc::new(SimTokenizer::new(cfg.tokenizer));
     let mut servers = Vec::with_capacity(listeners.len());
@@ -334,7 +373,7 @@ async fn serve(
         }
     }
     for (i, (port, listener)) in registered.into_iter().enumerate() {
-        let sh = Rc::new(Server::new(port, i, cfg.clone(), tok.clone()));
+        let sh = Rc::new(Server::new(port, i, cfg.clone(), tok.clone(), kv.next()));
         monoio::spawn(gpu_loop(sh.clone()));
         monoio::spawn(accept_loop(sh.clone(), listener));
         servers.push(sh);
@@ -354,6 +393,7 @@ fn run_runtime(
     driver: IoDriver,
     cfg: SimConfig,
     listeners: Vec<std::net::TcpListener>,
+    kv: Vec<KvPublisher>,
     stop: Arc<AtomicBool>,
     ready: Ready,
 ) {
@@ -369,28 +409,30 @@ fn run_runtime(
         let rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
             .enable_timer()
             .build();
-        serve_on(rt, "io_uring", driver, cfg, listeners, stop, ready);
+        serve_on(rt, "io_uring", driver, cfg, listeners, kv, stop, ready);
     } else {
         let rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
             .enable_timer()
             .build();
-        serve_on(rt, "legacy", driver, cfg, listeners, stop, ready);
+        serve_on(rt, "legacy", driver, cfg, listeners, kv, stop, ready);
     }
 }
 
 /// Run the workers on a freshly built runtime (`name` is the driver reported to
 /// [`SimCluster`]), or report through `ready` why the `requested` driver could not start.
+#[allow(clippy::too_many_arguments)]
 fn serve_on<D: monoio::Driver>(
     rt: io::Result<monoio::Runtime<D>>,
     name: &'static str,
     requested: IoDriver,
     cfg: SimConfig,
     listeners: Vec<std::net::TcpListener>,
+    kv: Vec<KvPublisher>,
     stop: Arc<AtomicBool>,
     ready: Ready,
 ) {
     match rt {
-        Ok(mut rt) => rt.block_on(serve(Rc::new(cfg), listeners, stop, ready, name)),
+        Ok(mut rt) => rt.block_on(serve(Rc::new(cfg), listeners, kv, stop, ready, name)),
         Err(e) => {
             let msg = format!("cannot start the monoio runtime ({requested:?} driver): {e}");
             let _ = ready.send(Err(io::Error::new(e.kind(), msg)));
@@ -406,6 +448,10 @@ pub struct SimCluster {
     driver: &'static str,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The KV-event publisher thread; it exits once the serving thread has dropped the workers.
+    kv_thread: Option<std::thread::JoinHandle<()>>,
+    /// Each worker's effective `--kv-events-config` (offset endpoints, bound ports resolved).
+    kv_configs: Vec<KvEventsConfig>,
 }
 
 impl std::fmt::Debug for SimCluster {
@@ -445,11 +491,25 @@ impl SimCluster {
     /// Block until the serving thread exits (after a stop requested through
     /// [`stopper`](Self::stopper)). Errors if the thread panicked.
     pub fn join(mut self) -> io::Result<()> {
-        match self.thread.take() {
+        let res = match self.thread.take() {
             Some(t) => t
                 .join()
                 .map_err(|_| io::Error::other("sim-worker thread panicked")),
             None => Ok(()),
+        };
+        self.join_kv();
+        res
+    }
+
+    /// Each worker's KV-event config as it publishes (endpoint `+ index`, ephemeral ports
+    /// resolved), in port order; empty without `--kv-events-config` or with publisher "null".
+    pub fn kv_events(&self) -> &[KvEventsConfig] {
+        &self.kv_configs
+    }
+
+    fn join_kv(&mut self) {
+        if let Some(t) = self.kv_thread.take() {
+            let _ = t.join();
         }
     }
 
@@ -468,6 +528,7 @@ impl SimCluster {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.join_kv();
     }
 }
 
@@ -506,6 +567,14 @@ pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
         ports.push(l.local_addr()?.port());
         listeners.push(l);
     }
+    let (kv, kv_thread) = match &cfg.kv_events {
+        Some(k) if k.publisher == PublisherKind::Zmq => {
+            let p = kv_events::start(k, ports.len(), cfg.page_size)?;
+            (p.workers, Some(p.thread))
+        }
+        _ => (Vec::new(), None),
+    };
+    let kv_configs: Vec<KvEventsConfig> = kv.iter().map(|p| p.config().clone()).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let driver = cfg.io_driver;
     let host = cfg.host.clone();
@@ -513,7 +582,7 @@ pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name("sim-worker".into())
-        .spawn(move || run_runtime(driver, cfg, listeners, stop2, ready_tx))?;
+        .spawn(move || run_runtime(driver, cfg, listeners, kv, stop2, ready_tx))?;
     // Wait until the runtime runs and every listener is registered, so a failure (io_uring not
     // permitted, ...) is reported here rather than as refused connections later.
     let started = ready_rx
@@ -526,9 +595,14 @@ pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
             driver,
             stop,
             thread: Some(thread),
+            kv_thread,
+            kv_configs,
         }),
         Err(e) => {
             let _ = thread.join();
+            if let Some(t) = kv_thread {
+                let _ = t.join();
+            }
             Err(e)
         }
     }

@@ -8,6 +8,7 @@ use radixgate::http::RequestHead;
 use serde_json::{json, Value};
 
 use crate::sim::api::Endpoint;
+use crate::sim::kv_events::KvPublisher;
 use crate::sim::tokenizer::TokenizerMode;
 
 use super::conn::{write, AbortGuard, Next, Reader, WriteHalf};
@@ -175,6 +176,8 @@ async fn handle_info(
 /// `/flush_cache`: SGLang's text answer, 400 when requests are in flight.
 async fn flush_cache(sh: &Rc<Server>, keep: bool, wr: &mut WriteHalf) -> Next {
     let ok = sh.engine.borrow_mut().flush_cache();
+    // SGLang publishes AllBlocksCleared right away, not at the next scheduler step.
+    sh.publish_kv();
     let text = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n";
     respond(
         sh,
@@ -230,11 +233,48 @@ fn server_info(sh: &Server) -> Value {
             "cache_hit_rate": e.last_hit_rate(),
             "memory_usage": {"kvcache_tokens": e.cache().tree_tokens() + e.cache().private_tokens()},
         }],
+        "kv_events_config": kv_events_config(sh),
+        "kv_events": kv_events_descriptor(sh),
         "version": "0.5.2-sim",
         "simulator": {
             "time_scale": c.time_scale, "tokenizer": tokenizer,
             "token_interval_ms": c.token_interval_ms, "default_max_tokens": c.default_max_tokens,
         },
+    })
+}
+
+/// `kv_events_config` as SGLang reports it: the server argument, a JSON string (null without
+/// `--kv-events-config`). Each simulated worker reports its own endpoints (base + index, bound
+/// ephemeral ports resolved), so a gateway reads them exactly as from a real server.
+fn kv_events_config(sh: &Server) -> Value {
+    match &sh.kv_config {
+        Some(c) => Value::String(c.to_json().to_string()),
+        None => Value::Null,
+    }
+}
+
+/// The structured descriptor newer SGLang adds (`kv_events`): where to subscribe without
+/// parsing the config string.
+fn kv_events_descriptor(sh: &Server) -> Value {
+    let Some(c) = &sh.kv_config else {
+        return Value::Null;
+    };
+    let split = |ep: &str| -> (Value, Value) {
+        match ep.strip_prefix("tcp://").and_then(|r| r.rsplit_once(':')) {
+            Some((h, p)) => (json!(h), p.parse::<u16>().map_or(Value::Null, |p| json!(p))),
+            None => (json!(ep), Value::Null),
+        }
+    };
+    let (host, port) = split(&c.endpoint);
+    let replay_port = c
+        .replay_endpoint
+        .as_deref()
+        .map_or(Value::Null, |r| split(r).1);
+    json!({
+        "publisher": c.to_json()["publisher"], "endpoint": c.endpoint,
+        "replay_endpoint": c.replay_endpoint, "endpoint_host": host,
+        "endpoint_port_base": port, "replay_endpoint_port_base": replay_port,
+        "topic": c.topic, "block_size": sh.cfg.page_size, "dp_size": 1,
     })
 }
 
@@ -277,11 +317,17 @@ fn debug_stats(sh: &Server) -> Value {
         "inference_in_progress": sh.in_progress.get(),
         "fail_rate": sh.fail_rate(),
         "hold": sh.hold.get(),
+        "kv_events": sh.kv.as_ref().map(|kv| {
+            let mut v = kv.stats().to_json();
+            v["next_seq"] = json!(kv.next_seq());
+            v
+        }),
     })
 }
 
-/// `POST /debug/faults` with `{"fail_rate": 0.0..=1.0 | null, "hold": bool}` (each optional;
-/// `fail_rate: null` restores the configured rate).
+/// `POST /debug/faults` with `{"fail_rate": 0.0..=1.0 | null, "hold": bool, "skip_kv_seq":
+/// bool, "lose_kv_seq": bool}` (each optional; `fail_rate: null` restores the configured rate;
+/// the KV knobs act on the next published batch, see [`Faults`](crate::sim::Faults)).
 fn set_faults(sh: &Server, body: &[u8]) -> Result<(), String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
     let Some(obj) = v.as_object() else {
@@ -300,6 +346,22 @@ fn set_faults(sh: &Server, body: &[u8]) -> Result<(), String> {
     if let Some(h) = obj.get("hold") {
         sh.hold
             .set(h.as_bool().ok_or("hold must be true or false")?);
+    }
+    for (key, act) in [
+        (
+            "skip_kv_seq",
+            KvPublisher::skip_next_batch as fn(&KvPublisher, bool),
+        ),
+        ("lose_kv_seq", KvPublisher::lose_next_batch),
+    ] {
+        if let Some(v) = obj.get(key) {
+            let on = v.as_bool().ok_or(format!("{key} must be true or false"))?;
+            let kv = sh
+                .kv
+                .as_ref()
+                .ok_or("KV events are not published (no --kv-events-config)")?;
+            act(kv, on);
+        }
     }
     Ok(())
 }

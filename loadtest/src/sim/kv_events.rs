@@ -1,0 +1,891 @@
+//! SGLang's KV-cache event publisher, for `sim-worker --kv-events-config JSON`: the simulated
+//! radix cache's changes ([`CacheEvent`]) go out on SGLang's exact wire format, so the gateway's
+//! event intake can be tested against simulated clusters as against real servers.
+//!
+//! Wire format (SGLang 0.5.x `ZmqEventPublisher`):
+//! - a ZeroMQ PUB socket per worker; each message is 3 frames: topic (utf-8, may be empty),
+//!   sequence (8-byte big-endian, from 0, +1 per batch), payload (msgpack `EventBatch`
+//!   `[ts: float, events: [...], attn_dp_rank: int]`);
+//! - events array-encoded, tagged by class name: `["BlockStored", [hash], parent|nil, token_ids,
+//!   block_size, lora_id|nil, medium]` (one per page, as SGLang's radix cache records them),
+//!   `["BlockRemoved", hashes, medium]` (one per evicted radix node), `["AllBlocksCleared"]`; or,
+//!   with the sim-only config key `"encoding": "map"`, the newer map form (`{"type":
+//!   "BlockStored", ...}`, `None` fields omitted) so consumers can be tested on both;
+//! - with `replay_endpoint`, a ROUTER socket keeping the last `buffer_steps` batches: a request
+//!   `[b"", start_seq (8-byte BE)]` is answered `[id, b"", seq, payload]` for every buffered
+//!   `seq ≥ start`, then `[id, b"", -1 (8-byte signed BE), b""]`.
+//!
+//! Endpoints, as SGLang: a PUB endpoint containing `*` or `::` (or `ipc://`/`inproc://`) binds,
+//! any other connects; the replay endpoint always binds. A `*` port (`tcp://127.0.0.1:*`) binds
+//! an ephemeral port (tests), reported with the real port. **Several ports in one process**
+//! (`--ports a b c`) are separate servers: the worker at index `i` (in `--ports` order) uses the
+//! configured endpoint port `+ i` and the replay port `+ i` — SGLang's rule for DP rank `r` (the
+//! simulator has one DP rank per worker, so the index plays the rank); `ipc`/`inproc` endpoints
+//! get `_dp{i}` appended as SGLang does. Choose bases far apart (e.g. 5557 and 6557) so the
+//! ranges do not overlap; overlapping bound ports are refused at start.
+//!
+//! Threading: one publisher thread per cluster owns every ZeroMQ socket. The monoio thread only
+//! stamps a sequence number and pushes the step's raw events into a bounded channel
+//! (`max_queue_size` batches per worker) and, when the thread is idle, writes one byte to a
+//! socketpair the thread polls beside the replay sockets. So the event loop never blocks and never
+//! encodes, and the ROUTER socket, which must be read whenever a client asks, is served without
+//! hooking libzmq's edge-triggered descriptors into monoio. A full channel drops the batch after
+//! its sequence number was taken: subscribers see a gap that replay cannot fill (counted).
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use rmp::encode;
+use serde_json::{json, Map, Value};
+
+use super::radix::CacheEvent;
+
+/// SGLang's default PUB endpoint.
+pub const DEFAULT_ENDPOINT: &str = "tcp://*:5557";
+/// SGLang's default replay buffer depth, in batches.
+pub const DEFAULT_BUFFER_STEPS: usize = 10_000;
+/// SGLang's default PUB high-water mark, in messages.
+pub const DEFAULT_HWM: i32 = 100_000;
+/// SGLang's default bound on batches queued for the publisher thread.
+pub const DEFAULT_MAX_QUEUE_SIZE: usize = 100_000;
+/// Largest `buffer_steps` / `max_queue_size` accepted: keeps a typo from reserving gigabytes.
+pub const MAX_STEPS: usize = 1_000_000;
+/// Bytes of encoded batches one worker's replay buffer keeps at most, beside `buffer_steps`:
+/// with page size 1 a big prefill makes ~100 kB batches, and 10 000 of them would not fit.
+pub const REPLAY_BUFFER_BYTES: usize = 256 << 20;
+/// Largest message the replay socket accepts (a request is 8 bytes); libzmq drops the peer of a
+/// larger one, so a flood of junk costs nothing.
+const MAX_REPLAY_REQUEST: i64 = 64;
+/// Replay requests served per worker per wake-up, so one chatty client cannot starve
+/// publishing.
+const REPLAY_REQUESTS_PER_ROUND: usize = 16;
+/// The publisher thread re-checks for shutdown at least this often (ms).
+const POLL_TIMEOUT_MS: i64 = 500;
+/// `medium` of every event: the simulated cache is GPU memory.
+const MEDIUM: &str = "GPU";
+/// The replay terminator's sequence frame: -1 as 8-byte signed big-endian.
+pub const REPLAY_END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
+
+/// Which publisher `--kv-events-config` selects (SGLang: `"zmq"` or `"null"`, the default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublisherKind {
+    /// Publish on ZeroMQ.
+    Zmq,
+    /// Record nothing, publish nothing (the config is still reported).
+    Null,
+}
+
+/// How events are encoded inside the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EventEncoding {
+    /// Tagged arrays, SGLang 0.5.x / older vLLM (`["BlockStored", ...]`).
+    #[default]
+    Array,
+    /// Tagged maps, newer SGLang and vLLM (`{"type": "BlockStored", ...}`, `None`s omitted).
+    Map,
+}
+
+/// `--kv-events-config`: SGLang's fields and defaults, plus the sim-only `encoding`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvEventsConfig {
+    /// `publisher`: "zmq" or "null".
+    pub publisher: PublisherKind,
+    /// `endpoint` of the PUB socket.
+    pub endpoint: String,
+    /// `replay_endpoint` of the ROUTER socket, if replay is wanted.
+    pub replay_endpoint: Option<String>,
+    /// `buffer_steps`: batches kept for replay.
+    pub buffer_steps: usize,
+    /// `hwm`: the PUB socket's send high-water mark (messages; 0 = unlimited).
+    pub hwm: i32,
+    /// `max_queue_size`: batches queued for the publisher thread before new ones are dropped.
+    pub max_queue_size: usize,
+    /// `topic`: first frame of every message.
+    pub topic: String,
+    /// `encoding` (sim only): array or map events.
+    pub encoding: EventEncoding,
+}
+
+impl Default for KvEventsConfig {
+    fn default() -> Self {
+        KvEventsConfig {
+            publisher: PublisherKind::Null,
+            endpoint: DEFAULT_ENDPOINT.into(),
+            replay_endpoint: None,
+            buffer_steps: DEFAULT_BUFFER_STEPS,
+            hwm: DEFAULT_HWM,
+            max_queue_size: DEFAULT_MAX_QUEUE_SIZE,
+            topic: String::new(),
+            encoding: EventEncoding::Array,
+        }
+    }
+}
+
+impl KvEventsConfig {
+    /// Parse the JSON of `--kv-events-config`. Unknown keys are refused (SGLang's config class
+    /// refuses them too), so a typo does not silently publish with defaults.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        let obj = v.as_object().ok_or("expected a JSON object")?;
+        let mut c = KvEventsConfig::default();
+        for (k, v) in obj {
+            let s = || {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| format!("{k} must be a string"))
+            };
+            let n = |max: u64| {
+                v.as_u64()
+                    .filter(|&n| n <= max)
+                    .ok_or_else(|| format!("{k} must be an integer within 0..={max}"))
+            };
+            match k.as_str() {
+                "publisher" => {
+                    c.publisher = match s()?.as_str() {
+                        "zmq" => PublisherKind::Zmq,
+                        "null" => PublisherKind::Null,
+                        p => return Err(format!("unknown publisher {p:?} (zmq or null)")),
+                    }
+                }
+                "endpoint" => c.endpoint = s()?,
+                "replay_endpoint" => {
+                    c.replay_endpoint = if v.is_null() { None } else { Some(s()?) }
+                }
+                "buffer_steps" => c.buffer_steps = n(MAX_STEPS as u64)? as usize,
+                "hwm" => c.hwm = n(i32::MAX as u64)? as i32,
+                "max_queue_size" => c.max_queue_size = n(MAX_STEPS as u64)?.max(1) as usize,
+                "topic" => c.topic = s()?,
+                "encoding" => {
+                    c.encoding = match s()?.as_str() {
+                        "array" => EventEncoding::Array,
+                        "map" => EventEncoding::Map,
+                        e => return Err(format!("unknown encoding {e:?} (array or map)")),
+                    }
+                }
+                other => return Err(format!("unknown kv-events-config key {other:?}")),
+            }
+        }
+        check_endpoint(&c.endpoint)?;
+        if let Some(r) = &c.replay_endpoint {
+            check_endpoint(r)?;
+        }
+        Ok(c)
+    }
+
+    /// The config as SGLang's JSON (what `/get_server_info` reports as `kv_events_config`);
+    /// `encoding` appears only when it is not the default.
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        let publisher = match self.publisher {
+            PublisherKind::Zmq => "zmq",
+            PublisherKind::Null => "null",
+        };
+        m.insert("publisher".into(), json!(publisher));
+        m.insert("endpoint".into(), json!(self.endpoint));
+        m.insert("replay_endpoint".into(), json!(self.replay_endpoint));
+        m.insert("buffer_steps".into(), json!(self.buffer_steps));
+        m.insert("hwm".into(), json!(self.hwm));
+        m.insert("max_queue_size".into(), json!(self.max_queue_size));
+        m.insert("topic".into(), json!(self.topic));
+        if self.encoding == EventEncoding::Map {
+            m.insert("encoding".into(), json!("map"));
+        }
+        Value::Object(m)
+    }
+
+    /// The config of the worker at `index` in a multi-port process: endpoint and replay
+    /// endpoint offset by `index` (see the module docs).
+    pub fn for_worker(&self, index: usize) -> Result<KvEventsConfig, String> {
+        let mut c = self.clone();
+        c.endpoint = offset_endpoint(&self.endpoint, index)?;
+        if let Some(r) = &self.replay_endpoint {
+            c.replay_endpoint = Some(offset_endpoint(r, index)?);
+        }
+        Ok(c)
+    }
+}
+
+/// Accept only the transports the publisher knows how to offset and report.
+fn check_endpoint(ep: &str) -> Result<(), String> {
+    if ep.starts_with("ipc://") || ep.starts_with("inproc://") {
+        return Ok(());
+    }
+    let rest = ep.strip_prefix("tcp://").ok_or_else(|| {
+        format!("endpoint {ep:?}: only tcp://, ipc:// and inproc:// are supported")
+    })?;
+    match rest.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && (port == "*" || port.parse::<u16>().is_ok()) => {
+            Ok(())
+        }
+        _ => Err(format!("endpoint {ep:?}: expected tcp://HOST:PORT")),
+    }
+}
+
+/// SGLang's per-rank endpoint rule: tcp port `+ k` (a `*` port stays ephemeral), `_dp{k}`
+/// appended to ipc/inproc paths; `k = 0` leaves the endpoint unchanged.
+pub fn offset_endpoint(ep: &str, k: usize) -> Result<String, String> {
+    check_endpoint(ep)?;
+    if k == 0 {
+        return Ok(ep.to_owned());
+    }
+    if !ep.starts_with("tcp://") {
+        return Ok(format!("{ep}_dp{k}"));
+    }
+    let (head, port) = ep.rsplit_once(':').unwrap_or((ep, "*"));
+    if port == "*" {
+        return Ok(ep.to_owned());
+    }
+    let p = port.parse::<u16>().map_err(|e| e.to_string())?;
+    let p = u16::try_from(p as usize + k)
+        .map_err(|_| format!("endpoint {ep:?} + {k} is past port 65535"))?;
+    Ok(format!("{head}:{p}"))
+}
+
+/// Whether SGLang binds this PUB endpoint (else it connects to a binding subscriber).
+pub fn pub_binds(ep: &str) -> bool {
+    ep.starts_with("ipc://") || ep.starts_with("inproc://") || ep.contains('*') || ep.contains("::")
+}
+
+/// `ep` with its tcp port replaced by the one libzmq actually bound (`last`), host kept as
+/// configured (so a `*` host stays a wildcard for consumers to replace).
+fn with_bound_port(ep: &str, last: &str) -> String {
+    match (ep.strip_prefix("tcp://"), last.rsplit_once(':')) {
+        (Some(rest), Some((_, port))) => match rest.rsplit_once(':') {
+            Some((host, _)) => format!("tcp://{host}:{port}"),
+            None => ep.to_owned(),
+        },
+        _ => ep.to_owned(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding (pure).
+
+/// Appends msgpack values to a `Vec<u8>` (writes to a vector cannot fail).
+struct Writer<'a>(&'a mut Vec<u8>);
+
+impl Writer<'_> {
+    fn array(&mut self, n: usize) {
+        let _ = encode::write_array_len(self.0, n as u32);
+    }
+    fn map(&mut self, n: usize) {
+        let _ = encode::write_map_len(self.0, n as u32);
+    }
+    fn str(&mut self, s: &str) {
+        let _ = encode::write_str(self.0, s);
+    }
+    fn uint(&mut self, n: u64) {
+        let _ = encode::write_uint(self.0, n);
+    }
+    /// Block hashes go out as signed 64-bit integers, as SGLang's do.
+    fn hash(&mut self, h: u64) {
+        let _ = encode::write_sint(self.0, h as i64);
+    }
+    fn nil(&mut self) {
+        let _ = encode::write_nil(self.0);
+    }
+    fn hashes(&mut self, hs: &[u64]) {
+        self.array(hs.len());
+        for &h in hs {
+            self.hash(h);
+        }
+    }
+    fn tokens(&mut self, ts: &[u32]) {
+        self.array(ts.len());
+        for &t in ts {
+            self.uint(u64::from(t));
+        }
+    }
+}
+
+/// Wire events `ev` expands to: SGLang records one `BlockStored` per page, one `BlockRemoved`
+/// per evicted node.
+fn wire_count(ev: &CacheEvent) -> usize {
+    match ev {
+        CacheEvent::Stored { hashes, .. } => hashes.len(),
+        _ => 1,
+    }
+}
+
+/// Encode one `EventBatch` (`[ts, events, attn_dp_rank]`) into `out` (cleared first).
+/// `block_size` is the page size; a `Stored` run becomes one `BlockStored` per page, each
+/// naming the previous page as its parent.
+pub fn encode_batch(
+    out: &mut Vec<u8>,
+    ts: f64,
+    events: &[CacheEvent],
+    block_size: usize,
+    dp_rank: Option<u32>,
+    encoding: EventEncoding,
+) {
+    out.clear();
+    let mut w = Writer(out);
+    w.array(3);
+    let _ = encode::write_f64(w.0, ts);
+    w.array(events.iter().map(wire_count).sum());
+    let bs = block_size.max(1);
+    for ev in events {
+        match ev {
+            CacheEvent::Stored {
+                hashes,
+                parent,
+                tokens,
+            } => {
+                let mut parent = *parent;
+                for (&h, page) in hashes.iter().zip(tokens.chunks(bs)) {
+                    block_stored(&mut w, h, parent, page, encoding);
+                    parent = Some(h);
+                }
+            }
+            CacheEvent::Removed { hashes } => match encoding {
+                EventEncoding::Array => {
+                    w.array(3);
+                    w.str("BlockRemoved");
+                    w.hashes(hashes);
+                    w.str(MEDIUM);
+                }
+                EventEncoding::Map => {
+                    w.map(3);
+                    w.str("type");
+                    w.str("BlockRemoved");
+                    w.str("block_hashes");
+                    w.hashes(hashes);
+                    w.str("medium");
+                    w.str(MEDIUM);
+                }
+            },
+            CacheEvent::Cleared => match encoding {
+                EventEncoding::Array => {
+                    w.array(1);
+                    w.str("AllBlocksCleared");
+                }
+                EventEncoding::Map => {
+                    w.map(1);
+                    w.str("type");
+                    w.str("AllBlocksCleared");
+                }
+            },
+        }
+    }
+    match dp_rank {
+        Some(r) => w.uint(u64::from(r)),
+        None => w.nil(),
+    }
+}
+
+fn block_stored(w: &mut Writer<'_>, h: u64, parent: Option<u64>, page: &[u32], enc: EventEncoding) {
+    match enc {
+        EventEncoding::Array => {
+            w.array(7);
+            w.str("BlockStored");
+            w.hashes(&[h]);
+            match parent {
+                Some(p) => w.hash(p),
+                None => w.nil(),
+            }
+            w.tokens(page);
+            w.uint(page.len() as u64);
+            w.nil(); // lora_id
+            w.str(MEDIUM);
+        }
+        EventEncoding::Map => {
+            w.map(if parent.is_some() { 6 } else { 5 });
+            w.str("type");
+            w.str("BlockStored");
+            w.str("block_hashes");
+            w.hashes(&[h]);
+            if let Some(p) = parent {
+                w.str("parent_block_hash");
+                w.hash(p);
+            }
+            w.str("token_ids");
+            w.tokens(page);
+            w.str("block_size");
+            w.uint(page.len() as u64);
+            w.str("medium");
+            w.str(MEDIUM);
+        }
+    }
+}
+
+/// The last published batches of one worker, for the replay socket: at most `max_batches`
+/// and [`REPLAY_BUFFER_BYTES`] bytes, oldest dropped first.
+#[derive(Debug)]
+pub struct ReplayBuffer {
+    max_batches: usize,
+    max_bytes: usize,
+    bytes: usize,
+    items: VecDeque<(u64, Vec<u8>)>,
+}
+
+impl ReplayBuffer {
+    /// An empty buffer keeping up to `max_batches` batches and `max_bytes` payload bytes.
+    pub fn new(max_batches: usize, max_bytes: usize) -> Self {
+        ReplayBuffer {
+            max_batches,
+            max_bytes,
+            bytes: 0,
+            items: VecDeque::new(),
+        }
+    }
+
+    /// Keep `payload` as batch `seq` (sequence numbers arrive in increasing order).
+    pub fn push(&mut self, seq: u64, payload: Vec<u8>) {
+        if self.max_batches == 0 || payload.len() > self.max_bytes {
+            return;
+        }
+        self.bytes += payload.len();
+        self.items.push_back((seq, payload));
+        while self.items.len() > self.max_batches || self.bytes > self.max_bytes {
+            if let Some((_, p)) = self.items.pop_front() {
+                self.bytes -= p.len();
+            }
+        }
+    }
+
+    /// Buffered batches with `seq ≥ start`, in order.
+    pub fn since(&self, start: u64) -> impl Iterator<Item = &(u64, Vec<u8>)> {
+        let first = self.items.partition_point(|(s, _)| *s < start);
+        self.items.range(first..)
+    }
+
+    /// Number of batches held.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// A replay request as the ROUTER socket receives it — `[identity, b"", start (8-byte BE)]` —
+/// to `(identity, start)`; anything else is `None` (counted and ignored).
+pub fn parse_replay_request(frames: &[Vec<u8>]) -> Option<(&[u8], u64)> {
+    match frames {
+        [id, empty, start] if empty.is_empty() => {
+            let start: [u8; 8] = start.as_slice().try_into().ok()?;
+            Some((id, u64::from_be_bytes(start)))
+        }
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The publisher thread.
+
+/// Counters of one worker's publisher (shown under `kv_events` in `GET /debug/stats`).
+#[derive(Debug, Default)]
+pub struct KvStats {
+    /// Batches handed to the publisher thread.
+    pub queued: AtomicU64,
+    /// Batches sent on the PUB socket.
+    pub sent: AtomicU64,
+    /// Wire events in the sent batches.
+    pub events: AtomicU64,
+    /// Batches dropped because the queue was full (their sequence numbers are gaps).
+    pub dropped_queue_full: AtomicU64,
+    /// Batches withheld from PUB by the `skip_kv_seq` knob (still buffered for replay).
+    pub skipped: AtomicU64,
+    /// Sequence numbers consumed by the `lose_kv_seq` knob (nothing sent, nothing buffered).
+    pub lost: AtomicU64,
+    /// PUB sends libzmq refused.
+    pub send_errors: AtomicU64,
+    /// Well-formed replay requests served.
+    pub replay_requests: AtomicU64,
+    /// Replay messages that were not `[b"", 8-byte seq]`.
+    pub replay_malformed: AtomicU64,
+    /// Batches sent in replay answers.
+    pub replayed: AtomicU64,
+}
+
+impl KvStats {
+    /// Snapshot as JSON.
+    pub fn to_json(&self) -> Value {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        json!({
+            "queued": g(&self.queued), "sent": g(&self.sent), "events": g(&self.events),
+            "dropped_queue_full": g(&self.dropped_queue_full), "skipped": g(&self.skipped),
+            "lost": g(&self.lost), "send_errors": g(&self.send_errors),
+            "replay_requests": g(&self.replay_requests),
+            "replay_malformed": g(&self.replay_malformed), "replayed": g(&self.replayed),
+        })
+    }
+}
+
+/// One batch on its way to the publisher thread.
+struct Msg {
+    worker: usize,
+    seq: u64,
+    ts: f64,
+    events: Vec<CacheEvent>,
+    /// False: withheld from PUB (the `skip_kv_seq` knob), buffered for replay only.
+    publish: bool,
+}
+
+/// Wakes the publisher thread from `zmq::poll`: one byte on a socketpair, written only when the
+/// thread is not already due to wake.
+#[derive(Debug)]
+struct Wake {
+    tx: UnixStream,
+    pending: AtomicBool,
+}
+
+impl Wake {
+    fn notify(&self) {
+        if !self.pending.swap(true, Ordering::AcqRel) {
+            // Non-blocking: a full socketpair already guarantees a wake-up.
+            let _ = (&self.tx).write(&[1]);
+        }
+    }
+}
+
+/// One worker's side of the publisher (lives on the monoio thread): numbers the scheduler
+/// steps' event batches and queues them for the publisher thread without blocking.
+#[derive(Debug)]
+pub struct KvPublisher {
+    worker: usize,
+    config: KvEventsConfig,
+    tx: Option<SyncSender<Msg>>,
+    wake: Arc<Wake>,
+    next_seq: std::cell::Cell<u64>,
+    skip_next: std::cell::Cell<bool>,
+    lose_next: std::cell::Cell<bool>,
+    stats: Arc<KvStats>,
+}
+
+impl KvPublisher {
+    /// Publish one scheduler step's events as the next batch (nothing when `events` is empty,
+    /// as SGLang publishes only non-empty batches). `ts` is Unix time in seconds.
+    pub fn publish(&self, events: Vec<CacheEvent>, ts: f64) {
+        if events.is_empty() {
+            return;
+        }
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        if self.lose_next.replace(false) {
+            self.stats.lost.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let publish = !self.skip_next.replace(false);
+        let Some(tx) = &self.tx else { return };
+        let msg = Msg {
+            worker: self.worker,
+            seq,
+            ts,
+            events,
+            publish,
+        };
+        match tx.try_send(msg) {
+            Ok(()) => {
+                self.stats.queued.fetch_add(1, Ordering::Relaxed);
+                self.wake.notify();
+            }
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.stats
+                    .dropped_queue_full
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Gap-test knob: the next batch is not sent on PUB but is kept for replay, as a message
+    /// dropped at the high-water mark would be, so a subscriber sees a gap it can fill
+    /// (`false` cancels a pending skip).
+    pub fn skip_next_batch(&self, on: bool) {
+        self.skip_next.set(on);
+    }
+
+    /// Gap-test knob: the next batch's sequence number is consumed with nothing sent and nothing
+    /// buffered, as after a queue overflow: a gap replay cannot fill (`false` cancels).
+    pub fn lose_next_batch(&self, on: bool) {
+        self.lose_next.set(on);
+    }
+
+    /// The sequence number the next batch will carry.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq.get()
+    }
+
+    /// This worker's effective config (offset endpoints, bound ports resolved).
+    pub fn config(&self) -> &KvEventsConfig {
+        &self.config
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &KvStats {
+        &self.stats
+    }
+}
+
+impl Drop for KvPublisher {
+    fn drop(&mut self) {
+        // Drop the sender first, so the thread sees the channel disconnect when it wakes.
+        self.tx = None;
+        self.wake.notify();
+    }
+}
+
+/// One worker's sockets and replay buffer, owned by the publisher thread.
+struct WorkerSockets {
+    publisher: zmq::Socket,
+    replay: Option<zmq::Socket>,
+    buffer: ReplayBuffer,
+    topic: Vec<u8>,
+    encoding: EventEncoding,
+    stats: Arc<KvStats>,
+}
+
+/// Create, configure and bind (or connect) one worker's sockets; returns them with the
+/// effective config (bound ports filled in).
+fn open_worker(
+    ctx: &zmq::Context,
+    cfg: &KvEventsConfig,
+) -> io::Result<(WorkerSockets, KvEventsConfig)> {
+    let zerr = |what: &str, ep: &str, e: zmq::Error| {
+        io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("kv events {what} {ep}: {e}"),
+        )
+    };
+    let mut eff = cfg.clone();
+    let publisher = ctx
+        .socket(zmq::PUB)
+        .map_err(|e| zerr("socket", &cfg.endpoint, e))?;
+    publisher
+        .set_sndhwm(cfg.hwm)
+        .and_then(|()| publisher.set_linger(0))
+        .map_err(|e| zerr("options", &cfg.endpoint, e))?;
+    if pub_binds(&cfg.endpoint) {
+        publisher
+            .bind(&cfg.endpoint)
+            .map_err(|e| zerr("bind", &cfg.endpoint, e))?;
+        if let Ok(Ok(last)) = publisher.get_last_endpoint() {
+            eff.endpoint = with_bound_port(&cfg.endpoint, &last);
+        }
+    } else {
+        publisher
+            .connect(&cfg.endpoint)
+            .map_err(|e| zerr("connect", &cfg.endpoint, e))?;
+    }
+    let replay = match &cfg.replay_endpoint {
+        None => None,
+        Some(ep) => {
+            let r = ctx.socket(zmq::ROUTER).map_err(|e| zerr("socket", ep, e))?;
+            // A full answer (buffer_steps batches + terminator) must fit the send queue, or
+            // ROUTER would drop its tail silently.
+            let hwm = i32::try_from(cfg.buffer_steps + 2)
+                .unwrap_or(i32::MAX)
+                .max(1000);
+            r.set_sndhwm(hwm)
+                .and_then(|()| r.set_linger(0))
+                .and_then(|()| r.set_maxmsgsize(MAX_REPLAY_REQUEST))
+                .map_err(|e| zerr("options", ep, e))?;
+            r.bind(ep).map_err(|e| zerr("bind", ep, e))?;
+            if let Ok(Ok(last)) = r.get_last_endpoint() {
+                eff.replay_endpoint = Some(with_bound_port(ep, &last));
+            }
+            Some(r)
+        }
+    };
+    Ok((
+        WorkerSockets {
+            publisher,
+            replay,
+            buffer: ReplayBuffer::new(cfg.buffer_steps, REPLAY_BUFFER_BYTES),
+            topic: cfg.topic.as_bytes().to_vec(),
+            encoding: cfg.encoding,
+            stats: Arc::new(KvStats::default()),
+        },
+        eff,
+    ))
+}
+
+/// Refuse configurations whose workers would bind the same tcp port (endpoint ranges of
+/// consecutive workers overlapping the replay range, for example).
+fn check_distinct(configs: &[KvEventsConfig]) -> Result<(), String> {
+    let mut seen: Vec<(String, &str)> = Vec::new();
+    for c in configs {
+        let mut eps: Vec<&str> = Vec::new();
+        if pub_binds(&c.endpoint) {
+            eps.push(&c.endpoint);
+        }
+        eps.extend(c.replay_endpoint.as_deref());
+        for ep in eps {
+            let key = match ep.strip_prefix("tcp://").and_then(|r| r.rsplit_once(':')) {
+                Some((_, "*")) => continue,
+                Some((_, port)) => port.to_owned(),
+                None => ep.to_owned(),
+            };
+            if let Some((_, other)) = seen.iter().find(|(k, _)| *k == key) {
+                return Err(format!(
+                    "kv events endpoints {other} and {ep} use the same port: with several \
+                     --ports, worker i binds base + i, so choose endpoint and replay bases \
+                     further apart"
+                ));
+            }
+            seen.push((key, ep));
+        }
+    }
+    Ok(())
+}
+
+/// The publisher of a whole cluster: one [`KvPublisher`] per worker (hand each to its worker)
+/// and the thread that owns the sockets. The thread exits once every `KvPublisher` is dropped.
+pub struct KvPublishers {
+    /// Per worker, in port order.
+    pub workers: Vec<KvPublisher>,
+    /// The publisher thread.
+    pub thread: JoinHandle<()>,
+}
+
+/// Open every worker's sockets (errors, such as a port in use, are returned here) and start
+/// the publisher thread. `block_size` is the page size.
+pub fn start(cfg: &KvEventsConfig, workers: usize, block_size: usize) -> io::Result<KvPublishers> {
+    let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+    let configs = (0..workers)
+        .map(|i| cfg.for_worker(i))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(invalid)?;
+    check_distinct(&configs).map_err(invalid)?;
+    let ctx = zmq::Context::new();
+    let mut sockets = Vec::with_capacity(workers);
+    let mut effective = Vec::with_capacity(workers);
+    for c in &configs {
+        let (s, eff) = open_worker(&ctx, c)?;
+        sockets.push(s);
+        effective.push(eff);
+    }
+    let (wake_tx, wake_rx) = UnixStream::pair()?;
+    wake_tx.set_nonblocking(true)?;
+    wake_rx.set_nonblocking(true)?;
+    let wake = Arc::new(Wake {
+        tx: wake_tx,
+        pending: AtomicBool::new(false),
+    });
+    let cap = cfg.max_queue_size.saturating_mul(workers.max(1));
+    let (tx, rx) = std::sync::mpsc::sync_channel(cap);
+    let publishers = effective
+        .into_iter()
+        .zip(&sockets)
+        .enumerate()
+        .map(|(i, (config, s))| KvPublisher {
+            worker: i,
+            config,
+            tx: Some(tx.clone()),
+            wake: wake.clone(),
+            next_seq: std::cell::Cell::new(0),
+            skip_next: std::cell::Cell::new(false),
+            lose_next: std::cell::Cell::new(false),
+            stats: s.stats.clone(),
+        })
+        .collect();
+    drop(tx);
+    let wake2 = wake.clone();
+    let thread = std::thread::Builder::new()
+        .name("sim-kv-events".into())
+        .spawn(move || run(ctx, sockets, rx, wake_rx, wake2, block_size))?;
+    Ok(KvPublishers {
+        workers: publishers,
+        thread,
+    })
+}
+
+/// The publisher thread: wait on the wake socketpair and the replay sockets; encode and send
+/// queued batches; answer replay requests; exit when every sender is gone.
+fn run(
+    _ctx: zmq::Context,
+    mut workers: Vec<WorkerSockets>,
+    rx: Receiver<Msg>,
+    mut wake_rx: UnixStream,
+    wake: Arc<Wake>,
+    block_size: usize,
+) {
+    let mut payload = Vec::new();
+    let mut drain = [0u8; 64];
+    loop {
+        {
+            let mut items = Vec::with_capacity(1 + workers.len());
+            items.push(zmq::PollItem::from_fd(wake_rx.as_raw_fd(), zmq::POLLIN));
+            items.extend(
+                workers
+                    .iter()
+                    .filter_map(|w| w.replay.as_ref())
+                    .map(|r| r.as_poll_item(zmq::POLLIN)),
+            );
+            let _ = zmq::poll(&mut items, POLL_TIMEOUT_MS);
+        }
+        while matches!(wake_rx.read(&mut drain), Ok(n) if n > 0) {}
+        // Cleared before draining: a batch queued after this point writes a new wake byte.
+        wake.pending.store(false, Ordering::Release);
+        loop {
+            match rx.try_recv() {
+                Ok(m) => publish(&mut workers, m, block_size, &mut payload),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return,
+            }
+        }
+        for w in &mut workers {
+            serve_replay(w);
+        }
+    }
+}
+
+fn publish(workers: &mut [WorkerSockets], m: Msg, block_size: usize, payload: &mut Vec<u8>) {
+    let Some(w) = workers.get_mut(m.worker) else {
+        return;
+    };
+    encode_batch(payload, m.ts, &m.events, block_size, Some(0), w.encoding);
+    let seq = m.seq.to_be_bytes();
+    if m.publish {
+        let frames: [&[u8]; 3] = [&w.topic, &seq, payload];
+        match w.publisher.send_multipart(frames, zmq::DONTWAIT) {
+            Ok(()) => {
+                w.stats.sent.fetch_add(1, Ordering::Relaxed);
+                let n: usize = m.events.iter().map(wire_count).sum();
+                w.stats.events.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(_) => {
+                w.stats.send_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    } else {
+        w.stats.skipped.fetch_add(1, Ordering::Relaxed);
+    }
+    w.buffer.push(m.seq, payload.clone());
+}
+
+/// Answer the pending replay requests of one worker (a bounded number per round).
+fn serve_replay(w: &mut WorkerSockets) {
+    let Some(r) = &w.replay else { return };
+    for _ in 0..REPLAY_REQUESTS_PER_ROUND {
+        let frames = match r.recv_multipart(zmq::DONTWAIT) {
+            Ok(f) => f,
+            Err(_) => return,
+        };
+        let Some((id, start)) = parse_replay_request(&frames) else {
+            w.stats.replay_malformed.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        w.stats.replay_requests.fetch_add(1, Ordering::Relaxed);
+        for (seq, payload) in w.buffer.since(start) {
+            let seq = seq.to_be_bytes();
+            let frames: [&[u8]; 4] = [id, b"", &seq, payload];
+            if r.send_multipart(frames, zmq::DONTWAIT).is_ok() {
+                w.stats.replayed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let end: [&[u8]; 4] = [id, b"", &REPLAY_END_SEQ, b""];
+        let _ = r.send_multipart(end, zmq::DONTWAIT);
+    }
+}
+
+#[cfg(test)]
+mod tests;

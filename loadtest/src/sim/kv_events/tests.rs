@@ -1,0 +1,297 @@
+use super::*;
+use rmpv::Value as Mp;
+
+fn decode(bytes: &[u8]) -> Mp {
+    let mut r = bytes;
+    let v = rmpv::decode::read_value(&mut r).expect("valid msgpack");
+    assert!(r.is_empty(), "trailing bytes after the batch");
+    v
+}
+
+fn int(v: &Mp) -> i64 {
+    v.as_i64().unwrap_or_else(|| panic!("not an i64: {v:?}"))
+}
+
+fn field<'a>(m: &'a Mp, key: &str) -> Option<&'a Mp> {
+    m.as_map()?
+        .iter()
+        .find(|(k, _)| k.as_str() == Some(key))
+        .map(|(_, v)| v)
+}
+
+#[test]
+fn config_defaults_and_fields() {
+    let c = KvEventsConfig::parse("{}").unwrap();
+    assert_eq!(c, KvEventsConfig::default());
+    assert_eq!(
+        c.publisher,
+        PublisherKind::Null,
+        "SGLang's default publisher"
+    );
+    assert_eq!(c.endpoint, "tcp://*:5557");
+    assert_eq!(
+        (c.buffer_steps, c.hwm, c.topic.as_str()),
+        (10_000, 100_000, "")
+    );
+    let c = KvEventsConfig::parse(
+        r#"{"publisher":"zmq","endpoint":"tcp://*:7000","replay_endpoint":"tcp://*:8000",
+            "buffer_steps":5,"hwm":10,"max_queue_size":3,"topic":"kv","encoding":"map"}"#,
+    )
+    .unwrap();
+    assert_eq!(c.publisher, PublisherKind::Zmq);
+    assert_eq!(c.replay_endpoint.as_deref(), Some("tcp://*:8000"));
+    assert_eq!((c.buffer_steps, c.hwm, c.max_queue_size), (5, 10, 3));
+    assert_eq!((c.topic.as_str(), c.encoding), ("kv", EventEncoding::Map));
+    // Round trip through the reported JSON.
+    let back = KvEventsConfig::parse(&c.to_json().to_string()).unwrap();
+    assert_eq!(back, c);
+    for bad in [
+        "[]",
+        "nope",
+        r#"{"publisher":"kafka"}"#,
+        r#"{"endpoint":5557}"#,
+        r#"{"endpoint":"http://x:1"}"#,
+        r#"{"endpoint":"tcp://x"}"#,
+        r#"{"endpoint":"tcp://x:99999"}"#,
+        r#"{"buffer_steps":-1}"#,
+        r#"{"buffer_steps":10000000}"#,
+        r#"{"encoding":"cbor"}"#,
+        r#"{"endpiont":"tcp://*:1"}"#,
+    ] {
+        assert!(KvEventsConfig::parse(bad).is_err(), "{bad} accepted");
+    }
+}
+
+#[test]
+fn endpoints_offset_per_worker() {
+    assert_eq!(offset_endpoint("tcp://*:5557", 0).unwrap(), "tcp://*:5557");
+    assert_eq!(offset_endpoint("tcp://*:5557", 3).unwrap(), "tcp://*:5560");
+    assert_eq!(
+        offset_endpoint("tcp://[::1]:5557", 1).unwrap(),
+        "tcp://[::1]:5558"
+    );
+    assert_eq!(
+        offset_endpoint("tcp://127.0.0.1:*", 2).unwrap(),
+        "tcp://127.0.0.1:*"
+    );
+    assert_eq!(
+        offset_endpoint("ipc:///tmp/kv", 2).unwrap(),
+        "ipc:///tmp/kv_dp2"
+    );
+    assert!(offset_endpoint("tcp://*:65535", 1).is_err());
+    assert!(pub_binds("tcp://*:1") && pub_binds("tcp://[::]:1") && pub_binds("inproc://x"));
+    assert!(!pub_binds("tcp://127.0.0.1:1"));
+    assert_eq!(
+        with_bound_port("tcp://*:*", "tcp://0.0.0.0:41234"),
+        "tcp://*:41234"
+    );
+    assert_eq!(
+        with_bound_port("tcp://127.0.0.1:*", "tcp://127.0.0.1:41234"),
+        "tcp://127.0.0.1:41234"
+    );
+    let c = KvEventsConfig::parse(
+        r#"{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}"#,
+    )
+    .unwrap();
+    let w1 = c.for_worker(1).unwrap();
+    assert_eq!(
+        (w1.endpoint.as_str(), w1.replay_endpoint.as_deref()),
+        ("tcp://*:5558", Some("tcp://*:5559"))
+    );
+    // Worker 1's PUB port would be worker 0's replay port: refused with an explanation.
+    let err = check_distinct(&[c.for_worker(0).unwrap(), w1]).unwrap_err();
+    assert!(err.contains("further apart"), "{err}");
+    let far = KvEventsConfig {
+        replay_endpoint: Some("tcp://*:6557".into()),
+        ..c
+    };
+    check_distinct(&[far.for_worker(0).unwrap(), far.for_worker(1).unwrap()]).unwrap();
+}
+
+fn sample_events() -> Vec<CacheEvent> {
+    vec![
+        CacheEvent::Stored {
+            hashes: vec![u64::MAX - 4, 7],
+            parent: None,
+            tokens: vec![1, 2, 3, 4],
+        },
+        CacheEvent::Removed { hashes: vec![7, 9] },
+        CacheEvent::Cleared,
+    ]
+}
+
+#[test]
+fn array_encoding_matches_sglang() {
+    let mut out = Vec::new();
+    encode_batch(
+        &mut out,
+        12.5,
+        &sample_events(),
+        2,
+        Some(0),
+        EventEncoding::Array,
+    );
+    let v = decode(&out);
+    let b = v.as_array().unwrap();
+    assert_eq!(b.len(), 3);
+    assert_eq!(b[0].as_f64(), Some(12.5));
+    assert_eq!(int(&b[2]), 0, "attn_dp_rank");
+    let evs = b[1].as_array().unwrap();
+    assert_eq!(
+        evs.len(),
+        4,
+        "two BlockStored (one per page), BlockRemoved, cleared"
+    );
+    let s0 = evs[0].as_array().unwrap();
+    assert_eq!(s0.len(), 7);
+    assert_eq!(s0[0].as_str(), Some("BlockStored"));
+    let h0 = int(&s0[1].as_array().unwrap()[0]);
+    assert_eq!(h0, (u64::MAX - 4) as i64, "hashes are signed 64-bit");
+    assert!(h0 < 0);
+    assert!(s0[2].is_nil(), "first page has no parent");
+    let toks: Vec<i64> = s0[3].as_array().unwrap().iter().map(int).collect();
+    assert_eq!(toks, [1, 2]);
+    assert_eq!(int(&s0[4]), 2);
+    assert!(s0[5].is_nil(), "lora_id");
+    assert_eq!(s0[6].as_str(), Some("GPU"));
+    let s1 = evs[1].as_array().unwrap();
+    assert_eq!(int(&s1[1].as_array().unwrap()[0]), 7);
+    assert_eq!(int(&s1[2]), h0, "second page's parent is the first page");
+    let toks: Vec<i64> = s1[3].as_array().unwrap().iter().map(int).collect();
+    assert_eq!(toks, [3, 4]);
+    let r = evs[2].as_array().unwrap();
+    assert_eq!(r[0].as_str(), Some("BlockRemoved"));
+    let rh: Vec<i64> = r[1].as_array().unwrap().iter().map(int).collect();
+    assert_eq!(rh, [7, 9]);
+    assert_eq!(r[2].as_str(), Some("GPU"));
+    assert_eq!(evs[3], Mp::Array(vec![Mp::from("AllBlocksCleared")]));
+}
+
+#[test]
+fn map_encoding_matches_newer_sglang() {
+    let mut out = Vec::new();
+    encode_batch(&mut out, 1.0, &sample_events(), 2, None, EventEncoding::Map);
+    let v = decode(&out);
+    let b = v.as_array().expect("the batch stays an array");
+    assert!(b[2].is_nil());
+    let evs = b[1].as_array().unwrap();
+    assert_eq!(evs.len(), 4);
+    let s0 = &evs[0];
+    assert_eq!(field(s0, "type").and_then(Mp::as_str), Some("BlockStored"));
+    assert!(
+        field(s0, "parent_block_hash").is_none(),
+        "None fields are omitted"
+    );
+    assert!(field(s0, "lora_id").is_none());
+    assert_eq!(field(s0, "block_size").map(int), Some(2));
+    let h0 = int(&field(s0, "block_hashes").unwrap().as_array().unwrap()[0]);
+    assert_eq!(field(&evs[1], "parent_block_hash").map(int), Some(h0));
+    assert_eq!(
+        field(&evs[2], "type").and_then(Mp::as_str),
+        Some("BlockRemoved")
+    );
+    assert_eq!(field(&evs[2], "medium").and_then(Mp::as_str), Some("GPU"));
+    assert_eq!(
+        field(&evs[3], "type").and_then(Mp::as_str),
+        Some("AllBlocksCleared")
+    );
+}
+
+#[test]
+fn replay_buffer_keeps_the_last_batches() {
+    let mut b = ReplayBuffer::new(3, 1000);
+    for seq in 0..5u64 {
+        b.push(seq, vec![seq as u8; 10]);
+    }
+    assert_eq!(b.len(), 3);
+    let seqs: Vec<u64> = b.since(0).map(|(s, _)| *s).collect();
+    assert_eq!(seqs, [2, 3, 4]);
+    let seqs: Vec<u64> = b.since(4).map(|(s, _)| *s).collect();
+    assert_eq!(seqs, [4]);
+    assert_eq!(b.since(5).count(), 0);
+    // Gaps in the numbering (skipped or lost batches) are fine.
+    b.push(9, vec![0; 10]);
+    let seqs: Vec<u64> = b.since(5).map(|(s, _)| *s).collect();
+    assert_eq!(seqs, [9]);
+    assert!(ReplayBuffer::new(0, 1000).is_empty());
+}
+
+#[test]
+fn replay_buffer_flood_stays_bounded() {
+    let mut b = ReplayBuffer::new(DEFAULT_BUFFER_STEPS, 64 * 1024);
+    for seq in 0..200_000u64 {
+        b.push(seq, vec![0; 100]);
+    }
+    assert!(b.len() * 100 <= 64 * 1024, "byte bound holds: {}", b.len());
+    assert_eq!(
+        b.since(0).next().map(|(s, _)| *s),
+        Some(200_000 - b.len() as u64)
+    );
+    let mut b = ReplayBuffer::new(10, 64);
+    b.push(0, vec![0; 65]);
+    assert!(
+        b.is_empty(),
+        "a batch larger than the byte bound is not kept"
+    );
+}
+
+#[test]
+fn replay_requests_parse_strictly() {
+    let ok = vec![b"id".to_vec(), Vec::new(), 7u64.to_be_bytes().to_vec()];
+    assert_eq!(parse_replay_request(&ok), Some((&b"id"[..], 7)));
+    let bad: [Vec<Vec<u8>>; 4] = [
+        vec![b"id".to_vec(), 7u64.to_be_bytes().to_vec()],
+        vec![b"id".to_vec(), b"x".to_vec(), 7u64.to_be_bytes().to_vec()],
+        vec![b"id".to_vec(), Vec::new(), vec![0; 7]],
+        vec![b"id".to_vec(), Vec::new(), vec![0; 8], vec![]],
+    ];
+    for f in &bad {
+        assert_eq!(parse_replay_request(f), None, "{f:?}");
+    }
+    assert_eq!(i64::from_be_bytes(REPLAY_END_SEQ), -1);
+}
+
+#[test]
+fn full_queue_drops_and_leaves_a_gap() {
+    // A publisher whose thread never drains: the bounded queue holds one batch, the rest are
+    // dropped after taking their sequence numbers, and the knobs act on the next batch only.
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let (a, _b) = UnixStream::pair().unwrap();
+    a.set_nonblocking(true).unwrap();
+    let p = KvPublisher {
+        worker: 0,
+        config: KvEventsConfig::default(),
+        tx: Some(tx),
+        wake: Arc::new(Wake {
+            tx: a,
+            pending: AtomicBool::new(false),
+        }),
+        next_seq: std::cell::Cell::new(0),
+        skip_next: std::cell::Cell::new(false),
+        lose_next: std::cell::Cell::new(false),
+        stats: Arc::new(KvStats::default()),
+    };
+    p.publish(Vec::new(), 0.0);
+    assert_eq!(p.next_seq(), 0, "empty steps publish nothing");
+    for _ in 0..10_000 {
+        p.publish(vec![CacheEvent::Cleared], 0.0);
+    }
+    assert_eq!(p.next_seq(), 10_000);
+    let s = p.stats();
+    assert_eq!(s.queued.load(Ordering::Relaxed), 1);
+    assert_eq!(s.dropped_queue_full.load(Ordering::Relaxed), 9_999);
+    let m = rx.try_recv().unwrap();
+    assert!(m.publish && m.seq == 0);
+    p.lose_next_batch(true);
+    p.publish(vec![CacheEvent::Cleared], 0.0);
+    p.skip_next_batch(true);
+    p.publish(vec![CacheEvent::Cleared], 0.0);
+    let m = rx.try_recv().unwrap();
+    assert_eq!(
+        (m.seq, m.publish),
+        (10_001, false),
+        "10 000 lost, 10 001 withheld"
+    );
+    p.publish(vec![CacheEvent::Cleared], 0.0);
+    assert!(rx.try_recv().unwrap().publish, "the knob acts once");
+}
