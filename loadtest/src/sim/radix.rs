@@ -823,6 +823,16 @@ mod tests {
         m.check(&c);
     }
 
+    /// A key of 1..=`max_len` tokens from one of `bases` families of short periodic sequences
+    /// (period `period + base`), so random keys share prefixes, split edges and diverge.
+    fn random_key(rng: &mut Rng, max_len: usize, bases: usize, period: u32) -> Vec<u32> {
+        let len = 1 + rng.below(max_len);
+        let base = rng.below(bases) as u32;
+        (0..len as u32)
+            .map(|i| base * 100 + (i % (period + base)))
+            .collect()
+    }
+
     #[test]
     fn events_follow_random_ops() {
         let mut rng = Rng::new(7);
@@ -832,11 +842,7 @@ mod tests {
             let mut m = Consumer::default();
             let mut held: Vec<NodeId> = Vec::new();
             for step in 0..2000 {
-                let len = 1 + rng.below(40);
-                let base = rng.below(5) as u32;
-                let key: Vec<u32> = (0..len as u32)
-                    .map(|i| base * 100 + (i % (2 + base)))
-                    .collect();
+                let key = random_key(&mut rng, 40, 5, 2);
                 match rng.below(5) {
                     0 | 1 => {
                         let (_, node) = c.insert(&key);
@@ -883,11 +889,8 @@ mod tests {
             let mut c = RadixCache::new(500, page);
             let mut held: Vec<(NodeId, usize)> = Vec::new();
             for _ in 0..3000 {
-                let len = 1 + rng.below(60);
-                let base = rng.below(6) as u32;
-                let key: Vec<u32> = (0..len as u32)
-                    .map(|i| base * 100 + (i % (3 + base)))
-                    .collect();
+                let key = random_key(&mut rng, 60, 6, 3);
+                let len = key.len();
                 match rng.below(4) {
                     0 => {
                         let (hit, node) = c.match_prefix(&key[..len - 1]);
