@@ -1,0 +1,145 @@
+//! What readers see: an immutable snapshot of every model's block map, and prefix matching on it.
+
+use super::trie::{SourceId, Trie};
+use super::{block_hash, Source, ROOT_PARENT};
+use arc_swap::{ArcSwap, Guard};
+use std::sync::Arc;
+
+/// One model as published: its block size (0 until learned) and its block map.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ModelView {
+    pub(super) block_size: usize,
+    pub(super) trie: Trie,
+}
+
+/// A read-only view of the whole index at one publish. Cheap to hold for one routing decision;
+/// never hold it across an `.await` (it pins the trie nodes the writer has replaced since).
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Per model, sorted by name (binary search; a handful of models).
+    pub(super) models: Vec<(Arc<str>, ModelView)>,
+    /// Source of each [`SourceId`] (None = free number).
+    pub(super) sources: Arc<[Option<Source>]>,
+    pub(super) epoch: u64,
+}
+
+/// How far one source holds a prompt: its first `blocks` blocks (`blocks × block_size` tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PrefixMatch {
+    /// The worker and rank holding the prefix.
+    pub source: Source,
+    /// Leading blocks held (at least 1).
+    pub blocks: u32,
+}
+
+/// Buffers one reader reuses across matches (one per core), so matching allocates nothing once
+/// they have grown: the bytes of one block being hashed, the sources still matching, the result.
+#[derive(Debug, Default)]
+pub struct MatchScratch {
+    bytes: Vec<u8>,
+    active: Vec<SourceId>,
+    out: Vec<PrefixMatch>,
+}
+
+impl Snapshot {
+    fn model(&self, model: &str) -> Option<&ModelView> {
+        let i = self
+            .models
+            .binary_search_by(|(k, _)| (**k).cmp(model))
+            .ok()?;
+        Some(&self.models[i].1)
+    }
+
+    /// Publish sequence number (increments on every publish).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The model's block size, once learned from its events: prompts are hashed in blocks of it
+    /// and a final partial block never matches.
+    pub fn block_size(&self, model: &str) -> Option<usize> {
+        self.model(model).map(|m| m.block_size).filter(|&b| b > 0)
+    }
+
+    /// Distinct blocks of the model (a block on several sources counts once).
+    pub fn blocks(&self, model: &str) -> usize {
+        self.model(model).map_or(0, |m| m.trie.len())
+    }
+
+    /// Models the index knows, by name.
+    pub fn models(&self) -> impl Iterator<Item = &str> + '_ {
+        self.models.iter().map(|(k, _)| &**k)
+    }
+
+    /// For each source holding a prefix of `tokens`, how many leading blocks it holds (blocks
+    /// 0..n all on that source); sources holding none are absent, order unspecified. Hashes
+    /// block by block and stops at the first block no remaining source holds, so the cost
+    /// follows the longest match, not the prompt. Allocates nothing once `scratch` has grown.
+    pub fn match_prefix<'s>(
+        &self,
+        model: &str,
+        tokens: &[u32],
+        scratch: &'s mut MatchScratch,
+    ) -> &'s [PrefixMatch] {
+        let MatchScratch { bytes, active, out } = scratch;
+        active.clear();
+        out.clear();
+        let Some(m) = self.model(model).filter(|m| m.block_size > 0) else {
+            return out;
+        };
+        let mut parent = ROOT_PARENT;
+        let mut depth = 0u32;
+        for block in tokens.chunks_exact(m.block_size) {
+            let h = block_hash(parent, block, bytes);
+            let Some(holders) = m.trie.get(h) else {
+                break;
+            };
+            if depth == 0 {
+                for &s in holders.as_slice() {
+                    if !active.contains(&s) {
+                        active.push(s);
+                    }
+                }
+            } else {
+                active.retain(|&s| {
+                    let keep = holders.contains(s);
+                    if !keep {
+                        push(out, &self.sources, s, depth);
+                    }
+                    keep
+                });
+                if active.is_empty() {
+                    return out;
+                }
+            }
+            depth += 1;
+            parent = h;
+        }
+        for &s in active.iter() {
+            push(out, &self.sources, s, depth);
+        }
+        out
+    }
+}
+
+fn push(out: &mut Vec<PrefixMatch>, sources: &[Option<Source>], s: SourceId, blocks: u32) {
+    if let Some(Some(source)) = sources.get(s as usize) {
+        out.push(PrefixMatch {
+            source: *source,
+            blocks,
+        });
+    }
+}
+
+/// What every core holds: the published snapshot. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct IndexReader {
+    pub(super) shared: Arc<ArcSwap<Snapshot>>,
+}
+
+impl IndexReader {
+    /// The current snapshot (lock-free). Drop the guard before any `.await`.
+    pub fn load(&self) -> Guard<Arc<Snapshot>> {
+        self.shared.load()
+    }
+}

@@ -1,0 +1,634 @@
+use super::*;
+use proptest::prelude::*;
+use std::collections::{HashMap, HashSet};
+
+const M: &str = "m";
+
+fn src(worker: WorkerId, dp_rank: u32) -> Source {
+    Source { worker, dp_rank }
+}
+
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: usize) -> KvEvent {
+    KvEvent::BlockStored {
+        engine_hashes: hashes.to_vec(),
+        parent,
+        token_ids: tokens.to_vec(),
+        block_size: bs,
+    }
+}
+
+fn removed(hashes: &[u64]) -> KvEvent {
+    KvEvent::BlockRemoved {
+        engine_hashes: hashes.to_vec(),
+    }
+}
+
+/// Publishes and matches, results sorted by source.
+fn matches(w: &mut IndexWriter, model: &str, tokens: &[u32]) -> Vec<(Source, u32)> {
+    w.publish();
+    w.check();
+    let snap = w.reader().load();
+    let mut scratch = MatchScratch::default();
+    let mut v: Vec<_> = snap
+        .match_prefix(model, tokens, &mut scratch)
+        .iter()
+        .map(|m| (m.source, m.blocks))
+        .collect();
+    v.sort();
+    v
+}
+
+fn seq(n: usize, start: u32) -> Vec<u32> {
+    (start..start + n as u32).collect()
+}
+
+#[test]
+fn store_chain_and_match_whole_blocks_only() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let t = seq(12, 0);
+    w.apply(M, src(1, 0), &stored(&[10, 11, 12], None, &t, 4))
+        .unwrap();
+    assert_eq!(matches(&mut w, M, &t), vec![(src(1, 0), 3)]);
+    // A final partial block never matches; a prompt diverging in block 1 matches block 0.
+    assert_eq!(matches(&mut w, M, &t[..11]), vec![(src(1, 0), 2)]);
+    let mut other = t.clone();
+    other[5] = 99;
+    assert_eq!(matches(&mut w, M, &other), vec![(src(1, 0), 1)]);
+    assert_eq!(matches(&mut w, M, &[7, 7, 7, 7]), vec![]);
+    assert_eq!(matches(&mut w, M, &[]), vec![]);
+    assert_eq!(matches(&mut w, "other", &t), vec![]);
+    assert_eq!(w.reader().load().block_size(M), Some(4));
+    assert_eq!(w.reader().load().blocks(M), 3);
+}
+
+#[test]
+fn parent_chains_across_events() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let t = seq(12, 100);
+    w.apply(M, src(1, 0), &stored(&[1], None, &t[..4], 4))
+        .unwrap();
+    w.apply(M, src(1, 0), &stored(&[2, 3], Some(1), &t[4..], 4))
+        .unwrap();
+    assert_eq!(matches(&mut w, M, &t), vec![(src(1, 0), 3)]);
+    // The same tokens stored in one event hash the same: the keys are the tokens' own hashes.
+    w.apply(M, src(2, 0), &stored(&[7, 8, 9], None, &t, 4))
+        .unwrap();
+    assert_eq!(matches(&mut w, M, &t), vec![(src(1, 0), 3), (src(2, 0), 3)]);
+    assert_eq!(w.reader().load().blocks(M), 3);
+}
+
+#[test]
+fn unknown_parent_is_dropped_with_its_descendants() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let t = seq(8, 0);
+    let r = w.apply(M, src(1, 0), &stored(&[2], Some(1), &t[4..], 4));
+    assert_eq!(r, Err(DropReason::UnknownParent));
+    let r = w.apply(M, src(1, 0), &stored(&[3], Some(2), &t[..4], 4));
+    assert_eq!(r, Err(DropReason::UnknownParent));
+    assert_eq!(w.held(), 0);
+    assert_eq!(w.stats().dropped_unknown_parent(), 2);
+    // Another worker's blocks are not this worker's parents.
+    w.apply(M, src(2, 0), &stored(&[1], None, &t[..4], 4))
+        .unwrap();
+    let r = w.apply(M, src(1, 0), &stored(&[2], Some(1), &t[4..], 4));
+    assert_eq!(r, Err(DropReason::UnknownParent));
+    assert_eq!(matches(&mut w, M, &t), vec![(src(2, 0), 1)]);
+}
+
+#[test]
+fn remove_clear_and_reset() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let t = seq(12, 0);
+    for rank in 0..2 {
+        w.apply(M, src(1, rank), &stored(&[1, 2, 3], None, &t, 4))
+            .unwrap();
+    }
+    w.apply(M, src(2, 0), &stored(&[1, 2, 3], None, &t, 4))
+        .unwrap();
+    // Removing the tail keeps the prefix; an unknown hash is counted, not fatal.
+    w.apply(M, src(1, 0), &removed(&[3, 99])).unwrap();
+    assert_eq!(w.stats().removed_unknown(), 1);
+    assert_eq!(
+        matches(&mut w, M, &t),
+        vec![(src(1, 0), 2), (src(1, 1), 3), (src(2, 0), 3)]
+    );
+    // Removing a middle block cuts the match there even though block 2 stays held.
+    w.apply(M, src(2, 0), &removed(&[2])).unwrap();
+    assert_eq!(
+        matches(&mut w, M, &t),
+        vec![(src(1, 0), 2), (src(1, 1), 3), (src(2, 0), 1)]
+    );
+    w.apply(M, src(1, 1), &KvEvent::AllBlocksCleared).unwrap();
+    assert_eq!(matches(&mut w, M, &t), vec![(src(1, 0), 2), (src(2, 0), 1)]);
+    w.reset_worker(1);
+    assert_eq!(matches(&mut w, M, &t), vec![(src(2, 0), 1)]);
+    assert_eq!(w.held(), 2);
+    w.remove_worker(2);
+    assert_eq!(matches(&mut w, M, &t), vec![]);
+    assert_eq!(w.held(), 0);
+    assert_eq!(w.reader().load().blocks(M), 0);
+}
+
+#[test]
+fn block_size_learned_mismatch_dropped_and_forgotten_with_the_last_source() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let t = seq(16, 0);
+    w.apply(M, src(1, 0), &stored(&[1], None, &t[..4], 4))
+        .unwrap();
+    let r = w.apply(M, src(2, 0), &stored(&[5], None, &t[..8], 8));
+    assert_eq!(r, Err(DropReason::BlockSizeMismatch));
+    assert_eq!(matches(&mut w, M, &t), vec![(src(1, 0), 1)]);
+    // Another model learns its own size.
+    w.apply("n", src(3, 0), &stored(&[5], None, &t[..8], 8))
+        .unwrap();
+    assert_eq!(matches(&mut w, "n", &t), vec![(src(3, 0), 1)]);
+    w.remove_worker(1);
+    w.remove_worker(2);
+    w.publish();
+    assert_eq!(w.reader().load().block_size(M), None);
+    w.apply(M, src(2, 0), &stored(&[5], None, &t[..8], 8))
+        .unwrap();
+    assert_eq!(matches(&mut w, M, &t), vec![(src(2, 0), 1)]);
+}
+
+#[test]
+fn malformed_and_out_of_range_are_counted() {
+    let mut w = IndexWriter::new(IndexConfig {
+        max_dp_ranks: 4,
+        max_models: 1,
+        max_sources: 2,
+        ..IndexConfig::default()
+    });
+    let t = seq(8, 0);
+    let bad = [
+        stored(&[1], None, &t, 4),
+        stored(&[1], None, &t[..4], 0),
+        stored(&[1, 2], None, &t[..4], 4),
+        stored(&[u64::MAX], None, &t[..3], usize::MAX),
+    ];
+    for e in &bad {
+        assert_eq!(w.apply(M, src(1, 0), e), Err(DropReason::Malformed));
+    }
+    assert_eq!(
+        w.apply(M, src(1, 4), &stored(&[1], None, &t[..4], 4)),
+        Err(DropReason::Limits)
+    );
+    assert_eq!(
+        w.apply("n", src(1, 0), &stored(&[1], None, &t[..4], 4)),
+        Err(DropReason::Limits)
+    );
+    w.apply(M, src(2, 0), &KvEvent::AllBlocksCleared).unwrap();
+    assert_eq!(
+        w.apply(M, src(3, 0), &KvEvent::AllBlocksCleared),
+        Err(DropReason::Limits)
+    );
+    // Removing a worker frees its number for another.
+    w.remove_worker(2);
+    w.apply(M, src(3, 0), &KvEvent::AllBlocksCleared).unwrap();
+    assert_eq!(w.stats().dropped_malformed(), 4);
+    assert_eq!(w.stats().dropped_limits(), 3);
+    w.check();
+}
+
+#[test]
+fn duplicate_stores_are_idempotent_and_reused_ids_replace() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let t = seq(8, 0);
+    let e = stored(&[1, 2], None, &t, 4);
+    w.apply(M, src(1, 0), &e).unwrap();
+    w.apply(M, src(1, 0), &e).unwrap();
+    assert_eq!(w.held(), 2);
+    assert_eq!(w.stats().duplicate_stores(), 2);
+    // The same tokens under other engine ids (another LoRA adapter): held twice, so removing one
+    // copy keeps the block.
+    w.apply(M, src(1, 0), &stored(&[3, 4], None, &t, 4))
+        .unwrap();
+    assert_eq!(w.held(), 4);
+    w.apply(M, src(1, 0), &removed(&[1, 2])).unwrap();
+    assert_eq!(matches(&mut w, M, &t), vec![(src(1, 0), 2)]);
+    // Engine id 3 reused for other tokens: the old block goes.
+    w.apply(M, src(1, 0), &stored(&[3], None, &[9, 9, 9, 9], 4))
+        .unwrap();
+    assert_eq!(matches(&mut w, M, &t), vec![]);
+    assert_eq!(matches(&mut w, M, &[9, 9, 9, 9]), vec![(src(1, 0), 1)]);
+}
+
+#[test]
+fn shared_prefix_across_workers_and_ranks() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let system = seq(8, 0);
+    let mut a = system.clone();
+    a.extend(seq(8, 1000));
+    let mut b = system.clone();
+    b.extend(seq(8, 2000));
+    w.apply(M, src(1, 0), &stored(&[1, 2, 3, 4], None, &a, 4))
+        .unwrap();
+    w.apply(M, src(1, 1), &stored(&[1, 2, 5, 6], None, &b, 4))
+        .unwrap();
+    w.apply(M, src(2, 0), &stored(&[1, 2], None, &system, 4))
+        .unwrap();
+    assert_eq!(w.reader().load().blocks(M), 0, "nothing published yet");
+    assert_eq!(
+        matches(&mut w, M, &a),
+        vec![(src(1, 0), 4), (src(1, 1), 2), (src(2, 0), 2)]
+    );
+    assert_eq!(
+        matches(&mut w, M, &b),
+        vec![(src(1, 0), 2), (src(1, 1), 4), (src(2, 0), 2)]
+    );
+    assert_eq!(w.reader().load().blocks(M), 6);
+}
+
+#[test]
+fn many_holders_spill_and_shrink() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let t = seq(4, 0);
+    for worker in 0..10 {
+        w.apply(M, src(worker, 0), &stored(&[1], None, &t, 4))
+            .unwrap();
+    }
+    assert_eq!(matches(&mut w, M, &t).len(), 10);
+    for worker in 0..9 {
+        w.apply(M, src(worker, 0), &removed(&[1])).unwrap();
+    }
+    assert_eq!(matches(&mut w, M, &t), vec![(src(9, 0), 1)]);
+}
+
+#[test]
+fn a_source_moving_to_another_model_is_reset() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let t = seq(4, 0);
+    w.apply(M, src(1, 0), &stored(&[1], None, &t, 4)).unwrap();
+    w.apply("n", src(1, 0), &stored(&[1], None, &t, 4)).unwrap();
+    assert_eq!(matches(&mut w, M, &t), vec![]);
+    assert_eq!(matches(&mut w, "n", &t), vec![(src(1, 0), 1)]);
+}
+
+#[test]
+fn snapshots_are_isolated_from_later_writes() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let t = seq(8, 0);
+    w.apply(M, src(1, 0), &stored(&[1, 2], None, &t, 4))
+        .unwrap();
+    w.publish();
+    let old = w.reader().shared.load_full();
+    w.apply(M, src(1, 0), &removed(&[2])).unwrap();
+    w.apply(M, src(2, 0), &stored(&[1, 2], None, &t, 4))
+        .unwrap();
+    w.publish();
+    let mut s = MatchScratch::default();
+    let got: Vec<_> = old.match_prefix(M, &t, &mut s).to_vec();
+    assert_eq!(
+        got,
+        vec![PrefixMatch {
+            source: src(1, 0),
+            blocks: 2
+        }]
+    );
+    assert!(w.reader().load().epoch() > old.epoch());
+}
+
+/// Over the per-source cap the least recently extended chain goes first, tail first; a shared
+/// prefix that keeps being extended stays.
+#[test]
+fn eviction_takes_the_least_recently_extended_chain() {
+    let mut w = IndexWriter::new(IndexConfig {
+        max_blocks_per_source: 6,
+        ..IndexConfig::default()
+    });
+    let s = src(1, 0);
+    let chain = |base: u32| seq(8, base);
+    // Root block (the "system prompt"), then three 2-block conversations under it, oldest first.
+    w.apply(M, s, &stored(&[1], None, &[5, 5, 5, 5], 4))
+        .unwrap();
+    for (i, base) in [100u32, 200, 300].into_iter().enumerate() {
+        let h = 10 * (i as u64 + 1);
+        w.apply(M, s, &stored(&[h, h + 1], Some(1), &chain(base), 4))
+            .unwrap();
+    }
+    assert_eq!(w.held(), 6, "7 blocks stored, cap 6");
+    let prompt = |base: u32| {
+        let mut p = vec![5, 5, 5, 5];
+        p.extend(chain(base));
+        p
+    };
+    // The oldest conversation lost its tail; the newer ones and the shared root are whole.
+    assert_eq!(matches(&mut w, M, &prompt(100)), vec![(s, 2)]);
+    assert_eq!(matches(&mut w, M, &prompt(200)), vec![(s, 3)]);
+    assert_eq!(matches(&mut w, M, &prompt(300)), vec![(s, 3)]);
+    // Two more blocks: the oldest conversation's head goes, then the next oldest tail.
+    w.apply(M, s, &stored(&[40, 41], Some(31), &seq(8, 400), 4))
+        .unwrap();
+    assert_eq!(matches(&mut w, M, &prompt(100)), vec![(s, 1)]);
+    assert_eq!(matches(&mut w, M, &prompt(200)), vec![(s, 2)]);
+    assert_eq!(matches(&mut w, M, &prompt(300)), vec![(s, 3)]);
+    assert_eq!(w.stats().evicted(), 3);
+}
+
+/// A flood of fresh chains from many sources never holds more than the caps, and the newest
+/// chains stay matchable.
+#[test]
+fn flood_stays_within_the_caps() {
+    let cfg = IndexConfig {
+        max_blocks: 2_000,
+        max_blocks_per_source: 700,
+        max_sources: 8,
+        ..IndexConfig::default()
+    };
+    let mut w = IndexWriter::new(cfg.clone());
+    let mut last = Vec::new();
+    for i in 0..3_000u32 {
+        let s = src(i % 10, 0);
+        let tokens = seq(64, i * 64);
+        let hashes: Vec<u64> = (0..16).map(|b| (i as u64) << 8 | b).collect();
+        let r = w.apply(M, s, &stored(&hashes, None, &tokens, 4));
+        assert!(r.is_ok() || i % 10 >= 8);
+        assert!(w.held() <= cfg.max_blocks);
+        for k in 0..8 {
+            assert!(w.held_by(src(k, 0)) <= cfg.max_blocks_per_source);
+        }
+        if i >= 2_990 && i % 10 < 8 {
+            last.push((s, tokens));
+        }
+    }
+    w.check();
+    assert!(w.stats().evicted() >= 2_400 * 16 - 2_000);
+    assert_eq!(w.stats().dropped_limits(), 600);
+    assert!(w.trie_len(M) <= cfg.max_blocks);
+    for (s, tokens) in last {
+        assert_eq!(matches(&mut w, M, &tokens), vec![(s, 16)]);
+    }
+}
+
+#[test]
+fn publishing_copies_only_edited_paths() {
+    // A published snapshot and the writer share every trie node the writer has not edited since:
+    // after editing one block the old snapshot still answers for all the others.
+    let mut w = IndexWriter::new(IndexConfig::default());
+    for i in 0..2_000u32 {
+        w.apply(M, src(1, 0), &stored(&[i as u64], None, &seq(4, i * 4), 4))
+            .unwrap();
+    }
+    w.publish();
+    let old = w.reader().shared.load_full();
+    w.apply(M, src(1, 0), &removed(&[0])).unwrap();
+    w.publish();
+    assert_eq!(old.blocks(M), 2_000);
+    assert_eq!(w.reader().load().blocks(M), 1_999);
+    w.check();
+}
+
+#[test]
+fn trie_matches_a_hash_map() {
+    let mut t = trie::Trie::default();
+    let mut oracle: HashMap<u64, Vec<u16>> = HashMap::new();
+    let mut x = 0x1234_5678_u64;
+    for i in 0..20_000u32 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        // Keys sharing low bits exercise deep paths and collapses.
+        let key = if i % 3 == 0 {
+            x & 0xFFFF_0000_0000_0FFF
+        } else {
+            x % 5_000
+        };
+        let s = (x >> 40) as u16 % 6;
+        if x % 3 == 0 {
+            let had = oracle.get(&key).is_some_and(|v| v.contains(&s));
+            assert_eq!(t.remove(key, s), had);
+            if had {
+                let v = oracle.get_mut(&key).unwrap();
+                let p = v.iter().position(|&y| y == s).unwrap();
+                v.swap_remove(p);
+                if v.is_empty() {
+                    oracle.remove(&key);
+                }
+            }
+        } else {
+            assert_eq!(t.add(key, s), !oracle.contains_key(&key));
+            oracle.entry(key).or_default().push(s);
+        }
+    }
+    t.check();
+    let mut got = t.entries();
+    for (_, h) in got.iter_mut() {
+        h.sort();
+    }
+    got.sort();
+    let mut want: Vec<_> = oracle
+        .into_iter()
+        .map(|(k, mut v)| {
+            v.sort();
+            (k, v)
+        })
+        .collect();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+// ---- property test against a naive oracle ----
+
+/// The oracle: per source, engine hash → the whole token sequence from the start of the prompt
+/// to the end of that block. A source holds a prompt's first k blocks when it holds, for every
+/// j < k, a block whose whole sequence is the prompt's first (j + 1) blocks.
+#[derive(Default)]
+struct Oracle {
+    block_size: Option<usize>,
+    sources: HashMap<Source, HashMap<u64, Vec<u32>>>,
+}
+
+impl Oracle {
+    fn apply(&mut self, s: Source, e: &KvEvent) -> Result<(), DropReason> {
+        self.sources.entry(s).or_default();
+        match e {
+            KvEvent::BlockStored {
+                engine_hashes,
+                parent,
+                token_ids,
+                block_size,
+            } => {
+                let bs = *block_size;
+                if bs == 0 || token_ids.len() != engine_hashes.len() * bs {
+                    return Err(DropReason::Malformed);
+                }
+                if *self.block_size.get_or_insert(bs) != bs {
+                    return Err(DropReason::BlockSizeMismatch);
+                }
+                let blocks = self.sources.get_mut(&s).unwrap();
+                let mut prefix = match parent {
+                    None => Vec::new(),
+                    Some(p) => blocks.get(p).cloned().ok_or(DropReason::UnknownParent)?,
+                };
+                for (eh, chunk) in engine_hashes.iter().zip(token_ids.chunks(bs)) {
+                    prefix.extend_from_slice(chunk);
+                    blocks.insert(*eh, prefix.clone());
+                }
+            }
+            KvEvent::BlockRemoved { engine_hashes } => {
+                let blocks = self.sources.get_mut(&s).unwrap();
+                for eh in engine_hashes {
+                    blocks.remove(eh);
+                }
+            }
+            KvEvent::AllBlocksCleared => self.sources.get_mut(&s).unwrap().clear(),
+        }
+        Ok(())
+    }
+
+    fn remove_worker(&mut self, worker: WorkerId) {
+        self.sources.retain(|s, _| s.worker != worker);
+        if self.sources.is_empty() {
+            self.block_size = None;
+        }
+    }
+
+    fn matches(&self, tokens: &[u32]) -> Vec<(Source, u32)> {
+        let Some(bs) = self.block_size else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (s, blocks) in &self.sources {
+            let held: HashSet<&[u32]> = blocks.values().map(|v| v.as_slice()).collect();
+            let mut k = 0;
+            while (k + 1) * bs <= tokens.len() && held.contains(&tokens[..(k + 1) * bs]) {
+                k += 1;
+            }
+            if k > 0 {
+                out.push((*s, k as u32));
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Store {
+        s: Source,
+        hashes: Vec<u64>,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+        bs: usize,
+    },
+    Remove(Source, Vec<u64>),
+    Clear(Source),
+    Reset(WorkerId),
+    RemoveWorker(WorkerId),
+    Match(Vec<u32>),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let source = (0u32..3, 0u32..2).prop_map(|(w, r)| src(w, r));
+    // Small hash and token alphabets: engine ids and block contents collide often, so parents,
+    // duplicates, replacements and sharing across sources all happen.
+    let store = (
+        source.clone(),
+        prop::collection::vec(0u64..12, 1..4),
+        prop::option::weighted(0.7, 0u64..12),
+        prop::sample::select(vec![2usize, 2, 2, 2, 3]),
+        prop::collection::vec(0u32..2, 12),
+    )
+        .prop_map(|(s, hashes, parent, bs, pool)| {
+            let tokens = pool[..hashes.len() * bs].to_vec();
+            Op::Store {
+                s,
+                hashes,
+                parent,
+                tokens,
+                bs,
+            }
+        });
+    prop_oneof![
+        6 => store,
+        2 => (source.clone(), prop::collection::vec(0u64..12, 1..3))
+            .prop_map(|(s, h)| Op::Remove(s, h)),
+        1 => source.prop_map(Op::Clear),
+        1 => (0u32..3).prop_map(Op::Reset),
+        1 => (0u32..3).prop_map(Op::RemoveWorker),
+        4 => prop::collection::vec(0u32..2, 0..13).prop_map(Op::Match),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    #[test]
+    fn index_matches_the_oracle(ops in prop::collection::vec(op(), 1..60)) {
+        let mut w = IndexWriter::new(IndexConfig::default());
+        let mut o = Oracle::default();
+        for op in ops {
+            match op {
+                Op::Store { s, hashes, parent, tokens, bs } => {
+                    let e = stored(&hashes, parent, &tokens, bs);
+                    prop_assert_eq!(w.apply(M, s, &e), o.apply(s, &e));
+                }
+                Op::Remove(s, h) => {
+                    let e = removed(&h);
+                    prop_assert_eq!(w.apply(M, s, &e), o.apply(s, &e));
+                }
+                Op::Clear(s) => {
+                    let e = KvEvent::AllBlocksCleared;
+                    prop_assert_eq!(w.apply(M, s, &e), o.apply(s, &e));
+                }
+                Op::Reset(worker) => {
+                    w.reset_worker(worker);
+                    for (s, b) in o.sources.iter_mut() {
+                        if s.worker == worker {
+                            b.clear();
+                        }
+                    }
+                }
+                Op::RemoveWorker(worker) => {
+                    w.remove_worker(worker);
+                    o.remove_worker(worker);
+                }
+                Op::Match(tokens) => {
+                    prop_assert_eq!(matches(&mut w, M, &tokens), o.matches(&tokens));
+                }
+            }
+        }
+        // Every stored sequence, as a prompt.
+        let prompts: Vec<Vec<u32>> =
+            o.sources.values().flat_map(|b| b.values().cloned()).collect();
+        for p in prompts {
+            prop_assert_eq!(matches(&mut w, M, &p), o.matches(&p));
+        }
+    }
+}
+
+/// Steady state at the per-source cap: conversations keep growing, finished ones stay behind
+/// until evicted. Only finished chains are evicted (a live conversation's next event always
+/// finds its parent), and the index never leaves its bounds or breaks an invariant.
+#[test]
+fn steady_conversations_at_the_cap_evict_only_finished_chains() {
+    let cap = 4096;
+    let mut w = IndexWriter::new(IndexConfig {
+        max_blocks_per_source: cap,
+        ..IndexConfig::default()
+    });
+    let mut rng = crate::base::rng::Rng::with_seed(7);
+    let mut next = 1u64;
+    // Four live conversations per source, each ending after 8 events on average.
+    let mut tips = vec![vec![None; 4]; 8];
+    for i in 0..20_000usize {
+        let s = i % 8;
+        let c = rng.below(4);
+        let hashes: Vec<u64> = (0..16).map(|k| next + k).collect();
+        next += 16;
+        let tokens: Vec<u32> = (0..16 * 4).map(|_| rng.below(150_000) as u32).collect();
+        let e = stored(&hashes, tips[s][c], &tokens, 4);
+        assert_eq!(w.apply(M, src(s as u32, 0), &e), Ok(()), "event {i}");
+        assert!(w.held_by(src(s as u32, 0)) <= cap);
+        tips[s][c] = if rng.below(8) == 0 {
+            None
+        } else {
+            hashes.last().copied()
+        };
+        if i % 1000 == 0 {
+            w.check();
+        }
+    }
+    assert!(w.stats().evicted() > 250_000);
+    w.check();
+}

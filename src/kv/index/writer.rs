@@ -1,0 +1,555 @@
+//! The single writer: applies events, keeps each source's engine-hash records and eviction
+//! order, enforces the caps, and publishes snapshots.
+
+use super::snapshot::{IndexReader, ModelView, Snapshot};
+use super::trie::{SourceId, Trie, MAX_SOURCE_IDS};
+use super::{block_hash, EngineHash, IndexConfig, IndexStats, KvEvent, Source, ROOT_PARENT};
+use crate::base::WorkerId;
+use arc_swap::ArcSwap;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+/// Why an event was not applied (each is also counted in [`IndexStats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// `BlockStored` under a parent this source does not hold.
+    UnknownParent,
+    /// `BlockStored` with a block size other than the model's.
+    BlockSizeMismatch,
+    /// Zero block size, or token count ≠ hashes × block size.
+    Malformed,
+    /// Too many sources, models, or a DP rank out of range.
+    Limits,
+}
+
+/// Published snapshots the writer keeps alive after replacing them, so the nodes a snapshot
+/// alone still pins are freed here, not by the last reader on a core (as the text tree does).
+const RETAINED_SNAPSHOTS: usize = 4;
+
+/// The writer's record of one block a source holds, under the engine's hash.
+#[derive(Debug, Clone, Copy)]
+struct Rec {
+    own: u64,
+    parent: Option<EngineHash>,
+    /// Blocks of this source stored under this one and still held (may undercount after the
+    /// server removed a parent before its children; never overcounts, so a leaf always exists).
+    children: u32,
+    /// Eviction order: the store time of this block or, once its children are gone, of its
+    /// most recent child.
+    stamp: u64,
+}
+
+/// One source's blocks as the writer sees them.
+#[derive(Debug)]
+struct SourceState {
+    id: SourceId,
+    model: Arc<str>,
+    blocks: HashMap<EngineHash, Rec>,
+    /// Blocks without children, by stamp: the eviction order.
+    leaves: BTreeSet<(u64, EngineHash)>,
+}
+
+/// One model's mutable state.
+#[derive(Debug)]
+struct ModelState {
+    name: Arc<str>,
+    block_size: usize,
+    trie: Trie,
+    sources: usize,
+}
+
+/// Owns the index: the event thread applies every event here, then calls [`publish`] (after
+/// each batch, or on its own schedule). Every mutation takes `&mut self`: one owner, one writer.
+///
+/// [`publish`]: IndexWriter::publish
+#[derive(Debug)]
+pub struct IndexWriter {
+    cfg: IndexConfig,
+    /// Sorted by name.
+    models: Vec<ModelState>,
+    sources: HashMap<Source, SourceState>,
+    ids: Vec<Option<Source>>,
+    free_ids: Vec<SourceId>,
+    published_ids: Arc<[Option<Source>]>,
+    ids_changed: bool,
+    held: usize,
+    clock: u64,
+    buf: Vec<u8>,
+    epoch: u64,
+    shared: Arc<ArcSwap<Snapshot>>,
+    retired: VecDeque<Arc<Snapshot>>,
+    stats: Arc<IndexStats>,
+}
+
+impl IndexWriter {
+    /// An empty index with `cfg`'s bounds.
+    pub fn new(cfg: IndexConfig) -> Self {
+        IndexWriter {
+            cfg,
+            models: Vec::new(),
+            sources: HashMap::new(),
+            ids: Vec::new(),
+            free_ids: Vec::new(),
+            published_ids: Arc::from(Vec::new()),
+            ids_changed: false,
+            held: 0,
+            clock: 0,
+            buf: Vec::new(),
+            epoch: 0,
+            shared: Arc::default(),
+            retired: VecDeque::new(),
+            stats: Arc::default(),
+        }
+    }
+
+    /// A handle for readers (every core); sees what was applied up to the last [`publish`].
+    ///
+    /// [`publish`]: IndexWriter::publish
+    pub fn reader(&self) -> IndexReader {
+        IndexReader {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The counters (shared; export them from any thread).
+    pub fn stats(&self) -> Arc<IndexStats> {
+        self.stats.clone()
+    }
+
+    /// Blocks held over all sources now (a block on two sources counts twice).
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Blocks `source` holds now.
+    pub fn held_by(&self, source: Source) -> usize {
+        self.sources.get(&source).map_or(0, |s| s.blocks.len())
+    }
+
+    /// Applies one event from `source`, which serves `model` (a source moving to another model
+    /// is reset first: one worker serves one model). `Err` says why it was dropped.
+    pub fn apply(
+        &mut self,
+        model: &str,
+        source: Source,
+        event: &KvEvent,
+    ) -> Result<(), DropReason> {
+        IndexStats::add(&self.stats.events, 1);
+        let r = self.apply_inner(model, source, event);
+        if let Err(reason) = r {
+            let c = match reason {
+                DropReason::UnknownParent => &self.stats.dropped_unknown_parent,
+                DropReason::BlockSizeMismatch => &self.stats.dropped_block_size,
+                DropReason::Malformed => &self.stats.dropped_malformed,
+                DropReason::Limits => &self.stats.dropped_limits,
+            };
+            IndexStats::add(c, 1);
+        }
+        self.stats.held.store(self.held as u64, Relaxed);
+        r
+    }
+
+    fn apply_inner(
+        &mut self,
+        model: &str,
+        source: Source,
+        event: &KvEvent,
+    ) -> Result<(), DropReason> {
+        if source.dp_rank >= self.cfg.max_dp_ranks {
+            return Err(DropReason::Limits);
+        }
+        let mi = self.model_index(model)?;
+        self.register(source, mi)?;
+        match event {
+            KvEvent::BlockStored {
+                engine_hashes,
+                parent,
+                token_ids,
+                block_size,
+            } => self.store(mi, source, engine_hashes, *parent, token_ids, *block_size),
+            KvEvent::BlockRemoved { engine_hashes } => {
+                let (m, s) = self.parts(mi, source);
+                let mut removed = 0;
+                for &eh in engine_hashes {
+                    removed += remove_block(s, &mut m.trie, eh) as u64;
+                }
+                self.held -= removed as usize;
+                IndexStats::add(&self.stats.blocks_removed, removed);
+                let unknown = engine_hashes.len() as u64 - removed;
+                IndexStats::add(&self.stats.removed_unknown, unknown);
+                Ok(())
+            }
+            KvEvent::AllBlocksCleared => {
+                self.reset_source(source);
+                Ok(())
+            }
+        }
+    }
+
+    /// The model's position, creating it (within the cap).
+    fn model_index(&mut self, model: &str) -> Result<usize, DropReason> {
+        match self.models.binary_search_by(|m| (*m.name).cmp(model)) {
+            Ok(i) => Ok(i),
+            Err(_) if self.models.len() >= self.cfg.max_models => Err(DropReason::Limits),
+            Err(i) => {
+                self.models.insert(
+                    i,
+                    ModelState {
+                        name: Arc::from(model),
+                        block_size: 0,
+                        trie: Trie::default(),
+                        sources: 0,
+                    },
+                );
+                Ok(i)
+            }
+        }
+    }
+
+    /// Makes `source` known under model `mi` (a new number, within the cap); a source that
+    /// served another model is reset and moved.
+    fn register(&mut self, source: Source, mi: usize) -> Result<(), DropReason> {
+        if let Some(s) = self.sources.get(&source) {
+            if *s.model == *self.models[mi].name {
+                return Ok(());
+            }
+            let old = s.model.clone();
+            self.reset_source(source);
+            if let Some(s) = self.sources.get_mut(&source) {
+                s.model = self.models[mi].name.clone();
+            }
+            self.models[mi].sources += 1;
+            if let Ok(oi) = self.models.binary_search_by(|m| m.name.cmp(&old)) {
+                self.models[oi].sources -= 1;
+            }
+            return Ok(());
+        }
+        let cap = self.cfg.max_sources.min(MAX_SOURCE_IDS);
+        if self.sources.len() >= cap {
+            return Err(DropReason::Limits);
+        }
+        let id = match self.free_ids.pop() {
+            Some(id) => id,
+            None => {
+                self.ids.push(None);
+                (self.ids.len() - 1) as SourceId
+            }
+        };
+        self.ids[id as usize] = Some(source);
+        self.ids_changed = true;
+        self.models[mi].sources += 1;
+        self.sources.insert(
+            source,
+            SourceState {
+                id,
+                model: self.models[mi].name.clone(),
+                blocks: HashMap::new(),
+                leaves: BTreeSet::new(),
+            },
+        );
+        self.stats.sources.store(self.sources.len() as u64, Relaxed);
+        Ok(())
+    }
+
+    /// The model and the source state, borrowed together.
+    fn parts(&mut self, mi: usize, source: Source) -> (&mut ModelState, &mut SourceState) {
+        let s = self.sources.get_mut(&source).expect("registered source");
+        (&mut self.models[mi], s)
+    }
+
+    fn store(
+        &mut self,
+        mi: usize,
+        source: Source,
+        hashes: &[EngineHash],
+        parent: Option<EngineHash>,
+        tokens: &[u32],
+        block_size: usize,
+    ) -> Result<(), DropReason> {
+        if block_size == 0 || Some(tokens.len()) != hashes.len().checked_mul(block_size) {
+            return Err(DropReason::Malformed);
+        }
+        let m = &mut self.models[mi];
+        if m.block_size == 0 {
+            m.block_size = block_size;
+        } else if m.block_size != block_size {
+            return Err(DropReason::BlockSizeMismatch);
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        let mut clock = self.clock;
+        let (m, s) = self.parts(mi, source);
+        let mut parent_own = match parent {
+            None => ROOT_PARENT,
+            Some(p) => match s.blocks.get(&p) {
+                Some(r) => r.own,
+                None => return Err(DropReason::UnknownParent),
+            },
+        };
+        let (mut added, mut dup, mut replaced) = (0u64, 0u64, 0usize);
+        let mut parent_eh = parent;
+        for (&eh, block) in hashes.iter().zip(tokens.chunks_exact(block_size)) {
+            let own = block_hash(parent_own, block, &mut buf);
+            match s.blocks.get(&eh) {
+                Some(r) if r.own == own => dup += 1,
+                existing => {
+                    if existing.is_some() {
+                        // The engine reused the id for other tokens: the new store wins.
+                        replaced += remove_block(s, &mut m.trie, eh) as usize;
+                    }
+                    clock += 1;
+                    add_block(s, &mut m.trie, eh, own, parent_eh, clock);
+                    added += 1;
+                }
+            }
+            parent_own = own;
+            parent_eh = Some(eh);
+        }
+        self.clock = clock;
+        self.buf = buf;
+        self.held = self.held + added as usize - replaced;
+        IndexStats::add(&self.stats.blocks_stored, added);
+        IndexStats::add(&self.stats.duplicate_stores, dup);
+        self.enforce_caps(source);
+        Ok(())
+    }
+
+    /// Evicts until `source` and the whole index are within their caps.
+    fn enforce_caps(&mut self, source: Source) {
+        let mut evicted = self.evict_from(source, self.cfg.max_blocks_per_source);
+        while self.held > self.cfg.max_blocks {
+            // The largest source gives up blocks, a slice of the cap at a time so a flood does
+            // not scan every source per block.
+            let Some((&largest, s)) = self.sources.iter().max_by_key(|(_, s)| s.blocks.len())
+            else {
+                break;
+            };
+            let over = self.held - self.cfg.max_blocks;
+            let target = s
+                .blocks
+                .len()
+                .saturating_sub(over.max(self.cfg.max_blocks / 1024));
+            let n = self.evict_from(largest, target);
+            if n == 0 {
+                break;
+            }
+            evicted += n;
+        }
+        IndexStats::add(&self.stats.evicted, evicted as u64);
+    }
+
+    /// Evicts `source`'s blocks, oldest leaf first, until it holds at most `keep`.
+    fn evict_from(&mut self, source: Source, keep: usize) -> usize {
+        let Some(s) = self.sources.get_mut(&source) else {
+            return 0;
+        };
+        let Ok(mi) = self.models.binary_search_by(|m| m.name.cmp(&s.model)) else {
+            return 0;
+        };
+        let trie = &mut self.models[mi].trie;
+        let mut n = 0;
+        while s.blocks.len() > keep {
+            let victim = match s.leaves.first() {
+                Some(&(_, eh)) => eh,
+                // Unreachable while the leaf invariant holds; never loop forever on it.
+                None => *s.blocks.keys().next().expect("blocks left"),
+            };
+            remove_block(s, trie, victim);
+            n += 1;
+        }
+        self.held -= n;
+        n
+    }
+
+    /// Drops every block of `source` (`AllBlocksCleared`, or the server restarted); the source
+    /// stays known.
+    pub fn reset_source(&mut self, source: Source) {
+        let Some(s) = self.sources.get_mut(&source) else {
+            return;
+        };
+        if let Ok(mi) = self.models.binary_search_by(|m| m.name.cmp(&s.model)) {
+            let trie = &mut self.models[mi].trie;
+            for r in s.blocks.values() {
+                trie.remove(r.own, s.id);
+            }
+        }
+        self.held -= s.blocks.len();
+        s.blocks = HashMap::new();
+        s.leaves = BTreeSet::new();
+        IndexStats::add(&self.stats.resets, 1);
+        self.stats.held.store(self.held as u64, Relaxed);
+    }
+
+    /// Drops every block of every rank of `worker` (its sequence went back: it restarted).
+    pub fn reset_worker(&mut self, worker: WorkerId) {
+        for source in self.sources_of(worker) {
+            self.reset_source(source);
+        }
+    }
+
+    /// Forgets `worker` (removed from the fleet): its blocks, its ranks' numbers, and any model
+    /// no source serves any more (with its learned block size).
+    pub fn remove_worker(&mut self, worker: WorkerId) {
+        for source in self.sources_of(worker) {
+            self.reset_source(source);
+            let Some(s) = self.sources.remove(&source) else {
+                continue;
+            };
+            self.ids[s.id as usize] = None;
+            self.free_ids.push(s.id);
+            self.ids_changed = true;
+            if let Ok(mi) = self.models.binary_search_by(|m| m.name.cmp(&s.model)) {
+                self.models[mi].sources -= 1;
+                if self.models[mi].sources == 0 {
+                    self.models.remove(mi);
+                }
+            }
+        }
+        self.stats.sources.store(self.sources.len() as u64, Relaxed);
+    }
+
+    fn sources_of(&self, worker: WorkerId) -> Vec<Source> {
+        let mut v: Vec<Source> = self
+            .sources
+            .keys()
+            .filter(|s| s.worker == worker)
+            .copied()
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Makes everything applied so far visible to readers. Costs one `Arc` clone per model (and
+    /// a copy of the source table when sources came or went), never a copy of the blocks.
+    pub fn publish(&mut self) {
+        if self.ids_changed {
+            self.published_ids = Arc::from(self.ids.clone());
+            self.ids_changed = false;
+        }
+        self.epoch += 1;
+        let snap = Snapshot {
+            models: self
+                .models
+                .iter()
+                .map(|m| {
+                    let view = ModelView {
+                        block_size: m.block_size,
+                        trie: m.trie.clone(),
+                    };
+                    (m.name.clone(), view)
+                })
+                .collect(),
+            sources: self.published_ids.clone(),
+            epoch: self.epoch,
+        };
+        let distinct: usize = self.models.iter().map(|m| m.trie.len()).sum();
+        self.stats.distinct.store(distinct as u64, Relaxed);
+        let old = self.shared.swap(Arc::new(snap));
+        self.retired.push_back(old);
+        if self.retired.len() > RETAINED_SNAPSHOTS {
+            self.retired.pop_front();
+        }
+        IndexStats::add(&self.stats.publishes, 1);
+    }
+
+    /// Checks every internal invariant (tests).
+    #[cfg(test)]
+    pub(super) fn check(&self) {
+        let mut held = 0;
+        for (src, s) in &self.sources {
+            assert_eq!(self.ids[s.id as usize], Some(*src));
+            held += s.blocks.len();
+            let leaves: BTreeSet<_> = s
+                .blocks
+                .iter()
+                .filter(|(_, r)| r.children == 0)
+                .map(|(eh, r)| (r.stamp, *eh))
+                .collect();
+            assert_eq!(leaves, s.leaves, "leaf set of {src:?}");
+            assert!(s.blocks.len() <= self.cfg.max_blocks_per_source);
+            let m = self
+                .models
+                .iter()
+                .find(|m| m.name == s.model)
+                .expect("model");
+            for r in s.blocks.values() {
+                assert!(m.trie.get(r.own).is_some_and(|h| h.contains(s.id)));
+            }
+        }
+        assert_eq!(held, self.held);
+        assert!(self.held <= self.cfg.max_blocks);
+        let mut in_tries = 0;
+        for m in &self.models {
+            m.trie.check();
+            for (_, holders) in m.trie.entries() {
+                in_tries += holders.len();
+            }
+            let n = self.sources.values().filter(|s| s.model == m.name).count();
+            assert_eq!(n, m.sources);
+        }
+        assert_eq!(in_tries, held, "trie holdings vs records");
+    }
+
+    /// The tries themselves (tests).
+    #[cfg(test)]
+    pub(super) fn trie_len(&self, model: &str) -> usize {
+        self.models
+            .iter()
+            .find(|m| &*m.name == model)
+            .map_or(0, |m| m.trie.len())
+    }
+}
+
+/// Adds a record for a block not held under `eh`, under `parent` if the source holds it.
+fn add_block(
+    s: &mut SourceState,
+    trie: &mut Trie,
+    eh: EngineHash,
+    own: u64,
+    parent: Option<EngineHash>,
+    stamp: u64,
+) {
+    if let Some(p) = parent {
+        if let Some(pr) = s.blocks.get_mut(&p) {
+            pr.children += 1;
+            if pr.children == 1 {
+                s.leaves.remove(&(pr.stamp, p));
+            }
+        }
+    }
+    s.blocks.insert(
+        eh,
+        Rec {
+            own,
+            parent,
+            children: 0,
+            stamp,
+        },
+    );
+    s.leaves.insert((stamp, eh));
+    trie.add(own, s.id);
+}
+
+/// Removes `eh`'s record and its holding; false when the source does not hold `eh`. A parent
+/// left without children becomes a leaf, as recent as the child it lost.
+fn remove_block(s: &mut SourceState, trie: &mut Trie, eh: EngineHash) -> bool {
+    let Some(r) = s.blocks.remove(&eh) else {
+        return false;
+    };
+    if r.children == 0 {
+        s.leaves.remove(&(r.stamp, eh));
+    }
+    trie.remove(r.own, s.id);
+    if let Some(p) = r.parent {
+        if let Some(pr) = s.blocks.get_mut(&p) {
+            if pr.children > 0 {
+                pr.children -= 1;
+                if pr.children == 0 {
+                    pr.stamp = pr.stamp.max(r.stamp);
+                    s.leaves.insert((pr.stamp, p));
+                }
+            }
+        }
+    }
+    true
+}
