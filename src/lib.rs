@@ -10,6 +10,7 @@ pub mod base;
 pub mod config;
 pub mod gateway;
 pub mod http;
+pub mod kv;
 pub mod log;
 pub mod metrics;
 pub mod metrics_server;
