@@ -167,11 +167,7 @@ fn join(f: &mut Fixture, rx: &Receiver<IntakeEvent>) -> i64 {
     let start = Instant::now();
     loop {
         assert!(start.elapsed() < LIMIT, "the intake never received a probe");
-        let seq = f.publish(
-            serde_json::json!([{"type": "AllBlocksCleared"}]),
-            "array",
-            false,
-        );
+        let seq = f.publish(cleared(), "array", false);
         if let Ok(first) = rx.recv_timeout(Duration::from_millis(100)) {
             let IntakeEvent::Batch(mut b) = first else {
                 panic!("{first:?}")
@@ -182,6 +178,17 @@ fn join(f: &mut Fixture, rx: &Receiver<IntakeEvent>) -> i64 {
             assert_eq!(b.seq, seq);
             return seq;
         }
+    }
+}
+
+fn cleared() -> serde_json::Value {
+    serde_json::json!([{"type": "AllBlocksCleared"}])
+}
+
+fn reset(worker: u32, reason: ResetReason) -> IntakeEvent {
+    IntakeEvent::Reset {
+        key: PublisherKey { worker, dp_rank: 0 },
+        reason,
     }
 }
 
@@ -220,11 +227,7 @@ fn sglang_framed_events_arrive_in_order_and_a_gap_fills_from_replay() {
         "array",
         true,
     );
-    let d = f.publish(
-        serde_json::json!([{"type": "AllBlocksCleared"}]),
-        "map",
-        false,
-    );
+    let d = f.publish(cleared(), "map", false);
     assert_eq!([a, b, c, d], [s0 + 1, s0 + 2, s0 + 3, s0 + 4]);
 
     let got_a = next_batch(&rx);
@@ -287,22 +290,9 @@ fn sglang_framed_events_arrive_in_order_and_a_gap_fills_from_replay() {
 
     // The server restarts: its counter goes back to 0 → reset, then the new stream.
     f.cmd(serde_json::json!({"cmd": "restart"}));
-    let e = f.publish(
-        serde_json::json!([{"type": "AllBlocksCleared"}]),
-        "array",
-        false,
-    );
+    let e = f.publish(cleared(), "array", false);
     assert_eq!(e, 0);
-    assert_eq!(
-        next_event(&rx),
-        IntakeEvent::Reset {
-            key: PublisherKey {
-                worker: 7,
-                dp_rank: 0
-            },
-            reason: ResetReason::Restarted
-        }
-    );
+    assert_eq!(next_event(&rx), reset(7, ResetReason::Restarted));
     assert_eq!(next_batch(&rx).seq, 0);
 
     // Garbage: a lone frame, a 7-byte sequence, 4 frames: counted, skipped, stream untouched.
@@ -315,22 +305,9 @@ fn sglang_framed_events_arrive_in_order_and_a_gap_fills_from_replay() {
     }
     // Not msgpack, with a real sequence number: a hole in the stream, so a reset.
     f.cmd(serde_json::json!({"cmd": "raw", "frames": ["c1c1"], "with_seq": true}));
-    let g = f.publish(
-        serde_json::json!([{"type": "AllBlocksCleared"}]),
-        "array",
-        false,
-    );
+    let g = f.publish(cleared(), "array", false);
     assert_eq!(g, 2);
-    assert_eq!(
-        next_event(&rx),
-        IntakeEvent::Reset {
-            key: PublisherKey {
-                worker: 7,
-                dp_rank: 0
-            },
-            reason: ResetReason::Unreadable
-        }
-    );
+    assert_eq!(next_event(&rx), reset(7, ResetReason::Unreadable));
     let got_g = next_batch(&rx);
     assert_eq!((got_g.seq, got_g.replayed), (2, false));
     let counts = intake.counts();
@@ -351,45 +328,28 @@ fn gaps_that_cannot_be_filled_reset_the_worker() {
     let intake = Intake::start(config, tx).unwrap();
     intake.subscribe(f.publisher(1, true)).unwrap();
     join(&mut f, &rx);
-    let key = PublisherKey {
-        worker: 1,
-        dp_rank: 0,
-    };
-    let cleared = || serde_json::json!([{"type": "AllBlocksCleared"}]);
-    let gap_reset = IntakeEvent::Reset {
-        key,
-        reason: ResetReason::Gap,
+    // `skipped` batches only the replay buffer has, then a live one: a reset, then the live one.
+    let gap_resets = |f: &mut Fixture, skipped: usize, forget: bool| {
+        for _ in 0..skipped {
+            f.publish(cleared(), "array", true);
+        }
+        if forget {
+            f.cmd(serde_json::json!({"cmd": "forget"}));
+        }
+        let live = f.publish(cleared(), "array", false);
+        assert_eq!(next_event(&rx), reset(1, ResetReason::Gap));
+        assert_eq!(next_batch(&rx).seq, live);
     };
 
     // The replay buffer no longer has the missing batch.
-    f.publish(cleared(), "array", true);
-    f.cmd(serde_json::json!({"cmd": "forget"}));
-    let live = f.publish(cleared(), "array", false);
-    assert_eq!(next_event(&rx), gap_reset);
-    assert_eq!(next_batch(&rx).seq, live);
-
+    gap_resets(&mut f, 1, true);
     // More missing batches than the intake may ask for: reset without asking.
-    for _ in 0..4 {
-        f.publish(cleared(), "array", true);
-    }
-    let live = f.publish(cleared(), "array", false);
-    assert_eq!(next_event(&rx), gap_reset);
-    assert_eq!(next_batch(&rx).seq, live);
-
+    gap_resets(&mut f, 4, false);
     // A publisher subscribed without a replay endpoint cannot fill any gap.
     intake.subscribe(f.publisher(1, false)).unwrap();
-    assert_eq!(
-        next_event(&rx),
-        IntakeEvent::Reset {
-            key,
-            reason: ResetReason::Unsubscribed
-        }
-    );
+    assert_eq!(next_event(&rx), reset(1, ResetReason::Unsubscribed));
     join(&mut f, &rx);
-    f.publish(cleared(), "array", true);
-    let live = f.publish(cleared(), "array", false);
-    assert_eq!(next_event(&rx), gap_reset);
-    assert_eq!(next_batch(&rx).seq, live);
+    gap_resets(&mut f, 1, false);
     let c = intake.counts();
     assert_eq!((c.gaps, c.replayed_batches), (3, 0), "{c:?}");
 }
@@ -407,27 +367,10 @@ fn subscriptions_change_at_run_time() {
     join(&mut two, &rx);
 
     intake.remove_worker(1).unwrap();
-    assert_eq!(
-        next_event(&rx),
-        IntakeEvent::Reset {
-            key: PublisherKey {
-                worker: 1,
-                dp_rank: 0
-            },
-            reason: ResetReason::Unsubscribed
-        }
-    );
+    assert_eq!(next_event(&rx), reset(1, ResetReason::Unsubscribed));
     // Worker 1's socket is closed before its next batch is sent: only worker 2's arrives.
-    one.publish(
-        serde_json::json!([{"type": "AllBlocksCleared"}]),
-        "array",
-        false,
-    );
-    let s = two.publish(
-        serde_json::json!([{"type": "AllBlocksCleared"}]),
-        "array",
-        false,
-    );
+    one.publish(cleared(), "array", false);
+    let s = two.publish(cleared(), "array", false);
     let b = next_batch(&rx);
     assert_eq!((b.key.worker, b.seq), (2, s));
     assert!(rx.try_recv().is_err());

@@ -922,37 +922,36 @@ mod tests {
     #[derive(Default)]
     struct B(Vec<u8>);
     impl B {
-        fn arr(mut self, n: u32) -> Self {
-            w::write_array_len(&mut self.0, n).unwrap();
+        fn w<E: std::fmt::Debug, T>(
+            mut self,
+            f: impl FnOnce(&mut Vec<u8>) -> Result<T, E>,
+        ) -> Self {
+            f(&mut self.0).unwrap();
             self
         }
-        fn map(mut self, n: u32) -> Self {
-            w::write_map_len(&mut self.0, n).unwrap();
-            self
+        fn arr(self, n: u32) -> Self {
+            self.w(|o| w::write_array_len(o, n))
         }
-        fn s(mut self, v: &str) -> Self {
-            w::write_str(&mut self.0, v).unwrap();
-            self
+        fn map(self, n: u32) -> Self {
+            self.w(|o| w::write_map_len(o, n))
         }
-        fn u(mut self, v: u64) -> Self {
-            w::write_uint(&mut self.0, v).unwrap();
-            self
+        fn s(self, v: &str) -> Self {
+            self.w(|o| w::write_str(o, v))
         }
-        fn i(mut self, v: i64) -> Self {
-            w::write_sint(&mut self.0, v).unwrap();
-            self
+        fn u(self, v: u64) -> Self {
+            self.w(|o| w::write_uint(o, v))
         }
-        fn f(mut self, v: f64) -> Self {
-            w::write_f64(&mut self.0, v).unwrap();
-            self
+        fn i(self, v: i64) -> Self {
+            self.w(|o| w::write_sint(o, v))
         }
-        fn nil(mut self) -> Self {
-            w::write_nil(&mut self.0).unwrap();
-            self
+        fn f(self, v: f64) -> Self {
+            self.w(|o| w::write_f64(o, v))
         }
-        fn bin(mut self, v: &[u8]) -> Self {
-            w::write_bin(&mut self.0, v).unwrap();
-            self
+        fn nil(self) -> Self {
+            self.w(w::write_nil)
+        }
+        fn bin(self, v: &[u8]) -> Self {
+            self.w(|o| w::write_bin(o, v))
         }
         fn raw(mut self, v: &[u8]) -> Self {
             self.0.extend_from_slice(v);
@@ -1218,7 +1217,7 @@ mod tests {
             .ints(&[1])
             .nil()
             .ints(&[1])
-            // BlockRemoved with a negative block-hash list shape: a removal is lost
+            // BlockRemoved whose hashes are not a list: a removal is lost
             .arr(2)
             .s("BlockRemoved")
             .u(3)
