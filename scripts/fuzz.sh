@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fuzz the pure HTTP/1.1 framing (src/http) and the routing-text extraction (src/route/extract.rs)
-# with cargo-fuzz / libFuzzer.
+# Fuzz the pure HTTP/1.1 framing (src/http), the routing-text extraction (src/route/extract.rs)
+# and the KV-event decoder (src/kv/wire.rs) with cargo-fuzz / libFuzzer.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     default: 30 s each for every target in fuzz/fuzz_targets
 #
@@ -20,7 +20,7 @@ TARGETS=("$@")
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-# Every target by default (head, chunked, extract, and any added later).
+# Every target by default (head, chunked, extract, kv_wire, and any added later).
 if [ ${#TARGETS[@]} -eq 0 ]; then
     for f in fuzz/fuzz_targets/*.rs; do
         TARGETS+=("$(basename "$f" .rs)")

@@ -9,6 +9,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# zmq-sys compiles the bundled libzmq (the KV-event intake): the build needs a C++ compiler.
+command -v c++ >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q g++; }
 exec scripts/compare-policies.sh \
     --workload chat --workers 4 --duration 60 \
     --policies round_robin,cache_aware --no-chart \

@@ -11,6 +11,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# tests/kv_intake.rs runs a KV-event publisher that is not ours (tests/fixtures/kv_publisher.py,
+# pyzmq + msgpack). Its interpreter: RADIXGATE_TEST_PYTHON if set, else .venv/ when it already has
+# both modules, else .venv-test/ (created here, from PyPI, when missing). Under CI=true the test
+# fails without it. The Rust side needs only a C++ compiler: zmq-sys builds the bundled libzmq.
+if [[ -z "${RADIXGATE_TEST_PYTHON:-}" ]]; then
+    if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import zmq, msgpack' 2>/dev/null; then
+        RADIXGATE_TEST_PYTHON="$PWD/.venv/bin/python"
+    else
+        if ! .venv-test/bin/python -c 'import zmq, msgpack' 2>/dev/null; then
+            echo "== creating .venv-test/ (pyzmq, msgpack) for the KV-event publisher fixture =="
+            python3 -m venv .venv-test || { apt-get install -y -q python3-venv && python3 -m venv .venv-test; }
+            .venv-test/bin/pip install -q pyzmq msgpack
+        fi
+        RADIXGATE_TEST_PYTHON="$PWD/.venv-test/bin/python"
+    fi
+    export RADIXGATE_TEST_PYTHON
+fi
+if ! command -v c++ >/dev/null 2>&1; then
+    echo "== installing g++ (zmq-sys compiles libzmq) =="
+    apt-get update -q && apt-get install -y -q g++
+fi
+
 echo "== pass 1: cargo test --workspace, end-to-end gateways on io_uring (RADIXGATE_TEST_IO_DRIVER=uring) =="
 env -u MONOIO_FORCE_LEGACY_DRIVER RADIXGATE_TEST_IO_DRIVER=uring cargo test --workspace
 echo "== pass 2: end-to-end suites on epoll (RADIXGATE_TEST_IO_DRIVER=epoll, MONOIO_FORCE_LEGACY_DRIVER=1) =="

@@ -52,6 +52,13 @@ fn parse_worker_url(s: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// One `WORKER_URL=tcp://HOST:PORT` value: the worker URL checked like `--worker-urls`.
+fn parse_kv_endpoint(s: &str) -> Result<crate::kv::endpoint::WorkerEndpoint, String> {
+    let mut we = crate::kv::endpoint::parse_worker_endpoint(s)?;
+    we.worker_url = parse_worker_url(&we.worker_url)?;
+    Ok(we)
+}
+
 /// A parsed `--cpu-list` (a newtype so clap takes the whole list as one value).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuList(pub Vec<usize>);
@@ -133,6 +140,23 @@ pub struct Config {
     /// load is within --balance-abs-threshold of the minimum.
     #[arg(long = "affinity-window", action = ArgAction::SetTrue)]
     pub affinity_window: bool,
+    /// Route on the workers' own KV-cache events (SGLang/vLLM `--kv-events-config`, ZeroMQ)
+    /// besides the text tree. In progress: the event intake exists, routing on it does not yet,
+    /// so today this only checks the endpoint flags.
+    #[arg(long = "kv-events", action = ArgAction::SetTrue)]
+    pub kv_events: bool,
+    /// KV-event PUB socket of each worker, WORKER_URL=tcp://HOST:PORT (DP rank r: port + r; a `*`
+    /// host means the worker's host). Without it (integration pending) they will come from
+    /// each worker's /get_server_info `kv_events_config`.
+    #[arg(long = "kv-events-endpoints", num_args = 1.., value_parser = parse_kv_endpoint,
+          requires = "kv_events")]
+    pub kv_events_endpoints: Vec<crate::kv::endpoint::WorkerEndpoint>,
+    /// KV-event replay socket of each worker, WORKER_URL=tcp://HOST:PORT (its
+    /// `replay_endpoint`; missed batches are fetched from it). Needs the worker's
+    /// --kv-events-endpoints entry.
+    #[arg(long = "kv-events-replay-endpoints", num_args = 1.., value_parser = parse_kv_endpoint,
+          requires = "kv_events")]
+    pub kv_events_replay_endpoints: Vec<crate::kv::endpoint::WorkerEndpoint>,
     /// manual: how a new routing key is placed: random, min_load, min_group.
     #[arg(long = "assignment-mode", default_value = "random", value_parser = parse_assignment)]
     pub assignment_mode: AssignmentMode,
@@ -337,7 +361,24 @@ impl Config {
             );
         }
         argv.extend(args.iter().skip(1).cloned());
-        Config::try_parse_from(argv).map_err(ConfigError::Clap)
+        let config = Config::try_parse_from(argv).map_err(ConfigError::Clap)?;
+        // Checks across flags (clap checks one value at a time), with clap's exit code 2.
+        if let Err(msg) = config.kv_endpoints() {
+            let mut cmd = <Config as clap::CommandFactory>::command();
+            return Err(ConfigError::Clap(
+                cmd.error(clap::error::ErrorKind::ValueValidation, msg),
+            ));
+        }
+        Ok(config)
+    }
+
+    /// The KV-event endpoints given by flags, paired per worker (empty: read them from the
+    /// workers).
+    pub fn kv_endpoints(&self) -> Result<Vec<crate::kv::endpoint::KvEndpoints>, String> {
+        crate::kv::endpoint::pair_endpoints(
+            &self.kv_events_endpoints,
+            &self.kv_events_replay_endpoints,
+        )
     }
 
     /// Policy settings for the routing layer.
@@ -541,6 +582,71 @@ mod tests {
         std::fs::write(&path, "no_such_key = 1\n").unwrap();
         assert!(parse(&["--config", p]).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn kv_event_flags_parse_pair_and_refuse() {
+        let c = parse(&[]).unwrap();
+        assert!(!c.kv_events);
+        assert!(c.kv_endpoints().unwrap().is_empty());
+        let c = parse(&[
+            "--kv-events",
+            "--kv-events-endpoints",
+            "http://10.0.0.1:30000=tcp://*:5557",
+            "http://10.0.0.2:30000/=tcp://10.0.0.2:6000",
+            "--kv-events-replay-endpoints",
+            "http://10.0.0.1:30000=tcp://10.0.0.1:5558",
+        ])
+        .unwrap();
+        assert!(c.kv_events);
+        let eps = c.kv_endpoints().unwrap();
+        assert_eq!(eps.len(), 2);
+        assert_eq!(eps[0].worker_url, "http://10.0.0.1:30000");
+        assert_eq!(eps[0].live.url(), "tcp://10.0.0.1:5557");
+        assert_eq!(eps[0].replay.as_ref().unwrap().url(), "tcp://10.0.0.1:5558");
+        assert_eq!(eps[1].worker_url, "http://10.0.0.2:30000");
+        assert_eq!(eps[1].replay, None);
+        let (live, replay) = eps[0].for_rank(2).unwrap();
+        assert_eq!((live.port, replay.unwrap().port), (5559, 5560));
+
+        for bad in [
+            // endpoints without the switch
+            &["--kv-events-endpoints", "http://a:1=tcp://a:5557"][..],
+            &["--kv-events", "--kv-events-endpoints", "http://a:1"],
+            &[
+                "--kv-events",
+                "--kv-events-endpoints",
+                "ftp://a:1=tcp://a:5557",
+            ],
+            &[
+                "--kv-events",
+                "--kv-events-endpoints",
+                "http://a:1=udp://a:5557",
+            ],
+            &[
+                "--kv-events",
+                "--kv-events-endpoints",
+                "http://a:1=tcp://a:0",
+            ],
+            // a replay endpoint for a worker with no live endpoint
+            &[
+                "--kv-events",
+                "--kv-events-replay-endpoints",
+                "http://a:1=tcp://a:5558",
+            ],
+            // a worker named twice
+            &[
+                "--kv-events",
+                "--kv-events-endpoints",
+                "http://a:1=tcp://a:5557",
+                "http://a:1=tcp://a:6557",
+            ],
+        ] {
+            match parse(bad) {
+                Err(ConfigError::Clap(e)) => assert_eq!(e.exit_code(), 2, "{bad:?}"),
+                other => panic!("{bad:?} accepted: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -158,6 +158,13 @@ pub fn tree_stats(nodes: u64, chars: u64, epoch: u64, dropped: u64, evicted_char
     gauge!("radixgate_tree_evicted_chars").set(evicted_chars as f64);
 }
 
+/// KV-event intake activity by `kind`: `batch` and `event` delivered, `replayed_batch` (a gap
+/// filled from a replay socket), `malformed` (a message or batch that could not be read),
+/// `skipped_event` (inside a readable batch), `gap`, `reset` (a worker's event state dropped).
+pub fn kv_events(kind: &'static str, n: u64) {
+    counter!("radixgate_kv_events_total", "kind" => kind).increment(n);
+}
+
 fn status_label(status: u16) -> &'static str {
     match status {
         200 => "200",

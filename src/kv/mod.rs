@@ -1,6 +1,16 @@
-//! Exact routing state from the servers' own KV-cache events (issue 10): each worker publishes
-//! which token blocks it stored and evicted; every gateway copy subscribes to every worker, so all
-//! copies hold the same view without talking to each other. `index` is the token-block index
-//! those events feed (single writer, lock-free snapshot readers on every core).
+//! The KV-event subsystem: exact routing state from the servers themselves. Every SGLang/vLLM
+//! worker started with `--kv-events-config` publishes its cache changes (blocks stored, removed,
+//! cleared) on a ZeroMQ PUB socket; every radixgate copy subscribes to all of them, so all copies
+//! hold the same view without talking to each other.
+//!
+//! - `wire`: the pure, tolerant decoder of the 3-frame messages and msgpack `EventBatch`es.
+//! - `endpoint`: where to subscribe (flag syntax, the DP-rank port rule, wildcard hosts).
+//! - `intake`: the event thread (its own std thread, never a serving core): SUB and replay
+//!   sockets, sequence tracking, gap fill, resets; it hands decoded batches to an `EventSink`.
+//! - `index`: the token-block index those events feed (single writer, lock-free snapshot readers
+//!   on every core).
 
+pub mod endpoint;
 pub mod index;
+pub mod intake;
+pub mod wire;

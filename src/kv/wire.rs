@@ -1,0 +1,1455 @@
+//! The KV-event wire format of SGLang and vLLM, decoded without I/O and without trust.
+//!
+//! A publisher sends 3 ZeroMQ frames per message: `topic` (utf-8, often empty), `seq` (8-byte
+//! big-endian counter per publisher, +1 per batch) and `payload`, a msgpack `EventBatch`:
+//! `[ts, events, dp_rank?]` (the 2-element form of older builds too, and a map form with named
+//! fields). Each event is either array-encoded with its class name first
+//! (`["BlockStored", hashes, parent, token_ids, block_size, lora_id?, medium?, ...]`,
+//! `["BlockRemoved", hashes, medium?, ...]`, `["AllBlocksCleared", ...]`) or map-encoded with a
+//! `"type"` key (newer SGLang, vLLM). Engine block hashes arrive as signed or unsigned integers or
+//! as bytes; all become one 64-bit [`EngineHash`] (only an id: the index keys blocks by its own
+//! hash of the token ids). Unknown fields and unknown event types are skipped.
+//!
+//! Why hand-written on `rmp`'s marker table and typed reads instead of `rmp-serde` or `rmpv`:
+//! the decoder must accept two encodings of every event and several hash types, skip what it
+//! does not know, and refuse oversized input *before* allocating for it. A serde derive cannot
+//! accept array and map forms plus int/bytes hashes without a hand-written visitor anyway, and
+//! `rmpv` first builds a whole `Value` tree (one allocation per element of a 1M-token list)
+//! before any cap could apply. Here every length is checked against the caps below and against
+//! the bytes left before anything is allocated, and skipping an unknown value walks it
+//! iteratively (no recursion, so nesting depth cannot overflow the stack; every element costs
+//! at least one input byte, so a skip is linear in the payload).
+//!
+//! Damage is classified, not just counted: a `BlockStored` that cannot be read, or an event of an
+//! unknown type, only makes the index know *less* (safe to skip); a `BlockRemoved` that cannot be
+//! read, or an event whose type cannot be told, may hide a removal, so the batch is marked
+//! [`Skipped::lossy`] and the intake resets that worker rather than trust stale blocks.
+
+use rmp::Marker;
+
+/// Largest payload frame decoded (bytes). A 1M-token `BlockStored` at page size 1 is about
+/// 14 MiB (9-byte hashes + 5-byte token ids); anything above 32 MiB is refused unread. The intake
+/// also sets it as libzmq's `ZMQ_MAXMSGSIZE`, so larger frames never reach memory.
+pub const MAX_PAYLOAD_BYTES: usize = 32 << 20;
+/// Most events in one batch; SGLang emits one batch per scheduler step, far below this.
+pub const MAX_EVENTS_PER_BATCH: usize = 65_536;
+/// Most block hashes in one event (a 1M-token context at page size 1).
+pub const MAX_HASHES_PER_EVENT: usize = 1 << 20;
+/// Most token ids in one `BlockStored`.
+pub const MAX_TOKENS_PER_EVENT: usize = 1 << 20;
+/// Longest byte-string block hash accepted (vLLM's are 32-byte SHA-256 digests).
+pub const MAX_HASH_BYTES: usize = 64;
+/// Longest `medium` string kept ("GPU", "CPU", tier names).
+pub const MAX_MEDIUM_BYTES: usize = 32;
+/// The sequence number a replay server sends after its last buffered batch.
+pub const SEQ_END: i64 = -1;
+
+/// A block hash as the engine reported it, reduced to 64 bits. Used only to find a block again
+/// (removals, parents): integers keep their 64 bits (a negative i64 is its two's complement), byte
+/// strings of up to 8 bytes are read big-endian, longer ones are folded with FNV-1a-64 (a
+/// collision, about 2^-64 per pair, could only misdirect one removal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EngineHash(pub u64);
+
+impl EngineHash {
+    /// The id of a byte-string hash (see the type's doc for the rule).
+    pub fn from_bytes(b: &[u8]) -> EngineHash {
+        if b.len() <= 8 {
+            let mut v = 0u64;
+            for &x in b {
+                v = (v << 8) | u64::from(x);
+            }
+            return EngineHash(v);
+        }
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &x in b {
+            h ^= u64::from(x);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        EngineHash(h)
+    }
+}
+
+/// Blocks the engine now holds: consecutive blocks of one sequence, the first child of `parent`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockStored {
+    /// One engine hash per block, in sequence order.
+    pub block_hashes: Vec<EngineHash>,
+    /// The block before the first one (`None`: the sequence starts at the root).
+    pub parent: Option<EngineHash>,
+    /// The token ids of all these blocks, in order (the index hashes them itself).
+    pub token_ids: Vec<u32>,
+    /// Tokens per block (the engine's page size).
+    pub block_size: u32,
+    /// LoRA adapter id, when the blocks belong to one.
+    pub lora_id: Option<i64>,
+    /// Storage tier ("GPU", "CPU", ...); `None` means the device cache.
+    pub medium: Option<Box<str>>,
+}
+
+/// Blocks the engine evicted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockRemoved {
+    /// Engine hashes of the evicted blocks.
+    pub block_hashes: Vec<EngineHash>,
+    /// Storage tier they left (`None`: the device cache).
+    pub medium: Option<Box<str>>,
+}
+
+/// One cache change reported by an engine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KvEvent {
+    /// Blocks were stored (prefill or decode filled pages).
+    BlockStored(BlockStored),
+    /// Blocks were evicted.
+    BlockRemoved(BlockRemoved),
+    /// The whole cache was flushed (`/flush_cache`, weight update): forget everything.
+    AllBlocksCleared,
+}
+
+/// Events the decoder skipped inside an otherwise readable batch, by how much they matter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// Events of a type this decoder does not know (newer engines): ignored by design.
+    pub unknown_type: u32,
+    /// `BlockStored` events that were malformed or over a cap: the index just knows less.
+    pub stored: u32,
+    /// `BlockRemoved` events that were malformed or over a cap, and events whose type could not
+    /// be told: a removal may be missing, so the worker's state can no longer be trusted.
+    pub lossy: u32,
+}
+
+impl Skipped {
+    /// Every skipped event.
+    pub fn total(&self) -> u32 {
+        self.unknown_type + self.stored + self.lossy
+    }
+}
+
+/// One decoded `EventBatch`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EventBatch {
+    /// The publisher's timestamp (seconds since the epoch), when it sent a number.
+    pub ts: Option<f64>,
+    /// The events that could be read, in order.
+    pub events: Vec<KvEvent>,
+    /// The attention-DP rank the batch says it came from (`attn_dp_rank` / `data_parallel_rank`).
+    pub dp_rank: Option<u32>,
+    /// What was skipped.
+    pub skipped: Skipped,
+}
+
+/// Why a message or payload was refused as a whole (the intake counts it as malformed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireError {
+    /// A live message must have 3 frames (topic, seq, payload); a replay reply 2 or 3.
+    Frames(usize),
+    /// The sequence frame must be exactly 8 bytes.
+    SeqLength(usize),
+    /// A size over one of the caps above.
+    TooLarge {
+        /// Which cap.
+        what: &'static str,
+        /// The size claimed.
+        len: usize,
+    },
+    /// The payload ends inside a value, or a length claims more bytes than are left.
+    Truncated,
+    /// Not msgpack (the reserved 0xc1 byte), or not shaped like an `EventBatch`.
+    Invalid(&'static str),
+    /// Bytes after the batch.
+    TrailingBytes(usize),
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireError::Frames(n) => write!(f, "{n} frames"),
+            WireError::SeqLength(n) => write!(f, "sequence frame of {n} bytes (want 8)"),
+            WireError::TooLarge { what, len } => write!(f, "{what}: {len} over the cap"),
+            WireError::Truncated => f.write_str("truncated msgpack"),
+            WireError::Invalid(why) => write!(f, "invalid: {why}"),
+            WireError::TrailingBytes(n) => write!(f, "{n} bytes after the batch"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+/// A live message split into its frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveMessage<'a> {
+    /// The publisher's topic (ignored by the intake: it subscribes to everything).
+    pub topic: &'a [u8],
+    /// The batch's sequence number.
+    pub seq: i64,
+    /// The msgpack `EventBatch`, not yet decoded.
+    pub payload: &'a [u8],
+}
+
+/// Split a live PUB message: exactly `[topic, seq, payload]`.
+pub fn split_live<'a>(frames: &[&'a [u8]]) -> Result<LiveMessage<'a>, WireError> {
+    let [topic, seq, payload] = frames else {
+        return Err(WireError::Frames(frames.len()));
+    };
+    Ok(LiveMessage {
+        topic,
+        seq: parse_seq(seq)?,
+        payload,
+    })
+}
+
+/// One reply of a replay server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayReply<'a> {
+    /// A buffered batch.
+    Batch {
+        /// Its sequence number.
+        seq: i64,
+        /// Its msgpack `EventBatch`.
+        payload: &'a [u8],
+    },
+    /// No more batches ([`SEQ_END`]).
+    End,
+}
+
+/// Split a replay reply as a DEALER sees it: `[b"", seq, payload]` (or `[seq, payload]` when a
+/// REQ socket already removed the empty delimiter).
+pub fn split_replay<'a>(frames: &[&'a [u8]]) -> Result<ReplayReply<'a>, WireError> {
+    let (seq, payload) = match frames {
+        [[], seq, payload] => (seq, payload),
+        [seq, payload] => (seq, payload),
+        _ => return Err(WireError::Frames(frames.len())),
+    };
+    match parse_seq(seq)? {
+        SEQ_END => Ok(ReplayReply::End),
+        seq => Ok(ReplayReply::Batch { seq, payload }),
+    }
+}
+
+/// The frames a DEALER sends to ask a replay server for every batch from `start` on.
+pub fn replay_request(start: i64) -> [[u8; 8]; 1] {
+    [start.to_be_bytes()]
+}
+
+/// An 8-byte big-endian sequence number (signed: the replay end marker is -1).
+pub fn parse_seq(frame: &[u8]) -> Result<i64, WireError> {
+    let b: [u8; 8] = frame
+        .try_into()
+        .map_err(|_| WireError::SeqLength(frame.len()))?;
+    Ok(i64::from_be_bytes(b))
+}
+
+/// Decode one msgpack `EventBatch` (array or map form); see the module doc for what is skipped.
+pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, WireError> {
+    if payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(WireError::TooLarge {
+            what: "payload bytes",
+            len: payload.len(),
+        });
+    }
+    let mut r = Reader {
+        buf: payload,
+        last: Marker::Null,
+    };
+    let mut batch = EventBatch::default();
+    match r.marker()? {
+        Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
+            let n = r.container_len(r.last)?;
+            if n < 2 {
+                return Err(WireError::Invalid("a batch array needs ts and events"));
+            }
+            batch.ts = r.tolerant(Reader::number)?;
+            r.events(&mut batch)?;
+            if n >= 3 {
+                batch.dp_rank = r.tolerant(Reader::opt_u32)?.flatten();
+            }
+            r.skip_n(n.saturating_sub(3))?;
+        }
+        Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => {
+            let n = r.container_len(r.last)?;
+            let mut saw_events = false;
+            for _ in 0..n {
+                let Some(key) = r.tolerant(Reader::str_bytes)? else {
+                    r.skip()?;
+                    continue;
+                };
+                match key {
+                    b"ts" => batch.ts = r.tolerant(Reader::number)?,
+                    b"events" => {
+                        batch.events.clear();
+                        r.events(&mut batch)?;
+                        saw_events = true;
+                    }
+                    b"attn_dp_rank" | b"data_parallel_rank" | b"dp_rank" => {
+                        batch.dp_rank = r.tolerant(Reader::opt_u32)?.flatten()
+                    }
+                    _ => r.skip()?,
+                }
+            }
+            if !saw_events {
+                return Err(WireError::Invalid("a batch map needs `events`"));
+            }
+        }
+        _ => return Err(WireError::Invalid("a batch is an array or a map")),
+    }
+    if !r.buf.is_empty() {
+        return Err(WireError::TrailingBytes(r.buf.len()));
+    }
+    Ok(batch)
+}
+
+/// Which event a tag names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tag {
+    Stored,
+    Removed,
+    Cleared,
+    Unknown,
+}
+
+impl Tag {
+    fn of(name: &[u8]) -> Tag {
+        match name {
+            b"BlockStored" => Tag::Stored,
+            b"BlockRemoved" => Tag::Removed,
+            b"AllBlocksCleared" => Tag::Cleared,
+            _ => Tag::Unknown,
+        }
+    }
+}
+
+/// The fields of one event as they were found (either encoding).
+#[derive(Default)]
+struct Fields {
+    tag: Option<Tag>,
+    hashes: Option<Vec<EngineHash>>,
+    parent: Option<Option<EngineHash>>,
+    tokens: Option<Vec<u32>>,
+    block_size: Option<u32>,
+    lora_id: Option<i64>,
+    medium: Option<Box<str>>,
+    /// A known field could not be read.
+    bad: bool,
+}
+
+impl Fields {
+    /// The event, or the tag of an event that had to be skipped (`None`: its type is unknown to
+    /// the wire, which is not the same as an unknown type name).
+    fn finish(self) -> Result<Option<KvEvent>, Option<Tag>> {
+        let tag = self.tag;
+        if self.bad {
+            return Err(tag);
+        }
+        match tag {
+            Some(Tag::Stored) => match (self.hashes, self.parent, self.tokens, self.block_size) {
+                (Some(block_hashes), parent, Some(token_ids), Some(block_size)) => {
+                    Ok(Some(KvEvent::BlockStored(BlockStored {
+                        block_hashes,
+                        parent: parent.flatten(),
+                        token_ids,
+                        block_size,
+                        lora_id: self.lora_id,
+                        medium: self.medium,
+                    })))
+                }
+                _ => Err(tag),
+            },
+            Some(Tag::Removed) => match self.hashes {
+                Some(block_hashes) => Ok(Some(KvEvent::BlockRemoved(BlockRemoved {
+                    block_hashes,
+                    medium: self.medium,
+                }))),
+                None => Err(tag),
+            },
+            Some(Tag::Cleared) => Ok(Some(KvEvent::AllBlocksCleared)),
+            Some(Tag::Unknown) => Ok(None),
+            None => Err(None),
+        }
+    }
+}
+
+/// A cursor over msgpack bytes: `rmp` reads markers and big-endian numbers, this adds the caps,
+/// zero-copy strings and the iterative skip.
+struct Reader<'a> {
+    buf: &'a [u8],
+    /// The marker most recently read (for `container_len`).
+    last: Marker,
+}
+
+type Res<T> = Result<T, WireError>;
+
+impl<'a> Reader<'a> {
+    fn marker(&mut self) -> Res<Marker> {
+        let m = rmp::decode::read_marker(&mut self.buf).map_err(|_| WireError::Truncated)?;
+        self.last = m;
+        Ok(m)
+    }
+
+    fn peek(&self) -> Option<Marker> {
+        self.buf.first().map(|&b| Marker::from_u8(b))
+    }
+
+    fn take(&mut self, n: usize) -> Res<&'a [u8]> {
+        if n > self.buf.len() {
+            return Err(WireError::Truncated);
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+
+    fn be<const N: usize>(&mut self) -> Res<[u8; N]> {
+        let mut b = [0u8; N];
+        b.copy_from_slice(self.take(N)?);
+        Ok(b)
+    }
+
+    /// The element (array) or entry (map) count after a container marker, checked against the
+    /// bytes left (every element takes at least one byte) so no claim outgrows the input.
+    fn container_len(&mut self, m: Marker) -> Res<usize> {
+        let (n, per) = match m {
+            Marker::FixArray(n) => (usize::from(n), 1),
+            Marker::Array16 => (usize::from(u16::from_be_bytes(self.be()?)), 1),
+            Marker::Array32 => (u32::from_be_bytes(self.be()?) as usize, 1),
+            Marker::FixMap(n) => (usize::from(n), 2),
+            Marker::Map16 => (usize::from(u16::from_be_bytes(self.be()?)), 2),
+            Marker::Map32 => (u32::from_be_bytes(self.be()?) as usize, 2),
+            _ => return Err(WireError::Invalid("not a container")),
+        };
+        if n.saturating_mul(per) > self.buf.len() {
+            return Err(WireError::Truncated);
+        }
+        Ok(n)
+    }
+
+    fn array_len(&mut self, cap: usize, what: &'static str) -> Res<usize> {
+        let m = self.marker()?;
+        if !matches!(m, Marker::FixArray(_) | Marker::Array16 | Marker::Array32) {
+            return Err(WireError::Invalid("expected an array"));
+        }
+        let n = self.container_len(m)?;
+        if n > cap {
+            return Err(WireError::TooLarge { what, len: n });
+        }
+        Ok(n)
+    }
+
+    /// Length of a str/bin/ext payload after its marker (`None`: not such a marker).
+    fn blob_len(&mut self, m: Marker) -> Res<Option<usize>> {
+        Ok(Some(match m {
+            Marker::FixStr(n) => usize::from(n),
+            Marker::Str8 | Marker::Bin8 => usize::from(self.be::<1>()?[0]),
+            Marker::Str16 | Marker::Bin16 => usize::from(u16::from_be_bytes(self.be()?)),
+            Marker::Str32 | Marker::Bin32 => u32::from_be_bytes(self.be()?) as usize,
+            Marker::FixExt1 => 2,
+            Marker::FixExt2 => 3,
+            Marker::FixExt4 => 5,
+            Marker::FixExt8 => 9,
+            Marker::FixExt16 => 17,
+            Marker::Ext8 => usize::from(self.be::<1>()?[0]) + 1,
+            Marker::Ext16 => usize::from(u16::from_be_bytes(self.be()?)) + 1,
+            Marker::Ext32 => u32::from_be_bytes(self.be()?) as usize + 1,
+            _ => return Ok(None),
+        }))
+    }
+
+    /// A str or bin value's bytes, borrowed.
+    fn str_bytes(&mut self) -> Res<&'a [u8]> {
+        let m = self.marker()?;
+        if !matches!(
+            m,
+            Marker::FixStr(_)
+                | Marker::Str8
+                | Marker::Str16
+                | Marker::Str32
+                | Marker::Bin8
+                | Marker::Bin16
+                | Marker::Bin32
+        ) {
+            return Err(WireError::Invalid("expected a string"));
+        }
+        let n = self.blob_len(m)?.unwrap_or(0);
+        self.take(n)
+    }
+
+    /// Any msgpack integer, widened (u64 and i64 both fit in i128).
+    fn int(&mut self) -> Res<i128> {
+        Ok(match self.marker()? {
+            Marker::FixPos(v) => i128::from(v),
+            Marker::FixNeg(v) => i128::from(v),
+            Marker::U8 => i128::from(self.be::<1>()?[0]),
+            Marker::U16 => i128::from(u16::from_be_bytes(self.be()?)),
+            Marker::U32 => i128::from(u32::from_be_bytes(self.be()?)),
+            Marker::U64 => i128::from(u64::from_be_bytes(self.be()?)),
+            Marker::I8 => i128::from(i8::from_be_bytes(self.be()?)),
+            Marker::I16 => i128::from(i16::from_be_bytes(self.be()?)),
+            Marker::I32 => i128::from(i32::from_be_bytes(self.be()?)),
+            Marker::I64 => i128::from(i64::from_be_bytes(self.be()?)),
+            _ => return Err(WireError::Invalid("expected an integer")),
+        })
+    }
+
+    fn is_nil(&mut self) -> Res<bool> {
+        if self.peek() == Some(Marker::Null) {
+            self.marker()?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// A float or an integer.
+    fn number(&mut self) -> Res<f64> {
+        match self.peek() {
+            Some(Marker::F64) => {
+                self.marker()?;
+                Ok(f64::from_be_bytes(self.be()?))
+            }
+            Some(Marker::F32) => {
+                self.marker()?;
+                Ok(f64::from(f32::from_be_bytes(self.be()?)))
+            }
+            _ => Ok(self.int()? as f64),
+        }
+    }
+
+    fn opt_u32(&mut self) -> Res<Option<u32>> {
+        if self.is_nil()? {
+            return Ok(None);
+        }
+        u32::try_from(self.int()?)
+            .map(Some)
+            .map_err(|_| WireError::Invalid("expected a u32"))
+    }
+
+    fn hash(&mut self) -> Res<EngineHash> {
+        match self.peek() {
+            Some(
+                Marker::FixStr(_)
+                | Marker::Str8
+                | Marker::Str16
+                | Marker::Str32
+                | Marker::Bin8
+                | Marker::Bin16
+                | Marker::Bin32,
+            ) => {
+                let b = self.str_bytes()?;
+                if b.len() > MAX_HASH_BYTES {
+                    return Err(WireError::TooLarge {
+                        what: "hash bytes",
+                        len: b.len(),
+                    });
+                }
+                Ok(EngineHash::from_bytes(b))
+            }
+            _ => {
+                let v = self.int()?;
+                if v < i128::from(i64::MIN) || v > i128::from(u64::MAX) {
+                    return Err(WireError::Invalid("hash out of range"));
+                }
+                // Truncating keeps a negative i64's two's-complement bits.
+                Ok(EngineHash(v as u64))
+            }
+        }
+    }
+
+    fn opt_hash(&mut self) -> Res<Option<EngineHash>> {
+        if self.is_nil()? {
+            return Ok(None);
+        }
+        self.hash().map(Some)
+    }
+
+    fn hashes(&mut self) -> Res<Vec<EngineHash>> {
+        let n = self.array_len(MAX_HASHES_PER_EVENT, "hashes per event")?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(self.hash()?);
+        }
+        Ok(out)
+    }
+
+    fn tokens(&mut self) -> Res<Vec<u32>> {
+        let n = self.array_len(MAX_TOKENS_PER_EVENT, "token ids per event")?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(u32::try_from(self.int()?).map_err(|_| WireError::Invalid("token id"))?);
+        }
+        Ok(out)
+    }
+
+    fn block_size(&mut self) -> Res<u32> {
+        match u32::try_from(self.int()?) {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(WireError::Invalid("block size")),
+        }
+    }
+
+    /// An optional integer that may be anything else (then `None`; it is informational).
+    fn opt_i64(&mut self) -> Res<Option<i64>> {
+        Ok(self
+            .tolerant(Reader::int)?
+            .and_then(|v| i64::try_from(v).ok()))
+    }
+
+    fn medium(&mut self) -> Res<Option<Box<str>>> {
+        if self.is_nil()? {
+            return Ok(None);
+        }
+        let b = self.str_bytes()?;
+        if b.len() > MAX_MEDIUM_BYTES {
+            return Err(WireError::TooLarge {
+                what: "medium bytes",
+                len: b.len(),
+            });
+        }
+        std::str::from_utf8(b)
+            .map(|s| Some(s.into()))
+            .map_err(|_| WireError::Invalid("medium is not utf-8"))
+    }
+
+    /// Read one value with `f`; if it has another shape, skip it and return `None`. Only a
+    /// truncated or invalid encoding (the skip fails too) is an error.
+    fn tolerant<T>(&mut self, f: impl FnOnce(&mut Self) -> Res<T>) -> Res<Option<T>> {
+        let start = self.buf;
+        match f(self) {
+            Ok(v) => Ok(Some(v)),
+            Err(_) => {
+                self.buf = start;
+                self.skip()?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Like `tolerant`, but a value that cannot be read marks the event bad.
+    fn field<T>(&mut self, bad: &mut bool, f: impl FnOnce(&mut Self) -> Res<T>) -> Res<Option<T>> {
+        let v = self.tolerant(f)?;
+        *bad |= v.is_none();
+        Ok(v)
+    }
+
+    /// Skip one whole value of any shape, iteratively.
+    fn skip(&mut self) -> Res<()> {
+        self.skip_n(1)
+    }
+
+    fn skip_n(&mut self, n: usize) -> Res<()> {
+        let mut pending = n;
+        while pending > 0 {
+            pending -= 1;
+            let m = self.marker()?;
+            match m {
+                Marker::FixPos(_)
+                | Marker::FixNeg(_)
+                | Marker::Null
+                | Marker::True
+                | Marker::False => {}
+                Marker::U8 | Marker::I8 => drop(self.take(1)?),
+                Marker::U16 | Marker::I16 => drop(self.take(2)?),
+                Marker::U32 | Marker::I32 | Marker::F32 => drop(self.take(4)?),
+                Marker::U64 | Marker::I64 | Marker::F64 => drop(self.take(8)?),
+                Marker::FixArray(_)
+                | Marker::Array16
+                | Marker::Array32
+                | Marker::FixMap(_)
+                | Marker::Map16
+                | Marker::Map32 => {
+                    let per = if matches!(m, Marker::FixMap(_) | Marker::Map16 | Marker::Map32) {
+                        2
+                    } else {
+                        1
+                    };
+                    pending = pending.saturating_add(self.container_len(m)? * per);
+                }
+                Marker::Reserved => return Err(WireError::Invalid("reserved byte 0xc1")),
+                other => {
+                    let n = self.blob_len(other)?.unwrap_or(0);
+                    self.take(n)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The `events` array into `batch`, each event decoded or classified as skipped.
+    fn events(&mut self, batch: &mut EventBatch) -> Res<()> {
+        let n = self.array_len(MAX_EVENTS_PER_BATCH, "events per batch")?;
+        batch.events.reserve(n);
+        for _ in 0..n {
+            let fields = match self.peek() {
+                Some(Marker::FixArray(_) | Marker::Array16 | Marker::Array32) => {
+                    self.array_event()?
+                }
+                Some(Marker::FixMap(_) | Marker::Map16 | Marker::Map32) => self.map_event()?,
+                _ => {
+                    self.skip()?;
+                    Fields::default()
+                }
+            };
+            match fields.finish() {
+                Ok(Some(e)) => batch.events.push(e),
+                Ok(None) => batch.skipped.unknown_type += 1,
+                Err(Some(Tag::Stored)) => batch.skipped.stored += 1,
+                Err(_) => batch.skipped.lossy += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// `["Tag", field, field, ...]`: fields by position, extra trailing ones skipped.
+    fn array_event(&mut self) -> Res<Fields> {
+        let m = self.marker()?;
+        let n = self.container_len(m)?;
+        let mut f = Fields::default();
+        if n == 0 {
+            return Ok(f);
+        }
+        let Some(tag) = self.tolerant(Reader::str_bytes)? else {
+            self.skip_n(n - 1)?;
+            return Ok(f);
+        };
+        let tag = Tag::of(tag);
+        f.tag = Some(tag);
+        // Fields not yet read; an event may stop early (trailing optional fields omitted).
+        let mut left = n - 1;
+        let mut next = |_: &mut Self| -> bool {
+            let more = left > 0;
+            left -= usize::from(more);
+            more
+        };
+        let bad = &mut f.bad;
+        match tag {
+            Tag::Stored => {
+                if next(self) {
+                    f.hashes = self.field(bad, Reader::hashes)?;
+                }
+                if next(self) {
+                    f.parent = self.field(bad, Reader::opt_hash)?;
+                }
+                if next(self) {
+                    f.tokens = self.field(bad, Reader::tokens)?;
+                }
+                if next(self) {
+                    f.block_size = self.field(bad, Reader::block_size)?;
+                }
+                if next(self) {
+                    f.lora_id = self.opt_i64()?;
+                }
+                if next(self) {
+                    f.medium = self.field(bad, Reader::medium)?.flatten();
+                }
+            }
+            Tag::Removed => {
+                if next(self) {
+                    f.hashes = self.field(bad, Reader::hashes)?;
+                }
+                if next(self) {
+                    f.medium = self.field(bad, Reader::medium)?.flatten();
+                }
+            }
+            Tag::Cleared | Tag::Unknown => {}
+        }
+        self.skip_n(left)?;
+        Ok(f)
+    }
+
+    /// `{"type": "Tag", "block_hashes": [...], ...}`: fields by name in any order.
+    fn map_event(&mut self) -> Res<Fields> {
+        let m = self.marker()?;
+        let n = self.container_len(m)?;
+        let mut f = Fields::default();
+        for _ in 0..n {
+            let Some(key) = self.tolerant(Reader::str_bytes)? else {
+                self.skip()?;
+                continue;
+            };
+            let bad = &mut f.bad;
+            match key {
+                b"type" => f.tag = self.tolerant(Reader::str_bytes)?.map(Tag::of),
+                b"block_hashes" => f.hashes = self.field(bad, Reader::hashes)?,
+                b"parent_block_hash" => f.parent = self.field(bad, Reader::opt_hash)?,
+                b"token_ids" => f.tokens = self.field(bad, Reader::tokens)?,
+                b"block_size" => f.block_size = self.field(bad, Reader::block_size)?,
+                b"lora_id" => f.lora_id = self.opt_i64()?,
+                b"medium" => f.medium = self.field(bad, Reader::medium)?.flatten(),
+                _ => self.skip()?,
+            }
+        }
+        // A field of another event type that failed to read does not spoil this one.
+        if f.tag == Some(Tag::Cleared) || f.tag == Some(Tag::Unknown) {
+            f.bad = false;
+        }
+        Ok(f)
+    }
+}
+
+/// How [`encode_batch`] lays out a batch and its events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// `[ts, events, dp_rank]` with array-encoded events (msgspec `array_like`, SGLang 0.5).
+    Array,
+    /// `[ts, events, dp_rank]` with map-encoded events (newer SGLang, vLLM).
+    MapEvents,
+    /// A map batch `{"ts", "events", "attn_dp_rank"}` with map-encoded events.
+    Map,
+}
+
+/// Encode a batch as an engine would (the simulator can publish with it; tests round-trip it).
+/// Hashes are written as unsigned integers.
+pub fn encode_batch(batch: &EventBatch, form: Form) -> Vec<u8> {
+    let mut e = Encoder(Vec::new());
+    if form == Form::Map {
+        e.map(3);
+        e.str("ts");
+        e.f64(batch.ts.unwrap_or(0.0));
+        e.str("attn_dp_rank");
+        e.opt_uint(batch.dp_rank.map(u64::from));
+        e.str("events");
+    } else {
+        e.array(3);
+        e.f64(batch.ts.unwrap_or(0.0));
+    }
+    e.array(batch.events.len());
+    for ev in &batch.events {
+        e.event(ev, form != Form::Array);
+    }
+    if form != Form::Map {
+        e.opt_uint(batch.dp_rank.map(u64::from));
+    }
+    e.0
+}
+
+/// msgpack writer over a Vec (writing into memory cannot fail, so results are dropped here once).
+struct Encoder(Vec<u8>);
+
+impl Encoder {
+    fn array(&mut self, n: usize) {
+        let _ = rmp::encode::write_array_len(&mut self.0, n as u32);
+    }
+    fn map(&mut self, n: usize) {
+        let _ = rmp::encode::write_map_len(&mut self.0, n as u32);
+    }
+    fn str(&mut self, s: &str) {
+        let _ = rmp::encode::write_str(&mut self.0, s);
+    }
+    fn f64(&mut self, v: f64) {
+        let _ = rmp::encode::write_f64(&mut self.0, v);
+    }
+    fn uint(&mut self, v: u64) {
+        let _ = rmp::encode::write_uint(&mut self.0, v);
+    }
+    fn nil(&mut self) {
+        let _ = rmp::encode::write_nil(&mut self.0);
+    }
+    fn opt_uint(&mut self, v: Option<u64>) {
+        match v {
+            Some(v) => self.uint(v),
+            None => self.nil(),
+        }
+    }
+    fn opt_str(&mut self, v: Option<&str>) {
+        match v {
+            Some(v) => self.str(v),
+            None => self.nil(),
+        }
+    }
+    fn hashes(&mut self, hs: &[EngineHash]) {
+        self.array(hs.len());
+        for h in hs {
+            self.uint(h.0);
+        }
+    }
+    /// An event's opening: `["Name", ...` or `{"type": "Name", ...` with `fields` more fields.
+    fn header(&mut self, map: bool, name: &str, fields: usize) {
+        if map {
+            self.map(fields + 1);
+            self.str("type");
+        } else {
+            self.array(fields + 1);
+        }
+        self.str(name);
+    }
+    fn key(&mut self, map: bool, k: &str) {
+        if map {
+            self.str(k);
+        }
+    }
+    fn event(&mut self, ev: &KvEvent, map: bool) {
+        match ev {
+            KvEvent::BlockStored(s) => {
+                self.header(map, "BlockStored", 6);
+                self.key(map, "block_hashes");
+                self.hashes(&s.block_hashes);
+                self.key(map, "parent_block_hash");
+                self.opt_uint(s.parent.map(|p| p.0));
+                self.key(map, "token_ids");
+                self.array(s.token_ids.len());
+                for &t in &s.token_ids {
+                    self.uint(u64::from(t));
+                }
+                self.key(map, "block_size");
+                self.uint(u64::from(s.block_size));
+                self.key(map, "lora_id");
+                match s.lora_id {
+                    Some(l) => {
+                        let _ = rmp::encode::write_sint(&mut self.0, l);
+                    }
+                    None => self.nil(),
+                }
+                self.key(map, "medium");
+                self.opt_str(s.medium.as_deref());
+            }
+            KvEvent::BlockRemoved(r) => {
+                self.header(map, "BlockRemoved", 2);
+                self.key(map, "block_hashes");
+                self.hashes(&r.block_hashes);
+                self.key(map, "medium");
+                self.opt_str(r.medium.as_deref());
+            }
+            KvEvent::AllBlocksCleared => self.header(map, "AllBlocksCleared", 0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rmp::encode as w;
+
+    /// A tiny msgpack builder for hand-made payloads (including wrong ones).
+    #[derive(Default)]
+    struct B(Vec<u8>);
+    impl B {
+        fn w<E: std::fmt::Debug, T>(
+            mut self,
+            f: impl FnOnce(&mut Vec<u8>) -> Result<T, E>,
+        ) -> Self {
+            f(&mut self.0).unwrap();
+            self
+        }
+        fn arr(self, n: u32) -> Self {
+            self.w(|o| w::write_array_len(o, n))
+        }
+        fn map(self, n: u32) -> Self {
+            self.w(|o| w::write_map_len(o, n))
+        }
+        fn s(self, v: &str) -> Self {
+            self.w(|o| w::write_str(o, v))
+        }
+        fn u(self, v: u64) -> Self {
+            self.w(|o| w::write_uint(o, v))
+        }
+        fn i(self, v: i64) -> Self {
+            self.w(|o| w::write_sint(o, v))
+        }
+        fn f(self, v: f64) -> Self {
+            self.w(|o| w::write_f64(o, v))
+        }
+        fn nil(self) -> Self {
+            self.w(w::write_nil)
+        }
+        fn bin(self, v: &[u8]) -> Self {
+            self.w(|o| w::write_bin(o, v))
+        }
+        fn raw(mut self, v: &[u8]) -> Self {
+            self.0.extend_from_slice(v);
+            self
+        }
+        fn ints(mut self, v: &[u64]) -> Self {
+            self = self.arr(v.len() as u32);
+            for &x in v {
+                self = self.u(x);
+            }
+            self
+        }
+    }
+
+    fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: u32) -> KvEvent {
+        KvEvent::BlockStored(BlockStored {
+            block_hashes: hashes.iter().map(|&h| EngineHash(h)).collect(),
+            parent: parent.map(EngineHash),
+            token_ids: tokens.to_vec(),
+            block_size: bs,
+            lora_id: None,
+            medium: None,
+        })
+    }
+
+    fn removed(hashes: &[u64]) -> KvEvent {
+        KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: hashes.iter().map(|&h| EngineHash(h)).collect(),
+            medium: None,
+        })
+    }
+
+    #[test]
+    fn sglang_array_batch_with_every_event() {
+        let p = B::default()
+            .arr(3)
+            .f(1.5)
+            .arr(3)
+            .arr(7)
+            .s("BlockStored")
+            .ints(&[11, 12])
+            .nil()
+            .ints(&[1, 2, 3, 4])
+            .u(2)
+            .nil()
+            .s("GPU")
+            .arr(3)
+            .s("BlockRemoved")
+            .ints(&[11])
+            .nil()
+            .arr(1)
+            .s("AllBlocksCleared")
+            .u(2);
+        let b = decode_batch(&p.0).unwrap();
+        assert_eq!(b.ts, Some(1.5));
+        assert_eq!(b.dp_rank, Some(2));
+        assert_eq!(b.skipped, Skipped::default());
+        let KvEvent::BlockStored(s) = &b.events[0] else {
+            panic!("{:?}", b.events[0])
+        };
+        assert_eq!(s.medium.as_deref(), Some("GPU"));
+        assert_eq!(
+            b.events[1..],
+            [removed(&[11]), KvEvent::AllBlocksCleared][..]
+        );
+        assert_eq!(s.token_ids, vec![1, 2, 3, 4]);
+        assert_eq!(s.block_size, 2);
+    }
+
+    #[test]
+    fn older_two_element_batch_and_omitted_trailing_fields() {
+        let p = B::default()
+            .arr(2)
+            .u(7) // an integer timestamp
+            .arr(2)
+            .arr(5)
+            .s("BlockStored")
+            .ints(&[5])
+            .u(4)
+            .ints(&[9, 9])
+            .u(2)
+            .arr(2)
+            .s("BlockRemoved")
+            .ints(&[5]);
+        let b = decode_batch(&p.0).unwrap();
+        assert_eq!((b.ts, b.dp_rank), (Some(7.0), None));
+        assert_eq!(
+            b.events,
+            vec![stored(&[5], Some(4), &[9, 9], 2), removed(&[5])]
+        );
+    }
+
+    #[test]
+    fn vllm_extra_fields_are_ignored_in_both_forms() {
+        // Array form with trailing lora_name, extra_keys (nested) and group_idx.
+        let p = B::default()
+            .arr(3)
+            .f(0.0)
+            .arr(2)
+            .arr(10)
+            .s("BlockStored")
+            .ints(&[1])
+            .nil()
+            .ints(&[3])
+            .u(1)
+            .i(-1)
+            .nil()
+            .s("adapter")
+            .arr(1)
+            .arr(2)
+            .s("mm")
+            .u(3)
+            .u(0)
+            // Map form, `type` last, unknown keys with nested values, a non-string key.
+            .map(6)
+            .s("block_hashes")
+            .ints(&[1])
+            .s("extra_keys")
+            .map(1)
+            .s("k")
+            .arr(2)
+            .nil()
+            .nil()
+            .u(42)
+            .s("not a key name")
+            .s("medium")
+            .s("CPU")
+            .s("group_idx")
+            .u(0)
+            .s("type")
+            .s("BlockRemoved")
+            .nil();
+        let b = decode_batch(&p.0).unwrap();
+        assert_eq!(b.skipped, Skipped::default(), "{b:?}");
+        let KvEvent::BlockStored(s) = &b.events[0] else {
+            panic!()
+        };
+        assert_eq!(s.lora_id, Some(-1));
+        assert_eq!(
+            b.events[1],
+            KvEvent::BlockRemoved(BlockRemoved {
+                block_hashes: vec![EngineHash(1)],
+                medium: Some("CPU".into())
+            })
+        );
+    }
+
+    #[test]
+    fn map_batch_with_map_events() {
+        let p = B::default()
+            .map(4)
+            .s("data_parallel_rank")
+            .u(1)
+            .s("events")
+            .arr(2)
+            .map(5)
+            .s("type")
+            .s("BlockStored")
+            .s("token_ids")
+            .ints(&[7, 8])
+            .s("block_size")
+            .u(2)
+            .s("block_hashes")
+            .ints(&[100])
+            .s("parent_block_hash")
+            .u(99)
+            .map(1)
+            .s("type")
+            .s("AllBlocksCleared")
+            .s("ts")
+            .f(2.0)
+            .s("future")
+            .arr(0);
+        let b = decode_batch(&p.0).unwrap();
+        assert_eq!((b.ts, b.dp_rank), (Some(2.0), Some(1)));
+        assert_eq!(
+            b.events,
+            vec![
+                stored(&[100], Some(99), &[7, 8], 2),
+                KvEvent::AllBlocksCleared
+            ]
+        );
+        let no_events = B::default().map(1).s("ts").f(1.0);
+        assert!(matches!(
+            decode_batch(&no_events.0),
+            Err(WireError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn hashes_signed_unsigned_and_bytes_become_one_id() {
+        let digest: Vec<u8> = (0..32).collect();
+        let p = B::default()
+            .arr(3)
+            .f(0.0)
+            .arr(1)
+            .arr(2)
+            .s("BlockRemoved")
+            .arr(5)
+            .i(-2)
+            .u(u64::MAX)
+            .i(i64::MIN)
+            .bin(&digest)
+            .bin(&[0, 0, 0, 0, 0, 0, 1, 2])
+            .nil();
+        let b = decode_batch(&p.0).unwrap();
+        let KvEvent::BlockRemoved(r) = &b.events[0] else {
+            panic!()
+        };
+        assert_eq!(
+            r.block_hashes,
+            vec![
+                EngineHash((-2i64) as u64),
+                EngineHash(u64::MAX),
+                EngineHash(i64::MIN as u64),
+                EngineHash::from_bytes(&digest),
+                EngineHash(0x0102),
+            ]
+        );
+        assert_ne!(
+            EngineHash::from_bytes(&digest),
+            EngineHash::from_bytes(&digest[1..])
+        );
+        // Bytes over the cap: the removal cannot be read, so the batch is lossy.
+        let p = B::default()
+            .arr(2)
+            .f(0.0)
+            .arr(1)
+            .arr(2)
+            .s("BlockRemoved")
+            .arr(1)
+            .bin(&[1; MAX_HASH_BYTES + 1]);
+        let b = decode_batch(&p.0).unwrap();
+        assert_eq!(b.skipped.lossy, 1);
+    }
+
+    #[test]
+    fn skipped_events_are_classified() {
+        let p = B::default()
+            .arr(3)
+            .f(0.0)
+            .arr(7)
+            // unknown type, array and map form: safe to ignore
+            .arr(2)
+            .s("BlockPinned")
+            .ints(&[1])
+            .map(2)
+            .s("type")
+            .s("TierMoved")
+            .s("block_hashes")
+            .s("not a list")
+            // BlockStored with a token id that is a string: the index just knows less
+            .arr(5)
+            .s("BlockStored")
+            .ints(&[1])
+            .nil()
+            .arr(1)
+            .s("x")
+            .u(1)
+            // BlockStored missing its block size
+            .arr(4)
+            .s("BlockStored")
+            .ints(&[1])
+            .nil()
+            .ints(&[1])
+            // BlockRemoved whose hashes are not a list: a removal is lost
+            .arr(2)
+            .s("BlockRemoved")
+            .u(3)
+            // an event that is a number, and a map without a type
+            .u(5)
+            .map(1)
+            .s("block_hashes")
+            .ints(&[1])
+            .nil();
+        let b = decode_batch(&p.0).unwrap();
+        assert!(b.events.is_empty(), "{:?}", b.events);
+        assert_eq!(
+            b.skipped,
+            Skipped {
+                unknown_type: 2,
+                stored: 2,
+                lossy: 3
+            }
+        );
+        assert_eq!(b.skipped.total(), 7);
+    }
+
+    #[test]
+    fn caps_refuse_before_allocating() {
+        // More events than the cap: the whole batch is refused.
+        let mut p = B::default()
+            .arr(2)
+            .f(0.0)
+            .arr((MAX_EVENTS_PER_BATCH + 1) as u32);
+        for _ in 0..=MAX_EVENTS_PER_BATCH {
+            p = p.nil();
+        }
+        assert!(matches!(
+            decode_batch(&p.0),
+            Err(WireError::TooLarge {
+                what: "events per batch",
+                ..
+            })
+        ));
+        // Too many token ids: that BlockStored is skipped, the next event still decodes.
+        let mut p = B::default()
+            .arr(2)
+            .f(0.0)
+            .arr(2)
+            .arr(5)
+            .s("BlockStored")
+            .ints(&[1])
+            .nil()
+            .arr((MAX_TOKENS_PER_EVENT + 1) as u32);
+        for _ in 0..=MAX_TOKENS_PER_EVENT {
+            p = p.u(1);
+        }
+        let p = p.u(1).arr(1).s("AllBlocksCleared");
+        let b = decode_batch(&p.0).unwrap();
+        assert_eq!(b.skipped.stored, 1);
+        assert_eq!(b.events, vec![KvEvent::AllBlocksCleared]);
+        // A length claim beyond the bytes left is caught before any allocation.
+        let p = B::default()
+            .arr(2)
+            .f(0.0)
+            .raw(&[0xdd, 0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(decode_batch(&p.0), Err(WireError::Truncated));
+        let big = vec![0x90; MAX_PAYLOAD_BYTES + 1];
+        assert!(matches!(
+            decode_batch(&big),
+            Err(WireError::TooLarge {
+                what: "payload bytes",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn deep_nesting_is_skipped_without_recursion() {
+        let depth = 200_000;
+        let mut p = B::default()
+            .arr(2)
+            .f(0.0)
+            .arr(1)
+            .map(2)
+            .s("type")
+            .s("AllBlocksCleared")
+            .s("deep");
+        for _ in 0..depth {
+            p = p.arr(1);
+        }
+        let p = p.nil();
+        let b = decode_batch(&p.0).unwrap();
+        assert_eq!(b.events, vec![KvEvent::AllBlocksCleared]);
+    }
+
+    #[test]
+    fn broken_payloads_are_errors() {
+        let good = encode_batch(
+            &EventBatch {
+                ts: Some(1.0),
+                events: vec![stored(&[1, 2], None, &[1, 2, 3, 4], 2), removed(&[1])],
+                dp_rank: Some(0),
+                skipped: Skipped::default(),
+            },
+            Form::Array,
+        );
+        assert!(decode_batch(&good).is_ok());
+        for cut in 0..good.len() {
+            assert!(decode_batch(&good[..cut]).is_err(), "prefix {cut} accepted");
+        }
+        let mut trailing = good.clone();
+        trailing.push(0);
+        assert_eq!(decode_batch(&trailing), Err(WireError::TrailingBytes(1)));
+        assert!(matches!(decode_batch(&[0xc1]), Err(WireError::Invalid(_))));
+        assert!(matches!(decode_batch(b"\x05"), Err(WireError::Invalid(_))));
+        // A reserved byte inside an unknown field still spoils the batch (not msgpack).
+        let p = B::default().arr(3).f(0.0).arr(0).raw(&[0xc1]);
+        assert!(decode_batch(&p.0).is_err());
+        // A one-element batch array.
+        assert!(decode_batch(&B::default().arr(1).f(0.0).0).is_err());
+    }
+
+    #[test]
+    fn tolerant_batch_fields() {
+        // ts as a string and a negative rank are ignored, not fatal.
+        let p = B::default().arr(4).s("yesterday").arr(0).i(-3).s("extra");
+        let b = decode_batch(&p.0).unwrap();
+        assert_eq!((b.ts, b.dp_rank), (None, None));
+    }
+
+    #[test]
+    fn frames_split_and_sequences_parse() {
+        let seq = 5i64.to_be_bytes();
+        let m = split_live(&[b"kv", &seq, b"\x90"]).unwrap();
+        assert_eq!((m.topic, m.seq, m.payload), (&b"kv"[..], 5, &b"\x90"[..]));
+        assert_eq!(split_live(&[&seq, b"x"]), Err(WireError::Frames(2)));
+        assert_eq!(
+            split_live(&[b"", &seq, b"x", b"y"]),
+            Err(WireError::Frames(4))
+        );
+        assert_eq!(
+            split_live(&[b"", &seq[..7], b"x"]),
+            Err(WireError::SeqLength(7))
+        );
+        assert_eq!(
+            split_replay(&[b"", &seq, b"p"]),
+            Ok(ReplayReply::Batch {
+                seq: 5,
+                payload: b"p"
+            })
+        );
+        assert_eq!(
+            split_replay(&[&seq, b"p"]),
+            Ok(ReplayReply::Batch {
+                seq: 5,
+                payload: b"p"
+            })
+        );
+        let end = (-1i64).to_be_bytes();
+        assert_eq!(split_replay(&[b"", &end, b""]), Ok(ReplayReply::End));
+        assert_eq!(split_replay(&[b"x", &seq, b"p"]), Err(WireError::Frames(3)));
+        assert_eq!(replay_request(3), [[0, 0, 0, 0, 0, 0, 0, 3]]);
+        assert_eq!(parse_seq(&u64::MAX.to_be_bytes()), Ok(-1));
+    }
+
+    fn arb_event() -> impl Strategy<Value = KvEvent> {
+        let hash = any::<u64>().prop_map(EngineHash);
+        let medium =
+            proptest::option::of(prop_oneof![Just("GPU"), Just("CPU")].prop_map(Box::from));
+        prop_oneof![
+            (
+                proptest::collection::vec(hash.clone(), 0..6),
+                proptest::option::of(hash.clone()),
+                proptest::collection::vec(any::<u32>(), 0..20),
+                1u32..64,
+                proptest::option::of(any::<i64>()),
+                medium.clone(),
+            )
+                .prop_map(
+                    |(block_hashes, parent, token_ids, block_size, lora_id, medium)| {
+                        KvEvent::BlockStored(BlockStored {
+                            block_hashes,
+                            parent,
+                            token_ids,
+                            block_size,
+                            lora_id,
+                            medium,
+                        })
+                    }
+                ),
+            (proptest::collection::vec(hash, 0..6), medium).prop_map(|(block_hashes, medium)| {
+                KvEvent::BlockRemoved(BlockRemoved {
+                    block_hashes,
+                    medium,
+                })
+            }),
+            Just(KvEvent::AllBlocksCleared),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_batch(&bytes);
+            let (a, b) = bytes.split_at(bytes.len() / 2);
+            let _ = split_live(&[a, b, &bytes]);
+            let _ = split_replay(&[a, b]);
+        }
+
+        #[test]
+        fn mutated_batches_never_panic(
+            events in proptest::collection::vec(arb_event(), 0..5),
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+        ) {
+            let batch = EventBatch { ts: Some(1.0), events, dp_rank: Some(1), skipped: Skipped::default() };
+            for form in [Form::Array, Form::MapEvents, Form::Map] {
+                let mut bytes = encode_batch(&batch, form);
+                for &(at, v) in &flips {
+                    let n = bytes.len();
+                    bytes[at % n] = v;
+                }
+                let _ = decode_batch(&bytes);
+            }
+        }
+
+        #[test]
+        fn every_form_round_trips(
+            events in proptest::collection::vec(arb_event(), 0..8),
+            ts in proptest::option::of(-1e9f64..1e9),
+            dp_rank in proptest::option::of(0u32..64),
+        ) {
+            let batch = EventBatch { ts: Some(ts.unwrap_or(0.0)), events, dp_rank, skipped: Skipped::default() };
+            for form in [Form::Array, Form::MapEvents, Form::Map] {
+                let decoded = decode_batch(&encode_batch(&batch, form)).unwrap();
+                prop_assert_eq!(&decoded, &batch, "{:?}", form);
+            }
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! The KV-event intake against a publisher that is not ours: `tests/fixtures/kv_publisher.py`
+//! (pyzmq + msgpack, batches framed exactly as SGLang's ZmqEventPublisher frames them, with a
+//! ROUTER replay socket), on 127.0.0.1. Proves: events arrive decoded and in order (array- and
+//! map-encoded events, int and bytes hashes); a skipped sequence number is filled from the
+//! replay socket; a gap that cannot be filled, a restart (sequence back to 0) and an unreadable
+//! batch each reset the worker; garbage frames are counted and skipped; subscriptions change at
+//! run time; a flood beyond libzmq's queue loses nothing silently.
+//!
+//! The interpreter comes from RADIXGATE_TEST_PYTHON (scripts/test.sh creates `.venv-test` with
+//! pyzmq and msgpack), else `.venv-test/` or `.venv/` when they have both modules. Without one
+//! the tests skip, except under CI=true, where they fail.
+
+use crossbeam::channel::{self, Receiver};
+use radixgate::kv::endpoint::TcpEndpoint;
+use radixgate::kv::intake::{
+    Intake, IntakeConfig, IntakeEvent, Publisher, PublisherKey, ResetReason, WorkerEvents,
+};
+use radixgate::kv::wire::{BlockRemoved, BlockStored, EngineHash, KvEvent};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// Longest wait for anything the publisher or the intake should do (the normal case is ms).
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn python() -> Option<String> {
+    if let Ok(p) = std::env::var("RADIXGATE_TEST_PYTHON") {
+        return Some(p);
+    }
+    for cand in [".venv-test/bin/python", ".venv/bin/python"] {
+        let p = format!("{ROOT}/{cand}");
+        let ok = Command::new(&p)
+            .args(["-c", "import zmq, msgpack"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Some(p);
+        }
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "no Python with pyzmq and msgpack: scripts/test.sh sets RADIXGATE_TEST_PYTHON"
+    );
+    eprintln!("skipped: no Python with pyzmq + msgpack (run scripts/test.sh, which creates one)");
+    None
+}
+
+/// The Python publisher, driven line by line over stdin; killed (by PID) on drop.
+struct Fixture {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    live: TcpEndpoint,
+    replay: TcpEndpoint,
+}
+
+impl Fixture {
+    fn start(python: &str) -> Fixture {
+        Fixture::start_with(python, &[])
+    }
+
+    fn start_with(python: &str, args: &[&str]) -> Fixture {
+        let mut child = Command::new(python)
+            .arg(format!("{ROOT}/tests/fixtures/kv_publisher.py"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the Python publisher");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = channel::unbounded();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut f = Fixture {
+            child,
+            stdin,
+            lines,
+            live: TcpEndpoint::parse("tcp://127.0.0.1:1").unwrap(),
+            replay: TcpEndpoint::parse("tcp://127.0.0.1:1").unwrap(),
+        };
+        let ready = f.line();
+        let ports: Vec<u16> = ready
+            .strip_prefix("ready ")
+            .unwrap_or_else(|| panic!("publisher said {ready}"))
+            .split(' ')
+            .map(|p| p.parse().unwrap())
+            .collect();
+        f.live.port = ports[0];
+        f.replay.port = ports[1];
+        f
+    }
+
+    fn line(&mut self) -> String {
+        self.lines
+            .recv_timeout(LIMIT)
+            .expect("the publisher answers within the limit")
+    }
+
+    /// Run one command; returns the publisher's next sequence number.
+    fn cmd(&mut self, json: serde_json::Value) -> i64 {
+        writeln!(self.stdin, "{json}").unwrap();
+        self.stdin.flush().unwrap();
+        let line = self.line();
+        line.strip_prefix("ok ")
+            .unwrap_or_else(|| panic!("publisher said {line}"))
+            .parse()
+            .unwrap()
+    }
+
+    /// Publish one batch; returns its sequence number.
+    fn publish(&mut self, events: serde_json::Value, form: &str, skip_live: bool) -> i64 {
+        self.cmd(
+            serde_json::json!({"cmd": "publish", "events": events, "form": form,
+            "skip_live": skip_live}),
+        ) - 1
+    }
+
+    fn publisher(&self, worker: u32, replay: bool) -> Publisher {
+        Publisher {
+            key: PublisherKey { worker, dp_rank: 0 },
+            live: self.live.clone(),
+            replay: replay.then(|| self.replay.clone()),
+        }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stored_json(
+    hashes: &[serde_json::Value],
+    parent: Option<i64>,
+    tokens: &[u32],
+) -> serde_json::Value {
+    serde_json::json!({"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+        "token_ids": tokens, "block_size": 2, "lora_id": null, "medium": null})
+}
+
+fn next_event(rx: &Receiver<IntakeEvent>) -> IntakeEvent {
+    rx.recv_timeout(LIMIT)
+        .expect("the intake delivers within the limit")
+}
+
+fn next_batch(rx: &Receiver<IntakeEvent>) -> WorkerEvents {
+    match next_event(rx) {
+        IntakeEvent::Batch(b) => b,
+        other => panic!("expected a batch, got {other:?}"),
+    }
+}
+
+/// Publish probes until the SUB socket is connected and one arrives (a PUB drops what it sends
+/// before a subscriber joins), then wait for the last probe, so the stream is in step.
+fn join(f: &mut Fixture, rx: &Receiver<IntakeEvent>) -> i64 {
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < LIMIT, "the intake never received a probe");
+        let seq = f.publish(cleared(), "array", false);
+        if let Ok(first) = rx.recv_timeout(Duration::from_millis(100)) {
+            let IntakeEvent::Batch(mut b) = first else {
+                panic!("{first:?}")
+            };
+            while b.seq < seq {
+                b = next_batch(rx);
+            }
+            assert_eq!(b.seq, seq);
+            return seq;
+        }
+    }
+}
+
+fn cleared() -> serde_json::Value {
+    serde_json::json!([{"type": "AllBlocksCleared"}])
+}
+
+fn reset(worker: u32, reason: ResetReason) -> IntakeEvent {
+    IntakeEvent::Reset {
+        key: PublisherKey { worker, dp_rank: 0 },
+        reason,
+    }
+}
+
+fn hashes(v: &[u64]) -> Vec<EngineHash> {
+    v.iter().map(|&h| EngineHash(h)).collect()
+}
+
+#[test]
+fn sglang_framed_events_arrive_in_order_and_a_gap_fills_from_replay() {
+    let Some(py) = python() else { return };
+    let mut f = Fixture::start(&py);
+    let (tx, rx) = channel::bounded(1024);
+    let intake = Intake::start(IntakeConfig::default(), tx).unwrap();
+    intake.subscribe(f.publisher(7, true)).unwrap();
+    let s0 = join(&mut f, &rx);
+
+    // Array-encoded events (SGLang 0.5), negative and unsigned int hashes.
+    let a = f.publish(
+        serde_json::json!([stored_json(&[(-5).into(), 12.into()], None, &[1, 2, 3, 4])]),
+        "array",
+        false,
+    );
+    // Map-encoded events (newer SGLang / vLLM), a 32-byte bytes hash.
+    let digest: String = (0..32u8).map(|b| format!("{b:02x}")).collect();
+    let b = f.publish(
+        serde_json::json!([
+            stored_json(&[format!("b:{digest}").into()], Some(12), &[5, 6]),
+            {"type": "BlockRemoved", "block_hashes": [12], "medium": "GPU"},
+        ]),
+        "map",
+        false,
+    );
+    // A batch the live stream never carries (only the replay buffer has it), then a live one.
+    let c = f.publish(
+        serde_json::json!([{"type": "BlockRemoved", "block_hashes": [-5]}]),
+        "array",
+        true,
+    );
+    let d = f.publish(cleared(), "map", false);
+    assert_eq!([a, b, c, d], [s0 + 1, s0 + 2, s0 + 3, s0 + 4]);
+
+    let got_a = next_batch(&rx);
+    assert_eq!((got_a.seq, got_a.replayed), (a, false));
+    assert_eq!(
+        got_a.key,
+        PublisherKey {
+            worker: 7,
+            dp_rank: 0
+        }
+    );
+    assert_eq!(
+        got_a.events,
+        vec![KvEvent::BlockStored(BlockStored {
+            block_hashes: hashes(&[(-5i64) as u64, 12]),
+            parent: None,
+            token_ids: vec![1, 2, 3, 4],
+            block_size: 2,
+            lora_id: None,
+            medium: None,
+        })]
+    );
+    let got_b = next_batch(&rx);
+    assert_eq!(got_b.seq, b);
+    let bytes: Vec<u8> = (0..32).collect();
+    assert_eq!(
+        got_b.events,
+        vec![
+            KvEvent::BlockStored(BlockStored {
+                block_hashes: vec![EngineHash::from_bytes(&bytes)],
+                parent: Some(EngineHash(12)),
+                token_ids: vec![5, 6],
+                block_size: 2,
+                lora_id: None,
+                medium: None,
+            }),
+            KvEvent::BlockRemoved(BlockRemoved {
+                block_hashes: hashes(&[12]),
+                medium: Some("GPU".into()),
+            }),
+        ]
+    );
+    let got_c = next_batch(&rx);
+    assert_eq!((got_c.seq, got_c.replayed), (c, true), "{got_c:?}");
+    assert_eq!(
+        got_c.events,
+        vec![KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: hashes(&[(-5i64) as u64]),
+            medium: None,
+        })]
+    );
+    let got_d = next_batch(&rx);
+    assert_eq!((got_d.seq, got_d.replayed), (d, false));
+    assert_eq!(got_d.events, vec![KvEvent::AllBlocksCleared]);
+    let counts = intake.counts();
+    assert_eq!(
+        (counts.gaps, counts.replayed_batches, counts.resets),
+        (1, 1, 0)
+    );
+
+    // The server restarts: its counter goes back to 0 → reset, then the new stream.
+    f.cmd(serde_json::json!({"cmd": "restart"}));
+    let e = f.publish(cleared(), "array", false);
+    assert_eq!(e, 0);
+    assert_eq!(next_event(&rx), reset(7, ResetReason::Restarted));
+    assert_eq!(next_batch(&rx).seq, 0);
+
+    // Garbage: a lone frame, a 7-byte sequence, 4 frames: counted, skipped, stream untouched.
+    for frames in [
+        vec!["00"],
+        vec!["", "00000000000001", "90"],
+        vec!["", "0000000000000001", "90", "90"],
+    ] {
+        f.cmd(serde_json::json!({"cmd": "raw", "frames": frames}));
+    }
+    // Not msgpack, with a real sequence number: a hole in the stream, so a reset.
+    f.cmd(serde_json::json!({"cmd": "raw", "frames": ["c1c1"], "with_seq": true}));
+    let g = f.publish(cleared(), "array", false);
+    assert_eq!(g, 2);
+    assert_eq!(next_event(&rx), reset(7, ResetReason::Unreadable));
+    let got_g = next_batch(&rx);
+    assert_eq!((got_g.seq, got_g.replayed), (2, false));
+    let counts = intake.counts();
+    assert_eq!(counts.malformed, 4, "{counts:?}");
+    assert_eq!(counts.resets, 2, "{counts:?}");
+    assert!(rx.try_recv().is_err());
+}
+
+#[test]
+fn gaps_that_cannot_be_filled_reset_the_worker() {
+    let Some(py) = python() else { return };
+    let mut f = Fixture::start(&py);
+    let (tx, rx) = channel::bounded(1024);
+    let config = IntakeConfig {
+        max_replay_batches: 3,
+        ..IntakeConfig::default()
+    };
+    let intake = Intake::start(config, tx).unwrap();
+    intake.subscribe(f.publisher(1, true)).unwrap();
+    join(&mut f, &rx);
+    // `skipped` batches only the replay buffer has, then a live one: a reset, then the live one.
+    let gap_resets = |f: &mut Fixture, skipped: usize, forget: bool| {
+        for _ in 0..skipped {
+            f.publish(cleared(), "array", true);
+        }
+        if forget {
+            f.cmd(serde_json::json!({"cmd": "forget"}));
+        }
+        let live = f.publish(cleared(), "array", false);
+        assert_eq!(next_event(&rx), reset(1, ResetReason::Gap));
+        assert_eq!(next_batch(&rx).seq, live);
+    };
+
+    // The replay buffer no longer has the missing batch.
+    gap_resets(&mut f, 1, true);
+    // More missing batches than the intake may ask for: reset without asking.
+    gap_resets(&mut f, 4, false);
+    // A publisher subscribed without a replay endpoint cannot fill any gap.
+    intake.subscribe(f.publisher(1, false)).unwrap();
+    assert_eq!(next_event(&rx), reset(1, ResetReason::Unsubscribed));
+    join(&mut f, &rx);
+    gap_resets(&mut f, 1, false);
+    let c = intake.counts();
+    assert_eq!((c.gaps, c.replayed_batches), (3, 0), "{c:?}");
+}
+
+#[test]
+fn subscriptions_change_at_run_time() {
+    let Some(py) = python() else { return };
+    let mut one = Fixture::start(&py);
+    let mut two = Fixture::start(&py);
+    let (tx, rx) = channel::bounded(1024);
+    let intake = Intake::start(IntakeConfig::default(), tx).unwrap();
+    intake.subscribe(one.publisher(1, true)).unwrap();
+    join(&mut one, &rx);
+    intake.subscribe(two.publisher(2, true)).unwrap();
+    join(&mut two, &rx);
+
+    intake.remove_worker(1).unwrap();
+    assert_eq!(next_event(&rx), reset(1, ResetReason::Unsubscribed));
+    // Worker 1's socket is closed before its next batch is sent: only worker 2's arrives.
+    one.publish(cleared(), "array", false);
+    let s = two.publish(cleared(), "array", false);
+    let b = next_batch(&rx);
+    assert_eq!((b.key.worker, b.seq), (2, s));
+    assert!(rx.try_recv().is_err());
+}
+
+#[test]
+fn a_flood_past_the_queue_is_replayed_or_reset_never_silently_lost() {
+    let Some(py) = python() else { return };
+    // Tiny libzmq queues on both sides and a consumer that does not read during the flood.
+    let mut f = Fixture::start_with(&py, &["--hwm", "8"]);
+    let (tx, rx) = channel::bounded(8);
+    let config = IntakeConfig {
+        rcv_hwm: 8,
+        ..IntakeConfig::default()
+    };
+    let intake = Intake::start(config, tx).unwrap();
+    intake.subscribe(f.publisher(3, true)).unwrap();
+    let first = join(&mut f, &rx);
+    // ~24 KB a batch, ~24 MB in all: more than loopback TCP buffers hold, so PUB drops.
+    let n = 1000i64;
+    f.cmd(serde_json::json!({"cmd": "flood", "count": n, "tokens": 8000}));
+    // Every batch arrives once, in order, each live or replayed; or a reset marks a hole.
+    let mut next = first + 1;
+    let mut resets = 0;
+    while next <= first + n {
+        match next_event(&rx) {
+            IntakeEvent::Batch(b) => {
+                if b.seq != next {
+                    panic!("expected {next}, got {} (replayed {})", b.seq, b.replayed);
+                }
+                let KvEvent::BlockStored(s) = &b.events[0] else {
+                    panic!()
+                };
+                assert_eq!(s.block_hashes, vec![EngineHash((next - first - 1) as u64)]);
+                next += 1;
+            }
+            IntakeEvent::Reset { reason, .. } => {
+                assert_eq!(reason, ResetReason::Gap);
+                resets += 1;
+                // After a reset the stream restarts at whatever arrives next.
+                let b = next_batch(&rx);
+                assert!(b.seq > next, "{} after a reset at {next}", b.seq);
+                next = b.seq + 1;
+            }
+        }
+    }
+    let c = intake.counts();
+    eprintln!(
+        "flood of {n} batches (~24 KB each) into queues of 8: {} gaps, {} batches replayed, \
+         {resets} resets",
+        c.gaps, c.replayed_batches
+    );
+    assert_eq!(c.resets, resets);
+    assert!(
+        c.replayed_batches > 0 || resets > 0,
+        "the flood should have overflowed the queues: {c:?}"
+    );
+    assert!(c.gaps > 0, "{c:?}");
+}
