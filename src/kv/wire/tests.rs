@@ -1,0 +1,534 @@
+use super::*;
+use proptest::prelude::*;
+use rmp::encode as w;
+
+/// A tiny msgpack builder for hand-made payloads (including wrong ones).
+#[derive(Default)]
+struct B(Vec<u8>);
+impl B {
+    fn w<E: std::fmt::Debug, T>(mut self, f: impl FnOnce(&mut Vec<u8>) -> Result<T, E>) -> Self {
+        f(&mut self.0).unwrap();
+        self
+    }
+    fn arr(self, n: u32) -> Self {
+        self.w(|o| w::write_array_len(o, n))
+    }
+    fn map(self, n: u32) -> Self {
+        self.w(|o| w::write_map_len(o, n))
+    }
+    fn s(self, v: &str) -> Self {
+        self.w(|o| w::write_str(o, v))
+    }
+    fn u(self, v: u64) -> Self {
+        self.w(|o| w::write_uint(o, v))
+    }
+    fn i(self, v: i64) -> Self {
+        self.w(|o| w::write_sint(o, v))
+    }
+    fn f(self, v: f64) -> Self {
+        self.w(|o| w::write_f64(o, v))
+    }
+    fn nil(self) -> Self {
+        self.w(w::write_nil)
+    }
+    fn bin(self, v: &[u8]) -> Self {
+        self.w(|o| w::write_bin(o, v))
+    }
+    fn raw(mut self, v: &[u8]) -> Self {
+        self.0.extend_from_slice(v);
+        self
+    }
+    fn ints(mut self, v: &[u64]) -> Self {
+        self = self.arr(v.len() as u32);
+        for &x in v {
+            self = self.u(x);
+        }
+        self
+    }
+}
+
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: u32) -> KvEvent {
+    KvEvent::BlockStored(BlockStored {
+        block_hashes: hashes.iter().map(|&h| EngineHash(h)).collect(),
+        parent: parent.map(EngineHash),
+        token_ids: tokens.to_vec(),
+        block_size: bs,
+        lora_id: None,
+        medium: None,
+    })
+}
+
+fn removed(hashes: &[u64]) -> KvEvent {
+    KvEvent::BlockRemoved(BlockRemoved {
+        block_hashes: hashes.iter().map(|&h| EngineHash(h)).collect(),
+        medium: None,
+    })
+}
+
+#[test]
+fn sglang_array_batch_with_every_event() {
+    let p = B::default()
+        .arr(3)
+        .f(1.5)
+        .arr(3)
+        .arr(7)
+        .s("BlockStored")
+        .ints(&[11, 12])
+        .nil()
+        .ints(&[1, 2, 3, 4])
+        .u(2)
+        .nil()
+        .s("GPU")
+        .arr(3)
+        .s("BlockRemoved")
+        .ints(&[11])
+        .nil()
+        .arr(1)
+        .s("AllBlocksCleared")
+        .u(2);
+    let b = decode_batch(&p.0).unwrap();
+    assert_eq!(b.ts, Some(1.5));
+    assert_eq!(b.dp_rank, Some(2));
+    assert_eq!(b.skipped, Skipped::default());
+    let KvEvent::BlockStored(s) = &b.events[0] else {
+        panic!("{:?}", b.events[0])
+    };
+    assert_eq!(s.medium.as_deref(), Some("GPU"));
+    assert_eq!(
+        b.events[1..],
+        [removed(&[11]), KvEvent::AllBlocksCleared][..]
+    );
+    assert_eq!(s.token_ids, vec![1, 2, 3, 4]);
+    assert_eq!(s.block_size, 2);
+}
+
+#[test]
+fn older_two_element_batch_and_omitted_trailing_fields() {
+    let p = B::default()
+        .arr(2)
+        .u(7) // an integer timestamp
+        .arr(2)
+        .arr(5)
+        .s("BlockStored")
+        .ints(&[5])
+        .u(4)
+        .ints(&[9, 9])
+        .u(2)
+        .arr(2)
+        .s("BlockRemoved")
+        .ints(&[5]);
+    let b = decode_batch(&p.0).unwrap();
+    assert_eq!((b.ts, b.dp_rank), (Some(7.0), None));
+    assert_eq!(
+        b.events,
+        vec![stored(&[5], Some(4), &[9, 9], 2), removed(&[5])]
+    );
+}
+
+#[test]
+fn vllm_extra_fields_are_ignored_in_both_forms() {
+    // Array form with trailing lora_name, extra_keys (nested) and group_idx.
+    let p = B::default()
+        .arr(3)
+        .f(0.0)
+        .arr(2)
+        .arr(10)
+        .s("BlockStored")
+        .ints(&[1])
+        .nil()
+        .ints(&[3])
+        .u(1)
+        .i(-1)
+        .nil()
+        .s("adapter")
+        .arr(1)
+        .arr(2)
+        .s("mm")
+        .u(3)
+        .u(0)
+        // Map form, `type` last, unknown keys with nested values, a non-string key.
+        .map(6)
+        .s("block_hashes")
+        .ints(&[1])
+        .s("extra_keys")
+        .map(1)
+        .s("k")
+        .arr(2)
+        .nil()
+        .nil()
+        .u(42)
+        .s("not a key name")
+        .s("medium")
+        .s("CPU")
+        .s("group_idx")
+        .u(0)
+        .s("type")
+        .s("BlockRemoved")
+        .nil();
+    let b = decode_batch(&p.0).unwrap();
+    assert_eq!(b.skipped, Skipped::default(), "{b:?}");
+    let KvEvent::BlockStored(s) = &b.events[0] else {
+        panic!()
+    };
+    assert_eq!(s.lora_id, Some(-1));
+    assert_eq!(
+        b.events[1],
+        KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: vec![EngineHash(1)],
+            medium: Some("CPU".into())
+        })
+    );
+}
+
+#[test]
+fn map_batch_with_map_events() {
+    let p = B::default()
+        .map(4)
+        .s("data_parallel_rank")
+        .u(1)
+        .s("events")
+        .arr(2)
+        .map(5)
+        .s("type")
+        .s("BlockStored")
+        .s("token_ids")
+        .ints(&[7, 8])
+        .s("block_size")
+        .u(2)
+        .s("block_hashes")
+        .ints(&[100])
+        .s("parent_block_hash")
+        .u(99)
+        .map(1)
+        .s("type")
+        .s("AllBlocksCleared")
+        .s("ts")
+        .f(2.0)
+        .s("future")
+        .arr(0);
+    let b = decode_batch(&p.0).unwrap();
+    assert_eq!((b.ts, b.dp_rank), (Some(2.0), Some(1)));
+    assert_eq!(
+        b.events,
+        vec![
+            stored(&[100], Some(99), &[7, 8], 2),
+            KvEvent::AllBlocksCleared
+        ]
+    );
+    let no_events = B::default().map(1).s("ts").f(1.0);
+    assert!(matches!(
+        decode_batch(&no_events.0),
+        Err(WireError::Invalid(_))
+    ));
+}
+
+#[test]
+fn hashes_signed_unsigned_and_bytes_become_one_id() {
+    let digest: Vec<u8> = (0..32).collect();
+    let p = B::default()
+        .arr(3)
+        .f(0.0)
+        .arr(1)
+        .arr(2)
+        .s("BlockRemoved")
+        .arr(5)
+        .i(-2)
+        .u(u64::MAX)
+        .i(i64::MIN)
+        .bin(&digest)
+        .bin(&[0, 0, 0, 0, 0, 0, 1, 2])
+        .nil();
+    let b = decode_batch(&p.0).unwrap();
+    let KvEvent::BlockRemoved(r) = &b.events[0] else {
+        panic!()
+    };
+    assert_eq!(
+        r.block_hashes,
+        vec![
+            EngineHash((-2i64) as u64),
+            EngineHash(u64::MAX),
+            EngineHash(i64::MIN as u64),
+            EngineHash::from_bytes(&digest),
+            EngineHash(0x0102),
+        ]
+    );
+    assert_ne!(
+        EngineHash::from_bytes(&digest),
+        EngineHash::from_bytes(&digest[1..])
+    );
+    // Bytes over the cap: the removal cannot be read, so the batch is lossy.
+    let p = B::default()
+        .arr(2)
+        .f(0.0)
+        .arr(1)
+        .arr(2)
+        .s("BlockRemoved")
+        .arr(1)
+        .bin(&[1; MAX_HASH_BYTES + 1]);
+    let b = decode_batch(&p.0).unwrap();
+    assert_eq!(b.skipped.lossy, 1);
+}
+
+#[test]
+fn skipped_events_are_classified() {
+    let p = B::default()
+        .arr(3)
+        .f(0.0)
+        .arr(7)
+        // unknown type, array and map form: safe to ignore
+        .arr(2)
+        .s("BlockPinned")
+        .ints(&[1])
+        .map(2)
+        .s("type")
+        .s("TierMoved")
+        .s("block_hashes")
+        .s("not a list")
+        // BlockStored with a token id that is a string: the index just knows less
+        .arr(5)
+        .s("BlockStored")
+        .ints(&[1])
+        .nil()
+        .arr(1)
+        .s("x")
+        .u(1)
+        // BlockStored missing its block size
+        .arr(4)
+        .s("BlockStored")
+        .ints(&[1])
+        .nil()
+        .ints(&[1])
+        // BlockRemoved whose hashes are not a list: a removal is lost
+        .arr(2)
+        .s("BlockRemoved")
+        .u(3)
+        // an event that is a number, and a map without a type
+        .u(5)
+        .map(1)
+        .s("block_hashes")
+        .ints(&[1])
+        .nil();
+    let b = decode_batch(&p.0).unwrap();
+    assert!(b.events.is_empty(), "{:?}", b.events);
+    assert_eq!(
+        b.skipped,
+        Skipped {
+            unknown_type: 2,
+            stored: 2,
+            lossy: 3
+        }
+    );
+    assert_eq!(b.skipped.total(), 7);
+}
+
+#[test]
+fn caps_refuse_before_allocating() {
+    // More events than the cap: the whole batch is refused.
+    let mut p = B::default()
+        .arr(2)
+        .f(0.0)
+        .arr((MAX_EVENTS_PER_BATCH + 1) as u32);
+    for _ in 0..=MAX_EVENTS_PER_BATCH {
+        p = p.nil();
+    }
+    assert!(matches!(
+        decode_batch(&p.0),
+        Err(WireError::TooLarge {
+            what: "events per batch",
+            ..
+        })
+    ));
+    // Too many token ids: that BlockStored is skipped, the next event still decodes.
+    let mut p = B::default()
+        .arr(2)
+        .f(0.0)
+        .arr(2)
+        .arr(5)
+        .s("BlockStored")
+        .ints(&[1])
+        .nil()
+        .arr((MAX_TOKENS_PER_EVENT + 1) as u32);
+    for _ in 0..=MAX_TOKENS_PER_EVENT {
+        p = p.u(1);
+    }
+    let p = p.u(1).arr(1).s("AllBlocksCleared");
+    let b = decode_batch(&p.0).unwrap();
+    assert_eq!(b.skipped.stored, 1);
+    assert_eq!(b.events, vec![KvEvent::AllBlocksCleared]);
+    // A length claim beyond the bytes left is caught before any allocation.
+    let p = B::default()
+        .arr(2)
+        .f(0.0)
+        .raw(&[0xdd, 0xff, 0xff, 0xff, 0xff]);
+    assert_eq!(decode_batch(&p.0), Err(WireError::Truncated));
+    let big = vec![0x90; MAX_PAYLOAD_BYTES + 1];
+    assert!(matches!(
+        decode_batch(&big),
+        Err(WireError::TooLarge {
+            what: "payload bytes",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn deep_nesting_is_skipped_without_recursion() {
+    let depth = 200_000;
+    let mut p = B::default()
+        .arr(2)
+        .f(0.0)
+        .arr(1)
+        .map(2)
+        .s("type")
+        .s("AllBlocksCleared")
+        .s("deep");
+    for _ in 0..depth {
+        p = p.arr(1);
+    }
+    let p = p.nil();
+    let b = decode_batch(&p.0).unwrap();
+    assert_eq!(b.events, vec![KvEvent::AllBlocksCleared]);
+}
+
+#[test]
+fn broken_payloads_are_errors() {
+    let good = encode_batch(
+        &EventBatch {
+            ts: Some(1.0),
+            events: vec![stored(&[1, 2], None, &[1, 2, 3, 4], 2), removed(&[1])],
+            dp_rank: Some(0),
+            skipped: Skipped::default(),
+        },
+        Form::Array,
+    );
+    assert!(decode_batch(&good).is_ok());
+    for cut in 0..good.len() {
+        assert!(decode_batch(&good[..cut]).is_err(), "prefix {cut} accepted");
+    }
+    let mut trailing = good.clone();
+    trailing.push(0);
+    assert_eq!(decode_batch(&trailing), Err(WireError::TrailingBytes(1)));
+    assert!(matches!(decode_batch(&[0xc1]), Err(WireError::Invalid(_))));
+    assert!(matches!(decode_batch(b"\x05"), Err(WireError::Invalid(_))));
+    // A reserved byte inside an unknown field still spoils the batch (not msgpack).
+    let p = B::default().arr(3).f(0.0).arr(0).raw(&[0xc1]);
+    assert!(decode_batch(&p.0).is_err());
+    // A one-element batch array.
+    assert!(decode_batch(&B::default().arr(1).f(0.0).0).is_err());
+}
+
+#[test]
+fn tolerant_batch_fields() {
+    // ts as a string and a negative rank are ignored, not fatal.
+    let p = B::default().arr(4).s("yesterday").arr(0).i(-3).s("extra");
+    let b = decode_batch(&p.0).unwrap();
+    assert_eq!((b.ts, b.dp_rank), (None, None));
+}
+
+#[test]
+fn frames_split_and_sequences_parse() {
+    let seq = 5i64.to_be_bytes();
+    let m = split_live(&[b"kv", &seq, b"\x90"]).unwrap();
+    assert_eq!((m.topic, m.seq, m.payload), (&b"kv"[..], 5, &b"\x90"[..]));
+    assert_eq!(split_live(&[&seq, b"x"]), Err(WireError::Frames(2)));
+    assert_eq!(
+        split_live(&[b"", &seq, b"x", b"y"]),
+        Err(WireError::Frames(4))
+    );
+    assert_eq!(
+        split_live(&[b"", &seq[..7], b"x"]),
+        Err(WireError::SeqLength(7))
+    );
+    assert_eq!(
+        split_replay(&[b"", &seq, b"p"]),
+        Ok(ReplayReply::Batch {
+            seq: 5,
+            payload: b"p"
+        })
+    );
+    assert_eq!(
+        split_replay(&[&seq, b"p"]),
+        Ok(ReplayReply::Batch {
+            seq: 5,
+            payload: b"p"
+        })
+    );
+    let end = (-1i64).to_be_bytes();
+    assert_eq!(split_replay(&[b"", &end, b""]), Ok(ReplayReply::End));
+    assert_eq!(split_replay(&[b"x", &seq, b"p"]), Err(WireError::Frames(3)));
+    assert_eq!(replay_request(3), [[0, 0, 0, 0, 0, 0, 0, 3]]);
+    assert_eq!(parse_seq(&u64::MAX.to_be_bytes()), Ok(-1));
+}
+
+fn arb_event() -> impl Strategy<Value = KvEvent> {
+    let hash = any::<u64>().prop_map(EngineHash);
+    let medium = proptest::option::of(prop_oneof![Just("GPU"), Just("CPU")].prop_map(Box::from));
+    prop_oneof![
+        (
+            proptest::collection::vec(hash.clone(), 0..6),
+            proptest::option::of(hash.clone()),
+            proptest::collection::vec(any::<u32>(), 0..20),
+            1u32..64,
+            proptest::option::of(any::<i64>()),
+            medium.clone(),
+        )
+            .prop_map(
+                |(block_hashes, parent, token_ids, block_size, lora_id, medium)| {
+                    KvEvent::BlockStored(BlockStored {
+                        block_hashes,
+                        parent,
+                        token_ids,
+                        block_size,
+                        lora_id,
+                        medium,
+                    })
+                }
+            ),
+        (proptest::collection::vec(hash, 0..6), medium).prop_map(|(block_hashes, medium)| {
+            KvEvent::BlockRemoved(BlockRemoved {
+                block_hashes,
+                medium,
+            })
+        }),
+        Just(KvEvent::AllBlocksCleared),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode_batch(&bytes);
+        let (a, b) = bytes.split_at(bytes.len() / 2);
+        let _ = split_live(&[a, b, &bytes]);
+        let _ = split_replay(&[a, b]);
+    }
+
+    #[test]
+    fn mutated_batches_never_panic(
+        events in proptest::collection::vec(arb_event(), 0..5),
+        flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+    ) {
+        let batch = EventBatch { ts: Some(1.0), events, dp_rank: Some(1), skipped: Skipped::default() };
+        for form in [Form::Array, Form::MapEvents, Form::Map] {
+            let mut bytes = encode_batch(&batch, form);
+            for &(at, v) in &flips {
+                let n = bytes.len();
+                bytes[at % n] = v;
+            }
+            let _ = decode_batch(&bytes);
+        }
+    }
+
+    #[test]
+    fn every_form_round_trips(
+        events in proptest::collection::vec(arb_event(), 0..8),
+        ts in proptest::option::of(-1e9f64..1e9),
+        dp_rank in proptest::option::of(0u32..64),
+    ) {
+        let batch = EventBatch { ts: Some(ts.unwrap_or(0.0)), events, dp_rank, skipped: Skipped::default() };
+        for form in [Form::Array, Form::MapEvents, Form::Map] {
+            let decoded = decode_batch(&encode_batch(&batch, form)).unwrap();
+            prop_assert_eq!(&decoded, &batch, "{:?}", form);
+        }
+    }
+}
