@@ -15,7 +15,7 @@ use super::reply::send_error;
 use super::Outcome;
 use crate::admission::Permit;
 use crate::base::WorkerId;
-use crate::gateway::{Core, Gateway, Scope};
+use crate::gateway::{Core, Gateway};
 use crate::http::{BodyFraming, Method, RequestHead};
 use crate::proxy::capture::Capture;
 use crate::proxy::forward::{self, UpstreamRequest, UpstreamResponse};
@@ -194,11 +194,7 @@ impl<'a> Exchange<'a> {
         let refuse = |error, request_id| Refused { error, request_id };
         let info = match forwarding {
             Forwarding::Routed(api) => {
-                // Inference needs the key; the proxied informational GETs are public like the
-                // reference's.
-                if let Err(msg) = gw.auth.authorize(head, Scope::Inference) {
-                    return Err(refuse(GatewayError::new(401, msg), None));
-                }
+                // The key was checked on the head (`conn::decide`), before the body was read.
                 let info =
                     extract(api, body).map_err(|e| refuse(GatewayError::new(400, e.0), None))?;
                 // manual remembers keys: a hostile key length is refused, not hashed.

@@ -13,7 +13,7 @@ pub use self::workers::worker_json;
 use super::error::GatewayError;
 use super::reply::{self, send_error, Reply};
 use super::Outcome;
-use crate::gateway::{Core, Scope};
+use crate::gateway::Core;
 use crate::http::{Method, RequestHead};
 use bytes::Bytes;
 use monoio::net::TcpStream;
@@ -140,13 +140,7 @@ async fn answer(
             "adding or removing workers from another host needs --admin-api-key on the gateway",
         ));
     }
-    // Health, readiness, models and server info stay public (orchestrators probe them);
-    // worker management and cache control need the admin key.
-    if ep.is_admin() {
-        gw.auth
-            .authorize(head, Scope::Admin)
-            .map_err(|msg| GatewayError::new(401, msg))?;
-    }
+    // The admin key was checked on the head (`conn::decide`, `Route::scope`).
     match ep {
         Endpoint::Health => Ok(info::health()),
         Endpoint::Readiness => Ok(info::readiness(gw)),
