@@ -18,6 +18,7 @@
 use criterion::{BatchSize, Criterion};
 use radixgate::base::rng::Rng;
 use radixgate::kv::index::{EngineHash, IndexConfig, IndexWriter, KvEvent, MatchScratch, Source};
+use radixgate::kv::wire::BlockStored;
 use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
@@ -50,7 +51,7 @@ const PER_EVENT: usize = 16;
 /// Conversations per source, each a chain of 16-block events with fresh engine ids.
 struct Traffic {
     rng: Rng,
-    next_hash: EngineHash,
+    next_hash: u64,
     /// Per source, per conversation: the engine id of its last block.
     tips: Vec<Vec<Option<EngineHash>>>,
 }
@@ -69,8 +70,9 @@ impl Traffic {
     fn event(&mut self, source: usize) -> KvEvent {
         let c = self.rng.below(self.tips[source].len());
         let parent = self.tips[source][c];
-        let engine_hashes: Vec<EngineHash> =
-            (0..PER_EVENT as u64).map(|i| self.next_hash + i).collect();
+        let engine_hashes: Vec<EngineHash> = (0..PER_EVENT as u64)
+            .map(|i| EngineHash(self.next_hash + i))
+            .collect();
         self.next_hash += PER_EVENT as u64;
         let token_ids = (0..PER_EVENT * BS)
             .map(|_| self.rng.below(150_000) as u32)
@@ -81,12 +83,7 @@ impl Traffic {
         } else {
             engine_hashes.last().copied()
         };
-        KvEvent::BlockStored {
-            engine_hashes,
-            parent,
-            token_ids,
-            block_size: BS,
-        }
+        stored(engine_hashes, parent, token_ids)
     }
 }
 
@@ -98,7 +95,23 @@ fn src(i: usize) -> Source {
 }
 
 /// Stores `tokens` on `source` as one chain of 16-block events.
-fn store_prompt(w: &mut IndexWriter, source: Source, tokens: &[u32], first_id: EngineHash) {
+/// A `BlockStored` event as the decoder produces it.
+fn stored(
+    block_hashes: Vec<EngineHash>,
+    parent: Option<EngineHash>,
+    token_ids: Vec<u32>,
+) -> KvEvent {
+    KvEvent::BlockStored(BlockStored {
+        block_hashes,
+        parent,
+        token_ids,
+        block_size: BS as u32,
+        lora_id: None,
+        medium: None,
+    })
+}
+
+fn store_prompt(w: &mut IndexWriter, source: Source, tokens: &[u32], first_id: u64) {
     let mut parent = None;
     for (i, part) in tokens.chunks(PER_EVENT * BS).enumerate() {
         let n = part.len() / BS;
@@ -106,13 +119,8 @@ fn store_prompt(w: &mut IndexWriter, source: Source, tokens: &[u32], first_id: E
             break;
         }
         let base = first_id + (i * PER_EVENT) as u64;
-        let engine_hashes: Vec<EngineHash> = (0..n as u64).map(|b| base + b).collect();
-        let e = KvEvent::BlockStored {
-            engine_hashes: engine_hashes.clone(),
-            parent,
-            token_ids: part[..n * BS].to_vec(),
-            block_size: BS,
-        };
+        let engine_hashes: Vec<EngineHash> = (0..n as u64).map(|b| EngineHash(base + b)).collect();
+        let e = stored(engine_hashes.clone(), parent, part[..n * BS].to_vec());
         w.apply(MODEL, source, &e).expect("stored");
         parent = engine_hashes.last().copied();
     }

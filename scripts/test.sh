@@ -21,7 +21,7 @@ if [[ -z "${RADIXGATE_TEST_PYTHON:-}" ]]; then
     else
         if ! .venv-test/bin/python -c 'import zmq, msgpack' 2>/dev/null; then
             echo "== creating .venv-test/ (pyzmq, msgpack) for the KV-event publisher fixture =="
-            python3 -m venv .venv-test || { apt-get install -y -q python3-venv && python3 -m venv .venv-test; }
+            python3 -m venv .venv-test || { apt-get update -q && apt-get install -y -q python3-venv && python3 -m venv .venv-test; }
             .venv-test/bin/pip install -q pyzmq msgpack
         fi
         RADIXGATE_TEST_PYTHON="$PWD/.venv-test/bin/python"

@@ -138,10 +138,11 @@ pub fn worker_state(url: &str, in_flight: u32, eligible: bool) {
     gauge!("smg_worker_health", "worker" => label).set(if eligible { 1.0 } else { 0.0 });
 }
 
-/// Registered workers, refreshed at each scrape (the start of every refresh: it also sets the
-/// process-wide gauges again, so the idle sweep only ever removes removed workers' series).
-pub fn worker_pool_size(n: usize) {
-    gauge!("smg_worker_pool_size").set(n as f64);
+/// The gauges that belong to the whole process (registered workers, open connections, the io
+/// driver), set again at the start of every scrape so the idle sweep only ever removes removed
+/// workers' series (see the module doc).
+pub fn refresh_process_gauges(workers: usize) {
+    gauge!("smg_worker_pool_size").set(workers as f64);
     let conns = CONNECTIONS.load(Ordering::Relaxed);
     gauge!("smg_http_connections_active").set(conns as f64);
     if let Some(kind) = *IO_DRIVER.lock().unwrap_or_else(|p| p.into_inner()) {

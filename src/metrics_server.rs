@@ -78,7 +78,7 @@ impl Drop for Place {
 
 fn refresh(gw: &Gateway) {
     let list = gw.registry.load();
-    crate::metrics::worker_pool_size(list.len());
+    crate::metrics::refresh_process_gauges(list.len());
     for w in &list.workers {
         crate::metrics::worker_state(
             &w.url,

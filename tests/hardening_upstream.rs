@@ -14,10 +14,6 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-fn gen(i: usize) -> Vec<u8> {
-    format!(r#"{{"text":"request {i}","sampling_params":{{"max_new_tokens":1}}}}"#).into_bytes()
-}
-
 /// What a scripted worker saw: connections accepted and the raw requests, in order.
 #[derive(Default)]
 struct Seen {
@@ -172,7 +168,7 @@ fn probes_whose_clients_leave_are_given_back() {
             "--disable-retries",
         ],
     );
-    assert_eq!(generate(gw.addr, &gen(0)).status, 500);
+    assert_eq!(generate(gw.addr, &gen_body(0)).status, 500);
     assert_eq!(circuit(gw.addr, &[], &url), "open");
     set_faults(
         &worker,
@@ -186,7 +182,7 @@ fn probes_whose_clients_leave_are_given_back() {
     let mut probes: Vec<Conn> = (1..=3)
         .map(|i| {
             let mut c = Conn::open(gw.addr);
-            c.send(&raw_request("POST", "/generate", &[], &gen(i)));
+            c.send(&raw_request("POST", "/generate", &[], &gen_body(i)));
             c
         })
         .collect();
@@ -207,7 +203,7 @@ fn probes_whose_clients_leave_are_given_back() {
     // The slots come back: a new probe gets through and closes the circuit (before the fix
     // every request was refused with 503 forever).
     wait_until("a probe to get through", Duration::from_secs(10), || {
-        (generate(gw.addr, &gen(9)).status == 200).then_some(())
+        (generate(gw.addr, &gen_body(9)).status == 200).then_some(())
     });
     wait_until("the circuit to close", Duration::from_secs(5), || {
         (circuit(gw.addr, &[], &url) == "closed").then_some(())
@@ -255,7 +251,7 @@ fn a_gateway_out_of_file_descriptors_does_not_blame_the_worker() {
     // Now the gateway cannot open one more descriptor: connecting to the worker fails with
     // EMFILE, the gateway's own fault.
     set_fd_limit(child.id(), &lowest_free_fd(child.id()).to_string());
-    c.send(&raw_request("POST", "/generate", &[], &gen(1)));
+    c.send(&raw_request("POST", "/generate", &[], &gen_body(1)));
     let r = c.read_response().unwrap();
     set_fd_limit(child.id(), "20000");
     assert_eq!(r.status, 503, "{}", r.text());
@@ -267,7 +263,7 @@ fn a_gateway_out_of_file_descriptors_does_not_blame_the_worker() {
     let w = workers_json(addr);
     assert_eq!(w["workers"][0]["healthy"], true, "marked unhealthy: {w}");
     assert_eq!(w["workers"][0]["circuit"], "closed", "circuit opened: {w}");
-    assert_eq!(generate(addr, &gen(2)).status, 200);
+    assert_eq!(generate(addr, &gen_body(2)).status, 200);
 }
 
 // ---- item 7: HTTP/1.0 clients -----------------------------------------------------------------
@@ -433,7 +429,7 @@ fn add_remove_cycles_do_not_use_up_worker_ids() {
     let r = request(gw.addr, "POST", "/workers", &[], add.as_bytes()).unwrap();
     assert_eq!(r.status, 202);
     for i in 0..4 {
-        assert_eq!(generate(gw.addr, &gen(i)).status, 200);
+        assert_eq!(generate(gw.addr, &gen_body(i)).status, 200);
     }
 }
 
@@ -451,7 +447,7 @@ fn an_empty_answer_followed_by_stray_bytes_is_never_reused() {
         let w = scripted(move |_| answer(&[first, STRAY].concat()));
         let gw = gateway_scripted(std::slice::from_ref(&w.url), &["--disable-retries"]);
         for i in 0..3 {
-            let r = generate(gw.addr, &gen(i));
+            let r = generate(gw.addr, &gen_body(i));
             assert!(r.body.is_empty(), "{:?}", r.text());
         }
         assert_eq!(
@@ -468,7 +464,7 @@ fn a_101_is_a_bad_gateway_and_its_connection_is_dropped() {
     let w = scripted(|_| answer(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: evil\r\n\r\n"));
     let gw = gateway_scripted(std::slice::from_ref(&w.url), &["--disable-retries"]);
     for i in 0..2 {
-        let r = generate(gw.addr, &gen(i));
+        let r = generate(gw.addr, &gen_body(i));
         assert_eq!(r.status, 502, "{}", r.text());
     }
     assert_eq!(w.connections(), 2);
@@ -493,7 +489,7 @@ fn connection_named_headers_are_dropped_both_ways_and_forwarded_for_is_appended(
             ("x-forwarded-for", "10.0.0.9"),
             ("x-end", "kept"),
         ],
-        &gen(0),
+        &gen_body(0),
     )
     .unwrap();
     assert_eq!(r.status, 200);
@@ -508,7 +504,7 @@ fn connection_named_headers_are_dropped_both_ways_and_forwarded_for_is_appended(
         req.contains("x-forwarded-for: 10.0.0.9, 127.0.0.1\r\n"),
         "{req}"
     );
-    let r = generate(gw.addr, &gen(1));
+    let r = generate(gw.addr, &gen_body(1));
     assert_eq!(r.status, 200);
     assert!(w.request(1).contains("x-forwarded-for: 127.0.0.1\r\n"));
 }
@@ -518,7 +514,7 @@ fn a_malformed_first_chunk_is_a_retryable_bad_gateway() {
     let bad = scripted(|_| answer(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"));
     // Alone, without retries: the client gets a 502, not a 200 with no body.
     let gw = gateway_scripted(std::slice::from_ref(&bad.url), &["--disable-retries"]);
-    let r = generate(gw.addr, &gen(0));
+    let r = generate(gw.addr, &gen_body(0));
     assert_eq!(r.status, 502, "{}", r.text());
     // Beside a good worker: every request ends as a complete 200 from it.
     let good = sim(1, |_| {});
@@ -526,7 +522,7 @@ fn a_malformed_first_chunk_is_a_retryable_bad_gateway() {
     let gw = gateway_scripted(&urls, &["--retry-initial-backoff-ms", "1"]);
     let before = bad.requests();
     for i in 0..4 {
-        let r = generate(gw.addr, &gen(i));
+        let r = generate(gw.addr, &gen_body(i));
         assert_eq!(r.status, 200, "{}", r.text());
         assert!(r.json()["text"].is_string(), "{}", r.text());
     }
@@ -555,7 +551,7 @@ fn the_stream_error_event_goes_only_into_event_streams() {
         let w = scripted(move |_| body(content_type));
         let gw = gateway_scripted(std::slice::from_ref(&w.url), &["--disable-retries"]);
         let mut c = Conn::open(gw.addr);
-        c.send(&raw_request("POST", "/generate", &[], &gen(0)));
+        c.send(&raw_request("POST", "/generate", &[], &gen_body(0)));
         let got = c.read_timed_until(b"\r\n0\r\n\r\n", Duration::from_secs(10));
         let text: String = got
             .iter()
@@ -581,13 +577,13 @@ fn client_errors_never_name_a_worker() {
     let gw = gateway_scripted(std::slice::from_ref(&w.url), &["--disable-retries"]);
     let addr = &w.url["http://".len()..];
     let port = addr.rsplit(':').next().unwrap();
-    let r = generate(gw.addr, &gen(0));
+    let r = generate(gw.addr, &gen_body(0));
     assert_eq!(r.status, 502, "{}", r.text());
     assert!(!r.text().contains(port), "worker address in {}", r.text());
 
     let dead = format!("http://127.0.0.1:{}", free_port());
     let gw = gateway_scripted(std::slice::from_ref(&dead), &["--disable-retries"]);
-    let r = generate(gw.addr, &gen(0));
+    let r = generate(gw.addr, &gen_body(0));
     assert_eq!(r.status, 502, "{}", r.text());
     assert!(
         !r.text().contains(&dead[7..]),

@@ -22,10 +22,6 @@ fn failing_and_good() -> (
     (bad, good, urls)
 }
 
-fn gen(i: usize) -> Vec<u8> {
-    format!(r#"{{"text":"request {i}","sampling_params":{{"max_new_tokens":1}}}}"#).into_bytes()
-}
-
 #[test]
 fn nothing_is_lost_when_one_of_four_workers_fails_20_percent() {
     let good = sim(3, |_| {});
@@ -58,7 +54,7 @@ fn nothing_is_lost_when_one_of_four_workers_fails_20_percent() {
                     if i >= total {
                         break;
                     }
-                    c.send(&raw_request("POST", "/generate", &[], &gen(i)));
+                    c.send(&raw_request("POST", "/generate", &[], &gen_body(i)));
                     match c.read_response() {
                         Ok(r) if r.status == 200 => {}
                         Ok(r) => {
@@ -154,7 +150,7 @@ fn retries_exclude_the_worker_that_failed() {
 
     // With retries disabled the failure reaches the client.
     let gw = gateway_for(&[bad.urls()[0].clone()], &["--disable-retries"]);
-    assert_eq!(generate(gw.addr, &gen(1)).status, 500);
+    assert_eq!(generate(gw.addr, &gen_body(1)).status, 500);
 }
 
 #[test]
@@ -173,7 +169,7 @@ fn a_circuit_opens_half_opens_after_its_timeout_and_closes_after_successful_prob
             "--disable-retries",
         ],
     );
-    let generate = |i: usize| generate(gw.addr, &gen(i)).status;
+    let generate = |i: usize| generate(gw.addr, &gen_body(i)).status;
     let state = || circuit(gw.addr, &[], &url);
     let half_open_within = |limit: Duration| {
         wait_until("the circuit to half-open", limit, || {
@@ -229,7 +225,7 @@ fn a_failing_worker_opens_its_circuit_and_4xx_do_not_count() {
         ],
     );
     for i in 0..10 {
-        let r = generate(gw.addr, &gen(i));
+        let r = generate(gw.addr, &gen_body(i));
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
     }
     let workers = request(gw.addr, "GET", "/workers", &[], b"")
@@ -305,7 +301,7 @@ fn unhealthy_workers_leave_selection_and_refused_connections_act_at_once() {
         },
     );
     for i in 0..6 {
-        assert_eq!(served_by(&generate(gw.addr, &gen(i))), good.ports()[0]);
+        assert_eq!(served_by(&generate(gw.addr, &gen_body(i))), good.ports()[0]);
     }
     // Passive detection: a worker that dies is out after its first refused connection.
     let doomed = sim(1, |_| {});
@@ -315,7 +311,7 @@ fn unhealthy_workers_leave_selection_and_refused_connections_act_at_once() {
     );
     doomed.shutdown();
     for i in 0..6 {
-        let r = generate(gw.addr, &gen(i));
+        let r = generate(gw.addr, &gen_body(i));
         assert_eq!(r.status, 200);
     }
     let w = request(gw.addr, "GET", "/workers", &[], b"")
@@ -343,7 +339,7 @@ fn a_killed_worker_mid_run_loses_nothing() {
     );
     let mut c = Conn::open(gw.addr);
     for i in 0..200 {
-        c.send(&raw_request("POST", "/generate", &[], &gen(i)));
+        c.send(&raw_request("POST", "/generate", &[], &gen_body(i)));
         let r = c.read_response().unwrap();
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
     }
@@ -357,7 +353,7 @@ fn a_stalled_worker_gives_504_within_the_timeout() {
         &["--request-timeout-secs", "1", "--disable-retries"],
     );
     let t0 = Instant::now();
-    let r = generate(gw.addr, &gen(0));
+    let r = generate(gw.addr, &gen_body(0));
     assert_eq!(r.status, 504, "{}", r.text());
     assert!(
         t0.elapsed() < Duration::from_secs(3),
@@ -398,7 +394,7 @@ fn workers_added_and_removed_under_load() {
             let mut ports = std::collections::HashSet::new();
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
-                c.send(&raw_request("POST", "/generate", &[], &gen(i)));
+                c.send(&raw_request("POST", "/generate", &[], &gen_body(i)));
                 match c.read_response() {
                     Ok(r) if r.status == 200 => {
                         ports.insert(served_by(&r));
@@ -518,21 +514,21 @@ fn admission_queue_full_is_429_and_queue_timeout_is_408() {
         ],
     );
     let addr = gw.addr;
-    let first = std::thread::spawn(move || generate(addr, &gen(0)).status);
+    let first = std::thread::spawn(move || generate(addr, &gen_body(0)).status);
     // The first request holds the only slot: it is at the worker.
     wait_until(
         "the first request at the worker",
         Duration::from_secs(10),
         || (sim_count(&held, 0, "inference_in_progress") == 1).then_some(()),
     );
-    let queued = std::thread::spawn(move || generate(addr, &gen(1)).status);
+    let queued = std::thread::spawn(move || generate(addr, &gen_body(1)).status);
     // The second one is in the gateway (one core: it has reached the admission queue when it
     // is counted active, nothing in between yields) and not at the worker.
     wait_until("the second request queued", Duration::from_secs(10), || {
         (gateway_active(&gw) == 2).then_some(())
     });
     assert_eq!(sim_count(&held, 0, "inference_received"), 1);
-    let refused = generate(addr, &gen(2));
+    let refused = generate(addr, &gen_body(2));
     assert_eq!(refused.status, 429, "{}", refused.text());
     assert_eq!(sim_count(&held, 0, "inference_received"), 1);
     set_faults(&held, 0, serde_json::json!({"hold": false}));
@@ -556,12 +552,12 @@ fn admission_queue_full_is_429_and_queue_timeout_is_408() {
         ],
     );
     let addr = gw.addr;
-    let _hog = std::thread::spawn(move || request(addr, "POST", "/generate", &[], &gen(0)));
+    let _hog = std::thread::spawn(move || request(addr, "POST", "/generate", &[], &gen_body(0)));
     wait_until("the hog at the worker", Duration::from_secs(10), || {
         (sim_count(&stalled, 0, "inference_in_progress") == 1).then_some(())
     });
     let t0 = Instant::now();
-    let r = generate(addr, &gen(1));
+    let r = generate(addr, &gen_body(1));
     assert_eq!(r.status, 408, "{}", r.text());
     assert!(
         t0.elapsed() >= Duration::from_millis(900) && t0.elapsed() < Duration::from_secs(4),
@@ -578,13 +574,17 @@ fn api_keys_guard_inference_and_admin_endpoints() {
         &cluster.urls(),
         &["--api-key", "secret", "--admin-api-key", "root"],
     );
-    let r = generate(gw.addr, &gen(0));
+    let r = generate(gw.addr, &gen_body(0));
     assert_eq!(r.status, 401);
     assert!(r.json()["error"]["message"].is_string());
     // (method, path, bearer key) → status.
     let status = |method: &str, path: &str, key: &str| {
         let auth = format!("Bearer {key}");
-        let body = if method == "POST" { gen(0) } else { Vec::new() };
+        let body = if method == "POST" {
+            gen_body(0)
+        } else {
+            Vec::new()
+        };
         request(
             gw.addr,
             method,
@@ -763,7 +763,7 @@ fn five_thousand_idle_connections_do_not_slow_normal_traffic() {
         let mut lat = Vec::new();
         for i in 0..200 {
             let t = Instant::now();
-            c.send(&raw_request("POST", "/generate", &[], &gen(i)));
+            c.send(&raw_request("POST", "/generate", &[], &gen_body(i)));
             assert_eq!(c.read_response().unwrap().status, 200);
             lat.push(t.elapsed());
         }

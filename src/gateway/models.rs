@@ -70,8 +70,10 @@ impl ServedModels {
             .and_then(|d| d.as_array())
             .map(|a| a.iter().filter_map(|c| c.get("id")?.as_str()).collect())
             .unwrap_or_default();
-        let served: Vec<&'static str> = ids.into_iter().filter_map(|id| self.intern(id)).collect();
+        // Interning (load, extend, store the name list) happens under the same lock, so two
+        // callers can never lose each other's names or leak a name twice.
         let mut by_worker = self.by_worker.lock().unwrap_or_else(|p| p.into_inner());
+        let served: Vec<&'static str> = ids.into_iter().filter_map(|id| self.intern(id)).collect();
         by_worker.insert(worker, served);
         self.recompute(&by_worker)
     }

@@ -73,11 +73,6 @@ impl Router {
         (self.policy.select(&input, workers, loads, tree, rng), epoch)
     }
 
-    /// Whether requests feed a tree (only then is the model sliced out of the body).
-    pub fn has_tree(&self) -> bool {
-        self.tree.is_some()
-    }
-
     /// Epoch of the currently published tree snapshot (0 without a tree).
     pub fn epoch(&self) -> u64 {
         self.tree.as_ref().map_or(0, |t| t.load().epoch())

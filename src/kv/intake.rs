@@ -32,14 +32,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// One publisher: a worker's attention-DP rank (each rank publishes its own sequence).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PublisherKey {
-    /// The worker, as the registry numbers it (never reused, so a re-added worker starts clean).
-    pub worker: WorkerId,
-    /// Its attention-DP rank (0 without DP attention).
-    pub dp_rank: u32,
-}
+/// One publisher: a worker's attention-DP rank (each rank publishes its own sequence). The
+/// same key the token-block index files its blocks under, so events need no translation.
+pub use super::index::Source as PublisherKey;
 
 /// Where one publisher's sockets are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -712,8 +707,9 @@ impl<S: EventSink> EventThread<S> {
             let Some(sock) = self.subs[i].replay.as_ref() else {
                 return Err(Silent("replay socket unavailable".into()));
             };
+            let [start] = wire::replay_request(from);
             sock.send(&b""[..], zmq::SNDMORE | zmq::DONTWAIT)
-                .and_then(|_| sock.send(&from.to_be_bytes()[..], zmq::DONTWAIT))
+                .and_then(|_| sock.send(&start[..], zmq::DONTWAIT))
                 .map_err(|e| Silent(format!("replay request not sent: {e}")))?;
         }
         let mut next = from;

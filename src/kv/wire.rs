@@ -795,8 +795,9 @@ pub enum Form {
     Map,
 }
 
-/// Encode a batch as an engine would (the simulator can publish with it; tests round-trip it).
-/// Hashes are written as unsigned integers.
+/// Encode a batch as an engine would, for round-trip tests and fuzz seeds. Hashes are written as
+/// unsigned integers (the simulator has its own publisher, which writes them signed as SGLang
+/// does and omits absent map fields).
 pub fn encode_batch(batch: &EventBatch, form: Form) -> Vec<u8> {
     let mut e = Encoder(Vec::new());
     if form == Form::Map {

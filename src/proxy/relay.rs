@@ -214,12 +214,8 @@ pub async fn relay(
         return r.relayed;
     }
     r.relayed.complete = true;
-    // A 101 (refused earlier, checked again) or any byte past the response: never reused.
-    if head.keep_alive
-        && head.status != 101
-        && r.upstream_clean
-        && !matches!(r.end, BodyEnd::UntilClose)
-    {
+    // Any byte past the response: never reused (a 101 never gets here: `roundtrip` refuses it).
+    if head.keep_alive && r.upstream_clean && !matches!(r.end, BodyEnd::UntilClose) {
         pool.put(how.worker, stream);
     }
     r.relayed

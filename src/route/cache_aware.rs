@@ -196,20 +196,22 @@ pub fn select_with_tree(
 ) -> Option<Decision> {
     let Lookup { text, tree, recent } = prefix;
     select(p, workers, exclude, loads, rng, || {
+        // Counted only when something matched (a miss on a model without a tree pays nothing).
+        let request_chars = || char_count(text.as_bytes());
         let from_tree = tree.map(|t| t.longest_match(text));
         let tree_chars = from_tree.as_ref().map_or(0, |m| m.matched_chars);
         // Unpublished inserts (from any core) win when they match more of the request.
         if let Some(r) = recent.filter(|r| r.matched_chars > tree_chars) {
             return Some(MatchResult {
                 matched_chars: r.matched_chars,
-                request_chars: char_count(text.as_bytes()),
+                request_chars: request_chars(),
                 workers: std::slice::from_ref(&r.worker),
             });
         }
         let m = from_tree?;
         Some(MatchResult {
             matched_chars: m.matched_chars,
-            request_chars: char_count(text.as_bytes()),
+            request_chars: request_chars(),
             workers: m.workers,
         })
     })

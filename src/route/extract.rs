@@ -146,7 +146,11 @@ impl<'a> Sink<'a> {
         match s {
             Cow::Borrowed(b) => Cow::Borrowed(capped(b, MAX_ROUTING_TEXT)),
             Cow::Owned(_) if !self.keep => Cow::Borrowed(""),
-            Cow::Owned(o) => Cow::Owned(capped(&o, MAX_ROUTING_TEXT).to_owned()),
+            Cow::Owned(mut o) => {
+                let keep = capped(&o, MAX_ROUTING_TEXT).len();
+                o.truncate(keep);
+                Cow::Owned(o)
+            }
         }
     }
 

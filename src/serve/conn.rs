@@ -10,7 +10,7 @@
 //! sheds the longest-idle keep-alive connection first at `--max-connections-per-core`.
 
 use super::admin::{self, Endpoint};
-pub use super::connections::Slot;
+use super::connections::Slot;
 use super::error::GatewayError;
 use super::exchange::{self, Forwarding};
 use super::reply::send_error;
@@ -249,13 +249,13 @@ async fn read_head(
 /// (`--request-timeout-secs`). A per-read timeout alone lets a client trickling one byte just
 /// inside it hold a connection for days.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BodyPace {
+struct BodyPace {
     /// Time allowed on top of the transfer at `min_rate` (and the longest pause between reads).
-    pub grace: Duration,
+    grace: Duration,
     /// Slowest acceptable average rate, bytes per second (0: no minimum).
-    pub min_rate: u64,
+    min_rate: u64,
     /// Longest time any body may take.
-    pub cap: Duration,
+    cap: Duration,
 }
 
 impl BodyPace {

@@ -33,6 +33,7 @@ use bytes::Bytes;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 use std::borrow::Cow;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,7 +57,9 @@ pub async fn handle(
     body: Bytes,
     forwarding: Forwarding,
 ) -> Outcome {
-    let mut ex = match Exchange::admit(core, head, &body, forwarding).await {
+    // Read once: every attempt appends it to X-Forwarded-For.
+    let client_ip = client.peer_addr().ok().map(|a| a.ip());
+    let mut ex = match Exchange::admit(core, head, &body, forwarding, client_ip).await {
         Ok(ex) => ex,
         Err(refused) => {
             let id = refused.request_id.as_deref();
@@ -178,6 +181,8 @@ struct Exchange<'a> {
     attempts: u32,
     /// What the client gets when no worker is left.
     last_error: Option<GatewayError>,
+    /// The client's address, appended to `X-Forwarded-For`.
+    client_ip: Option<IpAddr>,
     _permit: Permit<'a>,
 }
 
@@ -188,9 +193,11 @@ impl<'a> Exchange<'a> {
         head: &'a RequestHead,
         body: &'a Bytes,
         forwarding: Forwarding,
+        client_ip: Option<IpAddr>,
     ) -> Result<Exchange<'a>, Refused> {
         let gw: &'a Gateway = &core.gw;
         let started = Instant::now();
+        let routing_key = head.header("x-smg-routing-key");
         let refuse = |error, request_id| Refused { error, request_id };
         let info = match forwarding {
             Forwarding::Routed(api) => {
@@ -198,7 +205,7 @@ impl<'a> Exchange<'a> {
                 let info =
                     extract(api, body).map_err(|e| refuse(GatewayError::new(400, e.0), None))?;
                 // manual remembers keys: a hostile key length is refused, not hashed.
-                if let Some(key) = head.header("x-smg-routing-key").filter(|k| {
+                if let Some(key) = routing_key.filter(|k| {
                     k.len() > MAX_ROUTING_KEY_LEN && gw.router.policy.kind() == PolicyKind::Manual
                 }) {
                     return Err(refuse(
@@ -229,7 +236,6 @@ impl<'a> Exchange<'a> {
             Ok(p) => p,
             Err(r) => return Err(refuse(r.into(), Some(rid))),
         };
-        let routing_key = head.header("x-smg-routing-key");
         let tree = gw.models.tree_key(info.model.as_deref());
         Ok(Exchange {
             core,
@@ -237,6 +243,7 @@ impl<'a> Exchange<'a> {
             head,
             body,
             forwarding,
+            client_ip,
             request_id: rid,
             started,
             deadline: started + gw.cfg.request_timeout(),
@@ -336,7 +343,7 @@ impl<'a> Exchange<'a> {
             self.head.method(),
             self.head.target(),
             Some(self.head),
-            client.peer_addr().ok().map(|a| a.ip()),
+            self.client_ip,
             &worker.authority,
             &self.request_id,
             self.body.clone(),
@@ -498,7 +505,7 @@ fn learned_text(body: &Bytes, text: &str) -> Bytes {
 
 /// Bytes of `s` as a zero-copy slice of `body` when `s` lies inside it (borrowed by the
 /// extractor), else a copy (text that had to be unescaped or joined).
-pub fn as_body_slice(body: &Bytes, s: &str) -> Bytes {
+fn as_body_slice(body: &Bytes, s: &str) -> Bytes {
     let start = body.as_ptr() as usize;
     let p = s.as_ptr() as usize;
     if !s.is_empty() && p >= start && p + s.len() <= start + body.len() {

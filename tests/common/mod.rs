@@ -608,3 +608,8 @@ pub fn remove_worker(addr: SocketAddr, url: &str) {
     let r = request(addr, "POST", &format!("/remove_worker?url={url}"), &[], b"").unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// A one-token `/generate` body that names request `i` (distinct prompts, tiny answers).
+pub fn gen_body(i: usize) -> Vec<u8> {
+    format!(r#"{{"text":"request {i}","sampling_params":{{"max_new_tokens":1}}}}"#).into_bytes()
+}

@@ -62,9 +62,7 @@ use crate::base::WorkerId;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use xxhash_rust::xxh3::xxh3_64;
 
-/// The engine's id for a block, as the decoder normalises it (signed, unsigned or bytes hashes
-/// all become a u64). Only an id: never compared with radixgate's own hashes.
-pub type EngineHash = u64;
+pub use super::wire::{EngineHash, KvEvent};
 
 /// One KV cache: a worker and its attention-DP rank (each rank publishes its own events).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -73,28 +71,6 @@ pub struct Source {
     pub worker: WorkerId,
     /// The attention-DP rank whose publisher sent the events (port = base + rank).
     pub dp_rank: u32,
-}
-
-/// One decoded KV-cache event, in the form the index applies (the decoder builds these from
-/// either wire form; fields the index does not use — LoRA id, medium — are not carried).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KvEvent {
-    /// Blocks `engine_hashes[i]`, each `block_size` tokens of `token_ids` in order, stored as a
-    /// chain: the first under `parent` (None = at the start of a sequence), each next one under
-    /// the one before it.
-    BlockStored {
-        engine_hashes: Vec<EngineHash>,
-        parent: Option<EngineHash>,
-        token_ids: Vec<u32>,
-        block_size: usize,
-    },
-    /// Blocks evicted by the server (unknown ones are counted and ignored).
-    BlockRemoved {
-        /// Engine ids of the evicted blocks.
-        engine_hashes: Vec<EngineHash>,
-    },
-    /// The server dropped its whole cache (e.g. `/flush_cache`).
-    AllBlocksCleared,
 }
 
 /// The own hash the first block of a sequence chains from.

@@ -9,18 +9,21 @@ fn src(worker: WorkerId, dp_rank: u32) -> Source {
 }
 
 fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: usize) -> KvEvent {
-    KvEvent::BlockStored {
-        engine_hashes: hashes.to_vec(),
-        parent,
+    KvEvent::BlockStored(crate::kv::wire::BlockStored {
+        block_hashes: hashes.iter().map(|&h| EngineHash(h)).collect(),
+        parent: parent.map(EngineHash),
         token_ids: tokens.to_vec(),
-        block_size: bs,
-    }
+        block_size: bs as u32,
+        lora_id: None,
+        medium: None,
+    })
 }
 
 fn removed(hashes: &[u64]) -> KvEvent {
-    KvEvent::BlockRemoved {
-        engine_hashes: hashes.to_vec(),
-    }
+    KvEvent::BlockRemoved(crate::kv::wire::BlockRemoved {
+        block_hashes: hashes.iter().map(|&h| EngineHash(h)).collect(),
+        medium: None,
+    })
 }
 
 /// Publishes and matches, results sorted by source.
@@ -442,13 +445,9 @@ impl Oracle {
     fn apply(&mut self, s: Source, e: &KvEvent) -> Result<(), DropReason> {
         self.sources.entry(s).or_default();
         match e {
-            KvEvent::BlockStored {
-                engine_hashes,
-                parent,
-                token_ids,
-                block_size,
-            } => {
-                let bs = *block_size;
+            KvEvent::BlockStored(b) => {
+                let (engine_hashes, parent, token_ids) = (&b.block_hashes, &b.parent, &b.token_ids);
+                let bs = b.block_size as usize;
                 if bs == 0 || token_ids.len() != engine_hashes.len() * bs {
                     return Err(DropReason::Malformed);
                 }
@@ -458,17 +457,17 @@ impl Oracle {
                 let blocks = self.sources.get_mut(&s).unwrap();
                 let mut prefix = match parent {
                     None => Vec::new(),
-                    Some(p) => blocks.get(p).cloned().ok_or(DropReason::UnknownParent)?,
+                    Some(p) => blocks.get(&p.0).cloned().ok_or(DropReason::UnknownParent)?,
                 };
                 for (eh, chunk) in engine_hashes.iter().zip(token_ids.chunks(bs)) {
                     prefix.extend_from_slice(chunk);
-                    blocks.insert(*eh, prefix.clone());
+                    blocks.insert(eh.0, prefix.clone());
                 }
             }
-            KvEvent::BlockRemoved { engine_hashes } => {
+            KvEvent::BlockRemoved(r) => {
                 let blocks = self.sources.get_mut(&s).unwrap();
-                for eh in engine_hashes {
-                    blocks.remove(eh);
+                for eh in &r.block_hashes {
+                    blocks.remove(&eh.0);
                 }
             }
             KvEvent::AllBlocksCleared => self.sources.get_mut(&s).unwrap().clear(),

@@ -162,13 +162,19 @@ impl IndexWriter {
         let mi = self.model_index(model)?;
         self.register(source, mi)?;
         match event {
-            KvEvent::BlockStored {
-                engine_hashes,
-                parent,
-                token_ids,
-                block_size,
-            } => self.store(mi, source, engine_hashes, *parent, token_ids, *block_size),
-            KvEvent::BlockRemoved { engine_hashes } => {
+            KvEvent::BlockStored(b) => {
+                let block_size = b.block_size as usize;
+                self.store(
+                    mi,
+                    source,
+                    &b.block_hashes,
+                    b.parent,
+                    &b.token_ids,
+                    block_size,
+                )
+            }
+            KvEvent::BlockRemoved(r) => {
+                let engine_hashes = &r.block_hashes;
                 let (m, s) = self.parts(mi, source);
                 let mut removed = 0;
                 for &eh in engine_hashes {
@@ -380,7 +386,9 @@ impl IndexWriter {
         self.stats.held.store(self.held as u64, Relaxed);
     }
 
-    /// Drops every block of every rank of `worker` (its sequence went back: it restarted).
+    /// Drops every block of every rank of `worker` (the intake resets per rank with
+    /// `reset_source`; this whole-worker form serves the tests).
+    #[cfg(test)]
     pub fn reset_worker(&mut self, worker: WorkerId) {
         for source in self.sources_of(worker) {
             self.reset_source(source);
