@@ -106,6 +106,12 @@ pub enum IntakeEvent {
 pub trait EventSink: Send + 'static {
     /// Take one batch or reset (in sequence order per publisher).
     fn deliver(&mut self, event: IntakeEvent);
+
+    /// Called after every round of the event thread (each poll wake-up, each idle timeout):
+    /// the moment to make what was delivered visible at once (an index publishes here, so a
+    /// burst of batches costs one publication, and the last batch of a burst never waits for
+    /// the next one).
+    fn flush(&mut self) {}
 }
 
 /// A channel sink: a bounded channel makes the event thread wait for its consumer (events then
@@ -439,6 +445,7 @@ impl<S: EventSink> EventThread<S> {
                     Ok(c) => self.apply(c),
                     Err(RecvTimeoutError::Timeout) => {}
                 }
+                self.sink.flush();
                 continue;
             }
             let ready: Vec<usize> = {
@@ -460,6 +467,7 @@ impl<S: EventSink> EventThread<S> {
                 self.drain(i);
             }
             self.catch_up_idle();
+            self.sink.flush();
         }
     }
 
