@@ -140,14 +140,14 @@ pub struct Config {
     /// load is within --balance-abs-threshold of the minimum.
     #[arg(long = "affinity-window", action = ArgAction::SetTrue)]
     pub affinity_window: bool,
-    /// Route on the workers' own KV-cache events (SGLang/vLLM `--kv-events-config`, ZeroMQ)
-    /// besides the text tree. In progress: the event intake exists, routing on it does not yet,
-    /// so today this only checks the endpoint flags.
+    /// cache_aware on the workers' own KV-cache events (SGLang/vLLM `--kv-events-config`,
+    /// ZeroMQ): prompts matched in tokens against what each server reports it holds. Workers
+    /// without events, and prompts without tokens, fall back to the text tree.
     #[arg(long = "kv-events", action = ArgAction::SetTrue)]
     pub kv_events: bool,
     /// KV-event PUB socket of each worker, WORKER_URL=tcp://HOST:PORT (DP rank r: port + r; a `*`
-    /// host means the worker's host). Without it (integration pending) they will come from
-    /// each worker's /get_server_info `kv_events_config`.
+    /// host means the worker's host). Workers not named here are read from their
+    /// /get_server_info `kv_events_config`.
     #[arg(long = "kv-events-endpoints", num_args = 1.., value_parser = parse_kv_endpoint,
           requires = "kv_events")]
     pub kv_events_endpoints: Vec<crate::kv::endpoint::WorkerEndpoint>,
@@ -157,6 +157,11 @@ pub struct Config {
     #[arg(long = "kv-events-replay-endpoints", num_args = 1.., value_parser = parse_kv_endpoint,
           requires = "kv_events")]
     pub kv_events_replay_endpoints: Vec<crate::kv::endpoint::WorkerEndpoint>,
+    /// With --kv-events: the model's tokenizer, a tokenizer.json file or a model folder
+    /// (tokenizer.json + tokenizer_config.json with the chat template), so chat and text
+    /// prompts are matched in tokens. Without it only /generate `input_ids` are.
+    #[arg(long = "tokenizer-path", visible_alias = "model-path")]
+    pub tokenizer_path: Option<std::path::PathBuf>,
     /// manual: how a new routing key is placed: random, min_load, min_group.
     #[arg(long = "assignment-mode", default_value = "random", value_parser = parse_assignment)]
     pub assignment_mode: AssignmentMode,

@@ -159,6 +159,31 @@ pub fn tree_stats(nodes: u64, chars: u64, epoch: u64, dropped: u64, evicted_char
     gauge!("radixgate_tree_evicted_chars").set(evicted_chars as f64);
 }
 
+/// A routed request decided by the text tree although `--kv-events` is on, by reason.
+pub fn kv_fallback(reason: &'static str, n: u64) {
+    counter!("radixgate_kv_fallback_total", "reason" => reason).increment(n);
+}
+
+/// A routed request measured against the KV-event index (tokens matched / prompt tokens).
+pub fn kv_measured(prompt_tokens: usize, matched_tokens: usize) {
+    counter!("radixgate_kv_prompt_tokens_total").increment(prompt_tokens as u64);
+    counter!("radixgate_kv_predicted_cached_tokens_total").increment(matched_tokens as u64);
+}
+
+/// The KV-event index now: blocks held (per source, summed), distinct blocks, sources, and
+/// workers whose events are complete.
+pub fn kv_index_stats(held: u64, distinct: u64, sources: u64, warm_workers: usize) {
+    gauge!("radixgate_kv_index_blocks").set(held as f64);
+    gauge!("radixgate_kv_index_distinct_blocks").set(distinct as f64);
+    gauge!("radixgate_kv_index_sources").set(sources as f64);
+    gauge!("radixgate_kv_warm_workers").set(warm_workers as f64);
+}
+
+/// Events the index dropped since start, by reason (counter totals mirrored from the writer).
+pub fn kv_index_dropped(reason: &'static str, total: u64) {
+    counter!("radixgate_kv_index_dropped_total", "reason" => reason).absolute(total);
+}
+
 /// KV-event intake activity by `kind`: `batch` and `event` delivered, `replayed_batch` (a gap
 /// filled from a replay socket), `malformed` (a message or batch that could not be read),
 /// `skipped_event` (inside a readable batch), `gap`, `reset` (a worker's event state dropped).

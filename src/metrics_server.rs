@@ -86,6 +86,23 @@ fn refresh(gw: &Gateway) {
             gw.registry.loads.is_eligible(w.id),
         );
     }
+    if let Some(kv) = &gw.kv {
+        let st = &kv.stats;
+        crate::metrics::kv_index_stats(
+            st.held(),
+            st.distinct(),
+            st.sources(),
+            kv.exact_workers().len(),
+        );
+        for (reason, total) in [
+            ("unknown_parent", st.dropped_unknown_parent()),
+            ("block_size", st.dropped_block_size()),
+            ("malformed", st.dropped_malformed()),
+            ("limits", st.dropped_limits()),
+        ] {
+            crate::metrics::kv_index_dropped(reason, total);
+        }
+    }
     if let Some(t) = &gw.router.tree {
         let s = t.stats();
         crate::metrics::tree_stats(

@@ -415,6 +415,7 @@ fn a_flood_past_the_queue_is_replayed_or_reset_never_silently_lost() {
                 assert!(b.seq > next, "{} after a reset at {next}", b.seq);
                 next = b.seq + 1;
             }
+            IntakeEvent::Warm { .. } => panic!("warm_start is off in this test"),
         }
     }
     let c = intake.counts();
@@ -429,4 +430,60 @@ fn a_flood_past_the_queue_is_replayed_or_reset_never_silently_lost() {
         "the flood should have overflowed the queues: {c:?}"
     );
     assert!(c.gaps > 0, "{c:?}");
+}
+
+#[test]
+fn a_warm_start_replays_what_the_publisher_buffered_before_the_subscription() {
+    let Some(py) = python() else { return };
+    let mut f = Fixture::start(&py);
+    // Published before anyone subscribed: the live stream lost them, the buffer has them.
+    let early: Vec<i64> = (0..3u64)
+        .map(|i| {
+            f.publish(
+                serde_json::json!([stored_json(&[(i as i64).into()], None, &[1, 2])]),
+                "array",
+                false,
+            )
+        })
+        .collect();
+    let (tx, rx) = channel::bounded(1024);
+    let config = IntakeConfig {
+        warm_start: true,
+        ..IntakeConfig::default()
+    };
+    let intake = Intake::start(config, tx).unwrap();
+    intake.subscribe(f.publisher(3, true)).unwrap();
+    for &seq in &early {
+        let b = next_batch(&rx);
+        assert_eq!((b.seq, b.replayed), (seq, true));
+    }
+    match next_event(&rx) {
+        IntakeEvent::Warm { key, replayed } => {
+            assert_eq!(key.worker, 3);
+            assert_eq!(replayed, 3);
+        }
+        other => panic!("expected Warm, got {other:?}"),
+    }
+    // The live stream goes on after the replayed part: no reset, no duplicate.
+    let start = Instant::now();
+    let mut last = *early.last().unwrap();
+    loop {
+        assert!(start.elapsed() < LIMIT, "live batches never arrived");
+        let seq = f.publish(cleared(), "map", false);
+        if let Ok(ev) = rx.recv_timeout(Duration::from_millis(100)) {
+            let IntakeEvent::Batch(b) = ev else {
+                panic!("expected a batch, got {ev:?}")
+            };
+            // Whatever the SUB socket missed while connecting comes from replay, in order.
+            assert_eq!(b.seq, last + 1);
+            last = b.seq;
+            while last < seq {
+                let b = next_batch(&rx);
+                assert_eq!(b.seq, last + 1);
+                last = b.seq;
+            }
+            break;
+        }
+    }
+    assert_eq!(intake.counts().resets, 0);
 }

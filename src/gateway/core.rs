@@ -20,6 +20,8 @@ pub struct Core {
     pub pool: Pool,
     /// This core's random source (ties, jitter, request ids).
     pub rng: RefCell<Rng>,
+    /// This core's buffers for measuring prompts against the KV-event index.
+    pub kv: RefCell<super::kv::KvScratch>,
 }
 
 impl Core {
@@ -31,6 +33,7 @@ impl Core {
             index,
             pool,
             rng: RefCell::new(Rng::from_entropy()),
+            kv: RefCell::default(),
         }
     }
 }

@@ -123,8 +123,12 @@ async fn run(gw: Arc<Gateway>) {
         models_seen: HashSet::new(),
         gw: gw.clone(),
     };
+    let mut kv_discovery = super::kv::Discovery::default();
     while !gw.life.is_shutting_down() {
         let list = gw.registry.load_full();
+        if let Some(kv) = &gw.kv {
+            kv_discovery.round(&gw, kv, &checker.pool, &list).await;
+        }
         let now_ms = gw.life.now_ms();
         for w in &list.workers {
             let t = w.breaker.tick(&gw.breaker, now_ms);

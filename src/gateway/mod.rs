@@ -10,6 +10,7 @@
 mod auth;
 mod core;
 pub mod health;
+pub mod kv;
 mod lifecycle;
 mod membership;
 mod models;
@@ -49,6 +50,8 @@ pub struct Gateway {
     pub breaker: BreakerConfig,
     /// Retry settings (from `--retry-*`).
     pub retry: RetryPolicy,
+    /// KV-event routing state (`--kv-events`), `None` when off or when it could not start.
+    pub kv: Option<kv::KvRouting>,
 }
 
 impl Gateway {
@@ -71,9 +74,33 @@ impl Gateway {
             life: Lifecycle::new(io_driver, cores),
             breaker: cfg.breaker_config(),
             retry: cfg.retry_policy(),
+            kv: start_kv(&cfg),
             cfg,
         };
         gw.membership_changed();
         gw
+    }
+}
+
+/// The KV-event subsystem when `--kv-events` is on (the flags' endpoints were validated when the
+/// configuration was parsed). A failure to start its thread is logged and leaves the text tree
+/// in charge: the gateway serves either way.
+fn start_kv(cfg: &Config) -> Option<kv::KvRouting> {
+    if !cfg.kv_events {
+        return None;
+    }
+    let flagged = match cfg.kv_endpoints() {
+        Ok(f) => f,
+        Err(e) => {
+            crate::log!(Error, "kv events off: {e}");
+            return None;
+        }
+    };
+    match kv::KvRouting::start(flagged) {
+        Ok(k) => Some(k),
+        Err(e) => {
+            crate::log!(Error, "kv events off: cannot start the event thread: {e}");
+            None
+        }
     }
 }

@@ -115,7 +115,20 @@ impl ServedModels {
     }
 }
 
+impl ServedModels {
+    /// The first model `worker` said it serves, if it answered `/v1/models` yet.
+    pub fn first_of(&self, worker: WorkerId) -> Option<&'static str> {
+        let by_worker = self.by_worker.lock().unwrap_or_else(|p| p.into_inner());
+        by_worker.get(&worker)?.first().copied()
+    }
+}
+
 impl Gateway {
+    /// The model `worker` serves (its first `/v1/models` entry), once known.
+    pub fn models_of(&self, worker: WorkerId) -> Option<String> {
+        self.models.first_of(worker).map(str::to_owned)
+    }
+
     /// A worker's `/v1/models` answer: label its models, and give each served model its own
     /// tree (health thread).
     pub fn learn_models(&self, worker: WorkerId, body: &[u8]) {

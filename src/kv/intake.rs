@@ -92,6 +92,17 @@ impl ResetReason {
 pub enum IntakeEvent {
     /// A batch to apply.
     Batch(WorkerEvents),
+    /// With [`IntakeConfig::warm_start`]: the publisher's stream is now complete from what it
+    /// still buffers (the start-up replay finished), or from its first live batch when it has
+    /// no replay socket or its replay did not answer. Until then, what the sink holds for it
+    /// is partial; after a `Reset` for a gap or an unreadable batch it is partial again until
+    /// the next `Warm`.
+    Warm {
+        /// The publisher.
+        key: PublisherKey,
+        /// Batches the start-up replay delivered.
+        replayed: u64,
+    },
     /// Forget everything this publisher reported so far.
     Reset {
         /// The publisher.
@@ -143,6 +154,10 @@ pub struct IntakeConfig {
     /// the last batch: a loss at the end of a burst shows no gap until the next batch, which
     /// may be long in coming.
     pub idle_catch_up: Duration,
+    /// Start every subscription with a replay of everything the publisher still buffers
+    /// (`[b"", 0]`: SGLang answers from its oldest buffered batch), so a new gateway copy
+    /// knows the blocks cached before it started, and report [`IntakeEvent::Warm`].
+    pub warm_start: bool,
 }
 
 impl Default for IntakeConfig {
@@ -155,6 +170,7 @@ impl Default for IntakeConfig {
             reconnect_max: Duration::from_secs(5),
             batch_per_turn: 256,
             idle_catch_up: Duration::from_secs(1),
+            warm_start: false,
         }
     }
 }
@@ -277,6 +293,13 @@ impl SeqTracker {
     /// A replayed `seq` was delivered.
     pub fn accept_replayed(&mut self, seq: i64) {
         self.last = Some(seq);
+    }
+
+    /// A start-up replay delivered `first..=last`: the live stream continues after `last`, and
+    /// live numbers in `first..=last` queued meanwhile are duplicates, not a restart.
+    pub fn warm_started(&mut self, first: i64, last: i64) {
+        self.last = Some(last);
+        self.live = Some(first.saturating_sub(1));
     }
 
     /// The last delivered number.
@@ -415,6 +438,10 @@ struct Sub {
     /// When the last live message arrived, and whether the idle catch-up has run since.
     last_live: Instant,
     caught_up: bool,
+    /// With `warm_start`: `Warm` not reported since the subscription or the last lossy reset.
+    cold: bool,
+    /// A start-up replay is due (at subscription, and again after a lossy reset).
+    rewarm: bool,
 }
 
 struct EventThread<S> {
@@ -494,6 +521,9 @@ impl<S: EventSink> EventThread<S> {
                                 .unwrap_or_default()
                         );
                         self.subs.push(sub);
+                        if self.config.warm_start {
+                            self.warm_up(self.subs.len() - 1);
+                        }
                     }
                     Err(e) => self.warn(format_args!(
                         "kv events: cannot subscribe to {}: {e}",
@@ -537,6 +567,8 @@ impl<S: EventSink> EventThread<S> {
             seq: SeqTracker::default(),
             last_live: Instant::now(),
             caught_up: true,
+            cold: self.config.warm_start,
+            rewarm: false,
         })
     }
 
@@ -604,7 +636,13 @@ impl<S: EventSink> EventThread<S> {
         }
         self.subs[i].seq.accept(msg.seq);
         match decoded {
-            Ok(batch) => self.deliver(key, msg.seq, batch, false),
+            Ok(batch) => {
+                self.deliver(key, msg.seq, batch, false);
+                if self.subs[i].cold && !self.subs[i].rewarm {
+                    // No replay to wait for: the stream is complete from here on.
+                    self.mark_warm(i, 0);
+                }
+            }
             Err(e) => {
                 self.malformed(key, &e.to_string());
                 self.reset(key, ResetReason::Unreadable);
@@ -643,6 +681,12 @@ impl<S: EventSink> EventThread<S> {
     fn catch_up_idle(&mut self) {
         let now = Instant::now();
         for i in 0..self.subs.len() {
+            if self.subs[i].rewarm
+                && now.duration_since(self.subs[i].last_live) >= self.config.idle_catch_up
+            {
+                self.warm_up(i);
+                continue;
+            }
             let sub = &self.subs[i];
             if sub.caught_up
                 || sub.replay.is_none()
@@ -692,20 +736,76 @@ impl<S: EventSink> EventThread<S> {
     /// afterwards, so replies still in flight go to a dead identity instead of the next
     /// request.
     fn replay(&mut self, i: usize, from: i64, to: Option<i64>) -> Result<u64, ReplayError> {
-        let result = self.replay_on_socket(i, from, to);
+        let result = self.replay_on_socket(i, from, to, false);
+        self.fresh_dealer(i);
+        result
+    }
+
+    /// Replace subscription `i`'s replay socket (see [`Self::replay`]).
+    fn fresh_dealer(&mut self, i: usize) {
         let fresh = match &self.subs[i].publisher.replay {
             Some(ep) => self.dealer(ep).ok(),
             None => None,
         };
         self.subs[i].replay = fresh;
-        result
     }
 
+    /// The start-up replay of subscription `i`: everything its publisher still buffers, from
+    /// whichever batch the buffer starts at. A replay that does not answer leaves the
+    /// subscription cold until its first live batch; one that breaks off resets and tries
+    /// again after the next quiet `idle_catch_up`.
+    fn warm_up(&mut self, i: usize) {
+        let key = self.subs[i].publisher.key;
+        self.subs[i].rewarm = false;
+        self.subs[i].caught_up = true;
+        if self.subs[i].replay.is_none() {
+            return; // Warm with the first live batch.
+        }
+        let from = self.subs[i].seq.last().map_or(0, |l| l + 1);
+        let result = self.replay_on_socket(i, 0, None, true);
+        self.fresh_dealer(i);
+        match result {
+            Ok(n) => {
+                if n > 0 {
+                    if let Some(last) = self.subs[i].seq.last() {
+                        self.subs[i].seq.warm_started(last - n as i64 + 1, last);
+                    }
+                }
+                self.mark_warm(i, n);
+            }
+            Err(ReplayError::Silent(why)) => crate::log!(
+                Debug,
+                "kv events: worker {} rank {}: start-up replay from {from}: {why}",
+                key.worker,
+                key.dp_rank
+            ),
+            Err(ReplayError::Hole(why)) => {
+                self.warn(format_args!(
+                    "kv events: worker {} rank {}: start-up replay broke off ({why}); resetting",
+                    key.worker, key.dp_rank
+                ));
+                self.reset(key, ResetReason::Gap);
+            }
+        }
+    }
+
+    fn mark_warm(&mut self, i: usize, replayed: u64) {
+        if !self.subs[i].cold {
+            return;
+        }
+        self.subs[i].cold = false;
+        let key = self.subs[i].publisher.key;
+        self.sink.deliver(IntakeEvent::Warm { key, replayed });
+    }
+
+    /// `anywhere`: the first batch may come later than `from` (a start-up replay takes the
+    /// buffer from wherever it starts).
     fn replay_on_socket(
         &mut self,
         i: usize,
         from: i64,
         to: Option<i64>,
+        anywhere: bool,
     ) -> Result<u64, ReplayError> {
         use ReplayError::{Hole, Silent};
         let key = self.subs[i].publisher.key;
@@ -755,14 +855,19 @@ impl<S: EventSink> EventThread<S> {
                     return Err(Hole(format!("the replay buffer ended before {next}")));
                 }
                 Ok(ReplayReply::Batch { seq, .. }) if seq < next => {}
-                Ok(ReplayReply::Batch { seq, .. }) if seq > next => {
+                Ok(ReplayReply::Batch { seq, .. })
+                    if seq > next && !(anywhere && delivered == 0) =>
+                {
                     found(self, delivered);
                     return Err(Hole(format!(
                         "{next} is no longer buffered (replay starts at {seq})"
                     )));
                 }
                 Ok(ReplayReply::Batch { seq, payload }) => {
-                    found(self, delivered);
+                    if !anywhere {
+                        found(self, delivered);
+                    }
+                    next = seq;
                     match wire::decode_batch(payload) {
                         Ok(batch) if batch.skipped.lossy == 0 => {
                             self.deliver(key, seq, batch, true);
@@ -806,6 +911,13 @@ impl<S: EventSink> EventThread<S> {
 
     fn reset(&mut self, key: PublisherKey, reason: ResetReason) {
         self.stats.add(RESET, 1);
+        if self.config.warm_start && matches!(reason, ResetReason::Gap | ResetReason::Unreadable) {
+            // What the sink held is gone: rebuild it from the replay buffer once things calm.
+            if let Some(sub) = self.subs.iter_mut().find(|s| s.publisher.key == key) {
+                sub.cold = true;
+                sub.rewarm = sub.replay.is_some();
+            }
+        }
         if reason != ResetReason::Unsubscribed {
             self.warn(format_args!(
                 "kv events: worker {} rank {} reset ({})",

@@ -23,7 +23,7 @@ use crate::base::rng::Rng;
 use crate::base::text::char_count;
 use crate::base::WorkerId;
 use crate::route::recent::RecentMatch;
-use crate::route::types::{Branch, Decision, PolicyConfig};
+use crate::route::types::{Branch, Decision, ExactInput, PolicyConfig};
 use crate::tree::RadixTree;
 use crate::workers::load::LoadBoard;
 
@@ -215,6 +215,107 @@ pub fn select_with_tree(
             workers: m.workers,
         })
     })
+}
+
+/// The text tree's match, as a (matched, request) pair in characters with its holders.
+fn text_match<'t>(prefix: Lookup<'t>) -> Option<MatchResult<'t>> {
+    let Lookup { text, tree, recent } = prefix;
+    let from_tree = tree.map(|t| t.longest_match(text));
+    let tree_chars = from_tree.as_ref().map_or(0, |m| m.matched_chars);
+    if let Some(r) = recent.filter(|r| r.matched_chars > tree_chars) {
+        return Some(MatchResult {
+            matched_chars: r.matched_chars,
+            request_chars: char_count(text.as_bytes()),
+            workers: std::slice::from_ref(&r.worker),
+        });
+    }
+    let m = from_tree?;
+    Some(MatchResult {
+        matched_chars: m.matched_chars,
+        request_chars: char_count(text.as_bytes()),
+        workers: m.workers,
+    })
+}
+
+/// cache_aware with KV events: the same decision as [`select`], with the match measured in
+/// tokens the servers report (index ∪ pending entries) for the workers whose events are
+/// complete, and in characters of the text tree for the others. The better rate wins (equal
+/// rates: the holders of both); the thresholds, the imbalance test and the random ties are the
+/// seed's. `matched_chars` of the decision then counts tokens when the exact side won.
+pub fn select_mixed(
+    p: &Params,
+    exact: ExactInput<'_>,
+    prefix: Lookup<'_>,
+    workers: &[WorkerId],
+    exclude: &[WorkerId],
+    loads: &LoadBoard,
+    rng: &mut Rng,
+) -> Option<Decision> {
+    let mut holders: Vec<WorkerId> = Vec::new();
+    select(p, workers, exclude, loads, rng, || {
+        let best = mixed_holders(exact, text_match(prefix), &mut holders);
+        best.map(|(matched, request)| MatchResult {
+            matched_chars: matched,
+            request_chars: request,
+            workers: &holders,
+        })
+    })
+}
+
+/// The winning side's holders into `holders`, and its (matched, request) sizes.
+pub fn mixed_holders(
+    exact: ExactInput<'_>,
+    text: Option<MatchResult<'_>>,
+    holders: &mut Vec<WorkerId>,
+) -> Option<(usize, usize)> {
+    holders.clear();
+    let best_tokens = exact.cached.iter().map(|&(_, n)| n).max().unwrap_or(0);
+    let exact_rate = if exact.prompt_tokens == 0 {
+        0.0
+    } else {
+        best_tokens as f64 / exact.prompt_tokens as f64
+    };
+    let text_side = text.map(|m| {
+        let cold = m
+            .workers
+            .iter()
+            .copied()
+            .filter(|w| exact.exact_workers.binary_search(w).is_err());
+        (m, cold)
+    });
+    let mut text_rate = 0.0;
+    let mut text_sizes = (0, 0);
+    if let Some((m, cold)) = text_side {
+        let before = holders.len();
+        holders.extend(cold);
+        if holders.len() > before && m.matched_chars > 0 {
+            text_rate = m.rate();
+            text_sizes = (m.matched_chars, m.request_chars);
+        } else {
+            holders.truncate(before);
+        }
+    }
+    if text_rate > exact_rate {
+        return Some(text_sizes);
+    }
+    if text_rate < exact_rate {
+        holders.clear();
+    }
+    if best_tokens > 0 {
+        holders.extend(
+            exact
+                .cached
+                .iter()
+                .filter(|&&(_, n)| n == best_tokens)
+                .map(|&(w, _)| w),
+        );
+        return Some((best_tokens, exact.prompt_tokens));
+    }
+    if holders.is_empty() {
+        // Nothing matched anywhere: a miss, measured in tokens when there are tokens.
+        return Some((0, exact.prompt_tokens.max(text_sizes.1)));
+    }
+    Some(text_sizes)
 }
 
 #[cfg(test)]

@@ -33,6 +33,9 @@ pub struct RoutingInfo<'a> {
     pub model: Option<Cow<'a, str>>,
     pub stream: bool,
     pub text: Cow<'a, str>,
+    /// `text` holds `/generate`'s `input_ids` as decimals joined by spaces: the prompt's own
+    /// tokens, matched in the KV-event index without a tokenizer.
+    pub token_ids: bool,
 }
 
 /// Why a body cannot be routed; answered with 400 and an OpenAI-style error.
@@ -544,6 +547,7 @@ pub fn extract(api: Api, body: &[u8]) -> Result<RoutingInfo<'_>, ExtractError> {
     let parsed = Top(api).deserialize(&mut de).map_err(describe)?;
     de.end().map_err(describe)?;
     let required = |what: &str| Err(ExtractError(format!("`{what}` is required")));
+    let token_ids = api == Api::Generate && !parsed.present && parsed.ids_present;
     let text = match api {
         Api::Chat if !parsed.present => return required("messages"),
         Api::Completions if !parsed.present => return required("prompt"),
@@ -565,6 +569,7 @@ pub fn extract(api: Api, body: &[u8]) -> Result<RoutingInfo<'_>, ExtractError> {
         model: parsed.model.filter(|m| !m.is_empty()),
         stream: parsed.stream.unwrap_or(false),
         text,
+        token_ids,
     })
 }
 

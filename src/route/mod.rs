@@ -6,6 +6,7 @@ pub mod cache_aware;
 pub mod extract;
 pub mod hashing;
 pub mod manual;
+pub mod pending;
 pub mod policy;
 pub mod recent;
 pub mod types;

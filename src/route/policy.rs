@@ -91,6 +91,17 @@ impl Policy {
                     tree,
                     recent: input.recent.as_ref(),
                 };
+                if let Some(exact) = input.exact {
+                    return cache_aware::select_mixed(
+                        &self.cache_aware,
+                        exact,
+                        prefix,
+                        workers,
+                        exclude,
+                        loads,
+                        rng,
+                    );
+                }
                 cache_aware::select_with_tree(
                     &self.cache_aware,
                     prefix,

@@ -207,6 +207,23 @@ pub struct RouteInput<'a> {
     /// cache_aware: the longest match among the inserts (from every core) that the snapshot
     /// does not show yet.
     pub recent: Option<RecentMatch>,
+    /// cache_aware with `--kv-events`: what the servers' own events (and the pending entries)
+    /// say this prompt has cached where; `None` when the prompt has no tokens or the model no
+    /// block size yet (the text tree alone decides).
+    pub exact: Option<ExactInput<'a>>,
+}
+
+/// A prompt measured in tokens against the KV-event index.
+#[derive(Debug, Clone, Copy)]
+pub struct ExactInput<'a> {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Tokens of the prompt's prefix cached per worker (index ∪ pending entries); workers with
+    /// none are absent. Any order.
+    pub cached: &'a [(WorkerId, usize)],
+    /// Workers whose events are complete (subscribed and warm), sorted: the index speaks for
+    /// them; the text tree speaks only for the others (a mixed fleet).
+    pub exact_workers: &'a [WorkerId],
 }
 
 impl<'a> RouteInput<'a> {
@@ -220,6 +237,7 @@ impl<'a> RouteInput<'a> {
             exclude: &[],
             now_ms,
             recent: None,
+            exact: None,
         }
     }
 }

@@ -15,6 +15,7 @@ use super::reply::send_error;
 use super::Outcome;
 use crate::admission::Permit;
 use crate::base::WorkerId;
+use crate::gateway::kv::{parse_token_ids, Fallback, KvRouting, KvScratch};
 use crate::gateway::{Core, Gateway};
 use crate::http::{BodyFraming, Method, RequestHead};
 use crate::proxy::capture::Capture;
@@ -25,7 +26,7 @@ use crate::proxy::request_id::request_id;
 use crate::proxy::retry::is_retryable_status;
 use crate::route::extract::{capped, extract, Api, RoutingInfo, MAX_ROUTING_TEXT};
 use crate::route::manual::{key_too_long, MAX_ROUTING_KEY_LEN};
-use crate::route::types::{Branch, Decision, PolicyKind, RouteInput};
+use crate::route::types::{Branch, Decision, ExactInput, PolicyKind, RouteInput};
 use crate::tree::TreeKey;
 use crate::workers::breaker::is_worker_failure;
 use crate::workers::registry::{CircuitSlot, Worker};
@@ -224,6 +225,7 @@ impl<'a> Exchange<'a> {
                 model: None,
                 stream: false,
                 text: Cow::Borrowed(""),
+                token_ids: false,
             },
         };
         let rid = request_id(
@@ -269,7 +271,7 @@ impl<'a> Exchange<'a> {
         loop {
             let list = gw.registry.load_full();
             let now_ms = gw.life.now_ms();
-            let (decision, epoch) = self.choose(&list.ids, now_ms);
+            let (decision, epoch, measured) = self.choose(&list.ids, now_ms);
             let Some(decision) = decision else {
                 return Err(self
                     .last_error
@@ -292,6 +294,11 @@ impl<'a> Exchange<'a> {
             if decision.insert_text {
                 let text = learned_text(self.body, &self.info.text);
                 gw.router.learn(self.tree, text, worker.id, epoch, now_ms);
+                if let (true, Some(kv)) = (measured, &gw.kv) {
+                    // The prompt's chain is still in this core's scratch: nothing awaited since.
+                    let s = self.core.kv.borrow();
+                    kv.pending.push(s.model_hash, worker.id, &s.chain, now_ms);
+                }
             }
             return Ok(Picked {
                 worker,
@@ -303,8 +310,9 @@ impl<'a> Exchange<'a> {
     }
 
     /// The policy's decision (routed) or any selectable worker (pass-through), with the
-    /// snapshot epoch it saw.
-    fn choose(&self, workers: &[WorkerId], now_ms: u64) -> (Option<Decision>, u64) {
+    /// snapshot epoch it saw and whether the prompt was measured against the KV-event index
+    /// (its block chain is then in this core's scratch).
+    fn choose(&self, workers: &[WorkerId], now_ms: u64) -> (Option<Decision>, u64, bool) {
         let gw = self.gw;
         let rng = &mut self.core.rng.borrow_mut();
         match self.forwarding {
@@ -313,9 +321,22 @@ impl<'a> Exchange<'a> {
                     .registry
                     .loads
                     .pick_random_eligible(workers, &self.excluded, rng);
-                (w.map(|w| Decision::plain(w, Branch::Random)), 0)
+                (w.map(|w| Decision::plain(w, Branch::Random)), 0, false)
             }
-            Forwarding::Routed(_) => {
+            Forwarding::Routed(api) => {
+                let mut scratch = self.core.kv.borrow_mut();
+                let exact_workers = gw.kv.as_ref().map(|kv| kv.exact_workers());
+                let measured = match &gw.kv {
+                    Some(kv) if gw.router.policy.kind() == PolicyKind::CacheAware => {
+                        self.measure(kv, api, &mut scratch, now_ms)
+                    }
+                    _ => None,
+                };
+                let exact = measured.map(|prompt_tokens| ExactInput {
+                    prompt_tokens,
+                    cached: &scratch.cached,
+                    exact_workers: exact_workers.as_ref().map_or(&[][..], |w| &w[..]),
+                });
                 let input = RouteInput {
                     text: &self.info.text,
                     routing_key: self.routing_key,
@@ -324,9 +345,35 @@ impl<'a> Exchange<'a> {
                     exclude: &self.excluded,
                     now_ms,
                     recent: None,
+                    exact,
                 };
-                gw.router
-                    .choose(self.tree, input, workers, &gw.registry.loads, rng)
+                let (d, epoch) =
+                    gw.router
+                        .choose(self.tree, input, workers, &gw.registry.loads, rng);
+                (d, epoch, measured.is_some())
+            }
+        }
+    }
+
+    /// This prompt's tokens against the KV-event index (into `s`): its token count, or `None`
+    /// when the text tree decides alone (counted by reason).
+    fn measure(&self, kv: &KvRouting, api: Api, s: &mut KvScratch, now_ms: u64) -> Option<usize> {
+        let tokens = if self.info.token_ids {
+            parse_token_ids(&self.info.text, MAX_ROUTING_TEXT, &mut s.tokens)
+        } else {
+            let _ = api; // Tokenized prompts: see `tokenize` (chat templates, prompts).
+            Err(Fallback::NoTokenizer)
+        };
+        let r = tokens.and_then(|()| kv.measure(self.info.model.as_deref(), s, now_ms));
+        match r {
+            Ok(n) => {
+                let best = s.cached.iter().map(|&(_, c)| c).max().unwrap_or(0);
+                crate::metrics::kv_measured(n, best);
+                Some(n)
+            }
+            Err(f) => {
+                crate::metrics::kv_fallback(f.as_str(), 1);
+                None
             }
         }
     }

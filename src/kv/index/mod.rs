@@ -89,6 +89,27 @@ pub fn block_hash(parent: u64, tokens: &[u32], buf: &mut Vec<u8>) -> u64 {
     xxh3_64(buf)
 }
 
+/// The own hashes of every whole block of `tokens` at `block_size`, chained from
+/// [`ROOT_PARENT`], into `out` (cleared first); at most `max_blocks` of them. A final partial
+/// block is left out: it never matches (the engine caches whole pages).
+pub fn chain_hashes(
+    tokens: &[u32],
+    block_size: usize,
+    max_blocks: usize,
+    out: &mut Vec<u64>,
+    buf: &mut Vec<u8>,
+) {
+    out.clear();
+    if block_size == 0 {
+        return;
+    }
+    let mut parent = ROOT_PARENT;
+    for block in tokens.chunks_exact(block_size).take(max_blocks) {
+        parent = block_hash(parent, block, buf);
+        out.push(parent);
+    }
+}
+
 /// Bounds of the index (see the module doc for what happens at each).
 #[derive(Debug, Clone)]
 pub struct IndexConfig {

@@ -122,6 +122,54 @@ impl Snapshot {
     }
 }
 
+impl Snapshot {
+    /// [`Snapshot::match_prefix`] on a prompt already hashed into its block chain
+    /// ([`super::chain_hashes`] at this model's block size): the request path hashes a prompt
+    /// once and matches the chain here and against the routed-but-unconfirmed entries.
+    pub fn match_chain<'s>(
+        &self,
+        model: &str,
+        chain: &[u64],
+        scratch: &'s mut MatchScratch,
+    ) -> &'s [PrefixMatch] {
+        let MatchScratch { active, out, .. } = scratch;
+        active.clear();
+        out.clear();
+        let Some(m) = self.model(model).filter(|m| m.block_size > 0) else {
+            return out;
+        };
+        let mut depth = 0u32;
+        for &h in chain {
+            let Some(holders) = m.trie.get(h) else {
+                break;
+            };
+            if depth == 0 {
+                for &s in holders.as_slice() {
+                    if !active.contains(&s) {
+                        active.push(s);
+                    }
+                }
+            } else {
+                active.retain(|&s| {
+                    let keep = holders.contains(s);
+                    if !keep {
+                        push(out, &self.sources, s, depth);
+                    }
+                    keep
+                });
+                if active.is_empty() {
+                    return out;
+                }
+            }
+            depth += 1;
+        }
+        for &s in active.iter() {
+            push(out, &self.sources, s, depth);
+        }
+        out
+    }
+}
+
 fn push(out: &mut Vec<PrefixMatch>, sources: &[Option<Source>], s: SourceId, blocks: u32) {
     if let Some(Some(source)) = sources.get(s as usize) {
         out.push(PrefixMatch {
@@ -141,5 +189,45 @@ impl IndexReader {
     /// The current snapshot (lock-free). Drop the guard before any `.await`.
     pub fn load(&self) -> Guard<Arc<Snapshot>> {
         self.shared.load()
+    }
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::super::{chain_hashes, IndexConfig, IndexWriter, KvEvent, Source};
+    use super::MatchScratch;
+    use crate::kv::wire::{BlockStored, EngineHash};
+
+    #[test]
+    fn matching_a_hashed_chain_equals_matching_the_tokens() {
+        let mut w = IndexWriter::new(IndexConfig::default());
+        let tokens: Vec<u32> = (0..40).collect();
+        for (worker, blocks) in [(1u32, 10usize), (2, 4)] {
+            let stored = BlockStored {
+                block_hashes: (0..blocks as u64).map(EngineHash).collect(),
+                parent: None,
+                token_ids: tokens[..blocks * 4].to_vec(),
+                block_size: 4,
+                lora_id: None,
+                medium: None,
+            };
+            let source = Source { worker, dp_rank: 0 };
+            w.apply("m", source, &KvEvent::BlockStored(stored)).unwrap();
+        }
+        w.publish();
+        let snap = w.reader().load();
+        let (mut a, mut b) = (MatchScratch::default(), MatchScratch::default());
+        let (mut chain, mut buf) = (Vec::new(), Vec::new());
+        for len in [0, 3, 4, 15, 16, 17, 40] {
+            chain_hashes(&tokens[..len], 4, usize::MAX, &mut chain, &mut buf);
+            assert_eq!(chain.len(), len / 4);
+            let mut x = snap.match_prefix("m", &tokens[..len], &mut a).to_vec();
+            let mut y = snap.match_chain("m", &chain, &mut b).to_vec();
+            x.sort_unstable();
+            y.sort_unstable();
+            assert_eq!(x, y, "{len} tokens");
+        }
+        chain_hashes(&tokens, 4, 3, &mut chain, &mut buf);
+        assert_eq!(chain.len(), 3, "capped");
     }
 }

@@ -315,3 +315,84 @@ fn nothing_eligible_is_none() {
         None
     );
 }
+
+fn exact<'a>(
+    prompt: usize,
+    cached: &'a [(WorkerId, usize)],
+    warm: &'a [WorkerId],
+) -> ExactInput<'a> {
+    ExactInput {
+        prompt_tokens: prompt,
+        cached,
+        exact_workers: warm,
+    }
+}
+
+#[test]
+fn mixed_exact_tokens_decide_for_warm_workers() {
+    let mut h = Vec::new();
+    // Worker 1 holds 80 of 100 tokens, worker 2 holds 40: worker 1's rate.
+    let r = mixed_holders(exact(100, &[(1, 80), (2, 40)], &[1, 2]), None, &mut h);
+    assert_eq!((r, h.clone()), (Some((80, 100)), vec![1]));
+    // Ties in tokens: every holder of the best count.
+    mixed_holders(exact(100, &[(1, 80), (2, 80)], &[1, 2]), None, &mut h);
+    h.sort_unstable();
+    assert_eq!(h, vec![1, 2]);
+}
+
+#[test]
+fn mixed_the_text_tree_speaks_only_for_workers_without_complete_events() {
+    let mut h = Vec::new();
+    // The tree says worker 1 (warm) holds 90 %: ignored, the events know better (nothing).
+    let r = mixed_holders(exact(100, &[], &[1]), m(90, 100, &[1]), &mut h);
+    assert_eq!((r, h.is_empty()), (Some((0, 100)), true));
+    // The tree says worker 3 (no events) holds 90 %, the events say worker 1 holds 50 %.
+    let r = mixed_holders(exact(100, &[(1, 50)], &[1]), m(90, 100, &[3]), &mut h);
+    assert_eq!((r, h.clone()), (Some((90, 100)), vec![3]));
+    // Equal rates: both sides' holders.
+    let r = mixed_holders(exact(100, &[(1, 50)], &[1]), m(50, 100, &[3, 1]), &mut h);
+    h.sort_unstable();
+    assert_eq!((r, h.clone()), (Some((50, 100)), vec![1, 3]));
+    // The events' rate is better.
+    let r = mixed_holders(exact(100, &[(1, 95)], &[1]), m(50, 100, &[3]), &mut h);
+    assert_eq!((r, h.clone()), (Some((95, 100)), vec![1]));
+}
+
+#[test]
+fn mixed_selection_applies_the_seed_threshold_and_balance() {
+    let (ws, b) = board(3);
+    let mut rng = Rng::with_seed(5);
+    let p = Params::default(); // cache_threshold 0.3
+    let no_text = Lookup {
+        text: "",
+        tree: None,
+        recent: None,
+    };
+    let d = select_mixed(
+        &p,
+        exact(100, &[(2, 40)], &[0, 1, 2]),
+        no_text,
+        &ws,
+        &[],
+        &b,
+        &mut rng,
+    )
+    .unwrap();
+    assert_eq!((d.worker, d.branch), (2, Branch::CacheHit));
+    // 20 % is below the threshold: least loaded (worker 2 is busy, so never it).
+    b.inc(2);
+    for _ in 0..20 {
+        let d = select_mixed(
+            &p,
+            exact(100, &[(2, 20)], &[0, 1, 2]),
+            no_text,
+            &ws,
+            &[],
+            &b,
+            &mut rng,
+        )
+        .unwrap();
+        assert_eq!(d.branch, Branch::CacheMiss);
+        assert_ne!(d.worker, 2);
+    }
+}

@@ -1,0 +1,566 @@
+//! Exact routing state from the servers (`--kv-events`): the event thread (`kv::intake`) feeds
+//! the token-block index (`kv::index`) through [`IndexSink`], its single writer; the health
+//! thread finds each worker's publishers ([`Discovery`]) and keeps the subscriptions in step
+//! with the registry; the serving cores read the published snapshot, the workers whose events
+//! are complete ("warm"), and the pending entries of what they routed themselves.
+
+use super::Gateway;
+use crate::base::WorkerId;
+use crate::http::Method;
+use crate::kv::endpoint::{KvEndpoints, TcpEndpoint};
+use crate::kv::index::{
+    chain_hashes, IndexConfig, IndexReader, IndexStats, IndexWriter, MatchScratch, Source,
+};
+use crate::kv::intake::{
+    CommandError, EventSink, Intake, IntakeConfig, IntakeEvent, Publisher, ResetReason,
+};
+use crate::proxy::forward;
+use crate::proxy::pool::Pool;
+use crate::route::pending::PendingBlocks;
+use crate::workers::registry::{Worker, WorkerList};
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// How long a routed prompt counts as cached on its worker before the server's own event
+/// confirms it (a prefill of a long prompt under load takes seconds; the entry only raises a
+/// worker's match, so a stale one costs at most one imbalanced pick).
+pub const PENDING_TTL_MS: u64 = 5_000;
+
+/// Longest prompt hashed into blocks for a match (tokens past it are not matched): 1 Mi tokens.
+pub const MAX_MATCH_TOKENS: usize = 1 << 20;
+
+/// Worker → the model its events are filed under (set by discovery before it subscribes).
+type ModelMap = HashMap<WorkerId, Arc<str>>;
+
+/// The KV-event state the cores share.
+pub struct KvRouting {
+    intake: Intake,
+    /// The published index.
+    pub reader: IndexReader,
+    /// What this copy routed and the servers have not confirmed yet.
+    pub pending: PendingBlocks,
+    /// Workers with at least one warm publisher, sorted (republished by the sink).
+    exact_workers: Arc<ArcSwap<Vec<WorkerId>>>,
+    models: Arc<ArcSwap<ModelMap>>,
+    /// The index's counters.
+    pub stats: Arc<IndexStats>,
+    /// Endpoints given by flags, by worker URL.
+    flagged: Vec<KvEndpoints>,
+}
+
+impl KvRouting {
+    /// Start the event thread with an empty index. `flagged`: endpoints from the flags.
+    pub fn start(flagged: Vec<KvEndpoints>) -> std::io::Result<KvRouting> {
+        let writer = IndexWriter::new(IndexConfig::default());
+        let reader = writer.reader();
+        let stats = writer.stats();
+        let exact_workers = Arc::new(ArcSwap::from_pointee(Vec::new()));
+        let models: Arc<ArcSwap<ModelMap>> = Arc::default();
+        let sink = IndexSink {
+            writer,
+            models: models.clone(),
+            warm: BTreeSet::new(),
+            published_warm: exact_workers.clone(),
+            dirty: false,
+            warm_dirty: false,
+        };
+        let config = IntakeConfig {
+            warm_start: true,
+            ..IntakeConfig::default()
+        };
+        let intake = Intake::start(config, sink)?;
+        for f in Fallback::ALL {
+            crate::metrics::kv_fallback(f.as_str(), 0);
+        }
+        crate::metrics::kv_measured(0, 0);
+        Ok(KvRouting {
+            intake,
+            reader,
+            pending: PendingBlocks::new(PENDING_TTL_MS),
+            exact_workers,
+            models,
+            stats,
+            flagged,
+        })
+    }
+
+    /// Workers whose events are complete, sorted (cheap: one `Arc` load).
+    pub fn exact_workers(&self) -> arc_swap::Guard<Arc<Vec<WorkerId>>> {
+        self.exact_workers.load()
+    }
+
+    /// The index model a request for `model` reads: that name when the index knows it, else
+    /// the only model it knows (clients of a one-model fleet send any name, or none).
+    pub fn index_model<'s>(
+        snapshot: &'s crate::kv::index::Snapshot,
+        model: Option<&str>,
+    ) -> Option<&'s str> {
+        if let Some(m) = model {
+            if let Some(found) = snapshot.models().find(|k| *k == m) {
+                return Some(found);
+            }
+        }
+        let mut all = snapshot.models();
+        let first = all.next()?;
+        all.next().is_none().then_some(first)
+    }
+
+    /// The intake's counters.
+    pub fn intake_counts(&self) -> crate::kv::intake::IntakeCounts {
+        self.intake.counts()
+    }
+
+    fn set_model(&self, worker: WorkerId, model: Option<Arc<str>>) {
+        let mut next = self.models.load().as_ref().clone();
+        match model {
+            Some(m) => next.insert(worker, m),
+            None => next.remove(&worker),
+        };
+        self.models.store(Arc::new(next));
+    }
+}
+
+/// One core's buffers for measuring prompts against the index: reused request after request,
+/// so a match allocates nothing once they have grown.
+#[derive(Debug, Default)]
+pub struct KvScratch {
+    /// The prompt's token ids.
+    pub tokens: Vec<u32>,
+    /// The prompt's block chain at the model's block size.
+    pub chain: Vec<u64>,
+    /// Tokens of the prompt cached per worker (index ∪ pending).
+    pub cached: Vec<(WorkerId, usize)>,
+    /// The index model (hashed) the prompt was measured against.
+    pub model_hash: u64,
+    buf: Vec<u8>,
+    matches: MatchScratch,
+}
+
+/// Why a prompt was routed by the text tree although `--kv-events` is on (the label of
+/// `radixgate_kv_fallback_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// No `--tokenizer-path`, and the request carries no token ids.
+    NoTokenizer,
+    /// The tokenizer refused the request (too large, no chat template, template error).
+    Tokenize,
+    /// `input_ids` that are not all integers below 2^32.
+    BadTokenIds,
+    /// The model has no events yet (block size unknown), or the index knows no such model.
+    NoIndex,
+}
+
+impl Fallback {
+    /// Every reason, for series that exist from the start.
+    pub const ALL: [Fallback; 4] = [
+        Fallback::NoTokenizer,
+        Fallback::Tokenize,
+        Fallback::BadTokenIds,
+        Fallback::NoIndex,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fallback::NoTokenizer => "no_tokenizer",
+            Fallback::Tokenize => "tokenize_error",
+            Fallback::BadTokenIds => "bad_token_ids",
+            Fallback::NoIndex => "no_index",
+        }
+    }
+}
+
+/// `/generate`'s `input_ids` as the extractor wrote them (decimals joined by spaces) into
+/// `out`. The extractor caps its text, so when `text` is at the cap its last number may be cut:
+/// it is dropped.
+pub fn parse_token_ids(text: &str, capped_at: usize, out: &mut Vec<u32>) -> Result<(), Fallback> {
+    out.clear();
+    let mut ids = text.split_ascii_whitespace();
+    let cut = text.len() + 24 >= capped_at;
+    for id in ids.by_ref() {
+        out.push(id.parse().map_err(|_| Fallback::BadTokenIds)?);
+    }
+    if cut {
+        out.pop();
+    }
+    Ok(())
+}
+
+impl KvRouting {
+    /// Measure the prompt in `s.tokens` for a request naming `model`: its block chain, and per
+    /// worker the tokens of its prefix the index and the pending entries put there. Returns the
+    /// prompt's token count, or why the text tree must decide instead.
+    pub fn measure(
+        &self,
+        model: Option<&str>,
+        s: &mut KvScratch,
+        now_ms: u64,
+    ) -> Result<usize, Fallback> {
+        let snap = self.reader.load();
+        let m = Self::index_model(&snap, model).ok_or(Fallback::NoIndex)?;
+        let bs = snap.block_size(m).ok_or(Fallback::NoIndex)?;
+        let KvScratch {
+            tokens,
+            chain,
+            cached,
+            model_hash,
+            buf,
+            matches,
+        } = s;
+        chain_hashes(tokens, bs, MAX_MATCH_TOKENS / bs, chain, buf);
+        cached.clear();
+        for pm in snap.match_chain(m, chain, matches) {
+            let n = pm.blocks as usize;
+            match cached.iter_mut().find(|(w, _)| *w == pm.source.worker) {
+                Some((_, b)) => *b = (*b).max(n),
+                None => cached.push((pm.source.worker, n)),
+            }
+        }
+        *model_hash = xxh3_64(m.as_bytes());
+        self.pending.raise(*model_hash, chain, now_ms, cached);
+        for (_, b) in cached.iter_mut() {
+            *b *= bs;
+        }
+        cached.retain(|&(_, n)| n > 0);
+        Ok(tokens.len())
+    }
+}
+
+/// The index's single writer, on the event thread: applies batches, resets and warm marks,
+/// and publishes once per round of the thread.
+struct IndexSink {
+    writer: IndexWriter,
+    models: Arc<ArcSwap<ModelMap>>,
+    warm: BTreeSet<Source>,
+    published_warm: Arc<ArcSwap<Vec<WorkerId>>>,
+    dirty: bool,
+    warm_dirty: bool,
+}
+
+impl EventSink for IndexSink {
+    fn deliver(&mut self, event: IntakeEvent) {
+        match event {
+            IntakeEvent::Batch(b) => {
+                let models = self.models.load();
+                let Some(model) = models.get(&b.key.worker) else {
+                    return; // Unsubscribed meanwhile.
+                };
+                for e in &b.events {
+                    // Drops are counted by the writer (radixgate_kv_index_dropped_total).
+                    let _ = self.writer.apply(model, b.key, e);
+                }
+                self.dirty = true;
+            }
+            IntakeEvent::Warm { key, .. } => {
+                self.warm_dirty |= self.warm.insert(key);
+            }
+            IntakeEvent::Reset { key, reason } => {
+                match reason {
+                    ResetReason::Unsubscribed => {
+                        self.writer.remove_worker(key.worker);
+                        self.warm.retain(|s| s.worker != key.worker);
+                    }
+                    // A new server process: its cache is empty, exactly what the index holds.
+                    ResetReason::Restarted => self.writer.reset_source(key),
+                    // The index now knows less than the server: not exact until re-warmed.
+                    ResetReason::Gap | ResetReason::Unreadable => {
+                        self.writer.reset_source(key);
+                        self.warm.remove(&key);
+                    }
+                }
+                self.dirty = true;
+                self.warm_dirty = true;
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.dirty {
+            self.writer.publish();
+            self.dirty = false;
+        }
+        if self.warm_dirty {
+            let mut w: Vec<WorkerId> = self.warm.iter().map(|s| s.worker).collect();
+            w.dedup();
+            self.published_warm.store(Arc::new(w));
+            self.warm_dirty = false;
+        }
+    }
+}
+
+/// What a worker's `/get_server_info` says about its events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerKvInfo {
+    /// The model its events are about (`served_model_name`, else `model_path`).
+    pub model: Option<String>,
+    /// The rank-0 publisher, wildcard host replaced by the worker's (None: events off).
+    pub live: Option<TcpEndpoint>,
+    /// The rank-0 replay socket.
+    pub replay: Option<TcpEndpoint>,
+    /// Attention-DP ranks, each publishing on port + rank.
+    pub ranks: u32,
+}
+
+/// Most attention-DP ranks subscribed per worker.
+const MAX_RANKS: u32 = 256;
+
+/// Read `/get_server_info` (SGLang reports `kv_events_config` as the server argument, a JSON
+/// string; an object is accepted too). Endpoints other than `tcp://` (ipc, inproc) cannot be
+/// reached from another host and count as "no events".
+pub fn parse_server_info(body: &[u8], worker_url: &str) -> Result<ServerKvInfo, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("server info is not JSON: {e}"))?;
+    let model = ["served_model_name", "model_path"]
+        .iter()
+        .find_map(|k| v.get(*k)?.as_str().filter(|s| !s.is_empty()))
+        .map(str::to_owned);
+    let dp_attention = v
+        .get("enable_dp_attention")
+        .and_then(|b| b.as_bool())
+        .unwrap_or(false);
+    let dp_size = v.get("dp_size").and_then(|d| d.as_u64()).unwrap_or(1);
+    let ranks = if dp_attention {
+        dp_size.clamp(1, MAX_RANKS as u64) as u32
+    } else {
+        1
+    };
+    let cfg = match v.get("kv_events_config") {
+        Some(serde_json::Value::String(s)) => serde_json::from_str::<serde_json::Value>(s)
+            .map_err(|e| format!("kv_events_config is not JSON: {e}"))?,
+        Some(o @ serde_json::Value::Object(_)) => o.clone(),
+        _ => serde_json::Value::Null,
+    };
+    let publisher = cfg.get("publisher").and_then(|p| p.as_str()).unwrap_or("");
+    let endpoint = |k: &str| -> Result<Option<TcpEndpoint>, String> {
+        match cfg.get(k).and_then(|e| e.as_str()) {
+            Some(e) if e.starts_with("tcp://") => {
+                Ok(Some(TcpEndpoint::parse(e)?.with_host_of(worker_url)))
+            }
+            _ => Ok(None),
+        }
+    };
+    let (live, replay) = if publisher == "zmq" {
+        let live = endpoint("endpoint")?;
+        let replay = if live.is_some() {
+            endpoint("replay_endpoint")?
+        } else {
+            None
+        };
+        (live, replay)
+    } else {
+        (None, None)
+    };
+    Ok(ServerKvInfo {
+        model,
+        live,
+        replay,
+        ranks,
+    })
+}
+
+/// Per worker (by serial): subscribed, or when to try again.
+#[derive(Debug)]
+enum Found {
+    Subscribed { id: WorkerId },
+    Retry { at: Instant, attempts: u32 },
+}
+
+/// Keeps the subscriptions in step with the registry; runs on the health thread each tick.
+#[derive(Debug, Default)]
+pub struct Discovery {
+    found: HashMap<u64, Found>,
+}
+
+/// Longest wait between attempts to read a worker's publishers.
+const RETRY_MAX: Duration = Duration::from_secs(5);
+/// Time allowed for `/get_server_info`.
+const INFO_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Discovery {
+    /// One round: drop the publishers of workers gone from `list`, find those of new ones.
+    pub async fn round(&mut self, gw: &Gateway, kv: &KvRouting, pool: &Pool, list: &WorkerList) {
+        let gone: Vec<(u64, WorkerId)> = self
+            .found
+            .iter()
+            .filter(|(serial, _)| !list.workers.iter().any(|w| w.serial == **serial))
+            .filter_map(|(s, f)| match f {
+                Found::Subscribed { id } => Some((*s, *id)),
+                Found::Retry { .. } => None,
+            })
+            .collect();
+        for (serial, id) in gone {
+            match kv.intake.remove_worker(id) {
+                Ok(()) | Err(CommandError::Stopped) => {
+                    kv.set_model(id, None);
+                    kv.pending.forget_worker(id);
+                    self.found.remove(&serial);
+                }
+                Err(CommandError::Busy) => {} // Next round.
+            }
+        }
+        self.found.retain(|serial, f| {
+            matches!(f, Found::Subscribed { .. })
+                || list.workers.iter().any(|w| w.serial == *serial)
+        });
+        let now = Instant::now();
+        for w in &list.workers {
+            let due = match self.found.get(&w.serial) {
+                None => true,
+                Some(Found::Retry { at, .. }) => *at <= now,
+                Some(Found::Subscribed { .. }) => false,
+            };
+            if !due {
+                continue;
+            }
+            let outcome = self.discover(gw, kv, pool, w).await;
+            let attempts = match self.found.get(&w.serial) {
+                Some(Found::Retry { attempts, .. }) => *attempts + 1,
+                _ => 1,
+            };
+            match outcome {
+                Ok(()) => {
+                    self.found.insert(w.serial, Found::Subscribed { id: w.id });
+                }
+                Err(why) => {
+                    if attempts == 1 || attempts % 12 == 0 {
+                        crate::log!(Warn, "kv events: worker {}: {why}", w.url);
+                    }
+                    let wait = Duration::from_secs(u64::from(attempts)).min(RETRY_MAX);
+                    self.found.insert(
+                        w.serial,
+                        Found::Retry {
+                            at: now + wait,
+                            attempts,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Find `w`'s publishers (flags first, else its `/get_server_info`) and subscribe.
+    async fn discover(
+        &self,
+        gw: &Gateway,
+        kv: &KvRouting,
+        pool: &Pool,
+        w: &Arc<Worker>,
+    ) -> Result<(), String> {
+        let info = forward::fetch(
+            pool,
+            w,
+            Method::Get,
+            "/get_server_info",
+            Bytes::new(),
+            INFO_TIMEOUT,
+        )
+        .await;
+        let info = match info {
+            Ok((200, body)) => parse_server_info(&body, &w.url),
+            Ok((status, _)) => Err(format!("/get_server_info answered {status}")),
+            Err(e) => Err(format!("/get_server_info: {e:?}")),
+        };
+        let flagged = kv.flagged.iter().find(|f| f.worker_url == w.url);
+        let (live, replay, ranks, model) = match (flagged, info) {
+            (Some(f), Ok(i)) => (f.live.clone(), f.replay.clone(), i.ranks, i.model),
+            // Flags need nothing from the server but its model (one rank, the served model).
+            (Some(f), Err(_)) => {
+                let served = gw.models_of(w.id);
+                if served.is_none() {
+                    return Err("waiting for the worker's model name".into());
+                }
+                (f.live.clone(), f.replay.clone(), 1, served)
+            }
+            (None, Ok(i)) => match i.live {
+                Some(live) => (live, i.replay, i.ranks, i.model),
+                None => {
+                    return Err(
+                        "publishes no KV events (no zmq tcp endpoint in kv_events_config); \
+                         scored by the text tree"
+                            .into(),
+                    )
+                }
+            },
+            (None, Err(e)) => return Err(e),
+        };
+        let model: Arc<str> = Arc::from(model.unwrap_or_else(|| "default".into()).as_str());
+        kv.set_model(w.id, Some(model));
+        let endpoints = KvEndpoints {
+            worker_url: w.url.clone(),
+            live,
+            replay,
+        };
+        for rank in 0..ranks {
+            let (live, replay) = endpoints.for_rank(rank)?;
+            let publisher = Publisher {
+                key: Source {
+                    worker: w.id,
+                    dp_rank: rank,
+                },
+                live,
+                replay,
+            };
+            kv.intake
+                .subscribe(publisher)
+                .map_err(|e| format!("event thread {e:?}"))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_ids_from_the_extracted_text() {
+        let mut out = Vec::new();
+        parse_token_ids("1 20 300", 1000, &mut out).unwrap();
+        assert_eq!(out, [1, 20, 300]);
+        // At the cap the last number may be cut: dropped.
+        parse_token_ids("1 20 30", 30, &mut out).unwrap();
+        assert_eq!(out, [1, 20]);
+        assert_eq!(
+            parse_token_ids("1 -2", 1000, &mut out),
+            Err(Fallback::BadTokenIds)
+        );
+        assert_eq!(
+            parse_token_ids("1 99999999999", 1000, &mut out),
+            Err(Fallback::BadTokenIds)
+        );
+    }
+
+    #[test]
+    fn server_info_as_sglang_reports_it() {
+        let body = br#"{"served_model_name":"m","dp_size":2,"enable_dp_attention":true,
+            "kv_events_config":"{\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\",\"replay_endpoint\":\"tcp://*:5558\"}"}"#;
+        let i = parse_server_info(body, "http://10.0.0.7:30000").unwrap();
+        assert_eq!(i.model.as_deref(), Some("m"));
+        assert_eq!(i.ranks, 2);
+        assert_eq!(i.live.unwrap().url(), "tcp://10.0.0.7:5557");
+        assert_eq!(i.replay.unwrap().url(), "tcp://10.0.0.7:5558");
+    }
+
+    #[test]
+    fn server_info_without_events_or_with_unreachable_endpoints() {
+        for body in [
+            &br#"{"model_path":"p","kv_events_config":null}"#[..],
+            br#"{"kv_events_config":"{\"publisher\":\"null\"}"}"#,
+            br#"{"kv_events_config":{"publisher":"zmq","endpoint":"ipc:///tmp/x"}}"#,
+            br#"{}"#,
+        ] {
+            let i = parse_server_info(body, "http://h:1").unwrap();
+            assert_eq!(i.live, None, "{}", String::from_utf8_lossy(body));
+            assert_eq!(i.ranks, 1);
+        }
+        let i = parse_server_info(br#"{"model_path":"p","dp_size":4}"#, "http://h:1").unwrap();
+        assert_eq!(i.model.as_deref(), Some("p"));
+        assert_eq!(i.ranks, 1, "DP without DP attention: one publisher");
+        assert!(parse_server_info(b"not json", "http://h:1").is_err());
+        assert!(parse_server_info(br#"{"kv_events_config":"{"}"#, "http://h:1").is_err());
+    }
+}

@@ -1,0 +1,174 @@
+//! Routed but not yet confirmed: with KV events on, a prompt's blocks reach the index only after
+//! the server has prefilled them and its event has crossed the network, tens of milliseconds to
+//! seconds later. A burst of requests sharing a prefix must follow its first request meanwhile,
+//! so every routed prompt leaves a short-lived *pending* entry here (Dynamo calls them predicted
+//! blocks, llm-d speculative entries): its block chain and the worker it went to. Selection
+//! treats a pending entry like blocks the index holds, until it expires. Lock-free, shared by
+//! every core, pure (time is passed in).
+//!
+//! Memory: [`CAPACITY`] slots, each at most [`MAX_CHAIN`] hashes (8 bytes each): 8 MiB at most.
+
+use crate::base::WorkerId;
+use arc_swap::ArcSwapOption;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Slots in the ring: a burst larger than this within [`PendingBlocks::ttl_ms`] loses its
+/// oldest entries (then the index, which has caught up with most of them by then, answers).
+pub const CAPACITY: usize = 512;
+
+/// Blocks kept of one prompt (at 16-token pages, 32k tokens; the rest of a longer prompt is
+/// not predicted, only matched in the index).
+pub const MAX_CHAIN: usize = 2048;
+
+#[derive(Debug)]
+struct Entry {
+    model: u64,
+    worker: WorkerId,
+    chain: Box<[u64]>,
+    at_ms: u64,
+}
+
+/// The ring of pending entries.
+#[derive(Debug)]
+pub struct PendingBlocks {
+    slots: Box<[ArcSwapOption<Entry>]>,
+    next: AtomicUsize,
+    ttl_ms: u64,
+}
+
+impl PendingBlocks {
+    /// An empty ring whose entries count for `ttl_ms` after routing.
+    pub fn new(ttl_ms: u64) -> Self {
+        PendingBlocks {
+            slots: (0..CAPACITY).map(|_| ArcSwapOption::empty()).collect(),
+            next: AtomicUsize::new(0),
+            ttl_ms,
+        }
+    }
+
+    /// How long an entry counts.
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_ms
+    }
+
+    /// A prompt whose block chain is `chain` (model hashed to `model`) was routed to `worker`.
+    pub fn push(&self, model: u64, worker: WorkerId, chain: &[u64], now_ms: u64) {
+        if chain.is_empty() {
+            return;
+        }
+        let chain = &chain[..chain.len().min(MAX_CHAIN)];
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % CAPACITY;
+        self.slots[i].store(Some(Arc::new(Entry {
+            model,
+            worker,
+            chain: chain.into(),
+            at_ms: now_ms,
+        })));
+    }
+
+    /// Forget a worker's entries (removed, or refusing connections).
+    pub fn forget_worker(&self, worker: WorkerId) {
+        for slot in self.slots.iter() {
+            if slot.load().as_ref().is_some_and(|e| e.worker == worker) {
+                slot.store(None);
+            }
+        }
+    }
+
+    /// For each worker with a live entry sharing a prefix with `chain`, the most leading blocks
+    /// shared, raised into `out` (`(worker, blocks)`; an existing pair for the worker keeps the
+    /// larger count, a new worker is appended). Expired entries met are dropped.
+    pub fn raise(&self, model: u64, chain: &[u64], now_ms: u64, out: &mut Vec<(WorkerId, usize)>) {
+        let Some(&first) = chain.first() else {
+            return;
+        };
+        for slot in self.slots.iter() {
+            let guard = slot.load();
+            let Some(e) = guard.as_ref() else { continue };
+            if now_ms.saturating_sub(e.at_ms) > self.ttl_ms {
+                let _ = slot.compare_and_swap(&guard, None);
+                continue;
+            }
+            if e.model != model || e.chain[0] != first {
+                continue;
+            }
+            let n = e
+                .chain
+                .iter()
+                .zip(chain)
+                .take_while(|(a, b)| a == b)
+                .count();
+            match out.iter_mut().find(|(w, _)| *w == e.worker) {
+                Some((_, blocks)) => *blocks = (*blocks).max(n),
+                None => out.push((e.worker, n)),
+            }
+        }
+    }
+
+    /// Entries still counting at `now_ms`.
+    pub fn live(&self, now_ms: u64) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| {
+                s.load()
+                    .as_ref()
+                    .is_some_and(|e| now_ms.saturating_sub(e.at_ms) <= self.ttl_ms)
+            })
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raised(p: &PendingBlocks, model: u64, chain: &[u64], now: u64) -> Vec<(WorkerId, usize)> {
+        let mut out = Vec::new();
+        p.raise(model, chain, now, &mut out);
+        out.sort_unstable();
+        out
+    }
+
+    #[test]
+    fn a_routed_prefix_counts_until_it_expires() {
+        let p = PendingBlocks::new(1000);
+        p.push(7, 2, &[1, 2, 3, 4], 100);
+        assert_eq!(raised(&p, 7, &[1, 2, 3, 9, 9], 500), vec![(2, 3)]);
+        // Another model, another first block: nothing.
+        assert!(raised(&p, 8, &[1, 2, 3], 500).is_empty());
+        assert!(raised(&p, 7, &[5, 2, 3], 500).is_empty());
+        // Expired: gone, and the slot is emptied.
+        assert!(raised(&p, 7, &[1, 2, 3], 1101).is_empty());
+        assert_eq!(p.live(0), 0);
+    }
+
+    #[test]
+    fn the_longest_entry_per_worker_wins_and_existing_counts_are_only_raised() {
+        let p = PendingBlocks::new(1000);
+        p.push(1, 3, &[1, 2], 0);
+        p.push(1, 3, &[1, 2, 3, 4], 0);
+        p.push(1, 4, &[1], 0);
+        let mut out = vec![(4, 5)];
+        p.raise(1, &[1, 2, 3, 4, 5], 10, &mut out);
+        out.sort_unstable();
+        assert_eq!(out, vec![(3, 4), (4, 5)]);
+    }
+
+    #[test]
+    fn forgetting_a_worker_and_the_caps() {
+        let p = PendingBlocks::new(1000);
+        p.push(1, 3, &[1, 2], 0);
+        p.forget_worker(3);
+        assert!(raised(&p, 1, &[1, 2], 0).is_empty());
+        let long: Vec<u64> = (1..=(MAX_CHAIN as u64 + 10)).collect();
+        p.push(1, 5, &long, 0);
+        assert_eq!(raised(&p, 1, &long, 0), vec![(5, MAX_CHAIN)]);
+        for i in 0..CAPACITY as u64 + 5 {
+            p.push(1, 6, &[100 + i], 0);
+        }
+        assert_eq!(p.live(0), CAPACITY);
+        p.push(1, 7, &[], 0);
+        assert_eq!(p.live(0), CAPACITY);
+    }
+}

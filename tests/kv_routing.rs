@@ -1,0 +1,246 @@
+//! Routing on the servers' own KV-cache events (`--kv-events`), end to end on 127.0.0.1:
+//! simulated SGLang workers publish their radix cache's events on ZeroMQ exactly as SGLang
+//! does, the gateway finds the publishers through each worker's `/get_server_info`, and
+//! routes `/generate` prompts given as `input_ids` by what the servers hold — including
+//! prompts this gateway never routed, which no text tree can know about.
+
+mod common;
+use common::*;
+use loadtest::sim::kv_events::KvEventsConfig;
+use loadtest::sim::SimCluster;
+use radixgate::runtime::Running;
+use std::time::Duration;
+
+/// Every wait here ends by then (the normal case is milliseconds).
+const LIMIT: Duration = Duration::from_secs(20);
+/// The simulated workers' page size: blocks of 4 tokens.
+const PAGE: usize = 4;
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+/// `n` workers publishing KV events (and keeping a replay buffer) on ephemeral ports.
+fn kv_sim(n: usize, max_total_tokens: usize) -> SimCluster {
+    sim(n, |c| {
+        c.page_size = PAGE;
+        c.max_total_tokens = max_total_tokens;
+        c.kv_events = Some(
+            KvEventsConfig::parse(
+                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
+            )
+            .unwrap(),
+        );
+    })
+}
+
+fn urls(c: &SimCluster) -> Vec<String> {
+    c.ports()
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect()
+}
+
+/// A prompt of `len` token ids unique to `seed`.
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| 1000 + seed * 10_000 + i).collect()
+}
+
+fn gen_ids(ids: &[u32]) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "input_ids": ids, "sampling_params": {"max_new_tokens": 1}
+    }))
+    .unwrap()
+}
+
+/// Prefill `ids` on worker `i` directly (the gateway does not see it).
+fn prefill_directly(c: &SimCluster, i: usize, ids: &[u32]) {
+    let r = generate(worker_addr(c, i), &gen_ids(ids));
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// The worker port that served `ids` sent through the gateway.
+fn route(gw: &Running, ids: &[u32]) -> u16 {
+    let r = generate(gw.addr, &gen_ids(ids));
+    assert_eq!(r.status, 200, "{}", r.text());
+    served_by(&r)
+}
+
+/// Blocks of `ids` the gateway's index says worker port `port` holds.
+fn indexed_blocks(gw: &Running, c: &SimCluster, port: u16, ids: &[u32]) -> u32 {
+    let kv = gw.gateway().kv.as_ref().expect("--kv-events on");
+    let list = gw.gateway().registry.load();
+    let Some(w) = list
+        .workers
+        .iter()
+        .find(|w| w.url == format!("http://127.0.0.1:{port}"))
+    else {
+        panic!("worker {port} not registered ({:?})", c.ports());
+    };
+    let snap = kv.reader.load();
+    let mut scratch = Default::default();
+    snap.match_prefix(MODEL, ids, &mut scratch)
+        .iter()
+        .filter(|m| m.source.worker == w.id)
+        .map(|m| m.blocks)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Wait until every worker's publisher is subscribed and its start-up replay is done.
+fn wait_warm(gw: &Running, n: usize) {
+    let kv = gw.gateway().kv.as_ref().expect("--kv-events on");
+    wait_until("every worker warm", LIMIT, || {
+        (kv.exact_workers().len() == n).then_some(())
+    });
+}
+
+#[test]
+fn a_prefix_cached_on_a_worker_is_routed_there_though_this_gateway_never_routed_it() {
+    let c = kv_sim(2, 400_000);
+    let gw = gateway_for(&urls(&c), &["--kv-events", "--policy", "cache_aware"]);
+    wait_warm(&gw, 2);
+    let ports = c.ports();
+    // Six prompts, each prefilled on one worker by a client that bypasses the gateway: the
+    // gateway learns of them only from the events. Chance would route all six right 1 in 64.
+    for i in 0..6u32 {
+        let holder = (i % 2) as usize;
+        let ids = prompt(i, 64);
+        prefill_directly(&c, holder, &ids);
+        wait_until("the stored blocks reach the index", LIMIT, || {
+            (indexed_blocks(&gw, &c, ports[holder], &ids) == 16).then_some(())
+        });
+        assert_eq!(route(&gw, &ids), ports[holder], "prompt {i}");
+    }
+}
+
+#[test]
+fn after_the_worker_evicts_a_prefix_the_gateway_stops_preferring_it() {
+    // Worker B (1) holds 64 tokens at most: four more prompts evict the first.
+    let c = kv_sim(2, 80);
+    let gw = gateway_for(&urls(&c), &["--kv-events", "--policy", "cache_aware"]);
+    wait_warm(&gw, 2);
+    let (a, b) = (c.ports()[0], c.ports()[1]);
+    let q = prompt(100, 64);
+    prefill_directly(&c, 1, &q);
+    // A holds three quarters of it: a match rate above the 0.5 threshold, below B's.
+    prefill_directly(&c, 0, &q[..48]);
+    wait_until("B's and A's blocks in the index", LIMIT, || {
+        (indexed_blocks(&gw, &c, b, &q) == 16 && indexed_blocks(&gw, &c, a, &q) == 12).then_some(())
+    });
+    // B evicts q to make room for other prompts (BlockRemoved events).
+    for i in 0..4 {
+        prefill_directly(&c, 1, &prompt(200 + i, 64));
+    }
+    wait_until("B's eviction reaches the index", LIMIT, || {
+        (indexed_blocks(&gw, &c, b, &q) == 0).then_some(())
+    });
+    assert_eq!(
+        route(&gw, &q),
+        a,
+        "B no longer holds the prefix; A holds 75 %"
+    );
+}
+
+#[test]
+fn a_burst_follows_its_first_request_before_any_event_arrives() {
+    let c = kv_sim(2, 400_000);
+    let gw = gateway_for(&urls(&c), &["--kv-events", "--policy", "cache_aware"]);
+    wait_warm(&gw, 2);
+    // One unrelated prompt teaches the index the block size (before any event it cannot
+    // measure prompts, and the text tree decides).
+    let other = prompt(8, 16);
+    prefill_directly(&c, 0, &other);
+    wait_until("the block size learned", LIMIT, || {
+        (indexed_blocks(&gw, &c, c.ports()[0], &other) == 4).then_some(())
+    });
+    // Both workers hold every request: nothing is prefilled, so no event can arrive.
+    set_faults(&c, 0, serde_json::json!({"hold": true}));
+    set_faults(&c, 1, serde_json::json!({"hold": true}));
+    let ids = prompt(7, 64);
+    let first = std::thread::spawn({
+        let addr = gw.addr;
+        let body = gen_ids(&ids);
+        move || served_by(&generate(addr, &body))
+    });
+    let held = |i| sim_count(&c, i, "inference_in_progress");
+    wait_until("the first request held on a worker", LIMIT, || {
+        (held(0) + held(1) == 1).then_some(())
+    });
+    let first_on = if held(0) == 1 { 0 } else { 1 };
+    // The second request: the index knows nothing and the other worker is less loaded; only
+    // the pending entry of the first request leads it to the same worker.
+    let second = std::thread::spawn({
+        let addr = gw.addr;
+        let body = gen_ids(&ids);
+        move || served_by(&generate(addr, &body))
+    });
+    wait_until("the second request held", LIMIT, || {
+        (held(0) + held(1) == 2).then_some(())
+    });
+    assert_eq!(held(first_on), 2, "the burst split across workers");
+    set_faults(&c, 0, serde_json::json!({"hold": false}));
+    set_faults(&c, 1, serde_json::json!({"hold": false}));
+    let (p1, p2) = (first.join().unwrap(), second.join().unwrap());
+    assert_eq!(p1, p2);
+    assert_eq!(p1, c.ports()[first_on]);
+}
+
+#[test]
+fn a_mixed_fleet_keeps_affinity_on_workers_with_and_without_events() {
+    let with = kv_sim(1, 400_000);
+    let without = sim(1, |c| c.page_size = PAGE);
+    let mut all = urls(&with);
+    all.extend(urls(&without));
+    let gw = gateway_for(&all, &["--kv-events", "--policy", "cache_aware"]);
+    wait_warm(&gw, 1);
+    // Each conversation's second turn follows its first, whichever kind of worker took it.
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..12u32 {
+        let turn1 = prompt(300 + i, 64);
+        let first = route(&gw, &turn1);
+        seen.insert(first);
+        let mut turn2 = turn1.clone();
+        turn2.extend(prompt(400 + i, 16));
+        assert_eq!(route(&gw, &turn2), first, "conversation {i}");
+    }
+    assert_eq!(seen.len(), 2, "both kinds of worker served conversations");
+}
+
+#[test]
+fn without_token_ids_or_a_tokenizer_the_text_tree_routes() {
+    let c = kv_sim(2, 400_000);
+    let gw = gateway_for(&urls(&c), &["--kv-events", "--policy", "cache_aware"]);
+    wait_warm(&gw, 2);
+    let first = served_by(&chat(
+        gw.addr,
+        "a long shared system prompt for this chat",
+        false,
+        4,
+    ));
+    for _ in 0..4 {
+        let again = chat(
+            gw.addr,
+            "a long shared system prompt for this chat",
+            false,
+            4,
+        );
+        assert_eq!(served_by(&again), first);
+    }
+}
+
+#[test]
+fn a_gateway_started_late_knows_what_the_servers_cached_before_it_from_their_replay_buffers() {
+    let c = kv_sim(2, 400_000);
+    let ports = c.ports();
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(500 + i, 64)).collect();
+    for (i, ids) in prompts.iter().enumerate() {
+        prefill_directly(&c, i % 2, ids);
+    }
+    // Started after every event was published: only the start-up replay can tell it.
+    let gw = gateway_for(&urls(&c), &["--kv-events", "--policy", "cache_aware"]);
+    wait_warm(&gw, 2);
+    for (i, ids) in prompts.iter().enumerate() {
+        assert_eq!(indexed_blocks(&gw, &c, ports[i % 2], ids), 16, "prompt {i}");
+        assert_eq!(route(&gw, ids), ports[i % 2], "prompt {i}");
+    }
+    let counts = gw.gateway().kv.as_ref().unwrap().intake_counts();
+    assert!(counts.replayed_batches >= 6, "{counts:?}");
+}
