@@ -162,6 +162,11 @@ pub struct Config {
     /// prompts are matched in tokens. Without it only /generate `input_ids` are.
     #[arg(long = "tokenizer-path", visible_alias = "model-path")]
     pub tokenizer_path: Option<std::path::PathBuf>,
+    /// With --kv-events: copy the KV block index of this running sibling copy
+    /// (http://HOST:PORT, its GET /kv_index/snapshot, sent --admin-api-key when set) before
+    /// subscribing, then apply live events after its watermarks: a new copy starts warm.
+    #[arg(long = "kv-bootstrap-peer", requires = "kv_events")]
+    pub kv_bootstrap_peer: Option<String>,
     /// manual: how a new routing key is placed: random, min_load, min_group.
     #[arg(long = "assignment-mode", default_value = "random", value_parser = parse_assignment)]
     pub assignment_mode: AssignmentMode,

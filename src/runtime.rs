@@ -164,6 +164,7 @@ pub fn start(cfg: Config) -> Result<Running, String> {
     for (index, (cpu, listener)) in cpus.into_iter().zip(listeners).enumerate() {
         threads.push(spawn_core(gw.clone(), index, cpu, listener)?);
     }
+    crate::gateway::kv::spawn_bootstrap(gw.clone());
     crate::gateway::health::spawn(gw.clone());
     let metrics_addr = if gw.cfg.prometheus_port != 0 {
         Some(crate::metrics_server::spawn(gw.clone())?)

@@ -21,6 +21,7 @@ use crate::workers::registry::{Worker, WorkerList};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use xxhash_rust::xxh3::xxh3_64;
@@ -50,11 +51,14 @@ pub struct KvRouting {
     pub stats: Arc<IndexStats>,
     /// Endpoints given by flags, by worker URL.
     flagged: Vec<KvEndpoints>,
+    /// The copy from `--kv-bootstrap-peer` was taken (or failed, or none was asked for):
+    /// subscriptions wait for it, so the stream resumes after its watermarks.
+    bootstrapped: AtomicBool,
 }
 
 impl KvRouting {
     /// Start the event thread with an empty index. `flagged`: endpoints from the flags.
-    pub fn start(flagged: Vec<KvEndpoints>) -> std::io::Result<KvRouting> {
+    pub fn start(flagged: Vec<KvEndpoints>, bootstrap: bool) -> std::io::Result<KvRouting> {
         let writer = IndexWriter::new(IndexConfig::default());
         let reader = writer.reader();
         let stats = writer.stats();
@@ -85,6 +89,7 @@ impl KvRouting {
             models,
             stats,
             flagged,
+            bootstrapped: AtomicBool::new(!bootstrap),
         })
     }
 
@@ -109,6 +114,11 @@ impl KvRouting {
         all.next().is_none().then_some(first)
     }
 
+    /// Ask the event thread for a copy of the index (`GET /kv_index/snapshot`).
+    pub fn export(&self) -> Result<crossbeam::channel::Receiver<Option<Vec<u8>>>, CommandError> {
+        self.intake.export()
+    }
+
     /// The intake's counters.
     pub fn intake_counts(&self) -> crate::kv::intake::IntakeCounts {
         self.intake.counts()
@@ -122,6 +132,75 @@ impl KvRouting {
         };
         self.models.store(Arc::new(next));
     }
+}
+
+/// Largest index copy accepted from a sibling (about 28 bytes a block: tens of millions of
+/// blocks).
+const MAX_BOOTSTRAP_BYTES: usize = 1 << 30;
+/// Time allowed for downloading and applying a sibling's copy.
+const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// With `--kv-bootstrap-peer`: a helper thread downloads the sibling's index and hands it to the
+/// event thread before any subscription (the health thread's discovery waits for it). Any
+/// failure is logged and the copy starts cold (the start-up replays still run).
+pub fn spawn_bootstrap(gw: Arc<Gateway>) {
+    let (Some(kv), Some(peer)) = (&gw.kv, gw.cfg.kv_bootstrap_peer.clone()) else {
+        return;
+    };
+    if kv.bootstrapped.load(Ordering::Acquire) {
+        return;
+    }
+    let gw2 = gw.clone();
+    let spawned = std::thread::Builder::new()
+        .name("radixgate-kv-bootstrap".into())
+        .spawn(move || {
+            let Some(kv) = &gw2.kv else { return };
+            match bootstrap(&gw2, kv, &peer) {
+                Ok(n) => crate::log!(
+                    Info,
+                    "kv events: copied the block index of {peer} ({n} publishers)"
+                ),
+                Err(e) => crate::log!(
+                    Warn,
+                    "kv events: no index copied from {peer} ({e}); starting from the servers' \
+                     replay buffers"
+                ),
+            }
+            kv.bootstrapped.store(true, Ordering::Release);
+        });
+    if let Err(e) = spawned {
+        crate::log!(Warn, "kv events: cannot start the bootstrap thread: {e}");
+        kv.bootstrapped.store(true, Ordering::Release);
+    }
+}
+
+fn bootstrap(gw: &Gateway, kv: &KvRouting, peer: &str) -> Result<usize, String> {
+    let (status, body) = crate::proxy::blocking::get(
+        peer,
+        "/kv_index/snapshot",
+        gw.cfg.admin_api_key.as_deref(),
+        MAX_BOOTSTRAP_BYTES,
+        BOOTSTRAP_TIMEOUT,
+    )?;
+    if status != 200 {
+        return Err(format!(
+            "GET /kv_index/snapshot answered {status}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(200)])
+        ));
+    }
+    let workers: Vec<(String, WorkerId)> = gw
+        .registry
+        .load()
+        .workers
+        .iter()
+        .map(|w| (w.url.clone(), w.id))
+        .collect();
+    let rx = kv
+        .intake
+        .import(body, workers)
+        .map_err(|e| format!("event thread {e:?}"))?;
+    rx.recv_timeout(BOOTSTRAP_TIMEOUT)
+        .map_err(|e| format!("event thread: {e}"))?
 }
 
 /// One core's buffers for measuring prompts against the index: reused request after request,
@@ -383,6 +462,9 @@ const INFO_TIMEOUT: Duration = Duration::from_secs(5);
 impl Discovery {
     /// One round: drop the publishers of workers gone from `list`, find those of new ones.
     pub async fn round(&mut self, gw: &Gateway, kv: &KvRouting, pool: &Pool, list: &WorkerList) {
+        if !kv.bootstrapped.load(Ordering::Acquire) {
+            return; // Subscriptions resume after the sibling's watermarks: wait for its copy.
+        }
         let gone: Vec<(u64, WorkerId)> = self
             .found
             .iter()

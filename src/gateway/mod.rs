@@ -96,7 +96,7 @@ fn start_kv(cfg: &Config) -> Option<kv::KvRouting> {
             return None;
         }
     };
-    match kv::KvRouting::start(flagged) {
+    match kv::KvRouting::start(flagged, cfg.kv_bootstrap_peer.is_some()) {
         Ok(k) => Some(k),
         Err(e) => {
             crate::log!(Error, "kv events off: cannot start the event thread: {e}");

@@ -123,6 +123,25 @@ pub trait EventSink: Send + 'static {
     /// burst of batches costs one publication, and the last batch of a burst never waits for
     /// the next one).
     fn flush(&mut self) {}
+
+    /// A copy of everything held, for a sibling gateway starting up (`--kv-bootstrap-peer`),
+    /// with the last batch applied of each publisher; `None` when this sink keeps no copy.
+    fn export(&mut self, watermarks: &[(PublisherKey, i64)]) -> Option<Vec<u8>> {
+        let _ = watermarks;
+        None
+    }
+
+    /// Take a sibling's copy (before subscribing). `workers` names this gateway's workers by URL
+    /// (ids differ between copies). Returns, per publisher it covered, the last batch it
+    /// includes: the stream resumes after it.
+    fn import(
+        &mut self,
+        data: &[u8],
+        workers: &[(String, WorkerId)],
+    ) -> Result<Vec<(PublisherKey, i64)>, String> {
+        let _ = (data, workers);
+        Err("this sink keeps no copy".into())
+    }
 }
 
 /// A channel sink: a bounded channel makes the event thread wait for its consumer (events then
@@ -319,6 +338,12 @@ enum ReplayError {
 }
 
 enum Command {
+    Export(Sender<Option<Vec<u8>>>),
+    Import {
+        data: Vec<u8>,
+        workers: Vec<(String, WorkerId)>,
+        reply: Sender<Result<usize, String>>,
+    },
     Subscribe(Publisher),
     Unsubscribe(PublisherKey),
     RemoveWorker(WorkerId),
@@ -365,6 +390,7 @@ impl Intake {
             stats: stats.clone(),
             subs: Vec::new(),
             commands: rx,
+            resume: std::collections::HashMap::new(),
             last_warn: None,
         };
         let thread = std::thread::Builder::new()
@@ -391,6 +417,32 @@ impl Intake {
     /// Drop every publisher of a worker (it left the fleet).
     pub fn remove_worker(&self, worker: WorkerId) -> Result<(), CommandError> {
         self.command(Command::RemoveWorker(worker))
+    }
+
+    /// Ask the sink for a copy of what it holds ([`EventSink::export`]), taken between two
+    /// batches so the watermarks are exact. The answer comes on the returned channel (the
+    /// event thread may be busy; the caller decides how long to wait).
+    pub fn export(&self) -> Result<Receiver<Option<Vec<u8>>>, CommandError> {
+        let (tx, rx) = channel::bounded(1);
+        self.command(Command::Export(tx))?;
+        Ok(rx)
+    }
+
+    /// Hand the sink a sibling's copy ([`EventSink::import`]); publishers subscribed later
+    /// resume after the copy's watermark (the replay socket fills what happened since). Answers
+    /// how many publishers the copy covered.
+    pub fn import(
+        &self,
+        data: Vec<u8>,
+        workers: Vec<(String, WorkerId)>,
+    ) -> Result<Receiver<Result<usize, String>>, CommandError> {
+        let (reply, rx) = channel::bounded(1);
+        self.command(Command::Import {
+            data,
+            workers,
+            reply,
+        })?;
+        Ok(rx)
     }
 
     /// What the intake has done so far.
@@ -442,6 +494,9 @@ struct Sub {
     cold: bool,
     /// A start-up replay is due (at subscription, and again after a lossy reset).
     rewarm: bool,
+    /// The stream resumes after an imported copy's watermark: the start-up replay asks for
+    /// what follows it, not for the whole buffer.
+    resumed: bool,
 }
 
 struct EventThread<S> {
@@ -451,6 +506,8 @@ struct EventThread<S> {
     stats: Arc<Stats>,
     subs: Vec<Sub>,
     commands: Receiver<Command>,
+    /// Watermarks of an imported copy, for publishers not subscribed yet.
+    resume: std::collections::HashMap<PublisherKey, i64>,
     /// Warnings are rate-limited (a hostile publisher could otherwise flood the log).
     last_warn: Option<Instant>,
 }
@@ -541,6 +598,35 @@ impl<S: EventSink> EventThread<S> {
                     self.drop_sub(i);
                 }
             }
+            Command::Export(reply) => {
+                let marks: Vec<(PublisherKey, i64)> = self
+                    .subs
+                    .iter()
+                    .filter_map(|s| Some((s.publisher.key, s.seq.last()?)))
+                    .collect();
+                let _ = reply.try_send(self.sink.export(&marks));
+            }
+            Command::Import {
+                data,
+                workers,
+                reply,
+            } => {
+                let r = self.sink.import(&data, &workers).map(|marks| {
+                    let n = marks.len();
+                    for (key, seq) in marks {
+                        match self.subs.iter().position(|s| s.publisher.key == key) {
+                            // Already streaming: what it applied and the copy overlap; the
+                            // stream goes on as it was.
+                            Some(_) => {}
+                            None => {
+                                self.resume.insert(key, seq);
+                            }
+                        }
+                    }
+                    n
+                });
+                let _ = reply.try_send(r);
+            }
             Command::Shutdown => {}
         }
     }
@@ -550,7 +636,15 @@ impl<S: EventSink> EventThread<S> {
         self.reset(sub.publisher.key, ResetReason::Unsubscribed);
     }
 
-    fn open(&self, p: Publisher) -> zmq::Result<Sub> {
+    fn open(&mut self, p: Publisher) -> zmq::Result<Sub> {
+        let mut seq = SeqTracker::default();
+        let resumed = match self.resume.remove(&p.key) {
+            Some(after) => {
+                seq.accept(after);
+                true
+            }
+            None => false,
+        };
         let live = self.ctx.socket(zmq::SUB)?;
         self.prepare(&live, &p.live)?;
         live.set_rcvhwm(self.config.rcv_hwm)?;
@@ -564,11 +658,12 @@ impl<S: EventSink> EventThread<S> {
             publisher: p,
             live,
             replay,
-            seq: SeqTracker::default(),
+            seq,
             last_live: Instant::now(),
             caught_up: true,
             cold: self.config.warm_start,
             rewarm: false,
+            resumed,
         })
     }
 
@@ -761,12 +856,16 @@ impl<S: EventSink> EventThread<S> {
         if self.subs[i].replay.is_none() {
             return; // Warm with the first live batch.
         }
-        let from = self.subs[i].seq.last().map_or(0, |l| l + 1);
-        let result = self.replay_on_socket(i, 0, None, true);
+        let resumed = std::mem::take(&mut self.subs[i].resumed);
+        let from = match self.subs[i].seq.last() {
+            Some(l) if resumed => l + 1,
+            _ => 0,
+        };
+        let result = self.replay_on_socket(i, from, None, !resumed);
         self.fresh_dealer(i);
         match result {
             Ok(n) => {
-                if n > 0 {
+                if n > 0 && !resumed {
                     if let Some(last) = self.subs[i].seq.last() {
                         self.subs[i].seq.warm_started(last - n as i64 + 1, last);
                     }

@@ -4,6 +4,7 @@
 //! (`capture`), request ids (`request_id`) and the retry schedule (`retry`). Callers pass in the
 //! pool, timeouts and deadlines; nothing here imports `gateway` or `serve`.
 
+pub mod blocking;
 pub mod capture;
 pub mod forward;
 pub mod io;

@@ -42,6 +42,15 @@ impl Reply {
         }
     }
 
+    /// A binary answer (the KV index snapshot a sibling copy downloads).
+    pub fn bytes(status: u16, body: Vec<u8>) -> Reply {
+        Reply {
+            status,
+            content_type: "application/octet-stream",
+            body,
+        }
+    }
+
     /// The response bytes, with `x-request-id` when known and `connection: close` when `close`.
     pub fn render(&self, request_id: Option<&str>, close: bool) -> bytes::Bytes {
         match request_id {

@@ -6,6 +6,7 @@
 
 mod fanout;
 mod info;
+mod kv;
 mod workers;
 
 pub use self::workers::worker_json;
@@ -48,6 +49,8 @@ pub enum Endpoint {
     FlushCache,
     /// `GET /get_loads`.
     GetLoads,
+    /// `GET /kv_index/snapshot`: the KV-event index for a sibling copy (`--kv-bootstrap-peer`).
+    KvSnapshot,
 }
 
 impl Endpoint {
@@ -73,6 +76,7 @@ impl Endpoint {
                     | Endpoint::GetWorker
                     | Endpoint::LegacyList
                     | Endpoint::GetLoads
+                    | Endpoint::KvSnapshot
             )
     }
 }
@@ -98,6 +102,7 @@ pub fn endpoint(method: Method, path: &[u8]) -> Option<Result<Endpoint, ()>> {
         b"/list_workers" => m(get, Endpoint::LegacyList),
         b"/flush_cache" => m(post || get, Endpoint::FlushCache),
         b"/get_loads" => m(get, Endpoint::GetLoads),
+        b"/kv_index/snapshot" => m(get, Endpoint::KvSnapshot),
         p if p.starts_with(b"/workers/") && p.len() > b"/workers/".len() => match method {
             Method::Get => Some(Ok(Endpoint::GetWorker)),
             Method::Delete => Some(Ok(Endpoint::DeleteWorker)),
@@ -148,6 +153,7 @@ async fn answer(
         Endpoint::Models => fanout::models(core).await,
         Endpoint::FlushCache => Ok(fanout::flush_cache(core).await),
         Endpoint::GetLoads => Ok(fanout::loads(core).await),
+        Endpoint::KvSnapshot => kv::snapshot(gw).await,
         Endpoint::ListWorkers => Ok(workers::list(gw)),
         Endpoint::LegacyList => Ok(workers::legacy_list(gw)),
         Endpoint::GetWorker => workers::get(gw, head),
@@ -192,6 +198,7 @@ mod tests {
             Endpoint::LegacyList,
             Endpoint::FlushCache,
             Endpoint::GetLoads,
+            Endpoint::KvSnapshot,
         ];
         let public = [
             Endpoint::Health,

@@ -1,0 +1,33 @@
+//! `GET /kv_index/snapshot`: this copy's KV-event index, for a sibling copy starting with
+//! `--kv-bootstrap-peer` (binary, `kv::index` export format, with each publisher's watermark).
+//! Admin scope: it lists the block hashes every worker holds.
+
+use super::super::error::GatewayError;
+use super::super::reply::Reply;
+use crate::gateway::Gateway;
+use crossbeam::channel::TryRecvError;
+use std::time::{Duration, Instant};
+
+/// Longest wait for the event thread to take the copy (it does so between two batches).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the core looks for the answer meanwhile (it serves other connections between).
+const EXPORT_POLL: Duration = Duration::from_millis(2);
+
+/// The index as the event thread exports it.
+pub async fn snapshot(gw: &Gateway) -> Result<Reply, GatewayError> {
+    let Some(kv) = &gw.kv else {
+        return Err(GatewayError::new(404, "KV events are off (--kv-events)"));
+    };
+    let busy = || GatewayError::new(503, "the KV event thread is busy; try again");
+    let rx = kv.export().map_err(|_| busy())?;
+    let until = Instant::now() + EXPORT_TIMEOUT;
+    loop {
+        match rx.try_recv() {
+            Ok(Some(bytes)) => return Ok(Reply::bytes(200, bytes)),
+            Ok(None) => return Err(GatewayError::new(404, "no KV index to export")),
+            Err(TryRecvError::Disconnected) => return Err(busy()),
+            Err(TryRecvError::Empty) if Instant::now() >= until => return Err(busy()),
+            Err(TryRecvError::Empty) => monoio::time::sleep(EXPORT_POLL).await,
+        }
+    }
+}
