@@ -244,3 +244,40 @@ fn a_gateway_started_late_knows_what_the_servers_cached_before_it_from_their_rep
     let counts = gw.gateway().kv.as_ref().unwrap().intake_counts();
     assert!(counts.replayed_batches >= 6, "{counts:?}");
 }
+
+#[test]
+fn workers_added_at_run_time_are_subscribed_and_removed_ones_dropped() {
+    let c = kv_sim(2, 400_000);
+    let all = urls(&c);
+    let gw = gateway_for(&all[..1], &["--kv-events", "--policy", "cache_aware"]);
+    wait_warm(&gw, 1);
+    let r = request(
+        gw.addr,
+        "POST",
+        &format!("/add_worker?url={}", all[1]),
+        &[],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_warm(&gw, 2);
+    let ids = prompt(600, 64);
+    prefill_directly(&c, 1, &ids);
+    wait_until("the new worker's blocks in the index", LIMIT, || {
+        (indexed_blocks(&gw, &c, c.ports()[1], &ids) == 16).then_some(())
+    });
+    assert_eq!(route(&gw, &ids), c.ports()[1]);
+    remove_worker(gw.addr, &all[1]);
+    let kv = gw.gateway().kv.as_ref().unwrap();
+    wait_until("the removed worker's publisher dropped", LIMIT, || {
+        // Worker 0 never published a block, so the index knows no source of it.
+        (kv.exact_workers().len() == 1 && kv.stats.sources() == 0).then_some(())
+    });
+    // Its blocks are gone from the index too.
+    let snap = kv.reader.load();
+    let mut scratch = Default::default();
+    assert!(snap
+        .match_prefix(MODEL, &ids, &mut scratch)
+        .iter()
+        .all(|m| m.blocks == 0));
+}
