@@ -10,6 +10,7 @@
 //! pyzmq and msgpack), else `.venv-test/` or `.venv/` when they have both modules. Without one
 //! the tests skip, except under CI=true, where they fail.
 
+mod common;
 use crossbeam::channel::{self, Receiver};
 use radixgate::kv::endpoint::TcpEndpoint;
 use radixgate::kv::intake::{
@@ -486,4 +487,78 @@ fn a_warm_start_replays_what_the_publisher_buffered_before_the_subscription() {
         }
     }
     assert_eq!(intake.counts().resets, 0);
+}
+
+/// The whole gateway against the Python publisher, endpoints given by flags
+/// (`--kv-events-endpoints`, `--kv-events-replay-endpoints`) for a simulated worker that
+/// publishes nothing itself: the publisher's batches reach the index (array and map forms), a
+/// batch the live stream never carried is fetched from the replay socket (without it the last
+/// batch's parent would be unknown and dropped), and the prompt is routed to that worker.
+#[test]
+fn the_gateway_routes_on_a_foreign_publisher_named_by_flags_and_fills_its_gap() {
+    let Some(py) = python() else { return };
+    let mut f = Fixture::start(&py);
+    let cluster = common::sim(2, |_| {});
+    let urls: Vec<String> = cluster
+        .ports()
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
+    let live = format!("{}={}", urls[1], f.live.url());
+    let replay = format!("{}={}", urls[1], f.replay.url());
+    let gw = common::gateway_for(
+        &urls,
+        &[
+            "--kv-events",
+            "--policy",
+            "cache_aware",
+            "--kv-events-endpoints",
+            &live,
+            "--kv-events-replay-endpoints",
+            &replay,
+        ],
+    );
+    let kv = gw.gateway().kv.as_ref().unwrap();
+    common::wait_until("the publisher subscribed and warm", LIMIT, || {
+        (kv.exact_workers().len() == 1).then_some(())
+    });
+    // The live subscription may still be joining: probe until a batch is applied.
+    let start = Instant::now();
+    while kv.intake_counts().batches == 0 {
+        assert!(start.elapsed() < LIMIT, "no batch reached the gateway");
+        f.publish(cleared(), "array", false);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let tokens: Vec<u32> = (0..64).map(|i| 7000 + i).collect();
+    let stored = |hashes: std::ops::Range<i64>, parent: Option<i64>| {
+        let toks = &tokens[hashes.start as usize * 4..hashes.end as usize * 4];
+        serde_json::json!({"type": "BlockStored",
+            "block_hashes": hashes.map(serde_json::Value::from).collect::<Vec<_>>(),
+            "parent_block_hash": parent, "token_ids": toks, "block_size": 4,
+            "lora_id": null, "medium": null})
+    };
+    f.publish(serde_json::json!([stored(0..8, None)]), "array", false);
+    f.publish(serde_json::json!([stored(8..12, Some(7))]), "map", true);
+    f.publish(
+        serde_json::json!([stored(12..16, Some(11))]),
+        "array",
+        false,
+    );
+    let model = "meta-llama/Llama-3.1-8B-Instruct";
+    common::wait_until("all 16 blocks in the index", LIMIT, || {
+        let snap = kv.reader.load();
+        let mut scratch = Default::default();
+        let m = snap.match_prefix(model, &tokens, &mut scratch);
+        (m.len() == 1 && m[0].blocks == 16).then_some(())
+    });
+    assert!(kv.intake_counts().replayed_batches >= 1);
+    let body = serde_json::to_vec(&serde_json::json!({
+        "input_ids": tokens, "sampling_params": {"max_new_tokens": 1}
+    }))
+    .unwrap();
+    for _ in 0..5 {
+        let r = common::generate(gw.addr, &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(common::served_by(&r), cluster.ports()[1]);
+    }
 }
