@@ -18,5 +18,6 @@ pub mod proxy;
 pub mod route;
 pub mod runtime;
 pub mod serve;
+pub mod tokenize;
 pub mod tree;
 pub mod workers;

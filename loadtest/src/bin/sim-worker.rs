@@ -4,6 +4,8 @@
 //! sim-worker --ports 31000-31003 --time-scale 10 --tokenizer approx
 //! sim-worker --ports 31000-31001 --page-size 16 \
 //!     --kv-events-config '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:6557"}'
+//! sim-worker --write-tokenizer /tmp/cl100k-llama3     # the `bpe` tokenizer as a HF folder, then exit
+//! sim-worker --ports 31000-31001 --tokenizer-path /tmp/cl100k-llama3
 //! ```
 //! Prints `sim-worker listening on HOST:PORT` per port once bound (and, with KV events,
 //! `sim-worker kv events for HOST:PORT on ENDPOINT replay REPLAY`), runs until SIGINT/SIGTERM,
@@ -61,6 +63,17 @@ struct Args {
     /// Tokenizer: real BPE (cl100k + Llama-3 template) or the cheap approximation.
     #[arg(long, value_enum, default_value = "bpe")]
     tokenizer: TokenizerArg,
+    /// Tokenize with this HF tokenizer instead (a tokenizer.json, or a model folder with
+    /// tokenizer_config.json / chat_template.jinja), using the gateway's own tokenizer code, so
+    /// a gateway given the same path computes the same token ids. Overrides --tokenizer.
+    #[arg(long)]
+    tokenizer_path: Option<std::path::PathBuf>,
+    /// Write the `bpe` tokenizer as a HF model folder (tokenizer.json: cl100k as byte-level BPE
+    /// with Llama-3's special tokens at 128000+; tokenizer_config.json: the Llama-3 chat template
+    /// the simulator renders) into DIR and exit. Pass DIR as --tokenizer-path to gateway and
+    /// simulators alike.
+    #[arg(long, value_name = "DIR")]
+    write_tokenizer: Option<std::path::PathBuf>,
     /// Fixed duration of every forward, virtual ms (overrides the cost model).
     #[arg(long)]
     token_interval_ms: Option<f64>,
@@ -147,6 +160,18 @@ fn block_signals() -> libc::sigset_t {
 
 fn main() -> ExitCode {
     let a = Args::parse();
+    if let Some(dir) = &a.write_tokenizer {
+        return match loadtest::sim::hf_export::write_cl100k_folder(dir) {
+            Ok(()) => {
+                println!("sim-worker wrote tokenizer folder {}", dir.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sim-worker: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cfg = SimConfig {
         ports: a.ports.0,
         host: a.host,
@@ -160,6 +185,7 @@ fn main() -> ExitCode {
             TokenizerArg::Bpe => TokenizerMode::Bpe,
             TokenizerArg::Approx => TokenizerMode::Approx,
         },
+        tokenizer_path: a.tokenizer_path,
         token_interval_ms: a.token_interval_ms,
         default_max_tokens: a.default_max_tokens,
         seed: a.seed,
@@ -246,5 +272,25 @@ mod tests {
             .unwrap()
             .kv_events_config
             .is_none());
+    }
+
+    #[test]
+    fn tokenizer_flags() {
+        let a = Args::try_parse_from([
+            "sim-worker",
+            "--tokenizer-path",
+            "/m",
+            "--write-tokenizer",
+            "/d",
+        ])
+        .unwrap();
+        assert_eq!(
+            a.tokenizer_path.as_deref(),
+            Some(std::path::Path::new("/m"))
+        );
+        assert_eq!(
+            a.write_tokenizer.as_deref(),
+            Some(std::path::Path::new("/d"))
+        );
     }
 }

@@ -136,7 +136,7 @@ pub fn parse_inference(
         }
         Endpoint::Chat => {
             let max = max_tokens_field(&v, &["max_completion_tokens", "max_tokens"], default_max)?;
-            (vec![chat_prompt(&v, tok)?], max)
+            (vec![chat_prompt(&v, body, tok)?], max)
         }
         Endpoint::Completions => {
             let max = max_tokens_field(&v, &["max_tokens"], default_max)?;
@@ -163,23 +163,23 @@ pub fn parse_inference(
 }
 
 /// The token ids of one text prompt.
-fn encode(tok: &SimTokenizer, text: &str) -> Vec<u32> {
+fn encode(tok: &SimTokenizer, text: &str) -> Result<Vec<u32>, ApiError> {
     let mut ids = Vec::new();
-    tok.encode_prompt(text, &mut ids);
-    ids
+    tok.encode_prompt(text, &mut ids).map_err(ApiError::new)?;
+    Ok(ids)
 }
 
 /// `/generate` prompts: `text` (a string or a list of strings) or `input_ids` (a list of ids or
 /// a list of lists), exactly one of the two.
 fn generate_prompts(v: &Value, tok: &SimTokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
     match (v.get("text"), v.get("input_ids")) {
-        (Some(Value::String(s)), None) => Ok(vec![encode(tok, s)]),
+        (Some(Value::String(s)), None) => Ok(vec![encode(tok, s)?]),
         (Some(Value::Array(list)), None) => list
             .iter()
             .map(|s| {
                 s.as_str()
-                    .map(|s| encode(tok, s))
                     .ok_or_else(|| ApiError::new("text must be a string or a list of strings"))
+                    .and_then(|s| encode(tok, s))
             })
             .collect(),
         (None, Some(ids)) => input_id_prompts(ids),
@@ -210,8 +210,14 @@ fn input_id_prompts(ids: &Value) -> Result<Vec<Vec<u32>>, ApiError> {
         .collect()
 }
 
-/// The chat prompt: `messages` (non-empty, each with a string role) through the chat template.
-fn chat_prompt(v: &Value, tok: &SimTokenizer) -> Result<Vec<u32>, ApiError> {
+/// The chat prompt: `messages` (non-empty, each with a string role) through the chat template
+/// (with `--tokenizer-path`: the raw body through the gateway's tokenizer and its template).
+fn chat_prompt(v: &Value, body: &[u8], tok: &SimTokenizer) -> Result<Vec<u32>, ApiError> {
+    let mut ids = Vec::new();
+    if let Some(r) = tok.hf_chat(body, &mut ids) {
+        r.map_err(ApiError::new)?;
+        return Ok(ids);
+    }
     let msgs = v
         .get("messages")
         .and_then(Value::as_array)
@@ -231,7 +237,6 @@ fn chat_prompt(v: &Value, tok: &SimTokenizer) -> Result<Vec<u32>, ApiError> {
         .iter()
         .map(|(role, c)| ChatTurn { role, content: c })
         .collect();
-    let mut ids = Vec::new();
     tok.encode_chat(&turns, &mut ids);
     Ok(ids)
 }
@@ -241,14 +246,14 @@ fn chat_prompt(v: &Value, tok: &SimTokenizer) -> Result<Vec<u32>, ApiError> {
 fn completion_prompts(v: &Value, tok: &SimTokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
     const SHAPE: &str = "prompt must be a string, a list of strings or token ids";
     match v.get("prompt") {
-        Some(Value::String(s)) => Ok(vec![encode(tok, s)]),
+        Some(Value::String(s)) => Ok(vec![encode(tok, s)?]),
         Some(p @ Value::Array(list)) => {
             if let Some(one) = token_ids(p).filter(|ids| !ids.is_empty()) {
                 return Ok(vec![one]);
             }
             list.iter()
                 .map(|item| match item.as_str() {
-                    Some(s) => Ok(encode(tok, s)),
+                    Some(s) => encode(tok, s),
                     None => token_ids(item).ok_or_else(|| ApiError::new(SHAPE)),
                 })
                 .collect()

@@ -554,3 +554,68 @@ fn explicit_legacy_driver_and_config_validation() {
     })
     .is_err());
 }
+
+/// `--tokenizer-path`: the worker tokenizes with the gateway's own code, so the prompt tokens it
+/// reports for a chat are the gateway's `chat_ids`, and its answers re-tokenize to what it
+/// generated.
+#[test]
+fn tokenizer_path_agrees_with_the_gateway() {
+    use radixgate::tokenize::{folder, SegmentCache, Tokenizer};
+    use std::sync::Arc;
+
+    let dir = std::env::temp_dir().join(format!("radixgate-sim-tok-{}", std::process::id()));
+    folder::small_llama3_folder(&dir).unwrap();
+    let c = cluster(SimConfig {
+        tokenizer_path: Some(dir.clone()),
+        token_interval_ms: Some(1.0),
+        ..SimConfig::default()
+    });
+    let port = c.ports()[0];
+    let gw = Arc::new(Tokenizer::from_path(&dir).unwrap());
+    let mut cache = SegmentCache::new(gw.clone(), 1 << 16);
+    let body = serde_json::json!({"messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Hello there <|eot_id|> how are you?"},
+        {"role": "assistant", "content": "Fine, thank you."},
+        {"role": "user", "content": [{"type": "text", "text": "Tell me"}, {"type": "text", "text": "a story."}]}
+    ], "max_tokens": 12})
+    .to_string();
+    let v = call(port, "POST", "/v1/chat/completions", &body).json();
+    let mut ids = Vec::new();
+    cache.chat_ids(body.as_bytes(), &mut ids).unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len(), "{v}");
+    let answer = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(gw.encode(answer, false).unwrap().len(), 12, "{answer:?}");
+
+    let prompt = "Once upon a time, the tokens were cached.";
+    let v = call(
+        port,
+        "POST",
+        "/v1/completions",
+        &serde_json::json!({"prompt": prompt, "max_tokens": 2}).to_string(),
+    )
+    .json();
+    let mut ids = Vec::new();
+    cache.text_ids(prompt, &mut ids).unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len(), "{v}");
+    assert_eq!(ids[0], folder::LLAMA3_FIRST_SPECIAL);
+
+    let info = call(port, "GET", "/get_server_info", "").json();
+    assert_eq!(info["simulator"]["tokenizer"], "hf");
+    assert_eq!(info["tokenizer_path"], dir.display().to_string());
+    let bad = call(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"wizard","content":"x"}]}"#,
+    );
+    assert_eq!(bad.status, 400);
+    c.shutdown();
+
+    let missing = spawn_cluster(SimConfig {
+        tokenizer_path: Some(dir.join("nope")),
+        ..SimConfig::default()
+    });
+    assert!(missing.is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}

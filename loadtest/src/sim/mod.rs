@@ -18,6 +18,7 @@
 pub mod api;
 pub mod cost;
 pub mod engine;
+pub mod hf_export;
 pub mod kv_events;
 pub mod metrics;
 pub mod radix;
@@ -91,6 +92,9 @@ pub struct SimConfig {
     pub time_scale: f64,
     /// Real BPE or the cheap approximation.
     pub tokenizer: TokenizerMode,
+    /// `--tokenizer-path`: a HF tokenizer file or model folder, tokenized with the gateway's
+    /// own code (`radixgate::tokenize`); replaces `tokenizer` when set.
+    pub tokenizer_path: Option<std::path::PathBuf>,
     /// Fixed duration of every forward in virtual ms, replacing the cost model (SSE pacing
     /// tests).
     pub token_interval_ms: Option<f64>,
@@ -120,6 +124,7 @@ impl Default for SimConfig {
             max_running: 256,
             time_scale: 1.0,
             tokenizer: TokenizerMode::Bpe,
+            tokenizer_path: None,
             token_interval_ms: None,
             default_max_tokens: 128,
             seed: 0,

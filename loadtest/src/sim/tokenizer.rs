@@ -18,11 +18,20 @@
 //!   roughly the same token counts for English; no real merges.
 //!   Both modes use the same template, special ids and BOS.
 //!
+//! With `--tokenizer-path` the worker instead tokenizes with the gateway's own code
+//! (`radixgate::tokenize`: HF `tokenizers` and the model folder's chat template, through a
+//! segment cache), so a gateway given the same folder computes the very ids the worker caches
+//! and publishes in its KV events. `sim-worker --write-tokenizer DIR` writes the `Bpe` mode as
+//! such a folder (`hf_export`).
+//!
 //! Generated answers are drawn from a fixed list of short English words that are exactly one
 //! token in the active mode, so re-tokenizing a reply reproduces the generated ids.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use radixgate::tokenize::{SegmentCache, Tokenizer};
 use tiktoken_rs::CoreBPE;
 
 /// Which tokenizer the worker uses.
@@ -315,10 +324,15 @@ pub struct ChatTurn<'a> {
     pub content: &'a str,
 }
 
+/// Token ids a HF tokenizer's segment cache holds at most in the worker.
+const HF_CACHE_TOKENS: usize = 1 << 20;
+
 /// The worker's tokenizer: prompt encoding, chat template, and the output vocabulary.
 pub struct SimTokenizer {
     mode: TokenizerMode,
     bpe: Option<&'static CoreBPE>,
+    /// `--tokenizer-path`: the gateway's tokenizer, in place of `mode`.
+    hf: Option<RefCell<SegmentCache>>,
     /// `(token id, text)` of each output word, text with its leading space.
     out_words: Vec<(u32, String)>,
     out_index: HashMap<u32, usize>,
@@ -328,6 +342,7 @@ impl std::fmt::Debug for SimTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimTokenizer")
             .field("mode", &self.mode)
+            .field("hf", &self.hf.is_some())
             .field("output_words", &self.out_words.len())
             .finish()
     }
@@ -343,9 +358,57 @@ impl SimTokenizer {
         let mut t = SimTokenizer {
             mode,
             bpe,
+            hf: None,
             out_words: Vec::new(),
             out_index: HashMap::new(),
         };
+        t.pick_output_words();
+        t
+    }
+
+    /// A worker tokenizing with the gateway's tokenizer (`--tokenizer-path`). Output words are
+    /// those that are one token in it (a real 100k+ vocabulary keeps ~250 of them; a tiny test
+    /// vocabulary a handful); a vocabulary with fewer than 4 is refused.
+    pub fn with_hf(tok: Arc<Tokenizer>) -> Result<Self, String> {
+        let mut t = SimTokenizer {
+            mode: TokenizerMode::Bpe,
+            bpe: None,
+            hf: Some(RefCell::new(SegmentCache::new(tok, HF_CACHE_TOKENS))),
+            out_words: Vec::new(),
+            out_index: HashMap::new(),
+        };
+        t.pick_output_words();
+        if t.out_words.len() < 4 {
+            return Err(format!(
+                "the tokenizer has only {} one-token answer words (at least 4 needed)",
+                t.out_words.len()
+            ));
+        }
+        Ok(t)
+    }
+
+    /// The tokenizer `--tokenizer-path` names, or the built-in `mode`.
+    pub fn from_config(
+        mode: TokenizerMode,
+        path: Option<&std::path::Path>,
+    ) -> Result<Self, String> {
+        match path {
+            None => Ok(SimTokenizer::new(mode)),
+            Some(p) => {
+                let tok = Tokenizer::from_path(p).map_err(|e| e.to_string())?;
+                SimTokenizer::with_hf(Arc::new(tok))
+            }
+        }
+    }
+
+    /// Whether prompts go through a HF tokenizer (`--tokenizer-path`).
+    pub fn is_hf(&self) -> bool {
+        self.hf.is_some()
+    }
+
+    /// Keeps each candidate word whose `" word"` is exactly one token, once per id.
+    fn pick_output_words(&mut self) {
+        let t = self;
         let mut ids = Vec::new();
         for w in WORDS {
             let text = format!(" {w}");
@@ -356,7 +419,6 @@ impl SimTokenizer {
                 t.out_words.push((ids[0], text));
             }
         }
-        t
     }
 
     /// The active mode.
@@ -386,8 +448,15 @@ impl SimTokenizer {
         s
     }
 
-    /// Encode text without special tokens.
+    /// Encode text without special tokens (with a HF tokenizer: as its `encode(text, false)`;
+    /// text it refuses encodes to nothing).
     pub fn encode_plain(&self, text: &str, out: &mut Vec<u32>) {
+        if let Some(hf) = &self.hf {
+            if let Ok(ids) = hf.borrow().tokenizer().encode(text, false) {
+                out.extend(ids);
+            }
+            return;
+        }
         match self.bpe {
             Some(bpe) => out.extend(bpe.encode_ordinary(text)),
             None => approx_encode(text, out),
@@ -395,10 +464,29 @@ impl SimTokenizer {
     }
 
     /// Encode a raw prompt (`/generate` text, `/v1/completions` prompt): BOS + text, as the
-    /// Llama-3 tokenizer does with `add_special_tokens`.
-    pub fn encode_prompt(&self, text: &str, out: &mut Vec<u32>) {
+    /// Llama-3 tokenizer does with `add_special_tokens` (a HF tokenizer: its post-processor's
+    /// special tokens). Errors only with a HF tokenizer (text over its limits).
+    pub fn encode_prompt(&self, text: &str, out: &mut Vec<u32>) -> Result<(), String> {
+        if let Some(hf) = &self.hf {
+            return hf
+                .borrow_mut()
+                .text_ids(text, out)
+                .map_err(|e| e.to_string());
+        }
         out.push(BOS);
         self.encode_plain(text, out);
+        Ok(())
+    }
+
+    /// A chat body through the HF tokenizer's chat template, as the gateway tokenizes it;
+    /// `None` without `--tokenizer-path` (the caller then uses [`SimTokenizer::encode_chat`]).
+    pub fn hf_chat(&self, body: &[u8], out: &mut Vec<u32>) -> Option<Result<(), String>> {
+        let hf = self.hf.as_ref()?;
+        Some(
+            hf.borrow_mut()
+                .chat_ids(body, out)
+                .map_err(|e| e.to_string()),
+        )
     }
 
     /// Render chat messages through the Llama-3 template and encode them:
@@ -414,7 +502,12 @@ impl SimTokenizer {
             out.push(END_HEADER);
             body.clear();
             body.push_str("\n\n");
-            body.push_str(t.content.trim());
+            // Jinja's `trim` is Python's `str.strip()`: Unicode whitespace plus U+001C..U+001F.
+            body.push_str(
+                t.content.trim_matches(|c: char| {
+                    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+                }),
+            );
             self.encode_plain(&body, out);
             out.push(EOT);
         }

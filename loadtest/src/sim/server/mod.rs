@@ -358,7 +358,14 @@ async fn serve(
 ) {
     let mut kv = kv.into_iter();
     // Built before reporting ready, so the first request does not pay for the vocabulary.
-    let tok = Rc::new(SimTokenizer::new(cfg.tokenizer));
+    let tok = match SimTokenizer::from_config(cfg.tokenizer, cfg.tokenizer_path.as_deref()) {
+        Ok(t) => Rc::new(t),
+        Err(e) => {
+            let msg = format!("tokenizer: {e}");
+            let _ = ready.send(Err(io::Error::other(msg)));
+            return;
+        }
+    };
     let mut servers = Vec::with_capacity(listeners.len());
     let mut registered = Vec::with_capacity(listeners.len());
     for std_l in listeners {

@@ -210,12 +210,17 @@ fn model_info(sh: &Server) -> Value {
 fn server_info(sh: &Server) -> Value {
     let c = &sh.cfg;
     let e = sh.engine.borrow();
-    let tokenizer = match c.tokenizer {
-        TokenizerMode::Bpe => "bpe",
-        TokenizerMode::Approx => "approx",
+    let tokenizer = match (c.tokenizer_path.is_some(), c.tokenizer) {
+        (true, _) => "hf",
+        (false, TokenizerMode::Bpe) => "bpe",
+        (false, TokenizerMode::Approx) => "approx",
+    };
+    let tokenizer_path = match &c.tokenizer_path {
+        Some(p) => p.display().to_string(),
+        None => c.model_name.clone(),
     };
     json!({
-        "model_path": c.model_name, "tokenizer_path": c.model_name, "served_model_name": c.model_name,
+        "model_path": c.model_name, "tokenizer_path": tokenizer_path, "served_model_name": c.model_name,
         "host": c.host, "port": sh.port, "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1,
         "page_size": c.page_size, "chunked_prefill_size": c.chunked_prefill_size,
         "max_prefill_tokens": 16384, "max_running_requests": c.max_running,

@@ -1,0 +1,710 @@
+//! The gateway's tokenizer: a request's prompt as the server's token ids, so routing can match
+//! what each server actually caches (KV events carry token ids, never text).
+//!
+//! [`Tokenizer`] loads a HF `tokenizer.json` (+ `tokenizer_config.json` / `chat_template.jinja`
+//! of a model folder, as `--tokenizer-path` names them) once and is shared by every core.
+//! [`SegmentCache`] (one per core, no locks) turns a request into ids:
+//!
+//! - `/v1/chat/completions`: the body's messages through the model's chat template, rendered as
+//!   SGLang renders it (see `request` and `template`), then encoded without special tokens
+//!   (the template writes them as text; SGLang encodes with `add_special_tokens=False`);
+//! - `/v1/completions` `prompt` and `/generate` `text`: encoded with special tokens (BOS from
+//!   the tokenizer's post-processor), as SGLang does.
+//!
+//! **The cache is exact by construction.** `tokenizers` first cuts the text at every added
+//! token that is not normalized (leftmost-longest), then encodes each piece between them on its
+//! own. The cache cuts the same way (`split`), looks each piece up by its 64-bit xxh3 and length,
+//! encodes only pieces it has not seen, and concatenates — the very ids a whole-text encode
+//! gives. Chat templates put special tokens between messages, so turn k+1 of a conversation
+//! encodes only its new messages. A tokenizer whose cut this module cannot reproduce (an added
+//! token with `single_word`, a `Metaspace` pre-tokenizer that prepends only to the first piece,
+//! BPE dropout) is encoded whole, uncached, with the same results.
+//!
+//! **Bounded.** A chat body over [`Limits::max_body_bytes`], a rendered prompt or text over
+//! [`Limits::max_text_bytes`], or a run of more than [`Limits::max_word_bytes`] bytes without
+//! whitespace is refused with [`TokenizeError::TooLarge`] before any encoding; the template runs
+//! on a fuel budget ([`Limits::template_fuel`]). The cache holds at most its configured number
+//! of token ids. Every refusal is a [`TokenizeError`], which sends the caller back to the text
+//! tree; nothing here panics on request input.
+
+pub mod folder;
+mod pyjson;
+mod request;
+mod split;
+mod template;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use minijinja::value::Value;
+use serde_json::Value as JsonValue;
+use xxhash_rust::xxh3::xxh3_64;
+
+use split::{Added, Piece, Splitter};
+use template::ChatTemplate;
+
+/// Size and time bounds of one tokenization. The defaults keep the worst case (4 MiB of text
+/// at the measured ~70 µs/KiB) around a third of a second on one core; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest `/v1/chat/completions` body parsed (bytes). Default 8 MiB.
+    pub max_body_bytes: usize,
+    /// Largest text encoded: a rendered chat prompt, a completions prompt (bytes). Default 4 MiB.
+    pub max_text_bytes: usize,
+    /// Longest run without whitespace encoded (bytes). A pre-tokenizer keeps such a run as one
+    /// word, and BPE's merge loop on one word costs more than linear time; prose never comes
+    /// close. Default 64 KiB.
+    pub max_word_bytes: usize,
+    /// Instructions one chat-template render may execute (minijinja fuel). Default 20 million
+    /// (a 4k-token, 20-message chat takes about ten thousand).
+    pub template_fuel: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 8 << 20,
+            max_text_bytes: 4 << 20,
+            max_word_bytes: 64 << 10,
+            template_fuel: 20_000_000,
+        }
+    }
+}
+
+/// Why a tokenizer could not be loaded (start-up errors, shown to the operator).
+#[derive(Debug)]
+pub enum LoadError {
+    /// A file could not be read.
+    Io(PathBuf, std::io::Error),
+    /// The folder has no `tokenizer.json`.
+    NoTokenizerJson(PathBuf),
+    /// `tokenizer.json` is not a tokenizer `tokenizers` can load.
+    Tokenizer(String),
+    /// `tokenizer_config.json` is not valid.
+    Config(String),
+    /// The chat template does not compile.
+    Template(String),
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Io(p, e) => write!(f, "cannot read {}: {e}", p.display()),
+            LoadError::NoTokenizerJson(p) => {
+                write!(f, "{} holds no tokenizer.json", p.display())
+            }
+            LoadError::Tokenizer(e) => write!(f, "tokenizer.json: {e}"),
+            LoadError::Config(e) => write!(f, "tokenizer_config.json: {e}"),
+            LoadError::Template(e) => write!(f, "chat template: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// Why a request was not tokenized; the caller routes it by the text tree instead. Messages
+/// are short and say why (they end up in logs, never in a client's answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenizeError {
+    /// Over a [`Limits`] bound: body, rendered text, or a run without whitespace.
+    TooLarge,
+    /// A chat request, but the tokenizer has no chat template.
+    NoChatTemplate,
+    /// The template refused the request (`raise_exception`) or failed while rendering.
+    Template(String),
+    /// The body is not a chat request SGLang would accept (bad JSON, no messages, …).
+    BadRequest(String),
+    /// `tokenizers` failed on the text.
+    Encode(String),
+}
+
+impl TokenizeError {
+    /// A fixed label per kind, for a metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TokenizeError::TooLarge => "too_large",
+            TokenizeError::NoChatTemplate => "no_chat_template",
+            TokenizeError::Template(_) => "template",
+            TokenizeError::BadRequest(_) => "bad_request",
+            TokenizeError::Encode(_) => "encode",
+        }
+    }
+}
+
+impl std::fmt::Display for TokenizeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenizeError::TooLarge => f.write_str("prompt over the tokenizer's size limits"),
+            TokenizeError::NoChatTemplate => f.write_str("the tokenizer has no chat template"),
+            TokenizeError::Template(e) => write!(f, "chat template: {e}"),
+            TokenizeError::BadRequest(e) => write!(f, "not a chat request: {e}"),
+            TokenizeError::Encode(e) => write!(f, "encoding failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for TokenizeError {}
+
+/// A loaded tokenizer and chat template: immutable, `Send + Sync`, loaded once and shared by
+/// every core as an `Arc`.
+pub struct Tokenizer {
+    hf: tokenizers::Tokenizer,
+    /// The added-token cut, when it reproduces `tokenizers`' exactly (else: whole-text encodes).
+    splitter: Option<Splitter>,
+    /// Ids the post-processor puts before / after a single sequence (`add_special_tokens`),
+    /// when it only adds fixed ids around it.
+    affixes: Option<(Vec<u32>, Vec<u32>)>,
+    template: Option<ChatTemplate>,
+    /// The template iterates over content parts (SGLang's "openai" content format).
+    content_parts: bool,
+    /// `bos_token`, `eos_token`, … as the template sees them.
+    special_vars: Vec<(String, String)>,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("segment_cacheable", &self.splitter.is_some())
+            .field("chat_template", &self.template.is_some())
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
+    std::fs::read(path).map_err(|e| LoadError::Io(path.to_path_buf(), e))
+}
+
+/// A special token in `tokenizer_config.json`: a string, or an added-token object.
+fn token_text(v: &JsonValue) -> Option<String> {
+    match v {
+        JsonValue::String(s) => Some(s.clone()),
+        JsonValue::Object(o) => o
+            .get("content")
+            .and_then(JsonValue::as_str)
+            .map(str::to_string),
+        _ => None,
+    }
+}
+
+/// Whether any pre-tokenizer in `v` is a `Metaspace` that prepends only to the first piece
+/// (it looks at the piece's offset in the whole text, which a piece encoded alone lacks).
+fn has_first_only_metaspace(v: &JsonValue) -> bool {
+    match v {
+        JsonValue::Object(o) => {
+            let first = o.get("type").and_then(JsonValue::as_str) == Some("Metaspace")
+                && o.get("prepend_scheme").and_then(JsonValue::as_str) == Some("first");
+            first || o.values().any(has_first_only_metaspace)
+        }
+        JsonValue::Array(a) => a.iter().any(has_first_only_metaspace),
+        _ => false,
+    }
+}
+
+/// Whether the post-processor only puts fixed ids around a single sequence.
+fn affix_only(v: &JsonValue) -> bool {
+    match v.get("type").and_then(JsonValue::as_str) {
+        Some("TemplateProcessing" | "BertProcessing" | "RobertaProcessing" | "ByteLevel") => true,
+        Some("Sequence") => v
+            .get("processors")
+            .and_then(JsonValue::as_array)
+            .is_some_and(|ps| ps.iter().all(affix_only)),
+        _ => false,
+    }
+}
+
+impl Tokenizer {
+    /// Loads `path`: a `tokenizer.json` file, or a model folder holding one. The chat template
+    /// and special tokens come from the same folder: `chat_template.jinja` if present, else
+    /// `tokenizer_config.json`'s `chat_template` (a string, or a list of `{name, template}` of
+    /// which `default` is used); `bos_token` / `eos_token` / … from `tokenizer_config.json`
+    /// (strings or `{"content": …}`), else `special_tokens_map.json`.
+    pub fn from_path(path: &Path) -> Result<Tokenizer, LoadError> {
+        Tokenizer::from_path_with(path, Limits::default())
+    }
+
+    /// [`Tokenizer::from_path`] with other bounds.
+    pub fn from_path_with(path: &Path, limits: Limits) -> Result<Tokenizer, LoadError> {
+        let (file, dir) = if path.is_dir() {
+            let f = path.join("tokenizer.json");
+            if !f.is_file() {
+                return Err(LoadError::NoTokenizerJson(path.to_path_buf()));
+            }
+            (f, path.to_path_buf())
+        } else {
+            let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            (path.to_path_buf(), dir)
+        };
+        let bytes = read(&file)?;
+        let raw: JsonValue =
+            serde_json::from_slice(&bytes).map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+        let mut hf = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+        // SGLang (transformers) never truncates or pads a prompt it is asked to encode.
+        hf.with_truncation(None)
+            .map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+        hf.with_padding(None);
+
+        let config: JsonValue = match read(&dir.join("tokenizer_config.json")) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| LoadError::Config(e.to_string()))?,
+            Err(LoadError::Io(_, e)) if e.kind() == std::io::ErrorKind::NotFound => JsonValue::Null,
+            Err(e) => return Err(e),
+        };
+        let template_src = match read(&dir.join("chat_template.jinja")) {
+            Ok(b) => Some(
+                String::from_utf8(b)
+                    .map_err(|_| LoadError::Template("chat_template.jinja is not UTF-8".into()))?,
+            ),
+            Err(LoadError::Io(_, e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                match config.get("chat_template") {
+                    None | Some(JsonValue::Null) => None,
+                    Some(JsonValue::String(s)) => Some(s.clone()),
+                    Some(JsonValue::Array(list)) => list
+                        .iter()
+                        .find(|t| t.get("name").and_then(JsonValue::as_str) == Some("default"))
+                        .and_then(|t| t.get("template"))
+                        .and_then(JsonValue::as_str)
+                        .map(str::to_string),
+                    Some(_) => {
+                        return Err(LoadError::Config(
+                            "chat_template must be a string or a list".into(),
+                        ))
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let template = template_src
+            .as_deref()
+            .map(|s| ChatTemplate::new(s, limits.template_fuel))
+            .transpose()
+            .map_err(LoadError::Template)?;
+        let content_parts = template_src
+            .as_deref()
+            .is_some_and(request::wants_content_parts);
+
+        let special_map: JsonValue = match read(&dir.join("special_tokens_map.json")) {
+            Ok(b) => serde_json::from_slice(&b).unwrap_or(JsonValue::Null),
+            Err(_) => JsonValue::Null,
+        };
+        let mut special_vars = Vec::new();
+        for name in [
+            "bos_token",
+            "eos_token",
+            "unk_token",
+            "sep_token",
+            "pad_token",
+            "cls_token",
+            "mask_token",
+        ] {
+            let v = config
+                .get(name)
+                .and_then(token_text)
+                .or_else(|| special_map.get(name).and_then(token_text));
+            if let Some(v) = v {
+                special_vars.push((name.to_string(), v));
+            }
+        }
+
+        // The added-token cut (see `split`): reproducible unless a non-normalized added token
+        // uses `single_word`, a Metaspace prepends to the first piece only, or BPE drops out.
+        let encode_specials = hf.get_encode_special_tokens();
+        let mut added = Vec::new();
+        let mut reproducible =
+            !has_first_only_metaspace(raw.get("pre_tokenizer").unwrap_or(&JsonValue::Null))
+                && raw
+                    .get("model")
+                    .and_then(|m| m.get("dropout"))
+                    .is_none_or(|d| d.is_null() || d.as_f64() == Some(0.0));
+        let mut decoder: Vec<(u32, tokenizers::AddedToken)> =
+            hf.get_added_tokens_decoder().into_iter().collect();
+        decoder.sort_by_key(|(id, _)| *id);
+        for (id, t) in decoder {
+            if t.normalized {
+                continue;
+            }
+            if t.single_word {
+                reproducible = false;
+            }
+            added.push(Added {
+                content: t.content,
+                id,
+                lstrip: t.lstrip,
+                rstrip: t.rstrip,
+                skip: encode_specials && t.special,
+            });
+        }
+        let splitter = if reproducible {
+            Some(Splitter::new(added).map_err(LoadError::Tokenizer)?)
+        } else {
+            None
+        };
+        let mut tok = Tokenizer {
+            hf,
+            splitter,
+            affixes: None,
+            template,
+            content_parts,
+            special_vars,
+            limits,
+        };
+        if raw
+            .get("post_processor")
+            .is_none_or(|p| p.is_null() || affix_only(p))
+        {
+            tok.affixes = tok.probe_affixes();
+        }
+        Ok(tok)
+    }
+
+    /// The ids the post-processor adds before and after a single sequence, found by encoding
+    /// probes with and without special tokens; `None` unless every probe agrees.
+    fn probe_affixes(&self) -> Option<(Vec<u32>, Vec<u32>)> {
+        let mut found: Option<(Vec<u32>, Vec<u32>)> = None;
+        for probe in ["a", "Hello world, 123!", " x\n\ny "] {
+            let with = self.hf.encode_fast(probe, true).ok()?.get_ids().to_vec();
+            let without = self.hf.encode_fast(probe, false).ok()?.get_ids().to_vec();
+            let extra = with.len().checked_sub(without.len())?;
+            let mut this = None;
+            for k in 0..=extra {
+                if with[k..k + without.len()] == without[..] {
+                    this = Some((with[..k].to_vec(), with[k + without.len()..].to_vec()));
+                    break;
+                }
+            }
+            let this = this?;
+            match &found {
+                None => found = Some(this),
+                Some(f) if *f == this => {}
+                Some(_) => return None,
+            }
+        }
+        found
+    }
+
+    /// Whether a chat template was found; without one, chat requests get
+    /// [`TokenizeError::NoChatTemplate`].
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// Whether [`SegmentCache`] caches per piece (else it encodes whole texts, uncached).
+    pub fn is_segment_cacheable(&self) -> bool {
+        self.splitter.is_some()
+    }
+
+    /// The bounds this tokenizer enforces.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The id of a token's text (`"<|eot_id|>"` → 128009), model or added vocabulary.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.hf.token_to_id(token)
+    }
+
+    /// Text of `ids` (special tokens kept), for tests and the simulator's answers.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizeError> {
+        self.hf
+            .decode(ids, false)
+            .map_err(|e| TokenizeError::Encode(e.to_string()))
+    }
+
+    /// The reference path: `tokenizers`' own encode of the whole text, uncached, with the same
+    /// bounds. `add_special_tokens` as in HF (BOS for Llama-style post-processors).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
+        self.check_text(text)?;
+        self.encode_raw(text, add_special_tokens)
+    }
+
+    fn encode_raw(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.hf.encode_fast(text, add_special_tokens)
+        }));
+        match r {
+            Ok(Ok(enc)) => Ok(enc.get_ids().to_vec()),
+            Ok(Err(e)) => Err(TokenizeError::Encode(e.to_string())),
+            Err(_) => Err(TokenizeError::Encode("tokenizer panicked".into())),
+        }
+    }
+
+    /// Size checks before any encoding: total bytes, and the longest run without whitespace.
+    fn check_text(&self, text: &str) -> Result<(), TokenizeError> {
+        if text.len() > self.limits.max_text_bytes {
+            return Err(TokenizeError::TooLarge);
+        }
+        self.check_words(text)
+    }
+
+    /// The longest run without whitespace in what one encoder call gets.
+    fn check_words(&self, text: &str) -> Result<(), TokenizeError> {
+        if text.len() > self.limits.max_word_bytes {
+            let mut run = 0usize;
+            for c in text.chars() {
+                if c.is_whitespace() {
+                    run = 0;
+                } else {
+                    run += c.len_utf8();
+                    if run > self.limits.max_word_bytes {
+                        return Err(TokenizeError::TooLarge);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The text a chat body renders to (template output plus any continued final message),
+    /// exactly what gets encoded.
+    pub fn render_chat(&self, body: &[u8]) -> Result<String, TokenizeError> {
+        if body.len() > self.limits.max_body_bytes {
+            return Err(TokenizeError::TooLarge);
+        }
+        let template = self
+            .template
+            .as_ref()
+            .ok_or(TokenizeError::NoChatTemplate)?;
+        let input = request::chat_input(body, self.content_parts)?;
+        let ctx = Value::from_pairs(
+            self.special_vars
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+                .chain(input.vars),
+        );
+        let rendered =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| template.render(ctx)))
+                .map_err(|_| TokenizeError::Template("template engine panicked".into()))?
+                .map_err(TokenizeError::Template)?;
+        let mut text = rendered;
+        if let Some(s) = input.suffix {
+            text.push_str(&s);
+        }
+        if text.len() > self.limits.max_text_bytes {
+            return Err(TokenizeError::TooLarge);
+        }
+        Ok(text)
+    }
+}
+
+/// Counters of one [`SegmentCache`], for metrics and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Pieces found in the cache.
+    pub hits: u64,
+    /// Pieces encoded (each one call into the encoder).
+    pub misses: u64,
+    /// Token ids held now.
+    pub cached_tokens: usize,
+    /// Pieces held now.
+    pub entries: usize,
+    /// Pieces evicted so far.
+    pub evicted: u64,
+    /// Texts encoded whole because the tokenizer's cut is not reproducible.
+    pub whole_encodes: u64,
+}
+
+/// Cache key: 64-bit xxh3 of a piece and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    hash: u64,
+    len: u32,
+}
+
+/// The key is already a hash: feed it through unchanged.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 ^= n;
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 ^= u64::from(n).rotate_left(32);
+    }
+}
+
+struct Entry {
+    ids: Box<[u32]>,
+    last_used: u64,
+}
+
+/// A core's piece → ids cache in front of a shared [`Tokenizer`]. Bounded by the number of
+/// token ids it holds: past the bound, the least recently used pieces go until it is at three
+/// quarters (one sort per eviction round, so the cost per insert stays constant). Pieces larger
+/// than an eighth of the bound are encoded but not kept. Not `Sync`: one per core.
+pub struct SegmentCache {
+    tok: Arc<Tokenizer>,
+    map: HashMap<Key, Entry, BuildHasherDefault<KeyHasher>>,
+    max_tokens: usize,
+    tick: u64,
+    stats: CacheStats,
+}
+
+impl std::fmt::Debug for SegmentCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentCache")
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl SegmentCache {
+    /// An empty cache holding at most `max_cached_tokens` ids (2^20 ≈ 4 MiB of ids plus about
+    /// 40 bytes per piece is a sensible per-core size).
+    pub fn new(tokenizer: Arc<Tokenizer>, max_cached_tokens: usize) -> SegmentCache {
+        SegmentCache {
+            tok: tokenizer,
+            map: HashMap::default(),
+            max_tokens: max_cached_tokens,
+            tick: 0,
+            stats: CacheStats::default(),
+        }
+    }
+
+    /// The tokenizer this cache serves.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tok
+    }
+
+    /// /v1/chat/completions body (the raw JSON bytes) → prompt token ids appended to `out`.
+    /// On error `out` is left as it was.
+    pub fn chat_ids(&mut self, body: &[u8], out: &mut Vec<u32>) -> Result<(), TokenizeError> {
+        let text = self.tok.render_chat(body)?;
+        self.encode_pieces(&text, out)
+    }
+
+    /// A plain prompt (completions `prompt` string, generate `text`) → ids appended to `out`,
+    /// with the tokenizer's special tokens (BOS) as SGLang adds them. On error `out` is left as
+    /// it was.
+    pub fn text_ids(&mut self, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizeError> {
+        let tok = Arc::clone(&self.tok);
+        match &tok.affixes {
+            Some((before, after)) if tok.splitter.is_some() && !text.is_empty() => {
+                let start = out.len();
+                out.extend_from_slice(before);
+                if let Err(e) = self.encode_pieces(text, out) {
+                    out.truncate(start);
+                    return Err(e);
+                }
+                out.extend_from_slice(after);
+                Ok(())
+            }
+            _ => {
+                tok.check_text(text)?;
+                self.stats.whole_encodes += 1;
+                out.extend(tok.encode_raw(text, true)?);
+                Ok(())
+            }
+        }
+    }
+
+    /// Counters (hits, misses, what is held).
+    pub fn stats(&self) -> CacheStats {
+        let mut s = self.stats;
+        s.entries = self.map.len();
+        s
+    }
+
+    /// Encodes `text` without special tokens: piece by piece through the cache when the cut is
+    /// reproducible, else whole.
+    fn encode_pieces(&mut self, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizeError> {
+        let tok = Arc::clone(&self.tok);
+        if text.len() > tok.limits.max_text_bytes {
+            return Err(TokenizeError::TooLarge);
+        }
+        let Some(splitter) = &tok.splitter else {
+            tok.check_words(text)?;
+            self.stats.whole_encodes += 1;
+            out.extend(tok.encode_raw(text, false)?);
+            return Ok(());
+        };
+        if text.is_empty() {
+            // `tokenizers` still runs the normalizer on an empty text; let it decide.
+            out.extend(tok.encode_raw(text, false)?);
+            return Ok(());
+        }
+        let start = out.len();
+        let r = splitter.split(text, |piece| match piece {
+            Piece::Token(id) => {
+                out.push(id);
+                Ok(())
+            }
+            Piece::Text(t) => self.piece(&tok, t, out),
+        });
+        if r.is_err() {
+            out.truncate(start);
+        }
+        r
+    }
+
+    /// One piece through the cache.
+    fn piece(
+        &mut self,
+        tok: &Tokenizer,
+        piece: &str,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizeError> {
+        self.tick += 1;
+        let key = Key {
+            hash: xxh3_64(piece.as_bytes()),
+            len: piece.len() as u32,
+        };
+        if let Some(e) = self.map.get_mut(&key) {
+            e.last_used = self.tick;
+            out.extend_from_slice(&e.ids);
+            self.stats.hits += 1;
+            return Ok(());
+        }
+        tok.check_words(piece)?;
+        self.stats.misses += 1;
+        let ids = tok.encode_raw(piece, false)?;
+        out.extend_from_slice(&ids);
+        if ids.len() <= self.max_tokens / 8 {
+            self.stats.cached_tokens += ids.len();
+            self.map.insert(
+                key,
+                Entry {
+                    ids: ids.into_boxed_slice(),
+                    last_used: self.tick,
+                },
+            );
+            if self.stats.cached_tokens > self.max_tokens {
+                self.evict();
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the least recently used pieces until at most three quarters of the bound is held.
+    fn evict(&mut self) {
+        let mut by_age: Vec<(u64, Key, usize)> = self
+            .map
+            .iter()
+            .map(|(k, e)| (e.last_used, *k, e.ids.len()))
+            .collect();
+        by_age.sort_unstable_by_key(|(t, _, _)| *t);
+        let target = self.max_tokens / 4 * 3;
+        for (_, k, n) in by_age {
+            if self.stats.cached_tokens <= target {
+                break;
+            }
+            self.map.remove(&k);
+            self.stats.cached_tokens -= n;
+            self.stats.evicted += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,111 @@
+//! Where `tokenizers` cuts a text before it encodes anything: at every occurrence of an added
+//! token whose `normalized` flag is false, found leftmost-longest on the raw text. Each piece
+//! between two such tokens is then normalized, pre-tokenized and encoded on its own, so
+//! `encode(text) == concat(encode(piece) or [token id])` — the fact the segment cache rests on.
+//! This module reproduces that first cut exactly (including `lstrip` / `rstrip`, which swallow
+//! the whitespace beside the token) and nothing else; added tokens with `normalized: true` are
+//! matched by `tokenizers` inside each piece, so a piece encoded alone finds them just the same.
+//! Tokens with `single_word` decide by looking past a piece's edges, which a piece encoded alone
+//! cannot see: a tokenizer with one of those is not cut at all (see `Splitter::new`).
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+
+/// One non-normalized added token as `tokenizers` matches it.
+#[derive(Debug, Clone)]
+pub(super) struct Added {
+    pub content: String,
+    pub id: u32,
+    pub lstrip: bool,
+    pub rstrip: bool,
+    /// Matched but then ignored (a special token while the tokenizer encodes specials as text):
+    /// the match still consumes its span, as in `tokenizers`.
+    pub skip: bool,
+}
+
+/// A piece of the text: plain text to encode, or an added token's id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Piece<'a> {
+    Text(&'a str),
+    Token(u32),
+}
+
+/// Leftmost-longest search over the non-normalized added tokens.
+pub(super) struct Splitter {
+    ac: Option<AhoCorasick>,
+    tokens: Vec<Added>,
+}
+
+impl std::fmt::Debug for Splitter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Splitter")
+            .field("tokens", &self.tokens.len())
+            .finish()
+    }
+}
+
+/// Python's / the `regex` crate's `\s` (Unicode White_Space), which `tokenizers` uses for
+/// `lstrip` / `rstrip`.
+fn is_space(c: char) -> bool {
+    c.is_whitespace()
+}
+
+impl Splitter {
+    /// A splitter over `tokens`. Fails when the automaton cannot be built (never for sane sizes).
+    pub fn new(tokens: Vec<Added>) -> Result<Splitter, String> {
+        let tokens: Vec<Added> = tokens
+            .into_iter()
+            .filter(|t| !t.content.is_empty())
+            .collect();
+        let ac = if tokens.is_empty() {
+            None
+        } else {
+            Some(
+                AhoCorasickBuilder::new()
+                    .match_kind(MatchKind::LeftmostLongest)
+                    .build(tokens.iter().map(|t| t.content.as_bytes()))
+                    .map_err(|e| e.to_string())?,
+            )
+        };
+        Ok(Splitter { ac, tokens })
+    }
+
+    /// Calls `f` with each piece of `text` in order; empty text pieces are skipped (they encode
+    /// to nothing).
+    pub fn split<'a, E>(
+        &self,
+        text: &'a str,
+        mut f: impl FnMut(Piece<'a>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let Some(ac) = &self.ac else {
+            if !text.is_empty() {
+                f(Piece::Text(text))?;
+            }
+            return Ok(());
+        };
+        let mut done = 0usize;
+        for m in ac.find_iter(text) {
+            let tok = &self.tokens[m.pattern().as_usize()];
+            if tok.skip {
+                continue;
+            }
+            let mut start = m.start();
+            let mut stop = m.end();
+            if tok.lstrip {
+                let trimmed = text[..start].trim_end_matches(is_space).len();
+                start = trimmed.max(done);
+            }
+            if tok.rstrip {
+                stop += text[stop..].len() - text[stop..].trim_start_matches(is_space).len();
+            }
+            if done < start {
+                f(Piece::Text(&text[done..start]))?;
+            }
+            f(Piece::Token(tok.id))?;
+            done = stop;
+        }
+        if done < text.len() {
+            f(Piece::Text(&text[done..]))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,584 @@
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use proptest::prelude::*;
+use serde_json::{json, Value as J};
+
+use super::folder::{self, LLAMA3_TEMPLATE};
+use super::*;
+
+/// A fresh directory under the target dir (no tempfile crate needed).
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "radixgate-tok-{}-{}-{name}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn small() -> Arc<Tokenizer> {
+    static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let dir = temp_dir("small");
+        folder::small_llama3_folder(&dir).unwrap();
+        Arc::new(Tokenizer::from_path(&dir).unwrap())
+    })
+    .clone()
+}
+
+/// A folder with `tokenizer` and `config` (None: no tokenizer_config.json).
+fn folder_with(name: &str, tokenizer: &J, config: Option<&J>) -> PathBuf {
+    let dir = temp_dir(name);
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    if let Some(c) = config {
+        std::fs::write(dir.join("tokenizer_config.json"), c.to_string()).unwrap();
+    }
+    dir
+}
+
+fn chat(messages: &[(&str, &str)]) -> Vec<u8> {
+    let msgs: Vec<J> = messages
+        .iter()
+        .map(|(r, c)| json!({"role": r, "content": c}))
+        .collect();
+    json!({"model": "m", "messages": msgs})
+        .to_string()
+        .into_bytes()
+}
+
+fn chat_ids(cache: &mut SegmentCache, body: &[u8]) -> Result<Vec<u32>, TokenizeError> {
+    let mut out = Vec::new();
+    cache.chat_ids(body, &mut out)?;
+    Ok(out)
+}
+
+const BOS: u32 = 128_000;
+const START: u32 = 128_006;
+const END: u32 = 128_007;
+const EOT: u32 = 128_009;
+
+#[test]
+fn loads_the_small_folder_with_template_and_specials() {
+    let t = small();
+    assert!(t.has_chat_template());
+    assert!(t.is_segment_cacheable());
+    assert_eq!(t.token_to_id("<|begin_of_text|>"), Some(BOS));
+    assert_eq!(t.token_to_id("<|eot_id|>"), Some(EOT));
+    assert_eq!(t.affixes, Some((vec![BOS], vec![])));
+    // A file path finds the config beside it.
+    let dir = temp_dir("file");
+    folder::small_llama3_folder(&dir).unwrap();
+    let f = Tokenizer::from_path(&dir.join("tokenizer.json")).unwrap();
+    assert!(f.has_chat_template());
+    assert!(matches!(
+        Tokenizer::from_path(&temp_dir("empty")),
+        Err(LoadError::NoTokenizerJson(_))
+    ));
+}
+
+#[test]
+fn renders_llama3_exactly() {
+    let t = small();
+    let text = t
+        .render_chat(&chat(&[("system", " Be brief. "), ("user", "Hi!\n")]))
+        .unwrap();
+    assert_eq!(
+        text,
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>\
+         <|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>\
+         <|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+}
+
+#[test]
+fn chat_and_text_ids_match_a_whole_encode() {
+    let t = small();
+    let mut c = SegmentCache::new(t.clone(), 1 << 16);
+    let body = chat(&[
+        ("user", "The quick brown fox"),
+        ("assistant", "jumps"),
+        ("user", "over <|eot_id|> the dog"),
+    ]);
+    let ids = chat_ids(&mut c, &body).unwrap();
+    let whole = t.encode(&t.render_chat(&body).unwrap(), false).unwrap();
+    assert_eq!(ids, whole);
+    assert_eq!(&ids[..2], &[BOS, START]);
+    let nn = t.encode("\n\n", false).unwrap();
+    assert_eq!(ids[ids.len() - 1 - nn.len()], END);
+    assert_eq!(ids[ids.len() - nn.len()..], nn[..]);
+    // Special-token text inside a message is a special token, as the server sees it.
+    assert_eq!(ids.iter().filter(|&&x| x == EOT).count(), 4);
+    let mut out = vec![7];
+    c.text_ids("Hello world", &mut out).unwrap();
+    assert_eq!(out[0], 7);
+    assert_eq!(out[1..], t.encode("Hello world", true).unwrap()[..]);
+    assert_eq!(out[1], BOS);
+}
+
+#[test]
+fn turn_k_plus_1_encodes_only_its_new_messages() {
+    let t = small();
+    let mut c = SegmentCache::new(t.clone(), 1 << 16);
+    let mut turns: Vec<(String, String)> =
+        vec![("system".into(), "You are a helpful assistant.".into())];
+    for k in 0..6 {
+        turns.push((
+            "user".into(),
+            format!("Question number {k}: how are the tokens today?"),
+        ));
+        let msgs: Vec<(&str, &str)> = turns
+            .iter()
+            .map(|(r, c)| (r.as_str(), c.as_str()))
+            .collect();
+        let before = c.stats();
+        let ids = chat_ids(&mut c, &chat(&msgs)).unwrap();
+        let after = c.stats();
+        assert_eq!(
+            ids,
+            t.encode(&t.render_chat(&chat(&msgs)).unwrap(), false)
+                .unwrap()
+        );
+        if k > 0 {
+            // New: the previous answer and this question, one piece each.
+            assert_eq!(after.misses - before.misses, 2, "turn {k}");
+            assert!(after.hits - before.hits >= 2 * turns.len() as u64 - 2);
+        }
+        turns.push((
+            "assistant".into(),
+            format!("Answer {k} is fine, thank you."),
+        ));
+    }
+}
+
+#[test]
+fn continue_final_message_and_a_trailing_assistant() {
+    let t = small();
+    let base = json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I"}]});
+    let mut cont = base.clone();
+    cont["continue_final_message"] = json!(true);
+    let text = t.render_chat(cont.to_string().as_bytes()).unwrap();
+    assert!(
+        text.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\nHello, I"),
+        "{text}"
+    );
+    // Without the flag SGLang turns the final assistant message into a user message.
+    let text = t.render_chat(base.to_string().as_bytes()).unwrap();
+    assert!(
+        text.contains("user<|end_header_id|>\n\nHello, I<|eot_id|>"),
+        "{text}"
+    );
+    let mut c = SegmentCache::new(t.clone(), 1 << 16);
+    let ids = chat_ids(&mut c, cont.to_string().as_bytes()).unwrap();
+    assert_eq!(
+        ids,
+        t.encode(&t.render_chat(cont.to_string().as_bytes()).unwrap(), false)
+            .unwrap()
+    );
+}
+
+#[test]
+fn requests_the_server_would_refuse_are_errors() {
+    let t = small();
+    let mut c = SegmentCache::new(t.clone(), 1 << 10);
+    let mut out = vec![1, 2];
+    for body in [
+        &b"not json"[..],
+        b"[]",
+        b"{}",
+        b"{\"messages\": []}",
+        b"{\"messages\": [1]}",
+        b"{\"messages\": [{\"content\": \"x\"}]}",
+        b"{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}",
+        b"{\"messages\": [{\"role\": \"user\", \"content\": 5}]}",
+    ] {
+        assert!(
+            matches!(
+                c.chat_ids(body, &mut out),
+                Err(TokenizeError::BadRequest(_))
+            ),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+        assert_eq!(out, [1, 2], "out untouched on error");
+    }
+    // A folder without a config has no template.
+    let dir = folder_with("notemplate", &folder::small_llama3_tokenizer_json(), None);
+    let nt = Arc::new(Tokenizer::from_path(&dir).unwrap());
+    let mut c2 = SegmentCache::new(nt, 1 << 10);
+    assert_eq!(
+        c2.chat_ids(&chat(&[("user", "x")]), &mut out),
+        Err(TokenizeError::NoChatTemplate)
+    );
+    c2.text_ids("still works", &mut out).unwrap();
+}
+
+#[test]
+fn size_limits_refuse_before_encoding() {
+    let dir = temp_dir("limits");
+    folder::small_llama3_folder(&dir).unwrap();
+    let limits = Limits {
+        max_body_bytes: 4096,
+        max_text_bytes: 2048,
+        max_word_bytes: 300,
+        template_fuel: 100_000,
+    };
+    let t = Arc::new(Tokenizer::from_path_with(&dir, limits).unwrap());
+    let mut c = SegmentCache::new(t.clone(), 1 << 12);
+    let mut out = Vec::new();
+    assert_eq!(
+        c.chat_ids(&chat(&[("user", &"word ".repeat(1000))]), &mut out),
+        Err(TokenizeError::TooLarge)
+    );
+    assert_eq!(
+        c.chat_ids(&chat(&[("user", &"word ".repeat(500))]), &mut out),
+        Err(TokenizeError::TooLarge)
+    );
+    assert_eq!(
+        c.chat_ids(&chat(&[("user", &"x".repeat(301))]), &mut out),
+        Err(TokenizeError::TooLarge)
+    );
+    assert_eq!(
+        c.text_ids(&"y".repeat(301), &mut out),
+        Err(TokenizeError::TooLarge)
+    );
+    assert_eq!(
+        c.text_ids(&"y ".repeat(1100), &mut out),
+        Err(TokenizeError::TooLarge)
+    );
+    assert!(out.is_empty());
+    c.chat_ids(&chat(&[("user", &"x".repeat(300))]), &mut out)
+        .unwrap();
+    // The fuel budget stops a template that loops forever-ish.
+    let tpl = "{% for i in range(100000) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}";
+    let dir2 = folder_with(
+        "fuel",
+        &folder::small_llama3_tokenizer_json(),
+        Some(&folder::llama3_config(tpl)),
+    );
+    let t2 = Tokenizer::from_path_with(&dir2, limits).unwrap();
+    assert!(
+        matches!(t2.render_chat(&chat(&[("user", "x")])), Err(TokenizeError::Template(m)) if m.contains("budget"))
+    );
+}
+
+#[test]
+fn eviction_keeps_the_cache_bounded_and_exact() {
+    let t = small();
+    let mut c = SegmentCache::new(t.clone(), 400);
+    for i in 0..200 {
+        let body = chat(&[(
+            "user",
+            &format!("message {i} with some words in it {}", i * 7),
+        )]);
+        assert_eq!(
+            chat_ids(&mut c, &body).unwrap(),
+            t.encode(&t.render_chat(&body).unwrap(), false).unwrap()
+        );
+        assert!(c.stats().cached_tokens <= 400);
+    }
+    let s = c.stats();
+    assert!(s.evicted > 0 && s.entries > 0, "{s:?}");
+    // The recently used pieces survive: the role names hit.
+    let before = c.stats().hits;
+    chat_ids(&mut c, &chat(&[("user", "fresh")])).unwrap();
+    assert!(c.stats().hits > before);
+}
+
+/// The small tokenizer with extra added tokens using lstrip / rstrip / non-special / normalized.
+fn flagged_tokenizer(single_word: bool) -> J {
+    let mut tj = folder::small_llama3_tokenizer_json();
+    let added = tj["added_tokens"].as_array_mut().unwrap();
+    let mk = |id: u32, c: &str, l: bool, r: bool, n: bool, s: bool, sw: bool| json!({"id": id, "content": c, "single_word": sw, "lstrip": l, "rstrip": r, "normalized": n, "special": s});
+    added.push(mk(128_256, "<L>", true, false, false, true, false));
+    added.push(mk(128_257, "<R>", false, true, false, true, false));
+    added.push(mk(128_258, "<LR>", true, true, false, false, false));
+    added.push(mk(128_259, "tok", false, false, false, false, single_word));
+    added.push(mk(128_260, "hello", false, false, true, false, false));
+    tj
+}
+
+#[test]
+fn flags_single_word_and_metaspace_first_fall_back_to_whole_encodes() {
+    let d = folder_with(
+        "sw",
+        &flagged_tokenizer(true),
+        Some(&folder::llama3_config(LLAMA3_TEMPLATE)),
+    );
+    let t = Arc::new(Tokenizer::from_path(&d).unwrap());
+    assert!(!t.is_segment_cacheable());
+    let mut c = SegmentCache::new(t.clone(), 1 << 12);
+    let body = chat(&[("user", "a tok b xtoky <L> x")]);
+    assert_eq!(
+        chat_ids(&mut c, &body).unwrap(),
+        t.encode(&t.render_chat(&body).unwrap(), false).unwrap()
+    );
+    assert_eq!(c.stats().whole_encodes, 1);
+    let mut meta = folder::small_llama3_tokenizer_json();
+    meta["pre_tokenizer"] =
+        json!({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true});
+    let d = folder_with("meta", &meta, None);
+    assert!(!Tokenizer::from_path(&d).unwrap().is_segment_cacheable());
+}
+
+fn content_strategy() -> impl Strategy<Value = String> {
+    let chunk = prop_oneof![
+        4 => "[a-zA-Z ,.!?'0-9]{0,30}",
+        1 => prop::sample::select(vec!["<|eot_id|>", "<|start_header_id|>", "<|begin_of_text|>", "<|reserved_special_token_7|>", "<L>", "<R>", "<LR>", "tok", "hello", "<|eot_id", "|>"]).prop_map(str::to_string),
+        1 => "[ \t\n\r\u{a0}\u{1c}\u{2003}]{0,4}",
+        1 => "\\PC{0,8}",
+        1 => Just(String::new()),
+    ];
+    prop::collection::vec(chunk, 0..5).prop_map(|v| v.concat())
+}
+
+fn conversation() -> impl Strategy<Value = Vec<(String, String)>> {
+    prop::collection::vec(
+        (
+            prop::sample::select(vec!["system", "user", "assistant", "tool"]),
+            content_strategy(),
+        ),
+        1..8,
+    )
+    .prop_map(|v| v.into_iter().map(|(r, c)| (r.to_string(), c)).collect())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Cached ids equal `tokenizers`' whole-text encode, turn after turn on one cache, for the
+    /// Llama-3 tokenizer and for one whose added tokens strip whitespace.
+    #[test]
+    fn cached_ids_equal_whole_encodes(conv in conversation(), text in content_strategy()) {
+        let flagged = {
+            static T: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+            T.get_or_init(|| {
+                let d = folder_with("flags", &flagged_tokenizer(false), Some(&folder::llama3_config(LLAMA3_TEMPLATE)));
+                Arc::new(Tokenizer::from_path(&d).unwrap())
+            }).clone()
+        };
+        prop_assert!(flagged.is_segment_cacheable());
+        for t in [small(), flagged] {
+            let mut c = SegmentCache::new(t.clone(), 1 << 14);
+            for k in 1..=conv.len() {
+                let msgs: Vec<(&str, &str)> = conv[..k].iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
+                let body = chat(&msgs);
+                let rendered = t.render_chat(&body).unwrap();
+                let whole = t.hf.encode(rendered.as_str(), false).unwrap().get_ids().to_vec();
+                prop_assert_eq!(chat_ids(&mut c, &body).unwrap(), whole);
+            }
+            let mut out = Vec::new();
+            c.text_ids(&text, &mut out).unwrap();
+            prop_assert_eq!(out, t.hf.encode(text.as_str(), true).unwrap().get_ids().to_vec());
+        }
+    }
+
+    /// Arbitrary JSON never panics: it is tokenized or refused with a reason.
+    #[test]
+    fn arbitrary_bodies_never_panic(body in arbitrary_json(), raw in prop::collection::vec(any::<u8>(), 0..64)) {
+        let t = small();
+        let mut c = SegmentCache::new(t, 1 << 12);
+        let mut out = Vec::new();
+        for b in [body.to_string().into_bytes(), json!({"messages": body}).to_string().into_bytes(), json!({"messages": [{"role": "user", "content": body}], "tools": body, "chat_template_kwargs": body}).to_string().into_bytes(), raw] {
+            match c.chat_ids(&b, &mut out) {
+                Ok(()) => {}
+                Err(e) => prop_assert!(!e.to_string().contains("panicked"), "{e}"),
+            }
+        }
+    }
+}
+
+fn arbitrary_json() -> impl Strategy<Value = J> {
+    let leaf = prop_oneof![
+        Just(J::Null),
+        any::<bool>().prop_map(J::from),
+        any::<i64>().prop_map(J::from),
+        (-1e300f64..1e300).prop_map(J::from),
+        "\\PC{0,12}".prop_map(J::from),
+        prop::sample::select(vec![
+            "user",
+            "assistant",
+            "system",
+            "tool",
+            "content",
+            "role",
+            "text",
+            "<|eot_id|>"
+        ])
+        .prop_map(J::from),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(J::Array),
+            prop::collection::vec(
+                (
+                    prop::sample::select(vec![
+                        "role",
+                        "content",
+                        "type",
+                        "text",
+                        "tool_calls",
+                        "function",
+                        "arguments",
+                        "name",
+                        "x"
+                    ]),
+                    inner
+                ),
+                0..6
+            )
+            .prop_map(|kv| J::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())),
+        ]
+    })
+}
+
+fn render_with(template: &str, body: impl ToString) -> Result<String, TokenizeError> {
+    let d = folder_with(
+        "tpl",
+        &folder::small_llama3_tokenizer_json(),
+        Some(&folder::llama3_config(template)),
+    );
+    Tokenizer::from_path(&d)
+        .unwrap()
+        .render_chat(body.to_string().as_bytes())
+}
+
+#[test]
+fn template_speaks_python() {
+    // Raw text: serde_json's own maps would sort the keys before the tokenizer sees them.
+    let body = r#"{"messages": [{"role": "user", "content": "  hi \u001c"}],
+                   "tools": [{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": [1.5, 1e20, "é\"<"]}}}],
+                   "chat_template_kwargs": {"flag": true, "n": null}}"#;
+    // tojson is json.dumps(ensure_ascii=False): key order kept, Python float repr, no HTML escapes.
+    assert_eq!(
+        render_with("{{ tools[0].function | tojson }}", body).unwrap(),
+        r#"{"description": null, "name": "f", "parameters": {"z": 1, "a": [1.5, 1e+20, "é\"<"]}, "strict": false}"#
+    );
+    assert_eq!(
+        render_with(
+            "{{ tools[0].function.parameters | tojson(indent=2, sort_keys=true) }}",
+            body
+        )
+        .unwrap(),
+        "{\n  \"a\": [\n    1.5,\n    1e+20,\n    \"é\\\"<\"\n  ],\n  \"z\": 1\n}"
+    );
+    // Python printing and whitespace.
+    assert_eq!(render_with("{{ flag }}|{{ n }}|{{ [1, 'a'] }}|{{ messages[0].content.strip() }}|{{ messages[0].content | trim }}|", body).unwrap(), "True|None|[1, 'a']|hi|hi|");
+    assert_eq!(render_with("{{ 'a b  c'.split() | length }}{{ 'xx'.startswith('x') }}{% for k, v in {'a': 1}.items() %}{{ k }}{{ v }}{% endfor %}", body).unwrap(), "3Truea1");
+    // trim_blocks / lstrip_blocks, loop controls, the generation block.
+    assert_eq!(
+        render_with(
+            "{% for m in messages %}\n  {% if true %}\nX{% break %}\n  {% endif %}\n{% endfor %}\n",
+            body
+        )
+        .unwrap(),
+        "X"
+    );
+    assert_eq!(
+        render_with("{%- generation -%} A {%- endgeneration %}", body).unwrap(),
+        "A"
+    );
+    // raise_exception's message is the error.
+    assert_eq!(
+        render_with("{{ raise_exception('no tools here') }}", body),
+        Err(TokenizeError::Template("no tools here".into()))
+    );
+    let year = render_with("{{ strftime_now('%Y') }}", body).unwrap();
+    assert!(year.parse::<u32>().unwrap() >= 2024);
+    // tools absent: defined and none, as HF passes it.
+    assert_eq!(
+        render_with(
+            "{{ tools is defined }}{{ tools is none }}",
+            json!({"messages": [{"role": "user", "content": "x"}]})
+        )
+        .unwrap(),
+        "TrueTrue"
+    );
+}
+
+#[test]
+fn content_parts_follow_the_template_kind() {
+    let body = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "b"}]},
+                                   {"role": "tool", "content": [{"type": "text", "text": "c"}, {"type": "text", "text": "d"}], "tool_call_id": "1", "name": null}]});
+    // A template that prints content gets the text parts joined with a space.
+    assert_eq!(
+        render_with(
+            "{% for m in messages %}[{{ m.content }}]{% endfor %}",
+            &body
+        )
+        .unwrap(),
+        "[a b][c d]"
+    );
+    // One that loops over message['content'] gets the parts, media normalized.
+    assert_eq!(
+        render_with("{% for m in messages %}{% if m.content is string %}<{{ m.content }}>{% else %}{% for p in m['content'] %}{{ p.type }},{% endfor %}{% endif %}{% endfor %}", &body).unwrap(),
+        "text,image,text,<c d>"
+    );
+    // Null fields are dropped, declared ones kept.
+    assert_eq!(
+        render_with("{{ messages[1] | tojson }}", &body).unwrap(),
+        r#"{"role": "tool", "content": "c d", "tool_call_id": "1"}"#
+    );
+}
+
+#[test]
+fn tool_calls_arguments_are_parsed_and_tool_choice_filters() {
+    let body = json!({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"b\": 2, \"a\": 1}"}}]}, {"role": "tool", "content": "ok"}],
+                      "tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}],
+                      "tool_choice": {"type": "function", "function": {"name": "g"}}});
+    assert_eq!(render_with("{{ messages[1].tool_calls[0].function.arguments | tojson }}|{{ tools | map(attribute='function') | map(attribute='name') | join(',') }}", &body).unwrap(), r#"{"b": 2, "a": 1}|g"#);
+    let mut none = body.clone();
+    none["tool_choice"] = json!("none");
+    assert_eq!(render_with("{{ tools is none }}", &none).unwrap(), "True");
+    let mut bad = body.clone();
+    bad["messages"][1]["tool_calls"][0]["function"]["arguments"] = json!("{not json");
+    assert!(matches!(
+        render_with("x", &bad),
+        Err(TokenizeError::BadRequest(_))
+    ));
+}
+
+#[test]
+fn python_float_repr() {
+    use super::pyjson::py_float_repr as r;
+    for (f, s) in [
+        (1.0, "1.0"),
+        (0.1, "0.1"),
+        (1e16, "1e+16"),
+        (1e15, "1000000000000000.0"),
+        (1.5e-7, "1.5e-07"),
+        (0.0001, "0.0001"),
+        (-2.5, "-2.5"),
+        (123.456, "123.456"),
+        (0.0, "0.0"),
+        (1e-5, "1e-05"),
+    ] {
+        assert_eq!(r(f, true), s, "{f}");
+    }
+    assert_eq!(r(f64::INFINITY, true), "Infinity");
+}
+
+#[test]
+fn strftime_codes() {
+    // 2024-07-26 13:05:09 UTC, a Friday.
+    assert_eq!(
+        template::strftime("%d %b %Y %H:%M:%S %A %j %%", 1_721_999_109),
+        "26 Jul 2024 13:05:09 Friday 208 %"
+    );
+}
+
+/// The folder helper's files load as a model folder (used by other crates' tests).
+#[test]
+fn folder_helper_writes_loadable_files() {
+    let dir = temp_dir("helper");
+    folder::small_llama3_folder(&dir).unwrap();
+    assert!(Path::new(&dir.join("tokenizer_config.json")).is_file());
+    let t = Tokenizer::from_path(&dir).unwrap();
+    let ids = t.encode("the tokens", false).unwrap();
+    assert!(ids.len() < "the tokens".len(), "merges apply: {ids:?}");
+    assert_eq!(t.decode(&ids).unwrap(), "the tokens");
+}
