@@ -1,8 +1,9 @@
 //! Endpoints the gateway answers itself: liveness/readiness, `/v1/models` merged from the
 //! workers, `/get_server_info`, worker management (`/workers`, and the legacy `/add_worker`,
-//! `/remove_worker`, `/list_workers` that scripts still call) and the `/flush_cache` and
-//! `/get_loads` fan-outs. Each endpoint is one function returning a [`Reply`] or a
-//! [`GatewayError`]; [`handle`] checks the key and writes whichever comes back.
+//! `/remove_worker`, `/list_workers` that scripts still call), the `/flush_cache` and
+//! `/get_loads` fan-outs, and `/engine_metrics` (the telemetry thread's last merge). Each
+//! endpoint is one function returning a [`Reply`] or a [`GatewayError`]; [`handle`] checks the
+//! key and writes whichever comes back.
 
 mod fanout;
 mod info;
@@ -48,6 +49,8 @@ pub enum Endpoint {
     FlushCache,
     /// `GET /get_loads`.
     GetLoads,
+    /// `GET /engine_metrics`: the workers' own metrics, merged, from the last scrape.
+    EngineMetrics,
 }
 
 impl Endpoint {
@@ -63,7 +66,8 @@ impl Endpoint {
         )
     }
 
-    /// Worker management and cache control (need the admin key when one is set).
+    /// Worker management, cache control, and the reads that name workers (need the admin key
+    /// when one is set).
     pub fn is_admin(self) -> bool {
         self.changes_workers()
             || matches!(
@@ -73,6 +77,8 @@ impl Endpoint {
                     | Endpoint::GetWorker
                     | Endpoint::LegacyList
                     | Endpoint::GetLoads
+                    // Names every worker's address (internal topology), as /workers does.
+                    | Endpoint::EngineMetrics
             )
     }
 }
@@ -98,6 +104,7 @@ pub fn endpoint(method: Method, path: &[u8]) -> Option<Result<Endpoint, ()>> {
         b"/list_workers" => m(get, Endpoint::LegacyList),
         b"/flush_cache" => m(post || get, Endpoint::FlushCache),
         b"/get_loads" => m(get, Endpoint::GetLoads),
+        b"/engine_metrics" => m(get, Endpoint::EngineMetrics),
         p if p.starts_with(b"/workers/") && p.len() > b"/workers/".len() => match method {
             Method::Get => Some(Ok(Endpoint::GetWorker)),
             Method::Delete => Some(Ok(Endpoint::DeleteWorker)),
@@ -148,6 +155,7 @@ async fn answer(
         Endpoint::Models => fanout::models(core).await,
         Endpoint::FlushCache => Ok(fanout::flush_cache(core).await),
         Endpoint::GetLoads => Ok(fanout::loads(core).await),
+        Endpoint::EngineMetrics => info::engine_metrics(gw),
         Endpoint::ListWorkers => Ok(workers::list(gw)),
         Endpoint::LegacyList => Ok(workers::legacy_list(gw)),
         Endpoint::GetWorker => workers::get(gw, head),
@@ -192,6 +200,7 @@ mod tests {
             Endpoint::LegacyList,
             Endpoint::FlushCache,
             Endpoint::GetLoads,
+            Endpoint::EngineMetrics,
         ];
         let public = [
             Endpoint::Health,
