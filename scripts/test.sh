@@ -33,6 +33,14 @@ if ! command -v c++ >/dev/null 2>&1; then
     apt-get update -q && apt-get install -y -q g++
 fi
 
+# tests/telemetry.rs pipes /metrics and /engine_metrics through `promtool check metrics`
+# (Prometheus's own linter; Debian/Ubuntu ship it in the `prometheus` package). Under CI=true
+# the test fails without it; elsewhere it skips that check and says so.
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "== installing promtool (apt-get install prometheus) =="
+    apt-get update -q && apt-get install -y -q --no-install-recommends prometheus
+fi
+
 echo "== pass 1: cargo test --workspace, end-to-end gateways on io_uring (RADIXGATE_TEST_IO_DRIVER=uring) =="
 env -u MONOIO_FORCE_LEGACY_DRIVER RADIXGATE_TEST_IO_DRIVER=uring cargo test --workspace
 echo "== pass 2: end-to-end suites on epoll (RADIXGATE_TEST_IO_DRIVER=epoll, MONOIO_FORCE_LEGACY_DRIVER=1) =="

@@ -301,6 +301,10 @@ pub struct Config {
         default_value_t = 30
     )]
     pub worker_startup_check_interval: u64,
+    /// Seconds between scrapes of every worker's /metrics (and /get_load without metrics):
+    /// engine load for routing, the achieved cache hit ratio, GET /engine_metrics. 0: off.
+    #[arg(long = "worker-metrics-interval-secs", default_value_t = 5)]
+    pub worker_metrics_interval_secs: u64,
 
     // ---- security and lifecycle ----
     /// Require `Authorization: Bearer <key>` on every inference and admin endpoint.

@@ -5,16 +5,20 @@
 //! function here and nowhere else, so this file is the list `tests/docs.rs` checks the README
 //! against.
 //!
+//! Every family is registered with its HELP text at start-up ([`FAMILIES`]), and the retry,
+//! circuit and scrape counters start at zero, so dashboards and alerts never see "no data"
+//! (`promtool check metrics` passes on the exposition).
+//!
 //! Series of removed workers leave `/metrics`: the exporter (0.18) has no call that deletes a
 //! series, but its idle sweep deletes any gauge not set since the previous render. Every gauge
 //! is therefore set again before each render (per-worker ones for the workers still
 //! registered, the others from the values kept here), so only a removed worker's gauges are
 //! idle, and they are gone from the first scrape after the removal.
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, gauge, histogram, KeyName, SharedString};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -24,6 +28,90 @@ static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 static CONNECTIONS: AtomicI64 = AtomicI64::new(0);
 /// The io driver reported at start, re-set at each scrape.
 static IO_DRIVER: Mutex<Option<&'static str>> = Mutex::new(None);
+/// Characters of routed prompts the tree predicted the chosen worker holds, and characters of
+/// the prompts routed with a prediction (cache_aware decisions): the telemetry thread turns
+/// their increases into `radixgate_predicted_cache_hit_ratio`.
+static PREDICTED_CHARS: AtomicU64 = AtomicU64::new(0);
+static PREDICTED_OF_CHARS: AtomicU64 = AtomicU64::new(0);
+
+/// What a metric family is (its HELP is registered by kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up.
+    Counter,
+    /// Set to a value.
+    Gauge,
+    /// Observations in buckets.
+    Histogram,
+}
+
+/// Every family the gateway exports, with its HELP text. Registered at start-up so every
+/// family carries HELP (`promtool check metrics` flags a family without it); `tests/docs.rs`
+/// checks that every family the source emits is listed here.
+pub const FAMILIES: &[(&str, Kind, &str)] = &[
+    ("smg_http_requests_total", Kind::Counter, "HTTP requests answered, by normalised path."),
+    ("smg_http_responses_total", Kind::Counter, "HTTP responses, by status code."),
+    ("smg_http_request_duration_seconds", Kind::Histogram, "Time from request head to the end of the answer, by normalised path."),
+    ("smg_http_connections_active", Kind::Gauge, "Client connections open now."),
+    ("smg_worker_selection_total", Kind::Counter, "Routing decisions, by policy and by the branch that made them."),
+    ("smg_worker_requests_active", Kind::Gauge, "Requests this gateway has in flight on each worker."),
+    ("smg_worker_health", Kind::Gauge, "1 when the worker is selectable (healthy, circuit not open), else 0."),
+    ("smg_worker_pool_size", Kind::Gauge, "Workers registered."),
+    ("smg_worker_retries_total", Kind::Counter, "Requests moved to another worker after a failed attempt."),
+    ("smg_worker_cb_transitions_total", Kind::Counter, "Circuit breaker transitions, by the state entered."),
+    ("smg_router_requests_total", Kind::Counter, "Routed requests, by model, endpoint and streaming."),
+    ("radixgate_time_to_first_byte_seconds", Kind::Histogram, "Time from request start to the first response body byte sent to the client."),
+    ("radixgate_upstream_connections_total", Kind::Counter, "Upstream connections used, new or reused from a pool."),
+    ("radixgate_client_aborts_total", Kind::Counter, "Clients that left before the answer (the upstream request was aborted)."),
+    ("radixgate_tree_nodes", Kind::Gauge, "Nodes in the prefix trees."),
+    ("radixgate_tree_chars", Kind::Gauge, "Characters held by the prefix trees."),
+    ("radixgate_tree_epoch", Kind::Gauge, "Prefix tree snapshots published."),
+    ("radixgate_tree_inserts_dropped", Kind::Gauge, "Tree inserts dropped because the writer's queue was full."),
+    ("radixgate_tree_evicted_chars", Kind::Gauge, "Characters evicted from the prefix trees."),
+    ("radixgate_io_driver", Kind::Gauge, "The io driver in use (1 for the kind in use)."),
+    ("radixgate_kv_events_total", Kind::Counter, "KV-event intake activity, by kind."),
+    ("radixgate_kv_fallback_total", Kind::Counter, "Routed requests the text tree decided although --kv-events is on, by reason."),
+    ("radixgate_kv_prompt_tokens_total", Kind::Counter, "Prompt tokens measured against the KV-event index."),
+    ("radixgate_kv_predicted_cached_tokens_total", Kind::Counter, "Prompt tokens the best worker holds by the KV-event index and pending entries."),
+    ("radixgate_kv_index_blocks", Kind::Gauge, "Blocks the KV-event index holds, summed over workers and ranks."),
+    ("radixgate_kv_index_distinct_blocks", Kind::Gauge, "Distinct blocks in the KV-event index at its last publication."),
+    ("radixgate_kv_index_sources", Kind::Gauge, "Worker ranks the KV-event index holds blocks of."),
+    ("radixgate_kv_warm_workers", Kind::Gauge, "Workers whose KV events are complete (scored by the index, not the text tree)."),
+    ("radixgate_kv_index_dropped_total", Kind::Counter, "KV events the index dropped, by reason."),
+    ("radixgate_worker_routing_load", Kind::Gauge, "Load the policies see for each worker: this gateway's in-flight requests plus the engine-reported requests it did not send."),
+    ("radixgate_worker_cache_hit_ratio", Kind::Gauge, "Cache hit ratio each worker achieved: increase of sglang:cached_tokens_total over increase of sglang:prompt_tokens_total in the sliding window (0 without prompt tokens)."),
+    ("radixgate_fleet_cache_hit_ratio", Kind::Gauge, "Cache hit ratio all workers achieved together: summed cached-token increases over summed prompt-token increases in the sliding window."),
+    ("radixgate_predicted_cache_hit_ratio", Kind::Gauge, "Cache hit ratio the gateway predicted: prompt characters the prefix tree said the chosen worker holds over characters routed, in the same window."),
+    ("radixgate_engine_running_requests", Kind::Gauge, "Requests each worker reports running (sglang:num_running_reqs)."),
+    ("radixgate_engine_queued_requests", Kind::Gauge, "Requests each worker reports waiting (sglang:num_queue_reqs)."),
+    ("radixgate_engine_token_usage", Kind::Gauge, "KV-cache token usage each worker reports (sglang:token_usage)."),
+    ("radixgate_engine_scrape_up", Kind::Gauge, "1 when the last scrape of the worker's /metrics or /get_load gave its load, else 0."),
+    ("radixgate_engine_scrapes_total", Kind::Counter, "Scrapes of worker /metrics, by result."),
+];
+
+/// Register the HELP text of every family in [`FAMILIES`] and start the counters dashboards
+/// alert on (retries, circuit transitions, aborts, scrapes) at zero. Called once, when the
+/// recorder is installed.
+fn describe_all() {
+    metrics::with_recorder(|r| {
+        for &(name, kind, help) in FAMILIES {
+            let (key, help) = (KeyName::from_const_str(name), SharedString::const_str(help));
+            match kind {
+                Kind::Counter => r.describe_counter(key, None, help),
+                Kind::Gauge => r.describe_gauge(key, None, help),
+                Kind::Histogram => r.describe_histogram(key, None, help),
+            }
+        }
+    });
+    counter!("smg_worker_retries_total").increment(0);
+    for to in ["open", "half_open", "closed"] {
+        counter!("smg_worker_cb_transitions_total", "to" => to).increment(0);
+    }
+    counter!("radixgate_client_aborts_total").increment(0);
+    for result in ["ok", "error"] {
+        counter!("radixgate_engine_scrapes_total", "result" => result).increment(0);
+    }
+}
 
 /// Buckets for request durations and time to first byte (seconds).
 const DURATION_BUCKETS: &[f64] = &[
@@ -35,13 +123,15 @@ const DURATION_BUCKETS: &[f64] = &[
 pub fn install() -> Option<PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
-            PrometheusBuilder::new()
+            let handle = PrometheusBuilder::new()
                 .set_buckets(DURATION_BUCKETS)
                 .ok()?
                 // Gauges not set since the previous render are deleted (see the module doc).
                 .idle_timeout(MetricKindMask::GAUGE, Some(Duration::ZERO))
                 .install_recorder()
-                .ok()
+                .ok()?;
+            describe_all();
+            Some(handle)
         })
         .clone()
 }
@@ -62,6 +152,7 @@ pub fn path_label(path: &[u8]) -> &'static str {
         b"/get_server_info" | b"/server_info" => "/get_server_info",
         b"/flush_cache" => "/flush_cache",
         b"/get_loads" => "/get_loads",
+        b"/engine_metrics" => "/engine_metrics",
         p if p.starts_with(b"/workers") => "/workers",
         b"/add_worker" | b"/remove_worker" | b"/list_workers" => "/workers(legacy)",
         _ => "other",
@@ -131,11 +222,67 @@ pub fn io_driver(kind: &'static str) {
     gauge!("radixgate_io_driver", "kind" => kind).set(1.0);
 }
 
-/// One worker's in-flight requests and eligibility, refreshed at each scrape.
-pub fn worker_state(url: &str, in_flight: u32, eligible: bool) {
+/// One worker's in-flight requests, routing load (in-flight + engine-reported load from
+/// elsewhere) and eligibility, refreshed at each scrape.
+pub fn worker_state(url: &str, in_flight: u32, routing_load: u32, eligible: bool) {
     let label = url.to_string();
     gauge!("smg_worker_requests_active", "worker" => label.clone()).set(f64::from(in_flight));
+    gauge!("radixgate_worker_routing_load", "worker" => label.clone()).set(f64::from(routing_load));
     gauge!("smg_worker_health", "worker" => label).set(if eligible { 1.0 } else { 0.0 });
+}
+
+/// What the telemetry thread last learned about one worker's engine (zeros before its first
+/// scrape), exported per worker at each scrape.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineGauges {
+    /// The last scrape gave the worker's load.
+    pub up: bool,
+    /// `sglang:num_running_reqs`.
+    pub running: f64,
+    /// `sglang:num_queue_reqs`.
+    pub queued: f64,
+    /// `sglang:token_usage`.
+    pub token_usage: f64,
+    /// Achieved cache hit ratio over the sliding window.
+    pub hit_ratio: f64,
+}
+
+/// One worker's engine gauges, refreshed at each scrape.
+pub fn engine_state(url: &str, e: &EngineGauges) {
+    let label = url.to_string();
+    let up = if e.up { 1.0 } else { 0.0 };
+    gauge!("radixgate_engine_scrape_up", "worker" => label.clone()).set(up);
+    gauge!("radixgate_engine_running_requests", "worker" => label.clone()).set(e.running);
+    gauge!("radixgate_engine_queued_requests", "worker" => label.clone()).set(e.queued);
+    gauge!("radixgate_engine_token_usage", "worker" => label.clone()).set(e.token_usage);
+    gauge!("radixgate_worker_cache_hit_ratio", "worker" => label).set(e.hit_ratio);
+}
+
+/// The fleet's achieved and the gateway's predicted cache hit ratios, refreshed at each scrape.
+pub fn hit_ratios(fleet: f64, predicted: f64) {
+    gauge!("radixgate_fleet_cache_hit_ratio").set(fleet);
+    gauge!("radixgate_predicted_cache_hit_ratio").set(predicted);
+}
+
+/// One scrape of a worker's engine metrics ended (`ok`: its load was read).
+pub fn engine_scrape(ok: bool) {
+    let result = if ok { "ok" } else { "error" };
+    counter!("radixgate_engine_scrapes_total", "result" => result).increment(1);
+}
+
+/// A routing decision predicted `predicted_chars` of a `request_chars`-character prompt to be
+/// cached on the chosen worker (two relaxed adds on the request path).
+pub fn predicted_hit(predicted_chars: usize, request_chars: usize) {
+    PREDICTED_CHARS.fetch_add(predicted_chars as u64, Ordering::Relaxed);
+    PREDICTED_OF_CHARS.fetch_add(request_chars as u64, Ordering::Relaxed);
+}
+
+/// (predicted characters, characters routed with a prediction) since start.
+pub fn predicted_totals() -> (u64, u64) {
+    (
+        PREDICTED_CHARS.load(Ordering::Relaxed),
+        PREDICTED_OF_CHARS.load(Ordering::Relaxed),
+    )
 }
 
 /// The gauges that belong to the whole process (registered workers, open connections, the io
@@ -189,6 +336,21 @@ pub fn kv_index_dropped(reason: &'static str, total: u64) {
 /// `skipped_event` (inside a readable batch), `gap`, `reset` (a worker's event state dropped).
 pub fn kv_events(kind: &'static str, n: u64) {
     counter!("radixgate_kv_events_total", "kind" => kind).increment(n);
+}
+
+/// `v` escaped for a Prometheus label value (backslash, double quote, newline): the one
+/// escaper for every exposition radixgate writes (and the simulator's).
+pub fn escape_label_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 fn status_label(status: u16) -> &'static str {

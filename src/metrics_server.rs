@@ -79,11 +79,13 @@ impl Drop for Place {
 fn refresh(gw: &Gateway) {
     let list = gw.registry.load();
     crate::metrics::refresh_process_gauges(list.len());
+    let board = &gw.registry.loads;
     for w in &list.workers {
         crate::metrics::worker_state(
             &w.url,
-            gw.registry.loads.load(w.id),
-            gw.registry.loads.is_eligible(w.id),
+            board.in_flight(w.id),
+            board.load(w.id),
+            board.is_eligible(w.id),
         );
     }
     if let Some(kv) = &gw.kv {
@@ -102,6 +104,16 @@ fn refresh(gw: &Gateway) {
         ] {
             crate::metrics::kv_index_dropped(reason, total);
         }
+    }
+    // Engine series exist from start (zeros until the first scrape), for every registered
+    // worker, whenever the telemetry thread runs.
+    if gw.telemetry.enabled() {
+        let report = gw.telemetry.report();
+        for w in &list.workers {
+            let e = report.workers.get(&w.serial).copied().unwrap_or_default();
+            crate::metrics::engine_state(&w.url, &e.gauges);
+        }
+        crate::metrics::hit_ratios(report.fleet_hit_ratio, report.predicted_hit_ratio);
     }
     if let Some(t) = &gw.router.tree {
         let s = t.stats();

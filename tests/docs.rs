@@ -129,6 +129,28 @@ fn readme_metrics_section_and_the_code_name_the_same_families() {
 }
 
 #[test]
+fn every_family_in_the_source_has_help_text_registered() {
+    let described: BTreeSet<String> = radixgate::metrics::FAMILIES
+        .iter()
+        .map(|(name, _, help)| {
+            assert!(!help.trim().is_empty(), "{name} has empty HELP text");
+            name.to_string()
+        })
+        .collect();
+    let code = families_in_source();
+    let missing: Vec<_> = code.difference(&described).collect();
+    let stale: Vec<_> = described.difference(&code).collect();
+    assert!(
+        missing.is_empty(),
+        "emitted without HELP text (add to metrics::FAMILIES): {missing:?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "in metrics::FAMILIES but never emitted: {stale:?}"
+    );
+}
+
+#[test]
 fn a_running_gateway_exports_only_documented_families() {
     let readme = families_in_readme();
     let cluster = sim(1, |_| {});

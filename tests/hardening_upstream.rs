@@ -111,9 +111,16 @@ impl Scripted {
     }
 }
 
-/// A gateway in front of scripted workers (they have no health endpoint to probe).
+/// A gateway in front of scripted workers (they have no health endpoint to probe, and no
+/// `/metrics` to scrape: the tests count every connection and request they get).
 fn gateway_scripted(urls: &[String], extra: &[&str]) -> radixgate::runtime::Running {
-    let mut args = vec!["--disable-health-check", "--policy", "round_robin"];
+    let mut args = vec![
+        "--disable-health-check",
+        "--worker-metrics-interval-secs",
+        "0",
+        "--policy",
+        "round_robin",
+    ];
     args.extend_from_slice(extra);
     gateway_for(urls, &args)
 }

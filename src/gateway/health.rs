@@ -71,24 +71,7 @@ fn verdict(
 /// Start the checker thread. With `--disable-health-check` it only moves open circuits to
 /// half-open when their time is up.
 pub fn spawn(gw: Arc<Gateway>) {
-    let spawned = std::thread::Builder::new()
-        .name("radixgate-health".into())
-        .spawn(move || {
-            let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-                .enable_timer()
-                .build();
-            let mut rt = match rt {
-                Ok(rt) => rt,
-                Err(e) => {
-                    crate::log!(Error, "health checker: cannot build runtime: {e}");
-                    return;
-                }
-            };
-            rt.block_on(run(gw));
-        });
-    if let Err(e) = spawned {
-        crate::log!(Error, "cannot start the health checker: {e}");
-    }
+    super::spawn_helper("health", move || run(gw));
 }
 
 /// The checker's state between ticks.

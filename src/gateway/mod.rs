@@ -3,7 +3,8 @@
 //!
 //! `Gateway` is split by concern so a reader finds each thing in one place: the workers
 //! (`registry`, `models`), the routing state (`router`), the gate in front of them (`auth`,
-//! `admission`), the process's life (`life`), and the settings derived from the flags. The
+//! `admission`), the process's life (`life`), what the engines report (`telemetry`), and the
+//! settings derived from the flags. The
 //! operations that touch several of them at once (a worker leaving, a circuit opening) live in
 //! `membership`.
 
@@ -15,12 +16,14 @@ mod lifecycle;
 mod membership;
 mod models;
 mod router;
+pub mod telemetry;
 
 pub use self::auth::{constant_time_eq, Auth, Scope};
 pub use self::core::Core;
 pub use self::lifecycle::{Driver, Lifecycle};
 pub use self::models::{ServedModels, MAX_KNOWN_MODELS};
 pub use self::router::Router;
+pub use self::telemetry::Telemetry;
 
 use crate::admission::Admission;
 use crate::config::Config;
@@ -52,6 +55,32 @@ pub struct Gateway {
     pub retry: RetryPolicy,
     /// KV-event routing state (`--kv-events`), `None` when off or when it could not start.
     pub kv: Option<kv::KvRouting>,
+    /// What the engines report (load, hit ratio, expositions), from the telemetry thread.
+    pub telemetry: Telemetry,
+}
+
+/// Run the future `make` builds on a new std thread named `radixgate-<name>`, with its own
+/// small monoio runtime (timers on): the helper threads (health, telemetry) never take time
+/// from a serving core. A thread or runtime that cannot start is logged, not fatal.
+fn spawn_helper<F, Fut>(name: &'static str, make: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let spawned = std::thread::Builder::new()
+        .name(format!("radixgate-{name}"))
+        .spawn(move || {
+            let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+                .enable_timer()
+                .build();
+            match rt {
+                Ok(mut rt) => rt.block_on(make()),
+                Err(e) => crate::log!(Error, "{name} thread: cannot build its runtime: {e}"),
+            }
+        });
+    if let Err(e) = spawned {
+        crate::log!(Error, "cannot start the {name} thread: {e}");
+    }
 }
 
 impl Gateway {
@@ -75,6 +104,7 @@ impl Gateway {
             breaker: cfg.breaker_config(),
             retry: cfg.retry_policy(),
             kv: start_kv(&cfg),
+            telemetry: Telemetry::new(cfg.worker_metrics_interval_secs),
             cfg,
         };
         gw.membership_changed();

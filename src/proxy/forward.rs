@@ -510,6 +510,20 @@ pub async fn fetch(
     body: Bytes,
     timeout: Duration,
 ) -> Result<(u16, Bytes), UpstreamError> {
+    fetch_capped(pool, worker, method, path, body, timeout, FETCH_MAX_BODY).await
+}
+
+/// [`fetch`] with a smaller bound on the answer's body: a larger answer is an error (the
+/// telemetry thread reads every worker's `/metrics` each interval and keeps it bounded).
+pub async fn fetch_capped(
+    pool: &Pool,
+    worker: &Worker,
+    method: Method,
+    path: &str,
+    body: Bytes,
+    timeout: Duration,
+    max_body: u64,
+) -> Result<(u16, Bytes), UpstreamError> {
     static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let deadline = Instant::now() + timeout;
     let id = format!(
@@ -535,7 +549,7 @@ pub async fn fetch(
     )
     .await?;
     let reusable = up.head.keep_alive && !matches!(up.head.framing, BodyFraming::Close);
-    let full = read_full_body(up, deadline, FETCH_MAX_BODY)
+    let full = read_full_body(up, deadline, max_body.min(FETCH_MAX_BODY))
         .await
         .map_err(UpstreamError::Io)?;
     if reusable && !full.stray {

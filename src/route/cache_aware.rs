@@ -116,14 +116,18 @@ pub fn min_max_excluding(
 /// Fleets up to this size get an exact min/max scan.
 pub const EXACT_SCAN_WORKERS: usize = 64;
 
-/// A decision that asks for the text to be inserted under the chosen worker.
+/// A decision that asks for the text to be inserted under the chosen worker; `m` is the match
+/// it was made with (`None`: not looked up), which says how much the chosen worker holds.
 #[inline]
-fn decided(worker: WorkerId, branch: Branch, matched_chars: usize) -> Decision {
+fn decided(worker: WorkerId, branch: Branch, m: Option<&MatchResult<'_>>) -> Decision {
+    let matched_chars = m.map_or(0, |m| m.matched_chars);
+    let held = m.is_some_and(|m| m.workers.contains(&worker));
     Decision {
         worker,
         branch,
         insert_text: true,
         matched_chars,
+        predicted_chars: if held { matched_chars } else { 0 },
     }
 }
 
@@ -140,35 +144,35 @@ pub fn select<'t>(
 ) -> Option<Decision> {
     let (min, max) = min_max_excluding(workers, exclude, loads)?;
     if p.is_imbalanced(min, max) {
-        let mut matched = 0;
+        let mut looked = None;
         if p.affinity_window {
             if let Some(m) = lookup() {
-                matched = m.matched_chars;
                 if m.rate() > p.cache_threshold {
                     let window = min.saturating_add(p.balance_abs_threshold);
                     if let Some(w) = loads
                         .pick_least_loaded(m.workers, exclude, rng)
                         .filter(|&w| loads.load(w) <= window)
                     {
-                        return Some(decided(w, Branch::AffinityWindow, matched));
+                        return Some(decided(w, Branch::AffinityWindow, Some(&m)));
                     }
                 }
+                looked = Some(m);
             }
         }
         let w = loads.pick_least_loaded(workers, exclude, rng)?;
-        return Some(decided(w, Branch::Imbalanced, matched));
+        return Some(decided(w, Branch::Imbalanced, looked.as_ref()));
     }
     let Some(m) = lookup() else {
         let w = loads.pick_least_loaded(workers, exclude, rng)?;
-        return Some(decided(w, Branch::CacheMiss, 0));
+        return Some(decided(w, Branch::CacheMiss, None));
     };
     if m.rate() > p.cache_threshold {
         if let Some(w) = loads.pick_least_loaded(m.workers, exclude, rng) {
-            return Some(decided(w, Branch::CacheHit, m.matched_chars));
+            return Some(decided(w, Branch::CacheHit, Some(&m)));
         }
     }
     let w = loads.pick_least_loaded(workers, exclude, rng)?;
-    Some(decided(w, Branch::CacheMiss, m.matched_chars))
+    Some(decided(w, Branch::CacheMiss, Some(&m)))
 }
 
 /// Where one request's prefix is looked up: its routing text, its model's tree in the current

@@ -311,6 +311,10 @@ pub struct Decision {
     pub insert_text: bool,
     /// cache_aware: characters of the text found in the tree (0 when not looked up).
     pub matched_chars: usize,
+    /// cache_aware: characters of the text the tree says the *chosen* worker already holds
+    /// (`matched_chars` when it is among the deepest match's holders, else 0): the gateway's
+    /// prediction of that worker's cache hit, set beside the hit ratio the engines report.
+    pub predicted_chars: usize,
 }
 
 impl Decision {
@@ -321,6 +325,7 @@ impl Decision {
             branch,
             insert_text: false,
             matched_chars: 0,
+            predicted_chars: 0,
         }
     }
 }

@@ -292,6 +292,11 @@ impl<'a> Exchange<'a> {
             crate::metrics::selection(gw.router.policy.kind().as_str(), decision.branch.as_str());
             let in_flight = InFlight::new(gw, worker.id, self.routing_key);
             if decision.insert_text {
+                if self.attempts == 1 {
+                    // The prediction beside the hit ratio the engines report (first try only).
+                    let chars = crate::base::text::char_count(self.info.text.as_bytes());
+                    crate::metrics::predicted_hit(decision.predicted_chars, chars);
+                }
                 let text = learned_text(self.body, &self.info.text);
                 gw.router.learn(self.tree, text, worker.id, epoch, now_ms);
                 if let (true, Some(kv)) = (measured, &gw.kv) {

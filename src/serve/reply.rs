@@ -51,6 +51,15 @@ impl Reply {
         }
     }
 
+    /// A Prometheus text exposition (`GET /engine_metrics`).
+    pub fn exposition(body: &[u8]) -> Reply {
+        Reply {
+            status: 200,
+            content_type: "text/plain; version=0.0.4; charset=utf-8",
+            body: body.to_vec(),
+        }
+    }
+
     /// The response bytes, with `x-request-id` when known and `connection: close` when `close`.
     pub fn render(&self, request_id: Option<&str>, close: bool) -> bytes::Bytes {
         match request_id {

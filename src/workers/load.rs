@@ -1,13 +1,16 @@
-//! In-flight request counts per worker, shared by every core, answering "least loaded" and
+//! Request load per worker, shared by every core, answering "least loaded" and
 //! "min/max load" without a pass over all workers (the reference's O(workers) selection is what
 //! collapses at thousands of workers).
 //!
 //! # Structure
-//! * One `AtomicU32` word per worker slot: bit 31 = eligible (healthy and circuit not open),
-//!   bits 0..31 = in-flight count. Packing both into one word gives every `inc`/`dec`/
-//!   `set_eligible` a single linearisation point, so the aggregate updates that follow can be
-//!   derived from the returned previous value alone.
-//! * `levels[l]` = number of *eligible* workers whose in-flight count is `l` (the top level
+//! * One `AtomicU64` word per worker slot: bit 63 = eligible (healthy and circuit not open),
+//!   bits 32..63 = *external* load (requests the engine reports that this gateway copy did not
+//!   send: other copies behind the same load balancer, direct clients; set by the telemetry
+//!   thread), bits 0..32 = this copy's own in-flight count. A worker's *load*, the number every
+//!   aggregate and pick uses, is own + external. Packing all three into one word gives every
+//!   `inc`/`dec`/`set_external`/`set_eligible` a single linearisation point, so the aggregate
+//!   updates that follow can be derived from the returned previous value alone.
+//! * `levels[l]` = number of *eligible* workers whose load is `l` (the top level
 //!   `top` collects every load `>= top`). Whoever changes a slot moves the worker between two
 //!   levels with `fetch_add`/`fetch_sub`; those commute, so when the board is quiescent the level
 //!   counts are exact, while in between they may be transiently off by the operations in flight
@@ -25,12 +28,20 @@
 //! read-modify-write costs the same as a relaxed one and `SeqCst` loads are plain loads.
 use crate::base::rng::Rng;
 use crate::base::WorkerId;
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 
 /// Bit of a slot word that marks the worker eligible.
-const ELIGIBLE: u32 = 1 << 31;
-/// Bits of a slot word holding the in-flight count.
-const LOAD_MASK: u32 = ELIGIBLE - 1;
+const ELIGIBLE: u64 = 1 << 63;
+/// Bits of a slot word holding this copy's own in-flight count.
+const OWN_MASK: u64 = u32::MAX as u64;
+/// Position of the external load in a slot word.
+const EXT_SHIFT: u32 = 32;
+/// Largest external load a slot holds (31 bits; larger reports are clamped).
+pub const MAX_EXTERNAL: u32 = (1 << 31) - 1;
+/// Bits of a slot word holding the external load.
+const EXT_MASK: u64 = (MAX_EXTERNAL as u64) << EXT_SHIFT;
+/// Most distinct load levels a board may have.
+const MAX_LEVELS: usize = 1 << 31;
 /// Default number of distinct load levels; loads `>= DEFAULT_LEVELS - 1` share the top level
 /// (and make `min_max` fall back to an exact scan, which only happens under extreme overload).
 pub const DEFAULT_LEVELS: usize = 1024;
@@ -47,14 +58,14 @@ const MAX_TRIES: usize = 64;
 #[derive(Default)]
 struct Padded<T>(T);
 
-/// Per-worker in-flight counters plus the aggregate structure that makes min/max and
+/// Per-worker loads (own in-flight + external) plus the aggregate structure that makes min/max and
 /// least-loaded picks cheap. Slots are `WorkerId`s (dense, `< capacity`).
 /// All methods take `&self` and are safe to call from any core concurrently.
 ///
 /// Contract with the registry: a worker that is removed must be made ineligible
 /// (`set_eligible(w, false)`), otherwise it stays in the aggregates.
 pub struct LoadBoard {
-    slots: Box<[AtomicU32]>,
+    slots: Box<[AtomicU64]>,
     levels: Box<[Padded<AtomicI32>]>,
     /// Index of the top level (`levels.len() - 1`).
     top: u32,
@@ -73,13 +84,27 @@ impl std::fmt::Debug for LoadBoard {
     }
 }
 
+/// The load a slot word stands for: own in-flight + external (saturating).
 #[inline]
-fn load_of(word: u32) -> u32 {
-    word & LOAD_MASK
+fn load_of(word: u64) -> u32 {
+    let total = (word & OWN_MASK) + ((word & EXT_MASK) >> EXT_SHIFT);
+    total.min(u32::MAX as u64) as u32
+}
+
+/// This copy's own in-flight count in a slot word.
+#[inline]
+fn own_of(word: u64) -> u32 {
+    (word & OWN_MASK) as u32
+}
+
+/// The external load in a slot word.
+#[inline]
+fn ext_of(word: u64) -> u32 {
+    ((word & EXT_MASK) >> EXT_SHIFT) as u32
 }
 
 #[inline]
-fn is_elig(word: u32) -> bool {
+fn is_elig(word: u64) -> bool {
     word & ELIGIBLE != 0
 }
 
@@ -92,9 +117,9 @@ impl LoadBoard {
     /// A board with `levels` distinct load levels (at least 2): loads `>= levels - 1` share the
     /// top level. Small values exist for tests of the saturated path.
     pub fn with_levels(capacity: usize, levels: usize) -> Self {
-        let levels = levels.clamp(2, LOAD_MASK as usize);
+        let levels = levels.clamp(2, MAX_LEVELS);
         LoadBoard {
-            slots: (0..capacity).map(|_| AtomicU32::new(0)).collect(),
+            slots: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
             levels: (0..levels).map(|_| Padded(AtomicI32::new(0))).collect(),
             top: (levels - 1) as u32,
             eligible: Padded(AtomicI32::new(0)),
@@ -109,7 +134,7 @@ impl LoadBoard {
     }
 
     #[inline]
-    fn word(&self, w: WorkerId) -> u32 {
+    fn word(&self, w: WorkerId) -> u64 {
         self.slots.get(w as usize).map_or(0, |s| s.load(Relaxed))
     }
 
@@ -193,12 +218,11 @@ impl LoadBoard {
             debug_assert!(false, "worker {w} out of LoadBoard capacity");
             return;
         };
-        // 2^31 concurrent requests on one worker cannot happen, so the count never reaches the
-        // eligibility bit.
+        // 2^32 concurrent requests on one worker cannot happen, so the count never carries into
+        // the external bits.
         let prev = slot.fetch_add(1, Relaxed);
         if is_elig(prev) {
-            let l = load_of(prev);
-            self.move_level(l, l + 1);
+            self.move_level(load_of(prev), load_of(prev + 1));
         }
     }
 
@@ -210,7 +234,7 @@ impl LoadBoard {
             return;
         };
         let res = slot.fetch_update(Relaxed, Relaxed, |s| {
-            if load_of(s) == 0 {
+            if own_of(s) == 0 {
                 None
             } else {
                 Some(s - 1)
@@ -218,17 +242,47 @@ impl LoadBoard {
         });
         match res {
             Ok(prev) if is_elig(prev) => {
-                let l = load_of(prev);
-                self.move_level(l, l - 1);
+                self.move_level(load_of(prev), load_of(prev - 1));
             }
             Ok(_) => {}
             Err(_) => debug_assert!(false, "dec without inc on worker {w}"),
         }
     }
 
-    /// In-flight requests on `w` (0 for ids beyond capacity).
+    /// Set the load on `w` that this gateway copy did not send (the engine's running + queued
+    /// requests minus this copy's own in-flight, from the telemetry thread). The worker moves
+    /// between levels in one step, as with `inc`/`dec`, so min/max and least-loaded picks see
+    /// it at once; `n` above [`MAX_EXTERNAL`] is clamped.
+    pub fn set_external(&self, w: WorkerId, n: u32) {
+        let Some(slot) = self.slots.get(w as usize) else {
+            debug_assert!(false, "worker {w} out of LoadBoard capacity");
+            return;
+        };
+        let ext = u64::from(n.min(MAX_EXTERNAL)) << EXT_SHIFT;
+        let with = |s: u64| (s & !EXT_MASK) | ext;
+        // The closure never refuses, so both arms carry the previous word.
+        let prev = match slot.fetch_update(Relaxed, Relaxed, |s| Some(with(s))) {
+            Ok(p) | Err(p) => p,
+        };
+        if is_elig(prev) {
+            self.move_level(load_of(prev), load_of(with(prev)));
+        }
+    }
+
+    /// Routing load of `w`: own in-flight + external (0 for ids beyond capacity). Every
+    /// aggregate and pick of the board uses this number.
     pub fn load(&self, w: WorkerId) -> u32 {
         load_of(self.word(w))
+    }
+
+    /// Requests this gateway copy has in flight on `w` (the `smg_worker_requests_active` gauge).
+    pub fn in_flight(&self, w: WorkerId) -> u32 {
+        own_of(self.word(w))
+    }
+
+    /// The external part of `w`'s load (see [`set_external`](Self::set_external)).
+    pub fn external(&self, w: WorkerId) -> u32 {
+        ext_of(self.word(w))
     }
 
     /// Number of eligible workers.
@@ -310,7 +364,7 @@ impl LoadBoard {
         out
     }
 
-    /// (min, max) in-flight over eligible workers; `None` when none is eligible.
+    /// (min, max) load over eligible workers; `None` when none is eligible.
     /// O(max − min) level reads in the common case; a full pass only while some eligible worker
     /// has `>= levels − 1` requests in flight (or the levels look momentarily empty).
     pub fn min_max(&self) -> Option<(u32, u32)> {
@@ -323,7 +377,7 @@ impl LoadBoard {
         }
     }
 
-    /// Sum of in-flight requests over eligible workers (bounded-load hashing needs the average).
+    /// Sum of loads over eligible workers (bounded-load hashing needs the average).
     /// Computed from the levels between min and max; exact pass when levels saturate.
     pub fn eligible_load_sum(&self) -> u64 {
         if self.eligible_count() == 0 {

@@ -390,6 +390,8 @@ impl Registry {
             .ok_or_else(|| RegistryError::NotFound(url_or_id.to_string()))?;
         found.draining.store(true, Ordering::Relaxed);
         self.refresh_eligibility(&found);
+        // The id may be reused: whoever gets it starts without this worker's engine load.
+        self.loads.set_external(found.id, 0);
         let workers: Vec<Arc<Worker>> = cur
             .workers
             .iter()
@@ -399,6 +401,24 @@ impl Registry {
         self.list.store(Arc::new(WorkerList::build(workers)));
         ids.retired.push(found.clone());
         Ok(found)
+    }
+
+    /// Set `worker`'s external load (engine-reported requests this copy did not send) on the
+    /// load board, unless it was removed meanwhile: the check and the write happen under the
+    /// admin lock, so a scrape that finishes after a removal can never charge its load to a
+    /// new worker that reused the id. Returns whether it was set.
+    pub fn set_external_load(&self, worker: &Worker, n: u32) -> bool {
+        let _ids = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let current = self.list.load();
+        if current
+            .get(worker.id)
+            .is_some_and(|w| w.serial == worker.serial)
+        {
+            self.loads.set_external(worker.id, n);
+            true
+        } else {
+            false
+        }
     }
 
     /// Record a health verdict and update eligibility. Returns true when it changed.
@@ -518,5 +538,25 @@ mod tests {
         assert!(w.admit(&cfg).is_none());
         drop(probe); // the client left: the slot comes back
         assert!(w.admit(&cfg).is_some());
+    }
+
+    #[test]
+    fn external_load_never_reaches_a_worker_that_reused_the_id() {
+        let r = Registry::new();
+        let a = r.add("http://127.0.0.1:1", true).unwrap();
+        assert!(r.set_external_load(&a, 7));
+        assert_eq!(r.loads.load(a.id), 7);
+        r.remove(&a.url).unwrap();
+        assert_eq!(r.loads.external(a.id), 0, "cleared on removal");
+        // A scrape of the removed worker that finishes late is refused.
+        assert!(!r.set_external_load(&a, 9));
+        assert_eq!(r.loads.external(a.id), 0);
+        let id = a.id;
+        drop(a);
+        let b = r.add("http://127.0.0.1:2", true).unwrap();
+        assert_eq!(b.id, id, "the id is reused");
+        assert_eq!(r.loads.load(b.id), 0);
+        assert!(r.set_external_load(&b, 3));
+        assert_eq!(r.loads.load(b.id), 3);
     }
 }

@@ -379,9 +379,12 @@ impl Engine {
         }
     }
 
-    /// Render `/metrics`.
-    pub fn render_metrics(&self, model: &str) -> String {
-        self.metrics.render(model, &self.gauges())
+    /// Render `/metrics`; `held` requests the server holds before the engine (the `hold`
+    /// fault) count as waiting, as a stalled scheduler's queue would.
+    pub fn render_metrics(&self, model: &str, held: usize) -> String {
+        let mut g = self.gauges();
+        g.queued += held;
+        self.metrics.render(model, &g)
     }
 
     /// Drop the whole cache; refused (false) while any request is waiting or running.

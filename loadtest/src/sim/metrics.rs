@@ -4,6 +4,7 @@
 //! the engine when `/metrics` renders. Times are in *virtual* seconds (the simulated GPU's
 //! clock), so the numbers are those a real worker would report regardless of `time_scale`.
 
+use radixgate::metrics::escape_label_value;
 use std::fmt::Write as _;
 
 /// TTFT buckets (seconds): the older SGLang list starting at 1 ms.
@@ -141,7 +142,7 @@ pub struct Gauges {
 impl Metrics {
     /// Prometheus text exposition for this worker. `model` is escaped for the label value.
     pub fn render(&self, model: &str, g: &Gauges) -> String {
-        let l = format!("model_name=\"{}\"", escape_label(model));
+        let l = format!("model_name=\"{}\"", escape_label_value(model));
         let mut o = String::with_capacity(8192);
         render_gauges(&mut o, &l, g);
         self.render_counters(&mut o, &l, g);
@@ -222,20 +223,6 @@ impl Metrics {
             l,
         );
     }
-}
-
-/// `model` escaped for a Prometheus label value (backslash, double quote, newline).
-fn escape_label(model: &str) -> String {
-    let mut esc = String::with_capacity(model.len());
-    for c in model.chars() {
-        match c {
-            '\\' => esc.push_str("\\\\"),
-            '"' => esc.push_str("\\\""),
-            '\n' => esc.push_str("\\n"),
-            _ => esc.push(c),
-        }
-    }
-    esc
 }
 
 /// One gauge with its HELP and TYPE lines; `l` is the rendered label set.

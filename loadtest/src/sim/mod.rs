@@ -34,7 +34,8 @@ pub use tokenizer::TokenizerMode;
 ///
 /// Tests can also change faults at run time, per port: `POST /debug/faults` with
 /// `{"fail_rate": 0.0..=1.0 | null, "hold": bool}` (null restores the configured rate; `hold`
-/// keeps inference requests waiting, counted as in progress, until it is cleared;
+/// keeps inference requests waiting, counted as in progress and reported as waiting requests in
+/// `/metrics` and `/get_load`, until it is cleared;
 /// `"skip_kv_seq": true` withholds the next KV-event batch from the PUB socket but keeps it for
 /// replay, a gap a subscriber can fill; `"lose_kv_seq": true` consumes the next sequence number
 /// with nothing sent or buffered, a gap it cannot), and read

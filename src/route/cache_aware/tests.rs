@@ -396,3 +396,41 @@ fn mixed_selection_applies_the_seed_threshold_and_balance() {
         assert_ne!(d.worker, 2);
     }
 }
+
+#[test]
+fn the_prediction_counts_only_what_the_chosen_worker_holds() {
+    let (ws, b) = board(3);
+    let mut rng = Rng::with_seed(11);
+    let p = Params::default();
+    // A hit: the holder is chosen, and all of the match is predicted to hit.
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(40, 100, &[2])).unwrap();
+    assert_eq!((d.branch, d.predicted_chars), (Branch::CacheHit, 40));
+    // A miss below the threshold that lands elsewhere predicts nothing.
+    set_load(&b, 2, 1);
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(20, 100, &[2])).unwrap();
+    assert_eq!(d.branch, Branch::CacheMiss);
+    assert_ne!(d.worker, 2);
+    assert_eq!((d.matched_chars, d.predicted_chars), (20, 0));
+    // A miss whose least-loaded pick happens to hold the prefix predicts the match.
+    set_load(&b, 2, 0);
+    set_load(&b, 0, 1);
+    set_load(&b, 1, 1);
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(20, 100, &[2])).unwrap();
+    assert_eq!((d.worker, d.predicted_chars), (2, 20));
+}
+
+#[test]
+fn engine_reported_load_makes_the_fleet_imbalanced() {
+    let (ws, b) = board(2);
+    let mut rng = Rng::with_seed(12);
+    let p = Params::default();
+    // The prefix holder is busy with requests another gateway copy sent: the engine says 100.
+    b.set_external(1, 100);
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1])).unwrap();
+    assert_eq!((d.worker, d.branch), (0, Branch::Imbalanced));
+    assert_eq!(d.predicted_chars, 0);
+    // Once the engine drains, affinity wins again.
+    b.set_external(1, 0);
+    let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1])).unwrap();
+    assert_eq!((d.worker, d.branch), (1, Branch::CacheHit));
+}

@@ -121,7 +121,13 @@ pub async fn loads(core: &Rc<Core>) -> Reply {
                 Ok((200, b)) => serde_json::from_slice::<Value>(b).unwrap_or(Value::Null),
                 _ => Value::Null,
             };
-            json!({"worker": w.url, "load": load, "gateway_in_flight": gw.registry.loads.load(w.id)})
+            let board = &gw.registry.loads;
+            json!({
+                "worker": w.url,
+                "load": load,
+                "gateway_in_flight": board.in_flight(w.id),
+                "routing_load": board.load(w.id),
+            })
         })
         .collect();
     Reply::json(200, &json!({"workers": loads}))

@@ -1,7 +1,9 @@
-//! What the gateway says about itself: liveness, readiness, and `/get_server_info`.
+//! What the gateway says about itself: liveness, readiness, `/get_server_info`, and what the
+//! engines said at the last scrape (`/engine_metrics`).
 
 use super::workers::worker_json;
 use crate::gateway::Gateway;
+use crate::serve::error::GatewayError;
 use crate::serve::reply::Reply;
 use serde_json::{json, Value};
 
@@ -55,6 +57,19 @@ pub fn server_info(gw: &Gateway) -> Reply {
     Reply::json(200, &body)
 }
 
+/// `GET /engine_metrics`: every worker's `/metrics` from the telemetry thread's last round,
+/// merged with a `worker` label on each sample (no call to the workers per request); 503 when
+/// the thread is off (`--worker-metrics-interval-secs 0`).
+pub fn engine_metrics(gw: &Gateway) -> Result<Reply, GatewayError> {
+    if !gw.telemetry.enabled() {
+        return Err(GatewayError::new(
+            503,
+            "engine metrics are not collected (--worker-metrics-interval-secs 0)",
+        ));
+    }
+    Ok(Reply::exposition(&gw.telemetry.report().exposition))
+}
+
 /// The effective configuration (secrets redacted).
 fn config_json(gw: &Gateway) -> Value {
     let c = &gw.cfg;
@@ -73,6 +88,7 @@ fn config_json(gw: &Gateway) -> Value {
         "prometheus_port": c.prometheus_port, "prometheus_host": c.prometheus_host,
         "health_check_interval_secs": c.health_check_interval_secs,
         "health_check_endpoint": c.health_check_endpoint,
+        "worker_metrics_interval_secs": c.worker_metrics_interval_secs,
         "disable_health_check": c.disable_health_check,
         "api_key": c.api_key.as_ref().map(|_| "<redacted>"),
         "io_driver": gw.life.io_driver.as_str(), "cores": gw.life.cores,

@@ -1,8 +1,9 @@
 //! Endpoints the gateway answers itself: liveness/readiness, `/v1/models` merged from the
 //! workers, `/get_server_info`, worker management (`/workers`, and the legacy `/add_worker`,
-//! `/remove_worker`, `/list_workers` that scripts still call) and the `/flush_cache` and
-//! `/get_loads` fan-outs. Each endpoint is one function returning a [`Reply`] or a
-//! [`GatewayError`]; [`handle`] checks the key and writes whichever comes back.
+//! `/remove_worker`, `/list_workers` that scripts still call), the `/flush_cache` and
+//! `/get_loads` fan-outs, and `/engine_metrics` (the telemetry thread's last merge). Each
+//! endpoint is one function returning a [`Reply`] or a [`GatewayError`]; [`handle`] checks the
+//! key and writes whichever comes back.
 
 mod fanout;
 mod info;
@@ -51,6 +52,8 @@ pub enum Endpoint {
     GetLoads,
     /// `GET /kv_index/snapshot`: the KV-event index for a sibling copy (`--kv-bootstrap-peer`).
     KvSnapshot,
+    /// `GET /engine_metrics`: the workers' own metrics, merged, from the last scrape.
+    EngineMetrics,
 }
 
 impl Endpoint {
@@ -66,7 +69,8 @@ impl Endpoint {
         )
     }
 
-    /// Worker management and cache control (need the admin key when one is set).
+    /// Worker management, cache control, and the reads that name workers (need the admin key
+    /// when one is set).
     pub fn is_admin(self) -> bool {
         self.changes_workers()
             || matches!(
@@ -77,6 +81,8 @@ impl Endpoint {
                     | Endpoint::LegacyList
                     | Endpoint::GetLoads
                     | Endpoint::KvSnapshot
+                    // Names every worker's address (internal topology), as /workers does.
+                    | Endpoint::EngineMetrics
             )
     }
 }
@@ -103,6 +109,7 @@ pub fn endpoint(method: Method, path: &[u8]) -> Option<Result<Endpoint, ()>> {
         b"/flush_cache" => m(post || get, Endpoint::FlushCache),
         b"/get_loads" => m(get, Endpoint::GetLoads),
         b"/kv_index/snapshot" => m(get, Endpoint::KvSnapshot),
+        b"/engine_metrics" => m(get, Endpoint::EngineMetrics),
         p if p.starts_with(b"/workers/") && p.len() > b"/workers/".len() => match method {
             Method::Get => Some(Ok(Endpoint::GetWorker)),
             Method::Delete => Some(Ok(Endpoint::DeleteWorker)),
@@ -154,6 +161,7 @@ async fn answer(
         Endpoint::FlushCache => Ok(fanout::flush_cache(core).await),
         Endpoint::GetLoads => Ok(fanout::loads(core).await),
         Endpoint::KvSnapshot => kv::snapshot(gw).await,
+        Endpoint::EngineMetrics => info::engine_metrics(gw),
         Endpoint::ListWorkers => Ok(workers::list(gw)),
         Endpoint::LegacyList => Ok(workers::legacy_list(gw)),
         Endpoint::GetWorker => workers::get(gw, head),
@@ -199,6 +207,7 @@ mod tests {
             Endpoint::FlushCache,
             Endpoint::GetLoads,
             Endpoint::KvSnapshot,
+            Endpoint::EngineMetrics,
         ];
         let public = [
             Endpoint::Health,

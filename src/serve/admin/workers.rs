@@ -39,7 +39,9 @@ pub fn worker_json(gw: &Gateway, w: &Worker) -> Value {
         "healthy": w.is_healthy(),
         "draining": w.is_draining(),
         "circuit": w.breaker.state().as_str(),
-        "in_flight": gw.registry.loads.load(w.id),
+        "in_flight": gw.registry.loads.in_flight(w.id),
+        "external_load": gw.registry.loads.external(w.id),
+        "routing_load": gw.registry.loads.load(w.id),
         "completed": w.completed.load(std::sync::atomic::Ordering::Relaxed),
     })
 }
@@ -90,7 +92,7 @@ pub fn remove(gw: &Gateway, key: &str, removed: u16) -> Result<Reply, GatewayErr
     let w = gw
         .remove_worker(key)
         .map_err(|e| GatewayError::new(404, e.to_string()))?;
-    let body = json!({"removed": w.url, "id": w.id.to_string(), "in_flight": gw.registry.loads.load(w.id)});
+    let body = json!({"removed": w.url, "id": w.id.to_string(), "in_flight": gw.registry.loads.in_flight(w.id)});
     Ok(Reply::json(removed, &body))
 }
 

@@ -239,6 +239,8 @@ enum Op {
     Inc(u32),
     Dec(u32),
     Elig(u32, bool),
+    /// The telemetry thread sets a worker's external load.
+    Ext(u32, u32),
     Check(u64, Vec<u32>),
 }
 
@@ -247,6 +249,7 @@ fn op(n: u32) -> impl Strategy<Value = Op> {
         6 => (0..n).prop_map(Op::Inc),
         4 => (0..n).prop_map(Op::Dec),
         1 => (0..n, any::<bool>()).prop_map(|(w, e)| Op::Elig(w, e)),
+        2 => (0..n, prop_oneof![0u32..16, Just(0), 0u32..40]).prop_map(|(w, x)| Op::Ext(w, x)),
         2 => (any::<u64>(), proptest::collection::vec(0..n, 0..3))
             .prop_map(|(s, x)| Op::Check(s, x)),
     ]
@@ -265,8 +268,15 @@ proptest! {
         for o in ops {
             match o {
                 Op::Inc(w) if w < n => b.inc(w),
-                Op::Dec(w) if w < n && b.load(w) > 0 => b.dec(w),
+                Op::Dec(w) if w < n && b.in_flight(w) > 0 => b.dec(w),
                 Op::Elig(w, e) if w < n => b.set_eligible(w, e),
+                Op::Ext(w, x) if w < n => {
+                    let own = b.in_flight(w);
+                    b.set_external(w, x);
+                    prop_assert_eq!(b.external(w), x);
+                    prop_assert_eq!(b.in_flight(w), own);
+                    prop_assert_eq!(b.load(w), own + x);
+                }
                 Op::Check(seed, exclude) => {
                     let mut rng = Rng::with_seed(seed);
                     prop_assert_eq!(b.min_max(), naive_min_max(&b));
@@ -295,5 +305,150 @@ proptest! {
         }
         b.check_quiescent();
         prop_assert_eq!(b.min_max(), naive_min_max(&b));
+        let sum: u64 = (0..n).filter(|&w| b.is_eligible(w)).map(|w| b.load(w) as u64).sum();
+        prop_assert_eq!(b.eligible_load_sum(), sum);
     }
+}
+
+#[test]
+fn external_load_adds_to_own_and_moves_levels() {
+    let (ws, b) = tests_support_board(3);
+    b.inc(0);
+    b.set_external(1, 5);
+    assert_eq!((b.load(1), b.in_flight(1), b.external(1)), (5, 0, 5));
+    assert_eq!(b.min_max(), Some((0, 5)));
+    assert_eq!(b.eligible_load_sum(), 6);
+    let mut rng = Rng::with_seed(4);
+    for _ in 0..50 {
+        assert_eq!(b.pick_least_loaded(&ws, &[], &mut rng), Some(2));
+    }
+    // Own requests on top of external load; a dec never eats into the external part.
+    b.inc(1);
+    assert_eq!((b.load(1), b.in_flight(1)), (6, 1));
+    b.dec(1);
+    if !cfg!(debug_assertions) {
+        b.dec(1); // unmatched: ignored
+    }
+    assert_eq!((b.load(1), b.in_flight(1), b.external(1)), (5, 0, 5));
+    // Lowering it moves the worker back down at once.
+    b.set_external(1, 0);
+    assert_eq!(b.min_max(), Some((0, 1)));
+    // An ineligible worker keeps its external load out of the aggregates, and brings it back.
+    b.set_external(2, 9);
+    b.set_eligible(2, false);
+    assert_eq!(b.min_max(), Some((0, 1)));
+    b.set_eligible(2, true);
+    assert_eq!(b.min_max(), Some((0, 9)));
+    // Reports beyond the field are clamped, not wrapped into the eligibility bit.
+    b.set_external(0, u32::MAX);
+    assert_eq!(b.external(0), MAX_EXTERNAL);
+    assert!(b.is_eligible(0));
+    assert_eq!(b.load(0), MAX_EXTERNAL + 1);
+    b.check_quiescent();
+    assert_eq!(b.min_max(), naive_min_max(&b));
+}
+
+#[test]
+fn external_load_on_saturated_levels_stays_exact() {
+    let b = LoadBoard::with_levels(3, 4); // levels 0,1,2,3+
+    for w in 0..3 {
+        b.set_eligible(w, true);
+    }
+    b.set_external(0, 100);
+    b.inc(1);
+    assert_eq!(b.min_max(), Some((0, 100)));
+    b.set_external(0, 2);
+    assert_eq!(b.min_max(), Some((0, 2)));
+    assert_eq!(b.eligible_load_sum(), 3);
+    b.check_quiescent();
+}
+
+/// Requests start and end on every core while the telemetry thread rewrites external loads:
+/// at quiescence the levels, min/max and sums are exact and each worker's load is exactly its
+/// own held count plus the last external value written.
+#[test]
+fn concurrent_external_updates_are_exact_at_quiescence() {
+    const N: usize = 24;
+    let b = Arc::new(LoadBoard::with_levels(N, 16));
+    for w in 0..N as u32 {
+        b.set_eligible(w, true);
+    }
+    let writers: Vec<_> = (0..3u64)
+        .map(|t| {
+            let b = Arc::clone(&b);
+            std::thread::spawn(move || {
+                let mut rng = Rng::with_seed(500 + t);
+                let ws: Vec<WorkerId> = (0..N as u32).collect();
+                let mut held: Vec<WorkerId> = Vec::new();
+                for _ in 0..40_000 {
+                    match rng.below(8) {
+                        0..=3 => {
+                            let w = rng.below(N) as u32;
+                            b.inc(w);
+                            held.push(w);
+                        }
+                        4..=6 if !held.is_empty() => {
+                            let w = held.swap_remove(rng.below(held.len()));
+                            b.dec(w);
+                        }
+                        _ => {
+                            let _ = b.min_max();
+                            let _ = b.pick_least_loaded(&ws, &[], &mut rng);
+                        }
+                    }
+                }
+                held
+            })
+        })
+        .collect();
+    // The telemetry side: one thread (as in the gateway) rewriting every worker's external
+    // load, sometimes to zero, sometimes past the top level.
+    let telemetry = {
+        let b = Arc::clone(&b);
+        std::thread::spawn(move || {
+            let mut rng = Rng::with_seed(77);
+            let mut last = [0u32; N];
+            for i in 0..30_000 {
+                let w = rng.below(N);
+                let x = match i % 5 {
+                    0 => 0,
+                    1 => 40,
+                    _ => rng.below(12) as u32,
+                };
+                b.set_external(w as u32, x);
+                last[w] = x;
+            }
+            last
+        })
+    };
+    let last = telemetry.join().unwrap();
+    let mut held_all = [0u32; N];
+    for t in writers {
+        for w in t.join().unwrap() {
+            held_all[w as usize] += 1;
+        }
+    }
+    for w in 0..N {
+        assert_eq!(b.in_flight(w as u32), held_all[w], "own, worker {w}");
+        assert_eq!(b.external(w as u32), last[w], "external, worker {w}");
+        assert_eq!(b.load(w as u32), held_all[w] + last[w], "worker {w}");
+    }
+    b.check_quiescent();
+    assert_eq!(b.min_max(), naive_min_max(&b));
+    let sum: u64 = (0..N as u32).map(|w| b.load(w) as u64).sum();
+    assert_eq!(b.eligible_load_sum(), sum);
+    // Clearing every external load leaves exactly the own counts.
+    for w in 0..N as u32 {
+        b.set_external(w, 0);
+    }
+    b.check_quiescent();
+    let own: Vec<u32> = held_all.to_vec();
+    assert_eq!(
+        b.min_max(),
+        Some((*own.iter().min().unwrap(), *own.iter().max().unwrap()))
+    );
+}
+
+fn tests_support_board(n: u32) -> (Vec<WorkerId>, LoadBoard) {
+    super::tests_support::board(n)
 }

@@ -1,6 +1,7 @@
 //! Inference requests: fault knobs, submission to the engine, and the blocking or streamed
 //! (SSE) answer.
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -83,6 +84,15 @@ pub(super) async fn inference(
     next
 }
 
+/// Counts a request as held while it waits on the `hold` knob.
+struct Held<'a>(&'a Cell<usize>);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
 /// The fault knobs that act before an inference request is parsed: die, stall, delay, fail.
 /// `Some` is the outcome when a fault answered (or dropped) the request.
 async fn apply_faults(
@@ -94,11 +104,15 @@ async fn apply_faults(
     let faults = &sh.cfg.faults;
     let count = sh.received.get() + 1;
     sh.received.set(count);
-    while sh.hold.get() {
-        monoio::select! {
-            _ = monoio::time::sleep(HOLD_POLL) => {}
-            _ = r.disconnected() => return Some(Next::Close),
-            _ = sh.shutdown.wait() => return Some(Next::Close),
+    if sh.hold.get() {
+        sh.held.set(sh.held.get() + 1);
+        let _held = Held(&sh.held);
+        while sh.hold.get() {
+            monoio::select! {
+                _ = monoio::time::sleep(HOLD_POLL) => {}
+                _ = r.disconnected() => return Some(Next::Close),
+                _ = sh.shutdown.wait() => return Some(Next::Close),
+            }
         }
     }
     if faults.die_after.is_some_and(|n| count > n) {

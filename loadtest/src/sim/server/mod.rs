@@ -84,6 +84,9 @@ struct Server {
     /// `hold` keeps new and waiting inference requests from being handled until it is cleared.
     fail_rate_override: Cell<Option<f64>>,
     hold: Cell<bool>,
+    /// Inference requests waiting on `hold` right now: reported as waiting requests
+    /// (`sglang:num_queue_reqs`, `/get_load`), so a held worker looks busy to whoever asks.
+    held: Cell<usize>,
     /// This worker's KV-event publisher (`--kv-events-config` with publisher "zmq").
     kv: Option<KvPublisher>,
     /// This worker's `--kv-events-config` as reported by `/get_server_info` (endpoints offset
@@ -162,6 +165,7 @@ impl Server {
             in_progress: Cell::new(0),
             fail_rate_override: Cell::new(None),
             hold: Cell::new(false),
+            held: Cell::new(0),
             kv,
             kv_config,
             kv_scratch: RefCell::new(Vec::new()),

@@ -149,7 +149,10 @@ async fn handle_info(
         b"/v1/loads" if get => respond_json(sh, wr, keep, 200, &loads(sh)).await,
         b"/flush_cache" if get || post => flush_cache(sh, keep, wr).await,
         b"/metrics" if get => {
-            let text = sh.engine.borrow().render_metrics(&sh.cfg.model_name);
+            let text = sh
+                .engine
+                .borrow()
+                .render_metrics(&sh.cfg.model_name, sh.held.get());
             respond(
                 sh,
                 wr,
@@ -287,8 +290,8 @@ fn get_load(sh: &Server) -> Value {
     let e = sh.engine.borrow();
     json!([{
         "dp_rank": 0,
-        "num_reqs": e.num_running() + e.num_waiting(),
-        "num_waiting_reqs": e.num_waiting(),
+        "num_reqs": e.num_running() + e.num_waiting() + sh.held.get(),
+        "num_waiting_reqs": e.num_waiting() + sh.held.get(),
         "num_tokens": e.cache().used_tokens(),
         "num_pending_tokens": e.waiting_tokens(),
         "ts_tic": unix_now(),
@@ -302,7 +305,8 @@ fn loads(sh: &Server) -> Value {
     json!({
         "timestamp": unix_now(), "version": "0.5.2-sim", "accelerator": "sim", "num_accelerators": 1,
         "loads": [{
-            "dp_rank": 0, "num_running_reqs": e.num_running(), "num_waiting_reqs": e.num_waiting(),
+            "dp_rank": 0, "num_running_reqs": e.num_running(),
+            "num_waiting_reqs": e.num_waiting() + sh.held.get(),
             "num_waiting_uncached_tokens": e.waiting_tokens(), "num_used_tokens": used,
             "num_total_tokens": e.cache().tree_tokens() + e.cache().private_tokens(),
             "max_total_num_tokens": cap, "token_usage": used as f64 / cap as f64,
