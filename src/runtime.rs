@@ -160,6 +160,21 @@ pub fn start(cfg: Config) -> Result<Running, String> {
     crate::metrics::install();
     crate::metrics::io_driver(driver.as_str());
     let gw = Arc::new(Gateway::new(cfg, registry, driver, cpus.len()));
+    if gw.cfg.kv_events {
+        // Asked for and not running is a configuration error, not a quiet fallback.
+        match &gw.kv {
+            None => return Err("--kv-events could not start (see the log above)".into()),
+            Some(kv) if gw.cfg.tokenizer_path.is_some() && kv.tokenizer().is_none() => {
+                return Err("--tokenizer-path could not be loaded (see the log above)".into())
+            }
+            Some(_) => {}
+        }
+    } else if gw.cfg.tokenizer_path.is_some() {
+        crate::log!(
+            Warn,
+            "--tokenizer-path is used only with --kv-events; ignored"
+        );
+    }
     let mut threads = Vec::new();
     for (index, (cpu, listener)) in cpus.into_iter().zip(listeners).enumerate() {
         threads.push(spawn_core(gw.clone(), index, cpu, listener)?);

@@ -281,3 +281,106 @@ fn workers_added_at_run_time_are_subscribed_and_removed_ones_dropped() {
         .iter()
         .all(|m| m.blocks == 0));
 }
+
+/// A tokenizer folder the gateway and the simulated workers share (a small Llama-3-style BPE
+/// with its chat template, built here: no download).
+fn tokenizer_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("radixgate-kv-tok-{name}-{}", std::process::id()));
+    radixgate::tokenize::folder::small_llama3_folder(&dir).unwrap();
+    dir
+}
+
+fn chat_turns(turns: &[(&str, &str)]) -> Vec<u8> {
+    let msgs: Vec<serde_json::Value> = turns
+        .iter()
+        .map(|(r, c)| serde_json::json!({"role": r, "content": c}))
+        .collect();
+    serde_json::to_vec(&serde_json::json!({"model": MODEL, "messages": msgs, "max_tokens": 2}))
+        .unwrap()
+}
+
+#[test]
+fn chat_prompts_are_tokenized_with_the_servers_template_and_routed_by_their_events() {
+    let dir = tokenizer_dir("chat");
+    let c = sim(2, |cfg| {
+        cfg.page_size = PAGE;
+        cfg.tokenizer_path = Some(dir.clone());
+        cfg.kv_events = Some(
+            KvEventsConfig::parse(
+                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
+            )
+            .unwrap(),
+        );
+    });
+    let tok = dir.display().to_string();
+    let gw = gateway_for(
+        &urls(&c),
+        &[
+            "--kv-events",
+            "--policy",
+            "cache_aware",
+            "--tokenizer-path",
+            &tok,
+        ],
+    );
+    wait_warm(&gw, 2);
+    let ports = c.ports();
+    let kv = gw.gateway().kv.as_ref().unwrap();
+    for i in 0..6usize {
+        let holder = i % 2;
+        let system = format!("You are assistant number {i}. Answer briefly and kindly, always.");
+        let question = format!("Tell me about the weather in city {i} today, please.");
+        let turn1 = chat_turns(&[("system", &system), ("user", &question)]);
+        // Turn 1 is prefilled on the holder by a client that bypasses the gateway.
+        let stored_before = kv.stats.blocks_stored();
+        let r = request(
+            worker_addr(&c, holder),
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            &turn1,
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let answer = r.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        wait_until("the turn's events applied", LIMIT, || {
+            (kv.stats.blocks_stored() > stored_before).then_some(())
+        });
+        // Turn 2 through the gateway: its tokens extend turn 1's, which only the events know.
+        let turn2 = chat_turns(&[
+            ("system", &system),
+            ("user", &question),
+            ("assistant", &answer),
+            ("user", "And tomorrow?"),
+        ]);
+        let r = request(gw.addr, "POST", "/v1/chat/completions", &[], &turn2).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(served_by(&r), ports[holder], "conversation {i}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_tokenizer_path_that_cannot_load_stops_the_start() {
+    let args: Vec<String> = [
+        "radixgate",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+        "--kv-events",
+        "--tokenizer-path",
+        "/nonexistent/tokenizer",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let cfg = radixgate::config::Config::try_from_args(&args).unwrap();
+    let err = radixgate::runtime::start(cfg).err().expect("refused");
+    assert!(err.contains("--tokenizer-path"), "{err}");
+}

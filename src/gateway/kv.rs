@@ -16,7 +16,9 @@ use crate::kv::intake::{
 };
 use crate::proxy::forward;
 use crate::proxy::pool::Pool;
+use crate::route::extract::{Api, MAX_ROUTING_TEXT};
 use crate::route::pending::PendingBlocks;
+use crate::tokenize::{SegmentCache, Tokenizer};
 use crate::workers::registry::{Worker, WorkerList};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -51,6 +53,8 @@ pub struct KvRouting {
     pub stats: Arc<IndexStats>,
     /// Endpoints given by flags, by worker URL.
     flagged: Vec<KvEndpoints>,
+    /// `--tokenizer-path`, loaded once: chat and text prompts are measured in tokens.
+    tokenizer: Option<Arc<Tokenizer>>,
     /// The copy from `--kv-bootstrap-peer` was taken (or failed, or none was asked for):
     /// subscriptions wait for it, so the stream resumes after its watermarks.
     bootstrapped: AtomicBool,
@@ -58,7 +62,11 @@ pub struct KvRouting {
 
 impl KvRouting {
     /// Start the event thread with an empty index. `flagged`: endpoints from the flags.
-    pub fn start(flagged: Vec<KvEndpoints>, bootstrap: bool) -> std::io::Result<KvRouting> {
+    pub fn start(
+        flagged: Vec<KvEndpoints>,
+        bootstrap: bool,
+        tokenizer: Option<Arc<Tokenizer>>,
+    ) -> std::io::Result<KvRouting> {
         let writer = IndexWriter::new(IndexConfig::default());
         let reader = writer.reader();
         let stats = writer.stats();
@@ -89,8 +97,14 @@ impl KvRouting {
             models,
             stats,
             flagged,
+            tokenizer,
             bootstrapped: AtomicBool::new(!bootstrap),
         })
+    }
+
+    /// The tokenizer, when `--tokenizer-path` gave one.
+    pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
+        self.tokenizer.as_ref()
     }
 
     /// Workers whose events are complete, sorted (cheap: one `Arc` load).
@@ -215,6 +229,8 @@ pub struct KvScratch {
     pub cached: Vec<(WorkerId, usize)>,
     /// The index model (hashed) the prompt was measured against.
     pub model_hash: u64,
+    /// This core's cache of token ids per prompt piece (created on first use).
+    pub segments: Option<SegmentCache>,
     buf: Vec<u8>,
     matches: MatchScratch,
 }
@@ -231,15 +247,19 @@ pub enum Fallback {
     BadTokenIds,
     /// The model has no events yet (block size unknown), or the index knows no such model.
     NoIndex,
+    /// An API whose prompt the servers do not prefill into their prefix cache the same way
+    /// (embeddings, rerank).
+    OtherApi,
 }
 
 impl Fallback {
     /// Every reason, for series that exist from the start.
-    pub const ALL: [Fallback; 4] = [
+    pub const ALL: [Fallback; 5] = [
         Fallback::NoTokenizer,
         Fallback::Tokenize,
         Fallback::BadTokenIds,
         Fallback::NoIndex,
+        Fallback::OtherApi,
     ];
 
     /// The metric label.
@@ -249,6 +269,7 @@ impl Fallback {
             Fallback::Tokenize => "tokenize_error",
             Fallback::BadTokenIds => "bad_token_ids",
             Fallback::NoIndex => "no_index",
+            Fallback::OtherApi => "other_api",
         }
     }
 }
@@ -269,7 +290,44 @@ pub fn parse_token_ids(text: &str, capped_at: usize, out: &mut Vec<u32>) -> Resu
     Ok(())
 }
 
+/// Token ids a core's segment cache keeps (about 4 MiB of ids plus ~40 bytes a piece): the
+/// histories of a few thousand live conversations.
+pub const SEGMENT_CACHE_TOKENS: usize = 1 << 20;
+
 impl KvRouting {
+    /// The prompt's token ids into `s.tokens`: `/generate`'s `input_ids` as given (no tokenizer
+    /// needed), a chat rendered through the model's template, a completions or `/generate`
+    /// text prompt as the server encodes it. `text` is the routing text the extractor built
+    /// (capped: a longer text prompt is measured on its first `MAX_ROUTING_TEXT` bytes).
+    pub fn tokenize(
+        &self,
+        api: Api,
+        body: &[u8],
+        text: &str,
+        token_ids: bool,
+        s: &mut KvScratch,
+    ) -> Result<(), Fallback> {
+        if token_ids {
+            return parse_token_ids(text, MAX_ROUTING_TEXT, &mut s.tokens);
+        }
+        let Some(tok) = &self.tokenizer else {
+            return Err(Fallback::NoTokenizer);
+        };
+        let cache = s
+            .segments
+            .get_or_insert_with(|| SegmentCache::new(tok.clone(), SEGMENT_CACHE_TOKENS));
+        s.tokens.clear();
+        let r = match api {
+            Api::Chat => cache.chat_ids(body, &mut s.tokens),
+            Api::Completions | Api::Generate => cache.text_ids(text, &mut s.tokens),
+            Api::Embeddings | Api::Rerank => return Err(Fallback::OtherApi),
+        };
+        r.map_err(|e| {
+            crate::log!(Debug, "kv events: prompt not tokenized ({e}); text tree");
+            Fallback::Tokenize
+        })
+    }
+
     /// Measure the prompt in `s.tokens` for a request naming `model`: its block chain, and per
     /// worker the tokens of its prefix the index and the pending entries put there. Returns the
     /// prompt's token count, or why the text tree must decide instead.
@@ -289,6 +347,7 @@ impl KvRouting {
             model_hash,
             buf,
             matches,
+            ..
         } = s;
         chain_hashes(tokens, bs, MAX_MATCH_TOKENS / bs, chain, buf);
         cached.clear();

@@ -126,7 +126,18 @@ fn start_kv(cfg: &Config) -> Option<kv::KvRouting> {
             return None;
         }
     };
-    match kv::KvRouting::start(flagged, cfg.kv_bootstrap_peer.is_some()) {
+    let tokenizer = match &cfg.tokenizer_path {
+        None => None,
+        Some(p) => match crate::tokenize::Tokenizer::from_path(p) {
+            Ok(t) => Some(std::sync::Arc::new(t)),
+            Err(e) => {
+                // `runtime::start` refuses to go on without it.
+                crate::log!(Error, "--tokenizer-path: {e}");
+                None
+            }
+        },
+    };
+    match kv::KvRouting::start(flagged, cfg.kv_bootstrap_peer.is_some(), tokenizer) {
         Ok(k) => Some(k),
         Err(e) => {
             crate::log!(Error, "kv events off: cannot start the event thread: {e}");

@@ -15,7 +15,7 @@ use super::reply::send_error;
 use super::Outcome;
 use crate::admission::Permit;
 use crate::base::WorkerId;
-use crate::gateway::kv::{parse_token_ids, Fallback, KvRouting, KvScratch};
+use crate::gateway::kv::{KvRouting, KvScratch};
 use crate::gateway::{Core, Gateway};
 use crate::http::{BodyFraming, Method, RequestHead};
 use crate::proxy::capture::Capture;
@@ -363,12 +363,7 @@ impl<'a> Exchange<'a> {
     /// This prompt's tokens against the KV-event index (into `s`): its token count, or `None`
     /// when the text tree decides alone (counted by reason).
     fn measure(&self, kv: &KvRouting, api: Api, s: &mut KvScratch, now_ms: u64) -> Option<usize> {
-        let tokens = if self.info.token_ids {
-            parse_token_ids(&self.info.text, MAX_ROUTING_TEXT, &mut s.tokens)
-        } else {
-            let _ = api; // Tokenized prompts: see `tokenize` (chat templates, prompts).
-            Err(Fallback::NoTokenizer)
-        };
+        let tokens = kv.tokenize(api, self.body, &self.info.text, self.info.token_ids, s);
         let r = tokens.and_then(|()| kv.measure(self.info.model.as_deref(), s, now_ms));
         match r {
             Ok(n) => {
