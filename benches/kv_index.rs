@@ -11,6 +11,12 @@
 //!   first half on 2 more, the first 100 blocks on a fifth; and a 4k-token prompt the same way.
 //!   `match/miss_100k`: a 100k-token prompt whose first block no source holds.
 //!
+//! - `transfer/export_copy_1M`, `transfer/export_1M`, `transfer/import_1M`: of an index holding
+//!   1M blocks (8 sources of 128k, the traffic above), the copy the event thread takes
+//!   ([`IndexWriter::export_copy`]), the whole export to bytes ([`IndexWriter::export`]), and
+//!   [`IndexWriter::import`] of that payload into an empty writer (the `--kv-bootstrap-peer`
+//!   start-up); the payload's size is printed.
+//!
 //! Memory per block held is printed first: bytes requested from the allocator (live, counted by
 //! a wrapper around mimalloc) divided by blocks held, for blocks on one source each and for
 //! blocks shared by two sources; mimalloc rounds requests up to its size classes (at most
@@ -269,6 +275,56 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    g.finish();
+    transfer(c);
+}
+
+/// Export and import of a 1M-block index.
+fn transfer(c: &mut Criterion) {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let mut t = Traffic::new(8, 64);
+    for i in 0..1_000_000 / PER_EVENT {
+        let e = t.event(i % 8);
+        w.apply(MODEL, src(i % 8), &e).expect("stored");
+    }
+    let url_of = |worker: u32| Some(format!("http://10.0.0.{worker}:30000"));
+    let worker_of = |url: &str| {
+        url.strip_prefix("http://10.0.0.")?
+            .strip_suffix(":30000")?
+            .parse()
+            .ok()
+    };
+    let data = w.export(url_of, |_| Some(0));
+    println!(
+        "kv_index transfer: {} blocks exported in {} bytes, {:.2} bytes per block",
+        w.held(),
+        data.len(),
+        data.len() as f64 / w.held() as f64
+    );
+    let mut g = c.benchmark_group("kv_index");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(10));
+    g.bench_function("transfer/export_copy_1M", |b| {
+        b.iter_batched(
+            || (),
+            |()| w.export_copy(url_of, |_| Some(0)),
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("transfer/export_1M", |b| {
+        b.iter(|| w.export(url_of, |_| Some(0)).len())
+    });
+    g.bench_function("transfer/import_1M", |b| {
+        b.iter_batched(
+            || IndexWriter::new(IndexConfig::default()),
+            |mut into| {
+                let summary = into.import(&data, worker_of).expect("import");
+                assert_eq!(into.held(), w.held(), "{summary:?}");
+                into
+            },
+            BatchSize::PerIteration,
+        )
+    });
     g.finish();
 }
 

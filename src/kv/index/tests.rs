@@ -2,13 +2,13 @@ use super::*;
 use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
 
-const M: &str = "m";
+pub(super) const M: &str = "m";
 
-fn src(worker: WorkerId, dp_rank: u32) -> Source {
+pub(super) fn src(worker: WorkerId, dp_rank: u32) -> Source {
     Source { worker, dp_rank }
 }
 
-fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: usize) -> KvEvent {
+pub(super) fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: usize) -> KvEvent {
     KvEvent::BlockStored(crate::kv::wire::BlockStored {
         block_hashes: hashes.iter().map(|&h| EngineHash(h)).collect(),
         parent: parent.map(EngineHash),
@@ -19,7 +19,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: usize) -> KvE
     })
 }
 
-fn removed(hashes: &[u64]) -> KvEvent {
+pub(super) fn removed(hashes: &[u64]) -> KvEvent {
     KvEvent::BlockRemoved(crate::kv::wire::BlockRemoved {
         block_hashes: hashes.iter().map(|&h| EngineHash(h)).collect(),
         medium: None,
@@ -27,7 +27,7 @@ fn removed(hashes: &[u64]) -> KvEvent {
 }
 
 /// Publishes and matches, results sorted by source.
-fn matches(w: &mut IndexWriter, model: &str, tokens: &[u32]) -> Vec<(Source, u32)> {
+pub(super) fn matches(w: &mut IndexWriter, model: &str, tokens: &[u32]) -> Vec<(Source, u32)> {
     w.publish();
     w.check();
     let snap = w.reader().load();
@@ -41,7 +41,7 @@ fn matches(w: &mut IndexWriter, model: &str, tokens: &[u32]) -> Vec<(Source, u32
     v
 }
 
-fn seq(n: usize, start: u32) -> Vec<u32> {
+pub(super) fn seq(n: usize, start: u32) -> Vec<u32> {
     (start..start + n as u32).collect()
 }
 
@@ -503,7 +503,7 @@ impl Oracle {
 }
 
 #[derive(Debug, Clone)]
-enum Op {
+pub(super) enum Op {
     Store {
         s: Source,
         hashes: Vec<u64>,
@@ -518,7 +518,7 @@ enum Op {
     Match(Vec<u32>),
 }
 
-fn op() -> impl Strategy<Value = Op> {
+pub(super) fn op() -> impl Strategy<Value = Op> {
     let source = (0u32..3, 0u32..2).prop_map(|(w, r)| src(w, r));
     // Small hash and token alphabets: engine ids and block contents collide often, so parents,
     // duplicates, replacements and sharing across sources all happen.

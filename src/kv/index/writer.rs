@@ -10,6 +10,12 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+mod transfer;
+
+#[cfg(test)]
+pub(super) use transfer::RecordView;
+pub use transfer::{ImportError, ImportSummary, ImportedSource, IndexExport};
+
 /// Why an event was not applied (each is also counted in [`IndexStats`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DropReason {
@@ -41,7 +47,7 @@ struct Rec {
 }
 
 /// One source's blocks as the writer sees them.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct SourceState {
     id: SourceId,
     model: Arc<str>,
@@ -355,10 +361,8 @@ impl IndexWriter {
         let trie = &mut self.models[mi].trie;
         let mut n = 0;
         while s.blocks.len() > keep {
-            let victim = match s.leaves.first() {
-                Some(&(_, eh)) => eh,
-                // Unreachable while the leaf invariant holds; never loop forever on it.
-                None => *s.blocks.keys().next().expect("blocks left"),
+            let Some(victim) = next_victim(s) else {
+                break;
             };
             remove_block(s, trie, victim);
             n += 1;
@@ -536,6 +540,16 @@ fn add_block(
     );
     s.leaves.insert((stamp, eh));
     trie.add(own, s.id);
+}
+
+/// The block the caps evict next from `s`: its oldest leaf (shared with the export, which lists
+/// blocks in this order so an importer with smaller caps keeps what eviction would keep).
+fn next_victim(s: &SourceState) -> Option<EngineHash> {
+    match s.leaves.first() {
+        Some(&(_, eh)) => Some(eh),
+        // Unreachable while the leaf invariant holds; never loop forever on it.
+        None => s.blocks.keys().next().copied(),
+    }
 }
 
 /// Removes `eh`'s record and its holding; false when the source does not hold `eh`. A parent
