@@ -384,3 +384,82 @@ fn a_tokenizer_path_that_cannot_load_stops_the_start() {
     let err = radixgate::runtime::start(cfg).err().expect("refused");
     assert!(err.contains("--tokenizer-path"), "{err}");
 }
+
+#[test]
+fn a_new_copy_started_with_a_bootstrap_peer_copies_its_index_and_follows_live_events() {
+    // Replay buffers of two batches: a new copy cannot learn the early prompts from the
+    // servers; only its sibling's copy has them.
+    let c = sim(2, |cfg| {
+        cfg.page_size = PAGE;
+        cfg.kv_events = Some(
+            KvEventsConfig::parse(
+                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*","buffer_steps":2}"#,
+            )
+            .unwrap(),
+        );
+    });
+    let ports = c.ports();
+    let first = gateway_for(&urls(&c), &["--kv-events", "--policy", "cache_aware"]);
+    wait_warm(&first, 2);
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(700 + i, 64)).collect();
+    for (i, ids) in prompts.iter().enumerate() {
+        prefill_directly(&c, i % 2, ids);
+        wait_until("the first copy indexed it", LIMIT, || {
+            (indexed_blocks(&first, &c, ports[i % 2], ids) == 16).then_some(())
+        });
+    }
+    let peer = format!("http://{}", first.addr);
+    let second = gateway_for(
+        &urls(&c),
+        &[
+            "--kv-events",
+            "--policy",
+            "cache_aware",
+            "--kv-bootstrap-peer",
+            &peer,
+        ],
+    );
+    wait_warm(&second, 2);
+    for (i, ids) in prompts.iter().enumerate() {
+        assert_eq!(
+            indexed_blocks(&second, &c, ports[i % 2], ids),
+            16,
+            "prompt {i}"
+        );
+        assert_eq!(route(&second, ids), ports[i % 2], "prompt {i}");
+    }
+    // Live events after the copy's watermarks apply on top.
+    let later = prompt(800, 64);
+    prefill_directly(&c, 1, &later);
+    wait_until("the live event on the second copy", LIMIT, || {
+        (indexed_blocks(&second, &c, ports[1], &later) == 16).then_some(())
+    });
+    assert_eq!(route(&second, &later), ports[1]);
+}
+
+#[test]
+fn without_the_peer_a_new_copy_knows_only_what_the_replay_buffers_still_hold() {
+    // The control for the test above: the same fleet, no peer.
+    let c = sim(2, |cfg| {
+        cfg.page_size = PAGE;
+        cfg.kv_events = Some(
+            KvEventsConfig::parse(
+                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*","buffer_steps":2}"#,
+            )
+            .unwrap(),
+        );
+    });
+    let ports = c.ports();
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(900 + i, 64)).collect();
+    for (i, ids) in prompts.iter().enumerate() {
+        prefill_directly(&c, i % 2, ids);
+    }
+    let gw = gateway_for(&urls(&c), &["--kv-events", "--policy", "cache_aware"]);
+    wait_warm(&gw, 2);
+    let known = prompts
+        .iter()
+        .enumerate()
+        .filter(|(i, ids)| indexed_blocks(&gw, &c, ports[i % 2], ids) == 16)
+        .count();
+    assert!(known < prompts.len(), "the replay buffers held everything");
+}

@@ -22,6 +22,7 @@ use crate::tokenize::{SegmentCache, Tokenizer};
 use crate::workers::registry::{Worker, WorkerList};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
+use crossbeam::channel::Sender;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -36,8 +37,9 @@ pub const PENDING_TTL_MS: u64 = 5_000;
 /// Longest prompt hashed into blocks for a match (tokens past it are not matched): 1 Mi tokens.
 pub const MAX_MATCH_TOKENS: usize = 1 << 20;
 
-/// Worker → the model its events are filed under (set by discovery before it subscribes).
-type ModelMap = HashMap<WorkerId, Arc<str>>;
+/// Worker → the model its events are filed under and its URL (its name in an index copy),
+/// set by discovery before it subscribes.
+type ModelMap = HashMap<WorkerId, (Arc<str>, Arc<str>)>;
 
 /// The KV-event state the cores share.
 pub struct KvRouting {
@@ -138,7 +140,7 @@ impl KvRouting {
         self.intake.counts()
     }
 
-    fn set_model(&self, worker: WorkerId, model: Option<Arc<str>>) {
+    fn set_model(&self, worker: WorkerId, model: Option<(Arc<str>, Arc<str>)>) {
         let mut next = self.models.load().as_ref().clone();
         match model {
             Some(m) => next.insert(worker, m),
@@ -384,7 +386,7 @@ impl EventSink for IndexSink {
         match event {
             IntakeEvent::Batch(b) => {
                 let models = self.models.load();
-                let Some(model) = models.get(&b.key.worker) else {
+                let Some((model, _)) = models.get(&b.key.worker) else {
                     return; // Unsubscribed meanwhile.
                 };
                 for e in &b.events {
@@ -414,6 +416,58 @@ impl EventSink for IndexSink {
                 self.warm_dirty = true;
             }
         }
+    }
+
+    fn export(&mut self, watermarks: &[(Source, i64)], reply: Sender<Option<Vec<u8>>>) {
+        let models = self.models.load();
+        let copy = self.writer.export_copy(
+            |w| models.get(&w).map(|(_, url)| url.to_string()),
+            |s| {
+                watermarks
+                    .iter()
+                    .find(|(k, _)| *k == s)
+                    .map(|&(_, seq)| seq)
+            },
+        );
+        // Encoding costs ~15× taking the copy: off the event thread.
+        let spawned = std::thread::Builder::new()
+            .name("radixgate-kv-export".into())
+            .spawn({
+                let reply = reply.clone();
+                move || {
+                    let _ = reply.try_send(Some(copy.encode()));
+                }
+            });
+        if spawned.is_err() {
+            let _ = reply.try_send(None);
+        }
+    }
+
+    fn import(
+        &mut self,
+        data: &[u8],
+        workers: &[(String, WorkerId)],
+    ) -> Result<Vec<(Source, i64)>, String> {
+        let summary = self
+            .writer
+            .import(data, |url| {
+                workers.iter().find(|(u, _)| u == url).map(|&(_, id)| id)
+            })
+            .map_err(|e| e.to_string())?;
+        self.dirty = true;
+        if summary.unknown > 0 || summary.refused > 0 {
+            crate::log!(
+                Info,
+                "kv events: index copy: {} publishers of unknown workers skipped, {} refused",
+                summary.unknown,
+                summary.refused
+            );
+        }
+        Ok(summary
+            .sources
+            .iter()
+            .filter_map(|s| Some((s.source, s.watermark?)))
+            .collect())
     }
 
     fn flush(&mut self) {
@@ -629,7 +683,7 @@ impl Discovery {
             (None, Err(e)) => return Err(e),
         };
         let model: Arc<str> = Arc::from(model.unwrap_or_else(|| "default".into()).as_str());
-        kv.set_model(w.id, Some(model));
+        kv.set_model(w.id, Some((model, Arc::from(w.url.as_str()))));
         let endpoints = KvEndpoints {
             worker_url: w.url.clone(),
             live,

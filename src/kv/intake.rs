@@ -125,10 +125,11 @@ pub trait EventSink: Send + 'static {
     fn flush(&mut self) {}
 
     /// A copy of everything held, for a sibling gateway starting up (`--kv-bootstrap-peer`),
-    /// with the last batch applied of each publisher; `None` when this sink keeps no copy.
-    fn export(&mut self, watermarks: &[(PublisherKey, i64)]) -> Option<Vec<u8>> {
-        let _ = watermarks;
-        None
+    /// with the last batch applied of each publisher, sent on `reply` (`None` when this sink
+    /// keeps no copy). The sink may finish it on another thread: only taking the copy has to
+    /// happen here, between two batches.
+    fn export(&mut self, watermarks: &[(PublisherKey, i64)], reply: Sender<Option<Vec<u8>>>) {
+        let _ = (watermarks, reply.try_send(None));
     }
 
     /// Take a sibling's copy (before subscribing). `workers` names this gateway's workers by URL
@@ -604,7 +605,7 @@ impl<S: EventSink> EventThread<S> {
                     .iter()
                     .filter_map(|s| Some((s.publisher.key, s.seq.last()?)))
                     .collect();
-                let _ = reply.try_send(self.sink.export(&marks));
+                self.sink.export(&marks, reply);
             }
             Command::Import {
                 data,
