@@ -253,6 +253,16 @@ fn size_limits_refuse_before_encoding() {
     assert!(out.is_empty());
     c.chat_ids(&chat(&[("user", &"x".repeat(300))]), &mut out)
         .unwrap();
+    // A 20-message chat renders well within 100k of fuel.
+    let msgs: Vec<(&str, &str)> = (0..20)
+        .map(|i| {
+            (
+                if i % 2 == 0 { "user" } else { "assistant" },
+                "a few words here",
+            )
+        })
+        .collect();
+    t.render_chat(&chat(&msgs)).unwrap();
     // The fuel budget stops a template that loops forever-ish.
     let tpl = "{% for i in range(100000) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}";
     let dir2 = folder_with(
@@ -467,7 +477,7 @@ fn template_speaks_python() {
         "{\n  \"a\": [\n    1.5,\n    1e+20,\n    \"é\\\"<\"\n  ],\n  \"z\": 1\n}"
     );
     // Python printing and whitespace.
-    assert_eq!(render_with("{{ flag }}|{{ n }}|{{ [1, 'a'] }}|{{ messages[0].content.strip() }}|{{ messages[0].content | trim }}|", body).unwrap(), "True|None|[1, 'a']|hi|hi|");
+    assert_eq!(render_with("{{ flag }}|{{ n | string }}|{{ [1, 'a'] }}|{{ messages[0].content.strip() }}|{{ messages[0].content | trim }}|", body).unwrap(), "True|None|[1, 'a']|hi|hi|");
     assert_eq!(render_with("{{ 'a b  c'.split() | length }}{{ 'xx'.startswith('x') }}{% for k, v in {'a': 1}.items() %}{{ k }}{{ v }}{% endfor %}", body).unwrap(), "3Truea1");
     // trim_blocks / lstrip_blocks, loop controls, the generation block.
     assert_eq!(
@@ -581,4 +591,13 @@ fn folder_helper_writes_loadable_files() {
     let ids = t.encode("the tokens", false).unwrap();
     assert!(ids.len() < "the tokens".len(), "merges apply: {ids:?}");
     assert_eq!(t.decode(&ids).unwrap(), "the tokens");
+}
+
+/// Loaded once and shared by every core; each core builds its own cache on its thread.
+#[test]
+fn tokenizer_is_shared_and_caches_move_to_their_core() {
+    fn shared<T: Send + Sync>() {}
+    fn movable<T: Send>() {}
+    shared::<Tokenizer>();
+    movable::<SegmentCache>();
 }
