@@ -601,3 +601,48 @@ fn tokenizer_is_shared_and_caches_move_to_their_core() {
     shared::<Tokenizer>();
     movable::<SegmentCache>();
 }
+
+/// The golden folder `scripts/tokenize-golden.py` renders with transformers: the small
+/// tokenizer plus the golden template as `chat_template.jinja`.
+fn golden_folder(dir: &Path, template: &str) {
+    folder::small_llama3_folder(dir).unwrap();
+    std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+}
+
+#[test]
+#[ignore = "writes /tmp/radixgate-golden for scripts/tokenize-golden.py"]
+fn write_golden_folder() {
+    let g: J =
+        serde_json::from_str(include_str!("../../tests/fixtures/tokenize_golden.json")).unwrap();
+    golden_folder(
+        Path::new("/tmp/radixgate-golden"),
+        g["template"].as_str().unwrap(),
+    );
+}
+
+/// What HF transformers renders and encodes (tests/fixtures/tokenize_golden.json) for requests
+/// using tools (`tojson(indent=4)`, non-ASCII), tool calls with string arguments, a tool result
+/// with Python whitespace, special-token text, content parts, a trailing assistant message,
+/// Python printing of lists / None / floats, namespaces and whitespace control.
+#[test]
+fn matches_transformers_goldens() {
+    let g: J =
+        serde_json::from_str(include_str!("../../tests/fixtures/tokenize_golden.json")).unwrap();
+    let dir = temp_dir("golden");
+    golden_folder(&dir, g["template"].as_str().unwrap());
+    let t = Arc::new(Tokenizer::from_path(&dir).unwrap());
+    let mut c = SegmentCache::new(t.clone(), 1 << 16);
+    for (i, case) in g["cases"].as_array().unwrap().iter().enumerate() {
+        let body = case["body"].as_str().unwrap().as_bytes();
+        assert_eq!(
+            t.render_chat(body).unwrap(),
+            case["text"].as_str().unwrap(),
+            "case {i}"
+        );
+        let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+        assert_eq!(chat_ids(&mut c, body).unwrap(), want, "case {i}");
+    }
+    let mut ids = Vec::new();
+    c.text_ids(g["prompt"].as_str().unwrap(), &mut ids).unwrap();
+    assert_eq!(J::from(ids), g["prompt_ids"]);
+}
