@@ -46,16 +46,18 @@ use split::{Added, Piece, Splitter};
 use template::ChatTemplate;
 
 /// Size and time bounds of one tokenization. Measured cost of `tokenizers` with a 100k
-/// byte-level BPE vocabulary (the cl100k folder, `benches/tokenize.rs`, one core of a shared
-/// 2-core VM): 0.35–0.4 ms per KiB of prose and at most ~0.8 ms per KiB on any input shape
-/// (random bytes), linear in the length — a 64 KiB run of one letter costs 4–5× a 16 KiB one.
-/// So the defaults bound one request to under a second of a core in the worst case.
+/// byte-level BPE vocabulary (the cl100k folder, `benches/tokenize.rs`, one core of a shared,
+/// loaded 2-core VM): 0.35–0.5 ms per KiB of prose, 0.25–0.75 ms per KiB for runs of one letter,
+/// digits, whitespace, punctuation or CJK, and the worst, random bytes, 0.8–1.8 ms per KiB;
+/// linear in the length (a 64 KiB run of one letter costs 4–5× a 16 KiB one). The defaults
+/// bound one request to about a second of a core in the worst case, ~0.2 s for prose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Largest `/v1/chat/completions` body parsed (bytes). Default 4 MiB.
     pub max_body_bytes: usize,
     /// Largest text encoded: a rendered chat prompt, a completions prompt (bytes). Default
-    /// 1 MiB (≈ 250k tokens of English, past any served context window).
+    /// 512 KiB (≈ 130k tokens of English, a 128k context window; longer prompts are routed by
+    /// the text tree).
     pub max_text_bytes: usize,
     /// Longest run without whitespace encoded (bytes). A pre-tokenizer may keep such a run as
     /// one word, and BPE merges one word in O(n log n); measured linear up to 64 KiB, prose never
@@ -70,7 +72,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_body_bytes: 4 << 20,
-            max_text_bytes: 1 << 20,
+            max_text_bytes: 512 << 10,
             max_word_bytes: 64 << 10,
             template_fuel: 20_000_000,
         }
