@@ -134,8 +134,8 @@ pub fn byte_level_bpe_json(
 /// use) and `template` as the chat template.
 pub fn llama3_config(template: &str) -> Value {
     json!({
-        "bos_token": {"content": "<|begin_of_text|>", "lstrip": false, "normalized": false,
-                      "rstrip": false, "single_word": false},
+        "bos_token": {"__type": "AddedToken", "content": "<|begin_of_text|>", "lstrip": false,
+                      "normalized": false, "rstrip": false, "single_word": false},
         "eos_token": "<|eot_id|>",
         "chat_template": template,
         "model_max_length": 131072,

@@ -292,6 +292,11 @@ impl ChatTemplate {
         });
         env.add_filter("tojson", tojson);
         env.add_filter("trim", trim);
+        env.add_filter("string", |v: Value| {
+            let mut s = String::new();
+            pyjson::py_str(&v, &mut s);
+            Value::from(s)
+        });
         env.add_function(
             "raise_exception",
             |msg: Rest<Value>| -> Result<Value, Error> {

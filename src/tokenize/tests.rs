@@ -253,6 +253,16 @@ fn size_limits_refuse_before_encoding() {
     assert!(out.is_empty());
     c.chat_ids(&chat(&[("user", &"x".repeat(300))]), &mut out)
         .unwrap();
+    // A 20-message chat renders well within 100k of fuel.
+    let msgs: Vec<(&str, &str)> = (0..20)
+        .map(|i| {
+            (
+                if i % 2 == 0 { "user" } else { "assistant" },
+                "a few words here",
+            )
+        })
+        .collect();
+    t.render_chat(&chat(&msgs)).unwrap();
     // The fuel budget stops a template that loops forever-ish.
     let tpl = "{% for i in range(100000) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}";
     let dir2 = folder_with(
@@ -467,7 +477,7 @@ fn template_speaks_python() {
         "{\n  \"a\": [\n    1.5,\n    1e+20,\n    \"é\\\"<\"\n  ],\n  \"z\": 1\n}"
     );
     // Python printing and whitespace.
-    assert_eq!(render_with("{{ flag }}|{{ n }}|{{ [1, 'a'] }}|{{ messages[0].content.strip() }}|{{ messages[0].content | trim }}|", body).unwrap(), "True|None|[1, 'a']|hi|hi|");
+    assert_eq!(render_with("{{ flag }}|{{ n | string }}|{{ [1, 'a'] }}|{{ messages[0].content.strip() }}|{{ messages[0].content | trim }}|", body).unwrap(), "True|None|[1, 'a']|hi|hi|");
     assert_eq!(render_with("{{ 'a b  c'.split() | length }}{{ 'xx'.startswith('x') }}{% for k, v in {'a': 1}.items() %}{{ k }}{{ v }}{% endfor %}", body).unwrap(), "3Truea1");
     // trim_blocks / lstrip_blocks, loop controls, the generation block.
     assert_eq!(
@@ -581,4 +591,58 @@ fn folder_helper_writes_loadable_files() {
     let ids = t.encode("the tokens", false).unwrap();
     assert!(ids.len() < "the tokens".len(), "merges apply: {ids:?}");
     assert_eq!(t.decode(&ids).unwrap(), "the tokens");
+}
+
+/// Loaded once and shared by every core; each core builds its own cache on its thread.
+#[test]
+fn tokenizer_is_shared_and_caches_move_to_their_core() {
+    fn shared<T: Send + Sync>() {}
+    fn movable<T: Send>() {}
+    shared::<Tokenizer>();
+    movable::<SegmentCache>();
+}
+
+/// The golden folder `scripts/tokenize-golden.py` renders with transformers: the small
+/// tokenizer plus the golden template as `chat_template.jinja`.
+fn golden_folder(dir: &Path, template: &str) {
+    folder::small_llama3_folder(dir).unwrap();
+    std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+}
+
+#[test]
+#[ignore = "writes /tmp/radixgate-golden for scripts/tokenize-golden.py"]
+fn write_golden_folder() {
+    let g: J =
+        serde_json::from_str(include_str!("../../tests/fixtures/tokenize_golden.json")).unwrap();
+    golden_folder(
+        Path::new("/tmp/radixgate-golden"),
+        g["template"].as_str().unwrap(),
+    );
+}
+
+/// What HF transformers renders and encodes (tests/fixtures/tokenize_golden.json) for requests
+/// using tools (`tojson(indent=4)`, non-ASCII), tool calls with string arguments, a tool result
+/// with Python whitespace, special-token text, content parts, a trailing assistant message,
+/// Python printing of lists / None / floats, namespaces and whitespace control.
+#[test]
+fn matches_transformers_goldens() {
+    let g: J =
+        serde_json::from_str(include_str!("../../tests/fixtures/tokenize_golden.json")).unwrap();
+    let dir = temp_dir("golden");
+    golden_folder(&dir, g["template"].as_str().unwrap());
+    let t = Arc::new(Tokenizer::from_path(&dir).unwrap());
+    let mut c = SegmentCache::new(t.clone(), 1 << 16);
+    for (i, case) in g["cases"].as_array().unwrap().iter().enumerate() {
+        let body = case["body"].as_str().unwrap().as_bytes();
+        assert_eq!(
+            t.render_chat(body).unwrap(),
+            case["text"].as_str().unwrap(),
+            "case {i}"
+        );
+        let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+        assert_eq!(chat_ids(&mut c, body).unwrap(), want, "case {i}");
+    }
+    let mut ids = Vec::new();
+    c.text_ids(g["prompt"].as_str().unwrap(), &mut ids).unwrap();
+    assert_eq!(J::from(ids), g["prompt_ids"]);
 }
