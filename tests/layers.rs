@@ -171,7 +171,15 @@ fn the_readme_source_tree_names_every_file() {
                 let stem = file.trim_end_matches(".rs");
                 line.contains(&format!("{sub}/")) && words(&line).iter().any(|w| w == stem)
             }
-            _ => false,
+            // Deeper: the line names the path below the first folder, `sub/…/stem`.
+            [dir, subs @ .., file] => {
+                let line = line_of(&format!("{dir}/"));
+                let stem = file.trim_end_matches(".rs");
+                let inner = subs[1..].join("/");
+                line.contains(&format!("{}/", subs[0]))
+                    && words(&line).iter().any(|w| *w == format!("{inner}/{stem}"))
+            }
+            [] => false,
         };
         if !ok {
             missing.push(rel.display().to_string());
