@@ -10,7 +10,7 @@ where the earlier turns went, where the new copy sent the next one, and the serv
   gateway-probe.py start  --state F --target URL --api generate-ids|chat [--conversations K]
                           [--prefix-tokens T] [--turns N] [--seed S]
   gateway-probe.py next   --state F --target URL --label L [--only A-B]
-  gateway-probe.py report --state F            (markdown on stdout)
+  gateway-probe.py report --state F [--state F2 ...]   (markdown on stdout)
 
 Token ids (generate-ids) are random ids below 100 000 (the simulator's approx vocabulary);
 chat prompts are random words. Loopback targets only. Standard library only.
@@ -108,9 +108,11 @@ def cmd_next(a):
 
 
 def cmd_report(a):
-    st = json.load(open(a.state))
-    rows, same, hits = [], 0, []
-    for c in st["conversations"]:
+    convs = []
+    for path in a.state:
+        convs += json.load(open(path))["conversations"]
+    rows, groups = [], {}
+    for c in convs:
         t = c["turns"]
         probe = [x for x in t if x.get("label")]
         if not probe:
@@ -119,11 +121,13 @@ def cmd_report(a):
         earlier = [x["port"] for x in t[:t.index(last)]]
         prev = earlier[-1] if earlier else None
         ok = last["port"] == prev
-        same += ok
         hit = (last["cached_tokens"] / last["prompt_tokens"]) if last.get("prompt_tokens") else None
+        g = groups.setdefault(last["label"], [0, 0, []])
+        g[0] += ok
+        g[1] += 1
         if hit is not None:
-            hits.append(hit)
-        rows.append(f"| {c['id']} | {last['label']} | {' → '.join(str(p) for p in earlier)} | "
+            g[2].append(hit)
+        rows.append(f"| {len(rows)} | {last['label']} | {' → '.join(str(p) for p in earlier)} | "
                     f"{last['port']} | {'yes' if ok else '**no**'} | "
                     f"{last['cached_tokens']} / {last['prompt_tokens']} "
                     f"({'n/a' if hit is None else f'{100 * hit:.0f} %'}) |")
@@ -131,10 +135,11 @@ def cmd_report(a):
           "new copy's choice | same worker | server cached / prompt tokens |")
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))
-    if rows:
+    print()
+    for label, (same, n, hits) in groups.items():
         mean = sum(hits) / len(hits) if hits else 0
-        print(f"\n{same} of {len(rows)} next turns routed by the new copy to the worker that "
-              f"served the previous turn; mean server hit on them {100 * mean:.0f} %.")
+        print(f"- {label}: {same} of {n} next turns to the worker that served the previous turn; "
+              f"mean server hit on them {100 * mean:.0f} %")
 
 
 def main():
@@ -154,7 +159,7 @@ def main():
     n.add_argument("--label", required=True)
     n.add_argument("--only", help="conversations A-B (inclusive)")
     r = sub.add_parser("report")
-    r.add_argument("--state", required=True)
+    r.add_argument("--state", required=True, action="append")
     a = p.parse_args()
     {"start": cmd_start, "next": cmd_next, "report": cmd_report}[a.cmd](a)
 

@@ -12,13 +12,14 @@
 # compare-policies' chat workload through the front with loadgen, and reads the hit rate from
 # the workers' own counters (Δ sglang:cached_tokens_total / Δ sglang:prompt_tokens_total).
 #
-# New copy mid-run (events mode, N copies): a third of the way into the replay, a few probe
-# conversations are started through the front (scripts/gateway-probe.py), then one more copy is
-# started — replay of the publishers' buffers only, and, when radixgate has --kv-bootstrap-peer,
-# a second one bootstrapped from copy 0 — and the next turn of each probe conversation is sent
-# straight to it (once right after /readiness, once after it reports every worker warm): which
-# worker answered (x-worker-port) and the server's cached tokens show whether it routes right
-# from its first turns. The probes' own tokens are subtracted from that run's hit rate.
+# New copy mid-run: one more event-mode run with N copies; a third of the way into the replay a
+# few probe conversations run two turns through the front (scripts/gateway-probe.py), then one
+# more copy starts — replay of the publishers' buffers only, and, when radixgate has
+# --kv-bootstrap-peer, a second one bootstrapped from copy 0 — and the next turn of each is sent
+# straight to it as soon as it answers /readiness; once it reports every worker warm, fresh
+# probe conversations check it again. Which worker answered (x-worker-port) and the server's
+# cached tokens show whether it routes right from its first turns. The probes' own tokens are
+# subtracted from that run's hit rate.
 #
 # Prompts in tokens: chat prompts need a tokenizer in the gateway (--tokenizer-path). The folder
 # comes from scripts/tokenizer-folder.sh: --tokenizer-path DIR if given, else (once sim-worker
@@ -368,60 +369,68 @@ run_fg() {
 }
 
 # ---- new copy mid-run (events mode, N copies) --------------------------------------------------
-# probe_new_copies DIR: probe conversations through the front, then a late copy (replay only) and,
-# when the build has it, a late copy with --kv-bootstrap-peer; next turns sent straight to them.
+# probe_new_copies DIR: for each late copy (replay only; bootstrapped from copy 0 when the build
+# has --kv-bootstrap-peer): K probe conversations run two turns through the front, the copy
+# starts, and their next turn goes straight to it as soon as it answers /readiness (what it knows
+# of the past: replay / bootstrap); once it reports every worker warm, K fresh conversations run
+# two turns through the front and their next turn goes straight to it too (what it learns live).
+# Under eviction a prefix left idle for long is gone from every worker, so each check follows
+# its conversations' earlier turns at once.
 probe_new_copies() {
-    local dir="$1" state="$1/probe.json" api k=0 idx label peer extra t_ready warm late_pid
+    local dir="$1" api k=0 idx label peer t_ready warm late_pid v t0 target
     api=generate-ids
     [[ "$API" == chat ]] && api=chat
     local variants=(replay)
     [[ "$HAS_BOOTSTRAP" == 1 ]] && variants+=(bootstrap)
-    local total=$((PROBES * 2 * ${#variants[@]}))
-    python3 scripts/gateway-probe.py start --state "$state" --target "$FRONT_URL" --api "$api" \
-        --conversations "$total" --prefix-tokens 2000 --turns 2 >>"$dir/probe.log" 2>&1 \
-        || { echo "probe conversations failed (see probe.log)" >"$dir/probe.md"; return 0; }
     : >"$dir/probe-times.txt"
     for v in "${variants[@]}"; do
         idx=$((COPIES + k))
-        extra=()
+        target="http://127.0.0.1:$(gw_port "$idx")"
+        local extra=()
         label="new copy (replay only)"
         if [[ "$v" == bootstrap ]]; then
             peer="http://127.0.0.1:$(gw_port 0)"
             extra=(--kv-bootstrap-peer "$peer")
             label="new copy (--kv-bootstrap-peer $peer)"
         fi
-        local t0
+        python3 scripts/gateway-probe.py start --state "$dir/probe-$v-1ready.json" --target "$FRONT_URL" --api "$api" \
+            --conversations "$PROBES" --prefix-tokens 2000 --turns 2 --seed $((100 + k)) >>"$dir/probe.log" 2>&1 \
+            || { echo "$label: probe conversations failed (see probe.log)" >>"$dir/probe-times.txt"; k=$((k + 1)); continue; }
         t0="$(date +%s.%N)"
         COPY_PIDS=()
         start_copy "$idx" events "$dir" "${extra[@]}"
         late_pid="${COPY_PIDS[0]}"
-        if ! wait_http "http://127.0.0.1:$(gw_port "$idx")/readiness" 60 "$late_pid"; then
+        if ! wait_http "$target/readiness" 60 "$late_pid"; then
             echo "$label: not ready within 60 s" >>"$dir/probe-times.txt"
             stop_and_forget "$late_pid"; k=$((k + 1)); continue
         fi
         t_ready="$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")"
-        local lo=$((k * 2 * PROBES)) mid=$((k * 2 * PROBES + PROBES - 1)) hi=$((k * 2 * PROBES + 2 * PROBES - 1))
-        python3 scripts/gateway-probe.py next --state "$state" --target "http://127.0.0.1:$(gw_port "$idx")" \
-            --label "$label, at /readiness (warm workers: $(warm_workers "$idx"))" --only "$lo-$mid" >>"$dir/probe.log" 2>&1 || true
-        warm="$(wait_warm "$idx" 30 || true)"
-        python3 scripts/gateway-probe.py next --state "$state" --target "http://127.0.0.1:$(gw_port "$idx")" \
-            --label "$label, once warm" --only "$((mid + 1))-$hi" >>"$dir/probe.log" 2>&1 || true
-        echo "$label: /readiness after ${t_ready} s; every worker warm ${warm} s after that" >>"$dir/probe-times.txt"
+        python3 scripts/gateway-probe.py next --state "$dir/probe-$v-1ready.json" --target "$target" \
+            --label "$label, at /readiness (warm workers: $(warm_workers "$idx")/$WORKERS)" >>"$dir/probe.log" 2>&1 || true
+        warm="$(wait_warm "$idx" 60 || true)"
+        python3 scripts/gateway-probe.py start --state "$dir/probe-$v-2warm.json" --target "$FRONT_URL" --api "$api" \
+            --conversations "$PROBES" --prefix-tokens 2000 --turns 2 --seed $((200 + k)) >>"$dir/probe.log" 2>&1 || true
+        python3 scripts/gateway-probe.py next --state "$dir/probe-$v-2warm.json" --target "$target" \
+            --label "$label, once warm" >>"$dir/probe.log" 2>&1 || true
+        echo "- $label: answered /readiness ${t_ready} s after its start; every worker warm ${warm} s after that" >>"$dir/probe-times.txt"
         curl -s --max-time 5 "http://127.0.0.1:$(gw_mport "$idx")/metrics" >"$dir/late-$v.prom" || true
         stop_and_forget "$late_pid"
         k=$((k + 1))
     done
+    local states=()
+    for f in "$dir"/probe-*.json; do [[ -f "$f" ]] && states+=(--state "$f"); done
     {
         cat "$dir/probe-times.txt"
         echo
-        python3 scripts/gateway-probe.py report --state "$state"
+        [[ ${#states[@]} -gt 0 ]] && python3 scripts/gateway-probe.py report "${states[@]}"
     } >"$dir/probe.md" 2>>"$dir/probe.log" || true
 }
 
 # ---- one run ---------------------------------------------------------------------------------------
-run_one() { # INDEX MODE COUNT
-    local idx="$1" mode="$2" n="$3" dir status=ok i w lg_pid probe=0
+run_one() { # INDEX MODE COUNT [probe]: probe = 1 adds the new-copy-mid-run check
+    local idx="$1" mode="$2" n="$3" probe="${4:-0}" dir status=ok i w lg_pid
     dir="$OUT/runs/$(printf '%02d' "$idx")-$mode-$n"
+    [[ "$probe" == 1 ]] && dir+="-newcopy"
     mkdir -p "$dir"
     log "[$mode, $n cop$( ((n == 1)) && echo y || echo ies)] starting radixgate x$n behind $FRONT"
     COPY_PIDS=()
@@ -459,8 +468,7 @@ run_one() { # INDEX MODE COUNT
             2>"$dir/loadgen.log" &
         lg_pid=$!
         PIDS+=("$lg_pid")
-        if [[ "$mode" == events && "$n" == "$COPIES" && "$NEW_COPY" == 1 ]]; then
-            probe=1
+        if [[ "$probe" == 1 ]]; then
             sleep "$(python3 -c "print(max(1.0, $DURATION / 3))")"
             log "[$mode, $n] new copy mid-run: probes and late copies"
             probe_new_copies "$dir"
@@ -494,6 +502,12 @@ for mode in "${MODES[@]}"; do
         run_one "$idx" "$mode" "$n"
     done
 done
+# The new-copy check runs on its own (same workload, event mode, N copies), so its probes and the
+# late copies' start-up replay do not touch the rows above.
+if [[ "$NEW_COPY" == 1 && " ${MODES[*]} " == *" events "* ]]; then
+    idx=$((idx + 1))
+    run_one "$idx" events "$COPIES" 1
+fi
 stop_and_forget "$SIM_PID"
 
 # ---- report ------------------------------------------------------------------------------------------
@@ -552,8 +566,10 @@ for name in sorted(os.listdir(os.path.join(root, "runs"))):
     cached = delta(d, "", "sglang:cached_tokens_total", 'cache_source="total"' if labelled else None)
     # The probe conversations' own requests (server-reported tokens) are not the workload's.
     pp = pc = 0
-    if os.path.exists(os.path.join(d, "probe.json")):
-        for c in json.load(open(os.path.join(d, "probe.json")))["conversations"]:
+    for f in sorted(os.listdir(d)):
+        if not (f.startswith("probe-") and f.endswith(".json")):
+            continue
+        for c in json.load(open(os.path.join(d, f)))["conversations"]:
             for t in c["turns"]:
                 pp += t.get("prompt_tokens") or 0
                 pc += t.get("cached_tokens") or 0
@@ -578,7 +594,7 @@ for name in sorted(os.listdir(os.path.join(root, "runs"))):
     r["predicted"] = delta(d, "gw", "radixgate_kv_predicted_cached_tokens_total") / kp if kp > 0 else None
     runs.append(r)
 
-one = {r["mode"]: r for r in runs if r["copies"] == 1 and r["status"] == "ok"}
+one = {r["mode"]: r for r in runs if r["copies"] == 1 and r["status"] == "ok" and not r.get("probe")}
 out = [f"# {meta['copies']} radixgate copies behind {meta['front']}: the servers' hit rate\n",
        "Command (from the repository root):\n", "```", meta["command"], "```\n",
        f"Commit `{meta['commit']}`, {meta['cpus']} CPUs. Workload: compare-policies' chat (`{meta['loadgen']}`, "
@@ -595,24 +611,36 @@ out = [f"# {meta['copies']} radixgate copies behind {meta['front']}: the servers
 for r in runs:
     lg = r["lg"]
     if r["status"] != "ok" or not lg:
-        out.append(f"| {r['mode']} | {r['copies']} | failed: {r['status']} | | | | | | | | |")
+        out.append(f"| {r['mode']} | {r['copies']}{' + new copy mid-run' if r.get('probe') else ''} "
+                   f"| failed: {r['status']} | | | | | | | | |")
         continue
     base = one.get(r["mode"])
     rel = (r["hit"] / base["hit"]) if base and base["hit"] and r["hit"] is not None else None
     fb = ", ".join(f"{k} {int(v)}" for k, v in sorted(r["fallbacks"].items())) or ("0" if r["mode"] == "events" else "—")
-    out.append(f"| {r['mode']} | {r['copies']} | **{pct(r['hit'])}** | {'' if rel is None else f'{100 * rel:.1f} %'} "
+    out.append(f"| {r['mode']} | {r['copies']}{' + new copy mid-run' if r.get('probe') else ''} | **{pct(r['hit'])}** | {'' if rel is None else f'{100 * rel:.1f} %'} "
                f"| {pct(lg.get('hit_rate'))} | {pct(r['predicted']) if r['mode'] == 'events' else '—'} "
                f"| {int(r['routed'])}{' (' + ' + '.join(map(str, r['routed_per'])) + ')' if r['copies'] > 1 else ''} | {fb} | {lg['ttft']['p50_ms']:.1f} | {lg['ttft']['p99_ms']:.1f} "
                f"| {lg['ok']} / {lg['sent']} |")
 out.append("\nHit rate (servers) = Δ `sglang:cached_tokens_total` / Δ `sglang:prompt_tokens_total` over all "
            "workers during the replay (probe conversations' own tokens subtracted). Fallbacks: "
-           "Δ `radixgate_kv_fallback_total` over the copies — requests the text tree routed although `--kv-events` is on.\n")
+           "Δ `radixgate_kv_fallback_total` over the copies — requests the text tree routed although `--kv-events` is on. "
+           "Routed requests include the probe conversations' turns sent through the front.\n")
+warm = []
+for r in runs:
+    p = os.path.join(r["dir"], "warm.txt")
+    if os.path.exists(p):
+        warm.append(f"- {os.path.basename(r['dir'])}: " + "; ".join(l.strip() for l in open(p) if l.strip()))
+if warm:
+    out += ["Event mode, before each replay (after the flush): time until each copy reported every worker "
+            "warm (`radixgate_kv_warm_workers`; the first copy of a run replays what the publishers still buffer "
+            "from earlier runs):\n"] + warm + [""]
 
 acc = []
 n = meta["copies"]
 for mode in ("events", "text"):
     a = one.get(mode)
-    b = next((r for r in runs if r["mode"] == mode and r["copies"] == n and r["status"] == "ok" and n > 1), None)
+    b = next((r for r in runs if r["mode"] == mode and r["copies"] == n and r["status"] == "ok" and n > 1
+              and not r.get("probe")), None)
     if a and b and a["hit"] and b["hit"] is not None:
         rel = b["hit"] / a["hit"]
         if mode == "events":
@@ -631,9 +659,12 @@ for r in runs:
     p = os.path.join(r["dir"], "probe.md")
     if os.path.exists(p):
         out.append(f"## New copy mid-run ({r['mode']} mode, {r['copies']} copies running)\n")
-        out.append(f"A third of the way into the replay, probe conversations (2,000-token prefix) ran two turns "
-                   f"through {meta['front']}; then a new copy was started and the next turn of each was sent "
-                   f"straight to it. `same worker`: it chose the worker that served the previous turn.\n")
+        out.append(f"A third of the way into the replay, {meta['probes']} probe conversations (2,000-token "
+                   f"prefix) ran two turns through {meta['front']}; then a new copy was started and the next turn "
+                   f"of each was sent straight to it once it answered `/readiness`. After it reported every worker "
+                   f"warm, {meta['probes']} fresh conversations did the same. `same worker`: it chose the worker "
+                   f"that served the previous turn (the prefix is there unless evicted meanwhile; the server's "
+                   f"cached tokens tell).\n")
         out.append(open(p).read())
         if not meta["has_bootstrap"]:
             out.append("\n`--kv-bootstrap-peer` is not in this build: only the replay-only copy was checked.\n")

@@ -139,12 +139,12 @@ def acceptance(meta, runs):
         if kv and kv["hit"] is not None:
             if ca and ca["hit"] is not None:
                 check("chat cache_aware+kv_events ≥ cache_aware (text tree)", kv["hit"] >= ca["hit"] - 1e-9,
-                      f"{fmt_pct(kv['hit'])} vs {fmt_pct(ca['hit'])}")
+                      f"{100 * kv['hit']:.2f} % vs {100 * ca['hit']:.2f} %")
             if oracle and oracle["hit"] is not None:
                 gap = 100 * (oracle["hit"] - kv["hit"])
                 check("chat cache_aware+kv_events within 3 points of the sticky-session oracle", gap <= 3.0,
-                      f"{fmt_pct(kv['hit'])} vs {fmt_pct(oracle['hit'])} "
-                      f"({abs(gap):.1f} points {'below' if gap > 0 else 'above'})")
+                      f"{100 * kv['hit']:.2f} % vs {100 * oracle['hit']:.2f} % "
+                      f"({abs(gap):.2f} points {'below' if gap > 0 else 'above'})")
             fbn = sum(kv["kv_fallbacks"].values())
             if kv["routed"] and fbn / kv["routed"] > 0.5:
                 lines.append(f"  - caveat: {int(fbn)} of {int(kv['routed'])} routed requests fell back to the text "
