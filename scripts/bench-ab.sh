@@ -42,7 +42,7 @@ peak() { taskset -c 1 wrk -t1 -c64 -d"${DUR}s" -s "$LUA" "http://127.0.0.1:$1/ge
 median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print (NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2}'; }
 for p in "$SIM" "$B0" "$A0" "$B1" "$A1"; do taskset -c 1 wrk -t1 -c1 -d1s -s "$LUA" "http://127.0.0.1:$p/generate" >/dev/null; done
 declare -A p50 p99 pk
-names=(direct:$SIM before_worker_cpu:$B1 after_worker_cpu:$A1 before_own_cpu:$B0 after_own_cpu:$A0)
+names=("direct:$SIM" "before_worker_cpu:$B1" "after_worker_cpu:$A1" "before_own_cpu:$B0" "after_own_cpu:$A0")
 for i in $(seq "$RUNS"); do
   for np in "${names[@]}"; do
     n=${np%%:*}; out=$(lat "${np##*:}")

@@ -5,8 +5,11 @@
 # gateway in front of them, warms it up, flushes the workers' caches, scrapes every worker's
 # /metrics, replays one workload with loadgen, scrapes again and stops the gateway. Policies:
 # radixgate round_robin, random, power_of_two, cache_aware, cache_aware --insert-response-text,
-# cache_aware --affinity-window, manual with X-SMG-Routing-Key (the sticky-session oracle), and
-# sglang-router 0.3.2 (PyPI, in .venv/) with cache_aware on the same cluster and workload.
+# cache_aware --affinity-window, cache_aware --kv-events (routing on the workers' own KV-cache
+# events: the workers then publish them, --kv-events-config on ephemeral ports, and the gateway
+# gets --tokenizer-path when a tokenizer folder is available, see scripts/tokenizer-folder.sh),
+# manual with X-SMG-Routing-Key (the sticky-session oracle), and sglang-router 0.3.2 (PyPI, in
+# .venv/) with cache_aware on the same cluster and workload.
 #
 # Writes results/<timestamp>/report.md (hit rate from the workers' counters, TTFT p50/p99,
 # throughput, per-worker load spread, acceptance checks) and chart.png (matplotlib in .venv/;
@@ -19,14 +22,19 @@
 # unless --tokenizer bpe. KV capacity per worker (--kv-tokens) defaults to 400k tokens (an 8B
 # model on an 80 GB GPU) for gsp/trace and to 100k for chat/mrqa, so live conversation history
 # is about twice the cluster's KV and eviction matters, as in production (reference §4, P3).
+# --api overrides the workload's API; `generate-ids` sends /generate with input_ids tokenized as
+# the workers tokenize (loadgen --input-ids), so --kv-events measures prompts in tokens without a
+# tokenizer in the gateway. Chat prompts without a tokenizer fall back to the text tree (the
+# report counts radixgate_kv_fallback_total).
 # Defaults keep a full run under ~10 minutes on 2 cores (gsp ~2 min, chat ~6 min).
 #
 # Usage: scripts/compare-policies.sh [--workload gsp|chat|mrqa|trace] [--workers N]
 #          [--duration S] [--policies a,b,...] [--no-sglang-router] [--no-chart] [--skip-build]
 #          [--time-scale X] [--rate R] [--tokenizer approx|bpe] [--kv-tokens N] [--out DIR]
+#          [--api chat|completions|generate|generate-ids] [--tokenizer-path DIR] [--make-tokenizer CMD]
 #          [--sim-args "..."] [--loadgen-args "..."] [--gateway-args "..."]
 # Policy names: round_robin random power_of_two cache_aware cache_aware+insert_response_text
-#               cache_aware+affinity_window manual+session_header sglang-router
+#               cache_aware+affinity_window cache_aware+kv_events manual+session_header sglang-router
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,7 +43,7 @@ cd "$ROOT"
 WORKLOAD=chat
 WORKERS=""
 DURATION=""
-POLICIES="round_robin,random,power_of_two,cache_aware,cache_aware+insert_response_text,cache_aware+affinity_window,manual+session_header,sglang-router"
+POLICIES="round_robin,random,power_of_two,cache_aware,cache_aware+insert_response_text,cache_aware+affinity_window,cache_aware+kv_events,manual+session_header,sglang-router"
 CHART=1
 BUILD=1
 TIME_SCALE=""
@@ -46,6 +54,9 @@ OUT=""
 SIM_ARGS=""
 LOADGEN_ARGS=""
 GATEWAY_ARGS=""
+API=""
+TOKENIZER_PATH=""
+MAKE_TOKENIZER=""
 SGLANG_ROUTER_VERSION=0.3.2
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
@@ -67,6 +78,9 @@ while [[ $# -gt 0 ]]; do
         --sim-args) SIM_ARGS="$2"; shift 2 ;;
         --loadgen-args) LOADGEN_ARGS="$2"; shift 2 ;;
         --gateway-args) GATEWAY_ARGS="$2"; shift 2 ;;
+        --api) API="$2"; shift 2 ;;
+        --tokenizer-path) TOKENIZER_PATH="$2"; shift 2 ;;
+        --make-tokenizer) MAKE_TOKENIZER="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -97,6 +111,20 @@ case "$WORKLOAD" in
         ;;
     *) echo "unknown workload: $WORKLOAD" >&2; exit 2 ;;
 esac
+if [[ -n "$API" ]]; then
+    keep=()
+    skip=0
+    for a in "${LG[@]}"; do
+        if [[ "$skip" == 1 ]]; then skip=0; continue; fi
+        if [[ "$a" == --api ]]; then skip=1; continue; fi
+        keep+=("$a")
+    done
+    case "$API" in
+        chat|completions|generate) LG=("${keep[@]}" --api "$API") ;;
+        generate-ids) LG=("${keep[@]}" --api generate --input-ids "$TOKENIZER") ;;
+        *) echo "unknown api: $API" >&2; exit 2 ;;
+    esac
+fi
 SIM_TS="$(python3 -c "print(f'{1.0 / float($TIME_SCALE):g}')")"
 DRAIN=60
 
@@ -220,10 +248,39 @@ GW_METRICS_PORT=$((BASE + WORKERS + 1))
 URLS=()
 for ((i = 0; i < WORKERS; i++)); do URLS+=("http://127.0.0.1:$((BASE + i))"); done
 
-log "starting $WORKERS simulated workers on ports $BASE-$LAST (GPU time x$SIM_TS, tokenizer $TOKENIZER, KV $KV_TOKENS tokens each)"
+# Event mode: the workers publish KV events (every policy of the run then runs against publishing
+# workers, so all see the same cluster), and the gateway gets a tokenizer folder when one exists
+# (the workers then tokenize with the same folder, so both count the same tokens).
+KV_SIM=()
+SIM_TOK=(--tokenizer "$TOKENIZER")
+SIM_TOK_DESC="$TOKENIZER"
+KV_TOK_NOTE=""
+if [[ ",$POLICIES," == *"+kv_events,"* ]]; then
+    KV_SIM=(--kv-events-config '{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}')
+    if [[ " ${LG[*]} " == *" --input-ids "* ]]; then
+        TOKENIZER_PATH=""; KV_TOK_NOTE="not needed (/generate input_ids)"
+    else
+        given=()
+        [[ -n "$TOKENIZER_PATH" ]] && given=(--given "$TOKENIZER_PATH")
+        if TOKENIZER_PATH="$(scripts/tokenizer-folder.sh "$OUT/tokenizer" "${given[@]}" --make "$MAKE_TOKENIZER" 2>"$LOGS/tokenizer.log")"; then
+            if target/release/sim-worker --help 2>&1 | grep -q -- '--tokenizer-path'; then
+                SIM_TOK=(--tokenizer-path "$TOKENIZER_PATH"); SIM_TOK_DESC="--tokenizer-path $TOKENIZER_PATH"
+            else
+                SIM_TOK=(--tokenizer bpe); SIM_TOK_DESC="bpe"
+            fi
+            KV_TOK_NOTE="$TOKENIZER_PATH"
+        else
+            TOKENIZER_PATH=""
+            KV_TOK_NOTE="none ($(tr '\n' ' ' <"$LOGS/tokenizer.log")): chat prompts fall back to the text tree"
+        fi
+    fi
+    log "cache_aware+kv_events: workers publish KV events; gateway tokenizer: $KV_TOK_NOTE"
+fi
+
+log "starting $WORKERS simulated workers on ports $BASE-$LAST (GPU time x$SIM_TS, tokenizer $SIM_TOK_DESC, KV $KV_TOKENS tokens each)"
 # shellcheck disable=SC2086
-target/release/sim-worker --ports "$BASE-$LAST" --time-scale "$SIM_TS" --tokenizer "$TOKENIZER" \
-    --max-total-tokens "$KV_TOKENS" $SIM_ARGS \
+target/release/sim-worker --ports "$BASE-$LAST" --time-scale "$SIM_TS" "${SIM_TOK[@]}" \
+    --max-total-tokens "$KV_TOKENS" "${KV_SIM[@]}" $SIM_ARGS \
     >"$LOGS/sim-worker.log" 2>&1 &
 SIM_PID=$!
 PIDS+=("$SIM_PID")
@@ -231,18 +288,19 @@ for u in "${URLS[@]}"; do
     wait_http "$u/health" 30 "$SIM_PID" || { echo "sim-worker did not come up; log:" >&2; tail -20 "$LOGS/sim-worker.log" >&2; exit 1; }
 done
 
-python3 - "$OUT/meta.json" <<PY
-import json, sys
+M_TOK="$SIM_TOK_DESC" M_KV_TOK="$KV_TOK_NOTE" python3 - "$OUT/meta.json" <<PY
+import json, os, sys
 json.dump({"workload": "$WORKLOAD", "workers": $WORKERS, "duration_s": $DURATION,
-           "loadgen_time_scale": $TIME_SCALE, "sim_time_scale": $SIM_TS, "tokenizer": "$TOKENIZER",
+           "loadgen_time_scale": $TIME_SCALE, "sim_time_scale": $SIM_TS, "tokenizer": os.environ["M_TOK"],
+           **({"kv_events_gateway_tokenizer": os.environ["M_KV_TOK"]} if os.environ["M_KV_TOK"] else {}),
            "kv_tokens_per_worker": $KV_TOKENS,
            "loadgen": "${LG[*]} $LOADGEN_ARGS".strip(), "sim_args": "$SIM_ARGS"}, open(sys.argv[1], "w"), indent=1)
 PY
 
 flush_workers() {
-    local u tries
+    local u
     for u in "${URLS[@]}"; do
-        for tries in $(seq 1 50); do
+        for _ in $(seq 1 50); do
             [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "$u/flush_cache" || true)" == "200" ]] && break
             sleep 0.2
         done
@@ -259,7 +317,7 @@ scrape() { # scrape DIR PREFIX
 # ---- one policy ------------------------------------------------------------------------------
 run_policy() { # run_policy INDEX LABEL
     local idx="$1" label="$2"
-    local slug dir gateway policy header=() extra=() gw_pid status=ok
+    local slug dir gateway policy header=() extra=() gw_pid status=ok w
     slug="$(printf '%02d-%s' "$idx" "$(tr -c 'a-zA-Z0-9_\n-' '_' <<<"$label")")"
     dir="$OUT/runs/$slug"
     mkdir -p "$dir"
@@ -268,6 +326,9 @@ run_policy() { # run_policy INDEX LABEL
         round_robin|random|power_of_two|cache_aware) policy="$label" ;;
         cache_aware+insert_response_text) policy=cache_aware; extra=(--insert-response-text) ;;
         cache_aware+affinity_window) policy=cache_aware; extra=(--affinity-window) ;;
+        cache_aware+kv_events)
+            policy=cache_aware; extra=(--kv-events)
+            [[ -n "$TOKENIZER_PATH" ]] && extra+=(--tokenizer-path "$TOKENIZER_PATH") ;;
         manual+session_header) policy=manual; header=(--session-header) ;;
         sglang-router) policy=cache_aware; gateway=sglang-router; label="sglang-router cache_aware" ;;
         *) echo "unknown policy: $label" >&2; return 1 ;;
@@ -308,13 +369,24 @@ run_policy() { # run_policy INDEX LABEL
     fi
     if [[ "$status" == ok ]]; then
         flush_workers
+        if [[ " ${extra[*]:-} " == *" --kv-events "* ]]; then
+            # Every worker's events complete (subscribed, replayed) before the clock starts.
+            for _ in $(seq 1 300); do
+                w="$(curl -s --max-time 5 "http://127.0.0.1:$GW_METRICS_PORT/metrics" | awk '$1 == "radixgate_kv_warm_workers" { print int($2) }' || true)"
+                [[ -n "$w" && "$w" -ge "$WORKERS" ]] && break
+                sleep 0.1
+            done
+            sleep 0.5
+        fi
         scrape "$dir" before
+        curl -s --max-time 10 "http://127.0.0.1:$GW_METRICS_PORT/metrics" >"$dir/gateway-before.prom" || true
         log "[$label] running $WORKLOAD for ${DURATION}s"
         # shellcheck disable=SC2086
         run_fg "$LOADGEN" --target "http://127.0.0.1:$GW_PORT" "${LG[@]}" "${header[@]}" --time-scale "$TIME_SCALE" \
             --duration "$DURATION" --drain "$DRAIN" --quiet --json "$dir/loadgen.json" --markdown "$dir/loadgen.md" \
             $LOADGEN_ARGS 2>"$dir/loadgen.log" || status="loadgen failed (see loadgen.log)"
         scrape "$dir" after
+        curl -s --max-time 10 "http://127.0.0.1:$GW_METRICS_PORT/metrics" >"$dir/gateway-after.prom" || true
     fi
     if [[ -n "${gw_pid:-}" ]]; then stop_pid "$gw_pid"; forget_pid "$gw_pid"; fi
     python3 - "$dir/run.json" "$label" "$gateway" "$status" <<'PY'

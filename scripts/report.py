@@ -6,6 +6,7 @@ Layout read (written by scripts/compare-policies.sh):
   runs/<NN>-<slug>/run.json      {"policy", "gateway", "label", "status"}
   runs/<NN>-<slug>/loadgen.json  the loadgen report
   runs/<NN>-<slug>/before-<i>.prom, after-<i>.prom   each worker's /metrics around the run
+  runs/<NN>-<slug>/gateway-before.prom, gateway-after.prom   radixgate's /metrics around the run
 
 Hit rate is token-weighted from the workers' own counters: Δ sglang:cached_tokens_total
 {cache_source="total"} / Δ sglang:prompt_tokens_total, summed over workers. The chart needs
@@ -95,6 +96,20 @@ def load_runs(root):
         mean = sum(reqs) / len(reqs) if reqs else 0
         run["spread"] = (max(reqs) / mean) if mean > 0 else None
         run["reqs"] = reqs
+        gb = parse_prom(os.path.join(d, "gateway-before.prom"))
+        ga = parse_prom(os.path.join(d, "gateway-after.prom"))
+        fb = {}
+        for lab, v in ga.get("radixgate_kv_fallback_total", []):
+            m = re.search(r'reason="([^"]*)"', lab)
+            prev = sum(x for l2, x in gb.get("radixgate_kv_fallback_total", []) if l2 == lab)
+            if m and v - prev > 0:
+                fb[m.group(1)] = v - prev
+        run["kv_fallbacks"] = fb
+        run["routed"] = total(ga, "smg_worker_selection_total") - total(gb, "smg_worker_selection_total")
+        kp = total(ga, "radixgate_kv_prompt_tokens_total") - total(gb, "radixgate_kv_prompt_tokens_total")
+        kc = (total(ga, "radixgate_kv_predicted_cached_tokens_total")
+              - total(gb, "radixgate_kv_predicted_cached_tokens_total"))
+        run["kv_predicted"] = kc / kp if kp > 0 else None
         runs.append(run)
     return runs
 
@@ -120,6 +135,21 @@ def acceptance(meta, runs):
             ratio = ca["hit"] / oracle["hit"]
             check("chat cache_aware ≥ 90 % of the sticky-session oracle", ratio >= 0.9,
                   f"{fmt_pct(ca['hit'])} vs {fmt_pct(oracle['hit'])} ({100 * ratio:.0f} %)")
+        kv = by.get("cache_aware+kv_events")
+        if kv and kv["hit"] is not None:
+            if ca and ca["hit"] is not None:
+                check("chat cache_aware+kv_events ≥ cache_aware (text tree)", kv["hit"] >= ca["hit"] - 1e-9,
+                      f"{100 * kv['hit']:.2f} % vs {100 * ca['hit']:.2f} %")
+            if oracle and oracle["hit"] is not None:
+                gap = 100 * (oracle["hit"] - kv["hit"])
+                check("chat cache_aware+kv_events within 3 points of the sticky-session oracle", gap <= 3.0,
+                      f"{100 * kv['hit']:.2f} % vs {100 * oracle['hit']:.2f} % "
+                      f"({abs(gap):.2f} points {'below' if gap > 0 else 'above'})")
+            fbn = sum(kv["kv_fallbacks"].values())
+            if kv["routed"] and fbn / kv["routed"] > 0.5:
+                lines.append(f"  - caveat: {int(fbn)} of {int(kv['routed'])} routed requests fell back to the text "
+                             f"tree ({', '.join(sorted(kv['kv_fallbacks']))}): the kv_events row measures the text "
+                             f"tree, not the events")
     if ca and sg and ca["hit"] is not None and sg["hit"] is not None:
         check("radixgate cache_aware hit rate ≥ sglang-router's", ca["hit"] >= sg["hit"] - 1e-9,
               f"{fmt_pct(ca['hit'])} vs {fmt_pct(sg['hit'])}")
@@ -197,6 +227,14 @@ def main():
             f"| {lg['req_per_s']:.2f} | {lg['output_tok_per_s']:.0f} | {lg['ok']} / {lg['sent']} "
             f"| {spread} | {' '.join(str(int(x)) for x in r['reqs'])} |"
         )
+    kv_rows = [r for r in runs if "kv_events" in r["label"] and r.get("status") == "ok"]
+    if kv_rows:
+        out.append("\n## KV events\n")
+        out.append("| policy | routed requests | text-tree fallbacks (radixgate_kv_fallback_total) | gateway-predicted hit |")
+        out.append("|---|---|---|---|")
+        for r in kv_rows:
+            fb = ", ".join(f"{k} {int(v)}" for k, v in sorted(r["kv_fallbacks"].items())) or "0"
+            out.append(f"| {r['label']} | {int(r['routed'])} | {fb} | {fmt_pct(r['kv_predicted'])} |")
     acc = acceptance(meta, runs)
     if acc:
         out.append("\n## Acceptance checks\n")

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use loadtest::loadgen::{
-    self, Api, Arrival, ChatParams, GspParams, LoadConfig, MrqaParams, WorkloadKind,
+    self, Api, Arrival, ChatParams, GspParams, InputIds, LoadConfig, MrqaParams, WorkloadKind,
 };
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -23,6 +23,12 @@ enum ApiArg {
     Chat,
     Completions,
     Generate,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum InputIdsArg {
+    Approx,
+    Bpe,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -50,6 +56,10 @@ struct Cli {
     workload: WorkloadArg,
     #[arg(long, value_enum, default_value = "chat")]
     api: ApiArg,
+    /// With --api generate: send prompts as `input_ids`, tokenized as `sim-worker --tokenizer
+    /// MODE` tokenizes (use the workers' mode), so a gateway measures them in tokens.
+    #[arg(long, value_enum)]
+    input_ids: Option<InputIdsArg>,
     /// Stream responses (SSE); the default.
     #[arg(long, overrides_with = "no_stream")]
     stream: bool,
@@ -189,6 +199,10 @@ impl Cli {
                 ApiArg::Completions => Api::Completions,
                 ApiArg::Generate => Api::Generate,
             },
+            input_ids: self.input_ids.map(|m| match m {
+                InputIdsArg::Approx => InputIds::Approx,
+                InputIdsArg::Bpe => InputIds::Bpe,
+            }),
             stream: !self.no_stream,
             arrival: match self.arrival {
                 ArrivalArg::Schedule => Arrival::Schedule,

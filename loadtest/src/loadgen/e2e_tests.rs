@@ -68,6 +68,39 @@ fn every_api_with_and_without_streaming() {
     }
 }
 
+/// `/generate` with `input_ids` (tokenized as the worker tokenizes) sends the same prompts as
+/// with `text`: the worker counts the same prompt tokens and still reports prefix hits.
+#[test]
+fn generate_with_input_ids_matches_generate_with_text() {
+    let mut reports = Vec::new();
+    for ids in [None, Some(InputIds::Approx)] {
+        let sim = cluster(1);
+        let mut cfg = LoadConfig::smoke(&sim.urls()[0]);
+        cfg.api = Api::Generate;
+        cfg.input_ids = ids;
+        let r = run(&cfg).expect("run");
+        assert_eq!(r.failed, 0, "{ids:?}: {:?}", r.error_examples);
+        assert!(
+            r.hit_rate.is_some_and(|h| h > 0.3),
+            "{ids:?}: {:?}",
+            r.hit_rate
+        );
+        reports.push(r);
+    }
+    let (text, ids) = (&reports[0], &reports[1]);
+    assert_eq!(text.ok, ids.ok);
+    let diff = text.prompt_tokens.abs_diff(ids.prompt_tokens) as f64;
+    assert!(
+        diff <= 0.01 * text.prompt_tokens as f64,
+        "prompt tokens: text {} input_ids {}",
+        text.prompt_tokens,
+        ids.prompt_tokens
+    );
+    let mut cfg = LoadConfig::smoke("http://127.0.0.1:1");
+    cfg.input_ids = Some(InputIds::Bpe);
+    assert!(run(&cfg).is_err(), "input ids need --api generate");
+}
+
 #[test]
 fn gsp_burst_and_closed_loop_and_overhead_workloads() {
     let sim = cluster(2);

@@ -18,6 +18,7 @@ use super::trace;
 use super::workload::{self, render, Pacing, SessionPlan, SessionSource, Turn};
 use super::{Api, Arrival, LoadConfig, WorkloadKind};
 use crate::rng::Rng;
+use crate::sim::tokenizer::SimTokenizer;
 
 /// Build the runtime and run to completion (called on the loadgen thread).
 pub fn run_blocking(cfg: LoadConfig) -> io::Result<Report> {
@@ -115,6 +116,8 @@ struct Ctx {
     source: RefCell<Box<dyn SessionSource>>,
     fatal: RefCell<Option<io::Error>>,
     dispatching: Cell<bool>,
+    /// The simulator's tokenizer when prompts go out as `input_ids`.
+    tokenizer: Option<SimTokenizer>,
 }
 
 impl Ctx {
@@ -152,6 +155,7 @@ async fn run_async(cfg: LoadConfig, source: Box<dyn SessionSource>) -> io::Resul
         source: RefCell::new(source),
         fatal: RefCell::new(None),
         dispatching: Cell::new(true),
+        tokenizer: cfg.input_ids.map(|m| SimTokenizer::new(m.mode())),
         cfg,
     });
 
@@ -495,15 +499,30 @@ impl Conversation {
                 stream: cfg.stream,
                 stream_options,
             }),
-            None => serde_json::to_vec(&GenerateBody {
-                text: &self.flat,
-                sampling_params: SamplingParams {
-                    max_new_tokens: turn.max_tokens,
-                    temperature: 0.0,
-                    ignore_eos: true,
-                },
-                stream: cfg.stream,
-            }),
+            None => match &ctx.tokenizer {
+                Some(t) => {
+                    let mut ids = Vec::with_capacity(self.flat.len() / 3 + 1);
+                    t.encode_prompt(&self.flat, &mut ids);
+                    serde_json::to_vec(&GenerateIdsBody {
+                        input_ids: &ids,
+                        sampling_params: SamplingParams {
+                            max_new_tokens: turn.max_tokens,
+                            temperature: 0.0,
+                            ignore_eos: true,
+                        },
+                        stream: cfg.stream,
+                    })
+                }
+                None => serde_json::to_vec(&GenerateBody {
+                    text: &self.flat,
+                    sampling_params: SamplingParams {
+                        max_new_tokens: turn.max_tokens,
+                        temperature: 0.0,
+                        ignore_eos: true,
+                    },
+                    stream: cfg.stream,
+                }),
+            },
         };
         // Serialising plain strings and numbers cannot fail.
         let body = body.unwrap_or_default();
@@ -575,6 +594,14 @@ struct SamplingParams {
 #[derive(Serialize)]
 struct GenerateBody<'a> {
     text: &'a str,
+    sampling_params: SamplingParams,
+    stream: bool,
+}
+
+/// `/generate` with the prompt as token ids (`LoadConfig::input_ids`).
+#[derive(Serialize)]
+struct GenerateIdsBody<'a> {
+    input_ids: &'a [u32],
     sampling_params: SamplingParams,
     stream: bool,
 }

@@ -96,6 +96,27 @@ impl Api {
     }
 }
 
+/// How `/generate` prompts are sent as `input_ids` (see [`LoadConfig::input_ids`]): tokenized by
+/// the simulator's own tokenizer in the mode the workers run (`sim-worker --tokenizer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InputIds {
+    /// `sim-worker --tokenizer approx`.
+    Approx,
+    /// `sim-worker --tokenizer bpe` (cl100k).
+    Bpe,
+}
+
+impl InputIds {
+    /// The simulator's tokenizer mode.
+    pub fn mode(self) -> crate::sim::TokenizerMode {
+        match self {
+            InputIds::Approx => crate::sim::TokenizerMode::Approx,
+            InputIds::Bpe => crate::sim::TokenizerMode::Bpe,
+        }
+    }
+}
+
 /// How sessions (single requests are one-turn sessions) are started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -135,6 +156,12 @@ pub struct LoadConfig {
     pub workload: WorkloadKind,
     /// API for every request.
     pub api: Api,
+    /// `Api::Generate` only: send each prompt as `input_ids` (BOS + the flattened history,
+    /// tokenized as the simulated workers tokenize it) instead of `text`, so a gateway measures
+    /// prompts in tokens without a tokenizer of its own. The generated words re-tokenize to the
+    /// ids the worker generated, so the next turn's ids extend what the worker cached.
+    #[serde(default)]
+    pub input_ids: Option<InputIds>,
     /// Ask for a streamed response (SSE). Streaming chat/completions requests also ask for
     /// `stream_options.include_usage`, so `cached_tokens` arrives in the last chunk.
     pub stream: bool,
@@ -186,6 +213,7 @@ impl Default for LoadConfig {
             target: "http://127.0.0.1:30000".into(),
             workload: WorkloadKind::Chat,
             api: Api::Chat,
+            input_ids: None,
             stream: true,
             arrival: Arrival::Schedule,
             rate: None,
@@ -276,6 +304,9 @@ impl LoadConfig {
         }
         if self.arrival == Arrival::Closed && self.concurrency == 0 {
             return bad("closed loop needs --concurrency >= 1".into());
+        }
+        if self.input_ids.is_some() && self.api != Api::Generate {
+            return bad("input ids need --api generate".into());
         }
         if self.max_requests == 0 || self.max_inflight == 0 {
             return bad("max requests and max in-flight must be >= 1".into());
