@@ -23,7 +23,9 @@
 //! ~25 % more for requests over 64 bytes).
 use criterion::{BatchSize, Criterion};
 use radixgate::base::rng::Rng;
-use radixgate::kv::index::{EngineHash, IndexConfig, IndexWriter, KvEvent, MatchScratch, Source};
+use radixgate::kv::index::{
+    chain_hashes, EngineHash, IndexConfig, IndexWriter, KvEvent, MatchScratch, Source,
+};
 use radixgate::kv::wire::BlockStored;
 use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
@@ -271,6 +273,17 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 let snap = reader.load();
                 let got = snap.match_prefix(MODEL, black_box(tokens), &mut scratch);
+                black_box(got.len())
+            })
+        });
+        // What the request path does: hash the prompt into its chain once, then match the
+        // chain (binary search per holder).
+        let (mut chain, mut buf) = (Vec::new(), Vec::new());
+        g.bench_function(format!("chain_{name}"), |b| {
+            b.iter(|| {
+                chain_hashes(black_box(tokens), BS, usize::MAX, &mut chain, &mut buf);
+                let snap = reader.load();
+                let got = snap.match_chain(MODEL, &chain, &mut scratch);
                 black_box(got.len())
             })
         });

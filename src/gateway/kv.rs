@@ -231,6 +231,8 @@ pub struct KvScratch {
     pub cached: Vec<(WorkerId, usize)>,
     /// The index model (hashed) the prompt was measured against.
     pub model_hash: u64,
+    /// That model's block size.
+    pub block_size: usize,
     /// This core's cache of token ids per prompt piece (created on first use).
     pub segments: Option<SegmentCache>,
     buf: Vec<u8>,
@@ -296,6 +298,15 @@ pub fn parse_token_ids(text: &str, capped_at: usize, out: &mut Vec<u32>) -> Resu
 /// histories of a few thousand live conversations.
 pub const SEGMENT_CACHE_TOKENS: usize = 1 << 20;
 
+impl KvScratch {
+    /// Whether `worker` already holds every whole block of the measured prompt (by the index
+    /// or a pending entry): routing it there predicts nothing new.
+    pub fn holds_all(&self, worker: WorkerId) -> bool {
+        let whole = self.chain.len() * self.block_size;
+        self.cached.iter().any(|&(w, n)| w == worker && n >= whole)
+    }
+}
+
 impl KvRouting {
     /// The prompt's token ids into `s.tokens`: `/generate`'s `input_ids` as given (no tokenizer
     /// needed), a chat rendered through the model's template, a completions or `/generate`
@@ -347,10 +358,12 @@ impl KvRouting {
             chain,
             cached,
             model_hash,
+            block_size,
             buf,
             matches,
             ..
         } = s;
+        *block_size = bs;
         chain_hashes(tokens, bs, MAX_MATCH_TOKENS / bs, chain, buf);
         cached.clear();
         for pm in snap.match_chain(m, chain, matches) {

@@ -93,14 +93,15 @@ impl PendingBlocks {
             if e.model != model || e.chain[0] != first {
                 continue;
             }
-            let n = e
-                .chain
-                .iter()
-                .zip(chain)
-                .take_while(|(a, b)| a == b)
-                .count();
-            match out.iter_mut().find(|(w, _)| *w == e.worker) {
-                Some((_, blocks)) => *blocks = (*blocks).max(n),
+            let known = out.iter().position(|(w, _)| *w == e.worker);
+            let have = known.map_or(0, |i| out[i].1);
+            let most = e.chain.len().min(chain.len());
+            if have >= most {
+                continue; // Nothing this entry could add.
+            }
+            let n = common_blocks(&e.chain[..most], &chain[..most]);
+            match known {
+                Some(i) => out[i].1 = have.max(n),
                 None => out.push((e.worker, n)),
             }
         }
@@ -117,6 +118,21 @@ impl PendingBlocks {
             })
             .count()
     }
+}
+
+/// Leading blocks two chains of equal length share. Chained hashes name the whole prefix, so
+/// equal at `i` means equal at every `j < i`: a binary search, not a scan.
+fn common_blocks(a: &[u64], b: &[u64]) -> usize {
+    let (mut lo, mut hi) = (0usize, a.len());
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if a[mid - 1] == b[mid - 1] {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 #[cfg(test)]
@@ -153,6 +169,19 @@ mod tests {
         p.raise(1, &[1, 2, 3, 4, 5], 10, &mut out);
         out.sort_unstable();
         assert_eq!(out, vec![(3, 4), (4, 5)]);
+    }
+
+    #[test]
+    fn common_blocks_of_chains() {
+        assert_eq!(common_blocks(&[], &[]), 0);
+        assert_eq!(common_blocks(&[1, 2, 3], &[1, 2, 3]), 3);
+        assert_eq!(common_blocks(&[1, 2, 3], &[1, 2, 4]), 2);
+        assert_eq!(common_blocks(&[1, 2, 3], &[5, 6, 7]), 0);
+        for n in 0..40u64 {
+            let a: Vec<u64> = (0..40).collect();
+            let b: Vec<u64> = (0..40).map(|i| if i < n { i } else { 1000 + i }).collect();
+            assert_eq!(common_blocks(&a, &b), n as usize);
+        }
     }
 
     #[test]

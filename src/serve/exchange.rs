@@ -302,7 +302,9 @@ impl<'a> Exchange<'a> {
                 if let (true, Some(kv)) = (measured, &gw.kv) {
                     // The prompt's chain is still in this core's scratch: nothing awaited since.
                     let s = self.core.kv.borrow();
-                    kv.pending.push(s.model_hash, worker.id, &s.chain, now_ms);
+                    if !s.holds_all(worker.id) {
+                        kv.pending.push(s.model_hash, worker.id, &s.chain, now_ms);
+                    }
                 }
             }
             return Ok(Picked {
