@@ -502,16 +502,24 @@ impl Conversation {
             None => match &ctx.tokenizer {
                 Some(t) => {
                     let mut ids = Vec::with_capacity(self.flat.len() / 3 + 1);
-                    t.encode_prompt(&self.flat, &mut ids);
-                    serde_json::to_vec(&GenerateIdsBody {
-                        input_ids: &ids,
-                        sampling_params: SamplingParams {
-                            max_new_tokens: turn.max_tokens,
-                            temperature: 0.0,
-                            ignore_eos: true,
-                        },
-                        stream: cfg.stream,
-                    })
+                    let sampling_params = SamplingParams {
+                        max_new_tokens: turn.max_tokens,
+                        temperature: 0.0,
+                        ignore_eos: true,
+                    };
+                    match t.encode_prompt(&self.flat, &mut ids) {
+                        Ok(()) => serde_json::to_vec(&GenerateIdsBody {
+                            input_ids: &ids,
+                            sampling_params,
+                            stream: cfg.stream,
+                        }),
+                        // A prompt the tokenizer refuses goes as text: the worker encodes it.
+                        Err(_) => serde_json::to_vec(&GenerateBody {
+                            text: &self.flat,
+                            sampling_params,
+                            stream: cfg.stream,
+                        }),
+                    }
                 }
                 None => serde_json::to_vec(&GenerateBody {
                     text: &self.flat,
