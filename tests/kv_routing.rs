@@ -463,3 +463,37 @@ fn without_the_peer_a_new_copy_knows_only_what_the_replay_buffers_still_hold() {
         .count();
     assert!(known < prompts.len(), "the replay buffers held everything");
 }
+
+#[test]
+fn a_copy_is_not_ready_while_it_takes_its_siblings_index() {
+    let c = kv_sim(1, 400_000);
+    // A peer that accepts the connection and answers nothing until the test lets it go.
+    let peer = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let peer_url = format!("http://{}", peer.local_addr().unwrap());
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let server = std::thread::spawn(move || {
+        let (conn, _) = peer.accept().unwrap();
+        let _ = held.recv();
+        drop(conn); // The copy reads an end of stream: no index, start cold.
+    });
+    let mut args = vec!["--worker-urls"];
+    let all = urls(&c);
+    args.extend(all.iter().map(String::as_str));
+    args.extend(["--kv-events", "--kv-bootstrap-peer", &peer_url]);
+    let gw = gateway(&args);
+    // The worker is healthy, yet the copy says it is bootstrapping.
+    wait_until("the worker healthy", LIMIT, || {
+        let r = request(gw.addr, "GET", "/readiness", &[], b"").unwrap();
+        let v = r.json();
+        (v["healthy_workers"] == 1).then_some((r.status, v["status"].clone()))
+    });
+    let r = request(gw.addr, "GET", "/readiness", &[], b"").unwrap();
+    assert_eq!(
+        (r.status, r.json()["status"].clone()),
+        (503, "bootstrapping".into())
+    );
+    release.send(()).unwrap();
+    server.join().unwrap();
+    wait_ready(gw.addr, LIMIT);
+    wait_warm(&gw, 1);
+}

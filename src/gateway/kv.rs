@@ -104,6 +104,11 @@ impl KvRouting {
         })
     }
 
+    /// The `--kv-bootstrap-peer` copy is in, failed, or was never asked for.
+    pub fn is_bootstrapped(&self) -> bool {
+        self.bootstrapped.load(Ordering::Acquire)
+    }
+
     /// The tokenizer, when `--tokenizer-path` gave one.
     pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
         self.tokenizer.as_ref()

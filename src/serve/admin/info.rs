@@ -21,11 +21,15 @@ pub fn readiness(gw: &Gateway) -> Reply {
         .filter(|w| gw.registry.loads.is_eligible(w.id))
         .count();
     let shutting_down = gw.life.is_shutting_down();
-    let ready = healthy > 0 && !shutting_down;
-    let status = match (ready, shutting_down) {
-        (true, _) => "ready",
-        (false, true) => "shutting_down",
-        (false, false) => "not_ready",
+    // A copy started with --kv-bootstrap-peer takes traffic only once its sibling's index copy
+    // is in (or failed): a load balancer then never sends it a turn it would route cold.
+    let bootstrapping = gw.kv.as_ref().is_some_and(|kv| !kv.is_bootstrapped());
+    let ready = healthy > 0 && !shutting_down && !bootstrapping;
+    let status = match (ready, shutting_down, bootstrapping) {
+        (true, _, _) => "ready",
+        (false, true, _) => "shutting_down",
+        (false, false, true) => "bootstrapping",
+        (false, false, false) => "not_ready",
     };
     let body = json!({
         "status": status,
