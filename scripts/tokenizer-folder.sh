@@ -7,10 +7,9 @@
 #
 # Prints the folder on stdout and exits 0, or prints why not on stderr and exits 3:
 # - --given PATH: used as it is (a folder or a tokenizer.json);
-# - else, only when target/release/sim-worker has --tokenizer-path (the tokenizer merge): runs
-#   --make CMD (`{}` stands for DIR), then any tokenizer writer the build has —
-#   `sim-worker --write-tokenizer|--export-tokenizer|--save-tokenizer|--dump-tokenizer DIR`, or
-#   `target/release/*tokenizer* DIR` / `... --out DIR` — until DIR/tokenizer.json exists.
+# - --make CMD: runs it (`{}` stands for DIR) and expects DIR/tokenizer.json;
+# - else DIR as it is when it holds a tokenizer.json, or `sim-worker --write-tokenizer DIR` (the
+#   simulator's cl100k BPE with Llama-3's special tokens and chat template, offline).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 [[ $# -ge 1 ]] || { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -31,26 +30,14 @@ if [[ -n "$GIVEN" ]]; then
     exit 0
 fi
 SIM="$ROOT/target/release/sim-worker"
-[[ -x "$SIM" ]] || { echo "no target/release/sim-worker" >&2; exit 3; }
-HELP="$("$SIM" --help 2>&1 || true)"
-grep -q -- '--tokenizer-path' <<<"$HELP" \
-    || { echo "sim-worker has no --tokenizer-path yet (tokenizer not merged): no tokenizer folder" >&2; exit 3; }
+[[ -x "$SIM" ]] || { echo "no target/release/sim-worker (cargo build --release --workspace)" >&2; exit 3; }
 mkdir -p "$DIR"
-cands=()
-[[ -n "$MAKE" ]] && cands+=("${MAKE//\{\}/$DIR}")
-while read -r f; do
-    [[ -n "$f" ]] && cands+=("$SIM $f $DIR")
-done < <(grep -oE -- '--(write|export|save|dump)-tokenizer[a-z-]*' <<<"$HELP" | sort -u || true)
-for b in "$ROOT"/target/release/*tokenizer*; do
-    [[ -x "$b" && -f "$b" ]] && cands+=("$b $DIR" "$b --out $DIR")
-done
-for c in "${cands[@]}"; do
+if [[ -n "$MAKE" ]]; then
     # shellcheck disable=SC2086
-    if timeout 120 $c >>"$DIR/.make.log" 2>&1 && [[ -f "$DIR/tokenizer.json" ]]; then
-        echo "wrote $DIR with: $c" >&2
-        echo "$DIR"
-        exit 0
-    fi
-done
-echo "sim-worker has --tokenizer-path but no tokenizer writer was found (tried: ${cands[*]:-nothing}); pass --given or --make" >&2
-exit 3
+    timeout 120 ${MAKE//\{\}/$DIR} >>"$DIR/.make.log" 2>&1 || true
+elif [[ ! -f "$DIR/tokenizer.json" ]]; then
+    # The simulator's own cl100k BPE with Llama-3 specials and chat template, as a HF folder.
+    timeout 120 "$SIM" --write-tokenizer "$DIR" >>"$DIR/.make.log" 2>&1 || true
+fi
+[[ -f "$DIR/tokenizer.json" ]] || { echo "no tokenizer written to $DIR (see $DIR/.make.log)" >&2; exit 3; }
+echo "$DIR"
