@@ -21,6 +21,17 @@ const INSERT_BACKLOG: usize = 16_384;
 /// counted, like a full queue).
 const INSERT_BACKLOG_BYTES: usize = 64 << 20;
 
+/// Fleets up to this size are checked worker by worker for complete events; larger ones always
+/// consult the text tree too (the check would cost more than it saves).
+const ALL_EXACT_CHECK: usize = 256;
+
+/// Every worker's events are complete (`exact` is sorted).
+fn all_exact(workers: &[WorkerId], exact: &[WorkerId]) -> bool {
+    workers.len() <= ALL_EXACT_CHECK
+        && exact.len() >= workers.len()
+        && workers.iter().all(|w| exact.binary_search(w).is_ok())
+}
+
 /// Policy, trees and unpublished inserts.
 pub struct Router {
     /// The configured policy.
@@ -65,9 +76,14 @@ impl Router {
         rng: &mut Rng,
     ) -> (Option<Decision>, u64) {
         let forest = self.tree.as_ref().map(|t| t.load());
-        let tree = forest.as_ref().map(|f| f.tree(key));
         let epoch = forest.as_ref().map_or(0, |f| f.epoch());
-        if forest.is_some() {
+        // With KV events complete for every worker the text tree has no say: skip its match
+        // and the scan of the unpublished inserts (it still learns, for when events stop).
+        let tree_speaks = !input
+            .exact
+            .is_some_and(|e| all_exact(workers, e.exact_workers));
+        let tree = forest.as_ref().filter(|_| tree_speaks).map(|f| f.tree(key));
+        if tree.is_some() {
             input.recent = self.recent.longest(key, input.text, epoch);
         }
         (self.policy.select(&input, workers, loads, tree, rng), epoch)
@@ -120,5 +136,19 @@ impl Router {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod all_exact_tests {
+    use super::all_exact;
+
+    #[test]
+    fn only_when_every_worker_has_complete_events() {
+        assert!(all_exact(&[2, 0, 1], &[0, 1, 2, 5]));
+        assert!(!all_exact(&[2, 0, 1], &[0, 2, 5]));
+        assert!(!all_exact(&[0], &[]));
+        let many: Vec<u32> = (0..300).collect();
+        assert!(!all_exact(&many, &many), "large fleets always ask the tree");
     }
 }
