@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use loadtest::sim::kv_events::KvEventsConfig;
-use loadtest::sim::SimCluster;
+use loadtest::sim::{SimCluster, SimConfig};
 use radixgate::runtime::Running;
 use std::time::Duration;
 
@@ -17,18 +17,28 @@ const LIMIT: Duration = Duration::from_secs(20);
 const PAGE: usize = 4;
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
-/// `n` workers publishing KV events (and keeping a replay buffer) on ephemeral ports.
-fn kv_sim(n: usize, max_total_tokens: usize) -> SimCluster {
+/// SGLang's `--kv-events-config` for a simulated worker: PUB and replay sockets on ephemeral
+/// loopback ports, plus `extra` JSON members (`,"buffer_steps":2`).
+fn events_config(extra: &str) -> KvEventsConfig {
+    KvEventsConfig::parse(&format!(
+        r#"{{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"{extra}}}"#
+    ))
+    .unwrap()
+}
+
+/// `n` workers publishing KV events (and keeping a replay buffer), pages of [`PAGE`] tokens,
+/// then `tweak`.
+fn kv_sim_with(n: usize, tweak: impl FnOnce(&mut SimConfig)) -> SimCluster {
     sim(n, |c| {
         c.page_size = PAGE;
-        c.max_total_tokens = max_total_tokens;
-        c.kv_events = Some(
-            KvEventsConfig::parse(
-                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
-            )
-            .unwrap(),
-        );
+        c.kv_events = Some(events_config(""));
+        tweak(c);
     })
+}
+
+/// `n` workers publishing KV events, `max_total_tokens` of KV each.
+fn kv_sim(n: usize, max_total_tokens: usize) -> SimCluster {
+    kv_sim_with(n, |c| c.max_total_tokens = max_total_tokens)
 }
 
 fn urls(c: &SimCluster) -> Vec<String> {
@@ -302,16 +312,7 @@ fn chat_turns(turns: &[(&str, &str)]) -> Vec<u8> {
 #[test]
 fn chat_prompts_are_tokenized_with_the_servers_template_and_routed_by_their_events() {
     let dir = tokenizer_dir("chat");
-    let c = sim(2, |cfg| {
-        cfg.page_size = PAGE;
-        cfg.tokenizer_path = Some(dir.clone());
-        cfg.kv_events = Some(
-            KvEventsConfig::parse(
-                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
-            )
-            .unwrap(),
-        );
-    });
+    let c = kv_sim_with(2, |cfg| cfg.tokenizer_path = Some(dir.clone()));
     let tok = dir.display().to_string();
     let gw = gateway_for(
         &urls(&c),
@@ -389,14 +390,8 @@ fn a_tokenizer_path_that_cannot_load_stops_the_start() {
 fn a_new_copy_started_with_a_bootstrap_peer_copies_its_index_and_follows_live_events() {
     // Replay buffers of two batches: a new copy cannot learn the early prompts from the
     // servers; only its sibling's copy has them.
-    let c = sim(2, |cfg| {
-        cfg.page_size = PAGE;
-        cfg.kv_events = Some(
-            KvEventsConfig::parse(
-                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*","buffer_steps":2}"#,
-            )
-            .unwrap(),
-        );
+    let c = kv_sim_with(2, |cfg| {
+        cfg.kv_events = Some(events_config(r#","buffer_steps":2"#))
     });
     let ports = c.ports();
     let first = gateway_for(&urls(&c), &["--kv-events", "--policy", "cache_aware"]);
@@ -440,14 +435,8 @@ fn a_new_copy_started_with_a_bootstrap_peer_copies_its_index_and_follows_live_ev
 #[test]
 fn without_the_peer_a_new_copy_knows_only_what_the_replay_buffers_still_hold() {
     // The control for the test above: the same fleet, no peer.
-    let c = sim(2, |cfg| {
-        cfg.page_size = PAGE;
-        cfg.kv_events = Some(
-            KvEventsConfig::parse(
-                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*","buffer_steps":2}"#,
-            )
-            .unwrap(),
-        );
+    let c = kv_sim_with(2, |cfg| {
+        cfg.kv_events = Some(events_config(r#","buffer_steps":2"#))
     });
     let ports = c.ports();
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(900 + i, 64)).collect();
