@@ -240,6 +240,8 @@ pub struct KvScratch {
     pub block_size: usize,
     /// This core's cache of token ids per prompt piece (created on first use).
     pub segments: Option<SegmentCache>,
+    /// The winning workers of a decision (see `ExactInput::holders`).
+    pub holders: std::cell::RefCell<Vec<WorkerId>>,
     buf: Vec<u8>,
     matches: MatchScratch,
 }

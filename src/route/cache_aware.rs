@@ -255,13 +255,19 @@ pub fn select_mixed(
     loads: &LoadBoard,
     rng: &mut Rng,
 ) -> Option<Decision> {
-    let mut holders: Vec<WorkerId> = Vec::new();
+    // The buffer stays borrowed for the decision only; nothing else on this core routes
+    // meanwhile (no await in between).
+    let Ok(mut buf) = exact.holders.try_borrow_mut() else {
+        return select_with_tree(p, prefix, workers, exclude, loads, rng);
+    };
+    let holders: &mut Vec<WorkerId> = &mut buf;
     select(p, workers, exclude, loads, rng, || {
-        let best = mixed_holders(exact, text_match(prefix), &mut holders);
+        let best = mixed_holders(exact, text_match(prefix), holders);
+        let holders: &Vec<WorkerId> = holders;
         best.map(|(matched, request)| MatchResult {
             matched_chars: matched,
             request_chars: request,
-            workers: &holders,
+            workers: holders,
         })
     })
 }

@@ -224,6 +224,9 @@ pub struct ExactInput<'a> {
     /// Workers whose events are complete (subscribed and warm), sorted: the index speaks for
     /// them; the text tree speaks only for the others (a mixed fleet).
     pub exact_workers: &'a [WorkerId],
+    /// The caller's buffer for the winning workers (one per core, reused), so a decision
+    /// allocates nothing once it has grown.
+    pub holders: &'a std::cell::RefCell<Vec<WorkerId>>,
 }
 
 impl<'a> RouteInput<'a> {

@@ -343,6 +343,7 @@ impl<'a> Exchange<'a> {
                     prompt_tokens,
                     cached: &scratch.cached,
                     exact_workers: exact_workers.as_ref().map_or(&[][..], |w| &w[..]),
+                    holders: &scratch.holders,
                 });
                 let input = RouteInput {
                     text: &self.info.text,

@@ -325,6 +325,7 @@ fn exact<'a>(
         prompt_tokens: prompt,
         cached,
         exact_workers: warm,
+        holders: Box::leak(Box::default()),
     }
 }
 
