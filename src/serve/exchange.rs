@@ -292,13 +292,19 @@ impl<'a> Exchange<'a> {
             crate::metrics::selection(gw.router.policy.kind().as_str(), decision.branch.as_str());
             let in_flight = InFlight::new(gw, worker.id, self.routing_key);
             if decision.insert_text {
+                let chars = crate::base::text::char_count(self.info.text.as_bytes());
                 if self.attempts == 1 {
                     // The prediction beside the hit ratio the engines report (first try only).
-                    let chars = crate::base::text::char_count(self.info.text.as_bytes());
                     crate::metrics::predicted_hit(decision.predicted_chars, chars);
                 }
-                let text = learned_text(self.body, &self.info.text);
-                gw.router.learn(self.tree, text, worker.id, epoch, now_ms);
+                if already_held(&decision, chars, measured) {
+                    // The tree (or an unpublished insert) already has all of it under this
+                    // worker: an insert would re-walk and path-copy the prompt for nothing.
+                    crate::metrics::insert_skipped();
+                } else {
+                    let text = learned_text(self.body, &self.info.text);
+                    gw.router.learn(self.tree, text, worker.id, epoch, now_ms);
+                }
                 if let (true, Some(kv)) = (measured, &gw.kv) {
                     // The prompt's chain is still in this core's scratch: nothing awaited since.
                     let s = self.core.kv.borrow();
@@ -539,6 +545,15 @@ impl<'a> Exchange<'a> {
     async fn fail(&self, client: &mut TcpStream, e: GatewayError) -> Outcome {
         send_error(client, Some(self.head), &e, Some(&self.request_id)).await
     }
+}
+
+/// Whether the chosen worker already holds the whole routing text in the text tree (or an
+/// unpublished insert), so learning it again would change nothing but access times. Only a
+/// text-tree decision says so in characters (with KV events `predicted_chars` may count
+/// tokens). The access time is not refreshed: if the text tree's LRU later evicts a prompt
+/// still in use, the next request inserts it again.
+fn already_held(decision: &Decision, chars: usize, measured: bool) -> bool {
+    !measured && chars > 0 && decision.predicted_chars == chars
 }
 
 /// The routing text as the tree and the recent-insert ring keep it: a zero-copy slice of the
