@@ -61,6 +61,8 @@ pub fn route(method: Method, path: &[u8]) -> Route {
         b"/v1/completions" => routed(Api::Completions),
         b"/v1/embeddings" => routed(Api::Embeddings),
         b"/v1/rerank" | b"/rerank" => routed(Api::Rerank),
+        b"/v1/responses" => routed(Api::Responses),
+        b"/v1/messages" => routed(Api::Messages),
         b"/get_model_info" | b"/model_info" | b"/health_generate" => {
             if method == Method::Get {
                 Route::Proxy(Forwarding::PassThrough)
@@ -102,6 +104,15 @@ mod tests {
             route(Method::Post, b"/health_generate"),
             Route::MethodNotAllowed
         );
+        assert_eq!(
+            route(Method::Post, b"/v1/responses"),
+            Route::Proxy(Forwarding::Routed(Api::Responses))
+        );
+        assert_eq!(
+            route(Method::Post, b"/v1/messages"),
+            Route::Proxy(Forwarding::Routed(Api::Messages))
+        );
+        assert_eq!(route(Method::Get, b"/v1/messages"), Route::MethodNotAllowed);
         assert_eq!(route(Method::Get, b"/nope"), Route::NotFound);
         assert!(matches!(route(Method::Get, b"/health"), Route::Local(_)));
     }
