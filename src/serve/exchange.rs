@@ -16,11 +16,12 @@ use super::Outcome;
 use crate::admission::Permit;
 use crate::base::WorkerId;
 use crate::gateway::kv::{KvRouting, KvScratch};
+use crate::gateway::requests::IdKey;
 use crate::gateway::{Core, Gateway};
 use crate::http::{BodyFraming, Method, RequestHead};
 use crate::proxy::capture::Capture;
 use crate::proxy::forward::{self, UpstreamRequest, UpstreamResponse};
-use crate::proxy::io::closed_by_peer;
+use crate::proxy::io::{closed_by_peer, CLIENT_WATCH_DELAY};
 use crate::proxy::relay::{self, RelayTo};
 use crate::proxy::request_id::request_id;
 use crate::proxy::retry::is_retryable_status;
@@ -37,9 +38,6 @@ use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Answers quicker than this never pay for watching the client (a poll op and its cancel).
-const CLIENT_WATCH_DELAY: Duration = Duration::from_millis(20);
 
 /// How a proxied request reaches a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,25 +131,33 @@ struct Picked<'a> {
 
 /// Keeps a worker's in-flight count raised while a request is on it, and tells the policy when
 /// the request is over, on every path (success, retry, error, client gone).
+/// The request id is registered as held by the worker meanwhile (`/abort_request` finds it).
 struct InFlight<'a> {
     gw: &'a Gateway,
     worker: WorkerId,
     routing_key: Option<&'a [u8]>,
+    /// The request id's key, when the id map took it.
+    id: Option<IdKey>,
 }
 
 impl<'a> InFlight<'a> {
-    fn new(gw: &'a Gateway, worker: WorkerId, routing_key: Option<&'a [u8]>) -> Self {
+    fn new(gw: &'a Gateway, worker: WorkerId, routing_key: Option<&'a [u8]>, id: IdKey) -> Self {
         gw.registry.loads.inc(worker);
+        let id = gw.in_flight_ids.insert(id, worker).then_some(id);
         InFlight {
             gw,
             worker,
             routing_key,
+            id,
         }
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.gw.in_flight_ids.remove(id);
+        }
         self.gw.registry.loads.dec(self.worker);
         let now = self.gw.life.now_ms();
         self.gw
@@ -170,6 +176,8 @@ struct Exchange<'a> {
     forwarding: Forwarding,
     info: RoutingInfo<'a>,
     request_id: String,
+    /// `request_id`'s key in the gateway's in-flight id map.
+    id_key: IdKey,
     started: Instant,
     deadline: Instant,
     routing_key: Option<&'a [u8]>,
@@ -246,6 +254,7 @@ impl<'a> Exchange<'a> {
             body,
             forwarding,
             client_ip,
+            id_key: gw.in_flight_ids.key(&rid),
             request_id: rid,
             started,
             deadline: started + gw.cfg.request_timeout(),
@@ -290,7 +299,7 @@ impl<'a> Exchange<'a> {
             let worker = slot.worker().clone();
             self.attempts += 1;
             crate::metrics::selection(gw.router.policy.kind().as_str(), decision.branch.as_str());
-            let in_flight = InFlight::new(gw, worker.id, self.routing_key);
+            let in_flight = InFlight::new(gw, worker.id, self.routing_key, self.id_key);
             if decision.insert_text {
                 if self.attempts == 1 {
                     // The prediction beside the hit ratio the engines report (first try only).

@@ -31,6 +31,8 @@ impl Route {
     pub fn scope(self) -> Option<Scope> {
         match self {
             Route::Proxy(Forwarding::Routed(_)) => Some(Scope::Inference),
+            // Cancels inference: whoever may send a request may abort it.
+            Route::Local(Endpoint::AbortRequest) => Some(Scope::Inference),
             Route::Local(ep) if ep.is_admin() => Some(Scope::Admin),
             _ => None,
         }
@@ -132,5 +134,9 @@ mod tests {
         assert_eq!(info.scope(), None);
         assert_eq!(info.body_limit(1 << 29), LOCAL_BODY_LIMIT);
         assert_eq!(route(Method::Get, b"/nope").scope(), None);
+        let abort = route(Method::Post, b"/abort_request");
+        assert_eq!(abort, Route::Local(Endpoint::AbortRequest));
+        assert_eq!(abort.scope(), Some(Scope::Inference));
+        assert_eq!(abort.body_limit(1 << 29), LOCAL_BODY_LIMIT);
     }
 }
