@@ -156,7 +156,7 @@ mod tests {
                 tracked += 1;
             }
         }
-        assert!(tracked <= 32 && tracked >= 16, "{tracked}");
+        assert!((16..=32).contains(&tracked), "{tracked}");
         assert_eq!(m.len(), tracked);
     }
 }

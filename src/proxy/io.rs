@@ -118,9 +118,6 @@ pub fn peek(stream: &TcpStream) -> Peek {
     }
 }
 
-/// Waits shorter than this never pay for watching the client (a poll op and its cancel).
-pub const CLIENT_WATCH_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
-
 /// Resolves when the client closes its connection; pending while it stays open (also once it
 /// has sent its next pipelined request, which must not be read yet). Raced against the wait
 /// for a worker's answer, so a client that gives up frees the worker at once.

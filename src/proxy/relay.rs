@@ -6,7 +6,7 @@
 
 use super::capture::Capture;
 use super::forward::{named_by_connection, skip, UpstreamResponse};
-use super::io::{closed_by_peer, read_into, write_all_by, CLIENT_WATCH_DELAY};
+use super::io::{read_into, write_all_by};
 use super::pool::Pool;
 use crate::http::{self, BodyFraming, ChunkTracker, ChunkedDecoder, ResponseHead};
 use crate::workers::registry::Worker;
@@ -271,21 +271,7 @@ impl Relay<'_, '_> {
     async fn pump(&mut self, stream: &mut TcpStream, mut buf: BytesMut) -> Result<(), Stopped> {
         loop {
             buf.clear();
-            // A client that leaves while the worker is silent (a stream queued or in prefill)
-            // is noticed here, not at the next token: closing the upstream connection then
-            // makes the engine abort the request at once.
-            let read = monoio::select! {
-                r = read_into(stream, &mut buf, Some(self.deadline)) => Some(r),
-                _ = async {
-                    monoio::time::sleep(CLIENT_WATCH_DELAY).await;
-                    closed_by_peer(self.client).await
-                } => None,
-            };
-            let Some(read) = read else {
-                self.relayed.client_keep_alive = false;
-                return Err(Stopped);
-            };
-            let n = match read {
+            let n = match read_into(stream, &mut buf, Some(self.deadline)).await {
                 Ok(n) => n,
                 // Upstream broke or the deadline passed mid-body: the client cannot get a
                 // complete response, so end it cleanly rather than leave it hanging.

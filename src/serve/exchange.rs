@@ -21,7 +21,7 @@ use crate::gateway::{Core, Gateway};
 use crate::http::{BodyFraming, Method, RequestHead};
 use crate::proxy::capture::Capture;
 use crate::proxy::forward::{self, UpstreamRequest, UpstreamResponse};
-use crate::proxy::io::{closed_by_peer, CLIENT_WATCH_DELAY};
+use crate::proxy::io::closed_by_peer;
 use crate::proxy::relay::{self, RelayTo};
 use crate::proxy::request_id::request_id;
 use crate::proxy::retry::is_retryable_status;
@@ -38,6 +38,9 @@ use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Answers quicker than this never pay for watching the client (a poll op and its cancel).
+const CLIENT_WATCH_DELAY: Duration = Duration::from_millis(20);
 
 /// How a proxied request reaches a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -283,7 +283,7 @@ fn responses_and_messages_render_their_shapes() {
     let v: serde_json::Value = serde_json::from_slice(&render_completed(
         Endpoint::Responses,
         &meta,
-        &[done.clone()],
+        std::slice::from_ref(&done),
     ))
     .unwrap();
     assert_eq!(v["object"], "response");
