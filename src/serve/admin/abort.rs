@@ -3,7 +3,8 @@
 //! to the worker that holds the request (the gateway's in-flight id map, keyed by the id it
 //! echoed in `x-request-id`) and answers with that worker's answer. An id it does not hold (it
 //! finished, was never seen, came in the body of a `/generate` only, or was not tracked) or
-//! `"abort_all": true` goes to every worker: SGLang ignores ids it does not run.
+//! `"abort_all": true` goes to every worker: SGLang ignores ids it does not run. The answer says
+//! where it went (`sent_to`: `holder` or `all`) and the workers' statuses, never their addresses.
 
 use super::fanout;
 use crate::gateway::Core;
@@ -13,7 +14,7 @@ use crate::serve::error::GatewayError;
 use crate::serve::reply::Reply;
 use bytes::Bytes;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::borrow::Cow;
 use std::rc::Rc;
 use std::time::Duration;
@@ -62,10 +63,11 @@ pub async fn abort(core: &Rc<Core>, body: &Bytes) -> Result<Reply, GatewayError>
         )
         .await
         {
-            Ok((status, answer)) => Ok(Reply::json(
+            // The answer never names the worker: its address is internal topology and this
+            // endpoint needs only the inference key.
+            Ok((status, _)) => Ok(Reply::json(
                 status,
-                &json!({"rid": rid, "worker": w.url, "status": status,
-                        "body": String::from_utf8_lossy(&answer)}),
+                &json!({"rid": rid, "sent_to": "holder", "status": status}),
             )),
             Err(e) => Err(GatewayError::upstream(&e)),
         };
@@ -87,16 +89,9 @@ pub async fn abort(core: &Rc<Core>, body: &Bytes) -> Result<Reply, GatewayError>
         .iter()
         .filter(|(_, r)| matches!(r, Ok((200..=299, _))))
         .count();
-    let details: Vec<Value> = results
-        .iter()
-        .map(|(w, r)| match r {
-            Ok((s, _)) => json!({"worker": w.url, "status": s}),
-            Err(e) => json!({"worker": w.url, "error": e}),
-        })
-        .collect();
     let status = if ok > 0 { 200 } else { 502 };
     Ok(Reply::json(
         status,
-        &json!({"rid": rid, "workers": details, "sent_to_all": true}),
+        &json!({"rid": rid, "sent_to": "all", "workers": results.len(), "answered": ok}),
     ))
 }
