@@ -16,6 +16,7 @@ use super::Outcome;
 use crate::admission::Permit;
 use crate::base::WorkerId;
 use crate::gateway::kv::{KvRouting, KvScratch};
+use crate::gateway::requests::IdKey;
 use crate::gateway::{Core, Gateway};
 use crate::http::{BodyFraming, Method, RequestHead};
 use crate::proxy::capture::Capture;
@@ -133,25 +134,33 @@ struct Picked<'a> {
 
 /// Keeps a worker's in-flight count raised while a request is on it, and tells the policy when
 /// the request is over, on every path (success, retry, error, client gone).
+/// The request id is registered as held by the worker meanwhile (`/abort_request` finds it).
 struct InFlight<'a> {
     gw: &'a Gateway,
     worker: WorkerId,
     routing_key: Option<&'a [u8]>,
+    /// The request id's key, when the id map took it.
+    id: Option<IdKey>,
 }
 
 impl<'a> InFlight<'a> {
-    fn new(gw: &'a Gateway, worker: WorkerId, routing_key: Option<&'a [u8]>) -> Self {
+    fn new(gw: &'a Gateway, worker: WorkerId, routing_key: Option<&'a [u8]>, id: IdKey) -> Self {
         gw.registry.loads.inc(worker);
+        let id = gw.in_flight_ids.insert(id, worker).then_some(id);
         InFlight {
             gw,
             worker,
             routing_key,
+            id,
         }
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.gw.in_flight_ids.remove(id);
+        }
         self.gw.registry.loads.dec(self.worker);
         let now = self.gw.life.now_ms();
         self.gw
@@ -170,6 +179,8 @@ struct Exchange<'a> {
     forwarding: Forwarding,
     info: RoutingInfo<'a>,
     request_id: String,
+    /// `request_id`'s key in the gateway's in-flight id map.
+    id_key: IdKey,
     started: Instant,
     deadline: Instant,
     routing_key: Option<&'a [u8]>,
@@ -246,6 +257,7 @@ impl<'a> Exchange<'a> {
             body,
             forwarding,
             client_ip,
+            id_key: gw.in_flight_ids.key(&rid),
             request_id: rid,
             started,
             deadline: started + gw.cfg.request_timeout(),
@@ -290,7 +302,7 @@ impl<'a> Exchange<'a> {
             let worker = slot.worker().clone();
             self.attempts += 1;
             crate::metrics::selection(gw.router.policy.kind().as_str(), decision.branch.as_str());
-            let in_flight = InFlight::new(gw, worker.id, self.routing_key);
+            let in_flight = InFlight::new(gw, worker.id, self.routing_key, self.id_key);
             if decision.insert_text {
                 let chars = crate::base::text::char_count(self.info.text.as_bytes());
                 if self.attempts == 1 {
