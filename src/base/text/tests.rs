@@ -98,3 +98,32 @@ proptest! {
         prop_assert_eq!(common_prefix(a.as_bytes(), b.as_bytes()), common_by_chars(&a, &b));
     }
 }
+
+proptest! {
+    /// Long texts take every path of the block counter: whole 255-block groups, whole 32-byte
+    /// blocks and the byte tail, with multi-byte characters straddling every boundary.
+    #[test]
+    fn char_count_of_long_texts(piece in text(), reps in 1usize..400, tail in text()) {
+        let s = format!("{}{tail}", piece.repeat(reps));
+        prop_assert_eq!(char_count(s.as_bytes()), s.chars().count());
+    }
+}
+
+#[test]
+fn char_count_at_block_and_group_edges() {
+    for len in [
+        31,
+        32,
+        33,
+        63 * 32 - 1,
+        63 * 32,
+        63 * 32 + 1,
+        2 * 63 * 32 + 45,
+        255 * 32 + 7,
+    ] {
+        // All-continuation heavy text: 4-byte characters padded with ASCII to `len` bytes.
+        let mut s = "🦀".repeat(len / 4);
+        s.push_str(&"a".repeat(len - s.len()));
+        assert_eq!(char_count(s.as_bytes()), s.chars().count(), "len {len}");
+    }
+}
