@@ -646,6 +646,87 @@ mod tests {
     }
 
     #[test]
+    fn pd_flags_parse_as_the_reference_spells_them() {
+        let c = parse(&[
+            "--pd-disaggregation",
+            "--prefill",
+            "http://127.0.0.1:1",
+            "8998",
+            "--prefill",
+            "http://127.0.0.1:2",
+            "--prefill",
+            "http://127.0.0.1:3/",
+            "none",
+            "--decode",
+            "http://127.0.0.1:4",
+            "--decode",
+            "http://127.0.0.1:5",
+            "--prefill-policy",
+            "bucket",
+            "--policy",
+            "round_robin",
+        ])
+        .unwrap();
+        assert!(c.pd_disaggregation);
+        assert_eq!(
+            c.prefill_workers().unwrap(),
+            vec![
+                ("http://127.0.0.1:1".to_string(), Some(8998)),
+                ("http://127.0.0.1:2".to_string(), None),
+                ("http://127.0.0.1:3".to_string(), None),
+            ]
+        );
+        assert_eq!(c.decode.len(), 2);
+        assert_eq!(c.prefill_policy_kind(), PolicyKind::Bucket);
+        assert_eq!(
+            c.decode_policy_kind(),
+            PolicyKind::RoundRobin,
+            "falls back to --policy"
+        );
+        assert_eq!(c.policy_config().kind, PolicyKind::Bucket);
+        let plain = parse(&["--pd-disaggregation", "--decode", "http://127.0.0.1:4"]).unwrap();
+        assert_eq!(plain.prefill_policy_kind(), PolicyKind::CacheAware);
+        assert_eq!(plain.decode_policy_kind(), PolicyKind::CacheAware);
+        // Refused: PD flags without PD mode, bad ports, a bucket decode side, bad URLs.
+        for bad in [
+            &["--prefill", "http://127.0.0.1:1"][..],
+            &[
+                "--pd-disaggregation",
+                "--prefill",
+                "http://127.0.0.1:1",
+                "x",
+            ],
+            &["--pd-disaggregation", "--prefill", "8998"],
+            &["--pd-disaggregation", "--prefill", "http://a", "1"],
+            &["--pd-disaggregation", "--decode", "ftp://a:1"],
+            &["--pd-disaggregation", "--decode-policy", "bucket"],
+            &["--pd-disaggregation", "--policy", "bucket"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn pd_workers_come_from_the_config_file() {
+        let args = toml_to_args(
+            "pd-disaggregation = true\nprefill = [[\"http://127.0.0.1:1\", 8998], [\"http://127.0.0.1:2\"]]\n\
+             decode = [\"http://127.0.0.1:3\"]\n",
+        )
+        .unwrap();
+        let mut argv = vec!["radixgate".to_string()];
+        argv.extend(args);
+        let c = Config::try_from_args(&argv).unwrap();
+        assert_eq!(
+            c.prefill_workers().unwrap(),
+            vec![
+                ("http://127.0.0.1:1".to_string(), Some(8998)),
+                ("http://127.0.0.1:2".to_string(), None),
+            ]
+        );
+        assert_eq!(c.decode, vec!["http://127.0.0.1:3".to_string()]);
+    }
+
+    #[test]
     fn config_file_is_overridden_by_flags() {
         let dir = std::env::temp_dir().join(format!("radixgate-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
