@@ -266,8 +266,21 @@ fn cache_aware_prefill_side_keeps_a_conversation_on_its_worker() {
 fn workers_api_adds_prefill_and_decode_workers() {
     let prefill = role(2, DisaggMode::Prefill, 0.0);
     let decode = role(1, DisaggMode::Decode, 0.0);
-    // No prefill configured: PD requests are refused, not hung.
-    let gw = pd_gateway(&[], &[&decode], &["--prefill-policy", "round_robin"]);
+    // No prefill configured: not ready, and PD requests are refused, not hung.
+    let gw = gateway(&[
+        "--pd-disaggregation",
+        "--decode",
+        &decode.urls()[0],
+        "--prefill-policy",
+        "round_robin",
+    ]);
+    let ready = wait_until("the decode worker healthy", Duration::from_secs(10), || {
+        let r = request(gw.addr, "GET", "/readiness", &[], b"").unwrap();
+        let v = r.json();
+        (v["healthy_decode_workers"] == 1).then_some((r.status, v))
+    });
+    assert_eq!(ready.0, 503, "no prefill worker: not ready ({})", ready.1);
+    assert_eq!(ready.1["healthy_prefill_workers"], 0);
     let r = generate(gw.addr, &gen_body(0));
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.text().contains("prefill"), "{}", r.text());
@@ -291,6 +304,7 @@ fn workers_api_adds_prefill_and_decode_workers() {
     );
     let r = request(gw.addr, "POST", &q, &[], b"").unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
+    wait_ready(gw.addr, Duration::from_secs(5));
     let bad = json!({"url": "http://127.0.0.1:1", "worker_type": "decode", "bootstrap_port": 5});
     let r = request(gw.addr, "POST", "/workers", &[], bad.to_string().as_bytes()).unwrap();
     assert_eq!(r.status, 400, "{}", r.text());
@@ -312,4 +326,80 @@ fn workers_api_adds_prefill_and_decode_workers() {
     assert_eq!(received(&prefill), vec![2, 2]);
     let addr: SocketAddr = gw.addr;
     assert_still_serves(addr);
+}
+
+/// A worker's `in_flight` in the gateway's `/workers`.
+fn in_flight(gw: SocketAddr, url: &str) -> u64 {
+    let w = workers_json(gw);
+    w["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["url"] == url)
+        .and_then(|x| x["in_flight"].as_u64())
+        .unwrap_or_else(|| panic!("no {url} in {w}"))
+}
+
+#[test]
+fn both_workers_stay_loaded_until_the_stream_ends_and_a_leaving_client_frees_them() {
+    let prefill = role(1, DisaggMode::Prefill, 0.0);
+    // A slow decode: 40 ms of real time per token.
+    let decode = sim(1, |c| {
+        c.disaggregation_mode = Some(DisaggMode::Decode);
+        c.token_interval_ms = Some(2000.0);
+    });
+    let gw = pd_gateway(&[&prefill], &[&decode], &[]);
+    let (p_url, d_url) = (&prefill.urls()[0], &decode.urls()[0]);
+
+    let mut c = stream_chat(gw.addr, "a long story please", 12);
+    let head = c.read_head(false).unwrap();
+    assert_eq!(head.status, 200);
+    wait_until("the prefill answer over", Duration::from_secs(5), || {
+        (sim_count(&prefill, 0, "inference_answered") == 1).then_some(())
+    });
+    assert_eq!(
+        (in_flight(gw.addr, p_url), in_flight(gw.addr, d_url)),
+        (1, 1),
+        "the prefill worker is counted until the decode stream ends"
+    );
+    let r = c.read_timed_until(b"data: [DONE]", Duration::from_secs(10));
+    assert!(!r.is_empty());
+    wait_until("both free", Duration::from_secs(5), || {
+        (in_flight(gw.addr, p_url) == 0 && in_flight(gw.addr, d_url) == 0).then_some(())
+    });
+
+    // A client that leaves mid-stream frees both, and the decode server stops generating.
+    let mut c = stream_chat(gw.addr, "another long story", 50);
+    assert_eq!(c.read_head(false).unwrap().status, 200);
+    wait_until("decode generating", Duration::from_secs(5), || {
+        (sim_count(&decode, 0, "inference_in_progress") == 1).then_some(())
+    });
+    drop(c);
+    wait_until("decode aborted and both free", Duration::from_secs(5), || {
+        (sim_count(&decode, 0, "inference_in_progress") == 0
+            && in_flight(gw.addr, p_url) == 0
+            && in_flight(gw.addr, d_url) == 0)
+            .then_some(())
+    });
+}
+
+#[test]
+fn other_policies_pick_pairs_too() {
+    let prefill = role(2, DisaggMode::Prefill, 0.0);
+    let decode = role(2, DisaggMode::Decode, 0.0);
+    for (p, d) in [
+        ("bucket", "power_of_two"),
+        ("random", "cache_aware"),
+        ("consistent_hashing", "round_robin"),
+    ] {
+        let gw = pd_gateway(
+            &[&prefill],
+            &[&decode],
+            &["--prefill-policy", p, "--decode-policy", d],
+        );
+        for i in 0..6 {
+            let r = generate(gw.addr, &gen_body(i));
+            assert_eq!(r.status, 200, "{p}/{d}: {}", r.text());
+        }
+    }
 }
