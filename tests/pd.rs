@@ -120,6 +120,33 @@ fn pd_round_trip_non_streaming_streaming_and_batched() {
 }
 
 #[test]
+fn non_streaming_generate_gets_the_prefill_input_logprobs_merged_in() {
+    let prefill = role(1, DisaggMode::Prefill, 0.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    let gw = pd_gateway(&[&prefill], &[&decode], &[]);
+    let body = br#"{"input_ids":[5,6,7,8,9],"return_logprob":true,"logprob_start_len":0,"sampling_params":{"max_new_tokens":3}}"#;
+    let r = generate(gw.addr, body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["meta_info"]["completion_tokens"], 3, "decode's answer");
+    let lp = v["meta_info"]["input_token_logprobs"].as_array().unwrap();
+    let ids: Vec<u64> = lp.iter().map(|e| e[1].as_u64().unwrap()).collect();
+    assert_eq!(
+        ids,
+        vec![5, 6, 7, 8, 9],
+        "prefill's input logprobs, in front"
+    );
+    assert!(r.header("x-request-id").is_some());
+    // Without return_logprob the decode answer passes through untouched.
+    let r = generate(
+        gw.addr,
+        br#"{"input_ids":[5,6,7],"sampling_params":{"max_new_tokens":2}}"#,
+    );
+    assert_eq!(r.status, 200);
+    assert!(r.json()["meta_info"].get("input_token_logprobs").is_none());
+}
+
+#[test]
 fn a_failing_prefill_is_an_error_not_a_hang() {
     let prefill = role(1, DisaggMode::Prefill, 1.0);
     let decode = role(1, DisaggMode::Decode, 0.0);
@@ -375,12 +402,16 @@ fn both_workers_stay_loaded_until_the_stream_ends_and_a_leaving_client_frees_the
         (sim_count(&decode, 0, "inference_in_progress") == 1).then_some(())
     });
     drop(c);
-    wait_until("decode aborted and both free", Duration::from_secs(5), || {
-        (sim_count(&decode, 0, "inference_in_progress") == 0
-            && in_flight(gw.addr, p_url) == 0
-            && in_flight(gw.addr, d_url) == 0)
-            .then_some(())
-    });
+    wait_until(
+        "decode aborted and both free",
+        Duration::from_secs(5),
+        || {
+            (sim_count(&decode, 0, "inference_in_progress") == 0
+                && in_flight(gw.addr, p_url) == 0
+                && in_flight(gw.addr, d_url) == 0)
+                .then_some(())
+        },
+    );
 }
 
 #[test]

@@ -112,6 +112,51 @@ pub fn bootstrap_fields(body: &[u8], prompts: usize) -> Result<BootstrapFields, 
     Ok(BootstrapFields { host, port, rooms })
 }
 
+/// PD `/generate` with `return_logprob`: each prompt's `meta_info.input_token_logprobs`, as
+/// `[logprob, token_id, null]` from `logprob_start_len` on. The prefill server computed the
+/// prompt, so it reports them (made-up but deterministic values); the decode server did not, so
+/// its lists are empty and the gateway puts the prefill's in front. `None` when not asked for.
+pub fn input_logprobs(mode: DisaggMode, body: &[u8], prompts: &[Vec<u32>]) -> Option<Vec<Value>> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    if v.get("return_logprob") != Some(&Value::Bool(true)) {
+        return None;
+    }
+    let start = v
+        .get("logprob_start_len")
+        .and_then(Value::as_i64)
+        .filter(|&n| n >= 0)
+        .map_or(usize::MAX, |n| n as usize);
+    Some(
+        prompts
+            .iter()
+            .map(|p| match mode {
+                DisaggMode::Decode => Value::Array(Vec::new()),
+                DisaggMode::Prefill => p
+                    .iter()
+                    .skip(start.min(p.len()))
+                    .map(|&t| serde_json::json!([-1.0 - f64::from(t % 7) / 10.0, t, null]))
+                    .collect(),
+            })
+            .collect(),
+    )
+}
+
+/// A rendered `/generate` answer (one object, or a list for a batch) with each item's
+/// `meta_info.input_token_logprobs` set from `lists`.
+pub fn with_input_logprobs(body: &[u8], lists: &[Value]) -> Option<Vec<u8>> {
+    let mut v: Value = serde_json::from_slice(body).ok()?;
+    let items: Vec<&mut Value> = match &mut v {
+        Value::Array(a) => a.iter_mut().collect(),
+        one => vec![one],
+    };
+    for (item, lp) in items.into_iter().zip(lists) {
+        item.get_mut("meta_info")?
+            .as_object_mut()?
+            .insert("input_token_logprobs".into(), lp.clone());
+    }
+    serde_json::to_vec(&v).ok()
+}
+
 /// A room's state on its prefill server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RoomState {
@@ -197,6 +242,26 @@ mod tests {
         assert!(bootstrap_fields(br#"{"text":"a"}"#, 1).is_err());
         assert!(bootstrap_fields(br#"{"bootstrap_room":[1]}"#, 2).is_err());
         assert!(bootstrap_fields(br#"{"bootstrap_room":"x"}"#, 1).is_err());
+    }
+
+    #[test]
+    fn input_logprobs_come_from_the_prefill_side_only() {
+        let body = br#"{"return_logprob":true,"logprob_start_len":1}"#;
+        let prompts = vec![vec![10, 11, 12]];
+        let p = input_logprobs(DisaggMode::Prefill, body, &prompts).unwrap();
+        assert_eq!(
+            p[0].as_array().unwrap().len(),
+            2,
+            "from logprob_start_len on"
+        );
+        assert_eq!(p[0][0][1], 11);
+        let d = input_logprobs(DisaggMode::Decode, body, &prompts).unwrap();
+        assert_eq!(d[0], serde_json::json!([]));
+        assert!(input_logprobs(DisaggMode::Prefill, b"{}", &prompts).is_none());
+        let out = with_input_logprobs(br#"{"text":"x","meta_info":{"id":"a"}}"#, &p).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["meta_info"]["input_token_logprobs"], p[0]);
+        assert_eq!(v["meta_info"]["id"], "a");
     }
 
     #[test]

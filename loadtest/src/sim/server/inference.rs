@@ -55,6 +55,10 @@ pub(super) async fn inference(
         req.max_new_tokens = 1;
     }
     let transferred = sh.cfg.disaggregation_mode == Some(DisaggMode::Decode);
+    // PD `/generate` with `return_logprob`: the prompt's logprobs come from the prefill side.
+    let input_logprobs = (ep == Endpoint::Generate && !req.stream)
+        .then(|| disagg::input_logprobs(sh.cfg.disaggregation_mode?, body, &req.prompts))
+        .flatten();
     let Submitted {
         guard,
         slots,
@@ -83,7 +87,8 @@ pub(super) async fn inference(
             created,
             model: &model,
         };
-        match complete_response(sh, ep, &meta, &slots, keep, r, wr).await {
+        let extra = input_logprobs.as_deref();
+        match complete_response(sh, ep, &meta, &slots, extra, keep, r, wr).await {
             Some(next) => next,
             // The client or the server left before the results: nothing was answered.
             None => return Next::Close,
@@ -288,11 +293,13 @@ fn submit_all(
 
 /// A non-streaming answer: wait for every prompt of the request, then render all the results
 /// in one body. `None` when the client leaves (or the server stops) first.
+#[allow(clippy::too_many_arguments)]
 async fn complete_response(
     sh: &Rc<Server>,
     ep: Endpoint,
     meta: &RespMeta<'_>,
     slots: &[Rc<Slot>],
+    input_logprobs: Option<&[serde_json::Value]>,
     keep: bool,
     r: &mut Reader,
     wr: &mut WriteHalf,
@@ -324,7 +331,10 @@ async fn complete_response(
             }
         })
         .collect();
-    let body = api::render_completed(ep, meta, &results);
+    let mut body = api::render_completed(ep, meta, &results);
+    if let Some(lp) = input_logprobs {
+        body = disagg::with_input_logprobs(&body, lp).unwrap_or(body);
+    }
     Some(respond(sh, wr, keep, 200, "application/json", &body).await)
 }
 
