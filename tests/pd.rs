@@ -112,6 +112,9 @@ fn pd_round_trip_non_streaming_streaming_and_batched() {
     assert_eq!(r.json().as_array().map(Vec::len), Some(2));
     assert_paired(&prefill, 0, &decode, 0, 2);
 
+    // Both answers were read to their ends: one pooled connection per worker served all three.
+    assert_eq!(sim_count(&prefill, 0, "inference_connections"), 1);
+    assert_eq!(sim_count(&decode, 0, "inference_connections"), 1);
     // Both workers are free again once the answers are over.
     let w = workers_json(gw.addr);
     for worker in w["workers"].as_array().unwrap() {

@@ -22,6 +22,7 @@ use super::Outcome;
 use crate::base::WorkerId;
 use crate::gateway::{Core, Router};
 use crate::http::{BodyFraming, RequestHead};
+use crate::proxy::discard::discard_body;
 use crate::proxy::forward::{self, UpstreamError, UpstreamRequest, UpstreamResponse};
 use crate::proxy::io::closed_by_peer;
 use crate::proxy::pool::Pool;
@@ -601,10 +602,25 @@ fn side_status(side: PairSide, status: u16) -> GatewayError {
     e
 }
 
-/// Read the prefill answer to its end (its connection goes back to the pool when clean).
-/// Returns whether it counts as a success for the prefill worker's circuit.
+/// Read the prefill answer to its end without keeping it (its connection goes back to the
+/// pool when clean). Returns whether it counts as a success for the prefill worker's circuit.
 async fn drain(pool: &Pool, worker: &Worker, up: UpstreamResponse, deadline: Instant) -> bool {
-    read_whole(pool, worker, up, deadline).await.is_some()
+    match discard_body(up, deadline).await {
+        Ok(d) => {
+            if d.reusable {
+                pool.put(worker, d.stream);
+            }
+            true
+        }
+        Err(e) => {
+            crate::log!(
+                Debug,
+                "prefill worker {}: answer broke off: {e}",
+                worker.url
+            );
+            false
+        }
+    }
 }
 
 /// A whole answer (status, body); its connection back to `pool` when reusable. `None` when it
