@@ -437,3 +437,41 @@ fn other_policies_pick_pairs_too() {
         }
     }
 }
+
+#[test]
+fn a_decode_error_caused_by_its_prefill_is_blamed_on_the_prefill() {
+    // The decode side fails at once (the bootstrap port it is told is dead) while the prefill
+    // fails 100 ms later: the prefill is the cause, so the retry keeps the only decode worker
+    // and moves to the other prefill.
+    let bad = sim(1, |c| {
+        c.disaggregation_mode = Some(DisaggMode::Prefill);
+        c.disaggregation_bootstrap_port = 0;
+        c.faults.fail_rate = 1.0;
+        c.faults.latency_ms = 100;
+    });
+    let good = role(1, DisaggMode::Prefill, 0.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    let dead = free_port().to_string();
+    let good_port = good.bootstrap_ports()[0].to_string();
+    let gw = gateway(&[
+        "--pd-disaggregation",
+        "--prefill",
+        &bad.urls()[0],
+        &dead,
+        "--prefill",
+        &good.urls()[0],
+        &good_port,
+        "--decode",
+        &decode.urls()[0],
+        "--prefill-policy",
+        "round_robin",
+        "--retry-initial-backoff-ms",
+        "1",
+    ]);
+    wait_ready(gw.addr, Duration::from_secs(10));
+    for i in 0..4 {
+        let r = generate(gw.addr, &gen_body(i));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert!(sim_count(&bad, 0, "inference_received") >= 1);
+}

@@ -42,6 +42,10 @@ use std::time::Duration;
 /// Answers quicker than this never pay for watching the client (as in the regular exchange).
 const CLIENT_WATCH_DELAY: Duration = Duration::from_millis(20);
 
+/// How long a decode error waits for its prefill twin's outcome before it is blamed on the
+/// decode worker (a prefill that is down is refused within this).
+const PREFILL_BLAME_GRACE: Duration = Duration::from_millis(500);
+
 /// Largest prefill answer read to its end (it is discarded, or merged for logprobs), and the
 /// largest decode answer buffered for a logprob merge.
 const MAX_BUFFERED_ANSWER: u64 = 256 << 20;
@@ -503,6 +507,16 @@ async fn both_heads(
         r = &mut d => (PairSide::Decode, r),
     };
     let (side, r) = first;
+    if side == PairSide::Decode && r.as_ref().is_ok_and(|up| !is_success(up)) {
+        // A decode server that answers an error while its prefill twin is still out may fail
+        // *because of* the prefill (the KV never came: the prefill is down or failed). Give
+        // the prefill a moment to fail too, so the blame, and the exclusion, go to it.
+        if let Ok(pr) = monoio::time::timeout(PREFILL_BLAME_GRACE, &mut p).await {
+            if let Judged::Final(pup) = judge(PairSide::Prefill, pw, dw, pr, retry)? {
+                return Ok(Answer::Only(PairSide::Prefill, pup));
+            }
+        }
+    }
     let up = judge(side, pw, dw, r, retry)?;
     let (prefill, decode) = match up {
         Judged::Final(up) => return Ok(Answer::Only(side, up)),
@@ -526,6 +540,11 @@ async fn both_heads(
     Ok(Answer::Both { prefill, decode })
 }
 
+/// A 2xx answer.
+fn is_success(up: &UpstreamResponse) -> bool {
+    (200..300).contains(&up.head.status)
+}
+
 /// One side's head, judged.
 enum Judged {
     /// 2xx: the pair goes on.
@@ -543,7 +562,7 @@ fn judge(
 ) -> Result<Judged, PdFailure> {
     let worker = if side == PairSide::Prefill { pw } else { dw };
     match r {
-        Ok(up) if (200..300).contains(&up.head.status) => Ok(Judged::Good(up)),
+        Ok(up) if is_success(&up) => Ok(Judged::Good(up)),
         Ok(up) if is_retryable_status(up.head.status) && retry => {
             let status = up.head.status;
             crate::log!(
