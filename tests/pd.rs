@@ -381,7 +381,7 @@ fn both_workers_stay_loaded_until_the_stream_ends_and_a_leaving_client_frees_the
     let gw = pd_gateway(&[&prefill], &[&decode], &[]);
     let (p_url, d_url) = (&prefill.urls()[0], &decode.urls()[0]);
 
-    let mut c = stream_chat(gw.addr, "a long story please", 12);
+    let mut c = stream_chat(gw.addr, "a long story please", 40);
     let head = c.read_head(false).unwrap();
     assert_eq!(head.status, 200);
     wait_until("the prefill answer over", Duration::from_secs(5), || {
