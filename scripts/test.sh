@@ -28,6 +28,16 @@ if [[ -z "${RADIXGATE_TEST_PYTHON:-}" ]]; then
     fi
     export RADIXGATE_TEST_PYTHON
 fi
+# tests/sdk.rs drives the gateway through the official OpenAI and Anthropic Python SDKs (PyPI
+# `openai`, `anthropic`): found in RADIXGATE_TEST_PYTHON's interpreter, else installed into
+# .venv-test/. Where they cannot be installed the test skips, loudly.
+if ! "$RADIXGATE_TEST_PYTHON" -c 'import openai, anthropic' 2>/dev/null \
+    && ! .venv-test/bin/python -c 'import openai, anthropic' 2>/dev/null; then
+    echo "== installing the openai and anthropic SDKs into .venv-test/ for tests/sdk.rs =="
+    { [[ -x .venv-test/bin/python ]] || python3 -m venv .venv-test; } \
+        && .venv-test/bin/pip install -q openai anthropic \
+        || echo "!! could not install openai + anthropic from PyPI: tests/sdk.rs will SKIP !!"
+fi
 if ! command -v c++ >/dev/null 2>&1; then
     echo "== installing g++ (zmq-sys compiles libzmq) =="
     apt-get update -q && apt-get install -y -q g++

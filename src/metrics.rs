@@ -32,6 +32,7 @@ static IO_DRIVER: Mutex<Option<&'static str>> = Mutex::new(None);
 /// the prompts routed with a prediction (cache_aware decisions): the telemetry thread turns
 /// their increases into `radixgate_predicted_cache_hit_ratio`.
 static PREDICTED_CHARS: AtomicU64 = AtomicU64::new(0);
+static INSERTS_SKIPPED: AtomicU64 = AtomicU64::new(0);
 static PREDICTED_OF_CHARS: AtomicU64 = AtomicU64::new(0);
 
 /// What a metric family is (its HELP is registered by kind).
@@ -67,6 +68,8 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("radixgate_tree_chars", Kind::Gauge, "Characters held by the prefix trees."),
     ("radixgate_tree_epoch", Kind::Gauge, "Prefix tree snapshots published."),
     ("radixgate_tree_inserts_dropped", Kind::Gauge, "Tree inserts dropped because the writer's queue was full."),
+    ("radixgate_tree_inserts_applied", Kind::Gauge, "Tree inserts the writer applied."),
+    ("radixgate_tree_inserts_skipped", Kind::Gauge, "Tree inserts not sent because the chosen worker already held the whole text."),
     ("radixgate_tree_evicted_chars", Kind::Gauge, "Characters evicted from the prefix trees."),
     ("radixgate_io_driver", Kind::Gauge, "The io driver in use (1 for the kind in use)."),
     ("radixgate_kv_events_total", Kind::Counter, "KV-event intake activity, by kind."),
@@ -144,6 +147,9 @@ pub fn path_label(path: &[u8]) -> &'static str {
         b"/v1/completions" => "/v1/completions",
         b"/v1/embeddings" => "/v1/embeddings",
         b"/v1/rerank" | b"/rerank" => "/v1/rerank",
+        b"/v1/responses" => "/v1/responses",
+        b"/v1/messages" => "/v1/messages",
+        b"/abort_request" => "/abort_request",
         b"/v1/models" => "/v1/models",
         b"/health" | b"/liveness" => "/health",
         b"/readiness" => "/readiness",
@@ -297,13 +303,38 @@ pub fn refresh_process_gauges(workers: usize) {
     }
 }
 
+/// A routed request whose chosen worker already held its whole text: no insert was sent (one
+/// relaxed add on the request path; exported at each scrape).
+pub fn insert_skipped() {
+    INSERTS_SKIPPED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The writer's counters for [`tree_stats`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TreeStats {
+    /// Nodes in the trees.
+    pub nodes: u64,
+    /// Characters held.
+    pub chars: u64,
+    /// Snapshots published.
+    pub epoch: u64,
+    /// Inserts dropped on a full queue.
+    pub dropped: u64,
+    /// Inserts applied.
+    pub applied: u64,
+    /// Characters evicted.
+    pub evicted_chars: u64,
+}
+
 /// The prefix trees' size and the writer's counters, refreshed at each scrape.
-pub fn tree_stats(nodes: u64, chars: u64, epoch: u64, dropped: u64, evicted_chars: u64) {
-    gauge!("radixgate_tree_nodes").set(nodes as f64);
-    gauge!("radixgate_tree_chars").set(chars as f64);
-    gauge!("radixgate_tree_epoch").set(epoch as f64);
-    gauge!("radixgate_tree_inserts_dropped").set(dropped as f64);
-    gauge!("radixgate_tree_evicted_chars").set(evicted_chars as f64);
+pub fn tree_stats(t: TreeStats) {
+    gauge!("radixgate_tree_nodes").set(t.nodes as f64);
+    gauge!("radixgate_tree_chars").set(t.chars as f64);
+    gauge!("radixgate_tree_epoch").set(t.epoch as f64);
+    gauge!("radixgate_tree_inserts_dropped").set(t.dropped as f64);
+    gauge!("radixgate_tree_inserts_applied").set(t.applied as f64);
+    gauge!("radixgate_tree_inserts_skipped").set(INSERTS_SKIPPED.load(Ordering::Relaxed) as f64);
+    gauge!("radixgate_tree_evicted_chars").set(t.evicted_chars as f64);
 }
 
 /// A routed request decided by the text tree although `--kv-events` is on, by reason.

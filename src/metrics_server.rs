@@ -117,13 +117,14 @@ fn refresh(gw: &Gateway) {
     }
     if let Some(t) = &gw.router.tree {
         let s = t.stats();
-        crate::metrics::tree_stats(
-            s.nodes(),
-            s.chars(),
-            s.epoch(),
-            s.dropped(),
-            s.evicted_chars(),
-        );
+        crate::metrics::tree_stats(crate::metrics::TreeStats {
+            nodes: s.nodes(),
+            chars: s.chars(),
+            epoch: s.epoch(),
+            dropped: s.dropped(),
+            applied: s.inserts_applied(),
+            evicted_chars: s.evicted_chars(),
+        });
     }
 }
 

@@ -446,3 +446,30 @@ fn insert_response_text_teaches_the_tree_the_reply() {
         }
     }
 }
+
+#[test]
+fn a_prompt_the_chosen_worker_already_holds_sends_no_insert() {
+    let cluster = sim(2, |_| {});
+    let gw = gateway_for(&cluster.urls(), &["--policy", "cache_aware"]);
+    let tree = gw.gateway().router.tree.clone().unwrap();
+    let prompt = words(7, 200);
+    let first = served_by(&chat(gw.addr, &[("user", &prompt)], &[]));
+    tree.sync();
+    let applied = tree.stats().inserts_applied();
+    assert!(applied >= 1, "the first request is learned");
+    // The same prompt again and again: each lands where it is held and changes nothing.
+    for _ in 0..20 {
+        assert_eq!(served_by(&chat(gw.addr, &[("user", &prompt)], &[])), first);
+    }
+    tree.sync();
+    assert_eq!(
+        tree.stats().inserts_applied(),
+        applied,
+        "a held prompt was inserted again"
+    );
+    // A longer prompt (a new turn) on the same worker is still learned.
+    let longer = format!("{prompt} {}", words(8, 40));
+    assert_eq!(served_by(&chat(gw.addr, &[("user", &longer)], &[])), first);
+    tree.sync();
+    assert_eq!(tree.stats().inserts_applied(), applied + 1);
+}

@@ -2,19 +2,21 @@
 //! the text never exceeds `MAX_ROUTING_TEXT`; borrowed text (and model) lies inside the body;
 //! a body that is not valid JSON is never accepted; extraction is deterministic.
 //!
-//! Input layout: byte 0 picks the API (mod 5), the rest is the body.
+//! Input layout: byte 0 picks the API (mod 7), the rest is the body.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use radixgate::route::extract::{extract, Api, MAX_ROUTING_TEXT};
 use std::borrow::Cow;
 
-const APIS: [Api; 5] = [
+const APIS: [Api; 7] = [
     Api::Chat,
     Api::Completions,
     Api::Generate,
     Api::Embeddings,
     Api::Rerank,
+    Api::Responses,
+    Api::Messages,
 ];
 
 fn inside(body: &[u8], s: &str) -> bool {

@@ -340,7 +340,11 @@ impl KvRouting {
         let r = match api {
             Api::Chat => cache.chat_ids(body, &mut s.tokens),
             Api::Completions | Api::Generate => cache.text_ids(text, &mut s.tokens),
-            Api::Embeddings | Api::Rerank => return Err(Fallback::OtherApi),
+            // Their prompts are the worker's chat template over converted items: the text
+            // tree decides.
+            Api::Embeddings | Api::Rerank | Api::Responses | Api::Messages => {
+                return Err(Fallback::OtherApi)
+            }
         };
         r.map_err(|e| {
             crate::log!(Debug, "kv events: prompt not tokenized ({e}); text tree");

@@ -15,6 +15,7 @@ pub mod kv;
 mod lifecycle;
 mod membership;
 mod models;
+pub mod requests;
 mod router;
 pub mod telemetry;
 
@@ -61,6 +62,8 @@ pub struct Gateway {
     pub kv: Option<kv::KvRouting>,
     /// What the engines report (load, hit ratio, expositions), from the telemetry thread.
     pub telemetry: Telemetry,
+    /// Which worker holds each in-flight request (`POST /abort_request` goes there).
+    pub in_flight_ids: requests::InFlightIds,
 }
 
 /// Run the future `make` builds on a new std thread named `radixgate-<name>`, with its own
@@ -126,6 +129,7 @@ impl Gateway {
             retry: cfg.retry_policy(),
             kv: start_kv(&cfg),
             telemetry: Telemetry::new(cfg.worker_metrics_interval_secs),
+            in_flight_ids: requests::InFlightIds::new(requests::MAX_TRACKED),
             cfg,
         };
         gw.membership_changed();

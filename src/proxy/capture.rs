@@ -59,7 +59,7 @@ impl Capture {
             .iter()
             .position(|b| !b.is_ascii_whitespace())
             .map(|i| &body[i..])?;
-        if trimmed.starts_with(b"data:") {
+        if trimmed.starts_with(b"data:") || trimmed.starts_with(b"event:") {
             sse_reply(self.api, trimmed)
         } else {
             let v: serde_json::Value = serde_json::from_slice(trimmed).ok()?;
@@ -86,8 +86,33 @@ fn json_reply(api: Api, v: &serde_json::Value, delta: bool) -> Option<String> {
             .as_str()
             .map(str::to_string),
         Api::Generate => v.get("text")?.as_str().map(str::to_string),
+        Api::Responses if delta => match v.get("type")?.as_str()? {
+            "response.output_text.delta" => v.get("delta")?.as_str().map(str::to_string),
+            _ => None,
+        },
+        // `output`: message items whose content parts carry `text` (output_text).
+        Api::Responses => Some(joined_texts(
+            v.get("output")?
+                .as_array()?
+                .iter()
+                .filter_map(|item| item.get("content")?.as_array())
+                .flatten(),
+        )),
+        Api::Messages if delta => match v.get("type")?.as_str()? {
+            "content_block_delta" => v.get("delta")?.get("text")?.as_str().map(str::to_string),
+            _ => None,
+        },
+        Api::Messages => Some(joined_texts(v.get("content")?.as_array()?.iter())),
         Api::Embeddings | Api::Rerank => None,
     }
+}
+
+/// The `text` strings of these parts or blocks, concatenated.
+fn joined_texts<'v>(parts: impl Iterator<Item = &'v serde_json::Value>) -> String {
+    parts
+        .filter_map(|p| p.get("text")?.as_str())
+        .collect::<Vec<_>>()
+        .concat()
 }
 
 fn sse_reply(api: Api, body: &[u8]) -> Option<String> {
@@ -118,6 +143,22 @@ fn sse_reply(api: Api, body: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn responses_and_messages_replies() {
+        let mut c = Capture::new(Api::Responses, false);
+        c.feed(br#"{"output":[{"type":"reasoning","summary":[]},{"type":"message","content":[{"type":"output_text","text":"Hi"},{"type":"output_text","text":" there"}]}]}"#);
+        assert_eq!(c.reply().as_deref(), Some("Hi there"));
+        let mut c = Capture::new(Api::Responses, false);
+        c.feed(b"event: response.created\ndata: {\"type\":\"response.created\"}\n\nevent: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\" you\"}\n\ndata: {\"type\":\"response.completed\",\"response\":{\"output\":[]}}\n\n");
+        assert_eq!(c.reply().as_deref(), Some("Hi you"));
+        let mut c = Capture::new(Api::Messages, false);
+        c.feed(br#"{"content":[{"type":"thinking","thinking":"x"},{"type":"text","text":"Yo"}]}"#);
+        assert_eq!(c.reply().as_deref(), Some("Yo"));
+        let mut c = Capture::new(Api::Messages, false);
+        c.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"content\":[]}}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Yo\"}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+        assert_eq!(c.reply().as_deref(), Some("Yo"));
+    }
 
     #[test]
     fn chat_json_and_sse() {

@@ -1,5 +1,5 @@
 //! Request ids: taken from the first configured header the client sent, else generated with the
-//! reference's prefixes (`chatcmpl-`, `cmpl-`, `gnt-`, `req-`) and 24 random alphanumerics.
+//! reference's prefixes (`chatcmpl-`, `cmpl-`, `gnt-`, `resp-`, `req-`) and 24 random alphanumerics.
 
 use crate::base::rng::Rng;
 use crate::http::RequestHead;
@@ -20,6 +20,7 @@ pub fn request_id(head: &RequestHead, headers: &[String], path: &[u8], rng: &mut
         b"/v1/chat/completions" => "chatcmpl-",
         b"/v1/completions" => "cmpl-",
         b"/generate" => "gnt-",
+        b"/v1/responses" => "resp-",
         _ => "req-",
     };
     let mut id = String::with_capacity(prefix.len() + 24);

@@ -2,10 +2,14 @@
 //! `model`, the `stream` flag and the routing text, built exactly as the reference builds it
 //! (chat: message contents joined by single spaces, text parts only, assistant
 //! `reasoning_content` appended; completions: `prompt`, arrays joined by spaces; `/generate`:
-//! `text`, else `input_ids` as decimals joined by spaces). Strings without escapes stay borrowed
+//! `text`, else `input_ids` as decimals joined by spaces; Responses and Messages: see
+//! [`blocks`]). Strings without escapes stay borrowed
 //! from the body, so a single-message chat or a plain prompt costs no copy; anything else is
 //! written straight into one buffer, capped at [`MAX_ROUTING_TEXT`] bytes.
 
+mod blocks;
+
+use self::blocks::{BlockList, Blocks};
 use crate::base::text::floor_char_boundary;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -25,6 +29,10 @@ pub enum Api {
     Embeddings,
     /// `/v1/rerank`, `/rerank` (`query`)
     Rerank,
+    /// `/v1/responses` (OpenAI Responses: `instructions`, then `input`)
+    Responses,
+    /// `/v1/messages` (Anthropic Messages: `system`, then `messages`)
+    Messages,
 }
 
 /// Routing inputs borrowed from a body.
@@ -180,6 +188,9 @@ enum Key {
     Content,
     ReasoningContent,
     Type,
+    Instructions,
+    System,
+    Output,
     Other,
 }
 
@@ -205,6 +216,9 @@ impl<'de> Deserialize<'de> for Key {
                     "content" => Key::Content,
                     "reasoning_content" => Key::ReasoningContent,
                     "type" => Key::Type,
+                    "instructions" => Key::Instructions,
+                    "system" => Key::System,
+                    "output" => Key::Output,
                     _ => Key::Other,
                 })
             }
@@ -431,6 +445,9 @@ struct Parsed<'a> {
     embeds_present: bool,
     text: Sink<'a>,
     ids: Sink<'a>,
+    /// Responses' `instructions`, Messages' `system`: first in the routing text wherever
+    /// they appear in the body.
+    pre: Sink<'a>,
 }
 
 /// The top-level object. Every known field is validated as before whatever the API; only the
@@ -460,24 +477,37 @@ impl<'de> Visitor<'de> for Top {
             embeds_present: false,
             text: Sink::new(true),
             ids: Sink::new(api == Api::Generate),
+            pre: Sink::new(true),
         };
         let mut discard = Sink::new(false);
-        let mut seen: u16 = 0;
+        let mut seen: u32 = 0;
         let routes_on = match api {
-            Api::Chat => Key::Messages,
+            Api::Chat | Api::Messages => Key::Messages,
             Api::Completions => Key::Prompt,
             Api::Generate => Key::Text,
-            Api::Embeddings => Key::Input,
+            Api::Embeddings | Api::Responses => Key::Input,
             Api::Rerank => Key::Query,
         };
+        let pre_key = match api {
+            Api::Responses => Key::Instructions,
+            Api::Messages => Key::System,
+            _ => Key::Other,
+        };
+        // The fields only the newer APIs know are plain unknown fields to the others.
+        let k_of = |k: Key| match k {
+            Key::Instructions | Key::System if k != pre_key => Key::Other,
+            Key::Output => Key::Other,
+            k => k,
+        };
         while let Some(k) = map.next_key::<Key>()? {
+            let k = k_of(k);
             // Known top-level fields may appear once (as serde's derive insisted); others repeat.
             let tracked = !matches!(
                 k,
                 Key::Other | Key::Content | Key::ReasoningContent | Key::Type
             );
             if tracked {
-                let bit = 1u16 << (k as u16);
+                let bit = 1u32 << (k as u32);
                 if seen & bit != 0 {
                     return Err(de::Error::custom(format_args!(
                         "duplicate field `{}`",
@@ -490,12 +520,23 @@ impl<'de> Visitor<'de> for Top {
                 &mut p.text
             } else if k == Key::InputIds {
                 &mut p.ids
+            } else if k == pre_key {
+                &mut p.pre
             } else {
                 &mut discard
             };
             match k {
                 Key::Model => p.model = map.next_value::<Option<Str<'de>>>()?.map(|s| s.0),
                 Key::Stream => p.stream = map.next_value()?,
+                Key::Messages if api == Api::Messages => {
+                    p.present |= map.next_value_seed(Optional(BlockList(sink)))?;
+                }
+                Key::Input if api == Api::Responses => {
+                    p.present |= map.next_value_seed(Optional(Blocks(sink)))?;
+                }
+                Key::Instructions | Key::System => {
+                    map.next_value_seed(Optional(Blocks(sink)))?;
+                }
                 Key::Messages => {
                     let there = map.next_value_seed(Optional(Messages(sink)))?;
                     p.present |= there && k == routes_on;
@@ -528,8 +569,26 @@ fn key_name(k: Key) -> &'static str {
         Key::InputEmbeds => "input_embeds",
         Key::Input => "input",
         Key::Query => "query",
-        Key::Content | Key::ReasoningContent | Key::Type | Key::Other => "?",
+        Key::Instructions => "instructions",
+        Key::System => "system",
+        Key::Content | Key::ReasoningContent | Key::Type | Key::Output | Key::Other => "?",
     }
+}
+
+/// `first` then `then`, joined by a space (as pieces are): borrowed when only one has text.
+fn joined<'a>(first: Sink<'a>, then: Sink<'a>) -> Cow<'a, str> {
+    if first.pieces == 0 {
+        return then.finish();
+    }
+    if then.pieces == 0 {
+        return first.finish();
+    }
+    let (a, b) = (first.finish(), then.finish());
+    let mut out = String::with_capacity((a.len() + 1 + b.len()).min(MAX_ROUTING_TEXT));
+    out.push_str(&a);
+    out.push_str(capped(" ", MAX_ROUTING_TEXT - out.len()));
+    out.push_str(capped(&b, MAX_ROUTING_TEXT - out.len()));
+    Cow::Owned(out)
 }
 
 /// Parse `body` as JSON and borrow the routing inputs for `api`. Memory is the body plus at
@@ -549,7 +608,7 @@ pub fn extract(api: Api, body: &[u8]) -> Result<RoutingInfo<'_>, ExtractError> {
     let required = |what: &str| Err(ExtractError(format!("`{what}` is required")));
     let token_ids = api == Api::Generate && !parsed.present && parsed.ids_present;
     let text = match api {
-        Api::Chat if !parsed.present => return required("messages"),
+        Api::Chat | Api::Messages if !parsed.present => return required("messages"),
         Api::Completions if !parsed.present => return required("prompt"),
         Api::Generate if !parsed.present => {
             if parsed.ids_present {
@@ -562,6 +621,7 @@ pub fn extract(api: Api, body: &[u8]) -> Result<RoutingInfo<'_>, ExtractError> {
                 ));
             }
         }
+        Api::Responses | Api::Messages => joined(parsed.pre, parsed.text),
         _ => parsed.text.finish(),
     };
     Ok(RoutingInfo {

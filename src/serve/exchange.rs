@@ -16,6 +16,7 @@ use super::Outcome;
 use crate::admission::Permit;
 use crate::base::WorkerId;
 use crate::gateway::kv::{KvRouting, KvScratch};
+use crate::gateway::requests::IdKey;
 use crate::gateway::{Core, Gateway, Router};
 use crate::http::{BodyFraming, Method, RequestHead};
 use crate::proxy::capture::Capture;
@@ -133,12 +134,15 @@ pub(super) struct Picked<'a> {
 
 /// Keeps a worker's in-flight count raised while a request is on it, and tells the policy when
 /// the request is over, on every path (success, retry, error, client gone).
+/// The request id is registered as held by the worker meanwhile (`/abort_request` finds it).
 pub(super) struct InFlight<'a> {
     gw: &'a Gateway,
     /// The router whose policy picked the worker (PD mode: the prefill or the decode side's).
     router: &'a Router,
     worker: WorkerId,
     routing_key: Option<&'a [u8]>,
+    /// The request id's key, when the id map took it.
+    id: Option<IdKey>,
 }
 
 impl<'a> InFlight<'a> {
@@ -147,19 +151,25 @@ impl<'a> InFlight<'a> {
         router: &'a Router,
         worker: WorkerId,
         routing_key: Option<&'a [u8]>,
+        id: IdKey,
     ) -> Self {
         gw.registry.loads.inc(worker);
+        let id = gw.in_flight_ids.insert(id, worker).then_some(id);
         InFlight {
             gw,
             router,
             worker,
             routing_key,
+            id,
         }
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.gw.in_flight_ids.remove(id);
+        }
         self.gw.registry.loads.dec(self.worker);
         let now = self.gw.life.now_ms();
         self.router
@@ -177,6 +187,8 @@ pub(super) struct Exchange<'a> {
     pub(super) forwarding: Forwarding,
     pub(super) info: RoutingInfo<'a>,
     pub(super) request_id: String,
+    /// `request_id`'s key in the gateway's in-flight id map.
+    pub(super) id_key: IdKey,
     pub(super) started: Instant,
     pub(super) deadline: Instant,
     pub(super) routing_key: Option<&'a [u8]>,
@@ -253,6 +265,7 @@ impl<'a> Exchange<'a> {
             body,
             forwarding,
             client_ip,
+            id_key: gw.in_flight_ids.key(&rid),
             request_id: rid,
             started,
             deadline: started + gw.cfg.request_timeout(),
@@ -297,15 +310,21 @@ impl<'a> Exchange<'a> {
             let worker = slot.worker().clone();
             self.attempts += 1;
             crate::metrics::selection(gw.router.policy.kind().as_str(), decision.branch.as_str());
-            let in_flight = InFlight::new(gw, &gw.router, worker.id, self.routing_key);
+            let in_flight = InFlight::new(gw, &gw.router, worker.id, self.routing_key, self.id_key);
             if decision.insert_text {
+                let chars = crate::base::text::char_count(self.info.text.as_bytes());
                 if self.attempts == 1 {
                     // The prediction beside the hit ratio the engines report (first try only).
-                    let chars = crate::base::text::char_count(self.info.text.as_bytes());
                     crate::metrics::predicted_hit(decision.predicted_chars, chars);
                 }
-                let text = learned_text(self.body, &self.info.text);
-                gw.router.learn(self.tree, text, worker.id, epoch, now_ms);
+                if already_held(&decision, chars, measured) {
+                    // The tree (or an unpublished insert) already has all of it under this
+                    // worker: an insert would re-walk and path-copy the prompt for nothing.
+                    crate::metrics::insert_skipped();
+                } else {
+                    let text = learned_text(self.body, &self.info.text);
+                    gw.router.learn(self.tree, text, worker.id, epoch, now_ms);
+                }
                 if let (true, Some(kv)) = (measured, &gw.kv) {
                     // The prompt's chain is still in this core's scratch: nothing awaited since.
                     let s = self.core.kv.borrow();
@@ -546,6 +565,15 @@ impl<'a> Exchange<'a> {
     pub(super) async fn fail(&self, client: &mut TcpStream, e: GatewayError) -> Outcome {
         send_error(client, Some(self.head), &e, Some(&self.request_id)).await
     }
+}
+
+/// Whether the chosen worker already holds the whole routing text in the text tree (or an
+/// unpublished insert), so learning it again would change nothing but access times. Only a
+/// text-tree decision says so in characters (with KV events `predicted_chars` may count
+/// tokens). The access time is not refreshed: if the text tree's LRU later evicts a prompt
+/// still in use, the next request inserts it again.
+fn already_held(decision: &Decision, chars: usize, measured: bool) -> bool {
+    !measured && chars > 0 && decision.predicted_chars == chars
 }
 
 /// The routing text as the tree and the recent-insert ring keep it: a zero-copy slice of the

@@ -31,6 +31,8 @@ impl Route {
     pub fn scope(self) -> Option<Scope> {
         match self {
             Route::Proxy(Forwarding::Routed(_)) => Some(Scope::Inference),
+            // Cancels inference: whoever may send a request may abort it.
+            Route::Local(Endpoint::AbortRequest) => Some(Scope::Inference),
             Route::Local(ep) if ep.is_admin() => Some(Scope::Admin),
             _ => None,
         }
@@ -61,6 +63,8 @@ pub fn route(method: Method, path: &[u8]) -> Route {
         b"/v1/completions" => routed(Api::Completions),
         b"/v1/embeddings" => routed(Api::Embeddings),
         b"/v1/rerank" | b"/rerank" => routed(Api::Rerank),
+        b"/v1/responses" => routed(Api::Responses),
+        b"/v1/messages" => routed(Api::Messages),
         b"/get_model_info" | b"/model_info" | b"/health_generate" => {
             if method == Method::Get {
                 Route::Proxy(Forwarding::PassThrough)
@@ -102,6 +106,15 @@ mod tests {
             route(Method::Post, b"/health_generate"),
             Route::MethodNotAllowed
         );
+        assert_eq!(
+            route(Method::Post, b"/v1/responses"),
+            Route::Proxy(Forwarding::Routed(Api::Responses))
+        );
+        assert_eq!(
+            route(Method::Post, b"/v1/messages"),
+            Route::Proxy(Forwarding::Routed(Api::Messages))
+        );
+        assert_eq!(route(Method::Get, b"/v1/messages"), Route::MethodNotAllowed);
         assert_eq!(route(Method::Get, b"/nope"), Route::NotFound);
         assert!(matches!(route(Method::Get, b"/health"), Route::Local(_)));
     }
@@ -121,5 +134,9 @@ mod tests {
         assert_eq!(info.scope(), None);
         assert_eq!(info.body_limit(1 << 29), LOCAL_BODY_LIMIT);
         assert_eq!(route(Method::Get, b"/nope").scope(), None);
+        let abort = route(Method::Post, b"/abort_request");
+        assert_eq!(abort, Route::Local(Endpoint::AbortRequest));
+        assert_eq!(abort.scope(), Some(Scope::Inference));
+        assert_eq!(abort.body_limit(1 << 29), LOCAL_BODY_LIMIT);
     }
 }

@@ -13,6 +13,8 @@ use serde_json::{json, Value};
 use super::engine::FinishInfo;
 use super::tokenizer::{ChatTurn, SimTokenizer};
 
+mod newer;
+
 /// Which inference endpoint a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -22,6 +24,10 @@ pub enum Endpoint {
     Chat,
     /// `POST /v1/completions`.
     Completions,
+    /// `POST /v1/responses` (OpenAI Responses).
+    Responses,
+    /// `POST /v1/messages` (Anthropic Messages).
+    Messages,
 }
 
 /// A client error answered with 400 and an OpenAI-style error body.
@@ -142,6 +148,14 @@ pub fn parse_inference(
             let max = max_tokens_field(&v, &["max_tokens"], default_max)?;
             (completion_prompts(&v, tok)?, max)
         }
+        Endpoint::Responses => {
+            let max = max_tokens_field(&v, &["max_output_tokens"], default_max)?;
+            (vec![conversation_prompt(endpoint, &v, tok)?], max)
+        }
+        Endpoint::Messages => {
+            let max = max_tokens_field(&v, &["max_tokens"], default_max)?;
+            (vec![conversation_prompt(endpoint, &v, tok)?], max)
+        }
     };
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
         return Err(ApiError::new("The input is empty."));
@@ -238,6 +252,37 @@ fn chat_prompt(v: &Value, body: &[u8], tok: &SimTokenizer) -> Result<Vec<u32>, A
         .map(|(role, c)| ChatTurn { role, content: c })
         .collect();
     tok.encode_chat(&turns, &mut ids);
+    Ok(ids)
+}
+
+/// A Responses or Messages conversation through the chat template, as its chat equivalent
+/// (with `--tokenizer-path`: an equivalent chat body through the HF template).
+fn conversation_prompt(
+    endpoint: Endpoint,
+    v: &Value,
+    tok: &SimTokenizer,
+) -> Result<Vec<u32>, ApiError> {
+    let turns = newer::turns(endpoint, v)?;
+    if turns.is_empty() {
+        return Err(ApiError::new("The input is empty."));
+    }
+    let mut ids = Vec::new();
+    if tok.is_hf() {
+        let msgs: Vec<Value> = turns
+            .iter()
+            .map(|(role, content)| json!({"role": role, "content": content}))
+            .collect();
+        let body = json!({ "messages": msgs }).to_string();
+        if let Some(r) = tok.hf_chat(body.as_bytes(), &mut ids) {
+            r.map_err(ApiError::new)?;
+            return Ok(ids);
+        }
+    }
+    let chat: Vec<ChatTurn<'_>> = turns
+        .iter()
+        .map(|(role, content)| ChatTurn { role, content })
+        .collect();
+    tok.encode_chat(&chat, &mut ids);
     Ok(ids)
 }
 
@@ -353,6 +398,10 @@ fn finish_str(aborted: bool) -> &'static str {
 /// Non-streaming body. `metas` has one entry per choice (batch `/generate` gets an array).
 pub fn render_completed(endpoint: Endpoint, meta: &RespMeta<'_>, results: &[Completed]) -> Vec<u8> {
     let v = match endpoint {
+        Endpoint::Responses | Endpoint::Messages => match results.first() {
+            Some(r) => newer::completed(endpoint, meta, r),
+            None => Value::Null,
+        },
         Endpoint::Generate => {
             let one = |r: &Completed| {
                 json!({
@@ -464,6 +513,7 @@ pub struct StreamRenderer {
     include_usage: bool,
     text: String,
     ids: Vec<u32>,
+    events: newer::Events,
 }
 
 impl StreamRenderer {
@@ -483,6 +533,7 @@ impl StreamRenderer {
             include_usage,
             text: String::new(),
             ids: Vec::new(),
+            events: newer::Events::default(),
         }
     }
 
@@ -548,6 +599,18 @@ impl StreamRenderer {
                 push_json_str(out, piece);
                 out.push_str(",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
             }
+            Endpoint::Responses | Endpoint::Messages => {
+                if first {
+                    let meta = RespMeta {
+                        id: &self.id,
+                        created: self.created,
+                        model: &self.model,
+                    };
+                    self.events.start(self.endpoint, out, &meta, usage);
+                }
+                self.text.push_str(piece);
+                self.events.delta(self.endpoint, out, &self.id, piece);
+            }
         }
     }
 
@@ -562,13 +625,27 @@ impl StreamRenderer {
         aborted: bool,
         sent_tokens: usize,
     ) {
+        if let Endpoint::Responses | Endpoint::Messages = self.endpoint {
+            let meta = RespMeta {
+                id: &self.id,
+                created: self.created,
+                model: &self.model,
+            };
+            if sent_tokens == 0 {
+                self.events.start(self.endpoint, out, &meta, usage);
+            }
+            // These APIs end with their own events: no `[DONE]`.
+            self.events
+                .finish(self.endpoint, out, &meta, &self.text, usage, aborted);
+            return;
+        }
         match self.endpoint {
             Endpoint::Generate => {
                 if sent_tokens == 0 {
                     self.generate_event(out, usage, Some(aborted), e2e);
                 }
             }
-            Endpoint::Chat | Endpoint::Completions => {
+            _ => {
                 let (object, body) = if self.endpoint == Endpoint::Chat {
                     ("chat.completion.chunk", "\"delta\":{}")
                 } else {

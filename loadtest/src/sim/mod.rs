@@ -30,8 +30,8 @@ pub use server::{spawn_cluster, SimCluster};
 pub use tokenizer::TokenizerMode;
 
 /// Fault injection, applied to every port of a cluster (run separate clusters for healthy and
-/// faulty workers). "Inference requests" are `/generate`, `/v1/chat/completions` and
-/// `/v1/completions`; the counters below are per port.
+/// faulty workers). "Inference requests" are `/generate`, `/v1/chat/completions`,
+/// `/v1/completions`, `/v1/responses` and `/v1/messages`; the counters below are per port.
 ///
 /// Tests can also change faults at run time, per port: `POST /debug/faults` with
 /// `{"fail_rate": 0.0..=1.0 | null, "hold": bool}` (null restores the configured rate; `hold`
@@ -41,7 +41,10 @@ pub use tokenizer::TokenizerMode;
 /// replay, a gap a subscriber can fill; `"lose_kv_seq": true` consumes the next sequence number
 /// with nothing sent or buffered, a gap it cannot), and read
 /// per-port counters at `GET /debug/stats` (`connections`, `inference_connections`,
-/// `inference_received`, `inference_answered`, `inference_in_progress`).
+/// `inference_received`, `inference_answered`, `inference_in_progress`; `aborted`: requests the
+/// engine aborted, client disconnects included; `abort_requests` and `aborted_by_rid`: calls to
+/// `POST /abort_request` and the requests they aborted; `running_rids`: the request ids
+/// (`x-request-id`, `/generate`'s `rid`) running now).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Faults {
     /// Fraction of inference requests answered 500 with a JSON error (seeded RNG).

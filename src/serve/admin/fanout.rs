@@ -31,11 +31,24 @@ async fn fan_out(
     path: &'static str,
     timeout: Duration,
 ) -> Vec<(Arc<Worker>, Answer)> {
+    fan_out_with(core, workers, method, path, Bytes::new(), timeout).await
+}
+
+/// [`fan_out`] with a body (the same bytes to every worker).
+pub(super) async fn fan_out_with(
+    core: &Rc<Core>,
+    workers: Vec<Arc<Worker>>,
+    method: Method,
+    path: &'static str,
+    body: Bytes,
+    timeout: Duration,
+) -> Vec<(Arc<Worker>, Answer)> {
     let mut handles = Vec::with_capacity(workers.len());
     for w in workers {
         let core = core.clone();
+        let body = body.clone();
         handles.push(monoio::spawn(async move {
-            let r = forward::fetch(&core.pool, &w, method, path, Bytes::new(), timeout)
+            let r = forward::fetch(&core.pool, &w, method, path, body, timeout)
                 .await
                 .map_err(|e| e.message());
             (w, r)

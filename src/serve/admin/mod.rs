@@ -5,6 +5,7 @@
 //! endpoint is one function returning a [`Reply`] or a [`GatewayError`]; [`handle`] checks the
 //! key and writes whichever comes back.
 
+mod abort;
 mod fanout;
 mod info;
 mod kv;
@@ -54,6 +55,8 @@ pub enum Endpoint {
     KvSnapshot,
     /// `GET /engine_metrics`: the workers' own metrics, merged, from the last scrape.
     EngineMetrics,
+    /// `POST /abort_request`: forwarded to the worker holding the request (inference key).
+    AbortRequest,
 }
 
 impl Endpoint {
@@ -110,6 +113,7 @@ pub fn endpoint(method: Method, path: &[u8]) -> Option<Result<Endpoint, ()>> {
         b"/get_loads" => m(get, Endpoint::GetLoads),
         b"/kv_index/snapshot" => m(get, Endpoint::KvSnapshot),
         b"/engine_metrics" => m(get, Endpoint::EngineMetrics),
+        b"/abort_request" => m(post, Endpoint::AbortRequest),
         p if p.starts_with(b"/workers/") && p.len() > b"/workers/".len() => match method {
             Method::Get => Some(Ok(Endpoint::GetWorker)),
             Method::Delete => Some(Ok(Endpoint::DeleteWorker)),
@@ -162,6 +166,7 @@ async fn answer(
         Endpoint::GetLoads => Ok(fanout::loads(core).await),
         Endpoint::KvSnapshot => kv::snapshot(gw).await,
         Endpoint::EngineMetrics => info::engine_metrics(gw),
+        Endpoint::AbortRequest => abort::abort(core, body).await,
         Endpoint::ListWorkers => Ok(workers::list(gw)),
         Endpoint::LegacyList => Ok(workers::legacy_list(gw)),
         Endpoint::GetWorker => workers::get(gw, head),

@@ -227,7 +227,8 @@ impl<'a> PdExchange<'a> {
             };
             let worker = slot.worker().clone();
             crate::metrics::selection(router.policy.kind().as_str(), decision.branch.as_str());
-            let in_flight = InFlight::new(gw, router, worker.id, self.ex.routing_key);
+            let in_flight =
+                InFlight::new(gw, router, worker.id, self.ex.routing_key, self.ex.id_key);
             if decision.insert_text {
                 let text = learned_text(self.ex.body, &self.ex.info.text);
                 router.learn(self.ex.tree, text, worker.id, epoch, now_ms);

@@ -216,3 +216,142 @@ fn completed_bodies() {
     assert_eq!(v["choices"][1]["index"], 1);
     assert_eq!(v["usage"]["prompt_tokens"], 10);
 }
+
+#[test]
+fn responses_and_messages_prompts_extend_turn_by_turn() {
+    let t = tok();
+    let parse =
+        |ep, v: serde_json::Value| parse_inference(ep, v.to_string().as_bytes(), &t, 9).unwrap();
+    let r1 = parse(
+        Endpoint::Responses,
+        json!({"model": "m", "instructions": "Be terse.", "input": "Hello there", "max_output_tokens": 4, "stream": true}),
+    );
+    assert_eq!((r1.max_new_tokens, r1.stream), (4, true));
+    let r2 = parse(
+        Endpoint::Responses,
+        json!({"model": "m", "instructions": "Be terse.", "input": [
+            {"role": "user", "content": "Hello there"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hi"}]},
+            {"role": "user", "content": [{"type": "input_text", "text": "More"}]}
+        ]}),
+    );
+    assert_eq!(r2.max_new_tokens, 9);
+    let gen_prompt = 5; // the assistant header that ends turn 1's prompt
+    let p1 = &r1.prompts[0];
+    assert!(r2.prompts[0].starts_with(&p1[..p1.len() - gen_prompt]));
+    let m1 = parse(
+        Endpoint::Messages,
+        json!({"model": "c", "max_tokens": 3, "system": [{"type": "text", "text": "Be terse."}],
+               "messages": [{"role": "user", "content": "Hello there"}]}),
+    );
+    // The same conversation in either API is the same prompt.
+    assert_eq!(m1.prompts, r1.prompts);
+    assert_eq!(m1.max_new_tokens, 3);
+    let m2 = parse(
+        Endpoint::Messages,
+        json!({"model": "c", "max_tokens": 3, "system": "Be terse.", "messages": [
+            {"role": "user", "content": "Hello there"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Hi"}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "More"}]}
+        ]}),
+    );
+    assert!(m2.prompts[0].starts_with(&p1[..p1.len() - gen_prompt]));
+    assert!(parse_inference(Endpoint::Messages, br#"{"max_tokens":1}"#, &t, 9).is_err());
+    assert!(parse_inference(Endpoint::Responses, br#"{"input":7}"#, &t, 9).is_err());
+    assert!(parse_inference(Endpoint::Responses, br#"{"model":"m"}"#, &t, 9).is_err());
+}
+
+#[test]
+fn responses_and_messages_render_their_shapes() {
+    let usage = Usage {
+        prompt_tokens: 10,
+        completion_tokens: 2,
+        cached_tokens: 4,
+    };
+    let done = Completed {
+        text: "Hi you".into(),
+        output_ids: vec![1, 2],
+        usage,
+        e2e_latency: 0.1,
+        aborted: false,
+    };
+    let meta = RespMeta {
+        id: "resp_1",
+        created: 5,
+        model: "m",
+    };
+    let v: serde_json::Value = serde_json::from_slice(&render_completed(
+        Endpoint::Responses,
+        &meta,
+        std::slice::from_ref(&done),
+    ))
+    .unwrap();
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["output"][0]["content"][0]["type"], "output_text");
+    assert_eq!(v["output"][0]["content"][0]["text"], "Hi you");
+    assert_eq!(v["usage"]["input_tokens_details"]["cached_tokens"], 4);
+    let v: serde_json::Value =
+        serde_json::from_slice(&render_completed(Endpoint::Messages, &meta, &[done])).unwrap();
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["content"][0]["text"], "Hi you");
+    assert_eq!(v["usage"]["cache_read_input_tokens"], 4);
+    assert_eq!(v["usage"]["input_tokens"], 6);
+
+    let names = |ep| {
+        let mut r = StreamRenderer::new(ep, "resp_1".into(), 5, "m".into(), false);
+        let mut out = String::new();
+        for (i, piece) in ["Hi", " you"].into_iter().enumerate() {
+            r.token(
+                &mut out,
+                &TokenChunk {
+                    token: 1,
+                    piece,
+                    first: i == 0,
+                    usage,
+                    e2e: 0.0,
+                    finish: None,
+                },
+            );
+        }
+        r.finish(&mut out, &usage, 0.1, false, 2);
+        assert!(!out.contains("[DONE]"));
+        let mut names = Vec::new();
+        let mut text = String::new();
+        for ev in out.split("\n\n").filter(|e| !e.is_empty()) {
+            let (name, data) = ev.split_once('\n').unwrap();
+            let name = name.strip_prefix("event: ").unwrap();
+            let data: serde_json::Value =
+                serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+            assert_eq!(data["type"], name);
+            if let Some(d) = data["delta"].as_str().or(data["delta"]["text"].as_str()) {
+                text.push_str(d);
+            }
+            names.push(name.to_string());
+        }
+        assert_eq!(text, "Hi you");
+        names
+    };
+    let r = names(Endpoint::Responses);
+    assert_eq!(r.first().map(String::as_str), Some("response.created"));
+    assert_eq!(r.last().map(String::as_str), Some("response.completed"));
+    assert_eq!(
+        r.iter()
+            .filter(|n| *n == "response.output_text.delta")
+            .count(),
+        2
+    );
+    let m = names(Endpoint::Messages);
+    assert_eq!(
+        m,
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+}

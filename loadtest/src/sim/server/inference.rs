@@ -71,10 +71,15 @@ pub(super) async fn inference(
             return next;
         }
     };
+    // `/abort_request` finds the request by the `x-request-id` the gateway sent, or by the
+    // body's `rid` (`/generate`).
+    let _rids = RidGuard::register(sh, head, req.rid.as_deref(), &guard.ids);
     let model = req.model.unwrap_or_else(|| sh.cfg.model_name.clone());
     let id = match ep {
         Endpoint::Chat => sh.next_resp_id("chatcmpl-"),
         Endpoint::Completions => sh.next_resp_id("cmpl-"),
+        Endpoint::Responses => sh.next_resp_id("resp_"),
+        Endpoint::Messages => sh.next_resp_id("msg_"),
         Endpoint::Generate => req.rid.unwrap_or_else(|| sh.next_resp_id("")),
     };
     let created = unix_now() as u64;
@@ -186,6 +191,43 @@ async fn disaggregated<'a>(
                     format!("KV transfer failed: {e}"),
                 )
             })
+        }
+    }
+}
+
+/// Keeps a request's ids in the server's rid map while it runs.
+struct RidGuard<'a> {
+    sh: &'a Server,
+    rids: Vec<String>,
+}
+
+impl<'a> RidGuard<'a> {
+    fn register(
+        sh: &'a Server,
+        head: &RequestHead,
+        body_rid: Option<&str>,
+        ids: &[crate::sim::engine::ReqId],
+    ) -> RidGuard<'a> {
+        let header = head
+            .header("x-request-id")
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        let rids: Vec<String> = header
+            .into_iter()
+            .chain(body_rid.map(str::to_owned))
+            .collect();
+        let mut map = sh.rids.borrow_mut();
+        for rid in &rids {
+            map.entry(rid.clone()).or_default().extend_from_slice(ids);
+        }
+        RidGuard { sh, rids }
+    }
+}
+
+impl Drop for RidGuard<'_> {
+    fn drop(&mut self) {
+        let mut map = self.sh.rids.borrow_mut();
+        for rid in &self.rids {
+            map.remove(rid);
         }
     }
 }

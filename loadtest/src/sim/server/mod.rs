@@ -68,6 +68,12 @@ struct Server {
     started_unix: u64,
     gpu_wake: LocalNotify,
     slots: RefCell<HashMap<ReqId, Rc<Slot>>>,
+    /// Running requests by request id (`x-request-id`, `/generate`'s `rid`), for
+    /// `/abort_request`.
+    rids: RefCell<HashMap<String, Vec<ReqId>>>,
+    /// `/abort_request` calls received, and requests they aborted (`GET /debug/stats`).
+    abort_requests: Cell<u64>,
+    aborted_by_rid: Cell<u64>,
     shutdown: LocalEvent,
     /// Inference requests received / answered (fault counters).
     received: Cell<u64>,
@@ -161,6 +167,9 @@ impl Server {
             started_unix: unix_now() as u64,
             gpu_wake: LocalNotify::default(),
             slots: RefCell::new(HashMap::new()),
+            rids: RefCell::new(HashMap::new()),
+            abort_requests: Cell::new(0),
+            aborted_by_rid: Cell::new(0),
             shutdown: LocalEvent::default(),
             received: Cell::new(0),
             answered: Cell::new(0),
@@ -273,6 +282,32 @@ impl Server {
         if self.slots.borrow_mut().remove(&id).is_some() {
             self.engine.borrow_mut().abort(id);
         }
+    }
+
+    /// `/abort_request`: abort the running requests with this rid (every one with
+    /// `abort_all`); their handlers answer with an `abort` finish, as SGLang's do. Returns how
+    /// many were aborted.
+    fn abort_by_rid(&self, rid: &str, all: bool) -> usize {
+        let ids: Vec<ReqId> = if all {
+            self.rids.borrow().values().flatten().copied().collect()
+        } else {
+            self.rids.borrow().get(rid).cloned().unwrap_or_default()
+        };
+        let mut n = 0;
+        for id in ids {
+            let Some(slot) = self.slots.borrow_mut().remove(&id) else {
+                continue;
+            };
+            if let Some(info) = self.engine.borrow_mut().abort(id) {
+                slot.finish.set(Some(info));
+                n += 1;
+            }
+            slot.wake();
+        }
+        self.gpu_wake.notify();
+        self.aborted_by_rid
+            .set(self.aborted_by_rid.get() + n as u64);
+        n
     }
 
     fn dispatch(&self, events: &[Event]) {

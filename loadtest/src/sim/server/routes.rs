@@ -91,6 +91,8 @@ pub(super) async fn handle(
         }
         b"/v1/chat/completions" if post => inference(sh, head, Endpoint::Chat, body, r, wr).await,
         b"/v1/completions" if post => inference(sh, head, Endpoint::Completions, body, r, wr).await,
+        b"/v1/responses" if post => inference(sh, head, Endpoint::Responses, body, r, wr).await,
+        b"/v1/messages" if post => inference(sh, head, Endpoint::Messages, body, r, wr).await,
         path => handle_info(sh, method, path, body, keep, r, wr).await,
     }
 }
@@ -100,6 +102,9 @@ const KNOWN_PATHS: &[&[u8]] = &[
     b"/generate",
     b"/v1/chat/completions",
     b"/v1/completions",
+    b"/v1/responses",
+    b"/v1/messages",
+    b"/abort_request",
     b"/health",
     b"/health_generate",
     b"/v1/models",
@@ -148,6 +153,10 @@ async fn handle_info(
         b"/get_load" if get => respond_json(sh, wr, keep, 200, &get_load(sh)).await,
         b"/v1/loads" if get => respond_json(sh, wr, keep, 200, &loads(sh)).await,
         b"/flush_cache" if get || post => flush_cache(sh, keep, wr).await,
+        b"/abort_request" if post => match abort_request(sh, body) {
+            Ok(()) => respond(sh, wr, keep, 200, "application/json", b"").await,
+            Err(msg) => respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await,
+        },
         b"/metrics" if get => {
             let text = sh
                 .engine
@@ -174,6 +183,17 @@ async fn handle_info(
         }
         _ => respond_json(sh, wr, keep, 404, &json!({"detail": "Not Found"})).await,
     }
+}
+
+/// `/abort_request` with `{"rid": "...", "abort_all": bool}`: SGLang answers 200 with an
+/// empty body whether or not it ran the request.
+fn abort_request(sh: &Server, body: &[u8]) -> Result<(), String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
+    let rid = v.get("rid").and_then(Value::as_str).unwrap_or("");
+    let all = v.get("abort_all").and_then(Value::as_bool).unwrap_or(false);
+    sh.abort_requests.set(sh.abort_requests.get() + 1);
+    sh.abort_by_rid(rid, all);
+    Ok(())
 }
 
 /// `/flush_cache`: SGLang's text answer, 400 when requests are in flight.
@@ -324,6 +344,10 @@ fn debug_stats(sh: &Server) -> Value {
         "inference_received": sh.received.get(),
         "inference_answered": sh.answered.get(),
         "inference_in_progress": sh.in_progress.get(),
+        "aborted": sh.engine.borrow().metrics().num_aborted,
+        "abort_requests": sh.abort_requests.get(),
+        "aborted_by_rid": sh.aborted_by_rid.get(),
+        "running_rids": sh.rids.borrow().keys().cloned().collect::<Vec<_>>(),
         "fail_rate": sh.fail_rate(),
         "hold": sh.hold.get(),
         "disaggregation_mode": sh.cfg.disaggregation_mode.map(|m| m.as_str()),

@@ -1,0 +1,162 @@
+//! Which worker holds each in-flight request, by request id: `POST /abort_request` names a
+//! request by its id (the `x-request-id` the gateway echoed), and the abort must reach the
+//! engine that runs it, whichever core took the abort. Shared by the cores, sharded so they
+//! rarely meet on a lock; bounded in entries (a request past the bound is simply not tracked
+//! and its abort goes to every worker); an entry leaves when its request ends.
+//!
+//! Keys are 64-bit hashes of the id under a per-process random key: nothing is allocated per
+//! request once the shards have grown, and a client cannot aim collisions. A collision (or the
+//! same id in flight twice) sends an abort to the latest holder only.
+
+use crate::base::WorkerId;
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::{Mutex, MutexGuard};
+
+/// Default bound on tracked requests (all cores together).
+pub const MAX_TRACKED: usize = 65_536;
+
+const SHARDS: usize = 16;
+
+/// A request id's key in the map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdKey(u64);
+
+/// The worker holding a key, and how many requests in flight share the key.
+#[derive(Debug, Clone, Copy)]
+struct Holder {
+    worker: WorkerId,
+    count: u32,
+}
+
+/// Keys are already random hashes: used as they are.
+#[derive(Default)]
+struct Identity(u64);
+
+impl Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Shard = HashMap<u64, Holder, BuildHasherDefault<Identity>>;
+
+/// In-flight request ids and their workers (see the module docs).
+pub struct InFlightIds {
+    hasher: RandomState,
+    shards: Vec<Mutex<Shard>>,
+    per_shard: usize,
+}
+
+impl InFlightIds {
+    /// A map holding at most about `capacity` requests.
+    pub fn new(capacity: usize) -> InFlightIds {
+        InFlightIds {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            per_shard: capacity.div_ceil(SHARDS).max(1),
+        }
+    }
+
+    /// The key of a request id (computed once per request).
+    pub fn key(&self, request_id: &str) -> IdKey {
+        IdKey(self.hasher.hash_one(request_id))
+    }
+
+    fn shard(&self, key: IdKey) -> MutexGuard<'_, Shard> {
+        let m = &self.shards[(key.0 % SHARDS as u64) as usize];
+        // A panic elsewhere while holding the lock leaves the map consistent (every update
+        // is one insert or remove): keep using it.
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `worker` now holds the request: `false` when the map is full (not tracked, so the
+    /// caller must not [`remove`](Self::remove) it).
+    pub fn insert(&self, key: IdKey, worker: WorkerId) -> bool {
+        let mut s = self.shard(key);
+        if let Some(h) = s.get_mut(&key.0) {
+            h.worker = worker;
+            h.count = h.count.saturating_add(1);
+            return true;
+        }
+        if s.len() >= self.per_shard {
+            return false;
+        }
+        s.insert(key.0, Holder { worker, count: 1 });
+        true
+    }
+
+    /// A tracked request ended (or left its worker for a retry).
+    pub fn remove(&self, key: IdKey) {
+        let mut s = self.shard(key);
+        if let Some(h) = s.get_mut(&key.0) {
+            h.count = h.count.saturating_sub(1);
+            if h.count == 0 {
+                s.remove(&key.0);
+            }
+        }
+    }
+
+    /// The worker holding this request id, if it is in flight and tracked.
+    pub fn holder(&self, request_id: &str) -> Option<WorkerId> {
+        let key = self.key(request_id);
+        self.shard(key).get(&key.0).map(|h| h.worker)
+    }
+
+    /// Requests tracked now.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()).len())
+            .sum()
+    }
+
+    /// Nothing is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracks_until_the_request_ends() {
+        let m = InFlightIds::new(100);
+        let k = m.key("chatcmpl-1");
+        assert!(m.insert(k, 3));
+        assert_eq!(m.holder("chatcmpl-1"), Some(3));
+        assert_eq!(m.holder("chatcmpl-2"), None);
+        // A retry moves it: the old attempt's entry goes, the new one stays.
+        assert!(m.insert(k, 5));
+        m.remove(k);
+        assert_eq!(m.holder("chatcmpl-1"), Some(5));
+        m.remove(k);
+        assert_eq!(m.holder("chatcmpl-1"), None);
+        assert!(m.is_empty());
+        m.remove(k); // not there: nothing happens
+    }
+
+    #[test]
+    fn bounded_in_entries() {
+        let m = InFlightIds::new(32);
+        let mut tracked = 0;
+        for i in 0..10_000 {
+            if m.insert(m.key(&format!("req-{i}")), 1) {
+                tracked += 1;
+            }
+        }
+        assert!((16..=32).contains(&tracked), "{tracked}");
+        assert_eq!(m.len(), tracked);
+    }
+}

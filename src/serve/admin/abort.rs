@@ -1,0 +1,97 @@
+//! `POST /abort_request` (SGLang's endpoint, body `{"rid": "..."}`): the reference answers 404
+//! here (sglang #6531) and the orphaned request keeps its KV cache. radixgate forwards the body
+//! to the worker that holds the request (the gateway's in-flight id map, keyed by the id it
+//! echoed in `x-request-id`) and answers with that worker's answer. An id it does not hold (it
+//! finished, was never seen, came in the body of a `/generate` only, or was not tracked) or
+//! `"abort_all": true` goes to every worker: SGLang ignores ids it does not run. The answer says
+//! where it went (`sent_to`: `holder` or `all`) and the workers' statuses, never their addresses.
+
+use super::fanout;
+use crate::gateway::Core;
+use crate::http::Method;
+use crate::proxy::forward;
+use crate::serve::error::GatewayError;
+use crate::serve::reply::Reply;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::json;
+use std::borrow::Cow;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Each worker's answer to an abort (SGLang answers at once; the abort itself is async).
+const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The fields of SGLang's `AbortReq` the gateway reads (the body goes on as it came).
+#[derive(Deserialize)]
+struct AbortBody<'a> {
+    #[serde(borrow, default)]
+    rid: Option<Cow<'a, str>>,
+    #[serde(default)]
+    abort_all: bool,
+}
+
+/// Forward an abort to the holder of its request, or to every worker.
+pub async fn abort(core: &Rc<Core>, body: &Bytes) -> Result<Reply, GatewayError> {
+    let req: AbortBody = serde_json::from_slice(body)
+        .map_err(|e| GatewayError::new(400, format!("invalid abort_request body: {e}")))?;
+    let rid = req.rid.as_deref().filter(|r| !r.is_empty());
+    if rid.is_none() && !req.abort_all {
+        return Err(GatewayError::new(
+            400,
+            "`rid` (or `\"abort_all\": true`) is required",
+        ));
+    }
+    let gw = &core.gw;
+    let list = gw.registry.load();
+    let holder = match (req.abort_all, rid) {
+        (false, Some(rid)) => gw
+            .in_flight_ids
+            .holder(rid)
+            .and_then(|id| list.get(id).cloned()),
+        _ => None,
+    };
+    if let Some(w) = holder {
+        crate::log!(Debug, "abort_request {:?} → {}", rid, w.url);
+        return match forward::fetch(
+            &core.pool,
+            &w,
+            Method::Post,
+            "/abort_request",
+            body.clone(),
+            ABORT_TIMEOUT,
+        )
+        .await
+        {
+            // The answer never names the worker: its address is internal topology and this
+            // endpoint needs only the inference key.
+            Ok((status, _)) => Ok(Reply::json(
+                status,
+                &json!({"rid": rid, "sent_to": "holder", "status": status}),
+            )),
+            Err(e) => Err(GatewayError::upstream(&e)),
+        };
+    }
+    let workers = list.workers.clone();
+    if workers.is_empty() {
+        return Err(GatewayError::no_workers(true));
+    }
+    let results = fanout::fan_out_with(
+        core,
+        workers,
+        Method::Post,
+        "/abort_request",
+        body.clone(),
+        ABORT_TIMEOUT,
+    )
+    .await;
+    let ok = results
+        .iter()
+        .filter(|(_, r)| matches!(r, Ok((200..=299, _))))
+        .count();
+    let status = if ok > 0 { 200 } else { 502 };
+    Ok(Reply::json(
+        status,
+        &json!({"rid": rid, "sent_to": "all", "workers": results.len(), "answered": ok}),
+    ))
+}
