@@ -475,3 +475,38 @@ fn a_decode_error_caused_by_its_prefill_is_blamed_on_the_prefill() {
     }
     assert!(sim_count(&bad, 0, "inference_received") >= 1);
 }
+
+#[test]
+fn abort_request_reaches_the_decode_worker_of_a_pd_request() {
+    let prefill = role(1, DisaggMode::Prefill, 0.0);
+    let decode = sim(1, |c| {
+        c.disaggregation_mode = Some(DisaggMode::Decode);
+        c.token_interval_ms = Some(2000.0);
+    });
+    let gw = pd_gateway(&[&prefill], &[&decode], &[]);
+    let mut c = Conn::open(gw.addr);
+    c.send(&raw_request(
+        "POST",
+        "/v1/chat/completions",
+        &[("x-request-id", "pd-abort-1")],
+        &chat_body(&[("user", "a long story")], true, 100),
+    ));
+    assert_eq!(c.read_head(false).unwrap().status, 200);
+    let r = request(
+        gw.addr,
+        "POST",
+        "/abort_request",
+        &[],
+        json!({"rid": "pd-abort-1"}).to_string().as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["sent_to"], "holder", "{}", r.text());
+    assert_eq!(sim_count(&decode, 0, "aborted_by_rid"), 1);
+    let rest = c.read_timed_until(b"data: [DONE]", Duration::from_secs(3));
+    let rest: Vec<u8> = rest.into_iter().flat_map(|(_, b)| b).collect();
+    assert!(
+        String::from_utf8_lossy(&rest).contains("\"finish_reason\":\"abort\""),
+        "the decode stream ends with the abort"
+    );
+}
