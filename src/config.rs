@@ -112,6 +112,25 @@ pub struct Config {
     /// consistent_hashing, prefix_hash, bucket.
     #[arg(long, default_value = "cache_aware", value_parser = parse_policy)]
     pub policy: PolicyKind,
+    /// Prefill/decode disaggregation: /generate, /v1/chat/completions and /v1/completions go to
+    /// a prefill worker (--prefill) and a decode worker (--decode) at once, with bootstrap fields.
+    #[arg(long = "pd-disaggregation", action = ArgAction::SetTrue)]
+    pub pd_disaggregation: bool,
+    /// PD mode: a prefill worker, URL [BOOTSTRAP_PORT|none] (repeatable; without a port the
+    /// decode server uses its own --disaggregation-bootstrap-port).
+    #[arg(long = "prefill", num_args = 1.., action = ArgAction::Append,
+          value_name = "URL [BOOTSTRAP_PORT|none]", requires = "pd_disaggregation")]
+    pub prefill: Vec<String>,
+    /// PD mode: a decode worker URL (repeatable).
+    #[arg(long = "decode", num_args = 1.., action = ArgAction::Append, value_name = "URL",
+          value_parser = parse_worker_url, requires = "pd_disaggregation")]
+    pub decode: Vec<String>,
+    /// PD mode: policy that picks the prefill worker (default: --policy); bucket is allowed.
+    #[arg(long = "prefill-policy", value_parser = parse_policy)]
+    pub prefill_policy: Option<PolicyKind>,
+    /// PD mode: policy that picks the decode worker (default: --policy).
+    #[arg(long = "decode-policy", value_parser = parse_policy)]
+    pub decode_policy: Option<PolicyKind>,
     /// cache_aware: match rate (matched chars / request chars) above which prefix affinity wins.
     #[arg(long = "cache-threshold", default_value_t = 0.3, value_parser = parse_fraction)]
     pub cache_threshold: f64,
@@ -377,7 +396,7 @@ impl Config {
         argv.extend(args.iter().skip(1).cloned());
         let config = Config::try_parse_from(argv).map_err(ConfigError::Clap)?;
         // Checks across flags (clap checks one value at a time), with clap's exit code 2.
-        if let Err(msg) = config.kv_endpoints() {
+        if let Err(msg) = config.kv_endpoints().and(config.pd_checks()) {
             let mut cmd = <Config as clap::CommandFactory>::command();
             return Err(ConfigError::Clap(
                 cmd.error(clap::error::ErrorKind::ValueValidation, msg),
@@ -395,10 +414,54 @@ impl Config {
         )
     }
 
-    /// Policy settings for the routing layer.
+    /// The `--prefill` workers as (URL, bootstrap port), checked like `--worker-urls`.
+    pub fn prefill_workers(&self) -> Result<Vec<(String, Option<u16>)>, String> {
+        let list = crate::workers::role::parse_prefill_values(&self.prefill)?;
+        for (url, _) in &list {
+            parse_worker_url(url).map_err(|e| format!("--prefill: {e}"))?;
+        }
+        Ok(list)
+    }
+
+    /// The PD flags agree with each other: valid prefill values, and no bucket on the decode
+    /// side (the reference offers it for prefill only).
+    fn pd_checks(&self) -> Result<(), String> {
+        self.prefill_workers()?;
+        if self.decode_policy == Some(PolicyKind::Bucket) {
+            return Err("--decode-policy: bucket is a prefill-side policy".into());
+        }
+        if self.pd_disaggregation
+            && self.decode_policy.is_none()
+            && self.policy == PolicyKind::Bucket
+        {
+            return Err("--policy bucket in PD mode needs a --decode-policy".into());
+        }
+        Ok(())
+    }
+
+    /// The policy of the prefill side in PD mode (`--prefill-policy`, else `--policy`), and
+    /// the only policy outside PD mode.
+    pub fn prefill_policy_kind(&self) -> PolicyKind {
+        match (self.pd_disaggregation, self.prefill_policy) {
+            (true, Some(k)) => k,
+            _ => self.policy,
+        }
+    }
+
+    /// The policy of the decode side in PD mode (`--decode-policy`, else `--policy`).
+    pub fn decode_policy_kind(&self) -> PolicyKind {
+        self.decode_policy.unwrap_or(self.policy)
+    }
+
+    /// Policy settings for the routing layer (in PD mode: the prefill side's).
     pub fn policy_config(&self) -> crate::route::types::PolicyConfig {
+        self.policy_config_for(self.prefill_policy_kind())
+    }
+
+    /// Policy settings for a policy of kind `kind` (PD mode's two sides differ in kind only).
+    pub fn policy_config_for(&self, kind: PolicyKind) -> crate::route::types::PolicyConfig {
         crate::route::types::PolicyConfig {
-            kind: self.policy,
+            kind,
             cache_threshold: self.cache_threshold,
             balance_abs_threshold: self.balance_abs_threshold,
             balance_rel_threshold: self.balance_rel_threshold,
@@ -491,7 +554,14 @@ pub fn toml_to_args(text: &str) -> Result<Vec<String>, String> {
             toml::Value::Array(items) => {
                 out.push(flag);
                 for item in items {
-                    out.push(scalar_to_string(&key, &item)?);
+                    // `prefill = [["http://p:1", 8998], ["http://q:2"]]`: one worker per item.
+                    if let toml::Value::Array(inner) = item {
+                        for v in inner {
+                            out.push(scalar_to_string(&key, &v)?);
+                        }
+                    } else {
+                        out.push(scalar_to_string(&key, &item)?);
+                    }
                 }
             }
             other => {
@@ -573,6 +643,87 @@ mod tests {
                 other => panic!("{bad:?} accepted: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn pd_flags_parse_as_the_reference_spells_them() {
+        let c = parse(&[
+            "--pd-disaggregation",
+            "--prefill",
+            "http://127.0.0.1:1",
+            "8998",
+            "--prefill",
+            "http://127.0.0.1:2",
+            "--prefill",
+            "http://127.0.0.1:3/",
+            "none",
+            "--decode",
+            "http://127.0.0.1:4",
+            "--decode",
+            "http://127.0.0.1:5",
+            "--prefill-policy",
+            "bucket",
+            "--policy",
+            "round_robin",
+        ])
+        .unwrap();
+        assert!(c.pd_disaggregation);
+        assert_eq!(
+            c.prefill_workers().unwrap(),
+            vec![
+                ("http://127.0.0.1:1".to_string(), Some(8998)),
+                ("http://127.0.0.1:2".to_string(), None),
+                ("http://127.0.0.1:3".to_string(), None),
+            ]
+        );
+        assert_eq!(c.decode.len(), 2);
+        assert_eq!(c.prefill_policy_kind(), PolicyKind::Bucket);
+        assert_eq!(
+            c.decode_policy_kind(),
+            PolicyKind::RoundRobin,
+            "falls back to --policy"
+        );
+        assert_eq!(c.policy_config().kind, PolicyKind::Bucket);
+        let plain = parse(&["--pd-disaggregation", "--decode", "http://127.0.0.1:4"]).unwrap();
+        assert_eq!(plain.prefill_policy_kind(), PolicyKind::CacheAware);
+        assert_eq!(plain.decode_policy_kind(), PolicyKind::CacheAware);
+        // Refused: PD flags without PD mode, bad ports, a bucket decode side, bad URLs.
+        for bad in [
+            &["--prefill", "http://127.0.0.1:1"][..],
+            &[
+                "--pd-disaggregation",
+                "--prefill",
+                "http://127.0.0.1:1",
+                "x",
+            ],
+            &["--pd-disaggregation", "--prefill", "8998"],
+            &["--pd-disaggregation", "--prefill", "http://a", "1"],
+            &["--pd-disaggregation", "--decode", "ftp://a:1"],
+            &["--pd-disaggregation", "--decode-policy", "bucket"],
+            &["--pd-disaggregation", "--policy", "bucket"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn pd_workers_come_from_the_config_file() {
+        let args = toml_to_args(
+            "pd-disaggregation = true\nprefill = [[\"http://127.0.0.1:1\", 8998], [\"http://127.0.0.1:2\"]]\n\
+             decode = [\"http://127.0.0.1:3\"]\n",
+        )
+        .unwrap();
+        let mut argv = vec!["radixgate".to_string()];
+        argv.extend(args);
+        let c = Config::try_from_args(&argv).unwrap();
+        assert_eq!(
+            c.prefill_workers().unwrap(),
+            vec![
+                ("http://127.0.0.1:1".to_string(), Some(8998)),
+                ("http://127.0.0.1:2".to_string(), None),
+            ]
+        );
+        assert_eq!(c.decode, vec!["http://127.0.0.1:3".to_string()]);
     }
 
     #[test]

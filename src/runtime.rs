@@ -152,11 +152,7 @@ pub fn start(cfg: Config) -> Result<Running, String> {
     let cpus = choose_cpus(&cfg);
     let (bound, listeners) = bind_listeners(&cfg, cpus.len())?;
     let registry = Registry::new();
-    for url in &cfg.worker_urls {
-        registry
-            .add(url, cfg.disable_health_check)
-            .map_err(|e| format!("--worker-urls {url}: {e}"))?;
-    }
+    register_workers(&cfg, &registry)?;
     crate::metrics::install();
     crate::metrics::io_driver(driver.as_str());
     let gw = Arc::new(Gateway::new(cfg, registry, driver, cpus.len()));
@@ -201,6 +197,38 @@ pub fn start(cfg: Config) -> Result<Running, String> {
         gw,
         threads,
     })
+}
+
+/// Register the configured workers: `--worker-urls`, or in PD mode `--prefill` and
+/// `--decode` (the regular list is ignored there, with a warning: no PD route would use it).
+fn register_workers(cfg: &Config, registry: &Registry) -> Result<(), String> {
+    use crate::workers::role::Role;
+    let healthy = cfg.disable_health_check;
+    if !cfg.pd_disaggregation {
+        for url in &cfg.worker_urls {
+            registry
+                .add(url, healthy)
+                .map_err(|e| format!("--worker-urls {url}: {e}"))?;
+        }
+        return Ok(());
+    }
+    if !cfg.worker_urls.is_empty() {
+        crate::log!(
+            Warn,
+            "--worker-urls is ignored with --pd-disaggregation (use --prefill and --decode)"
+        );
+    }
+    for (url, bootstrap_port) in cfg.prefill_workers()? {
+        registry
+            .add_with_role(&url, healthy, Role::Prefill { bootstrap_port })
+            .map_err(|e| format!("--prefill {url}: {e}"))?;
+    }
+    for url in &cfg.decode {
+        registry
+            .add_with_role(url, healthy, Role::Decode)
+            .map_err(|e| format!("--decode {url}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// One `SO_REUSEPORT` listener per core on `--host:--port`; returns the bound address (the real
@@ -283,7 +311,9 @@ async fn core_main(gw: Arc<Gateway>, index: usize, listener: std::net::TcpListen
                 let list = core.gw.registry.load_full();
                 core.pool.sweep(&|w| list.get(w).is_some());
                 if core.index == 0 {
-                    core.gw.router.policy.maintain(core.gw.life.now_ms());
+                    for (r, _) in core.gw.routers() {
+                        r.policy.maintain(core.gw.life.now_ms());
+                    }
                 }
             }
         });

@@ -11,7 +11,9 @@ impl Gateway {
     /// Passive health: a worker that refused a connection leaves selection at once; the health
     /// checker re-admits it after `--health-success-threshold` good checks (probed quickly).
     pub fn on_connect_failure(&self, worker: &Worker) {
-        self.router.forget_unpublished(worker.id);
+        for (r, _) in self.routers() {
+            r.forget_unpublished(worker.id);
+        }
         if self.cfg.disable_health_check {
             return;
         }
@@ -25,15 +27,19 @@ impl Gateway {
         }
     }
 
-    /// Tell the policy the worker set or eligibility changed (rings keyed by URL).
+    /// Tell the policies the worker set or eligibility changed (rings keyed by URL); in PD
+    /// mode each side hears of its own workers only.
     pub fn membership_changed(&self) {
         let list = self.registry.load();
-        let named: Vec<_> = list
-            .workers
-            .iter()
-            .map(|w| (w.id, w.url.as_bytes()))
-            .collect();
-        self.router.policy.workers_changed_named(&named);
+        for (router, side) in self.routers() {
+            let named: Vec<_> = list
+                .workers
+                .iter()
+                .filter(|w| side.takes(w.role))
+                .map(|w| (w.id, w.url.as_bytes()))
+                .collect();
+            router.policy.workers_changed_named(&named);
+        }
     }
 
     /// Record a request's outcome on its worker's breaker (at most once per slot); on a
@@ -58,7 +64,9 @@ impl Gateway {
     /// Remove a worker: out of selection now, in-flight requests finish, and its tree entries go.
     pub fn remove_worker(&self, url_or_id: &str) -> Result<Arc<Worker>, RegistryError> {
         let worker = self.registry.remove(url_or_id)?;
-        self.router.forget_worker(worker.id);
+        for (r, _) in self.routers() {
+            r.forget_worker(worker.id);
+        }
         self.forget_models(worker.id);
         self.membership_changed();
         crate::log!(Info, "worker {} removed (id {})", worker.url, worker.id);

@@ -42,8 +42,12 @@ pub struct Gateway {
     pub registry: Registry,
     /// Model names the workers serve (the only values of the `model` metric label).
     pub models: ServedModels,
-    /// The policy and the prefix trees it reads.
+    /// The policy and the prefix trees it reads (in PD mode: the prefill side's, where the
+    /// prompt's cache lives).
     pub router: Router,
+    /// PD mode (`--pd-disaggregation`): the decode side's policy and trees, apart from the
+    /// prefill side's so each side balances its own workers.
+    pub decode: Option<Router>,
     /// Who may call what (`--api-key`, `--admin-api-key`).
     pub auth: Auth,
     /// Concurrency limit and queue (off by default).
@@ -87,10 +91,26 @@ where
 }
 
 impl Gateway {
+    /// The routers and the role of the workers each one picks: the regular router alone, or in
+    /// PD mode the prefill router (`router`) and the decode router.
+    pub fn routers(&self) -> impl Iterator<Item = (&Router, crate::workers::role::Side)> {
+        use crate::workers::role::Side;
+        let first = if self.decode.is_some() {
+            Side::Prefill
+        } else {
+            Side::Any
+        };
+        std::iter::once((&self.router, first))
+            .chain(self.decode.as_ref().map(|d| (d, Side::Decode)))
+    }
+
     /// The shared state for `cfg`, serving `registry`'s workers on `cores` cores with the io
     /// driver `io_driver`. Starts the tree writer when the policy needs one.
     pub fn new(cfg: Config, registry: Registry, io_driver: Driver, cores: usize) -> Gateway {
         let router = Router::new(&cfg);
+        let decode = cfg
+            .pd_disaggregation
+            .then(|| Router::with_policy(&cfg, cfg.policy_config_for(cfg.decode_policy_kind())));
         let admission = Admission::new(
             cfg.max_concurrent_requests,
             cfg.queue_size,
@@ -101,6 +121,7 @@ impl Gateway {
             registry,
             models: ServedModels::default(),
             router,
+            decode,
             auth: Auth::new(cfg.api_key.clone(), cfg.admin_api_key.clone()),
             admission,
             life: Lifecycle::new(io_driver, cores),

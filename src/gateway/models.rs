@@ -133,7 +133,9 @@ impl Gateway {
     /// tree (health thread).
     pub fn learn_models(&self, worker: WorkerId, body: &[u8]) {
         if self.models.learn(worker, body) {
-            self.router.serve_models(self.models.current());
+            for (r, _) in self.routers() {
+                r.serve_models(self.models.current());
+            }
         }
     }
 
@@ -141,7 +143,9 @@ impl Gateway {
     /// worker serves them.
     pub fn forget_models(&self, worker: WorkerId) {
         if self.models.forget(worker) {
-            self.router.serve_models(self.models.current());
+            for (r, _) in self.routers() {
+                r.serve_models(self.models.current());
+            }
         }
     }
 }

@@ -45,7 +45,12 @@ pub struct Router {
 impl Router {
     /// The policy of `cfg`; starts the tree writer thread when the policy reads a tree.
     pub fn new(cfg: &Config) -> Router {
-        let policy = Policy::new(cfg.policy_config());
+        Router::with_policy(cfg, cfg.policy_config())
+    }
+
+    /// A router for `policy` (PD mode's decode side has its own), with `cfg`'s tree settings.
+    pub fn with_policy(cfg: &Config, policy: crate::route::types::PolicyConfig) -> Router {
+        let policy = Policy::new(policy);
         let tree = policy.needs_tree().then(|| {
             spawn_writer(WriterConfig {
                 max_chars_per_worker: cfg.max_tree_size,

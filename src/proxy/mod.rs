@@ -1,11 +1,12 @@
 //! The mechanics of proxying to a worker, below any knowledge of the gateway's shared state:
 //! forwarding one request and relaying its response as it arrives (`forward`), per-core upstream
 //! connection pools (`pool`), the byte-level I/O helpers (`io`), learning a reply's text
-//! (`capture`), request ids (`request_id`) and the retry schedule (`retry`). Callers pass in the
+//! (`capture`), draining an answer nobody reads (`discard`), request ids (`request_id`) and the retry schedule (`retry`). Callers pass in the
 //! pool, timeouts and deadlines; nothing here imports `gateway` or `serve`.
 
 pub mod blocking;
 pub mod capture;
+pub mod discard;
 pub mod forward;
 pub mod io;
 pub mod pool;

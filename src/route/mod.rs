@@ -1,6 +1,7 @@
 //! Choosing a worker for a request, pure: what to route on (`extract`), the vocabulary every
 //! policy shares (`types`), the front door (`policy`) and the policies (`cache_aware`, `manual`,
 //! `hashing`, `bucket`), and the inserts the tree writer has not published yet (`recent`).
+pub mod bootstrap;
 pub mod bucket;
 pub mod cache_aware;
 pub mod extract;

@@ -376,6 +376,9 @@ async fn dispatch(
     let started = Instant::now();
     let _active = gw.life.request_started();
     let outcome = match handler {
+        Handler::Proxy(Forwarding::Routed(api)) if gw.decode.is_some() => {
+            super::pd::handle(core, stream, head, body, api).await
+        }
         Handler::Proxy(forwarding) => exchange::handle(core, stream, head, body, forwarding).await,
         Handler::Local(ep) => admin::handle(core, stream, head, body, ep).await,
     };

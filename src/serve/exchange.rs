@@ -17,7 +17,7 @@ use crate::admission::Permit;
 use crate::base::WorkerId;
 use crate::gateway::kv::{KvRouting, KvScratch};
 use crate::gateway::requests::IdKey;
-use crate::gateway::{Core, Gateway};
+use crate::gateway::{Core, Gateway, Router};
 use crate::http::{BodyFraming, Method, RequestHead};
 use crate::proxy::capture::Capture;
 use crate::proxy::forward::{self, UpstreamRequest, UpstreamResponse};
@@ -93,9 +93,9 @@ pub async fn handle(
 }
 
 /// A request refused before it reached a worker (with its request id once one exists).
-struct Refused {
-    error: GatewayError,
-    request_id: Option<String>,
+pub(super) struct Refused {
+    pub(super) error: GatewayError,
+    pub(super) request_id: Option<String>,
 }
 
 /// Why an attempt did not produce a response to relay.
@@ -107,36 +107,38 @@ enum Failure {
 }
 
 /// A worker's failure, with the decisions that follow from it.
-struct WorkerFailure {
+pub(super) struct WorkerFailure {
     /// What the client gets if this is the last attempt.
-    error: GatewayError,
+    pub(super) error: GatewayError,
     /// The worker could not even be reached (passive health signal).
-    connect: bool,
+    pub(super) connect: bool,
     /// The gateway itself failed (out of file descriptors or local ports): says nothing about
     /// the worker, so neither its health nor its circuit hears of it.
-    local: bool,
+    pub(super) local: bool,
     /// The outcome counts as a success for the worker's circuit (e.g. a 429).
-    breaker_success: bool,
+    pub(super) breaker_success: bool,
     /// Attempts and time remain: try another worker.
-    retry: bool,
+    pub(super) retry: bool,
 }
 
 /// The worker chosen for one attempt, counted in flight until dropped; its circuit slot records
 /// the outcome at most once and frees a half-open probe slot on every path.
-struct Picked<'a> {
+pub(super) struct Picked<'a> {
     /// First field, so dropped first: the in-flight count is down before the last `Arc` of a
     /// removed worker goes (its id may be reused from then on).
-    _in_flight: InFlight<'a>,
-    worker: Arc<Worker>,
-    slot: CircuitSlot,
-    decision: Decision,
+    pub(super) _in_flight: InFlight<'a>,
+    pub(super) worker: Arc<Worker>,
+    pub(super) slot: CircuitSlot,
+    pub(super) decision: Decision,
 }
 
 /// Keeps a worker's in-flight count raised while a request is on it, and tells the policy when
 /// the request is over, on every path (success, retry, error, client gone).
 /// The request id is registered as held by the worker meanwhile (`/abort_request` finds it).
-struct InFlight<'a> {
+pub(super) struct InFlight<'a> {
     gw: &'a Gateway,
+    /// The router whose policy picked the worker (PD mode: the prefill or the decode side's).
+    router: &'a Router,
     worker: WorkerId,
     routing_key: Option<&'a [u8]>,
     /// The request id's key, when the id map took it.
@@ -144,11 +146,18 @@ struct InFlight<'a> {
 }
 
 impl<'a> InFlight<'a> {
-    fn new(gw: &'a Gateway, worker: WorkerId, routing_key: Option<&'a [u8]>, id: IdKey) -> Self {
+    pub(super) fn new(
+        gw: &'a Gateway,
+        router: &'a Router,
+        worker: WorkerId,
+        routing_key: Option<&'a [u8]>,
+        id: IdKey,
+    ) -> Self {
         gw.registry.loads.inc(worker);
         let id = gw.in_flight_ids.insert(id, worker).then_some(id);
         InFlight {
             gw,
+            router,
             worker,
             routing_key,
             id,
@@ -163,44 +172,43 @@ impl Drop for InFlight<'_> {
         }
         self.gw.registry.loads.dec(self.worker);
         let now = self.gw.life.now_ms();
-        self.gw
-            .router
+        self.router
             .policy
             .request_finished(self.routing_key, self.worker, now);
     }
 }
 
 /// One request's state across its attempts.
-struct Exchange<'a> {
-    core: &'a Core,
-    gw: &'a Gateway,
-    head: &'a RequestHead,
-    body: &'a Bytes,
-    forwarding: Forwarding,
-    info: RoutingInfo<'a>,
-    request_id: String,
+pub(super) struct Exchange<'a> {
+    pub(super) core: &'a Core,
+    pub(super) gw: &'a Gateway,
+    pub(super) head: &'a RequestHead,
+    pub(super) body: &'a Bytes,
+    pub(super) forwarding: Forwarding,
+    pub(super) info: RoutingInfo<'a>,
+    pub(super) request_id: String,
     /// `request_id`'s key in the gateway's in-flight id map.
-    id_key: IdKey,
-    started: Instant,
-    deadline: Instant,
-    routing_key: Option<&'a [u8]>,
-    hash_key: Option<&'a [u8]>,
+    pub(super) id_key: IdKey,
+    pub(super) started: Instant,
+    pub(super) deadline: Instant,
+    pub(super) routing_key: Option<&'a [u8]>,
+    pub(super) hash_key: Option<&'a [u8]>,
     /// The tree the request's model reads and feeds (served models only; see `TreeKey`).
-    tree: TreeKey,
+    pub(super) tree: TreeKey,
     /// Workers that already failed this request: every retry goes elsewhere (the reference
     /// retries the worker its tree points at, i.e. the failing one).
-    excluded: Vec<WorkerId>,
-    attempts: u32,
+    pub(super) excluded: Vec<WorkerId>,
+    pub(super) attempts: u32,
     /// What the client gets when no worker is left.
-    last_error: Option<GatewayError>,
+    pub(super) last_error: Option<GatewayError>,
     /// The client's address, appended to `X-Forwarded-For`.
-    client_ip: Option<IpAddr>,
-    _permit: Permit<'a>,
+    pub(super) client_ip: Option<IpAddr>,
+    pub(super) _permit: Permit<'a>,
 }
 
 impl<'a> Exchange<'a> {
     /// Phase *admit*: auth, routing inputs, request id, admission permit.
-    async fn admit(
+    pub(super) async fn admit(
         core: &'a Core,
         head: &'a RequestHead,
         body: &'a Bytes,
@@ -302,7 +310,7 @@ impl<'a> Exchange<'a> {
             let worker = slot.worker().clone();
             self.attempts += 1;
             crate::metrics::selection(gw.router.policy.kind().as_str(), decision.branch.as_str());
-            let in_flight = InFlight::new(gw, worker.id, self.routing_key, self.id_key);
+            let in_flight = InFlight::new(gw, &gw.router, worker.id, self.routing_key, self.id_key);
             if decision.insert_text {
                 let chars = crate::base::text::char_count(self.info.text.as_bytes());
                 if self.attempts == 1 {
@@ -480,7 +488,7 @@ impl<'a> Exchange<'a> {
         Ok(())
     }
 
-    async fn backoff(&self) {
+    pub(super) async fn backoff(&self) {
         let u = self.core.rng.borrow_mut().unit();
         let retry = &self.gw.retry;
         let delay = Duration::from_millis(retry.delay_ms(self.attempts.saturating_sub(1), u));
@@ -554,7 +562,7 @@ impl<'a> Exchange<'a> {
     }
 
     /// Answer `e` with this request's id.
-    async fn fail(&self, client: &mut TcpStream, e: GatewayError) -> Outcome {
+    pub(super) async fn fail(&self, client: &mut TcpStream, e: GatewayError) -> Outcome {
         send_error(client, Some(self.head), &e, Some(&self.request_id)).await
     }
 }
@@ -572,7 +580,7 @@ fn already_held(decision: &Decision, chars: usize, measured: bool) -> bool {
 /// body when the body is not much larger than the text (the common case: the prompt is most of
 /// the body), else a copy, so a kept text never pins a large upload (at most twice its size
 /// plus 4 KiB).
-fn learned_text(body: &Bytes, text: &str) -> Bytes {
+pub(super) fn learned_text(body: &Bytes, text: &str) -> Bytes {
     if body.len() <= 2 * text.len() + 4096 {
         as_body_slice(body, text)
     } else {

@@ -1,5 +1,5 @@
 //! Serving clients: the keep-alive loop of one connection (`conn`), which handler answers a
-//! method and path (`routes`), a proxied request as named phases (`exchange`), the endpoints the
+//! method and path (`routes`), a proxied request as named phases (`exchange`; its prefill/decode twin, `pd`), the endpoints the
 //! gateway answers itself (`admin`), and the one error type and writer they share (`error`,
 //! `reply`). Built on `gateway` (shared state) and `proxy` (upstream mechanics); nothing below
 //! imports it.
@@ -9,6 +9,7 @@ pub mod conn;
 pub mod connections;
 pub mod error;
 pub mod exchange;
+pub mod pd;
 pub mod reply;
 pub mod routes;
 

@@ -33,6 +33,15 @@ impl Reply {
         }
     }
 
+    /// A JSON answer already rendered (a worker's body passed on unchanged).
+    pub fn raw_json(status: u16, body: Vec<u8>) -> Reply {
+        Reply {
+            status,
+            content_type: "application/json",
+            body,
+        }
+    }
+
     /// A plain-text answer.
     pub fn text(status: u16, body: &str) -> Reply {
         Reply {

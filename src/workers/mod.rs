@@ -4,3 +4,4 @@
 pub mod breaker;
 pub mod load;
 pub mod registry;
+pub mod role;

@@ -8,6 +8,7 @@
 use crate::base::WorkerId;
 use crate::workers::breaker::{Breaker, BreakerConfig, Ticket, Transition};
 use crate::workers::load::LoadBoard;
+use crate::workers::role::Role;
 use arc_swap::ArcSwap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -134,6 +135,10 @@ pub struct Worker {
     pub url: String,
     /// `host:port` for the upstream `Host` header.
     pub authority: String,
+    /// The URL's host without brackets (a prefill worker's `bootstrap_host`).
+    pub host: String,
+    /// Regular, prefill or decode (`--pd-disaggregation`): which side's policy may pick it.
+    pub role: Role,
     /// Addresses resolved when the worker was added (tried in order).
     pub addrs: Vec<SocketAddr>,
     /// Last health verdict (active checks and passive connect failures).
@@ -205,6 +210,10 @@ pub struct WorkerList {
     pub workers: Vec<Arc<Worker>>,
     /// The same order, ids only (what policies iterate).
     pub ids: Vec<WorkerId>,
+    /// Ids of the prefill workers, in registration order (PD mode's prefill candidates).
+    pub prefill_ids: Vec<WorkerId>,
+    /// Ids of the decode workers, in registration order (PD mode's decode candidates).
+    pub decode_ids: Vec<WorkerId>,
     by_id: Vec<u32>,
 }
 
@@ -221,9 +230,20 @@ impl WorkerList {
         for (i, id) in ids.iter().enumerate() {
             by_id[*id as usize] = i as u32;
         }
+        let with_role = |keep: fn(Role) -> bool| -> Vec<WorkerId> {
+            workers
+                .iter()
+                .filter(|w| keep(w.role))
+                .map(|w| w.id)
+                .collect()
+        };
+        let prefill_ids = with_role(Role::is_prefill);
+        let decode_ids = with_role(|r| r == Role::Decode);
         WorkerList {
             workers,
             ids,
+            prefill_ids,
+            decode_ids,
             by_id,
         }
     }
@@ -334,9 +354,19 @@ impl Registry {
     /// serving core with a host name, see [`resolve`]). It starts healthy unless `healthy` is
     /// false (then it waits for a health check).
     pub fn add(&self, url: &str, healthy: bool) -> Result<Arc<Worker>, RegistryError> {
+        self.add_with_role(url, healthy, Role::Regular)
+    }
+
+    /// [`Registry::add`] for a worker with a PD role (prefill or decode).
+    pub fn add_with_role(
+        &self,
+        url: &str,
+        healthy: bool,
+        role: Role,
+    ) -> Result<Arc<Worker>, RegistryError> {
         let parsed = parse_worker_url(url).map_err(|e| RegistryError::BadUrl(e.0))?;
         let addrs = resolve(&parsed)?;
-        self.add_resolved(url, parsed, addrs, healthy)
+        self.add_resolved(url, parsed, addrs, healthy, role)
     }
 
     /// Register a worker whose addresses are already known.
@@ -346,6 +376,7 @@ impl Registry {
         parsed: WorkerUrl,
         addrs: Vec<SocketAddr>,
         healthy: bool,
+        role: Role,
     ) -> Result<Arc<Worker>, RegistryError> {
         let url = url.trim_end_matches('/').to_string();
         let mut ids = self.admin.lock().unwrap_or_else(|p| p.into_inner());
@@ -360,6 +391,8 @@ impl Registry {
             serial: ids.serial,
             url,
             authority: parsed.authority,
+            host: parsed.host,
+            role,
             addrs,
             healthy: AtomicBool::new(healthy),
             draining: AtomicBool::new(false),
@@ -478,6 +511,29 @@ mod tests {
             assert!(parse_worker_url(bad).is_err(), "{bad}");
         }
         assert!(parse_worker_url(&format!("http://{}:1", "a".repeat(255))).is_ok());
+    }
+
+    #[test]
+    fn roles_split_the_candidate_lists() {
+        let r = Registry::new();
+        let p = r
+            .add_with_role(
+                "http://127.0.0.1:1",
+                true,
+                Role::Prefill {
+                    bootstrap_port: Some(9),
+                },
+            )
+            .unwrap();
+        let d = r
+            .add_with_role("http://127.0.0.1:2", true, Role::Decode)
+            .unwrap();
+        let g = r.add("http://127.0.0.1:3", true).unwrap();
+        let list = r.load();
+        assert_eq!(list.prefill_ids, vec![p.id]);
+        assert_eq!(list.decode_ids, vec![d.id]);
+        assert_eq!(list.ids, vec![p.id, d.id, g.id]);
+        assert_eq!(p.host, "127.0.0.1");
     }
 
     #[test]

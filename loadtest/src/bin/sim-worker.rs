@@ -6,14 +6,18 @@
 //!     --kv-events-config '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:6557"}'
 //! sim-worker --write-tokenizer /tmp/cl100k-llama3     # the `bpe` tokenizer as a HF folder, then exit
 //! sim-worker --ports 31000-31001 --tokenizer-path /tmp/cl100k-llama3
+//! sim-worker --ports 31000-31001 --disaggregation-mode prefill --disaggregation-bootstrap-port 8998
+//! sim-worker --ports 31100 --disaggregation-mode decode
 //! ```
 //! Prints `sim-worker listening on HOST:PORT` per port once bound (and, with KV events,
-//! `sim-worker kv events for HOST:PORT on ENDPOINT replay REPLAY`), runs until SIGINT/SIGTERM,
+//! `sim-worker kv events for HOST:PORT on ENDPOINT replay REPLAY`; in prefill mode
+//! `sim-worker bootstrap for HOST:PORT on BOOTSTRAP_PORT`), runs until SIGINT/SIGTERM,
 //! and exits 0.
 
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
+use loadtest::sim::disagg::{DisaggMode, DEFAULT_BOOTSTRAP_PORT};
 use loadtest::sim::kv_events::KvEventsConfig;
 use loadtest::sim::{spawn_cluster, Faults, IoDriver, SimConfig, TokenizerMode};
 
@@ -21,6 +25,14 @@ use loadtest::sim::{spawn_cluster, Faults, IoDriver, SimConfig, TokenizerMode};
 enum TokenizerArg {
     Bpe,
     Approx,
+}
+
+/// `--disaggregation-mode` (a newtype: clap reads a bare `Option` as "flag may be absent").
+#[derive(Debug, Clone, Copy)]
+struct Mode(Option<DisaggMode>);
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    DisaggMode::parse(s).map(Mode)
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -113,6 +125,16 @@ struct Args {
     /// index i of --ports publishes on endpoint port + i and replays on replay port + i.
     #[arg(long, value_parser = KvEventsConfig::parse)]
     kv_events_config: Option<KvEventsConfig>,
+    /// Prefill/decode disaggregation role, as SGLang's flag: prefill (computes the prompt and
+    /// one token, serves bootstrap rooms), decode (generates once the named prefill server's
+    /// room is ready), or null (whole requests). Requests without bootstrap fields are refused
+    /// in either role.
+    #[arg(long, default_value = "null", value_parser = parse_mode)]
+    disaggregation_mode: Mode,
+    /// Prefill: the bootstrap port of the worker at index 0 of --ports (index i listens on
+    /// this + i; 0 = ephemeral). Decode: the port asked when a request's bootstrap_port is null.
+    #[arg(long, default_value_t = DEFAULT_BOOTSTRAP_PORT)]
+    disaggregation_bootstrap_port: u16,
 }
 
 #[derive(Debug, Clone)]
@@ -204,6 +226,8 @@ fn main() -> ExitCode {
             DriverArg::Legacy => IoDriver::Legacy,
         },
         kv_events: a.kv_events_config,
+        disaggregation_mode: a.disaggregation_mode.0,
+        disaggregation_bootstrap_port: a.disaggregation_bootstrap_port,
     };
     let set = block_signals();
     let host = cfg.host.clone();
@@ -224,6 +248,9 @@ fn main() -> ExitCode {
             "sim-worker kv events for {host}:{p} on {} replay {replay}",
             kv.endpoint
         );
+    }
+    for (p, b) in cluster.ports().iter().zip(cluster.bootstrap_ports()) {
+        println!("sim-worker bootstrap for {host}:{p} on {b}");
     }
     let stop = cluster.stopper();
     std::thread::spawn(move || {

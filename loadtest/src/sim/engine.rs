@@ -171,6 +171,9 @@ pub struct ForwardInfo {
 struct Req {
     /// Prompt followed by generated tokens.
     tokens: Vec<u32>,
+    /// PD decode side: the prompt's KV cache was handed over by a prefill server, so its
+    /// prefill is charged as one token over the prompt (the memory is still taken).
+    transferred: bool,
     prompt_len: usize,
     max_new: usize,
     out_rng: Rng,
@@ -204,9 +207,15 @@ struct PrefillBatch<'a> {
 impl PrefillBatch<'_> {
     /// Adds `u` uncached tokens of request `id` over `context` tokens already in KV.
     fn push(&mut self, id: ReqId, u: usize, context: usize) {
+        self.push_costed(id, u, u, context);
+    }
+
+    /// Push `u` new tokens whose compute is charged as `cost_u` tokens over `context` (a
+    /// handed-over prompt is charged one token).
+    fn push_costed(&mut self, id: ReqId, u: usize, cost_u: usize, context: usize) {
         self.items.push((id, u));
         self.costs.push(PrefillItem {
-            uncached: u,
+            uncached: cost_u,
             context,
         });
         self.budget -= u;
@@ -426,6 +435,7 @@ impl Engine {
             id,
             Req {
                 tokens,
+                transferred: false,
                 prompt_len,
                 max_new: max_new_tokens,
                 out_rng,
@@ -444,6 +454,14 @@ impl Engine {
         );
         self.waiting.push_back(id);
         Ok(id)
+    }
+
+    /// Mark a queued request's prompt as handed over by a prefill server (PD decode side): its
+    /// prefill costs one token over the prompt, as the KV arrived by transfer.
+    pub fn mark_transferred(&mut self, id: ReqId) {
+        if let Some(r) = self.reqs.get_mut(&id) {
+            r.transferred = true;
+        }
     }
 
     /// Abort a request (client disconnected): it leaves the queue or batch at once and its locks
@@ -511,7 +529,11 @@ impl Engine {
         if let Some(id) = self.chunked.take() {
             if let Some(r) = self.reqs.get(&id) {
                 let u = batch.budget.min(r.prompt_len - r.kv_len);
-                batch.push(id, u, r.kv_len);
+                if r.transferred {
+                    batch.push_costed(id, u, u.min(1), r.kv_len + u.saturating_sub(1));
+                } else {
+                    batch.push(id, u, r.kv_len);
+                }
             }
         }
     }
@@ -554,7 +576,11 @@ impl Engine {
                     .observe((self.now_ms - r.arrival_ms).max(0.0) / 1000.0);
             }
             let u = batch.budget.min(r.prompt_len - hit);
-            batch.push(id, u, hit);
+            if r.transferred {
+                batch.push_costed(id, u, u.min(1), hit + u.saturating_sub(1));
+            } else {
+                batch.push(id, u, hit);
+            }
             batch.hit_tokens += hit;
             partial = u < r.prompt_len - hit;
         }

@@ -17,6 +17,7 @@
 
 pub mod api;
 pub mod cost;
+pub mod disagg;
 pub mod engine;
 pub mod hf_export;
 pub mod kv_events;
@@ -114,6 +115,14 @@ pub struct SimConfig {
     pub io_driver: IoDriver,
     /// `--kv-events-config`: publish SGLang's KV-cache events (see [`kv_events`]).
     pub kv_events: Option<kv_events::KvEventsConfig>,
+    /// `--disaggregation-mode`: play a PD prefill or decode server (see [`disagg`]); `None`
+    /// serves whole requests.
+    pub disaggregation_mode: Option<disagg::DisaggMode>,
+    /// `--disaggregation-bootstrap-port`: a prefill server's bootstrap listener (port `i` of the
+    /// cluster listens on this + i; 0 picks ephemeral ports, see
+    /// [`SimCluster::bootstrap_ports`]); a decode server's default when a request's
+    /// `bootstrap_port` is null.
+    pub disaggregation_bootstrap_port: u16,
 }
 
 impl Default for SimConfig {
@@ -136,6 +145,8 @@ impl Default for SimConfig {
             record_requests: 0,
             io_driver: IoDriver::Auto,
             kv_events: None,
+            disaggregation_mode: None,
+            disaggregation_bootstrap_port: disagg::DEFAULT_BOOTSTRAP_PORT,
         }
     }
 }

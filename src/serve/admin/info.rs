@@ -24,18 +24,36 @@ pub fn readiness(gw: &Gateway) -> Reply {
     // A copy started with --kv-bootstrap-peer takes traffic only once its sibling's index copy
     // is in (or failed): a load balancer then never sends it a turn it would route cold.
     let bootstrapping = gw.kv.as_ref().is_some_and(|kv| !kv.is_bootstrapped());
-    let ready = healthy > 0 && !shutting_down && !bootstrapping;
+    // PD mode serves nothing without both sides: a selectable prefill and a selectable decode.
+    let selectable = |ids: &[crate::base::WorkerId]| {
+        ids.iter()
+            .filter(|&&id| gw.registry.loads.is_eligible(id))
+            .count()
+    };
+    let pd = gw
+        .decode
+        .is_some()
+        .then(|| (selectable(&list.prefill_ids), selectable(&list.decode_ids)));
+    let serving = match pd {
+        Some((p, d)) => p > 0 && d > 0,
+        None => healthy > 0,
+    };
+    let ready = serving && !shutting_down && !bootstrapping;
     let status = match (ready, shutting_down, bootstrapping) {
         (true, _, _) => "ready",
         (false, true, _) => "shutting_down",
         (false, false, true) => "bootstrapping",
         (false, false, false) => "not_ready",
     };
-    let body = json!({
+    let mut body = json!({
         "status": status,
         "healthy_workers": healthy,
         "total_workers": list.len(),
     });
+    if let Some((p, d)) = pd {
+        body["healthy_prefill_workers"] = json!(p);
+        body["healthy_decode_workers"] = json!(d);
+    }
     Reply::json(if ready { 200 } else { 503 }, &body)
 }
 

@@ -170,8 +170,8 @@ async fn answer(
         Endpoint::ListWorkers => Ok(workers::list(gw)),
         Endpoint::LegacyList => Ok(workers::legacy_list(gw)),
         Endpoint::GetWorker => workers::get(gw, head),
-        Endpoint::AddWorker => workers::add(core, workers::url_from_json(body), 202).await,
-        Endpoint::LegacyAdd => workers::add(core, workers::url_from_query(head), 200).await,
+        Endpoint::AddWorker => workers::add(core, workers::add_from_json(body), 202).await,
+        Endpoint::LegacyAdd => workers::add(core, workers::add_from_query(head), 200).await,
         Endpoint::DeleteWorker => workers::remove(gw, &workers::path_id(head), 202),
         Endpoint::LegacyRemove => {
             let key = workers::url_from_query(head).unwrap_or_default();

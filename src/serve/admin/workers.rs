@@ -6,6 +6,7 @@ use crate::proxy::forward;
 use crate::serve::error::GatewayError;
 use crate::serve::reply::Reply;
 use crate::workers::registry::{self, RegistryError, Worker, WorkerUrl};
+use crate::workers::role::Role;
 use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
 use std::net::{IpAddr, SocketAddr};
@@ -36,6 +37,11 @@ pub fn worker_json(gw: &Gateway, w: &Worker) -> Value {
     json!({
         "id": w.id.to_string(),
         "url": w.url,
+        "worker_type": w.role.as_str(),
+        "bootstrap_port": match w.role {
+            Role::Prefill { bootstrap_port } => json!(bootstrap_port),
+            _ => Value::Null,
+        },
         "healthy": w.is_healthy(),
         "draining": w.is_draining(),
         "circuit": w.breaker.state().as_str(),
@@ -74,10 +80,22 @@ pub fn get(gw: &Gateway, head: &RequestHead) -> Result<Reply, GatewayError> {
     }
 }
 
+/// What an add call asks for: the worker's URL and its role (`worker_type` and
+/// `bootstrap_port`, named as the reference names them; default: a regular worker).
+pub struct AddRequest {
+    /// The worker's base URL.
+    pub url: Option<String>,
+    /// Its role, or why the role fields were refused.
+    pub role: Result<Role, String>,
+}
+
 /// `POST /workers` (`created` 202) and `POST /add_worker?url=` (`created` 200).
-pub async fn add(core: &Core, url: Option<String>, created: u16) -> Result<Reply, GatewayError> {
-    let url = url.ok_or_else(|| GatewayError::new(400, "a worker `url` is required"))?;
-    match register(core, &url).await {
+pub async fn add(core: &Core, req: AddRequest, created: u16) -> Result<Reply, GatewayError> {
+    let url = req
+        .url
+        .ok_or_else(|| GatewayError::new(400, "a worker `url` is required"))?;
+    let role = req.role.map_err(|e| GatewayError::new(400, e))?;
+    match register(core, &url, role).await {
         Ok(w) => Ok(Reply::json(created, &worker_json(&core.gw, &w))),
         Err(RegistryError::Duplicate(u)) => Err(GatewayError::new(
             409,
@@ -98,14 +116,14 @@ pub fn remove(gw: &Gateway, key: &str, removed: u16) -> Result<Reply, GatewayErr
 
 /// Register a worker at run time: resolve its host off this core, probe its health endpoint
 /// once (so it is routable at once when up), then make it selectable.
-async fn register(core: &Core, url: &str) -> Result<Arc<Worker>, RegistryError> {
+async fn register(core: &Core, url: &str, role: Role) -> Result<Arc<Worker>, RegistryError> {
     let gw = &core.gw;
     let parsed = registry::parse_worker_url(url).map_err(|e| RegistryError::BadUrl(e.0))?;
     let addrs = match registry::literal_addrs(&parsed) {
         Some(a) => a,
         None => resolve_off_core(&parsed).await?,
     };
-    let worker = gw.registry.add_resolved(url, parsed, addrs, false)?;
+    let worker = gw.registry.add_resolved(url, parsed, addrs, false, role)?;
     let healthy = gw.cfg.disable_health_check || {
         let timeout = Duration::from_secs(gw.cfg.health_check_timeout_secs);
         let path = &gw.cfg.health_check_endpoint;
@@ -123,9 +141,10 @@ async fn register(core: &Core, url: &str) -> Result<Arc<Worker>, RegistryError> 
     gw.membership_changed();
     crate::log!(
         Info,
-        "worker {} added (id {}, healthy: {healthy})",
+        "worker {} added (id {}, {}, healthy: {healthy})",
         worker.url,
-        worker.id
+        worker.id,
+        worker.role.as_str()
     );
     Ok(worker)
 }
@@ -158,10 +177,42 @@ async fn resolve_off_core(u: &WorkerUrl) -> Result<Vec<SocketAddr>, RegistryErro
     }
 }
 
-/// The `url` field of a JSON body.
-pub fn url_from_json(body: &Bytes) -> Option<String> {
-    let v = serde_json::from_slice::<Value>(body).ok()?;
-    v.get("url").and_then(Value::as_str).map(str::to_string)
+/// The `url`, `worker_type` and `bootstrap_port` fields of a JSON body.
+pub fn add_from_json(body: &Bytes) -> AddRequest {
+    let v = serde_json::from_slice::<Value>(body).unwrap_or(Value::Null);
+    let url = v.get("url").and_then(Value::as_str).map(str::to_string);
+    let kind = v.get("worker_type").and_then(Value::as_str);
+    let port = match v.get("bootstrap_port") {
+        None | Some(Value::Null) => Ok(None),
+        Some(p) => p
+            .as_u64()
+            .and_then(|n| u16::try_from(n).ok())
+            .filter(|&n| n > 0)
+            .map(Some)
+            .ok_or_else(|| "`bootstrap_port` must be a port number or null".to_string()),
+    };
+    AddRequest {
+        url,
+        role: port.and_then(|p| Role::parse(kind.unwrap_or("regular"), p)),
+    }
+}
+
+/// The `url`, `worker_type` and `bootstrap_port` query parameters (legacy calls).
+pub fn add_from_query(head: &RequestHead) -> AddRequest {
+    let kind = query_param(head, "worker_type");
+    let port = match query_param(head, "bootstrap_port").as_deref() {
+        None | Some("") | Some("none") | Some("null") => Ok(None),
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|&n| n > 0)
+            .map(Some)
+            .ok_or_else(|| format!("bootstrap_port `{p}` is not a port number")),
+    };
+    AddRequest {
+        url: url_from_query(head),
+        role: port.and_then(|p| Role::parse(kind.as_deref().unwrap_or("regular"), p)),
+    }
 }
 
 /// The `url` query parameter (legacy calls).

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use radixgate::http::RequestHead;
 
 use crate::sim::api::{self, Completed, Endpoint, RespMeta, StreamRenderer, TokenChunk, Usage};
+use crate::sim::disagg::{self, DisaggMode, RoomState};
 use crate::sim::engine::{FinishInfo, FinishReason};
 
 use super::conn::{write, AbortGuard, Next, Reader, WriteHalf};
@@ -33,7 +34,7 @@ pub(super) async fn inference(
     if let Some(next) = apply_faults(sh, keep, r, wr).await {
         return next;
     }
-    let req = match api::parse_inference(ep, body, &sh.tok, sh.cfg.default_max_tokens) {
+    let mut req = match api::parse_inference(ep, body, &sh.tok, sh.cfg.default_max_tokens) {
         Ok(req) => req,
         Err(e) => {
             let next = respond_error(sh, wr, keep, 400, "BadRequestError", &e.message).await;
@@ -41,11 +42,28 @@ pub(super) async fn inference(
             return next;
         }
     };
+    let rooms = match disaggregated(sh, body, req.prompts.len(), r).await {
+        Ok(rooms) => rooms,
+        Err((status, kind, msg)) => {
+            let next = respond_error(sh, wr, keep, status, kind, &msg).await;
+            answered(sh);
+            return next;
+        }
+    };
+    if sh.cfg.disaggregation_mode == Some(DisaggMode::Prefill) {
+        // The prefill server computes the prompt and one token; decode generates the rest.
+        req.max_new_tokens = 1;
+    }
+    let transferred = sh.cfg.disaggregation_mode == Some(DisaggMode::Decode);
+    // PD `/generate` with `return_logprob`: the prompt's logprobs come from the prefill side.
+    let input_logprobs = (ep == Endpoint::Generate && !req.stream)
+        .then(|| disagg::input_logprobs(sh.cfg.disaggregation_mode?, body, &req.prompts))
+        .flatten();
     let Submitted {
         guard,
         slots,
         prompt_lens,
-    } = match submit_all(sh, req.prompts, req.max_new_tokens) {
+    } = match submit_all(sh, req.prompts, req.max_new_tokens, transferred) {
         Ok(x) => x,
         Err(msg) => {
             let next = respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await;
@@ -74,7 +92,8 @@ pub(super) async fn inference(
             created,
             model: &model,
         };
-        match complete_response(sh, ep, &meta, &slots, keep, r, wr).await {
+        let extra = input_logprobs.as_deref();
+        match complete_response(sh, ep, &meta, &slots, extra, keep, r, wr).await {
             Some(next) => next,
             // The client or the server left before the results: nothing was answered.
             None => return Next::Close,
@@ -83,10 +102,97 @@ pub(super) async fn inference(
     // The guard aborts whatever did not finish (disconnect, cut stream); finished requests
     // already left the slot registry, so it is a no-op for them.
     drop(guard);
+    // PD prefill: the rooms' KV is ready for the decode side, unless the prefill was cut short.
+    let done = slots.iter().all(|s| {
+        s.finish
+            .get()
+            .is_some_and(|i| i.reason != FinishReason::Abort)
+    });
+    rooms.settle(done);
     if slots.iter().all(|s| s.finish.get().is_some()) {
         answered(sh);
     }
     next
+}
+
+/// A PD prefill request's rooms: marked failed when dropped unsettled (the request was cut
+/// short before its response), so a waiting decode server fails at once.
+struct Rooms<'a> {
+    sh: &'a Server,
+    rooms: Vec<u64>,
+}
+
+impl Rooms<'_> {
+    /// Mark every room ready (`done`) or failed.
+    fn settle(mut self, done: bool) {
+        self.mark(if done {
+            RoomState::Ready
+        } else {
+            RoomState::Failed
+        });
+    }
+
+    fn mark(&mut self, state: RoomState) {
+        let now = std::time::Instant::now();
+        let mut book = self.sh.rooms.borrow_mut();
+        for room in self.rooms.drain(..) {
+            book.set(room, state, now);
+        }
+    }
+}
+
+impl Drop for Rooms<'_> {
+    fn drop(&mut self) {
+        self.mark(RoomState::Failed);
+    }
+}
+
+/// PD mode (`--disaggregation-mode`): a request must carry its bootstrap fields (else 400, as
+/// SGLang refuses it). A prefill server registers the rooms (returned, to settle once the
+/// prefill is done); a decode server waits until the named prefill server has the rooms ready
+/// (else 500: the KV transfer cannot happen). Outside PD mode: nothing to do.
+async fn disaggregated<'a>(
+    sh: &'a Server,
+    body: &[u8],
+    prompts: usize,
+    r: &mut Reader,
+) -> Result<Rooms<'a>, (u16, &'static str, String)> {
+    let none = Rooms {
+        sh,
+        rooms: Vec::new(),
+    };
+    let Some(mode) = sh.cfg.disaggregation_mode else {
+        return Ok(none);
+    };
+    let fields = disagg::bootstrap_fields(body, prompts)
+        .map_err(|e| (400, "BadRequestError", format!("{e} ({})", mode.as_str())))?;
+    *sh.last_bootstrap.borrow_mut() = Some(fields.clone());
+    match mode {
+        DisaggMode::Prefill => {
+            let now = std::time::Instant::now();
+            let mut book = sh.rooms.borrow_mut();
+            for &room in &fields.rooms {
+                book.set(room, RoomState::Prefilling, now);
+            }
+            Ok(Rooms {
+                sh,
+                rooms: fields.rooms,
+            })
+        }
+        DisaggMode::Decode => {
+            let waited = monoio::select! {
+                w = super::bootstrap::await_rooms(sh, &fields) => w,
+                _ = r.disconnected() => Err("the client left".into()),
+            };
+            waited.map(|()| none).map_err(|e| {
+                (
+                    500,
+                    "InternalServerError",
+                    format!("KV transfer failed: {e}"),
+                )
+            })
+        }
+    }
 }
 
 /// Keeps a request's ids in the server's rid map while it runs.
@@ -206,6 +312,7 @@ fn submit_all(
     sh: &Rc<Server>,
     prompts: Vec<Vec<u32>>,
     max_new_tokens: usize,
+    transferred: bool,
 ) -> Result<Submitted, String> {
     let mut guard = AbortGuard {
         sh: sh.clone(),
@@ -215,7 +322,7 @@ fn submit_all(
     let mut prompt_lens = Vec::with_capacity(prompts.len());
     for p in prompts {
         prompt_lens.push(p.len());
-        let (id, slot) = sh.submit(p, max_new_tokens, false)?;
+        let (id, slot) = sh.submit_with(p, max_new_tokens, false, transferred)?;
         guard.ids.push(id);
         slots.push(slot);
     }
@@ -228,11 +335,13 @@ fn submit_all(
 
 /// A non-streaming answer: wait for every prompt of the request, then render all the results
 /// in one body. `None` when the client leaves (or the server stops) first.
+#[allow(clippy::too_many_arguments)]
 async fn complete_response(
     sh: &Rc<Server>,
     ep: Endpoint,
     meta: &RespMeta<'_>,
     slots: &[Rc<Slot>],
+    input_logprobs: Option<&[serde_json::Value]>,
     keep: bool,
     r: &mut Reader,
     wr: &mut WriteHalf,
@@ -264,7 +373,10 @@ async fn complete_response(
             }
         })
         .collect();
-    let body = api::render_completed(ep, meta, &results);
+    let mut body = api::render_completed(ep, meta, &results);
+    if let Some(lp) = input_logprobs {
+        body = disagg::with_input_logprobs(&body, lp).unwrap_or(body);
+    }
     Some(respond(sh, wr, keep, 200, "application/json", &body).await)
 }
 

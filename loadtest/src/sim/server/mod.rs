@@ -14,6 +14,7 @@
 //! `inference` (inference requests, blocking and streamed); the per-port state and the cluster
 //! lifecycle live here.
 
+mod bootstrap;
 mod conn;
 mod inference;
 mod routes;
@@ -100,6 +101,12 @@ struct Server {
     kv_config: Option<KvEventsConfig>,
     /// Scratch for one step's KV events.
     kv_scratch: RefCell<Vec<super::radix::CacheEvent>>,
+    /// PD prefill mode: the bootstrap rooms of the requests it received.
+    rooms: RefCell<super::disagg::RoomBook>,
+    /// The bootstrap fields of the last PD request (`/debug/stats` `last_bootstrap`).
+    last_bootstrap: RefCell<Option<super::disagg::BootstrapFields>>,
+    /// PD prefill mode: the port of this server's bootstrap listener.
+    bootstrap_port: Option<u16>,
 }
 
 /// Counts an inference request as in progress while it lives.
@@ -178,6 +185,9 @@ impl Server {
             kv,
             kv_config,
             kv_scratch: RefCell::new(Vec::new()),
+            rooms: RefCell::default(),
+            last_bootstrap: RefCell::new(None),
+            bootstrap_port: None,
         }
     }
 
@@ -233,6 +243,18 @@ impl Server {
         max_new: usize,
         internal: bool,
     ) -> Result<(ReqId, Rc<Slot>), String> {
+        self.submit_with(prompt, max_new, internal, false)
+    }
+
+    /// [`Server::submit`]; `transferred`: the prompt's KV was handed over by a prefill server
+    /// (PD decode side), so only the decode cost is charged.
+    fn submit_with(
+        &self,
+        prompt: Vec<u32>,
+        max_new: usize,
+        internal: bool,
+        transferred: bool,
+    ) -> Result<(ReqId, Rc<Slot>), String> {
         let mut e = self.engine.borrow_mut();
         let v = self.virt_now();
         let arrival = match e.inflight_ms() {
@@ -245,6 +267,9 @@ impl Server {
         let id = e
             .submit(prompt, max_new, arrival, internal)
             .map_err(|err| err.to_string())?;
+        if transferred {
+            e.mark_transferred(id);
+        }
         drop(e);
         let slot = Rc::new(Slot::default());
         slot.last_at.set(arrival);
@@ -387,9 +412,15 @@ async fn accept_loop(sh: Rc<Server>, listener: TcpListener) {
 /// Reports the outcome of runtime start-up (driver name, or why it failed) to `spawn_cluster`.
 type Ready = std::sync::mpsc::Sender<io::Result<&'static str>>;
 
+/// One simulated worker's listeners: its HTTP port and, in PD prefill mode, its bootstrap port.
+struct PortListeners {
+    http: std::net::TcpListener,
+    bootstrap: Option<std::net::TcpListener>,
+}
+
 async fn serve(
     cfg: Rc<SimConfig>,
-    listeners: Vec<std::net::TcpListener>,
+    listeners: Vec<PortListeners>,
     kv: Vec<KvPublisher>,
     stop: Arc<AtomicBool>,
     ready: Ready,
@@ -407,10 +438,17 @@ async fn serve(
     };
     let mut servers = Vec::with_capacity(listeners.len());
     let mut registered = Vec::with_capacity(listeners.len());
-    for std_l in listeners {
-        let port = std_l.local_addr().map(|a| a.port()).unwrap_or(0);
-        match TcpListener::from_std(std_l) {
-            Ok(l) => registered.push((port, l)),
+    for pl in listeners {
+        let port = pl.http.local_addr().map(|a| a.port()).unwrap_or(0);
+        let boot = pl
+            .bootstrap
+            .map(|b| {
+                let p = b.local_addr().map(|a| a.port()).unwrap_or(0);
+                TcpListener::from_std(b).map(|l| (p, l))
+            })
+            .transpose();
+        match TcpListener::from_std(pl.http).and_then(|l| boot.map(|b| (l, b))) {
+            Ok((l, b)) => registered.push((port, l, b)),
             Err(e) => {
                 let msg = format!("cannot register listener on port {port}: {e}");
                 let _ = ready.send(Err(io::Error::new(e.kind(), msg)));
@@ -418,10 +456,15 @@ async fn serve(
             }
         }
     }
-    for (i, (port, listener)) in registered.into_iter().enumerate() {
-        let sh = Rc::new(Server::new(port, i, cfg.clone(), tok.clone(), kv.next()));
+    for (i, (port, listener, boot)) in registered.into_iter().enumerate() {
+        let mut server = Server::new(port, i, cfg.clone(), tok.clone(), kv.next());
+        server.bootstrap_port = boot.as_ref().map(|(p, _)| *p);
+        let sh = Rc::new(server);
         monoio::spawn(gpu_loop(sh.clone()));
         monoio::spawn(accept_loop(sh.clone(), listener));
+        if let Some((_, b)) = boot {
+            monoio::spawn(bootstrap::serve_rooms(sh.clone(), b));
+        }
         servers.push(sh);
     }
     let _ = ready.send(Ok(driver));
@@ -438,7 +481,7 @@ async fn serve(
 fn run_runtime(
     driver: IoDriver,
     cfg: SimConfig,
-    listeners: Vec<std::net::TcpListener>,
+    listeners: Vec<PortListeners>,
     kv: Vec<KvPublisher>,
     stop: Arc<AtomicBool>,
     ready: Ready,
@@ -472,7 +515,7 @@ fn serve_on<D: monoio::Driver>(
     name: &'static str,
     requested: IoDriver,
     cfg: SimConfig,
-    listeners: Vec<std::net::TcpListener>,
+    listeners: Vec<PortListeners>,
     kv: Vec<KvPublisher>,
     stop: Arc<AtomicBool>,
     ready: Ready,
@@ -490,6 +533,8 @@ fn serve_on<D: monoio::Driver>(
 /// [`shutdown`](Self::shutdown)) stops every worker and closes the ports.
 pub struct SimCluster {
     ports: Vec<u16>,
+    /// PD prefill mode: each worker's bootstrap port (empty otherwise).
+    bootstrap_ports: Vec<u16>,
     host: String,
     driver: &'static str,
     stop: Arc<AtomicBool>,
@@ -511,6 +556,12 @@ impl std::fmt::Debug for SimCluster {
 }
 
 impl SimCluster {
+    /// PD prefill mode: each worker's bootstrap port, in configuration order (ephemeral ones
+    /// resolved); empty in any other mode.
+    pub fn bootstrap_ports(&self) -> &[u16] {
+        &self.bootstrap_ports
+    }
+
     /// Bound ports, in configuration order (ephemeral ones resolved).
     pub fn ports(&self) -> &[u16] {
         &self.ports
@@ -605,13 +656,34 @@ pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
     }
     let mut listeners = Vec::with_capacity(cfg.ports.len());
     let mut ports = Vec::with_capacity(cfg.ports.len());
-    for &p in &cfg.ports {
+    let mut bootstrap_ports = Vec::new();
+    let bind = |p: u16| -> io::Result<std::net::TcpListener> {
         // Names ("localhost") and bare IPv6 literals resolve through ToSocketAddrs.
         let l = std::net::TcpListener::bind((cfg.host.as_str(), p))
             .map_err(|e| io::Error::new(e.kind(), format!("bind {}:{p}: {e}", cfg.host)))?;
         l.set_nonblocking(true)?;
+        Ok(l)
+    };
+    for (i, &p) in cfg.ports.iter().enumerate() {
+        let l = bind(p)?;
         ports.push(l.local_addr()?.port());
-        listeners.push(l);
+        let bootstrap = match cfg.disaggregation_mode {
+            Some(super::disagg::DisaggMode::Prefill) => {
+                let base = cfg.disaggregation_bootstrap_port;
+                let bp = if base == 0 {
+                    0
+                } else {
+                    u16::try_from(usize::from(base) + i).map_err(|_| {
+                        io::Error::new(io::ErrorKind::InvalidInput, "bootstrap port out of range")
+                    })?
+                };
+                let b = bind(bp)?;
+                bootstrap_ports.push(b.local_addr()?.port());
+                Some(b)
+            }
+            _ => None,
+        };
+        listeners.push(PortListeners { http: l, bootstrap });
     }
     let (kv, kv_thread) = match &cfg.kv_events {
         Some(k) if k.publisher == PublisherKind::Zmq => {
@@ -637,6 +709,7 @@ pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
     match started {
         Ok(driver) => Ok(SimCluster {
             ports,
+            bootstrap_ports,
             host,
             driver,
             stop,

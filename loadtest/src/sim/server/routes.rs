@@ -350,6 +350,9 @@ fn debug_stats(sh: &Server) -> Value {
         "running_rids": sh.rids.borrow().keys().cloned().collect::<Vec<_>>(),
         "fail_rate": sh.fail_rate(),
         "hold": sh.hold.get(),
+        "disaggregation_mode": sh.cfg.disaggregation_mode.map(|m| m.as_str()),
+        "bootstrap_port": sh.bootstrap_port,
+        "last_bootstrap": sh.last_bootstrap.borrow().as_ref().map(|f| f.to_json()),
         "kv_events": sh.kv.as_ref().map(|kv| {
             let mut v = kv.stats().to_json();
             v["next_seq"] = json!(kv.next_seq());

@@ -1,0 +1,363 @@
+//! Prefill/decode disaggregation's one body rewrite: the three bootstrap fields
+//! (`bootstrap_host`, `bootstrap_port`, `bootstrap_room`) that pair a prefill request with its
+//! decode twin, spliced into the client's JSON bytes (never re-serialised: every other byte,
+//! number formats and key order included, reaches the workers as the client sent it). Pure.
+//!
+//! The fields go in just before the object's closing brace, so they come *last*: servers that
+//! keep the last of duplicate keys (Python's `json`, serde_json's `Value`) take the gateway's
+//! values over any a client sent.
+
+use super::extract::Api;
+use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::fmt;
+use std::io::Write as _;
+
+/// Most items one batched request may pair (one room each): a larger batch or `n` is refused
+/// rather than allocated for.
+pub const MAX_BATCH: usize = 4096;
+
+/// What the PD exchange needs to know of a body besides its routing text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PdShape {
+    /// Items of a batched request (`/generate` `text` list or `input_ids` list of lists,
+    /// `/v1/completions` `prompt` list, chat `n` > 1): one bootstrap room each. `None`: one
+    /// request, one room.
+    pub batch: Option<usize>,
+    /// `return_logprob` was asked for (`/generate`): prefill's input logprobs are merged.
+    pub return_logprob: bool,
+}
+
+/// Why a body cannot be paired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PdBodyError(pub String);
+
+/// The kind of a list's first element (all a batch test needs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum First {
+    List,
+    Other,
+}
+
+/// A JSON value seen only as "a list of `len` items whose first is `first`", or not a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Items {
+    List { len: usize, first: Option<First> },
+    NotList,
+}
+
+struct ItemsVisitor;
+
+impl<'de> Visitor<'de> for ItemsVisitor {
+    type Value = Items;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Items, A::Error> {
+        let first = seq.next_element::<FirstKind>()?.map(|k| k.0);
+        let mut len = usize::from(first.is_some());
+        while seq.next_element::<IgnoredAny>()?.is_some() {
+            len += 1;
+        }
+        Ok(Items::List { len, first })
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Items, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Items::NotList)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Items, E> {
+        Ok(Items::NotList)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Items, E> {
+        Ok(Items::NotList)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Items, E> {
+        Ok(Items::NotList)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Items, E> {
+        Ok(Items::NotList)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Items, E> {
+        Ok(Items::NotList)
+    }
+    fn visit_unit<E>(self) -> Result<Items, E> {
+        Ok(Items::NotList)
+    }
+}
+
+impl<'de> Deserialize<'de> for Items {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Items, D::Error> {
+        d.deserialize_any(ItemsVisitor)
+    }
+}
+
+/// The kind of one value, its contents skipped.
+struct FirstKind(First);
+
+impl<'de> Deserialize<'de> for FirstKind {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<FirstKind, D::Error> {
+        Ok(FirstKind(match d.deserialize_any(ItemsVisitor) {
+            Ok(Items::List { .. }) => First::List,
+            Ok(Items::NotList) => First::Other,
+            Err(e) => return Err(e),
+        }))
+    }
+}
+
+/// A `prompt` list: its length and whether it holds prompts (strings or token lists) rather
+/// than the tokens of one prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PromptList {
+    len: usize,
+    of_prompts: bool,
+}
+
+impl<'de> Deserialize<'de> for PromptList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PromptList, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PromptList;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PromptList, A::Error> {
+                let mut len = 0;
+                let mut of_prompts = false;
+                while let Some(is_prompt) = seq.next_element::<PromptItem>()? {
+                    of_prompts |= len == 0 && is_prompt.0;
+                    len += 1;
+                }
+                Ok(PromptList { len, of_prompts })
+            }
+            fn visit_str<E>(self, _: &str) -> Result<PromptList, E> {
+                Ok(PromptList {
+                    len: 1,
+                    of_prompts: false,
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One `prompt` list item: a string or a list is a prompt of its own.
+struct PromptItem(bool);
+
+impl<'de> Deserialize<'de> for PromptItem {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PromptItem, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = bool;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(true)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+                Ok(true)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+                Ok(false)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+                Ok(false)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+                Ok(false)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+                Ok(false)
+            }
+            fn visit_unit<E>(self) -> Result<bool, E> {
+                Ok(false)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(false)
+            }
+        }
+        Ok(PromptItem(d.deserialize_any(V)?))
+    }
+}
+
+/// The fields of a body that decide its pairing (everything else is skipped unread).
+#[derive(Deserialize)]
+struct Fields {
+    text: Option<Items>,
+    input_ids: Option<Items>,
+    prompt: Option<PromptList>,
+    n: Option<serde_json::Number>,
+    return_logprob: Option<bool>,
+}
+
+/// How many rooms a body of `api` needs, and whether it asks for input logprobs. A body whose
+/// fields have unexpected types is one request (the servers judge it).
+pub fn pd_shape(api: Api, body: &[u8]) -> Result<PdShape, PdBodyError> {
+    let Ok(f) = serde_json::from_slice::<Fields>(body) else {
+        return Ok(PdShape::default());
+    };
+    let batch = match api {
+        Api::Generate => match (f.text, f.input_ids) {
+            (Some(Items::List { len, .. }), _) => Some(len),
+            (
+                _,
+                Some(Items::List {
+                    len,
+                    first: Some(First::List),
+                }),
+            ) => Some(len),
+            _ => None,
+        },
+        Api::Completions => f.prompt.filter(|p| p.of_prompts).map(|p| p.len),
+        Api::Chat => {
+            f.n.and_then(|n| n.as_u64())
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+                .filter(|&n| n > 1)
+        }
+        Api::Embeddings | Api::Rerank | Api::Responses | Api::Messages => None,
+    };
+    if batch.is_some_and(|n| n > MAX_BATCH) {
+        return Err(PdBodyError(format!(
+            "a batch of more than {MAX_BATCH} items cannot be paired"
+        )));
+    }
+    Ok(PdShape {
+        batch,
+        return_logprob: api == Api::Generate && f.return_logprob == Some(true),
+    })
+}
+
+/// The three fields for one paired request.
+#[derive(Debug, Clone, Copy)]
+pub struct Bootstrap<'a> {
+    /// The prefill worker's host (IP literal or name, as its URL gives it).
+    pub host: &'a str,
+    /// The prefill worker's bootstrap port, or JSON `null`.
+    pub port: Option<u16>,
+    /// One room per item; a single room is written as a number, a batch's as a list.
+    pub rooms: &'a [u64],
+    /// Write the rooms as a list (a batched request), even of one.
+    pub batch: bool,
+}
+
+/// Decimal digits of `n`.
+fn digits(mut n: u64) -> usize {
+    let mut d = 1;
+    while n >= 10 {
+        n /= 10;
+        d += 1;
+    }
+    d
+}
+
+/// Bytes `host` takes as a JSON string body (escaped).
+fn escaped_len(host: &str) -> usize {
+    host.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
+fn write_escaped(out: &mut Vec<u8>, host: &str) {
+    for b in host.bytes() {
+        match b {
+            b'"' | b'\\' => out.extend_from_slice(&[b'\\', b]),
+            0..=0x1f => {
+                let _ = write!(out, "\\u{:04x}", b);
+            }
+            _ => out.push(b),
+        }
+    }
+}
+
+/// The fields as JSON members (no surrounding separators): their exact length.
+fn members_len(b: &Bootstrap) -> usize {
+    let port = b.port.map_or(4, |p| digits(u64::from(p)));
+    let rooms = if b.batch {
+        2 + b.rooms.iter().map(|&r| digits(r)).sum::<usize>() + b.rooms.len().saturating_sub(1)
+    } else {
+        b.rooms.first().map_or(4, |&r| digits(r))
+    };
+    r#""bootstrap_host":"#.len()
+        + 2
+        + escaped_len(b.host)
+        + r#","bootstrap_port":"#.len()
+        + port
+        + r#","bootstrap_room":"#.len()
+        + rooms
+}
+
+fn write_members(out: &mut Vec<u8>, b: &Bootstrap) {
+    out.extend_from_slice(br#""bootstrap_host":""#);
+    write_escaped(out, b.host);
+    out.extend_from_slice(br#"","bootstrap_port":"#);
+    match b.port {
+        Some(p) => {
+            let _ = write!(out, "{p}");
+        }
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(br#","bootstrap_room":"#);
+    if b.batch {
+        out.push(b'[');
+        for (i, r) in b.rooms.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            let _ = write!(out, "{r}");
+        }
+        out.push(b']');
+    } else {
+        match b.rooms.first() {
+            Some(r) => {
+                let _ = write!(out, "{r}");
+            }
+            None => out.extend_from_slice(b"null"),
+        }
+    }
+}
+
+/// `body` (a JSON object, as the extractor already checked) with the bootstrap fields spliced
+/// in before its closing brace: one allocation of the exact size, every original byte kept.
+pub fn splice(body: &[u8], b: &Bootstrap) -> Result<Vec<u8>, PdBodyError> {
+    let not_object = || PdBodyError("the request body must be a JSON object".into());
+    let start = body
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .ok_or_else(not_object)?;
+    let close = body
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .ok_or_else(not_object)?;
+    if body[start] != b'{' || body[close] != b'}' || close <= start {
+        return Err(not_object());
+    }
+    // The object is empty when only whitespace separates its braces.
+    let empty = body[start + 1..close]
+        .iter()
+        .all(|c| c.is_ascii_whitespace());
+    let len = body.len() + members_len(b) + usize::from(!empty);
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(&body[..close]);
+    if !empty {
+        out.push(b',');
+    }
+    write_members(&mut out, b);
+    out.extend_from_slice(&body[close..]);
+    debug_assert_eq!(out.len(), len, "the capacity is exact");
+    Ok(out)
+}
+
+/// A bootstrap room: a random 63-bit integer (the reference masks a u64 the same way, so every
+/// room fits a signed 64-bit integer on the servers).
+pub fn room(random: u64) -> u64 {
+    random & (u64::MAX >> 1)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,200 @@
+use super::*;
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+fn one(host: &str, port: Option<u16>, room: u64) -> Vec<u8> {
+    let rooms = [room];
+    splice_ok(
+        br#"{"text":"hi","stream":true}"#,
+        &Bootstrap {
+            host,
+            port,
+            rooms: &rooms,
+            batch: false,
+        },
+    )
+}
+
+fn splice_ok(body: &[u8], b: &Bootstrap) -> Vec<u8> {
+    let out = splice(body, b).unwrap();
+    assert_eq!(
+        out.capacity(),
+        out.len(),
+        "one allocation of the exact size"
+    );
+    out
+}
+
+#[test]
+fn fields_go_before_the_closing_brace_and_keep_every_original_byte() {
+    let out = one("10.0.0.7", Some(8998), 42);
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        r#"{"text":"hi","stream":true,"bootstrap_host":"10.0.0.7","bootstrap_port":8998,"bootstrap_room":42}"#
+    );
+    let out = one("p", None, u64::MAX >> 1);
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["bootstrap_port"], Value::Null);
+    assert_eq!(v["bootstrap_room"], json!(u64::MAX >> 1));
+}
+
+#[test]
+fn empty_objects_and_whitespace_are_handled() {
+    let rooms = [7];
+    let b = Bootstrap {
+        host: "h",
+        port: Some(1),
+        rooms: &rooms,
+        batch: false,
+    };
+    let out = splice_ok(b"  { \n }\n", &b);
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        "  { \n \"bootstrap_host\":\"h\",\"bootstrap_port\":1,\"bootstrap_room\":7}\n"
+    );
+    let out = splice_ok(b"{}", &b);
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        v,
+        json!({"bootstrap_host":"h","bootstrap_port":1,"bootstrap_room":7})
+    );
+    for bad in [&b"[1]"[..], b"", b"  ", b"\"{}\"", b"{"] {
+        assert!(
+            splice(bad, &b).is_err(),
+            "{:?}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}
+
+#[test]
+fn batches_get_one_room_per_item_and_client_values_lose() {
+    let rooms = [1, 22, 333];
+    let b = Bootstrap {
+        host: "h\"x",
+        port: None,
+        rooms: &rooms,
+        batch: true,
+    };
+    let out = splice_ok(br#"{"text":["a","b","c"],"bootstrap_room":9}"#, &b);
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        v["bootstrap_room"],
+        json!([1, 22, 333]),
+        "the last duplicate wins"
+    );
+    assert_eq!(v["bootstrap_host"], json!("h\"x"));
+    let empty = Bootstrap {
+        host: "h",
+        port: None,
+        rooms: &[],
+        batch: true,
+    };
+    let v: Value = serde_json::from_slice(&splice_ok(b"{\"a\":1}", &empty)).unwrap();
+    assert_eq!(v["bootstrap_room"], json!([]));
+}
+
+#[test]
+fn batch_shapes_follow_the_api() {
+    let shape = |api, body: &str| pd_shape(api, body.as_bytes()).unwrap().batch;
+    assert_eq!(shape(Api::Generate, r#"{"text":"a"}"#), None);
+    assert_eq!(shape(Api::Generate, r#"{"text":["a","b"]}"#), Some(2));
+    assert_eq!(shape(Api::Generate, r#"{"input_ids":[1,2,3]}"#), None);
+    assert_eq!(
+        shape(Api::Generate, r#"{"input_ids":[[1],[2],[3]]}"#),
+        Some(3)
+    );
+    assert_eq!(shape(Api::Completions, r#"{"prompt":"a"}"#), None);
+    assert_eq!(shape(Api::Completions, r#"{"prompt":[1,2]}"#), None);
+    assert_eq!(shape(Api::Completions, r#"{"prompt":["a","b"]}"#), Some(2));
+    assert_eq!(shape(Api::Completions, r#"{"prompt":[[1],[2]]}"#), Some(2));
+    assert_eq!(shape(Api::Chat, r#"{"messages":[],"n":1}"#), None);
+    assert_eq!(shape(Api::Chat, r#"{"messages":[],"n":3}"#), Some(3));
+    assert_eq!(
+        shape(Api::Chat, r#"{"messages":[],"n":"x"}"#),
+        None,
+        "lenient"
+    );
+    assert!(pd_shape(Api::Chat, br#"{"n":100000}"#).is_err());
+    let lp = |body: &str| {
+        pd_shape(Api::Generate, body.as_bytes())
+            .unwrap()
+            .return_logprob
+    };
+    assert!(lp(
+        r#"{"text":"a","return_logprob":true,"logprob_start_len":0}"#
+    ));
+    assert!(!lp(r#"{"text":"a"}"#));
+}
+
+#[test]
+fn rooms_fit_63_bits() {
+    assert_eq!(room(u64::MAX), u64::MAX >> 1);
+    assert_eq!(room(5), 5);
+}
+
+/// Arbitrary JSON values, a few levels deep.
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| json!(f)),
+        ".{0,12}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(".{0,6}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    /// For any JSON object, the spliced body parses, keeps every original field, and carries
+    /// the three new ones.
+    #[test]
+    fn spliced_bodies_parse_with_original_fields_and_the_new_ones(
+        fields in prop::collection::btree_map("[a-z_]{0,8}", json_value(), 0..6),
+        pretty in any::<bool>(),
+        host in "[a-z0-9.-]{1,20}",
+        port in prop::option::of(1u16..),
+        rooms in prop::collection::vec(any::<u64>().prop_map(room), 1..5),
+        batch in any::<bool>(),
+    ) {
+        let original: serde_json::Map<String, Value> = fields
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("bootstrap_"))
+            .collect();
+        let obj = Value::Object(original.clone());
+        let body = if pretty {
+            serde_json::to_vec_pretty(&obj).unwrap()
+        } else {
+            serde_json::to_vec(&obj).unwrap()
+        };
+        let b = Bootstrap { host: &host, port, rooms: &rooms, batch };
+        let out = splice(&body, &b).unwrap();
+        prop_assert_eq!(out.capacity(), out.len());
+        // Compared as the same parser reads the original (float text round trips are its own).
+        let original = match serde_json::from_slice::<Value>(&body).unwrap() {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        let m = v.as_object().unwrap();
+        for (k, val) in &original {
+            prop_assert_eq!(m.get(k), Some(val));
+        }
+        prop_assert_eq!(m.len(), original.len() + 3);
+        prop_assert_eq!(&m["bootstrap_host"], &json!(host));
+        prop_assert_eq!(&m["bootstrap_port"], &json!(port));
+        let want = if batch { json!(rooms) } else { json!(rooms[0]) };
+        prop_assert_eq!(&m["bootstrap_room"], &want);
+        // Every original byte is still there, in order, before the new members.
+        let close = body.iter().rposition(|&c| c == b'}').unwrap();
+        prop_assert_eq!(&out[..close], &body[..close]);
+    }
+}

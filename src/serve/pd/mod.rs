@@ -1,0 +1,667 @@
+//! One request in prefill/decode disaggregation (`--pd-disaggregation`), as the regular
+//! exchange's phases for a *pair* of workers:
+//!
+//! - **admit**: the regular [`Exchange::admit`], then the body's shape (batch size, logprobs);
+//! - **pick**: the prefill side's policy picks a prefill worker (cache_aware by default: the
+//!   prompt's cache lives there), the decode side's policy a decode worker; each circuit admits,
+//!   each is counted in flight, each side's tree learns the text;
+//! - **attempt**: the bootstrap fields spliced into the body ([`crate::route::bootstrap`]), the
+//!   same bytes sent to both at once; a failure on either side ends the attempt at once (the
+//!   other request is dropped, which aborts it on its worker);
+//! - **retry_after**: the failing side's circuit and health, that worker excluded, a new pair;
+//! - **commit**: the decode answer relayed as it arrives while the prefill answer is read to its
+//!   end; both workers stay counted in flight until both are done. A non-streaming `/generate`
+//!   that asked for logprobs gets prefill's input logprobs merged in ([`merge`]).
+
+mod merge;
+
+use super::error::GatewayError;
+use super::exchange::{learned_text, Exchange, Forwarding, InFlight, Picked, WorkerFailure};
+use super::reply::{send, Reply};
+use super::Outcome;
+use crate::base::WorkerId;
+use crate::gateway::{Core, Router};
+use crate::http::{BodyFraming, RequestHead};
+use crate::proxy::discard::discard_body;
+use crate::proxy::forward::{self, UpstreamError, UpstreamRequest, UpstreamResponse};
+use crate::proxy::io::closed_by_peer;
+use crate::proxy::pool::Pool;
+use crate::proxy::relay::{self, RelayTo};
+use crate::proxy::retry::is_retryable_status;
+use crate::route::bootstrap::{self, Bootstrap, PdShape};
+use crate::route::extract::Api;
+use crate::route::types::RouteInput;
+use crate::workers::breaker::is_worker_failure;
+use crate::workers::registry::Worker;
+use crate::workers::role::{Role, Side};
+use bytes::Bytes;
+use monoio::net::TcpStream;
+use monoio::time::Instant;
+use std::time::Duration;
+
+/// Answers quicker than this never pay for watching the client (as in the regular exchange).
+const CLIENT_WATCH_DELAY: Duration = Duration::from_millis(20);
+
+/// How long a decode error waits for its prefill twin's outcome before it is blamed on the
+/// decode worker (a prefill that is down is refused within this).
+const PREFILL_BLAME_GRACE: Duration = Duration::from_millis(500);
+
+/// Largest prefill answer read to its end (it is discarded, or merged for logprobs), and the
+/// largest decode answer buffered for a logprob merge.
+const MAX_BUFFERED_ANSWER: u64 = 256 << 20;
+
+/// Handle a routed request in PD mode, from its head and body to the last byte relayed.
+pub async fn handle(
+    core: &Core,
+    client: &mut TcpStream,
+    head: &RequestHead,
+    body: Bytes,
+    api: Api,
+) -> Outcome {
+    if !matches!(api, Api::Generate | Api::Chat | Api::Completions) {
+        let e = GatewayError::new(
+            501,
+            "this endpoint is not served in prefill/decode disaggregation mode",
+        );
+        return super::reply::send_error(client, Some(head), &e, None).await;
+    }
+    let client_ip = client.peer_addr().ok().map(|a| a.ip());
+    let forwarding = Forwarding::Routed(api);
+    let ex = match Exchange::admit(core, head, &body, forwarding, client_ip).await {
+        Ok(ex) => ex,
+        Err(refused) => {
+            let id = refused.request_id.as_deref();
+            return super::reply::send_error(client, Some(head), &refused.error, id).await;
+        }
+    };
+    let shape = match bootstrap::pd_shape(api, &body) {
+        Ok(s) => s,
+        Err(e) => return ex.fail(client, GatewayError::new(400, e.0)).await,
+    };
+    let mut pd = PdExchange {
+        ex,
+        api,
+        shape,
+        excluded_decode: Vec::new(),
+    };
+    loop {
+        let pair = match pd.pick() {
+            Ok(p) => p,
+            Err(e) => return pd.ex.fail(client, e).await,
+        };
+        match pd.attempt(client, &pair).await {
+            Ok(answer) => return pd.commit(client, pair, answer).await,
+            Err(PdFailure::ClientGone) => {
+                drop(pair);
+                crate::metrics::client_gone();
+                return Outcome {
+                    status: 499,
+                    keep_alive: false,
+                };
+            }
+            Err(PdFailure::Worker(side, f)) => {
+                if let Err(e) = pd.retry_after(pair, side, f).await {
+                    return pd.ex.fail(client, e).await;
+                }
+            }
+        }
+    }
+}
+
+/// A prefill worker and a decode worker for one attempt, both counted in flight until dropped.
+struct Pair<'a> {
+    prefill: Picked<'a>,
+    decode: Picked<'a>,
+}
+
+/// Which worker of a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PairSide {
+    Prefill,
+    Decode,
+}
+
+/// Why an attempt produced nothing to relay.
+enum PdFailure {
+    /// The client left while the workers worked.
+    ClientGone,
+    /// One side failed; the other side's request was dropped.
+    Worker(PairSide, WorkerFailure),
+}
+
+/// What an attempt produced.
+enum Answer {
+    /// Both answered 2xx: relay decode's, read prefill's to its end.
+    Both {
+        prefill: UpstreamResponse,
+        decode: UpstreamResponse,
+    },
+    /// One side's final non-2xx answer (no retry left, or not worth one): relayed as is.
+    Only(PairSide, UpstreamResponse),
+}
+
+/// One PD request's state across its attempts: the regular exchange (its `excluded` list holds
+/// the failed prefill workers) plus the decode side's exclusions.
+struct PdExchange<'a> {
+    ex: Exchange<'a>,
+    api: Api,
+    shape: PdShape,
+    excluded_decode: Vec<WorkerId>,
+}
+
+impl<'a> PdExchange<'a> {
+    /// Phase *pick*: a prefill worker, then a decode worker, each by its own side's policy.
+    fn pick(&mut self) -> Result<Pair<'a>, GatewayError> {
+        let gw = self.ex.gw;
+        let Some(decode_router) = gw.decode.as_ref() else {
+            return Err(GatewayError::new(
+                500,
+                "prefill/decode mode is not configured",
+            ));
+        };
+        let prefill = self.pick_side(&gw.router, Side::Prefill)?;
+        let decode = self.pick_side(decode_router, Side::Decode)?;
+        self.ex.attempts += 1;
+        Ok(Pair { prefill, decode })
+    }
+
+    /// One side's worker: the policy's choice among that side's workers, its circuit admitting,
+    /// counted in flight, the text learned on that side's tree.
+    fn pick_side(&mut self, router: &'a Router, side: Side) -> Result<Picked<'a>, GatewayError> {
+        let gw = self.ex.gw;
+        loop {
+            let list = gw.registry.load_full();
+            let ids = match side {
+                Side::Decode => &list.decode_ids,
+                _ => &list.prefill_ids,
+            };
+            let now_ms = gw.life.now_ms();
+            let exclude = match side {
+                Side::Decode => &self.excluded_decode,
+                _ => &self.ex.excluded,
+            };
+            let input = RouteInput {
+                text: &self.ex.info.text,
+                routing_key: self.ex.routing_key,
+                target_worker: None,
+                hash_key: self.ex.hash_key,
+                exclude,
+                now_ms,
+                recent: None,
+                exact: None,
+            };
+            let (decision, epoch) = {
+                let rng = &mut self.ex.core.rng.borrow_mut();
+                router.choose(self.ex.tree, input, ids, &gw.registry.loads, rng)
+            };
+            let Some(decision) = decision else {
+                return Err(self.ex.last_error.take().unwrap_or_else(|| {
+                    let which = if side == Side::Decode {
+                        "decode"
+                    } else {
+                        "prefill"
+                    };
+                    GatewayError::new(
+                        503,
+                        if ids.is_empty() {
+                            format!("no {which} workers are registered")
+                        } else {
+                            format!("no available {which} workers (all unhealthy or circuits open)")
+                        },
+                    )
+                }));
+            };
+            let slot = list
+                .get(decision.worker)
+                .filter(|w| side.takes(w.role))
+                .and_then(|w| w.admit(&gw.breaker));
+            let Some(slot) = slot else {
+                router
+                    .policy
+                    .request_finished(self.ex.routing_key, decision.worker, now_ms);
+                match side {
+                    Side::Decode => self.excluded_decode.push(decision.worker),
+                    _ => self.ex.excluded.push(decision.worker),
+                }
+                continue;
+            };
+            let worker = slot.worker().clone();
+            crate::metrics::selection(router.policy.kind().as_str(), decision.branch.as_str());
+            let in_flight =
+                InFlight::new(gw, router, worker.id, self.ex.routing_key, self.ex.id_key);
+            if decision.insert_text {
+                let text = learned_text(self.ex.body, &self.ex.info.text);
+                router.learn(self.ex.tree, text, worker.id, epoch, now_ms);
+            }
+            return Ok(Picked {
+                _in_flight: in_flight,
+                worker,
+                slot,
+                decision,
+            });
+        }
+    }
+
+    /// The body for this pair: the client's bytes with the prefill worker's bootstrap fields and
+    /// fresh rooms spliced in (one allocation; a batch's rooms take one more).
+    fn paired_body(&self, prefill: &Worker) -> Result<Bytes, GatewayError> {
+        let port = match prefill.role {
+            Role::Prefill { bootstrap_port } => bootstrap_port,
+            _ => None,
+        };
+        let mut rng = self.ex.core.rng.borrow_mut();
+        let mut one = [0u64; 1];
+        let many: Vec<u64>;
+        let rooms: &[u64] = match self.shape.batch {
+            Some(n) => {
+                many = (0..n).map(|_| bootstrap::room(rng.next_u64())).collect();
+                &many
+            }
+            None => {
+                one[0] = bootstrap::room(rng.next_u64());
+                &one
+            }
+        };
+        let b = Bootstrap {
+            host: &prefill.host,
+            port,
+            rooms,
+            batch: self.shape.batch.is_some(),
+        };
+        bootstrap::splice(self.ex.body, &b)
+            .map(Bytes::from)
+            .map_err(|e| GatewayError::new(400, e.0))
+    }
+
+    fn request_for(&self, worker: &Worker, body: Bytes) -> UpstreamRequest {
+        let head = self.ex.head;
+        UpstreamRequest::build(
+            head.method(),
+            head.target(),
+            Some(head),
+            self.ex.client_ip,
+            &worker.authority,
+            &self.ex.request_id,
+            body,
+        )
+    }
+
+    /// Phase *attempt*: the paired body to both workers at once, raced against the client
+    /// leaving. Either side failing ends the attempt without waiting for the other.
+    async fn attempt(&self, client: &TcpStream, pair: &Pair<'_>) -> Result<Answer, PdFailure> {
+        let body = match self.paired_body(&pair.prefill.worker) {
+            Ok(b) => b,
+            Err(e) => {
+                return Err(PdFailure::Worker(
+                    PairSide::Prefill,
+                    WorkerFailure {
+                        error: e,
+                        connect: false,
+                        local: true,
+                        breaker_success: true,
+                        retry: false,
+                    },
+                ))
+            }
+        };
+        let preq = self.request_for(&pair.prefill.worker, body.clone());
+        let dreq = self.request_for(&pair.decode.worker, body);
+        let retry =
+            self.ex.attempts < self.ex.gw.retry.max_attempts && Instant::now() < self.ex.deadline;
+        let both = both_heads(
+            &self.ex.core.pool,
+            [&pair.prefill.worker, &pair.decode.worker],
+            [&preq, &dreq],
+            Duration::from_secs(self.ex.gw.cfg.connect_timeout_secs),
+            self.ex.deadline,
+            retry,
+        );
+        monoio::select! {
+            r = both => r,
+            _ = async {
+                monoio::time::sleep(CLIENT_WATCH_DELAY).await;
+                closed_by_peer(client).await
+            } => Err(PdFailure::ClientGone),
+        }
+    }
+
+    /// Phase *retry_after*: the failing side's circuit and passive health hear of it; the other
+    /// side's slot is released unrecorded (its request was dropped, not failed). Then back off
+    /// and let the next `pick` choose a new pair without the failed worker.
+    async fn retry_after(
+        &mut self,
+        pair: Pair<'a>,
+        side: PairSide,
+        failure: WorkerFailure,
+    ) -> Result<(), GatewayError> {
+        let Pair {
+            mut prefill,
+            mut decode,
+        } = pair;
+        let failed = match side {
+            PairSide::Prefill => &mut prefill,
+            PairSide::Decode => &mut decode,
+        };
+        let worker = failed.worker.clone();
+        if failure.connect {
+            self.ex.gw.on_connect_failure(&worker);
+        }
+        if !failure.local {
+            self.ex
+                .gw
+                .record_outcome(&mut failed.slot, failure.breaker_success);
+        }
+        drop(prefill);
+        drop(decode);
+        if !failure.retry {
+            return Err(failure.error);
+        }
+        self.ex.last_error = Some(failure.error);
+        match side {
+            PairSide::Prefill => self.ex.excluded.push(worker.id),
+            PairSide::Decode => self.excluded_decode.push(worker.id),
+        }
+        crate::metrics::retry();
+        self.ex.backoff().await;
+        Ok(())
+    }
+
+    /// Phase *commit*: bytes reach the client from here on. Both workers stay in flight until
+    /// both answers are over; each circuit records its own outcome.
+    async fn commit(self, client: &mut TcpStream, pair: Pair<'a>, answer: Answer) -> Outcome {
+        let gw = self.ex.gw;
+        let Pair {
+            mut prefill,
+            mut decode,
+        } = pair;
+        let (status, keep_alive) = match answer {
+            Answer::Only(side, up) => {
+                let picked = match side {
+                    PairSide::Prefill => &mut prefill,
+                    PairSide::Decode => &mut decode,
+                };
+                let status = up.head.status;
+                let relayed = self.relay(client, &picked.worker, up).await;
+                let success = !is_worker_failure(status) && !relayed.upstream_broke;
+                gw.record_outcome(&mut picked.slot, success);
+                if let Some(t) = relayed.first_body_at {
+                    crate::metrics::ttft(t.duration_since(self.ex.started));
+                }
+                (status, relayed.client_keep_alive)
+            }
+            Answer::Both {
+                prefill: pup,
+                decode: dup,
+            } if self.wants_merge() => {
+                let (status, keep, p_ok, d_ok) =
+                    self.merged(client, &prefill, &decode, pup, dup).await;
+                gw.record_outcome(&mut prefill.slot, p_ok);
+                gw.record_outcome(&mut decode.slot, d_ok);
+                (status, keep)
+            }
+            Answer::Both {
+                prefill: pup,
+                decode: dup,
+            } => {
+                let status = dup.head.status;
+                let pool = &self.ex.core.pool;
+                let (relayed, p_ok) = monoio::join!(
+                    self.relay(client, &decode.worker, dup),
+                    drain(pool, &prefill.worker, pup, self.ex.deadline)
+                );
+                gw.record_outcome(&mut prefill.slot, p_ok);
+                let d_ok = !is_worker_failure(status) && !relayed.upstream_broke;
+                gw.record_outcome(&mut decode.slot, d_ok);
+                if let Some(t) = relayed.first_body_at {
+                    crate::metrics::ttft(t.duration_since(self.ex.started));
+                }
+                (status, relayed.client_keep_alive)
+            }
+        };
+        for p in [&prefill, &decode] {
+            p.worker
+                .completed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        drop(prefill);
+        drop(decode);
+        Outcome { status, keep_alive }
+    }
+
+    /// Whether this answer gets prefill's input logprobs merged in: a non-streaming `/generate`
+    /// with `return_logprob` (streams pass through as decode sends them).
+    fn wants_merge(&self) -> bool {
+        self.api == Api::Generate && self.shape.return_logprob && !self.ex.info.stream
+    }
+
+    async fn relay(
+        &self,
+        client: &mut TcpStream,
+        worker: &Worker,
+        up: UpstreamResponse,
+    ) -> relay::Relayed {
+        let how = RelayTo {
+            worker,
+            request_id: &self.ex.request_id,
+            client_keep_alive: self.ex.head.keep_alive,
+            client_http10: self.ex.head.is_http10(),
+            deadline: self.ex.deadline,
+            shutting_down: self.ex.gw.life.is_shutting_down(),
+        };
+        relay::relay(&self.ex.core.pool, client, up, how, None).await
+    }
+
+    /// Both answers read whole, prefill's input logprobs put in front of decode's, the result
+    /// written as one JSON answer. Returns (status, keep-alive, prefill ok, decode ok).
+    async fn merged(
+        &self,
+        client: &mut TcpStream,
+        prefill: &Picked<'_>,
+        decode: &Picked<'_>,
+        pup: UpstreamResponse,
+        dup: UpstreamResponse,
+    ) -> (u16, bool, bool, bool) {
+        let pool = &self.ex.core.pool;
+        let deadline = self.ex.deadline;
+        let (p, d) = monoio::join!(
+            read_whole(pool, &prefill.worker, pup, deadline),
+            read_whole(pool, &decode.worker, dup, deadline)
+        );
+        let id = Some(self.ex.request_id.as_str());
+        let keep = self.ex.head.keep_alive;
+        let Some((d_status, d_body)) = d else {
+            let e = GatewayError::new(502, "the decode worker's answer broke off");
+            let out = send(client, &Reply::error(&e), id, keep, false).await;
+            return (out.status, out.keep_alive, p.is_some(), false);
+        };
+        let merged = p
+            .as_ref()
+            .and_then(|(_, pb)| merge::merge_input_logprobs(pb, &d_body));
+        let reply = match merged {
+            Some(v) => Reply::json(d_status, &v),
+            None => Reply::raw_json(d_status, d_body.to_vec()),
+        };
+        let out = send(client, &reply, id, keep, false).await;
+        (out.status, out.keep_alive, p.is_some(), true)
+    }
+}
+
+/// Send both requests at once and wait for both heads, unless one side fails first: a prefill
+/// that fails or answers non-2xx, or a decode that fails or answers non-2xx, ends the wait (the
+/// other request is dropped, closing its connection, which aborts it on its worker).
+async fn both_heads(
+    pool: &Pool,
+    workers: [&Worker; 2],
+    reqs: [&UpstreamRequest; 2],
+    connect_timeout: Duration,
+    deadline: Instant,
+    retry: bool,
+) -> Result<Answer, PdFailure> {
+    let [pw, dw] = workers;
+    let [preq, dreq] = reqs;
+    let p = forward::roundtrip(pool, pw, preq, false, connect_timeout, deadline);
+    let d = forward::roundtrip(pool, dw, dreq, false, connect_timeout, deadline);
+    let mut p = std::pin::pin!(p);
+    let mut d = std::pin::pin!(d);
+    let first = monoio::select! {
+        r = &mut p => (PairSide::Prefill, r),
+        r = &mut d => (PairSide::Decode, r),
+    };
+    let (side, r) = first;
+    if side == PairSide::Decode && r.as_ref().is_ok_and(|up| !is_success(up)) {
+        // A decode server that answers an error while its prefill twin is still out may fail
+        // *because of* the prefill (the KV never came: the prefill is down or failed). Give
+        // the prefill a moment to fail too, so the blame, and the exclusion, go to it.
+        if let Ok(pr) = monoio::time::timeout(PREFILL_BLAME_GRACE, &mut p).await {
+            if let Judged::Final(pup) = judge(PairSide::Prefill, pw, dw, pr, retry)? {
+                return Ok(Answer::Only(PairSide::Prefill, pup));
+            }
+        }
+    }
+    let up = judge(side, pw, dw, r, retry)?;
+    let (prefill, decode) = match up {
+        Judged::Final(up) => return Ok(Answer::Only(side, up)),
+        Judged::Good(up) => match side {
+            PairSide::Prefill => {
+                let other = judge(PairSide::Decode, pw, dw, d.await, retry)?;
+                match other {
+                    Judged::Final(dup) => return Ok(Answer::Only(PairSide::Decode, dup)),
+                    Judged::Good(dup) => (up, dup),
+                }
+            }
+            PairSide::Decode => {
+                let other = judge(PairSide::Prefill, pw, dw, p.await, retry)?;
+                match other {
+                    Judged::Final(pup) => return Ok(Answer::Only(PairSide::Prefill, pup)),
+                    Judged::Good(pup) => (pup, up),
+                }
+            }
+        },
+    };
+    Ok(Answer::Both { prefill, decode })
+}
+
+/// A 2xx answer.
+fn is_success(up: &UpstreamResponse) -> bool {
+    (200..300).contains(&up.head.status)
+}
+
+/// One side's head, judged.
+enum Judged {
+    /// 2xx: the pair goes on.
+    Good(UpstreamResponse),
+    /// A non-2xx answer with no retry to try: it is what the client gets.
+    Final(UpstreamResponse),
+}
+
+fn judge(
+    side: PairSide,
+    pw: &Worker,
+    dw: &Worker,
+    r: Result<UpstreamResponse, UpstreamError>,
+    retry: bool,
+) -> Result<Judged, PdFailure> {
+    let worker = if side == PairSide::Prefill { pw } else { dw };
+    match r {
+        Ok(up) if is_success(&up) => Ok(Judged::Good(up)),
+        Ok(up) if is_retryable_status(up.head.status) && retry => {
+            let status = up.head.status;
+            crate::log!(
+                Debug,
+                "{} worker {} answered {status}",
+                side_name(side),
+                worker.url
+            );
+            Err(PdFailure::Worker(
+                side,
+                WorkerFailure {
+                    error: side_status(side, status),
+                    connect: false,
+                    local: false,
+                    breaker_success: !is_worker_failure(status),
+                    retry,
+                },
+            ))
+        }
+        Ok(up) => Ok(Judged::Final(up)),
+        Err(e) => {
+            crate::log!(
+                Debug,
+                "{} worker {}: {}",
+                side_name(side),
+                worker.url,
+                e.message()
+            );
+            let mut error = GatewayError::upstream(&e);
+            error.message = format!("{} worker: {}", side_name(side), error.message).into();
+            Err(PdFailure::Worker(
+                side,
+                WorkerFailure {
+                    error,
+                    connect: e.is_connect(),
+                    local: e.is_local(),
+                    breaker_success: false,
+                    retry,
+                },
+            ))
+        }
+    }
+}
+
+fn side_name(side: PairSide) -> &'static str {
+    match side {
+        PairSide::Prefill => "prefill",
+        PairSide::Decode => "decode",
+    }
+}
+
+/// A side's retryable status as the client sees it on the last attempt.
+fn side_status(side: PairSide, status: u16) -> GatewayError {
+    let mut e = GatewayError::worker_status(status);
+    e.message = format!("the {} worker answered {status}", side_name(side)).into();
+    e
+}
+
+/// Read the prefill answer to its end without keeping it (its connection goes back to the
+/// pool when clean). Returns whether it counts as a success for the prefill worker's circuit.
+async fn drain(pool: &Pool, worker: &Worker, up: UpstreamResponse, deadline: Instant) -> bool {
+    match discard_body(up, deadline).await {
+        Ok(d) => {
+            if d.reusable {
+                pool.put(worker, d.stream);
+            }
+            true
+        }
+        Err(e) => {
+            crate::log!(
+                Debug,
+                "prefill worker {}: answer broke off: {e}",
+                worker.url
+            );
+            false
+        }
+    }
+}
+
+/// A whole answer (status, body); its connection back to `pool` when reusable. `None` when it
+/// broke off, was too large or timed out.
+async fn read_whole(
+    pool: &Pool,
+    worker: &Worker,
+    up: UpstreamResponse,
+    deadline: Instant,
+) -> Option<(u16, Bytes)> {
+    let reusable = up.head.keep_alive && !matches!(up.head.framing, BodyFraming::Close);
+    match forward::read_full_body(up, deadline, MAX_BUFFERED_ANSWER).await {
+        Ok(full) => {
+            if reusable && !full.stray {
+                pool.put(worker, full.stream);
+            }
+            Some((full.head.status, full.body))
+        }
+        Err(e) => {
+            crate::log!(Debug, "worker {}: answer broke off: {e}", worker.url);
+            None
+        }
+    }
+}

@@ -1,0 +1,512 @@
+//! End-to-end tests of prefill/decode disaggregation over real sockets: a gateway in
+//! `--pd-disaggregation` mode in front of simulated SGLang servers playing the prefill and the
+//! decode role (`--disaggregation-mode`), which really check each other's bootstrap rooms over
+//! the prefill's bootstrap port.
+
+mod common;
+use common::*;
+use loadtest::sim::disagg::DisaggMode;
+use loadtest::sim::SimCluster;
+use radixgate::runtime::Running;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Simulated servers in one PD role (bootstrap ports ephemeral).
+fn role(n: usize, mode: DisaggMode, fail_rate: f64) -> SimCluster {
+    sim(n, |c| {
+        c.disaggregation_mode = Some(mode);
+        c.disaggregation_bootstrap_port = 0;
+        c.faults.fail_rate = fail_rate;
+    })
+}
+
+/// A PD gateway in front of these prefill and decode clusters (each prefill with its bootstrap
+/// port), with `extra` flags.
+fn pd_gateway(prefill: &[&SimCluster], decode: &[&SimCluster], extra: &[&str]) -> Running {
+    let mut args: Vec<String> = vec!["--pd-disaggregation".into()];
+    for c in prefill {
+        for (url, port) in c.urls().into_iter().zip(c.bootstrap_ports()) {
+            args.extend(["--prefill".into(), url, port.to_string()]);
+        }
+    }
+    for c in decode {
+        for url in c.urls() {
+            args.extend(["--decode".into(), url]);
+        }
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let gw = gateway(&refs);
+    wait_ready(gw.addr, Duration::from_secs(10));
+    gw
+}
+
+fn last_bootstrap(c: &SimCluster, i: usize) -> Value {
+    sim_stats(c, i)["last_bootstrap"].clone()
+}
+
+fn received(c: &SimCluster) -> Vec<u64> {
+    (0..c.ports().len())
+        .map(|i| sim_count(c, i, "inference_received"))
+        .collect()
+}
+
+/// Both sides saw the same bootstrap fields, naming the prefill server's own bootstrap port.
+fn assert_paired(prefill: &SimCluster, p: usize, decode: &SimCluster, d: usize, rooms: usize) {
+    let seen_p = last_bootstrap(prefill, p);
+    let seen_d = last_bootstrap(decode, d);
+    assert_eq!(seen_p, seen_d, "both sides got the same fields");
+    assert_eq!(seen_p["host"], "127.0.0.1");
+    assert_eq!(seen_p["port"], json!(prefill.bootstrap_ports()[p]));
+    let r = seen_p["rooms"].as_array().expect("rooms");
+    assert_eq!(r.len(), rooms);
+    for room in r {
+        assert!(room.as_u64().unwrap() < 1 << 63, "63-bit rooms");
+    }
+}
+
+#[test]
+fn pd_round_trip_non_streaming_streaming_and_batched() {
+    let prefill = role(1, DisaggMode::Prefill, 0.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    let gw = pd_gateway(&[&prefill], &[&decode], &[]);
+
+    // Non-streaming: decode's answer, all the tokens asked for (prefill makes only one).
+    let r = generate(
+        gw.addr,
+        br#"{"text":"Tell me about rivers","sampling_params":{"max_new_tokens":6}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        served_by(&r),
+        decode.ports()[0],
+        "the decode worker answers"
+    );
+    assert_eq!(r.json()["meta_info"]["completion_tokens"], 6);
+    assert_paired(&prefill, 0, &decode, 0, 1);
+    let first_room = last_bootstrap(&prefill, 0)["rooms"][0].clone();
+
+    // Streaming: the decode stream, event by event, to its end.
+    let r = chat(gw.addr, "stream me a story", true, 5);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r
+        .header("content-type")
+        .is_some_and(|t| t.starts_with("text/event-stream")));
+    let text = r.text();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(text.matches("\"content\"").count() >= 5, "{text}");
+    assert_paired(&prefill, 0, &decode, 0, 1);
+    assert_ne!(
+        last_bootstrap(&prefill, 0)["rooms"][0],
+        first_room,
+        "a fresh room per request"
+    );
+
+    // Batched /generate: one room per item, as a list, on both sides.
+    let r = generate(
+        gw.addr,
+        br#"{"text":["first prompt","second prompt"],"sampling_params":{"max_new_tokens":3}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json().as_array().map(Vec::len), Some(2));
+    assert_paired(&prefill, 0, &decode, 0, 2);
+
+    // Both answers were read to their ends: one pooled connection per worker served all three.
+    assert_eq!(sim_count(&prefill, 0, "inference_connections"), 1);
+    assert_eq!(sim_count(&decode, 0, "inference_connections"), 1);
+    // Both workers are free again once the answers are over.
+    let w = workers_json(gw.addr);
+    for worker in w["workers"].as_array().unwrap() {
+        assert_eq!(worker["in_flight"], 0, "{worker}");
+    }
+}
+
+#[test]
+fn non_streaming_generate_gets_the_prefill_input_logprobs_merged_in() {
+    let prefill = role(1, DisaggMode::Prefill, 0.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    let gw = pd_gateway(&[&prefill], &[&decode], &[]);
+    let body = br#"{"input_ids":[5,6,7,8,9],"return_logprob":true,"logprob_start_len":0,"sampling_params":{"max_new_tokens":3}}"#;
+    let r = generate(gw.addr, body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["meta_info"]["completion_tokens"], 3, "decode's answer");
+    let lp = v["meta_info"]["input_token_logprobs"].as_array().unwrap();
+    let ids: Vec<u64> = lp.iter().map(|e| e[1].as_u64().unwrap()).collect();
+    assert_eq!(
+        ids,
+        vec![5, 6, 7, 8, 9],
+        "prefill's input logprobs, in front"
+    );
+    assert!(r.header("x-request-id").is_some());
+    // Without return_logprob the decode answer passes through untouched.
+    let r = generate(
+        gw.addr,
+        br#"{"input_ids":[5,6,7],"sampling_params":{"max_new_tokens":2}}"#,
+    );
+    assert_eq!(r.status, 200);
+    assert!(r.json()["meta_info"].get("input_token_logprobs").is_none());
+}
+
+#[test]
+fn a_failing_prefill_is_an_error_not_a_hang() {
+    let prefill = role(1, DisaggMode::Prefill, 1.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    let gw = pd_gateway(
+        &[&prefill],
+        &[&decode],
+        &[
+            "--retry-initial-backoff-ms",
+            "1",
+            "--retry-max-retries",
+            "2",
+        ],
+    );
+    let started = Instant::now();
+    let r = generate(
+        gw.addr,
+        br#"{"text":"doomed","sampling_params":{"max_new_tokens":4}}"#,
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "answered at once, not after the decode side gave up: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(r.status, 500, "{}", r.text());
+    let err = &r.json()["error"];
+    assert!(
+        err["message"].as_str().unwrap().contains("prefill"),
+        "{err}"
+    );
+    assert_eq!(err["code"], 500);
+    // The decode request was dropped with it: nothing keeps running there.
+    wait_until("decode idle", Duration::from_secs(5), || {
+        (sim_count(&decode, 0, "inference_in_progress") == 0).then_some(())
+    });
+}
+
+#[test]
+fn a_failing_decode_is_retried_on_a_new_pair() {
+    let prefill = role(2, DisaggMode::Prefill, 0.0);
+    let bad = role(1, DisaggMode::Decode, 1.0);
+    let good = role(1, DisaggMode::Decode, 0.0);
+    let gw = pd_gateway(
+        &[&prefill],
+        &[&bad, &good],
+        &[
+            "--decode-policy",
+            "round_robin",
+            "--retry-initial-backoff-ms",
+            "1",
+        ],
+    );
+    let n = 6;
+    for i in 0..n {
+        let r = generate(gw.addr, &gen_body(i));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(served_by(&r), good.ports()[0]);
+    }
+    let failed = sim_count(&bad, 0, "inference_received");
+    assert!(failed >= 1, "round robin sent some to the failing decode");
+    let prefills: u64 = received(&prefill).iter().sum();
+    assert_eq!(
+        prefills,
+        n as u64 + failed,
+        "every attempt is a new pair: the prefill side is asked again"
+    );
+}
+
+#[test]
+fn one_prefill_down_sends_traffic_to_the_others() {
+    let up = role(2, DisaggMode::Prefill, 0.0);
+    let down = role(1, DisaggMode::Prefill, 0.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    let gw = pd_gateway(
+        &[&up, &down],
+        &[&decode],
+        &[
+            "--prefill-policy",
+            "round_robin",
+            "--retry-initial-backoff-ms",
+            "1",
+        ],
+    );
+    down.shutdown();
+    for i in 0..8 {
+        let r = generate(gw.addr, &gen_body(i));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let got = received(&up);
+    assert_eq!(got.iter().sum::<u64>(), 8, "{got:?}");
+    assert!(
+        got.iter().all(|&n| n > 0),
+        "both live prefills serve: {got:?}"
+    );
+}
+
+#[test]
+fn cache_aware_prefill_side_keeps_a_conversation_on_its_worker() {
+    let prefill = role(3, DisaggMode::Prefill, 0.0);
+    let decode = role(2, DisaggMode::Decode, 0.0);
+    let gw = pd_gateway(&[&prefill], &[&decode], &["--decode-policy", "round_robin"]);
+    for conv in 0..3 {
+        let system = format!(
+            "conversation {conv}: {}",
+            "you are a careful assistant. ".repeat(40)
+        );
+        let mut history = vec![
+            ("system".to_string(), system),
+            ("user".into(), "hello".into()),
+        ];
+        let mut home = None;
+        for turn in 0..3 {
+            let before = received(&prefill);
+            let msgs: Vec<(&str, &str)> = history
+                .iter()
+                .map(|(r, c)| (r.as_str(), c.as_str()))
+                .collect();
+            let r = request(
+                gw.addr,
+                "POST",
+                "/v1/chat/completions",
+                &[],
+                &chat_body(&msgs, false, 4),
+            )
+            .unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+            let after = received(&prefill);
+            let served: Vec<usize> = (0..3).filter(|&i| after[i] > before[i]).collect();
+            assert_eq!(served.len(), 1, "{before:?} → {after:?}");
+            match home {
+                None => home = Some(served[0]),
+                Some(h) => assert_eq!(served[0], h, "turn {turn} of conversation {conv}"),
+            }
+            let reply = r.json()["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            history.push(("assistant".into(), reply));
+            history.push(("user".into(), format!("and then {turn}?")));
+        }
+    }
+}
+
+#[test]
+fn workers_api_adds_prefill_and_decode_workers() {
+    let prefill = role(2, DisaggMode::Prefill, 0.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    // No prefill configured: not ready, and PD requests are refused, not hung.
+    let gw = gateway(&[
+        "--pd-disaggregation",
+        "--decode",
+        &decode.urls()[0],
+        "--prefill-policy",
+        "round_robin",
+    ]);
+    let ready = wait_until("the decode worker healthy", Duration::from_secs(10), || {
+        let r = request(gw.addr, "GET", "/readiness", &[], b"").unwrap();
+        let v = r.json();
+        (v["healthy_decode_workers"] == 1).then_some((r.status, v))
+    });
+    assert_eq!(ready.0, 503, "no prefill worker: not ready ({})", ready.1);
+    assert_eq!(ready.1["healthy_prefill_workers"], 0);
+    let r = generate(gw.addr, &gen_body(0));
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.text().contains("prefill"), "{}", r.text());
+
+    let urls = prefill.urls();
+    let boot = prefill.bootstrap_ports();
+    let body = json!({"url": urls[0], "worker_type": "prefill", "bootstrap_port": boot[0]});
+    let r = request(
+        gw.addr,
+        "POST",
+        "/workers",
+        &[],
+        body.to_string().as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(r.json()["worker_type"], "prefill");
+    let q = format!(
+        "/add_worker?url={}&worker_type=prefill&bootstrap_port={}",
+        urls[1], boot[1]
+    );
+    let r = request(gw.addr, "POST", &q, &[], b"").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_ready(gw.addr, Duration::from_secs(5));
+    let bad = json!({"url": "http://127.0.0.1:1", "worker_type": "decode", "bootstrap_port": 5});
+    let r = request(gw.addr, "POST", "/workers", &[], bad.to_string().as_bytes()).unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    let w = workers_json(gw.addr);
+    let by_type = |t: &str| {
+        w["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["worker_type"] == t)
+            .count()
+    };
+    assert_eq!((by_type("prefill"), by_type("decode")), (2, 1), "{w}");
+    for i in 0..4 {
+        let r = generate(gw.addr, &gen_body(i));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(received(&prefill), vec![2, 2]);
+    let addr: SocketAddr = gw.addr;
+    assert_still_serves(addr);
+}
+
+/// A worker's `in_flight` in the gateway's `/workers`.
+fn in_flight(gw: SocketAddr, url: &str) -> u64 {
+    let w = workers_json(gw);
+    w["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["url"] == url)
+        .and_then(|x| x["in_flight"].as_u64())
+        .unwrap_or_else(|| panic!("no {url} in {w}"))
+}
+
+#[test]
+fn both_workers_stay_loaded_until_the_stream_ends_and_a_leaving_client_frees_them() {
+    let prefill = role(1, DisaggMode::Prefill, 0.0);
+    // A slow decode: 40 ms of real time per token.
+    let decode = sim(1, |c| {
+        c.disaggregation_mode = Some(DisaggMode::Decode);
+        c.token_interval_ms = Some(2000.0);
+    });
+    let gw = pd_gateway(&[&prefill], &[&decode], &[]);
+    let (p_url, d_url) = (&prefill.urls()[0], &decode.urls()[0]);
+
+    let mut c = stream_chat(gw.addr, "a long story please", 40);
+    let head = c.read_head(false).unwrap();
+    assert_eq!(head.status, 200);
+    wait_until("the prefill answer over", Duration::from_secs(5), || {
+        (sim_count(&prefill, 0, "inference_answered") == 1).then_some(())
+    });
+    assert_eq!(
+        (in_flight(gw.addr, p_url), in_flight(gw.addr, d_url)),
+        (1, 1),
+        "the prefill worker is counted until the decode stream ends"
+    );
+    let r = c.read_timed_until(b"data: [DONE]", Duration::from_secs(10));
+    assert!(!r.is_empty());
+    wait_until("both free", Duration::from_secs(5), || {
+        (in_flight(gw.addr, p_url) == 0 && in_flight(gw.addr, d_url) == 0).then_some(())
+    });
+
+    // A client that leaves mid-stream frees both, and the decode server stops generating.
+    let mut c = stream_chat(gw.addr, "another long story", 50);
+    assert_eq!(c.read_head(false).unwrap().status, 200);
+    wait_until("decode generating", Duration::from_secs(5), || {
+        (sim_count(&decode, 0, "inference_in_progress") == 1).then_some(())
+    });
+    drop(c);
+    wait_until(
+        "decode aborted and both free",
+        Duration::from_secs(5),
+        || {
+            (sim_count(&decode, 0, "inference_in_progress") == 0
+                && in_flight(gw.addr, p_url) == 0
+                && in_flight(gw.addr, d_url) == 0)
+                .then_some(())
+        },
+    );
+}
+
+#[test]
+fn other_policies_pick_pairs_too() {
+    let prefill = role(2, DisaggMode::Prefill, 0.0);
+    let decode = role(2, DisaggMode::Decode, 0.0);
+    for (p, d) in [
+        ("bucket", "power_of_two"),
+        ("random", "cache_aware"),
+        ("consistent_hashing", "round_robin"),
+    ] {
+        let gw = pd_gateway(
+            &[&prefill],
+            &[&decode],
+            &["--prefill-policy", p, "--decode-policy", d],
+        );
+        for i in 0..6 {
+            let r = generate(gw.addr, &gen_body(i));
+            assert_eq!(r.status, 200, "{p}/{d}: {}", r.text());
+        }
+    }
+}
+
+#[test]
+fn a_decode_error_caused_by_its_prefill_is_blamed_on_the_prefill() {
+    // The decode side fails at once (the bootstrap port it is told is dead) while the prefill
+    // fails 100 ms later: the prefill is the cause, so the retry keeps the only decode worker
+    // and moves to the other prefill.
+    let bad = sim(1, |c| {
+        c.disaggregation_mode = Some(DisaggMode::Prefill);
+        c.disaggregation_bootstrap_port = 0;
+        c.faults.fail_rate = 1.0;
+        c.faults.latency_ms = 100;
+    });
+    let good = role(1, DisaggMode::Prefill, 0.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    let dead = free_port().to_string();
+    let good_port = good.bootstrap_ports()[0].to_string();
+    let gw = gateway(&[
+        "--pd-disaggregation",
+        "--prefill",
+        &bad.urls()[0],
+        &dead,
+        "--prefill",
+        &good.urls()[0],
+        &good_port,
+        "--decode",
+        &decode.urls()[0],
+        "--prefill-policy",
+        "round_robin",
+        "--retry-initial-backoff-ms",
+        "1",
+    ]);
+    wait_ready(gw.addr, Duration::from_secs(10));
+    for i in 0..4 {
+        let r = generate(gw.addr, &gen_body(i));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert!(sim_count(&bad, 0, "inference_received") >= 1);
+}
+
+#[test]
+fn abort_request_reaches_the_decode_worker_of_a_pd_request() {
+    let prefill = role(1, DisaggMode::Prefill, 0.0);
+    let decode = sim(1, |c| {
+        c.disaggregation_mode = Some(DisaggMode::Decode);
+        c.token_interval_ms = Some(2000.0);
+    });
+    let gw = pd_gateway(&[&prefill], &[&decode], &[]);
+    let mut c = Conn::open(gw.addr);
+    c.send(&raw_request(
+        "POST",
+        "/v1/chat/completions",
+        &[("x-request-id", "pd-abort-1")],
+        &chat_body(&[("user", "a long story")], true, 100),
+    ));
+    assert_eq!(c.read_head(false).unwrap().status, 200);
+    let r = request(
+        gw.addr,
+        "POST",
+        "/abort_request",
+        &[],
+        json!({"rid": "pd-abort-1"}).to_string().as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["sent_to"], "holder", "{}", r.text());
+    assert_eq!(sim_count(&decode, 0, "aborted_by_rid"), 1);
+    let rest = c.read_timed_until(b"data: [DONE]", Duration::from_secs(3));
+    let rest: Vec<u8> = rest.into_iter().flat_map(|(_, b)| b).collect();
+    assert!(
+        String::from_utf8_lossy(&rest).contains("\"finish_reason\":\"abort\""),
+        "the decode stream ends with the abort"
+    );
+}
