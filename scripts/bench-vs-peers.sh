@@ -434,33 +434,35 @@ printf 'round\tcandidate\tbody\tkind\trps\trequests\tp50_us\tp99_us\tproxy_cpu_s
     "$PROXY_CPU" "$LOAD_CPU" >"$RAW"
 CLK_TCK="$(getconf CLK_TCK)"
 
-measure() { # measure ROUND CANDIDATE BODY
-    local r="$1" c="$2" b="$3" url lua out t0 t1 s0 s1 w0 w1 p0 p1 l0 l1 p0i p1i l0i l1i rps reqs errs
-    url="http://127.0.0.1:${PORT[$c]}/v1/chat/completions"
-    lua="$OUT/bodies/$b.lua"
-    # Peak: CPU of the proxy and the upstream, and of both CPUs, around one wrk run.
+# One wrk run with the CPU it cost around it: the proxy's process tree, the upstream, and both
+# CPUs as a whole (other tenants' load included). Appends a row to raw.tsv; prints wrk's output.
+measured_run() { # measured_run ROUND CANDIDATE BODY KIND CONNS [wrk flags]
+    local r="$1" c="$2" b="$3" kind="$4" conns="$5" out t0 t1 s0 s1 w0 w1 p0 p1 l0 l1 p0i p1i l0i l1i
+    shift 5
     read -r p0 p0i < <(cpu_jiffies "$PROXY_CPU"); read -r l0 l0i < <(cpu_jiffies "$LOAD_CPU")
     t0="$(ticks "${PID_OF[$c]}")"; s0="$(ticks "$SIM_PID")"; w0="$(date +%s.%N)"
-    out="$(run_wrk "$CONNECTIONS" "$DURATION" "$url" "$lua")"
+    out="$(run_wrk "$conns" "$DURATION" "http://127.0.0.1:${PORT[$c]}/v1/chat/completions" "$OUT/bodies/$b.lua" "$@")"
     w1="$(date +%s.%N)"; t1="$(ticks "${PID_OF[$c]}")"; s1="$(ticks "$SIM_PID")"
     read -r p1 p1i < <(cpu_jiffies "$PROXY_CPU"); read -r l1 l1i < <(cpu_jiffies "$LOAD_CPU")
-    echo "$out" >"$LOGS/wrk-r$r-$c-$b-peak.txt"
-    rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"; reqs="$(awk '/requests in/ {print $1}' <<<"$out")"
-    errs="$(wrk_errors <<<"$out")"
-    printf '%s\t%s\t%s\tpeak\t%s\t%s\t\t\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$c" "$b" "${rps:-0}" "${reqs:-0}" \
+    echo "$out" >"$LOGS/wrk-r$r-$c-$b-$kind.txt"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$c" "$b" "$kind" \
+        "$(awk '/Requests\/sec/ {print $2}' <<<"$out")" "$(awk '/requests in/ {print $1}' <<<"$out")" \
+        "$(pct 50% <<<"$out")" "$(pct 99% <<<"$out")" \
         "$(awk -v a="$t0" -v b="$t1" -v h="$CLK_TCK" 'BEGIN {printf "%.3f", (b - a) / h}')" \
         "$(awk -v a="$s0" -v b="$s1" -v h="$CLK_TCK" 'BEGIN {printf "%.3f", (b - a) / h}')" \
         "$(awk -v a="$w0" -v b="$w1" 'BEGIN {printf "%.3f", b - a}')" \
         "$(awk -v b="$((p1 - p0))" -v i="$((p1i - p0i))" 'BEGIN {printf "%.3f", (b + i) ? b / (b + i) : 0}')" \
         "$(awk -v b="$((l1 - l0))" -v i="$((l1i - l0i))" 'BEGIN {printf "%.3f", (b + i) ? b / (b + i) : 0}')" \
-        "$errs" >>"$RAW"
-    # Latency at one connection.
-    out="$(run_wrk 1 "$DURATION" "$url" "$lua" --latency)"
-    echo "$out" >"$LOGS/wrk-r$r-$c-$b-lat.txt"
-    printf '%s\t%s\t%s\tlatency\t%s\t%s\t%s\t%s\t\t\t\t\t\t%s\n' "$r" "$c" "$b" \
-        "$(awk '/Requests\/sec/ {print $2}' <<<"$out")" "$(awk '/requests in/ {print $1}' <<<"$out")" \
-        "$(pct 50% <<<"$out")" "$(pct 99% <<<"$out")" "$(wrk_errors <<<"$out")" >>"$RAW"
-    log "round $r $c $b: peak ${rps:-?} req/s, p50 $(pct 50% <<<"$out") us, p99 $(pct 99% <<<"$out") us$( [[ "$errs" != 0 ]] && echo ", $errs errors at peak")"
+        "$(wrk_errors <<<"$out")" >>"$RAW"
+    echo "$out"
+}
+
+measure() { # measure ROUND CANDIDATE BODY: peak at --connections, then latency at one connection
+    local r="$1" c="$2" b="$3" peak lat errs
+    peak="$(measured_run "$r" "$c" "$b" peak "$CONNECTIONS")"
+    lat="$(measured_run "$r" "$c" "$b" latency 1 --latency)"
+    errs="$(( $(wrk_errors <<<"$peak") + $(wrk_errors <<<"$lat") ))"
+    log "round $r $c $b: peak $(awk '/Requests\/sec/ {print $2}' <<<"$peak") req/s; one connection p50 $(pct 50% <<<"$lat") us, p99 $(pct 99% <<<"$lat") us$( [[ "$errs" != 0 ]] && echo "; $errs failed requests")"
 }
 
 # ---- run -------------------------------------------------------------------------------------
@@ -541,6 +543,8 @@ for c in cands:
             "cpu_proxy_busy": med(num(r[f"cpu{pcpu}_busy"]) for r in pk),
             "cpu_load_busy": med(num(r[f"cpu{lcpu}_busy"]) for r in pk),
             "errors": sum(int(num(r["errors"]) or 0) for r in pk + lt),
+            "foreign_lat": med(max(0.0, num(r[f"cpu{pcpu}_busy"]) - num(r["proxy_cpu_s"]) / num(r["wall_s"]))
+                               for r in lt if num(r["wall_s"])),
         }
 
 def f_rps(v):
@@ -597,6 +601,8 @@ if proxies:
     table(f"Proxy process busy at peak (CPU-s / wall-s; below ~90 % the proxy was not the bottleneck)",
           "proxy_busy", f_pct, proxies)
 table(f"CPU {lcpu} (wrk + upstream) busy at peak, from /proc/stat", "cpu_load_busy", f_pct, cands)
+table(f"Other load on CPU {pcpu} during the one-connection runs (CPU {pcpu} busy minus the proxy's own "
+      f"share: other tenants' processes, which the proxy waits behind)", "foreign_lat", f_pct, cands)
 table(f"Upstream sim-worker busy at peak (its CPU-s / wall-s)", "sim_busy", f_pct, cands)
 
 ca, rr = "radixgate-cache_aware", "radixgate-round_robin"
