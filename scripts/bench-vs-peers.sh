@@ -4,7 +4,7 @@
 #
 #   scripts/bench-vs-peers.sh [--duration S] [--rounds N] [--bodies 1k,16k,400k]
 #       [--candidates a,b,...] [--connections C] [--skip-build] [--radixgate-bin PATH]
-#       [--sim-bin PATH] [--no-sglang-router] [--out DIR] [--help]
+#       [--sim-bin PATH] [--no-sglang-router] [--upstream sim|static] [--out DIR] [--help]
 #
 # Candidates (default: all):
 #   direct                     wrk straight to the upstream (no proxy)
@@ -23,6 +23,13 @@
 # single monoio thread; "direct" therefore measures wrk and the worker together on CPU 1. The
 # report gives each CPU's busy share during the peak runs, so a run bound by CPU 1 (wrk plus the
 # upstream) rather than by the proxy shows as a proxy below ~90 % busy.
+#
+# --upstream static: instead of the simulated worker, a second nginx (one worker process, CPU 1)
+# answers every request with the simulated worker's own answers, captured at start-up (health,
+# model and server info, the chat completion), without looking at the body. The simulated worker
+# tokenizes every prompt (most of its time at 16 KiB and 400 KiB bodies), so with it CPU 1
+# saturates before any proxy does and peak ratios crowd towards 1; the static upstream lifts that
+# ceiling (on this machine ~49k/34k/4.2k req/s direct at 1/16/400 KiB instead of ~41k/9k/230).
 #
 # Bodies: OpenAI chat-completion requests (POST /v1/chat/completions, max_tokens 1, not streamed)
 # whose `messages` are generated multi-turn English-like text, exactly 1 KiB, 16 KiB or 400 KiB
@@ -57,6 +64,7 @@ BUILD=1
 RG_BIN=""
 SIM_BIN=""
 SGLANG=1
+UPSTREAM_KIND=sim
 OUT=""
 SGLANG_ROUTER_VERSION=0.3.2
 PROXY_CPU=0
@@ -75,6 +83,7 @@ while [[ $# -gt 0 ]]; do
         --radixgate-bin) RG_BIN="$2"; shift 2 ;;
         --sim-bin) SIM_BIN="$2"; shift 2 ;;
         --no-sglang-router) SGLANG=0; shift ;;
+        --upstream) UPSTREAM_KIND="$2"; shift 2 ;;
         --out) OUT="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
@@ -83,6 +92,7 @@ done
 [[ "$DURATION" =~ ^[1-9][0-9]*$ ]] || { echo "--duration: whole seconds >= 1" >&2; exit 2; }
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "--rounds: a whole number >= 1" >&2; exit 2; }
 [[ "$CONNECTIONS" =~ ^[1-9][0-9]*$ ]] || { echo "--connections: a whole number >= 1" >&2; exit 2; }
+[[ "$UPSTREAM_KIND" == sim || "$UPSTREAM_KIND" == static ]] || { echo "--upstream sim|static" >&2; exit 2; }
 
 IFS=',' read -r -a CAND_LIST <<<"$CANDIDATES"
 for c in "${CAND_LIST[@]}"; do
@@ -179,11 +189,17 @@ PLACEMENT=()
 # ---- tools and binaries --------------------------------------------------------------------
 command -v wrk >/dev/null || { log "installing wrk (apt-get)"; timeout 300 apt-get install -y -q wrk >"$LOGS/apt-wrk.log" 2>&1 || true; }
 command -v wrk >/dev/null || { echo "wrk is missing and could not be installed" >&2; exit 1; }
-if has nginx-round_robin && ! command -v nginx >/dev/null; then
+if { has nginx-round_robin || [[ "$UPSTREAM_KIND" == static ]]; } && ! command -v nginx >/dev/null; then
     log "installing nginx (apt-get)"
     timeout 300 apt-get install -y -q nginx >"$LOGS/apt-nginx.log" 2>&1 || true
-    command -v nginx >/dev/null || drop_candidate nginx-round_robin "nginx could not be installed (see logs/apt-nginx.log)"
+    if ! command -v nginx >/dev/null; then
+        [[ "$UPSTREAM_KIND" == static ]] && { echo "--upstream static needs nginx, which could not be installed" >&2; exit 1; }
+        drop_candidate nginx-round_robin "nginx could not be installed (see logs/apt-nginx.log)"
+    fi
 fi
+# nginx run as the current user: when that is root, its workers must not switch to nobody.
+NGINX_USER_LINE=""
+[[ "$(id -u)" == 0 ]] && NGINX_USER_LINE="user $(id -un) $(id -gn);"
 if [[ "$BUILD" == 1 && ( -z "$RG_BIN" || -z "$SIM_BIN" ) ]]; then
     log "building release binaries (cargo build --release -p radixgate -p loadtest)"
     cargo build --release -p radixgate -p loadtest >"$LOGS/build.log" 2>&1 || { tail -30 "$LOGS/build.log" >&2; exit 1; }
@@ -302,6 +318,62 @@ taskset -c "$LOAD_CPU" "$SIM_BIN" --ports "$SIM_PORT" --tokenizer approx --token
 SIM_PID=$!
 PIDS+=("$SIM_PID")
 wait_ready "http://127.0.0.1:$SIM_PORT" 30 "$SIM_PID" || { echo "sim-worker did not come up:" >&2; tail -20 "$LOGS/sim-worker.log" >&2; exit 1; }
+UPSTREAM_DESC="sim-worker, one monoio thread, answers at once"
+if [[ "$UPSTREAM_KIND" == static ]]; then
+    # The simulated worker's answers, captured once and served by nginx on the load CPU.
+    up="$OUT/upstream"
+    mkdir -p "$up/tmp"
+    for path in health health_generate get_model_info get_server_info model_info server_info v1/models; do
+        code="$(curl -s -o "$up/answer-${path//\//__}" -w '%{http_code}' --max-time 10 "http://127.0.0.1:$SIM_PORT/$path" || true)"
+        [[ "$code" == 200 ]] || rm -f "$up/answer-${path//\//__}"
+    done
+    curl -sf --max-time 20 -o "$up/answer-chat" -H 'Content-Type: application/json' \
+        --data-binary "@$OUT/bodies/${BODY_LIST[0]}.json" "http://127.0.0.1:$SIM_PORT/v1/chat/completions" \
+        || { echo "the simulated worker did not answer a chat completion" >&2; exit 1; }
+    stop_pid "$SIM_PID"
+    SIM_PORT="$(free_port)"
+    python3 - "$up" "$SIM_PORT" "$NGINX_USER_LINE" <<'PY'
+import os, sys
+up, port, user = sys.argv[1], sys.argv[2], sys.argv[3]
+def q(path):  # an nginx single-quoted string
+    return "'" + open(path).read().replace("\\", "\\\\").replace("'", "\\'") + "'"
+locs = []
+for name in sorted(os.listdir(up)):
+    if name.startswith("answer-") and name != "answer-chat":
+        path = "/" + name[len("answer-"):].replace("__", "/")
+        locs.append(f"        location = {path} {{ return 200 {q(os.path.join(up, name))}; }}")
+locs.append(f"        location / {{ return 200 {q(os.path.join(up, 'answer-chat'))}; }}")
+conf = f"""# Written by scripts/bench-vs-peers.sh --upstream static: the simulated worker's answers, served
+# without reading more of a request than nginx must (the body is discarded).
+{user}
+worker_processes 1;
+pid {up}/nginx.pid;
+error_log {up}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {up}/tmp/client_body;
+    proxy_temp_path {up}/tmp/proxy;
+    fastcgi_temp_path {up}/tmp/fastcgi;
+    uwsgi_temp_path {up}/tmp/uwsgi;
+    scgi_temp_path {up}/tmp/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        keepalive_requests 1000000;
+        client_max_body_size 64m;
+        default_type application/json;
+{chr(10).join(locs)}
+    }}
+}}
+"""
+open(os.path.join(up, "nginx.conf"), "w").write(conf)
+PY
+    taskset -c "$LOAD_CPU" nginx -p "$up/" -e "$up/error.log" -c "$up/nginx.conf" -g 'daemon off;' >"$LOGS/upstream.log" 2>&1 &
+    SIM_PID=$!
+    PIDS+=("$SIM_PID")
+    wait_ready "http://127.0.0.1:$SIM_PORT" 30 "$SIM_PID" || { echo "the static upstream did not come up:" >&2; cat "$LOGS/upstream.log" "$up/error.log" >&2; exit 1; }
+    UPSTREAM_DESC="nginx answering the simulated worker's captured answers, one worker process"
+fi
 UPSTREAM="http://127.0.0.1:$SIM_PORT"
 
 start_candidate() {
@@ -326,7 +398,7 @@ start_candidate() {
         nginx-round_robin)
             local run="$OUT/nginx" user_line=""
             mkdir -p "$run/tmp"
-            [[ "$(id -u)" == 0 ]] && user_line="user $(id -un) $(id -gn);"
+            user_line="$NGINX_USER_LINE"
             cat >"$run/nginx.conf" <<NGINX
 # Written by scripts/bench-vs-peers.sh: one worker process, round robin (nginx's default) to a
 # keep-alive upstream group. client_body_buffer_size keeps request bodies up to 1 MiB in memory
@@ -430,26 +502,30 @@ run_wrk() { # run_wrk CONNS SECS URL LUA [--latency]
 }
 
 RAW="$OUT/raw.tsv"
-printf 'round\tcandidate\tbody\tkind\trps\trequests\tp50_us\tp99_us\tproxy_cpu_s\tsim_cpu_s\twall_s\tcpu%s_busy\tcpu%s_busy\terrors\n' \
+printf 'round\tcandidate\tbody\tkind\trps\trequests\tp50_us\tp99_us\tproxy_cpu_s\tupstream_cpu_s\twrk_cpu_s\twall_s\tcpu%s_busy\tcpu%s_busy\terrors\n' \
     "$PROXY_CPU" "$LOAD_CPU" >"$RAW"
 CLK_TCK="$(getconf CLK_TCK)"
+TIMEFORMAT='%3U %3S'
 
 # One wrk run with the CPU it cost around it: the proxy's process tree, the upstream, and both
 # CPUs as a whole (other tenants' load included). Appends a row to raw.tsv; prints wrk's output.
 measured_run() { # measured_run ROUND CANDIDATE BODY KIND CONNS [wrk flags]
     local r="$1" c="$2" b="$3" kind="$4" conns="$5" out t0 t1 s0 s1 w0 w1 p0 p1 l0 l1 p0i p1i l0i l1i
+    local tf="$LOGS/.wrk-time"
     shift 5
     read -r p0 p0i < <(cpu_jiffies "$PROXY_CPU"); read -r l0 l0i < <(cpu_jiffies "$LOAD_CPU")
     t0="$(ticks "${PID_OF[$c]}")"; s0="$(ticks "$SIM_PID")"; w0="$(date +%s.%N)"
-    out="$(run_wrk "$conns" "$DURATION" "http://127.0.0.1:${PORT[$c]}/v1/chat/completions" "$OUT/bodies/$b.lua" "$@")"
+    # wrk's own CPU (user + system, from the time keyword: TIMEFORMAT above).
+    out="$( { time run_wrk "$conns" "$DURATION" "http://127.0.0.1:${PORT[$c]}/v1/chat/completions" "$OUT/bodies/$b.lua" "$@"; } 2>"$tf")"
     w1="$(date +%s.%N)"; t1="$(ticks "${PID_OF[$c]}")"; s1="$(ticks "$SIM_PID")"
     read -r p1 p1i < <(cpu_jiffies "$PROXY_CPU"); read -r l1 l1i < <(cpu_jiffies "$LOAD_CPU")
     echo "$out" >"$LOGS/wrk-r$r-$c-$b-$kind.txt"
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$c" "$b" "$kind" \
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$c" "$b" "$kind" \
         "$(awk '/Requests\/sec/ {print $2}' <<<"$out")" "$(awk '/requests in/ {print $1}' <<<"$out")" \
         "$(pct 50% <<<"$out")" "$(pct 99% <<<"$out")" \
         "$(awk -v a="$t0" -v b="$t1" -v h="$CLK_TCK" 'BEGIN {printf "%.3f", (b - a) / h}')" \
         "$(awk -v a="$s0" -v b="$s1" -v h="$CLK_TCK" 'BEGIN {printf "%.3f", (b - a) / h}')" \
+        "$(awk '{printf "%.3f", $1 + $2}' "$tf")" \
         "$(awk -v a="$w0" -v b="$w1" 'BEGIN {printf "%.3f", b - a}')" \
         "$(awk -v b="$((p1 - p0))" -v i="$((p1i - p0i))" 'BEGIN {printf "%.3f", (b + i) ? b / (b + i) : 0}')" \
         "$(awk -v b="$((l1 - l0))" -v i="$((l1i - l0i))" 'BEGIN {printf "%.3f", (b + i) ? b / (b + i) : 0}')" \
@@ -492,7 +568,7 @@ for c in "${CAND_LIST[@]}"; do
     printf '%s\t%s\t%s\t%s\n' "$c" "$(kb_sum "${PID_OF[$c]}" VmRSS)" "$(kb_sum "${PID_OF[$c]}" VmHWM)" \
         "$(tree_pids "${PID_OF[$c]}" | wc -l)" >>"$MEM"
 done
-printf 'direct (upstream sim-worker, for scale)\t%s\t%s\t1\n' "$(kb_sum "$SIM_PID" VmRSS)" "$(kb_sum "$SIM_PID" VmHWM)" >>"$MEM"
+printf 'upstream (%s, for scale)\t%s\t%s\t1\n' "$UPSTREAM_KIND" "$(kb_sum "$SIM_PID" VmRSS)" "$(kb_sum "$SIM_PID" VmHWM)" >>"$MEM"
 
 for p in "${PIDS[@]}"; do stop_pid "$p"; done
 PIDS=()
@@ -500,11 +576,11 @@ PIDS=()
 # ---- report ----------------------------------------------------------------------------------
 MACHINE="$(nproc) CPUs, $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo), kernel $(uname -r)"
 VERSIONS="radixgate $("$RG_BIN" --version 2>/dev/null | awk '{print $NF}' || echo '?') ($(git rev-parse --short HEAD 2>/dev/null || echo '?')), $(wrk --version 2>&1 | head -1 | awk '{print $1, $2}'), $(nginx -v 2>&1 | sed 's/^nginx version: //' || true), sglang-router $("$SGL_PY" -c 'import importlib.metadata as m; print(m.version("sglang-router"))' 2>/dev/null || echo 'not installed')"
-CMDLINE="scripts/bench-vs-peers.sh --duration $DURATION --rounds $ROUNDS --bodies $BODIES --connections $CONNECTIONS --candidates $(IFS=,; echo "${CAND_LIST[*]}")"
+CMDLINE="scripts/bench-vs-peers.sh --upstream $UPSTREAM_KIND --duration $DURATION --rounds $ROUNDS --bodies $BODIES --connections $CONNECTIONS --candidates $(IFS=,; echo "${CAND_LIST[*]}")"
 NOTES_TEXT="$(printf '%s\n' "${NOTES[@]+"${NOTES[@]}"}" "${PLACEMENT[@]+"${PLACEMENT[@]}"}")"
 M_MACHINE="$MACHINE" M_VERSIONS="$VERSIONS" M_CMD="$CMDLINE" M_NOTES="$NOTES_TEXT" M_BODIES="$BODIES" \
 M_CANDS="$(IFS=,; echo "${CAND_LIST[*]}")" M_ROUNDS="$ROUNDS" M_DUR="$DURATION" M_CONNS="$CONNECTIONS" \
-M_PCPU="$PROXY_CPU" M_LCPU="$LOAD_CPU" M_STAMP="$STAMP" \
+M_PCPU="$PROXY_CPU" M_LCPU="$LOAD_CPU" M_STAMP="$STAMP" M_UPSTREAM="$UPSTREAM_DESC" \
 python3 - "$OUT" <<'PY'
 import csv, json, os, statistics, sys
 
@@ -539,7 +615,11 @@ for c in cands:
             "p99_us": med(num(r["p99_us"]) for r in lt),
             "cpu_s_per_1k": med(cpu_per_k) if cpu_per_k else None,
             "proxy_busy": med(num(r["proxy_cpu_s"]) / num(r["wall_s"]) for r in pk) if c != "direct" else None,
-            "sim_busy": med(num(r["sim_cpu_s"]) / num(r["wall_s"]) for r in pk),
+            "upstream_busy": med(num(r["upstream_cpu_s"]) / num(r["wall_s"]) for r in pk),
+            "wrk_busy": med(num(r["wrk_cpu_s"]) / num(r["wall_s"]) for r in pk),
+            "load_side_busy": med((num(r["upstream_cpu_s"]) + num(r["wrk_cpu_s"])) / num(r["wall_s"]) for r in pk),
+            "others_on_proxy_cpu": med(max(0.0, num(r[f"cpu{pcpu}_busy"]) - num(r["proxy_cpu_s"]) / num(r["wall_s"]))
+                                       for r in pk),
             "cpu_proxy_busy": med(num(r[f"cpu{pcpu}_busy"]) for r in pk),
             "cpu_load_busy": med(num(r[f"cpu{lcpu}_busy"]) for r in pk),
             "errors": sum(int(num(r["errors"]) or 0) for r in pk + lt),
@@ -569,7 +649,7 @@ L.append(f"`{env['M_CMD']}`")
 L.append("")
 L.append(f"Machine: {env['M_MACHINE']}. {env['M_VERSIONS']}.")
 L.append(f"Every proxy pinned to CPU {pcpu} (taskset, whole process); wrk (1 thread) and the upstream "
-         f"(sim-worker, one monoio thread, answers at once) share CPU {lcpu}. Chat-completion bodies "
+         f"({env['M_UPSTREAM']}) share CPU {lcpu}. Chat-completion bodies "
          f"(POST /v1/chat/completions, max_tokens 1); medians of {env['M_ROUNDS']} interleaved rounds "
          f"× {env['M_DUR']} s per run.")
 L.append("")
@@ -598,12 +678,24 @@ if "direct" in cands and proxies:
 if proxies:
     table(f"Proxy CPU-seconds per 1,000 requests (at peak)", "cpu_s_per_1k",
           lambda v: "—" if v is None else f"{v:.3f}", proxies)
-    table(f"Proxy process busy at peak (CPU-s / wall-s; below ~90 % the proxy was not the bottleneck)",
-          "proxy_busy", f_pct, proxies)
-table(f"CPU {lcpu} (wrk + upstream) busy at peak, from /proc/stat", "cpu_load_busy", f_pct, cands)
-table(f"Other load on CPU {pcpu} during the one-connection runs (CPU {pcpu} busy minus the proxy's own "
-      f"share: other tenants' processes, which the proxy waits behind)", "foreign_lat", f_pct, cands)
-table(f"Upstream sim-worker busy at peak (its CPU-s / wall-s)", "sim_busy", f_pct, cands)
+L.append(f"**What limited the peak runs: shares of a CPU, median over rounds (proxy on CPU {pcpu} / wrk + "
+         f"upstream on CPU {lcpu} / other tenants' processes on CPU {pcpu})**")
+L.append("")
+L.append("The proxy is the limit when its share is near 100 %; below ~90 % it waited on CPU "
+         f"{lcpu} (wrk + upstream near 100 %) or behind other processes on CPU {pcpu} (a shared machine). "
+         "CPU-seconds per 1,000 requests compares the proxies either way.")
+L.append("")
+L.append("| body | " + " | ".join(names[c] for c in cands) + " |")
+L.append("|---" * (len(cands) + 1) + "|")
+def share(v):
+    return "—" if v is None else f"{v * 100:.0f}"
+for b in bodies:
+    L.append(f"| {b} | " + " | ".join(
+        f"{share(agg[(c, b)]['proxy_busy'])} / {share(agg[(c, b)]['load_side_busy'])} / "
+        f"{share(agg[(c, b)]['others_on_proxy_cpu'])}" for c in cands) + " |")
+L.append("")
+table(f"Other tenants' load on CPU {pcpu} during the one-connection runs (CPU {pcpu} busy minus the "
+      f"proxy's own share; the proxy waits behind it, which shows in p99)", "foreign_lat", f_pct, cands)
 
 ca, rr = "radixgate-cache_aware", "radixgate-round_robin"
 ratio_cols = [("cache_aware / round_robin", rr), ("cache_aware / nginx", "nginx-round_robin"),
@@ -635,16 +727,27 @@ if proxies:
     L.append("")
 errs = [(c, b, agg[(c, b)]["errors"]) for c in cands for b in bodies if agg[(c, b)]["errors"]]
 notes = [n for n in env["M_NOTES"].split("\n") if n]
+def limit(c, b):
+    a = agg[(c, b)]
+    if c != "direct" and (a["proxy_busy"] or 0) >= 0.9:
+        return "proxy"
+    if (a["load_side_busy"] or 0) >= 0.85:
+        return "load"
+    return "others"
 for b in bodies:
-    bound = [names[c] for c in proxies
-             if (agg[(c, b)]["proxy_busy"] or 0) < 0.9 and (agg[(c, b)]["cpu_load_busy"] or 0) >= 0.95]
-    if bound:
-        notes.append(f"{b}: CPU {lcpu} (wrk + upstream) was saturated while the proxy stayed below 90 % busy "
-                     f"for {', '.join(bound)}: those peaks measure the load side as much as the proxy; "
-                     f"CPU-seconds per 1,000 requests compares the proxies regardless")
-    if "direct" in cands and (agg[("direct", b)]["cpu_load_busy"] or 0) >= 0.95:
-        notes.append(f"{b}: direct saturates CPU {lcpu} (upstream {f_pct(agg[('direct', b)]['sim_busy'])} of it, wrk "
-                     f"the rest): direct's peak is the upstream's and wrk's limit on one core")
+    by_load = [names[c] for c in proxies if limit(c, b) == "load"]
+    by_others = [names[c] for c in proxies if limit(c, b) == "others"]
+    if by_load:
+        notes.append(f"{b}: wrk + upstream filled CPU {lcpu} before the proxy filled CPU {pcpu} for "
+                     f"{', '.join(by_load)}: those peaks are the load side's limit, not the proxy's")
+    if by_others:
+        notes.append(f"{b}: {', '.join(by_others)} got less than 90 % of CPU {pcpu} at peak with CPU {lcpu} "
+                     f"not full: other processes on the shared machine took the rest")
+    if "direct" in cands:
+        a = agg[("direct", b)]
+        notes.append(f"{b}: direct used {f_pct(a['load_side_busy'])} of CPU {lcpu} (upstream "
+                     f"{f_pct(a['upstream_busy'])}, wrk {f_pct(a['wrk_busy'])}): direct's peak is "
+                     f"{'the one-core limit of wrk and the upstream together' if (a['load_side_busy'] or 0) >= 0.85 else 'bounded by other load on CPU ' + lcpu}")
 for c, b, e in errs:
     notes.append(f"{names[c]} at {b}: {e} failed requests (non-2xx or socket errors) over its runs; see logs/")
 if notes:
