@@ -575,7 +575,7 @@ PIDS=()
 
 # ---- report ----------------------------------------------------------------------------------
 MACHINE="$(nproc) CPUs, $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo), kernel $(uname -r)"
-VERSIONS="radixgate $("$RG_BIN" --version 2>/dev/null | awk '{print $NF}' || echo '?') ($(git rev-parse --short HEAD 2>/dev/null || echo '?')), $(wrk --version 2>&1 | head -1 | awk '{print $1, $2}'), $(nginx -v 2>&1 | sed 's/^nginx version: //' || true), sglang-router $("$SGL_PY" -c 'import importlib.metadata as m; print(m.version("sglang-router"))' 2>/dev/null || echo 'not installed')"
+VERSIONS="radixgate $("$RG_BIN" --version 2>/dev/null | awk '{print $NF}' || echo '?') ($RG_BIN, built $(date -u -r "$RG_BIN" +%Y-%m-%dT%H:%MZ)), $(wrk --version 2>&1 | head -1 | awk '{print $1, $2}'), $(nginx -v 2>&1 | sed 's/^nginx version: //' || true), sglang-router $("$SGL_PY" -c 'import importlib.metadata as m; print(m.version("sglang-router"))' 2>/dev/null || echo 'not installed')"
 CMDLINE="scripts/bench-vs-peers.sh --upstream $UPSTREAM_KIND --duration $DURATION --rounds $ROUNDS --bodies $BODIES --connections $CONNECTIONS --candidates $(IFS=,; echo "${CAND_LIST[*]}")"
 NOTES_TEXT="$(printf '%s\n' "${NOTES[@]+"${NOTES[@]}"}" "${PLACEMENT[@]+"${PLACEMENT[@]}"}")"
 M_MACHINE="$MACHINE" M_VERSIONS="$VERSIONS" M_CMD="$CMDLINE" M_NOTES="$NOTES_TEXT" M_BODIES="$BODIES" \
