@@ -481,8 +481,10 @@ ticks() {
     done
     echo "$t"
 }
-# "busy idle" jiffies of one CPU from /proc/stat.
-cpu_jiffies() { awk -v c="cpu$1" '$1 == c { idle = $5 + $6; busy = 0; for (i = 2; i <= 9; i++) busy += $i; print busy - idle, idle }' /proc/stat; }
+# "busy idle irq" jiffies of one CPU from /proc/stat (irq: hard and soft interrupts, where the
+# kernel does loopback TCP work that is charged to no process).
+cpu_jiffies() { awk -v c="cpu$1" '$1 == c { idle = $5 + $6; busy = 0; for (i = 2; i <= 9; i++) busy += $i; print busy - idle, idle, $7 + $8 }' /proc/stat; }
+share() { awk -v x="$1" -v b="$2" -v i="$3" 'BEGIN {printf "%.3f", (b + i) ? x / (b + i) : 0}'; } # share PART BUSY IDLE
 kb_sum() { # kb_sum PID FIELD: FIELD (VmRSS, VmHWM) summed over the tree, kB
     local p t=0 v
     for p in $(tree_pids "$1"); do
@@ -502,33 +504,33 @@ run_wrk() { # run_wrk CONNS SECS URL LUA [--latency]
 }
 
 RAW="$OUT/raw.tsv"
-printf 'round\tcandidate\tbody\tkind\trps\trequests\tp50_us\tp99_us\tproxy_cpu_s\tupstream_cpu_s\twrk_cpu_s\twall_s\tcpu%s_busy\tcpu%s_busy\terrors\n' \
-    "$PROXY_CPU" "$LOAD_CPU" >"$RAW"
+printf 'round\tcandidate\tbody\tkind\trps\trequests\tp50_us\tp99_us\tproxy_cpu_s\tupstream_cpu_s\twrk_cpu_s\twall_s\tcpu%s_busy\tcpu%s_busy\tcpu%s_irq\tcpu%s_irq\terrors\n' \
+    "$PROXY_CPU" "$LOAD_CPU" "$PROXY_CPU" "$LOAD_CPU" >"$RAW"
 CLK_TCK="$(getconf CLK_TCK)"
 TIMEFORMAT='%3U %3S'
 
 # One wrk run with the CPU it cost around it: the proxy's process tree, the upstream, and both
 # CPUs as a whole (other tenants' load included). Appends a row to raw.tsv; prints wrk's output.
 measured_run() { # measured_run ROUND CANDIDATE BODY KIND CONNS [wrk flags]
-    local r="$1" c="$2" b="$3" kind="$4" conns="$5" out t0 t1 s0 s1 w0 w1 p0 p1 l0 l1 p0i p1i l0i l1i
+    local r="$1" c="$2" b="$3" kind="$4" conns="$5" out t0 t1 s0 s1 w0 w1 p0 p1 l0 l1 p0i p1i l0i l1i p0q p1q l0q l1q
     local tf="$LOGS/.wrk-time"
     shift 5
-    read -r p0 p0i < <(cpu_jiffies "$PROXY_CPU"); read -r l0 l0i < <(cpu_jiffies "$LOAD_CPU")
+    read -r p0 p0i p0q < <(cpu_jiffies "$PROXY_CPU"); read -r l0 l0i l0q < <(cpu_jiffies "$LOAD_CPU")
     t0="$(ticks "${PID_OF[$c]}")"; s0="$(ticks "$SIM_PID")"; w0="$(date +%s.%N)"
     # wrk's own CPU (user + system, from the time keyword: TIMEFORMAT above).
     out="$( { time run_wrk "$conns" "$DURATION" "http://127.0.0.1:${PORT[$c]}/v1/chat/completions" "$OUT/bodies/$b.lua" "$@"; } 2>"$tf")"
     w1="$(date +%s.%N)"; t1="$(ticks "${PID_OF[$c]}")"; s1="$(ticks "$SIM_PID")"
-    read -r p1 p1i < <(cpu_jiffies "$PROXY_CPU"); read -r l1 l1i < <(cpu_jiffies "$LOAD_CPU")
+    read -r p1 p1i p1q < <(cpu_jiffies "$PROXY_CPU"); read -r l1 l1i l1q < <(cpu_jiffies "$LOAD_CPU")
     echo "$out" >"$LOGS/wrk-r$r-$c-$b-$kind.txt"
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$c" "$b" "$kind" \
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$c" "$b" "$kind" \
         "$(awk '/Requests\/sec/ {print $2}' <<<"$out")" "$(awk '/requests in/ {print $1}' <<<"$out")" \
         "$(pct 50% <<<"$out")" "$(pct 99% <<<"$out")" \
         "$(awk -v a="$t0" -v b="$t1" -v h="$CLK_TCK" 'BEGIN {printf "%.3f", (b - a) / h}')" \
         "$(awk -v a="$s0" -v b="$s1" -v h="$CLK_TCK" 'BEGIN {printf "%.3f", (b - a) / h}')" \
         "$(awk '{printf "%.3f", $1 + $2}' "$tf")" \
         "$(awk -v a="$w0" -v b="$w1" 'BEGIN {printf "%.3f", b - a}')" \
-        "$(awk -v b="$((p1 - p0))" -v i="$((p1i - p0i))" 'BEGIN {printf "%.3f", (b + i) ? b / (b + i) : 0}')" \
-        "$(awk -v b="$((l1 - l0))" -v i="$((l1i - l0i))" 'BEGIN {printf "%.3f", (b + i) ? b / (b + i) : 0}')" \
+        "$(share "$((p1 - p0))" "$((p1 - p0))" "$((p1i - p0i))")" "$(share "$((l1 - l0))" "$((l1 - l0))" "$((l1i - l0i))")" \
+        "$(share "$((p1q - p0q))" "$((p1 - p0))" "$((p1i - p0i))")" "$(share "$((l1q - l0q))" "$((l1 - l0))" "$((l1i - l0i))")" \
         "$(wrk_errors <<<"$out")" >>"$RAW"
     echo "$out"
 }
@@ -618,12 +620,17 @@ for c in cands:
             "upstream_busy": med(num(r["upstream_cpu_s"]) / num(r["wall_s"]) for r in pk),
             "wrk_busy": med(num(r["wrk_cpu_s"]) / num(r["wall_s"]) for r in pk),
             "load_side_busy": med((num(r["upstream_cpu_s"]) + num(r["wrk_cpu_s"])) / num(r["wall_s"]) for r in pk),
-            "others_on_proxy_cpu": med(max(0.0, num(r[f"cpu{pcpu}_busy"]) - num(r["proxy_cpu_s"]) / num(r["wall_s"]))
-                                       for r in pk),
+            "others_on_proxy_cpu": med(max(0.0, num(r[f"cpu{pcpu}_busy"]) - num(r[f"cpu{pcpu}_irq"])
+                                           - num(r["proxy_cpu_s"]) / num(r["wall_s"])) for r in pk),
+            "others_on_load_cpu": med(max(0.0, num(r[f"cpu{lcpu}_busy"]) - num(r[f"cpu{lcpu}_irq"])
+                                          - (num(r["upstream_cpu_s"]) + num(r["wrk_cpu_s"])) / num(r["wall_s"])) for r in pk),
+            "irq_proxy_cpu": med(num(r[f"cpu{pcpu}_irq"]) for r in pk),
+            "irq_load_cpu": med(num(r[f"cpu{lcpu}_irq"]) for r in pk),
             "cpu_proxy_busy": med(num(r[f"cpu{pcpu}_busy"]) for r in pk),
             "cpu_load_busy": med(num(r[f"cpu{lcpu}_busy"]) for r in pk),
             "errors": sum(int(num(r["errors"]) or 0) for r in pk + lt),
-            "foreign_lat": med(max(0.0, num(r[f"cpu{pcpu}_busy"]) - num(r["proxy_cpu_s"]) / num(r["wall_s"]))
+            "foreign_lat": med(max(0.0, num(r[f"cpu{pcpu}_busy"]) - num(r[f"cpu{pcpu}_irq"])
+                                   - num(r["proxy_cpu_s"]) / num(r["wall_s"]))
                                for r in lt if num(r["wall_s"])),
         }
 
@@ -678,12 +685,14 @@ if "direct" in cands and proxies:
 if proxies:
     table(f"Proxy CPU-seconds per 1,000 requests (at peak)", "cpu_s_per_1k",
           lambda v: "—" if v is None else f"{v:.3f}", proxies)
-L.append(f"**What limited the peak runs: shares of a CPU, median over rounds (proxy on CPU {pcpu} / wrk + "
-         f"upstream on CPU {lcpu} / other tenants' processes on CPU {pcpu})**")
+L.append("**What limited the peak runs: shares of each CPU, medians over rounds**")
 L.append("")
-L.append("The proxy is the limit when its share is near 100 %; below ~90 % it waited on CPU "
-         f"{lcpu} (wrk + upstream near 100 %) or behind other processes on CPU {pcpu} (a shared machine). "
-         "CPU-seconds per 1,000 requests compares the proxies either way.")
+L.append(f"Each cell: CPU {pcpu} as proxy / interrupts / other processes, then CPU {lcpu} as wrk + upstream / "
+         "interrupts / other processes, in % of the run (interrupts: hard and soft IRQ time, where the kernel "
+         "does loopback TCP work charged to no process; other processes: everything else busy, other tenants "
+         "of a shared machine; shares are approximate, the kernel may charge some interrupt time to the "
+         "process it interrupted). The proxy is the limit when its share is near 100 %; otherwise it waited on "
+         f"CPU {lcpu} or behind other processes. CPU-seconds per 1,000 requests compares the proxies either way.")
 L.append("")
 L.append("| body | " + " | ".join(names[c] for c in cands) + " |")
 L.append("|---" * (len(cands) + 1) + "|")
@@ -691,11 +700,12 @@ def share(v):
     return "—" if v is None else f"{v * 100:.0f}"
 for b in bodies:
     L.append(f"| {b} | " + " | ".join(
-        f"{share(agg[(c, b)]['proxy_busy'])} / {share(agg[(c, b)]['load_side_busy'])} / "
-        f"{share(agg[(c, b)]['others_on_proxy_cpu'])}" for c in cands) + " |")
+        f"{share(agg[(c, b)]['proxy_busy'])} / {share(agg[(c, b)]['irq_proxy_cpu'])} / "
+        f"{share(agg[(c, b)]['others_on_proxy_cpu'])} · {share(agg[(c, b)]['load_side_busy'])} / "
+        f"{share(agg[(c, b)]['irq_load_cpu'])} / {share(agg[(c, b)]['others_on_load_cpu'])}" for c in cands) + " |")
 L.append("")
-table(f"Other tenants' load on CPU {pcpu} during the one-connection runs (CPU {pcpu} busy minus the "
-      f"proxy's own share; the proxy waits behind it, which shows in p99)", "foreign_lat", f_pct, cands)
+table(f"Other processes on CPU {pcpu} during the one-connection runs (CPU {pcpu} busy minus interrupts and "
+      f"the proxy's own share; the proxy waits behind them, which shows in p99)", "foreign_lat", f_pct, cands)
 
 ca, rr = "radixgate-cache_aware", "radixgate-round_robin"
 ratio_cols = [("cache_aware / round_robin", rr), ("cache_aware / nginx", "nginx-round_robin"),
@@ -741,13 +751,13 @@ for b in bodies:
         notes.append(f"{b}: wrk + upstream filled CPU {lcpu} before the proxy filled CPU {pcpu} for "
                      f"{', '.join(by_load)}: those peaks are the load side's limit, not the proxy's")
     if by_others:
-        notes.append(f"{b}: {', '.join(by_others)} got less than 90 % of CPU {pcpu} at peak with CPU {lcpu} "
-                     f"not full: other processes on the shared machine took the rest")
+        notes.append(f"{b}: {', '.join(by_others)} got less than 90 % of CPU {pcpu} at peak with wrk + upstream "
+                     f"below 85 % of CPU {lcpu}: interrupts and other processes took the rest (see the shares)")
     if "direct" in cands:
         a = agg[("direct", b)]
         notes.append(f"{b}: direct used {f_pct(a['load_side_busy'])} of CPU {lcpu} (upstream "
                      f"{f_pct(a['upstream_busy'])}, wrk {f_pct(a['wrk_busy'])}): direct's peak is "
-                     f"{'the one-core limit of wrk and the upstream together' if (a['load_side_busy'] or 0) >= 0.85 else 'bounded by other load on CPU ' + lcpu}")
+                     f"{'the one-core limit of wrk and the upstream together' if (a['load_side_busy'] or 0) >= 0.85 else 'bounded by interrupts and other processes on CPU ' + lcpu}")
 for c, b, e in errs:
     notes.append(f"{names[c]} at {b}: {e} failed requests (non-2xx or socket errors) over its runs; see logs/")
 if notes:
