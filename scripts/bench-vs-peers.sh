@@ -29,7 +29,8 @@
 # model and server info, the chat completion), without looking at the body. The simulated worker
 # tokenizes every prompt (most of its time at 16 KiB and 400 KiB bodies), so with it CPU 1
 # saturates before any proxy does and peak ratios crowd towards 1; the static upstream lifts that
-# ceiling (on this machine ~49k/34k/4.2k req/s direct at 1/16/400 KiB instead of ~41k/9k/230).
+# ceiling (on this 2-core machine direct reached ~50-60k/35-50k/2.6-4k req/s at 1/16/400 KiB
+# against ~41k/9k/240 with the simulated worker).
 #
 # Bodies: OpenAI chat-completion requests (POST /v1/chat/completions, max_tokens 1, not streamed)
 # whose `messages` are generated multi-turn English-like text, exactly 1 KiB, 16 KiB or 400 KiB
@@ -46,7 +47,7 @@
 # round_robin, nginx, direct and sglang-router cache_aware; added p99 = p99 - direct's p99.
 #
 # Writes results/bench-vs-peers-<stamp>/report.md (printed at the end), raw.json (every run and
-# the medians) and raw.tsv. Defaults (5 s, 3 rounds, 6 candidates, 3 bodies) take about 11
+# the medians) and raw.tsv. Defaults (5 s, 3 rounds, 6 candidates, 3 bodies) take about 10
 # minutes; every step has a time bound and the script stops by itself. Only 127.0.0.1; every
 # process started here is stopped by PID on exit.
 set -euo pipefail
