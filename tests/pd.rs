@@ -477,7 +477,7 @@ fn a_decode_error_caused_by_its_prefill_is_blamed_on_the_prefill() {
 }
 
 #[test]
-fn abort_request_reaches_the_decode_worker_of_a_pd_request() {
+fn abort_request_reaches_both_workers_of_a_pd_request() {
     let prefill = role(1, DisaggMode::Prefill, 0.0);
     let decode = sim(1, |c| {
         c.disaggregation_mode = Some(DisaggMode::Decode);
@@ -503,6 +503,8 @@ fn abort_request_reaches_the_decode_worker_of_a_pd_request() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["sent_to"], "holder", "{}", r.text());
     assert_eq!(sim_count(&decode, 0, "aborted_by_rid"), 1);
+    // The prefill half hears it too (its one token is done here, so it has nothing to stop).
+    assert_eq!(sim_count(&prefill, 0, "abort_requests"), 1);
     let rest = c.read_timed_until(b"data: [DONE]", Duration::from_secs(3));
     let rest: Vec<u8> = rest.into_iter().flat_map(|(_, b)| b).collect();
     assert!(

@@ -5,8 +5,11 @@
 //! and its abort goes to every worker); an entry leaves when its request ends.
 //!
 //! Keys are 64-bit hashes of the id under a per-process random key: nothing is allocated per
-//! request once the shards have grown, and a client cannot aim collisions. A collision (or the
-//! same id in flight twice) sends an abort to the latest holder only.
+//! request once the shards have grown, and a client cannot aim collisions. A key keeps its
+//! latest two workers: in prefill/decode mode both halves of a request run it at once (the
+//! prefill may still be computing a long prompt when the abort comes), and after a retry the
+//! older one is simply a worker that ignores the abort. A collision (or the same id in flight
+//! three times) sends the abort to the latest two holders only.
 
 use crate::base::WorkerId;
 use std::collections::hash_map::RandomState;
@@ -23,10 +26,12 @@ const SHARDS: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdKey(u64);
 
-/// The worker holding a key, and how many requests in flight share the key.
+/// The workers holding a key (the latest, and the one before it), and how many requests in
+/// flight share the key.
 #[derive(Debug, Clone, Copy)]
 struct Holder {
     worker: WorkerId,
+    before: Option<WorkerId>,
     count: u32,
 }
 
@@ -84,14 +89,24 @@ impl InFlightIds {
     pub fn insert(&self, key: IdKey, worker: WorkerId) -> bool {
         let mut s = self.shard(key);
         if let Some(h) = s.get_mut(&key.0) {
-            h.worker = worker;
+            if h.worker != worker {
+                h.before = Some(h.worker);
+                h.worker = worker;
+            }
             h.count = h.count.saturating_add(1);
             return true;
         }
         if s.len() >= self.per_shard {
             return false;
         }
-        s.insert(key.0, Holder { worker, count: 1 });
+        s.insert(
+            key.0,
+            Holder {
+                worker,
+                before: None,
+                count: 1,
+            },
+        );
         true
     }
 
@@ -106,10 +121,12 @@ impl InFlightIds {
         }
     }
 
-    /// The worker holding this request id, if it is in flight and tracked.
-    pub fn holder(&self, request_id: &str) -> Option<WorkerId> {
+    /// The worker holding this request id, if it is in flight and tracked, and the worker
+    /// that held it before (the prefill half of a prefill/decode request, or the worker of an
+    /// earlier attempt).
+    pub fn holder(&self, request_id: &str) -> Option<(WorkerId, Option<WorkerId>)> {
         let key = self.key(request_id);
-        self.shard(key).get(&key.0).map(|h| h.worker)
+        self.shard(key).get(&key.0).map(|h| (h.worker, h.before))
     }
 
     /// Requests tracked now.
@@ -135,16 +152,33 @@ mod tests {
         let m = InFlightIds::new(100);
         let k = m.key("chatcmpl-1");
         assert!(m.insert(k, 3));
-        assert_eq!(m.holder("chatcmpl-1"), Some(3));
+        assert_eq!(m.holder("chatcmpl-1"), Some((3, None)));
         assert_eq!(m.holder("chatcmpl-2"), None);
-        // A retry moves it: the old attempt's entry goes, the new one stays.
+        // A retry moves it: the old attempt's entry goes, the new one stays (the old worker is
+        // remembered as the one before, which ignores an abort it does not run).
         assert!(m.insert(k, 5));
         m.remove(k);
-        assert_eq!(m.holder("chatcmpl-1"), Some(5));
+        assert_eq!(m.holder("chatcmpl-1"), Some((5, Some(3))));
         m.remove(k);
         assert_eq!(m.holder("chatcmpl-1"), None);
         assert!(m.is_empty());
         m.remove(k); // not there: nothing happens
+    }
+
+    #[test]
+    fn both_halves_of_a_prefill_decode_request_are_held() {
+        let m = InFlightIds::new(100);
+        let k = m.key("pd-1");
+        assert!(m.insert(k, 2)); // prefill
+        assert!(m.insert(k, 7)); // decode
+        assert_eq!(m.holder("pd-1"), Some((7, Some(2))));
+        // The same worker twice keeps the earlier one.
+        assert!(m.insert(k, 7));
+        assert_eq!(m.holder("pd-1"), Some((7, Some(2))));
+        for _ in 0..3 {
+            m.remove(k);
+        }
+        assert!(m.is_empty());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `POST /abort_request` (SGLang's endpoint, body `{"rid": "..."}`): the reference answers 404
 //! here (sglang #6531) and the orphaned request keeps its KV cache. radixgate forwards the body
 //! to the worker that holds the request (the gateway's in-flight id map, keyed by the id it
-//! echoed in `x-request-id`) and answers with that worker's answer. An id it does not hold (it
+//! echoed in `x-request-id`) and answers with that worker's answer; in prefill/decode mode the
+//! prefill half gets it too (it may still be computing the prompt). An id it does not hold (it
 //! finished, was never seen, came in the body of a `/generate` only, or was not tracked) or
 //! `"abort_all": true` goes to every worker: SGLang ignores ids it does not run. The answer says
 //! where it went (`sent_to`: `holder` or `all`) and the workers' statuses, never their addresses.
@@ -45,32 +46,51 @@ pub async fn abort(core: &Rc<Core>, body: &Bytes) -> Result<Reply, GatewayError>
     let gw = &core.gw;
     let list = gw.registry.load();
     let holder = match (req.abort_all, rid) {
-        (false, Some(rid)) => gw
-            .in_flight_ids
-            .holder(rid)
-            .and_then(|id| list.get(id).cloned()),
+        (false, Some(rid)) => gw.in_flight_ids.holder(rid),
         _ => None,
     };
-    if let Some(w) = holder {
-        crate::log!(Debug, "abort_request {:?} → {}", rid, w.url);
-        return match forward::fetch(
-            &core.pool,
-            &w,
-            Method::Post,
-            "/abort_request",
-            body.clone(),
-            ABORT_TIMEOUT,
-        )
-        .await
-        {
-            // The answer never names the worker: its address is internal topology and this
-            // endpoint needs only the inference key.
-            Ok((status, _)) => Ok(Reply::json(
-                status,
-                &json!({"rid": rid, "sent_to": "holder", "status": status}),
-            )),
-            Err(e) => Err(GatewayError::upstream(&e)),
-        };
+    if let Some((latest, before)) = holder {
+        if let Some(w) = list.get(latest).cloned() {
+            crate::log!(Debug, "abort_request {:?} → {}", rid, w.url);
+            // The worker that held it before (the prefill half of a prefill/decode request,
+            // perhaps still computing a long prompt) gets it too; its answer does not count,
+            // since after a retry it is a worker that no longer runs the request.
+            if let Some(b) = before
+                .filter(|&b| b != latest)
+                .and_then(|b| list.get(b).cloned())
+            {
+                let sent = forward::fetch(
+                    &core.pool,
+                    &b,
+                    Method::Post,
+                    "/abort_request",
+                    body.clone(),
+                    ABORT_TIMEOUT,
+                )
+                .await;
+                if let Err(e) = sent {
+                    crate::log!(Debug, "abort_request {:?} → {}: {e:?}", rid, b.url);
+                }
+            }
+            return match forward::fetch(
+                &core.pool,
+                &w,
+                Method::Post,
+                "/abort_request",
+                body.clone(),
+                ABORT_TIMEOUT,
+            )
+            .await
+            {
+                // The answer never names the worker: its address is internal topology and
+                // this endpoint needs only the inference key.
+                Ok((status, _)) => Ok(Reply::json(
+                    status,
+                    &json!({"rid": rid, "sent_to": "holder", "status": status}),
+                )),
+                Err(e) => Err(GatewayError::upstream(&e)),
+            };
+        }
     }
     let workers = list.workers.clone();
     if workers.is_empty() {
