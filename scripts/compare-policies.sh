@@ -406,6 +406,23 @@ gateway_worker_args() { # gateway_worker_args POLICY
     fi
 }
 
+# --pd: the same ~4k-character prompt sent PROBE_REPEATS times, one after another, before the
+# caches are flushed; the prefill servers' request counters around it (probe-before-/probe-after-)
+# show whether the prefill policy keeps an exact repeat on one server (prefix affinity at its
+# plainest, with no load to balance).
+PROBE_REPEATS=12
+affinity_probe() { # affinity_probe DIR
+    local body n
+    body="$(python3 -c 'import json; print(json.dumps({"model": "m", "max_tokens": 4,
+        "prompt": "affinity probe: " + "the quick brown fox jumps over the lazy dog " * 100}))')"
+    scrape "$1" probe-before
+    for ((n = 0; n < PROBE_REPEATS; n++)); do
+        curl -s -o /dev/null --max-time 20 -H 'content-type: application/json' -d "$body" \
+            "http://127.0.0.1:$GW_PORT/v1/completions" || true
+    done
+    scrape "$1" probe-after
+}
+
 # ---- one policy ------------------------------------------------------------------------------
 run_policy() { # run_policy INDEX LABEL
     local idx="$1" label="$2"
@@ -475,6 +492,7 @@ run_policy() { # run_policy INDEX LABEL
         fi
     fi
     if [[ "$status" == ok ]]; then
+        [[ "$PD" == 1 ]] && affinity_probe "$dir"
         flush_workers
         if [[ " ${extra[*]:-} " == *" --kv-events "* ]]; then
             # Every worker's events complete (subscribed, replayed) before the clock starts.

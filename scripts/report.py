@@ -102,6 +102,7 @@ def load_runs(root):
         run["spread"] = (max(reqs) / mean) if mean > 0 else None
         run["reqs"] = reqs
         run["decode_reqs"] = [r[2] for r in worker_deltas(d, "decode-")]
+        run["probe_reqs"] = [r[2] for r in worker_deltas(d, "probe-")]
         run["printed"] = printed(d)
         gb = parse_prom(os.path.join(d, "gateway-before.prom"))
         ga = parse_prom(os.path.join(d, "gateway-after.prom"))
@@ -164,6 +165,12 @@ def pd_acceptance(runs):
               f"{fmt_pct(ca['hit'])} vs {fmt_pct(rr['hit'])}")
         a, b = ca["lg"]["ttft"]["p50_ms"], rr["lg"]["ttft"]["p50_ms"]
         check("PD TTFT p50: cache_aware ≤ round_robin", a <= b, f"{fmt_ms(a)} ms vs {fmt_ms(b)} ms")
+    for r in (ca, sg):
+        if r and r["probe_reqs"] and sum(r["probe_reqs"]):
+            name = r["label"] if r["label"].startswith(r["gateway"]) else f"{r['gateway']} {r['label']}"
+            check(f"PD {name} keeps a repeated prompt on one prefill server",
+                  max(r["probe_reqs"]) == sum(r["probe_reqs"]),
+                  " ".join(str(int(x)) for x in r["probe_reqs"]))
     if ca and sg:
         sent = sg["lg"]["sent"]
         err = 1 - sg["lg"]["ok"] / sent if sent else 1.0
@@ -180,20 +187,23 @@ def pd_acceptance(runs):
 
 def pd_table(runs):
     out = ["| prefill policy | gateway | prefill hit rate (prefill servers) | TTFT p50 ms | TTFT p99 ms | E2E p99 ms "
-           "| req/s | ok / sent | prefill spread max/mean | requests per prefill server | requests per decode server |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| req/s | ok / sent | prefill spread max/mean | requests per prefill server | requests per decode server "
+           "| one prompt ×N, per prefill server |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         lg = r["lg"]
         if r.get("status") != "ok" or not lg:
-            out.append(f"| {r['label']} | {r['gateway']} | failed: {r.get('status', '?')} | | | | | | | | |")
+            out.append(f"| {r['label']} | {r['gateway']} | failed: {r.get('status', '?')} | | | | | | | | | |")
             continue
+        probe = " ".join(str(int(x)) for x in r["probe_reqs"]) or "n/a"
         spread = "n/a" if r["spread"] is None else f"{r['spread']:.2f}"
         ttft = (lambda k: fmt_ms(lg["ttft"][k])) if lg["ok"] else (lambda k: "n/a")
         e2e = fmt_ms(lg["e2e"]["p99_ms"]) if lg["ok"] else "n/a"
         out.append(
             f"| {r['label']} | {r['gateway']} | {fmt_pct(r['hit'])} | {ttft('p50_ms')} | {ttft('p99_ms')} | {e2e} "
             f"| {lg['req_per_s']:.2f} | {lg['ok']} / {lg['sent']} | {spread} "
-            f"| {' '.join(str(int(x)) for x in r['reqs'])} | {' '.join(str(int(x)) for x in r['decode_reqs'])} |"
+            f"| {' '.join(str(int(x)) for x in r['reqs'])} | {' '.join(str(int(x)) for x in r['decode_reqs'])} "
+            f"| {probe} |"
         )
     return out
 
@@ -350,7 +360,10 @@ def main():
 
 def pd_report(out, root, meta, runs):
     out.append("Hit rate: Δ cached / Δ prompt tokens on the prefill servers (where prompts are computed); "
-               "TTFT, E2E and ok / sent from loadgen through the gateway (the decode server's stream).\n")
+               "TTFT, E2E and ok / sent from loadgen through the gateway (the decode server's stream). "
+               "\"One prompt ×N\": before the measured run, one ~4k-character /v1/completions prompt sent N times in a "
+               "row; where the prefill servers counted them (prefix affinity with no load to balance: all on one "
+               "server for a cache-aware policy).\n")
     out.extend(pd_table(runs))
     notes = [(r["label"], r["note"]) for r in runs if r.get("note")]
     for label, note in notes:
