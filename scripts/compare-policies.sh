@@ -28,13 +28,26 @@
 # report counts radixgate_kv_fallback_total).
 # Defaults keep a full run under ~10 minutes on 2 cores (gsp ~2 min, chat ~6 min).
 #
+# --pd: a prefill/decode disaggregated cluster instead. --prefill-workers N simulated prefill
+# servers (sim-worker --disaggregation-mode prefill, each with its own bootstrap port) and
+# --decode-workers M decode servers (--disaggregation-mode decode), default 4 + 2, same GPU speed
+# and KV size. The policies are then the prefill side's (--prefill-policy; default list
+# cache_aware,round_robin,sglang-router); the decode side uses --decode-policy (default
+# round_robin) for every gateway, sglang-router 0.3.2 included (its --pd-disaggregation --prefill
+# URL PORT --decode URL flags). The hit rate is the prefill servers' own counters (where the
+# prompt is computed); requests per prefill and per decode server, TTFT and ok/sent come beside.
+# A gateway whose warm-up fails is still measured in --pd mode (the reference's PD failures are
+# reported with their error rate and log lines, not skipped). --workers does not apply with --pd.
+#
 # Usage: scripts/compare-policies.sh [--workload gsp|chat|mrqa|trace] [--workers N]
 #          [--duration S] [--policies a,b,...] [--no-sglang-router] [--no-chart] [--skip-build]
 #          [--time-scale X] [--rate R] [--tokenizer approx|bpe] [--kv-tokens N] [--out DIR]
 #          [--api chat|completions|generate|generate-ids] [--tokenizer-path DIR] [--make-tokenizer CMD]
 #          [--sim-args "..."] [--loadgen-args "..."] [--gateway-args "..."]
+#          [--pd [--prefill-workers N] [--decode-workers M] [--decode-policy P]]
 # Policy names: round_robin random power_of_two cache_aware cache_aware+insert_response_text
 #               cache_aware+affinity_window cache_aware+kv_events manual+session_header sglang-router
+#               (--pd: round_robin random power_of_two cache_aware sglang-router)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -58,6 +71,12 @@ API=""
 TOKENIZER_PATH=""
 MAKE_TOKENIZER=""
 SGLANG_ROUTER_VERSION=0.3.2
+PD=0
+PREFILL_WORKERS=4
+DECODE_WORKERS=2
+DECODE_POLICY=round_robin
+POLICIES_GIVEN=0
+NO_SGLANG_ROUTER=0
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 
@@ -66,8 +85,12 @@ while [[ $# -gt 0 ]]; do
         --workload) WORKLOAD="$2"; shift 2 ;;
         --workers) WORKERS="$2"; shift 2 ;;
         --duration) DURATION="$2"; shift 2 ;;
-        --policies) POLICIES="$2"; shift 2 ;;
-        --no-sglang-router) POLICIES="$(tr ',' '\n' <<<"$POLICIES" | grep -v '^sglang-router$' | paste -sd, -)"; shift ;;
+        --policies) POLICIES="$2"; POLICIES_GIVEN=1; shift 2 ;;
+        --no-sglang-router) NO_SGLANG_ROUTER=1; shift ;;
+        --pd) PD=1; shift ;;
+        --prefill-workers) PREFILL_WORKERS="$2"; shift 2 ;;
+        --decode-workers) DECODE_WORKERS="$2"; shift 2 ;;
+        --decode-policy) DECODE_POLICY="$2"; shift 2 ;;
         --no-chart) CHART=0; shift ;;
         --skip-build) BUILD=0; shift ;;
         --time-scale) TIME_SCALE="$2"; shift 2 ;;
@@ -85,6 +108,29 @@ while [[ $# -gt 0 ]]; do
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+
+if [[ "$PD" == 1 ]]; then
+    [[ -z "$WORKERS" ]] || { echo "--workers does not apply with --pd (use --prefill-workers/--decode-workers)" >&2; exit 2; }
+    [[ "$PREFILL_WORKERS" =~ ^[1-9][0-9]*$ && "$DECODE_WORKERS" =~ ^[1-9][0-9]*$ ]] \
+        || { echo "--prefill-workers and --decode-workers take positive integers" >&2; exit 2; }
+    case "$DECODE_POLICY" in
+        round_robin|random|power_of_two|cache_aware) ;;
+        *) echo "--decode-policy: round_robin, random, power_of_two or cache_aware" >&2; exit 2 ;;
+    esac
+    [[ "$POLICIES_GIVEN" == 1 ]] || POLICIES="cache_aware,round_robin,sglang-router"
+    for p in ${POLICIES//,/ }; do
+        case "$p" in
+            round_robin|random|power_of_two|cache_aware|sglang-router) ;;
+            *) echo "policy $p is not a --pd prefill policy (round_robin random power_of_two cache_aware sglang-router)" >&2; exit 2 ;;
+        esac
+    done
+    # The prefill servers are the ones whose counters measure the hit rate: they are "the workers"
+    # below (URLS, scrape, per-worker spread); the decode servers come beside them.
+    WORKERS="$PREFILL_WORKERS"
+fi
+if [[ "$NO_SGLANG_ROUTER" == 1 ]]; then
+    POLICIES="$(tr ',' '\n' <<<"$POLICIES" | grep -v '^sglang-router$' | paste -sd, -)"
+fi
 
 # ---- per-workload defaults -------------------------------------------------------------------
 # LG: loadgen workload flags. SIM_TS: simulated GPU speed-up (1 / loadgen time scale).
@@ -241,12 +287,26 @@ if [[ "$CHART" == 1 || "$need_router" == 1 ]]; then
 fi
 
 # ---- cluster ---------------------------------------------------------------------------------
-BASE="$(free_ports $((WORKERS + 4)))"
+# --pd: the block goes on with the decode servers' ports, then the prefill servers' bootstrap ports.
+if [[ "$PD" == 1 ]]; then
+    BASE="$(free_ports $((WORKERS + 4 + DECODE_WORKERS + WORKERS)))"
+else
+    BASE="$(free_ports $((WORKERS + 4)))"
+fi
 LAST=$((BASE + WORKERS - 1))
 GW_PORT=$((BASE + WORKERS))
 GW_METRICS_PORT=$((BASE + WORKERS + 1))
 URLS=()
 for ((i = 0; i < WORKERS; i++)); do URLS+=("http://127.0.0.1:$((BASE + i))"); done
+DECODE_URLS=()
+BOOT_PORTS=()
+if [[ "$PD" == 1 ]]; then
+    DEC_BASE=$((BASE + WORKERS + 4))
+    DEC_LAST=$((DEC_BASE + DECODE_WORKERS - 1))
+    BOOT_BASE=$((DEC_BASE + DECODE_WORKERS))
+    for ((i = 0; i < DECODE_WORKERS; i++)); do DECODE_URLS+=("http://127.0.0.1:$((DEC_BASE + i))"); done
+    for ((i = 0; i < WORKERS; i++)); do BOOT_PORTS+=($((BOOT_BASE + i))); done
+fi
 
 # Event mode: the workers publish KV events (every policy of the run then runs against publishing
 # workers, so all see the same cluster), and the gateway gets a tokenizer folder when one exists
@@ -277,16 +337,28 @@ if [[ ",$POLICIES," == *"+kv_events,"* ]]; then
     log "cache_aware+kv_events: workers publish KV events; gateway tokenizer: $KV_TOK_NOTE"
 fi
 
-log "starting $WORKERS simulated workers on ports $BASE-$LAST (GPU time x$SIM_TS, tokenizer $SIM_TOK_DESC, KV $KV_TOKENS tokens each)"
-# shellcheck disable=SC2086
-target/release/sim-worker --ports "$BASE-$LAST" --time-scale "$SIM_TS" "${SIM_TOK[@]}" \
-    --max-total-tokens "$KV_TOKENS" "${KV_SIM[@]}" $SIM_ARGS \
-    >"$LOGS/sim-worker.log" 2>&1 &
-SIM_PID=$!
-PIDS+=("$SIM_PID")
-for u in "${URLS[@]}"; do
-    wait_http "$u/health" 30 "$SIM_PID" || { echo "sim-worker did not come up; log:" >&2; tail -20 "$LOGS/sim-worker.log" >&2; exit 1; }
-done
+SIM_PIDS=()
+start_sims() { # start_sims LOGNAME FIRST_PORT LAST_PORT [sim-worker flags...]: one sim-worker process
+    local logf="$LOGS/$1.log" first="$2" last="$3" pid p
+    shift 3
+    # shellcheck disable=SC2086
+    target/release/sim-worker --ports "$first-$last" --time-scale "$SIM_TS" "${SIM_TOK[@]}" \
+        --max-total-tokens "$KV_TOKENS" "$@" $SIM_ARGS >"$logf" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    SIM_PIDS+=("$pid")
+    for ((p = first; p <= last; p++)); do
+        wait_http "http://127.0.0.1:$p/health" 30 "$pid" || { echo "sim-worker did not come up; log:" >&2; tail -20 "$logf" >&2; exit 1; }
+    done
+}
+if [[ "$PD" == 1 ]]; then
+    log "starting $WORKERS simulated prefill servers on ports $BASE-$LAST (bootstrap ports ${BOOT_PORTS[0]}-${BOOT_PORTS[-1]}) and $DECODE_WORKERS decode servers on $DEC_BASE-$DEC_LAST (GPU time x$SIM_TS, tokenizer $SIM_TOK_DESC, KV $KV_TOKENS tokens each)"
+    start_sims sim-worker-prefill "$BASE" "$LAST" --disaggregation-mode prefill --disaggregation-bootstrap-port "$BOOT_BASE"
+    start_sims sim-worker-decode "$DEC_BASE" "$DEC_LAST" --disaggregation-mode decode
+else
+    log "starting $WORKERS simulated workers on ports $BASE-$LAST (GPU time x$SIM_TS, tokenizer $SIM_TOK_DESC, KV $KV_TOKENS tokens each)"
+    start_sims sim-worker "$BASE" "$LAST" "${KV_SIM[@]}"
+fi
 
 M_TOK="$SIM_TOK_DESC" M_KV_TOK="$KV_TOK_NOTE" python3 - "$OUT/meta.json" <<PY
 import json, os, sys
@@ -294,12 +366,14 @@ json.dump({"workload": "$WORKLOAD", "workers": $WORKERS, "duration_s": $DURATION
            "loadgen_time_scale": $TIME_SCALE, "sim_time_scale": $SIM_TS, "tokenizer": os.environ["M_TOK"],
            **({"kv_events_gateway_tokenizer": os.environ["M_KV_TOK"]} if os.environ["M_KV_TOK"] else {}),
            "kv_tokens_per_worker": $KV_TOKENS,
-           "loadgen": "${LG[*]} $LOADGEN_ARGS".strip(), "sim_args": "$SIM_ARGS"}, open(sys.argv[1], "w"), indent=1)
+           "loadgen": "${LG[*]} $LOADGEN_ARGS".strip(), "sim_args": "$SIM_ARGS",
+           **({"pd": True, "prefill_workers": $WORKERS, "decode_workers": $DECODE_WORKERS,
+               "decode_policy": "$DECODE_POLICY"} if $PD else {})}, open(sys.argv[1], "w"), indent=1)
 PY
 
 flush_workers() {
     local u
-    for u in "${URLS[@]}"; do
+    for u in "${URLS[@]}" "${DECODE_URLS[@]}"; do
         for _ in $(seq 1 50); do
             [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "$u/flush_cache" || true)" == "200" ]] && break
             sleep 0.2
@@ -312,12 +386,47 @@ scrape() { # scrape DIR PREFIX
     for ((i = 0; i < WORKERS; i++)); do
         curl -s --max-time 10 "${URLS[$i]}/metrics" >"$1/$2-$i.prom" || true
     done
+    for ((i = 0; i < ${#DECODE_URLS[@]}; i++)); do
+        curl -s --max-time 10 "${DECODE_URLS[$i]}/metrics" >"$1/decode-$2-$i.prom" || true
+    done
+}
+
+# The gateway's worker flags: --worker-urls, or in --pd mode the prefill servers (URL and
+# bootstrap port), the decode servers and both sides' policies (the same flags for radixgate and
+# sglang-router). Sets GW_WORKER_ARGS.
+gateway_worker_args() { # gateway_worker_args POLICY
+    local i
+    if [[ "$PD" == 1 ]]; then
+        GW_WORKER_ARGS=(--pd-disaggregation)
+        for ((i = 0; i < WORKERS; i++)); do GW_WORKER_ARGS+=(--prefill "${URLS[$i]}" "${BOOT_PORTS[$i]}"); done
+        for i in "${DECODE_URLS[@]}"; do GW_WORKER_ARGS+=(--decode "$i"); done
+        GW_WORKER_ARGS+=(--prefill-policy "$1" --decode-policy "$DECODE_POLICY")
+    else
+        GW_WORKER_ARGS=(--worker-urls "${URLS[@]}" --policy "$1")
+    fi
+}
+
+# --pd: the same ~4k-character prompt sent PROBE_REPEATS times, one after another, before the
+# caches are flushed; the prefill servers' request counters around it (probe-before-/probe-after-)
+# show whether the prefill policy keeps an exact repeat on one server (prefix affinity at its
+# plainest, with no load to balance).
+PROBE_REPEATS=12
+affinity_probe() { # affinity_probe DIR
+    local body n
+    body="$(python3 -c 'import json; print(json.dumps({"model": "m", "max_tokens": 4,
+        "prompt": "affinity probe: " + "the quick brown fox jumps over the lazy dog " * 100}))')"
+    scrape "$1" probe-before
+    for ((n = 0; n < PROBE_REPEATS; n++)); do
+        curl -s -o /dev/null --max-time 20 -H 'content-type: application/json' -d "$body" \
+            "http://127.0.0.1:$GW_PORT/v1/completions" || true
+    done
+    scrape "$1" probe-after
 }
 
 # ---- one policy ------------------------------------------------------------------------------
 run_policy() { # run_policy INDEX LABEL
     local idx="$1" label="$2"
-    local slug dir gateway policy header=() extra=() gw_pid status=ok w
+    local slug dir gateway policy header=() extra=() gw_pid status=ok w note=""
     slug="$(printf '%02d-%s' "$idx" "$(tr -c 'a-zA-Z0-9_\n-' '_' <<<"$label")")"
     dir="$OUT/runs/$slug"
     mkdir -p "$dir"
@@ -333,15 +442,20 @@ run_policy() { # run_policy INDEX LABEL
         sglang-router) policy=cache_aware; gateway=sglang-router; label="sglang-router cache_aware" ;;
         *) echo "unknown policy: $label" >&2; return 1 ;;
     esac
-    log "[$label] starting $gateway --policy $policy ${extra[*]:-}"
+    gateway_worker_args "$policy"
+    if [[ "$PD" == 1 ]]; then
+        log "[$label] starting $gateway --pd-disaggregation --prefill-policy $policy --decode-policy $DECODE_POLICY"
+    else
+        log "[$label] starting $gateway --policy $policy ${extra[*]:-}"
+    fi
     if [[ "$gateway" == radixgate ]]; then
         # shellcheck disable=SC2086
-        target/release/radixgate --worker-urls "${URLS[@]}" --policy "$policy" "${extra[@]}" \
+        target/release/radixgate "${GW_WORKER_ARGS[@]}" "${extra[@]}" \
             --host 127.0.0.1 --port "$GW_PORT" --prometheus-host 127.0.0.1 --prometheus-port "$GW_METRICS_PORT" \
             $GATEWAY_ARGS >"$dir/gateway.log" 2>&1 &
     else
         if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import sglang_router' 2>/dev/null; then
-            .venv/bin/python -m sglang_router.launch_router --worker-urls "${URLS[@]}" --policy "$policy" \
+            .venv/bin/python -m sglang_router.launch_router "${GW_WORKER_ARGS[@]}" \
                 --host 127.0.0.1 --port "$GW_PORT" --prometheus-host 127.0.0.1 --prometheus-port "$GW_METRICS_PORT" \
                 --log-level warn >"$dir/gateway.log" 2>&1 &
         else
@@ -358,16 +472,27 @@ run_policy() { # run_policy INDEX LABEL
     if [[ "$status" == ok ]]; then
         # Warm-up: tiny requests until all succeed (connection pools, health state), then a
         # clean slate on every worker.
-        local ok_warm=0
-        for _ in $(seq 1 20); do
+        local ok_warm=0 tries=20
+        [[ "$PD" == 1 ]] && tries=5
+        for _ in $(seq 1 "$tries"); do
             if run_fg "$LOADGEN" --target "http://127.0.0.1:$GW_PORT" --workload rate --rate 20 --duration 1 --drain 5 \
                 --quiet --json "$dir/warmup.json" >/dev/null 2>>"$dir/warmup.log" \
                 && [[ "$(jq -r '.failed' "$dir/warmup.json")" == 0 ]]; then ok_warm=1; break; fi
             sleep 0.5
         done
-        [[ "$ok_warm" == 1 ]] || status="warm-up failed"
+        if [[ "$ok_warm" != 1 ]]; then
+            if [[ "$PD" == 1 ]]; then
+                # Measure it anyway: a gateway that cannot pair PD requests is a result, reported
+                # with its error rate and what it printed.
+                note="warm-up never ran clean (last try: $(jq -r '"\(.failed) of \(.sent) failed"' "$dir/warmup.json" 2>/dev/null || echo "no report"))"
+                log "[$label] $note; measuring anyway"
+            else
+                status="warm-up failed"
+            fi
+        fi
     fi
     if [[ "$status" == ok ]]; then
+        [[ "$PD" == 1 ]] && affinity_probe "$dir"
         flush_workers
         if [[ " ${extra[*]:-} " == *" --kv-events "* ]]; then
             # Every worker's events complete (subscribed, replayed) before the clock starts.
@@ -389,9 +514,12 @@ run_policy() { # run_policy INDEX LABEL
         curl -s --max-time 10 "http://127.0.0.1:$GW_METRICS_PORT/metrics" >"$dir/gateway-after.prom" || true
     fi
     if [[ -n "${gw_pid:-}" ]]; then stop_pid "$gw_pid"; forget_pid "$gw_pid"; fi
-    python3 - "$dir/run.json" "$label" "$gateway" "$status" <<'PY'
+    python3 - "$dir/run.json" "$label" "$gateway" "$status" "$note" <<'PY'
 import json, sys
-json.dump({"label": sys.argv[2], "gateway": sys.argv[3], "status": sys.argv[4]}, open(sys.argv[1], "w"))
+run = {"label": sys.argv[2], "gateway": sys.argv[3], "status": sys.argv[4]}
+if sys.argv[5]:
+    run["note"] = sys.argv[5]
+json.dump(run, open(sys.argv[1], "w"))
 PY
     if [[ "$status" == ok ]]; then
         log "[$label] done: $(jq -r '"ok \(.ok)/\(.sent), client hit \((.hit_rate // 0) * 100 | floor) %, TTFT p99 \(.ttft.p99_ms | floor) ms"' "$dir/loadgen.json")"
@@ -407,8 +535,10 @@ for p in "${POLICY_LIST[@]}"; do
     run_policy "$i" "$p"
 done
 
-stop_pid "$SIM_PID"
-forget_pid "$SIM_PID"
+for pid in "${SIM_PIDS[@]}"; do
+    stop_pid "$pid"
+    forget_pid "$pid"
+done
 
 REPORT_PY="$PY"
 [[ "$CHART" == 1 ]] || REPORT_PY=python3

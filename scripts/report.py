@@ -7,6 +7,11 @@ Layout read (written by scripts/compare-policies.sh):
   runs/<NN>-<slug>/loadgen.json  the loadgen report
   runs/<NN>-<slug>/before-<i>.prom, after-<i>.prom   each worker's /metrics around the run
   runs/<NN>-<slug>/gateway-before.prom, gateway-after.prom   radixgate's /metrics around the run
+  runs/<NN>-<slug>/decode-before-<j>.prom, decode-after-<j>.prom   --pd: each decode server's
+
+With --pd (meta.json "pd": true) the before-/after- workers are the prefill servers, so the hit
+rate is the prefill side's; the report gets the PD table, its own acceptance lines, and for a
+failing or erroring gateway the lines it printed (gateway.log, warmup.log).
 
 Hit rate is token-weighted from the workers' own counters: Δ sglang:cached_tokens_total
 {cache_source="total"} / Δ sglang:prompt_tokens_total, summed over workers. The chart needs
@@ -47,13 +52,13 @@ def total(metrics, name, label_filter=None):
     return sum(v for _, v in vals)
 
 
-def worker_deltas(run_dir):
-    """Per worker (Δprompt, Δcached, Δrequests) from before-/after- scrapes."""
+def worker_deltas(run_dir, prefix=""):
+    """Per worker (Δprompt, Δcached, Δrequests) from <prefix>before-/<prefix>after- scrapes."""
     rows = []
     i = 0
-    while os.path.exists(os.path.join(run_dir, f"before-{i}.prom")):
-        b = parse_prom(os.path.join(run_dir, f"before-{i}.prom"))
-        a = parse_prom(os.path.join(run_dir, f"after-{i}.prom"))
+    while os.path.exists(os.path.join(run_dir, f"{prefix}before-{i}.prom")):
+        b = parse_prom(os.path.join(run_dir, f"{prefix}before-{i}.prom"))
+        a = parse_prom(os.path.join(run_dir, f"{prefix}after-{i}.prom"))
         d = lambda name, lf=None: total(a, name, lf) - total(b, name, lf)
         rows.append((
             d("sglang:prompt_tokens_total"),
@@ -96,6 +101,9 @@ def load_runs(root):
         mean = sum(reqs) / len(reqs) if reqs else 0
         run["spread"] = (max(reqs) / mean) if mean > 0 else None
         run["reqs"] = reqs
+        run["decode_reqs"] = [r[2] for r in worker_deltas(d, "decode-")]
+        run["probe_reqs"] = [r[2] for r in worker_deltas(d, "probe-")]
+        run["printed"] = printed(d)
         gb = parse_prom(os.path.join(d, "gateway-before.prom"))
         ga = parse_prom(os.path.join(d, "gateway-after.prom"))
         fb = {}
@@ -112,6 +120,92 @@ def load_runs(root):
         run["kv_predicted"] = kc / kp if kp > 0 else None
         runs.append(run)
     return runs
+
+
+ERROR_LINE = re.compile(r"error|fail|panic|warn|refused|unavailable|no .*worker", re.I)
+
+
+def printed(run_dir, limit=6):
+    """The distinct error-looking lines a gateway (and the warm-up loadgen) printed, with counts,
+    numbers and ids masked so repeats fold together: [(count, line)]."""
+    counts = {}
+    order = []
+    for name in ("gateway.log", "warmup.log", "loadgen.log"):
+        try:
+            with open(os.path.join(run_dir, name), encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            line = re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
+            if not line or not ERROR_LINE.search(line):
+                continue
+            key = re.sub(r"\d", "#", line)[:300]
+            if key not in counts:
+                counts[key] = [0, f"{name}: {line[:300]}"]
+                order.append(key)
+            counts[key][0] += 1
+    return [tuple(counts[k]) for k in order][:limit]
+
+
+def pd_acceptance(runs):
+    """--pd: the prefill side's hit rate and TTFT, cache_aware against round_robin and the reference."""
+    by = {r["label"]: r for r in runs if r.get("status") == "ok" and r["lg"]}
+    lines = []
+
+    def check(name, ok, detail):
+        lines.append(f"- {'PASS' if ok else 'FAIL'} — {name}: {detail}")
+
+    ca, rr, sg = by.get("cache_aware"), by.get("round_robin"), by.get("sglang-router cache_aware")
+    if ca:
+        check("PD radixgate cache_aware answers every request", ca["lg"]["ok"] == ca["lg"]["sent"],
+              f"{ca['lg']['ok']} / {ca['lg']['sent']}")
+    if ca and rr and ca["hit"] is not None and rr["hit"] is not None:
+        check("PD prefill hit rate: cache_aware > round_robin", ca["hit"] > rr["hit"],
+              f"{fmt_pct(ca['hit'])} vs {fmt_pct(rr['hit'])}")
+        a, b = ca["lg"]["ttft"]["p50_ms"], rr["lg"]["ttft"]["p50_ms"]
+        check("PD TTFT p50: cache_aware ≤ round_robin", a <= b, f"{fmt_ms(a)} ms vs {fmt_ms(b)} ms")
+    for r in (ca, sg):
+        if r and r["probe_reqs"] and sum(r["probe_reqs"]):
+            name = r["label"] if r["label"].startswith(r["gateway"]) else f"{r['gateway']} {r['label']}"
+            check(f"PD {name} keeps a repeated prompt on one prefill server",
+                  max(r["probe_reqs"]) == sum(r["probe_reqs"]),
+                  " ".join(str(int(x)) for x in r["probe_reqs"]))
+    if ca and sg:
+        sent = sg["lg"]["sent"]
+        err = 1 - sg["lg"]["ok"] / sent if sent else 1.0
+        check("PD sglang-router 0.3.2 cache_aware answers every request", err == 0,
+              f"{sg['lg']['ok']} / {sent} ({100 * err:.1f} % errors)")
+        if ca["hit"] is not None and sg["hit"] is not None:
+            check("PD prefill hit rate: radixgate cache_aware ≥ sglang-router's", ca["hit"] >= sg["hit"] - 1e-9,
+                  f"{fmt_pct(ca['hit'])} vs {fmt_pct(sg['hit'])}")
+        if sg["lg"]["ok"]:
+            a, b = ca["lg"]["ttft"]["p99_ms"], sg["lg"]["ttft"]["p99_ms"]
+            check("PD TTFT p99: radixgate cache_aware ≤ sglang-router's", a <= b, f"{fmt_ms(a)} ms vs {fmt_ms(b)} ms")
+    return lines
+
+
+def pd_table(runs):
+    out = ["| prefill policy | gateway | prefill hit rate (prefill servers) | TTFT p50 ms | TTFT p99 ms | E2E p99 ms "
+           "| req/s | ok / sent | prefill spread max/mean | requests per prefill server | requests per decode server "
+           "| one prompt ×N, per prefill server |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        lg = r["lg"]
+        if r.get("status") != "ok" or not lg:
+            out.append(f"| {r['label']} | {r['gateway']} | failed: {r.get('status', '?')} | | | | | | | | | |")
+            continue
+        probe = " ".join(str(int(x)) for x in r["probe_reqs"]) or "n/a"
+        spread = "n/a" if r["spread"] is None else f"{r['spread']:.2f}"
+        ttft = (lambda k: fmt_ms(lg["ttft"][k])) if lg["ok"] else (lambda k: "n/a")
+        e2e = fmt_ms(lg["e2e"]["p99_ms"]) if lg["ok"] else "n/a"
+        out.append(
+            f"| {r['label']} | {r['gateway']} | {fmt_pct(r['hit'])} | {ttft('p50_ms')} | {ttft('p99_ms')} | {e2e} "
+            f"| {lg['req_per_s']:.2f} | {lg['ok']} / {lg['sent']} | {spread} "
+            f"| {' '.join(str(int(x)) for x in r['reqs'])} | {' '.join(str(int(x)) for x in r['decode_reqs'])} "
+            f"| {probe} |"
+        )
+    return out
 
 
 def acceptance(meta, runs):
@@ -190,8 +284,13 @@ def chart(root, meta, runs):
     ax2.set_xticks(list(x), labels, fontsize=7, rotation=35, ha="right", rotation_mode="anchor")
     ax2.set_ylabel("ms (client side)")
     ax2.legend()
-    fig.suptitle(f"routing policies — workload {meta.get('workload', '?')}, {meta.get('workers', '?')} workers "
-                 f"({os.path.basename(os.path.normpath(root))})")
+    if meta.get("pd"):
+        ax1.set_ylabel("prefill hit rate, % (prefill servers' counters)")
+        fig.suptitle(f"prefill policies, PD — workload {meta.get('workload', '?')}, {meta.get('prefill_workers', '?')} "
+                     f"prefill + {meta.get('decode_workers', '?')} decode ({os.path.basename(os.path.normpath(root))})")
+    else:
+        fig.suptitle(f"routing policies — workload {meta.get('workload', '?')}, {meta.get('workers', '?')} workers "
+                     f"({os.path.basename(os.path.normpath(root))})")
     fig.tight_layout()
     path = os.path.join(root, "chart.png")
     fig.savefig(path, dpi=110)
@@ -209,10 +308,19 @@ def main():
     except (OSError, ValueError):
         meta = {}
     runs = load_runs(root)
+    pd = bool(meta.get("pd"))
     out = []
-    out.append(f"# Policy comparison — workload `{meta.get('workload', '?')}`, {meta.get('workers', '?')} simulated workers\n")
+    if pd:
+        out.append(f"# Prefill/decode policy comparison — workload `{meta.get('workload', '?')}`, "
+                   f"{meta.get('prefill_workers', '?')} simulated prefill + {meta.get('decode_workers', '?')} "
+                   f"decode servers, decode policy `{meta.get('decode_policy', '?')}`\n")
+    else:
+        out.append(f"# Policy comparison — workload `{meta.get('workload', '?')}`, {meta.get('workers', '?')} simulated workers\n")
     if meta:
         out.append("Settings: " + ", ".join(f"{k} `{v}`" for k, v in meta.items()) + "\n")
+    if pd:
+        pd_report(out, root, meta, runs)
+        return write_report(root, out)
     out.append("| policy | gateway | hit rate (workers) | hit rate (client) | TTFT p50 ms | TTFT p99 ms | E2E p99 ms | req/s | output tok/s | ok / sent | load spread max/mean | requests per worker |")
     out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
@@ -247,6 +355,42 @@ def main():
         out.append("## Errors\n")
         for label, e in errs:
             out.append(f"- {label}: " + ", ".join(f"{k} ×{v}" for k, v in e.items()))
+    return write_report(root, out)
+
+
+def pd_report(out, root, meta, runs):
+    out.append("Hit rate: Δ cached / Δ prompt tokens on the prefill servers (where prompts are computed); "
+               "TTFT, E2E and ok / sent from loadgen through the gateway (the decode server's stream). "
+               "\"One prompt ×N\": before the measured run, one ~4k-character /v1/completions prompt sent N times in a "
+               "row; where the prefill servers counted them (prefix affinity with no load to balance: all on one "
+               "server for a cache-aware policy).\n")
+    out.extend(pd_table(runs))
+    notes = [(r["label"], r["note"]) for r in runs if r.get("note")]
+    for label, note in notes:
+        out.append(f"\n- {label}: {note}")
+    acc = pd_acceptance(runs)
+    if acc:
+        out.append("\n## Acceptance checks\n")
+        out.extend(acc)
+    chart_line = chart(root, meta, runs)
+    if chart_line:
+        out.append("\n" + chart_line + "\n")
+    errs = [(r["label"], r["lg"]["errors"]) for r in runs if r["lg"] and r["lg"].get("errors")]
+    if errs:
+        out.append("## Errors\n")
+        for label, e in errs:
+            out.append(f"- {label}: " + ", ".join(f"{k} ×{v}" for k, v in e.items()))
+    bad = [r for r in runs if r.get("status") != "ok" or not r["lg"] or r["lg"].get("errors") or r.get("note")]
+    if any(r["printed"] for r in bad):
+        out.append("\n## What the failing gateways printed\n")
+        for r in bad:
+            if r["printed"]:
+                out.append(f"- {r['label']}:")
+                for n, line in r["printed"]:
+                    out.append(f"  - ×{n} `{line.replace('`', chr(39))}`")
+
+
+def write_report(root, out):
     text = "\n".join(out) + "\n"
     with open(os.path.join(root, "report.md"), "w") as f:
         f.write(text)
