@@ -154,6 +154,34 @@ fn retries_exclude_the_worker_that_failed() {
 }
 
 #[test]
+fn a_fleet_of_one_still_gets_its_retries() {
+    // One worker failing 30 % of requests: once it has failed a request there is no other
+    // worker to exclude it for, so the retry goes back to it (as the reference's reselection
+    // does) instead of giving the client the error.
+    let flaky = sim(1, |c| c.faults.fail_rate = 0.3);
+    let gw = gateway_for(
+        &flaky.urls(),
+        &[
+            "--retry-initial-backoff-ms",
+            "1",
+            "--cb-failure-threshold",
+            "1000",
+        ],
+    );
+    let n = 40;
+    let failed = (0..n)
+        .filter(|&i| generate(gw.addr, &gen_body(i)).status != 200)
+        .count();
+    // 5 attempts each: a request fails only if all five do (0.3^5 = 0.24 %); giving up after
+    // one attempt would fail about 12 of 40.
+    assert!(failed <= 1, "{failed} of {n} requests failed");
+    assert!(
+        sim_count(&flaky, 0, "inference_received") > n as u64,
+        "no request was retried"
+    );
+}
+
+#[test]
 fn a_circuit_opens_half_opens_after_its_timeout_and_closes_after_successful_probes() {
     let worker = sim(1, |c| c.faults.fail_rate = 1.0);
     let url = worker.urls()[0].clone();

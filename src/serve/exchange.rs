@@ -288,11 +288,16 @@ impl<'a> Exchange<'a> {
     /// while this one is in prefill (a burst sharing a system prompt) already follow it.
     fn pick(&mut self) -> Result<Picked<'a>, GatewayError> {
         let gw = self.gw;
+        let mut recycled = false;
         loop {
             let list = gw.registry.load_full();
             let now_ms = gw.life.now_ms();
             let (decision, epoch, measured) = self.choose(&list.ids, now_ms);
             let Some(decision) = decision else {
+                if recycle_exclusions(&mut self.excluded, self.last_error.is_some(), &mut recycled)
+                {
+                    continue;
+                }
                 return Err(self
                     .last_error
                     .take()
@@ -565,6 +570,25 @@ impl<'a> Exchange<'a> {
     pub(super) async fn fail(&self, client: &mut TcpStream, e: GatewayError) -> Outcome {
         send_error(client, Some(self.head), &e, Some(&self.request_id)).await
     }
+}
+
+/// When every eligible worker has failed this request once (the policy finds none outside the
+/// exclusions) and attempts remain, the exclusions are forgotten and the policy chooses among
+/// all of them again, as the reference reselects on every attempt: excluding failed workers
+/// steers retries elsewhere while there is an elsewhere, and a fleet of one or two (a single
+/// decode server) still gets its retries. Once per pick, so workers the pick itself skipped
+/// (half-open circuits with their probe slots taken) cannot make it loop.
+pub(super) fn recycle_exclusions(
+    excluded: &mut Vec<WorkerId>,
+    after_a_failure: bool,
+    recycled: &mut bool,
+) -> bool {
+    if *recycled || !after_a_failure || excluded.is_empty() {
+        return false;
+    }
+    *recycled = true;
+    excluded.clear();
+    true
 }
 
 /// Whether the chosen worker already holds the whole routing text in the text tree (or an

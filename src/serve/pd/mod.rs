@@ -16,7 +16,9 @@
 mod merge;
 
 use super::error::GatewayError;
-use super::exchange::{learned_text, Exchange, Forwarding, InFlight, Picked, WorkerFailure};
+use super::exchange::{
+    learned_text, recycle_exclusions, Exchange, Forwarding, InFlight, Picked, WorkerFailure,
+};
 use super::reply::{send, Reply};
 use super::Outcome;
 use crate::base::WorkerId;
@@ -169,6 +171,7 @@ impl<'a> PdExchange<'a> {
     /// counted in flight, the text learned on that side's tree.
     fn pick_side(&mut self, router: &'a Router, side: Side) -> Result<Picked<'a>, GatewayError> {
         let gw = self.ex.gw;
+        let mut recycled = false;
         loop {
             let list = gw.registry.load_full();
             let ids = match side {
@@ -195,6 +198,14 @@ impl<'a> PdExchange<'a> {
                 router.choose(self.ex.tree, input, ids, &gw.registry.loads, rng)
             };
             let Some(decision) = decision else {
+                let after_a_failure = self.ex.last_error.is_some();
+                let excluded = match side {
+                    Side::Decode => &mut self.excluded_decode,
+                    _ => &mut self.ex.excluded,
+                };
+                if recycle_exclusions(excluded, after_a_failure, &mut recycled) {
+                    continue;
+                }
                 return Err(self.ex.last_error.take().unwrap_or_else(|| {
                     let which = if side == Side::Decode {
                         "decode"
