@@ -534,3 +534,38 @@ fn a_single_flaky_decode_server_still_gets_its_retries() {
         .count();
     assert!(failed <= 1, "{failed} of {n} PD requests failed");
 }
+
+#[test]
+fn a_client_that_leaves_during_the_prefill_aborts_both_halves() {
+    let prefill = role(1, DisaggMode::Prefill, 0.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    let gw = pd_gateway(&[&prefill], &[&decode], &[]);
+    // The prefill server holds its request (a long prompt still computing): the decode half
+    // waits for its KV, nothing has reached the client yet.
+    set_faults(&prefill, 0, json!({"hold": true}));
+    let p_url = prefill.urls()[0].clone();
+    let d_url = decode.urls()[0].clone();
+    let reqs = |c: &SimCluster| {
+        request(worker_addr(c, 0), "GET", "/get_load", &[], b"")
+            .unwrap()
+            .json()[0]["num_reqs"]
+            .as_u64()
+            .unwrap()
+    };
+    let c = stream_chat(gw.addr, "a prompt still being prefilled", 20);
+    wait_until("prefill holding it", Duration::from_secs(5), || {
+        (reqs(&prefill) == 1 && in_flight(gw.addr, &d_url) == 1).then_some(())
+    });
+    drop(c);
+    // Both upstream requests are dropped (closing their connections aborts them on SGLang):
+    // the prefill server lets go of it, the decode server runs nothing, both are free.
+    wait_until("both halves aborted", Duration::from_secs(5), || {
+        (reqs(&prefill) == 0
+            && reqs(&decode) == 0
+            && in_flight(gw.addr, &p_url) == 0
+            && in_flight(gw.addr, &d_url) == 0)
+            .then_some(())
+    });
+    set_faults(&prefill, 0, json!({"hold": false}));
+    assert_eq!(sim_count(&decode, 0, "inference_in_progress"), 0);
+}
