@@ -35,7 +35,7 @@ use crate::metrics::EngineGauges;
 use crate::proxy::forward;
 use crate::proxy::pool::Pool;
 use crate::workers::load::MAX_EXTERNAL;
-use crate::workers::registry::Worker;
+use crate::workers::registry::{Worker, WorkerList};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -188,7 +188,14 @@ impl Scraper {
         self.workers
             .retain(|serial, _| list.workers.iter().any(|w| w.serial == *serial));
         let mut results = Vec::with_capacity(list.len());
-        for batch in list.workers.chunks(SCRAPE_BATCH) {
+        // One scrape per server: with `--dp-aware` its rank 0 speaks for all its ranks.
+        let primaries: Vec<Arc<Worker>> = list
+            .workers
+            .iter()
+            .filter(|w| w.is_primary())
+            .cloned()
+            .collect();
+        for batch in primaries.chunks(SCRAPE_BATCH) {
             let handles: Vec<_> = batch
                 .iter()
                 .map(|w| monoio::spawn(scrape(self.pool.clone(), w.clone(), self.timeout)))
@@ -199,7 +206,7 @@ impl Scraper {
         }
         let now = Instant::now();
         for s in results {
-            self.apply(s, now);
+            self.apply(s, now, &list);
         }
         let (predicted, routed) = crate::metrics::predicted_totals();
         self.predicted.observe(now, predicted as f64, routed as f64);
@@ -228,7 +235,7 @@ impl Scraper {
                 },
             );
             if let Some(text) = &t.text {
-                if !merger.add(&w.url, text) {
+                if !merger.add(&w.server_url, text) {
                     t.text = None; // not served, so not kept: memory stays bounded
                 }
             }
@@ -249,7 +256,7 @@ impl Scraper {
 
     /// Take one worker's scrape into account: its hit-ratio window, gauges, exposition and
     /// external load on the board.
-    fn apply(&mut self, s: Scrape, now: Instant) {
+    fn apply(&mut self, s: Scrape, now: Instant, list: &WorkerList) {
         let gw = &self.gw;
         let w = &s.worker;
         let t = self.workers.entry(w.serial).or_default();
@@ -270,8 +277,23 @@ impl Scraper {
                     token_usage: s.stats.token_usage.unwrap_or(0.0),
                     hit_ratio: 0.0,
                 };
-                t.external = external_load(running + queued, gw.registry.loads.in_flight(w.id));
-                gw.registry.set_external_load(w, t.external);
+                if w.dp.is_none() {
+                    t.external = external_load(running + queued, gw.registry.loads.in_flight(w.id));
+                    gw.registry.set_external_load(w, t.external);
+                } else {
+                    // DP ranks: the server's load, less this copy's requests on any of its
+                    // ranks, spread evenly over the ranks.
+                    let ranks: Vec<&Arc<Worker>> = list.same_server(w).collect();
+                    let own: u32 = ranks
+                        .iter()
+                        .map(|r| gw.registry.loads.in_flight(r.id))
+                        .sum();
+                    t.external = external_load(running + queued, own);
+                    let n = u32::try_from(ranks.len()).unwrap_or(u32::MAX).max(1);
+                    for r in ranks {
+                        gw.registry.set_external_load(r, t.external.div_ceil(n));
+                    }
+                }
             }
             None => {
                 t.failures = t.failures.saturating_add(1);
@@ -280,7 +302,9 @@ impl Scraper {
                     t.gauges = EngineGauges::default();
                     t.text = None;
                     t.external = 0;
-                    gw.registry.set_external_load(w, 0);
+                    for r in list.same_server(w) {
+                        gw.registry.set_external_load(r, 0);
+                    }
                 }
             }
         }
