@@ -43,8 +43,14 @@ fn all_received(clusters: &[&SimCluster]) -> Vec<u64> {
 
 /// The one (port, rank) slot whose count went up by one between `before` and `after`.
 fn moved(before: &[u64], after: &[u64]) -> usize {
-    let changed: Vec<usize> = (0..after.len()).filter(|&k| after[k] != before[k]).collect();
-    assert_eq!(changed.len(), 1, "exactly one rank served it: {before:?} → {after:?}");
+    let changed: Vec<usize> = (0..after.len())
+        .filter(|&k| after[k] != before[k])
+        .collect();
+    assert_eq!(
+        changed.len(),
+        1,
+        "exactly one rank served it: {before:?} → {after:?}"
+    );
     assert_eq!(after[changed[0]], before[changed[0]] + 1);
     changed[0]
 }
@@ -64,18 +70,26 @@ fn prompt(seed: usize, chars: usize) -> String {
 fn the_simulator_runs_a_queue_and_cache_per_rank() {
     let c = dp_sim(1, 3);
     let addr = worker_addr(&c, 0);
-    let info = request(addr, "GET", "/get_server_info", &[], b"").unwrap().json();
+    let info = request(addr, "GET", "/get_server_info", &[], b"")
+        .unwrap()
+        .json();
     assert_eq!(info["dp_size"], json!(3));
     assert_eq!(info["enable_dp_attention"], json!(true));
     // data_parallel_rank picks the rank; the last duplicate wins, as in Python's json.
     let r = generate(addr, br#"{"text":"hello there","data_parallel_rank":2}"#);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(rank_received(&c, 0), vec![0, 0, 1]);
-    let r = generate(addr, br#"{"text":"hello","data_parallel_rank":0,"data_parallel_rank":1}"#);
+    let r = generate(
+        addr,
+        br#"{"text":"hello","data_parallel_rank":0,"data_parallel_rank":1}"#,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(rank_received(&c, 0), vec![0, 1, 1]);
     // Out of range: 400, as SGLang answers.
-    for bad in [&br#"{"text":"x","data_parallel_rank":3}"#[..], br#"{"text":"x","data_parallel_rank":-1}"#] {
+    for bad in [
+        &br#"{"text":"x","data_parallel_rank":3}"#[..],
+        br#"{"text":"x","data_parallel_rank":-1}"#,
+    ] {
         let r = generate(addr, bad);
         assert_eq!(r.status, 400, "{}", r.text());
     }
@@ -116,14 +130,21 @@ fn every_rank_of_every_worker_is_a_target_and_cold_prompts_spread_over_all() {
         .flat_map(|u| [format!("{u}@0"), format!("{u}@1")])
         .collect();
     assert_eq!(names, want, "one target per (worker, rank)");
-    assert!(workers["workers"].as_array().unwrap().iter().all(|w| w["dp_size"] == json!(2)));
+    assert!(workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|w| w["dp_size"] == json!(2)));
     for i in 0..40 {
         let r = chat(gw.addr, &prompt(100 + i, 200), false, 2);
         assert_eq!(r.status, 200, "{}", r.text());
     }
     let got = all_received(&[&c]);
     assert_eq!(got.iter().sum::<u64>(), 40);
-    assert!(got.iter().all(|&n| n > 0), "every rank of every worker served: {got:?}");
+    assert!(
+        got.iter().all(|&n| n > 0),
+        "every rank of every worker served: {got:?}"
+    );
 }
 
 #[test]
@@ -139,12 +160,25 @@ fn a_conversation_stays_on_one_worker_rank_and_hits_that_ranks_cache() {
     let mut cached_before = 0;
     for turn in 0..4 {
         history.push(("user".into(), prompt(900 + turn, 800)));
-        let msgs: Vec<(&str, &str)> = history.iter().map(|(r, t)| (r.as_str(), t.as_str())).collect();
+        let msgs: Vec<(&str, &str)> = history
+            .iter()
+            .map(|(r, t)| (r.as_str(), t.as_str()))
+            .collect();
         let before = all_received(&[&c]);
         let cached = |k: usize| -> u64 { rank_field(&c, k / 2, "cached_tokens")[k % 2] };
-        let r = request(gw.addr, "POST", "/v1/chat/completions", &[], &chat_body(&msgs, false, 4)).unwrap();
+        let r = request(
+            gw.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            &chat_body(&msgs, false, 4),
+        )
+        .unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
-        let answer = r.json()["choices"][0]["message"]["content"].as_str().unwrap_or("").to_string();
+        let answer = r.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         history.push(("assistant".into(), answer));
         let k = moved(&before, &all_received(&[&c]));
         match slot {
@@ -152,7 +186,10 @@ fn a_conversation_stays_on_one_worker_rank_and_hits_that_ranks_cache() {
             Some(s) => {
                 assert_eq!(k, s, "turn {turn} went to another (worker, rank)");
                 let now = cached(k);
-                assert!(now > cached_before + 150, "turn {turn} hit the rank's cache: {cached_before} → {now}");
+                assert!(
+                    now > cached_before + 150,
+                    "turn {turn} hit the rank's cache: {cached_before} → {now}"
+                );
             }
         }
         cached_before = cached(k);
@@ -172,7 +209,10 @@ fn the_body_gets_the_rank_spliced_in_and_is_otherwise_byte_identical() {
         assert_eq!(r.status, 200, "{}", r.text());
         let rank = moved(&before, &rank_received(&c, 0));
         let recorded: Value = serde_json::from_str(&sim_recorded(&c, 0)).unwrap();
-        let last = recorded.as_array().unwrap().last().unwrap()["body"].as_str().unwrap().to_string();
+        let last = recorded.as_array().unwrap().last().unwrap()["body"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let close = body.iter().rposition(|&b| b == b'}').unwrap();
         let want = format!(
             "{},\"data_parallel_rank\":{rank}}}\n",
@@ -180,7 +220,11 @@ fn the_body_gets_the_rank_spliced_in_and_is_otherwise_byte_identical() {
         );
         assert_eq!(last, want);
     }
-    assert_eq!(rank_received(&c, 0), vec![1, 1], "round robin over the two ranks");
+    assert_eq!(
+        rank_received(&c, 0),
+        vec![1, 1],
+        "round robin over the two ranks"
+    );
 }
 
 #[test]
@@ -191,7 +235,10 @@ fn without_dp_aware_nothing_changes() {
     let body = br#"{"text":"plain","sampling_params":{"max_new_tokens":1}}"#;
     assert_eq!(generate(gw.addr, body).status, 200);
     let recorded: Value = serde_json::from_str(&sim_recorded(&c, 0)).unwrap();
-    let last = recorded.as_array().unwrap().last().unwrap()["body"].as_str().unwrap().to_string();
+    let last = recorded.as_array().unwrap().last().unwrap()["body"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert_eq!(last.as_bytes(), body);
 }
 
@@ -218,11 +265,18 @@ fn a_dead_server_takes_all_its_ranks_out() {
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(served_by(&r), b_port);
     }
-    assert_eq!(health(gw.addr, &urls[0]), vec![false, false], "both ranks out");
+    assert_eq!(
+        health(gw.addr, &urls[0]),
+        vec![false, false],
+        "both ranks out"
+    );
     assert_eq!(health(gw.addr, &urls[1]), vec![true, true]);
     let got = rank_received(&b, 0);
     assert_eq!(got.iter().sum::<u64>(), 12);
-    assert!(got.iter().all(|&n| n > 0), "both of the live server's ranks serve: {got:?}");
+    assert!(
+        got.iter().all(|&n| n > 0),
+        "both of the live server's ranks serve: {got:?}"
+    );
 }
 
 #[test]
@@ -242,5 +296,102 @@ fn workers_added_and_removed_at_run_time_bring_and_take_their_ranks() {
     }
     assert_eq!(rank_received(&c, 0).iter().sum::<u64>(), 6);
     remove_worker(gw.addr, &url);
-    assert_eq!(workers_json(gw.addr)["total"], json!(0), "every rank removed");
+    assert_eq!(
+        workers_json(gw.addr)["total"],
+        json!(0),
+        "every rank removed"
+    );
+}
+
+/// One server with `dp` ranks publishing KV events on loopback (rank 0 on an ephemeral port,
+/// rank r on that port + r, SGLang's rule), pages of 4 tokens.
+fn kv_dp_sim(dp: usize) -> SimCluster {
+    use loadtest::sim::kv_events::KvEventsConfig;
+    let mut last = None;
+    for _ in 0..20 {
+        let cfg = KvEventsConfig::parse(
+            r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
+        )
+        .unwrap();
+        let mut sc = loadtest::sim::SimConfig {
+            ports: vec![0],
+            time_scale: 50.0,
+            tokenizer: loadtest::sim::TokenizerMode::Approx,
+            default_max_tokens: 8,
+            seed: 7,
+            page_size: 4,
+            dp_size: dp,
+            kv_events: Some(cfg),
+            ..Default::default()
+        };
+        if let Some(TestDriver::Epoll) = test_driver() {
+            sc.io_driver = loadtest::sim::IoDriver::Legacy;
+        }
+        match loadtest::sim::spawn_cluster(sc) {
+            Ok(c) => return c,
+            Err(e) => last = Some(e), // the port after rank 0's was taken: try again
+        }
+    }
+    panic!("no free KV-event ports: {last:?}");
+}
+
+fn ids_body(ids: &[u32], rank: Option<u32>) -> Vec<u8> {
+    let mut v = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
+    if let Some(r) = rank {
+        v["data_parallel_rank"] = json!(r);
+    }
+    v.to_string().into_bytes()
+}
+
+#[test]
+fn kv_events_are_indexed_per_rank_and_route_to_the_rank_that_holds_the_prefix() {
+    let c = kv_dp_sim(2);
+    let gw = gateway_for(
+        &c.urls(),
+        &["--dp-aware", "--kv-events", "--policy", "cache_aware"],
+    );
+    let kv = gw.gateway().kv.as_ref().expect("--kv-events on");
+    wait_until(
+        "both ranks' publishers warm",
+        Duration::from_secs(20),
+        || (kv.exact_workers().len() == 2).then_some(()),
+    );
+    let list = gw.gateway().registry.load_full();
+    let rank_id = |r: u32| {
+        list.workers
+            .iter()
+            .find(|w| w.dp.map(|d| d.rank) == Some(r))
+            .map(|w| w.id)
+            .expect("rank registered")
+    };
+    // Each prompt is prefilled on one rank by a client that bypasses the gateway: only that
+    // rank's events tell the gateway where it is. Chance would route all six right 1 in 64.
+    for i in 0..6u32 {
+        let rank = i % 2;
+        let ids: Vec<u32> = (0..64).map(|k| 1000 + i * 10_000 + k).collect();
+        assert_eq!(
+            generate(worker_addr(&c, 0), &ids_body(&ids, Some(rank))).status,
+            200
+        );
+        wait_until(
+            "the rank's blocks reach the index",
+            Duration::from_secs(20),
+            || {
+                let snap = kv.reader.load();
+                let mut scratch = Default::default();
+                let held = snap
+                    .match_prefix("meta-llama/Llama-3.1-8B-Instruct", &ids, &mut scratch)
+                    .iter()
+                    .any(|m| m.source.worker == rank_id(rank) && m.blocks == 16);
+                held.then_some(())
+            },
+        );
+        let before = rank_received(&c, 0);
+        assert_eq!(generate(gw.addr, &ids_body(&ids, None)).status, 200);
+        assert_eq!(
+            moved(&before, &rank_received(&c, 0)),
+            rank as usize,
+            "prompt {i}"
+        );
+    }
 }

@@ -759,7 +759,8 @@ pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
     }
     let (kv, kv_thread) = match &cfg.kv_events {
         Some(k) if k.publisher == PublisherKind::Zmq => {
-            let p = kv_events::start(k, ports.len() * cfg.dp_size.max(1), cfg.page_size)?;
+            let dp = cfg.dp_size.max(1);
+            let p = kv_events::start_ranks(k, ports.len() * dp, dp, cfg.page_size)?;
             (p.workers, Some(p.thread))
         }
         _ => (Vec::new(), None),

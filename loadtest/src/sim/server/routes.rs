@@ -201,7 +201,11 @@ fn abort_request(sh: &Rc<Server>, body: &[u8]) -> Result<(), String> {
 /// `/metrics`: the port's one scheduler, or with `--dp-size` every rank's series, each sample
 /// labelled `dp_rank` (SGLang's schedulers label theirs so), families kept together.
 fn metrics(sh: &Rc<Server>) -> String {
-    let render = |r: &Server| r.engine.borrow().render_metrics(&r.cfg.model_name, r.held.get());
+    let render = |r: &Server| {
+        r.engine
+            .borrow()
+            .render_metrics(&r.cfg.model_name, r.held.get())
+    };
     if sh.others.is_empty() {
         return render(sh);
     }
