@@ -135,6 +135,15 @@ fn every_rank_of_every_worker_is_a_target_and_cold_prompts_spread_over_all() {
         .unwrap()
         .iter()
         .all(|w| w["dp_size"] == json!(2)));
+    // Every rank serves its server's models (learned once per server by the health thread).
+    wait_until("every rank's models", Duration::from_secs(10), || {
+        let g = gw.gateway();
+        let list = g.registry.load_full();
+        list.workers
+            .iter()
+            .all(|w| g.models_of(w.id).is_some())
+            .then_some(())
+    });
     for i in 0..40 {
         let r = chat(gw.addr, &prompt(100 + i, 200), false, 2);
         assert_eq!(r.status, 200, "{}", r.text());

@@ -205,6 +205,13 @@ impl Checker {
         let gw = &self.gw;
         if let Some(body) = models {
             gw.learn_models(w.id, &body);
+            if w.dp.is_some() {
+                // The server's other DP ranks serve the same models.
+                let list = gw.registry.load_full();
+                for r in list.same_server(&w).filter(|r| r.id != w.id) {
+                    gw.learn_models(r.id, &body);
+                }
+            }
             self.models_seen.insert(w.serial);
         }
         let Some(p) = self.probes.get_mut(&w.id).filter(|p| p.serial == w.serial) else {
