@@ -333,9 +333,11 @@ fn kv_dp_sim(dp: usize) -> SimCluster {
             kv_events: Some(cfg),
             ..Default::default()
         };
-        if let Some(TestDriver::Epoll) = test_driver() {
-            sc.io_driver = loadtest::sim::IoDriver::Legacy;
-        }
+        sc.io_driver = match test_driver() {
+            None => loadtest::sim::IoDriver::Auto,
+            Some(TestDriver::Uring) => loadtest::sim::IoDriver::Uring,
+            Some(TestDriver::Epoll) => loadtest::sim::IoDriver::Legacy,
+        };
         match loadtest::sim::spawn_cluster(sc) {
             Ok(c) => return c,
             Err(e) => last = Some(e), // the port after rank 0's was taken: try again
