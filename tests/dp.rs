@@ -406,3 +406,41 @@ fn kv_events_are_indexed_per_rank_and_route_to_the_rank_that_holds_the_prefix() 
         );
     }
 }
+
+#[test]
+fn each_rank_carries_the_load_its_server_reports_for_it() {
+    let c = dp_sim(1, 2);
+    let gw = gateway_for(
+        &c.urls(),
+        &["--dp-aware", "--worker-metrics-interval-secs", "1"],
+    );
+    // Three requests the gateway never sent wait on rank 1 (reported as queued there).
+    set_faults(&c, 0, json!({"hold": true}));
+    let addr = worker_addr(&c, 0);
+    let waiting: Vec<_> = (0..3)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = format!(r#"{{"text":"held {i}","data_parallel_rank":1}}"#);
+                generate(addr, body.as_bytes()).status
+            })
+        })
+        .collect();
+    let url = c.urls()[0].clone();
+    let external = |rank: u32| -> u64 {
+        workers_json(gw.addr)["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["url"] == json!(format!("{url}@{rank}")))
+            .and_then(|w| w["external_load"].as_u64())
+            .unwrap_or(0)
+    };
+    wait_until("rank 1's own load", Duration::from_secs(15), || {
+        (external(1) == 3).then_some(())
+    });
+    assert_eq!(external(0), 0, "rank 0 is idle: the load is not spread");
+    set_faults(&c, 0, json!({"hold": false}));
+    for w in waiting {
+        assert_eq!(w.join().unwrap(), 200);
+    }
+}

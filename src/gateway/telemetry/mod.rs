@@ -25,7 +25,7 @@
 mod expo;
 mod window;
 
-pub use self::expo::{load_from_json, EngineStats, Merger};
+pub use self::expo::{load_by_rank, load_from_json, EngineStats, Merger};
 pub use self::window::{RatioWindow, MAX_SAMPLES, WINDOW};
 
 use super::core::upstream_pool;
@@ -264,6 +264,9 @@ impl Scraper {
         if let (Some(c), Some(p)) = (s.stats.cached_tokens, s.stats.prompt_tokens) {
             t.hits.observe(now, c, p);
         }
+        // Per-rank gauges, read before the exposition is kept (DP-aware servers only).
+        let per_rank =
+            w.dp.and_then(|d| load_by_rank(s.text.as_deref()?, d.size as usize));
         if s.text.is_some() {
             t.text = s.text;
         }
@@ -281,18 +284,7 @@ impl Scraper {
                     t.external = external_load(running + queued, gw.registry.loads.in_flight(w.id));
                     gw.registry.set_external_load(w, t.external);
                 } else {
-                    // DP ranks: the server's load, less this copy's requests on any of its
-                    // ranks, spread evenly over the ranks.
-                    let ranks: Vec<&Arc<Worker>> = list.same_server(w).collect();
-                    let own: u32 = ranks
-                        .iter()
-                        .map(|r| gw.registry.loads.in_flight(r.id))
-                        .sum();
-                    t.external = external_load(running + queued, own);
-                    let n = u32::try_from(ranks.len()).unwrap_or(u32::MAX).max(1);
-                    for r in ranks {
-                        gw.registry.set_external_load(r, t.external.div_ceil(n));
-                    }
+                    t.external = spread_over_ranks(gw, list, w, per_rank, running + queued);
                 }
             }
             None => {
@@ -309,6 +301,38 @@ impl Scraper {
             }
         }
     }
+}
+
+/// DP ranks (`--dp-aware`): each rank's external load from the server's per-rank gauges
+/// (`per_rank`, from the `dp_rank` label), or, when the exposition has none, the server's load
+/// less this copy's requests on any of its ranks, spread evenly. Returns the server's external
+/// load.
+fn spread_over_ranks(
+    gw: &Gateway,
+    list: &WorkerList,
+    w: &Worker,
+    per_rank: Option<Vec<f64>>,
+    engine: f64,
+) -> u32 {
+    let mut ranks: Vec<&Arc<Worker>> = list.same_server(w).collect();
+    ranks.sort_by_key(|r| r.dp.map(|d| d.rank));
+    let in_flight = |r: &Worker| gw.registry.loads.in_flight(r.id);
+    if let Some(per) = per_rank {
+        let mut total = 0u32;
+        for (r, engine) in ranks.iter().zip(per) {
+            let ext = external_load(engine, in_flight(r));
+            gw.registry.set_external_load(r, ext);
+            total = total.saturating_add(ext);
+        }
+        return total;
+    }
+    let own: u32 = ranks.iter().map(|r| in_flight(r)).sum();
+    let total = external_load(engine, own);
+    let n = u32::try_from(ranks.len()).unwrap_or(u32::MAX).max(1);
+    for r in ranks {
+        gw.registry.set_external_load(r, total.div_ceil(n));
+    }
+    total
 }
 
 /// The load on a worker this copy did not send: what the engine reports minus this copy's own
