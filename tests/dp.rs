@@ -109,6 +109,24 @@ fn the_simulator_runs_a_queue_and_cache_per_rank() {
     assert!(cached[1] < 5, "rank 1 never saw the prompt: {cached:?}");
     let metrics = request(addr, "GET", "/metrics", &[], b"").unwrap().text();
     assert!(metrics.contains(r#"dp_rank="2""#), "per-rank series");
+    // Families stay whole: one HELP each, every rank's samples right after it.
+    assert_eq!(
+        metrics.matches("# HELP sglang:num_running_reqs ").count(),
+        1
+    );
+    let running: Vec<&str> = metrics
+        .lines()
+        .skip_while(|l| !l.starts_with("# HELP sglang:num_running_reqs "))
+        .skip(2)
+        .take(3)
+        .collect();
+    assert!(
+        running
+            .iter()
+            .enumerate()
+            .all(|(r, l)| l.starts_with(&format!("sglang:num_running_reqs{{dp_rank=\"{r}\""))),
+        "{running:?}"
+    );
     let loads = request(addr, "GET", "/get_load", &[], b"").unwrap().json();
     assert_eq!(loads.as_array().map(Vec::len), Some(3));
 }

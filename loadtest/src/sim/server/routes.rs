@@ -562,3 +562,19 @@ pub(super) fn answered(sh: &Server) {
         sh.die();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::with_dp_rank;
+
+    #[test]
+    fn a_sample_gets_dp_rank_as_its_first_label() {
+        assert_eq!(
+            with_dp_rank("sglang:num_running_reqs{model_name=\"m\"} 3", 1),
+            "sglang:num_running_reqs{dp_rank=\"1\",model_name=\"m\"} 3"
+        );
+        assert_eq!(with_dp_rank("x{} 1", 0), "x{dp_rank=\"0\"} 1");
+        assert_eq!(with_dp_rank("x 1", 2), "x{dp_rank=\"2\"} 1");
+        assert_eq!(with_dp_rank("x", 2), "x");
+    }
+}
