@@ -153,6 +153,10 @@ fn every_rank_of_every_worker_is_a_target_and_cold_prompts_spread_over_all() {
         .unwrap()
         .iter()
         .all(|w| w["dp_size"] == json!(2)));
+    let info = request(gw.addr, "GET", "/get_server_info", &[], b"")
+        .unwrap()
+        .json();
+    assert_eq!(info["config"]["dp_aware"], json!(true));
     // Every rank serves its server's models (learned once per server by the health thread).
     wait_until("every rank's models", Duration::from_secs(10), || {
         let g = gw.gateway();
