@@ -55,5 +55,5 @@ echo "== pass 1: cargo test --workspace, end-to-end gateways on io_uring (RADIXG
 env -u MONOIO_FORCE_LEGACY_DRIVER RADIXGATE_TEST_IO_DRIVER=uring cargo test --workspace
 echo "== pass 2: end-to-end suites on epoll (RADIXGATE_TEST_IO_DRIVER=epoll, MONOIO_FORCE_LEGACY_DRIVER=1) =="
 RADIXGATE_TEST_IO_DRIVER=epoll MONOIO_FORCE_LEGACY_DRIVER=1 \
-    cargo test --test data_plane --test routing --test reliability --test hardening_conn --test hardening_upstream --test kv_routing --test pd
+    cargo test --test data_plane --test routing --test reliability --test hardening_conn --test hardening_upstream --test kv_routing --test pd --test dp
 echo "== io drivers covered: pass 1 io_uring (every e2e gateway asserted io_uring), pass 2 epoll (every e2e gateway asserted epoll) =="

@@ -131,6 +131,10 @@ pub struct Config {
     /// PD mode: policy that picks the decode worker (default: --policy).
     #[arg(long = "decode-policy", value_parser = parse_policy)]
     pub decode_policy: Option<PolicyKind>,
+    /// Route to each worker's attention-DP ranks (its dp_size, read from /get_server_info), each
+    /// rank a target of its own, with "data_parallel_rank" added to the JSON body.
+    #[arg(long = "dp-aware", action = ArgAction::SetTrue)]
+    pub dp_aware: bool,
     /// cache_aware: match rate (matched chars / request chars) above which prefix affinity wins.
     #[arg(long = "cache-threshold", default_value_t = 0.3, value_parser = parse_fraction)]
     pub cache_threshold: f64,

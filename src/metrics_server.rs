@@ -109,8 +109,19 @@ fn refresh(gw: &Gateway) {
     // worker, whenever the telemetry thread runs.
     if gw.telemetry.enabled() {
         let report = gw.telemetry.report();
+        // A DP rank shows its server's engine (scraped once, through rank 0, which the registry
+        // lists right before the server's other ranks).
+        let mut server_serial = 0;
         for w in &list.workers {
-            let e = report.workers.get(&w.serial).copied().unwrap_or_default();
+            if w.is_primary() {
+                server_serial = w.serial;
+            }
+            let serial = if w.dp.is_some() {
+                server_serial
+            } else {
+                w.serial
+            };
+            let e = report.workers.get(&serial).copied().unwrap_or_default();
             crate::metrics::engine_state(&w.url, &e.gauges);
         }
         crate::metrics::hit_ratios(report.fleet_hit_ratio, report.predicted_hit_ratio);

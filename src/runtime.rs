@@ -205,12 +205,26 @@ fn register_workers(cfg: &Config, registry: &Registry) -> Result<(), String> {
     use crate::workers::role::Role;
     let healthy = cfg.disable_health_check;
     if !cfg.pd_disaggregation {
-        for url in &cfg.worker_urls {
-            registry
-                .add(url, healthy)
-                .map_err(|e| format!("--worker-urls {url}: {e}"))?;
+        let dp_sizes = if cfg.dp_aware {
+            crate::gateway::dp::dp_sizes_at_start(cfg, &cfg.worker_urls)?
+        } else {
+            Vec::new()
+        };
+        for (i, url) in cfg.worker_urls.iter().enumerate() {
+            let added = match dp_sizes.get(i) {
+                Some(&n) => add_dp_server(registry, url, healthy, n),
+                None => registry.add(url, healthy).map(|_| ()),
+            };
+            added.map_err(|e| format!("--worker-urls {url}: {e}"))?;
         }
         return Ok(());
+    }
+    if cfg.dp_aware {
+        crate::log!(
+            Warn,
+            "--dp-aware applies to regular workers only: PD requests carry no data_parallel_rank \
+             (as in the reference; SGLang pairs the ranks by bootstrap_room % dp_size)"
+        );
     }
     if !cfg.worker_urls.is_empty() {
         crate::log!(
@@ -229,6 +243,22 @@ fn register_workers(cfg: &Config, registry: &Registry) -> Result<(), String> {
             .map_err(|e| format!("--decode {url}: {e}"))?;
     }
     Ok(())
+}
+
+/// Register a server as `dp_size` DP-rank targets (`--dp-aware`).
+fn add_dp_server(
+    registry: &Registry,
+    url: &str,
+    healthy: bool,
+    dp_size: u32,
+) -> Result<(), crate::workers::registry::RegistryError> {
+    use crate::workers::registry::{self, RegistryError};
+    let parsed = registry::parse_worker_url(url).map_err(|e| RegistryError::BadUrl(e.0))?;
+    let addrs = registry::resolve(&parsed)?;
+    let role = crate::workers::role::Role::Regular;
+    registry
+        .add_server(url, parsed, addrs, healthy, role, Some(dp_size))
+        .map(|_| ())
 }
 
 /// One `SO_REUSEPORT` listener per core on `--host:--port`; returns the bound address (the real

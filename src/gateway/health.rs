@@ -3,7 +3,8 @@
 //! until one does); then every `--health-check-interval-secs`, `--health-failure-threshold`
 //! failures make it unhealthy and `--health-success-threshold` successes healthy again. Workers
 //! that are unhealthy are probed every second, so a worker that refused one connection (passive
-//! detection) comes back within seconds, not minutes.
+//! detection) comes back within seconds, not minutes. With `--dp-aware` a server is probed
+//! once (through its rank 0) and the verdict holds for all its ranks.
 
 use super::core::upstream_pool;
 use super::Gateway;
@@ -142,7 +143,8 @@ impl Checker {
             .retain(|s| list.workers.iter().any(|w| w.serial == *s));
         let now = Instant::now();
         let mut due = Vec::new();
-        for w in &list.workers {
+        // A server's DP ranks share its verdict (`Registry::set_healthy`): probe it once.
+        for w in list.workers.iter().filter(|w| w.is_primary()) {
             let p = self.probes.entry(w.id).or_insert_with(|| Probe {
                 serial: w.serial,
                 next: now,
@@ -203,6 +205,13 @@ impl Checker {
         let gw = &self.gw;
         if let Some(body) = models {
             gw.learn_models(w.id, &body);
+            if w.dp.is_some() {
+                // The server's other DP ranks serve the same models.
+                let list = gw.registry.load_full();
+                for r in list.same_server(&w).filter(|r| r.id != w.id) {
+                    gw.learn_models(r.id, &body);
+                }
+            }
             self.models_seen.insert(w.serial);
         }
         let Some(p) = self.probes.get_mut(&w.id).filter(|p| p.serial == w.serial) else {

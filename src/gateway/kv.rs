@@ -679,11 +679,11 @@ impl Discovery {
         )
         .await;
         let info = match info {
-            Ok((200, body)) => parse_server_info(&body, &w.url),
+            Ok((200, body)) => parse_server_info(&body, &w.server_url),
             Ok((status, _)) => Err(format!("/get_server_info answered {status}")),
             Err(e) => Err(format!("/get_server_info: {e:?}")),
         };
-        let flagged = kv.flagged.iter().find(|f| f.worker_url == w.url);
+        let flagged = kv.flagged.iter().find(|f| f.worker_url == w.server_url);
         let (live, replay, ranks, model) = match (flagged, info) {
             (Some(f), Ok(i)) => (f.live.clone(), f.replay.clone(), i.ranks, i.model),
             // Flags need nothing from the server but its model (one rank, the served model).
@@ -709,11 +709,24 @@ impl Discovery {
         let model: Arc<str> = Arc::from(model.unwrap_or_else(|| "default".into()).as_str());
         kv.set_model(w.id, Some((model, Arc::from(w.url.as_str()))));
         let endpoints = KvEndpoints {
-            worker_url: w.url.clone(),
+            worker_url: w.server_url.clone(),
             live,
             replay,
         };
-        for rank in 0..ranks {
+        // With `--dp-aware` each rank is a routing target of its own: it subscribes to its own
+        // rank's publisher only, so the index's holders are (worker, rank) targets.
+        let mine = match w.dp {
+            None => 0..ranks,
+            Some(d) if d.rank < ranks => d.rank..d.rank + 1,
+            Some(d) => {
+                return Err(format!(
+                    "DP rank {} has no publisher of its own (the server reports {ranks}); \
+                     scored by the text tree",
+                    d.rank
+                ))
+            }
+        };
+        for rank in mine {
             let (live, replay) = endpoints.for_rank(rank)?;
             let publisher = Publisher {
                 key: Source {

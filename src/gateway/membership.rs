@@ -61,15 +61,18 @@ impl Gateway {
         self.membership_changed();
     }
 
-    /// Remove a worker: out of selection now, in-flight requests finish, and its tree entries go.
-    pub fn remove_worker(&self, url_or_id: &str) -> Result<Arc<Worker>, RegistryError> {
-        let worker = self.registry.remove(url_or_id)?;
-        for (r, _) in self.routers() {
-            r.forget_worker(worker.id);
+    /// Remove a worker (with `--dp-aware`: its server, every rank): out of selection now,
+    /// in-flight requests finish, and its tree entries go.
+    pub fn remove_worker(&self, url_or_id: &str) -> Result<Vec<Arc<Worker>>, RegistryError> {
+        let removed = self.registry.remove(url_or_id)?;
+        for worker in &removed {
+            for (r, _) in self.routers() {
+                r.forget_worker(worker.id);
+            }
+            self.forget_models(worker.id);
+            crate::log!(Info, "worker {} removed (id {})", worker.url, worker.id);
         }
-        self.forget_models(worker.id);
         self.membership_changed();
-        crate::log!(Info, "worker {} removed (id {})", worker.url, worker.id);
-        Ok(worker)
+        Ok(removed)
     }
 }

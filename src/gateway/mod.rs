@@ -10,6 +10,7 @@
 
 mod auth;
 mod core;
+pub mod dp;
 pub mod health;
 pub mod kv;
 mod lifecycle;

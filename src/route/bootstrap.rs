@@ -1,11 +1,14 @@
-//! Prefill/decode disaggregation's one body rewrite: the three bootstrap fields
-//! (`bootstrap_host`, `bootstrap_port`, `bootstrap_room`) that pair a prefill request with its
-//! decode twin, spliced into the client's JSON bytes (never re-serialised: every other byte,
-//! number formats and key order included, reaches the workers as the client sent it). Pure.
+//! The gateway's only body rewrites, spliced into the client's JSON bytes (never re-serialised:
+//! every other byte, number formats and key order included, reaches the workers as the client
+//! sent it). Pure.
+//! - Prefill/decode disaggregation: the three bootstrap fields (`bootstrap_host`,
+//!   `bootstrap_port`, `bootstrap_room`) that pair a prefill request with its decode twin.
+//! - DP-aware routing (`--dp-aware`): `data_parallel_rank`, the attention-DP rank the request
+//!   was routed to.
 //!
 //! The fields go in just before the object's closing brace, so they come *last*: servers that
 //! keep the last of duplicate keys (Python's `json`, serde_json's `Value`) take the gateway's
-//! values over any a client sent.
+//! values over any a client sent (the reference overwrites them too).
 
 use super::extract::Api;
 use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
@@ -28,7 +31,7 @@ pub struct PdShape {
     pub return_logprob: bool,
 }
 
-/// Why a body cannot be paired.
+/// Why a body cannot take the gateway's fields (not an object) or cannot be paired.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PdBodyError(pub String);
 
@@ -322,9 +325,65 @@ fn write_members(out: &mut Vec<u8>, b: &Bootstrap) {
     }
 }
 
+/// Every field the gateway adds to one body: PD's bootstrap fields, DP-aware's rank, or both.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Added<'a> {
+    /// The bootstrap fields of a paired (PD) request.
+    pub bootstrap: Option<Bootstrap<'a>>,
+    /// The attention-DP rank the request goes to (`data_parallel_rank`).
+    pub dp_rank: Option<u32>,
+}
+
+const DP_RANK_KEY: &[u8] = br#""data_parallel_rank":"#;
+
+/// The added members' exact length (without a leading comma).
+fn added_len(a: &Added) -> usize {
+    let boot = a.bootstrap.as_ref().map_or(0, members_len);
+    let rank = a
+        .dp_rank
+        .map_or(0, |r| DP_RANK_KEY.len() + digits(u64::from(r)));
+    boot + rank + usize::from(boot > 0 && rank > 0)
+}
+
+fn write_added(out: &mut Vec<u8>, a: &Added) {
+    if let Some(b) = &a.bootstrap {
+        write_members(out, b);
+    }
+    if let Some(r) = a.dp_rank {
+        if a.bootstrap.is_some() {
+            out.push(b',');
+        }
+        out.extend_from_slice(DP_RANK_KEY);
+        let _ = write!(out, "{r}");
+    }
+}
+
 /// `body` (a JSON object, as the extractor already checked) with the bootstrap fields spliced
 /// in before its closing brace: one allocation of the exact size, every original byte kept.
 pub fn splice(body: &[u8], b: &Bootstrap) -> Result<Vec<u8>, PdBodyError> {
+    splice_fields(
+        body,
+        &Added {
+            bootstrap: Some(*b),
+            dp_rank: None,
+        },
+    )
+}
+
+/// `body` with `"data_parallel_rank": rank` spliced in before its closing brace (`--dp-aware`).
+pub fn splice_dp_rank(body: &[u8], rank: u32) -> Result<Vec<u8>, PdBodyError> {
+    splice_fields(
+        body,
+        &Added {
+            bootstrap: None,
+            dp_rank: Some(rank),
+        },
+    )
+}
+
+/// `body` (a JSON object) with the `added` fields spliced in before its closing brace: one
+/// allocation of the exact size, every original byte kept.
+pub fn splice_fields(body: &[u8], added: &Added) -> Result<Vec<u8>, PdBodyError> {
     let not_object = || PdBodyError("the request body must be a JSON object".into());
     let start = body
         .iter()
@@ -337,17 +396,19 @@ pub fn splice(body: &[u8], b: &Bootstrap) -> Result<Vec<u8>, PdBodyError> {
     if body[start] != b'{' || body[close] != b'}' || close <= start {
         return Err(not_object());
     }
+    let members = added_len(added);
     // The object is empty when only whitespace separates its braces.
     let empty = body[start + 1..close]
         .iter()
         .all(|c| c.is_ascii_whitespace());
-    let len = body.len() + members_len(b) + usize::from(!empty);
+    let comma = !empty && members > 0;
+    let len = body.len() + members + usize::from(comma);
     let mut out = Vec::with_capacity(len);
     out.extend_from_slice(&body[..close]);
-    if !empty {
+    if comma {
         out.push(b',');
     }
-    write_members(&mut out, b);
+    write_added(&mut out, added);
     out.extend_from_slice(&body[close..]);
     debug_assert_eq!(out.len(), len, "the capacity is exact");
     Ok(out)

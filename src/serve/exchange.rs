@@ -25,6 +25,7 @@ use crate::proxy::io::closed_by_peer;
 use crate::proxy::relay::{self, RelayTo};
 use crate::proxy::request_id::request_id;
 use crate::proxy::retry::is_retryable_status;
+use crate::route::bootstrap;
 use crate::route::extract::{capped, extract, Api, RoutingInfo, MAX_ROUTING_TEXT};
 use crate::route::manual::{key_too_long, MAX_ROUTING_KEY_LEN};
 use crate::route::types::{Branch, Decision, ExactInput, PolicyKind, RouteInput};
@@ -420,6 +421,7 @@ impl<'a> Exchange<'a> {
         picked: &Picked<'_>,
     ) -> Result<UpstreamResponse, Failure> {
         let worker = &picked.worker;
+        let retry = self.attempts < self.gw.retry.max_attempts && Instant::now() < self.deadline;
         let req = UpstreamRequest::build(
             self.head.method(),
             self.head.target(),
@@ -427,7 +429,7 @@ impl<'a> Exchange<'a> {
             self.client_ip,
             &worker.authority,
             &self.request_id,
-            self.body.clone(),
+            self.body_for(worker)?,
         );
         let connect_timeout = Duration::from_secs(self.gw.cfg.connect_timeout_secs);
         let is_head = self.head.method_kind() == Method::Head;
@@ -439,7 +441,6 @@ impl<'a> Exchange<'a> {
                 closed_by_peer(client).await
             } => None,
         };
-        let retry = self.attempts < self.gw.retry.max_attempts && Instant::now() < self.deadline;
         match answer {
             None => Err(Failure::ClientGone),
             // Dropping `up` closes that upstream connection: its body is not wanted.
@@ -463,6 +464,25 @@ impl<'a> Exchange<'a> {
                     retry,
                 }))
             }
+        }
+    }
+
+    /// The body `worker` gets: the client's bytes, with `--dp-aware` the target's rank spliced
+    /// in as `data_parallel_rank` (a new body per attempt: a retry may go to another rank).
+    fn body_for(&self, worker: &Worker) -> Result<Bytes, Failure> {
+        match (self.forwarding, worker.dp) {
+            (Forwarding::Routed(_), Some(dp)) => bootstrap::splice_dp_rank(self.body, dp.rank)
+                .map(Bytes::from)
+                .map_err(|e| {
+                    Failure::Worker(WorkerFailure {
+                        error: GatewayError::new(400, e.0),
+                        connect: false,
+                        local: true,
+                        breaker_success: true,
+                        retry: false,
+                    })
+                }),
+            _ => Ok(self.body.clone()),
         }
     }
 

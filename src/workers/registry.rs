@@ -4,6 +4,13 @@
 //! worker any more (no request in flight on it), so add/remove cycles never exhaust the ids;
 //! pooled connections are keyed by the worker's never-reused `serial`, so a reused id never
 //! reaches the old worker's host (a stale id left in a tree is only a routing hint).
+//!
+//! DP-aware routing (`--dp-aware`): a server running `dp_size` attention-DP ranks is registered
+//! as one routing target per rank (`{url}@{rank}`, each with its own id, serial, in-flight count
+//! and tree entries), so the policies, the trees, the load board and `/workers` see ranks
+//! without knowing about them. What belongs to the *server* is shared by its ranks through one
+//! `Arc`: the health verdict and the circuit breaker (a dead server takes every rank out), and
+//! the server is added and removed as a whole.
 
 use crate::base::WorkerId;
 use crate::workers::breaker::{Breaker, BreakerConfig, Ticket, Transition};
@@ -125,14 +132,31 @@ pub fn resolve(u: &WorkerUrl) -> Result<Vec<SocketAddr>, RegistryError> {
     Ok(v)
 }
 
-/// One upstream server.
+/// A routing target's attention-DP rank on its server (`--dp-aware`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DpRank {
+    /// The rank, `0..size`: sent as `data_parallel_rank`.
+    pub rank: u32,
+    /// The server's `dp_size`.
+    pub size: u32,
+}
+
+/// Most DP ranks one server may register (SGLang fleets run at most a few dozen).
+pub const MAX_DP_SIZE: u32 = 1024;
+
+/// One routing target: a server, or with `--dp-aware` one DP rank of a server.
 #[derive(Debug)]
 pub struct Worker {
     pub id: WorkerId,
     /// Never reused (ids are): what pooled connections are keyed by.
     pub serial: u64,
-    /// Base URL as configured (no trailing slash).
+    /// Name of the target: the base URL as configured (no trailing slash), or
+    /// `{server_url}@{rank}` for a DP rank (the reference's name for it).
     pub url: String,
+    /// The server's base URL (equal to `url` outside DP-aware mode).
+    pub server_url: String,
+    /// The DP rank this target sends requests to (`--dp-aware`), else `None`.
+    pub dp: Option<DpRank>,
     /// `host:port` for the upstream `Host` header.
     pub authority: String,
     /// The URL's host without brackets (a prefill worker's `bootstrap_host`).
@@ -141,17 +165,47 @@ pub struct Worker {
     pub role: Role,
     /// Addresses resolved when the worker was added (tried in order).
     pub addrs: Vec<SocketAddr>,
-    /// Last health verdict (active checks and passive connect failures).
-    healthy: AtomicBool,
+    /// Last health verdict (active checks and passive connect failures); shared by the ranks of
+    /// one server.
+    healthy: Arc<AtomicBool>,
     /// Being removed: no new requests, in-flight ones finish.
     draining: AtomicBool,
     /// Requests that reached this worker and completed (any status).
     pub completed: AtomicU64,
-    /// This worker's circuit breaker.
-    pub breaker: Breaker,
+    /// The server's circuit breaker (shared by its DP ranks).
+    pub breaker: Arc<Breaker>,
 }
 
 impl Worker {
+    /// A worker outside any registry, for a one-off call (`/get_server_info` before the server
+    /// is registered): its id is never a registered one and its serial never pools.
+    pub fn detached(url: &str, parsed: WorkerUrl, addrs: Vec<SocketAddr>) -> Worker {
+        let url = url.trim_end_matches('/').to_string();
+        Worker {
+            id: MAX_WORKER_IDS as WorkerId,
+            serial: 0,
+            server_url: url.clone(),
+            url,
+            dp: None,
+            authority: parsed.authority,
+            host: parsed.host,
+            role: Role::Regular,
+            addrs,
+            healthy: Arc::new(AtomicBool::new(false)),
+            draining: AtomicBool::new(false),
+            completed: AtomicU64::new(0),
+            breaker: Arc::default(),
+        }
+    }
+    /// Whether `other` is a target on the same server (DP ranks share their server's state).
+    pub fn same_server(&self, other: &Worker) -> bool {
+        Arc::ptr_eq(&self.breaker, &other.breaker)
+    }
+    /// The target that speaks for its server in per-server work (health checks, scrapes): every
+    /// worker outside DP-aware mode, rank 0 within it.
+    pub fn is_primary(&self) -> bool {
+        self.dp.is_none_or(|d| d.rank == 0)
+    }
     /// Current health verdict.
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
@@ -255,7 +309,13 @@ impl WorkerList {
     /// Find by URL (admin path).
     pub fn by_url(&self, url: &str) -> Option<&Arc<Worker>> {
         let url = url.trim_end_matches('/');
-        self.workers.iter().find(|w| w.url == url)
+        self.workers
+            .iter()
+            .find(|w| w.url == url || w.server_url == url)
+    }
+    /// Every target on `w`'s server (its DP ranks; `w` alone outside DP-aware mode).
+    pub fn same_server<'s>(&'s self, w: &'s Worker) -> impl Iterator<Item = &'s Arc<Worker>> {
+        self.workers.iter().filter(move |o| o.same_server(w))
     }
     pub fn len(&self) -> usize {
         self.workers.len()
@@ -299,11 +359,16 @@ struct Ids {
     serial: u64,
     /// Removed workers; an id comes back once nothing else holds its worker.
     retired: Vec<Arc<Worker>>,
+    /// Ids taken and given back unused (a multi-rank add that ran out of ids).
+    free: Vec<WorkerId>,
 }
 
 impl Ids {
     /// A free id: a retired one that nothing holds any more (lowest first), else a new one.
     fn take(&mut self) -> Option<WorkerId> {
+        if let Some(id) = self.free.pop() {
+            return Some(id);
+        }
         let idle = self
             .retired
             .iter()
@@ -378,37 +443,83 @@ impl Registry {
         healthy: bool,
         role: Role,
     ) -> Result<Arc<Worker>, RegistryError> {
+        let mut added = self.add_server(url, parsed, addrs, healthy, role, None)?;
+        added.pop().ok_or(RegistryError::Full)
+    }
+
+    /// Register a server: one worker, or with `dp_size` (`--dp-aware`) one routing target per
+    /// DP rank, `{url}@{rank}`, sharing the server's health and circuit. All or nothing.
+    pub fn add_server(
+        &self,
+        url: &str,
+        parsed: WorkerUrl,
+        addrs: Vec<SocketAddr>,
+        healthy: bool,
+        role: Role,
+        dp_size: Option<u32>,
+    ) -> Result<Vec<Arc<Worker>>, RegistryError> {
         let url = url.trim_end_matches('/').to_string();
+        if dp_size.is_some_and(|n| n == 0 || n > MAX_DP_SIZE) {
+            return Err(RegistryError::BadUrl(format!(
+                "worker {url}: dp_size must be 1..={MAX_DP_SIZE}"
+            )));
+        }
         let mut ids = self.admin.lock().unwrap_or_else(|p| p.into_inner());
         let cur = self.list.load_full();
         if cur.by_url(&url).is_some() {
             return Err(RegistryError::Duplicate(url));
         }
-        let id = ids.take().ok_or(RegistryError::Full)?;
-        ids.serial += 1;
-        let worker = Arc::new(Worker {
-            id,
-            serial: ids.serial,
-            url,
-            authority: parsed.authority,
-            host: parsed.host,
-            role,
-            addrs,
-            healthy: AtomicBool::new(healthy),
-            draining: AtomicBool::new(false),
-            completed: AtomicU64::new(0),
-            breaker: Breaker::default(),
-        });
+        let ranks: Vec<Option<DpRank>> = match dp_size {
+            None => vec![None],
+            Some(size) => (0..size).map(|rank| Some(DpRank { rank, size })).collect(),
+        };
+        let mut taken = Vec::with_capacity(ranks.len());
+        for _ in &ranks {
+            match ids.take() {
+                Some(id) => taken.push(id),
+                None => {
+                    ids.free.extend(taken);
+                    return Err(RegistryError::Full);
+                }
+            }
+        }
+        let healthy = Arc::new(AtomicBool::new(healthy));
+        let breaker: Arc<Breaker> = Arc::default();
+        let mut added = Vec::with_capacity(ranks.len());
+        for (id, dp) in taken.into_iter().zip(ranks) {
+            ids.serial += 1;
+            added.push(Arc::new(Worker {
+                id,
+                serial: ids.serial,
+                url: match dp {
+                    Some(d) => format!("{url}@{}", d.rank),
+                    None => url.clone(),
+                },
+                server_url: url.clone(),
+                dp,
+                authority: parsed.authority.clone(),
+                host: parsed.host.clone(),
+                role,
+                addrs: addrs.clone(),
+                healthy: healthy.clone(),
+                draining: AtomicBool::new(false),
+                completed: AtomicU64::new(0),
+                breaker: breaker.clone(),
+            }));
+        }
         let mut workers = cur.workers.clone();
-        workers.push(worker.clone());
+        workers.extend(added.iter().cloned());
         self.list.store(Arc::new(WorkerList::build(workers)));
-        self.refresh_eligibility(&worker);
-        Ok(worker)
+        for w in &added {
+            self.refresh_one(w);
+        }
+        Ok(added)
     }
 
-    /// Take a worker out of selection at once and out of the list; in-flight requests keep
-    /// their `Arc<Worker>` and finish. Returns the removed worker.
-    pub fn remove(&self, url_or_id: &str) -> Result<Arc<Worker>, RegistryError> {
+    /// Take a server (every DP rank of it) out of selection at once and out of the list;
+    /// in-flight requests keep their `Arc<Worker>` and finish. `url_or_id` names the server's
+    /// URL, a rank's `{url}@{rank}` or any of its ids. Returns the removed targets.
+    pub fn remove(&self, url_or_id: &str) -> Result<Vec<Arc<Worker>>, RegistryError> {
         let mut ids = self.admin.lock().unwrap_or_else(|p| p.into_inner());
         let cur = self.list.load_full();
         let found = cur
@@ -421,19 +532,22 @@ impl Registry {
             })
             .cloned()
             .ok_or_else(|| RegistryError::NotFound(url_or_id.to_string()))?;
-        found.draining.store(true, Ordering::Relaxed);
-        self.refresh_eligibility(&found);
-        // The id may be reused: whoever gets it starts without this worker's engine load.
-        self.loads.set_external(found.id, 0);
+        let gone: Vec<Arc<Worker>> = cur.same_server(&found).cloned().collect();
+        for w in &gone {
+            w.draining.store(true, Ordering::Relaxed);
+            self.refresh_one(w);
+            // The id may be reused: whoever gets it starts without this worker's engine load.
+            self.loads.set_external(w.id, 0);
+        }
         let workers: Vec<Arc<Worker>> = cur
             .workers
             .iter()
-            .filter(|w| w.id != found.id)
+            .filter(|w| !w.same_server(&found))
             .cloned()
             .collect();
         self.list.store(Arc::new(WorkerList::build(workers)));
-        ids.retired.push(found.clone());
-        Ok(found)
+        ids.retired.extend(gone.iter().cloned());
+        Ok(gone)
     }
 
     /// Set `worker`'s external load (engine-reported requests this copy did not send) on the
@@ -454,7 +568,8 @@ impl Registry {
         }
     }
 
-    /// Record a health verdict and update eligibility. Returns true when it changed.
+    /// Record a health verdict (for the whole server: every DP rank shares it) and update
+    /// eligibility. Returns true when it changed.
     pub fn set_healthy(&self, worker: &Worker, healthy: bool) -> bool {
         let was = worker.healthy.swap(healthy, Ordering::AcqRel);
         if was != healthy {
@@ -463,8 +578,19 @@ impl Registry {
         was != healthy
     }
 
-    /// Selectable = healthy, not draining, circuit not open. Call after any of them changes.
+    /// Selectable = healthy, not draining, circuit not open. Call after any of them changes;
+    /// health and circuit belong to the server, so every DP rank of it is refreshed.
     pub fn refresh_eligibility(&self, worker: &Worker) {
+        self.refresh_one(worker);
+        if worker.dp.is_some() {
+            for w in self.list.load().same_server(worker) {
+                self.refresh_one(w);
+            }
+        }
+    }
+
+    /// [`Registry::refresh_eligibility`] of one target.
+    fn refresh_one(&self, worker: &Worker) {
         let eligible = worker.is_healthy() && !worker.is_draining() && worker.breaker.admits();
         if self.loads.is_eligible(worker.id) != eligible {
             self.loads.set_eligible(worker.id, eligible);
@@ -614,5 +740,75 @@ mod tests {
         assert_eq!(r.loads.load(b.id), 0);
         assert!(r.set_external_load(&b, 3));
         assert_eq!(r.loads.load(b.id), 3);
+    }
+
+    #[test]
+    fn dp_ranks_are_targets_that_share_their_servers_health_and_circuit() {
+        let r = Registry::new();
+        let plain = r.add("http://127.0.0.1:9", true).unwrap();
+        let url = "http://127.0.0.1:1";
+        let parsed = parse_worker_url(url).unwrap();
+        let addrs = literal_addrs(&parsed).unwrap();
+        let ranks = r
+            .add_server(
+                url,
+                parsed.clone(),
+                addrs.clone(),
+                true,
+                Role::Regular,
+                Some(3),
+            )
+            .unwrap();
+        let names: Vec<&str> = ranks.iter().map(|w| w.url.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "http://127.0.0.1:1@0",
+                "http://127.0.0.1:1@1",
+                "http://127.0.0.1:1@2"
+            ]
+        );
+        assert_eq!(ranks[2].dp, Some(DpRank { rank: 2, size: 3 }));
+        assert!(ranks
+            .iter()
+            .all(|w| w.server_url == url && r.loads.is_eligible(w.id)));
+        assert!(ranks[0].is_primary() && !ranks[1].is_primary() && plain.is_primary());
+        assert_eq!(r.load().ids.len(), 4, "each rank is its own target");
+        assert!(matches!(
+            r.add_server(url, parsed, addrs, true, Role::Regular, Some(2)),
+            Err(RegistryError::Duplicate(_))
+        ));
+        // One verdict, through any rank, takes the whole server out (and back in).
+        assert!(r.set_healthy(&ranks[1], false));
+        assert!(ranks
+            .iter()
+            .all(|w| !w.is_healthy() && !r.loads.is_eligible(w.id)));
+        assert!(r.loads.is_eligible(plain.id), "other servers are untouched");
+        r.set_healthy(&ranks[0], true);
+        assert!(ranks.iter().all(|w| r.loads.is_eligible(w.id)));
+        // One circuit: opened through rank 2, every rank leaves selection.
+        let cfg = BreakerConfig {
+            failure_threshold: 1,
+            ..BreakerConfig::default()
+        };
+        let mut slot = ranks[2].admit(&cfg).unwrap();
+        assert_eq!(slot.record(&cfg, false, 1), Transition::Opened);
+        r.refresh_eligibility(&ranks[2]);
+        assert!(ranks.iter().all(|w| !r.loads.is_eligible(w.id)));
+        assert!(ranks[0].admit(&cfg).is_none());
+        // Removing by the server URL (or one rank's name) removes every rank.
+        let gone = r.remove("http://127.0.0.1:1@1").unwrap();
+        assert_eq!(gone.len(), 3);
+        assert_eq!(r.load().ids, vec![plain.id]);
+        assert!(r
+            .add_server(
+                url,
+                parse_worker_url(url).unwrap(),
+                vec![],
+                true,
+                Role::Regular,
+                Some(0)
+            )
+            .is_err());
     }
 }

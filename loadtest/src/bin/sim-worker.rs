@@ -131,6 +131,11 @@ struct Args {
     /// in either role.
     #[arg(long, default_value = "null", value_parser = parse_mode)]
     disaggregation_mode: Mode,
+    /// Attention-DP ranks per port (SGLang's --dp-size with DP attention): each rank has its own
+    /// queue, scheduler and radix cache; a request's `data_parallel_rank` picks one (out of
+    /// range: 400), else round robin. With --kv-events-config rank r publishes on port + r.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    dp_size: u16,
     /// Prefill: the bootstrap port of the worker at index 0 of --ports (index i listens on
     /// this + i; 0 = ephemeral). Decode: the port asked when a request's bootstrap_port is null.
     #[arg(long, default_value_t = DEFAULT_BOOTSTRAP_PORT)]
@@ -227,6 +232,7 @@ fn main() -> ExitCode {
         },
         kv_events: a.kv_events_config,
         disaggregation_mode: a.disaggregation_mode.0,
+        dp_size: usize::from(a.dp_size),
         disaggregation_bootstrap_port: a.disaggregation_bootstrap_port,
     };
     let set = block_signals();

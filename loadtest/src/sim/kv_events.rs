@@ -641,6 +641,8 @@ struct WorkerSockets {
     topic: Vec<u8>,
     encoding: EventEncoding,
     stats: Arc<KvStats>,
+    /// The attention-DP rank this publisher speaks for (the batches' `attn_dp_rank`).
+    dp_rank: u32,
 }
 
 /// Create, configure and bind (or connect) one worker's sockets; returns them with the
@@ -648,6 +650,8 @@ struct WorkerSockets {
 fn open_worker(
     ctx: &zmq::Context,
     cfg: &KvEventsConfig,
+    force_bind: bool,
+    dp_rank: u32,
 ) -> io::Result<(WorkerSockets, KvEventsConfig)> {
     let zerr = |what: &str, ep: &str, e: zmq::Error| {
         io::Error::new(
@@ -663,7 +667,7 @@ fn open_worker(
         .set_sndhwm(cfg.hwm)
         .and_then(|()| publisher.set_linger(0))
         .map_err(|e| zerr("options", &cfg.endpoint, e))?;
-    if pub_binds(&cfg.endpoint) {
+    if force_bind || pub_binds(&cfg.endpoint) {
         publisher
             .bind(&cfg.endpoint)
             .map_err(|e| zerr("bind", &cfg.endpoint, e))?;
@@ -703,6 +707,7 @@ fn open_worker(
             topic: cfg.topic.as_bytes().to_vec(),
             encoding: cfg.encoding,
             stats: Arc::new(KvStats::default()),
+            dp_rank,
         },
         eff,
     ))
@@ -749,6 +754,19 @@ pub struct KvPublishers {
 /// Open every worker's sockets (errors, such as a port in use, are returned here) and start
 /// the publisher thread. `block_size` is the page size.
 pub fn start(cfg: &KvEventsConfig, workers: usize, block_size: usize) -> io::Result<KvPublishers> {
+    start_ranks(cfg, workers, 1, block_size)
+}
+
+/// [`start`] for `workers` schedulers that are `dp` attention-DP ranks per server (scheduler j is
+/// rank j % dp): each rank publishes on its server's rank-0 port + rank (SGLang's rule), also
+/// when rank 0's port is ephemeral (`*`): the other ranks then bind the port rank 0 got + rank.
+pub fn start_ranks(
+    cfg: &KvEventsConfig,
+    workers: usize,
+    dp: usize,
+    block_size: usize,
+) -> io::Result<KvPublishers> {
+    let dp = dp.max(1);
     let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
     let configs = (0..workers)
         .map(|i| cfg.for_worker(i))
@@ -758,8 +776,23 @@ pub fn start(cfg: &KvEventsConfig, workers: usize, block_size: usize) -> io::Res
     let ctx = zmq::Context::new();
     let mut sockets = Vec::with_capacity(workers);
     let mut effective = Vec::with_capacity(workers);
-    for c in &configs {
-        let (s, eff) = open_worker(&ctx, c)?;
+    for (j, c) in configs.iter().enumerate() {
+        let rank = j % dp;
+        let ephemeral = |ep: &str| ep.starts_with("tcp://") && ep.ends_with(":*");
+        let (s, eff) = if rank > 0 && ephemeral(&c.endpoint) {
+            // Rank 0's bound ports + rank, bound (not connected) like rank 0's.
+            let base: &KvEventsConfig = &effective[j - rank];
+            let mut derived = c.clone();
+            derived.endpoint = offset_endpoint(&base.endpoint, rank).map_err(invalid)?;
+            if let (Some(r), Some(b)) = (&c.replay_endpoint, &base.replay_endpoint) {
+                if ephemeral(r) {
+                    derived.replay_endpoint = Some(offset_endpoint(b, rank).map_err(invalid)?);
+                }
+            }
+            open_worker(&ctx, &derived, true, rank as u32)?
+        } else {
+            open_worker(&ctx, c, false, rank as u32)?
+        };
         sockets.push(s);
         effective.push(eff);
     }
@@ -842,7 +875,14 @@ fn publish(workers: &mut [WorkerSockets], m: Msg, block_size: usize, payload: &m
     let Some(w) = workers.get_mut(m.worker) else {
         return;
     };
-    encode_batch(payload, m.ts, &m.events, block_size, Some(0), w.encoding);
+    encode_batch(
+        payload,
+        m.ts,
+        &m.events,
+        block_size,
+        Some(w.dp_rank),
+        w.encoding,
+    );
     let seq = m.seq.to_be_bytes();
     if m.publish {
         let frames: [&[u8]; 3] = [&w.topic, &seq, payload];

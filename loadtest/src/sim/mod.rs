@@ -44,7 +44,9 @@ pub use tokenizer::TokenizerMode;
 /// `inference_received`, `inference_answered`, `inference_in_progress`; `aborted`: requests the
 /// engine aborted, client disconnects included; `abort_requests` and `aborted_by_rid`: calls to
 /// `POST /abort_request` and the requests they aborted; `running_rids`: the request ids
-/// (`x-request-id`, `/generate`'s `rid`) running now).
+/// (`x-request-id`, `/generate`'s `rid`) running now; `dp_size`, and `dp_ranks`: per DP rank
+/// `inference_received`, `inference_answered`, `prompt_tokens`, `cached_tokens`, so a test sees
+/// which rank served what and what its own cache held).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Faults {
     /// Fraction of inference requests answered 500 with a JSON error (seeded RNG).
@@ -123,6 +125,9 @@ pub struct SimConfig {
     /// [`SimCluster::bootstrap_ports`]); a decode server's default when a request's
     /// `bootstrap_port` is null.
     pub disaggregation_bootstrap_port: u16,
+    /// `--dp-size`: attention-DP ranks per port, each with its own scheduler, queue and radix
+    /// cache (see [`server`]); a request's `data_parallel_rank` picks one, else round robin.
+    pub dp_size: usize,
 }
 
 impl Default for SimConfig {
@@ -147,6 +152,7 @@ impl Default for SimConfig {
             kv_events: None,
             disaggregation_mode: None,
             disaggregation_bootstrap_port: disagg::DEFAULT_BOOTSTRAP_PORT,
+            dp_size: 1,
         }
     }
 }

@@ -249,6 +249,30 @@ impl EngineStats {
     }
 }
 
+/// Running plus queued requests of each attention-DP rank (`dp_rank` label of
+/// `sglang:num_running_reqs` and `sglang:num_queue_reqs`, SGLang's scheduler gauges), for a
+/// server of `ranks` ranks (`--dp-aware`). `None` when a sample has no usable `dp_rank` label
+/// or there is none: the caller spreads the server's total instead.
+pub fn load_by_rank(text: &str, ranks: usize) -> Option<Vec<f64>> {
+    let mut out = vec![0.0; ranks];
+    let mut seen = false;
+    for line in text.lines() {
+        let Line::Sample(x) = parse_line(line) else {
+            continue;
+        };
+        if !matches!(x.name, "sglang:num_running_reqs" | "sglang:num_queue_reqs")
+            || !x.value.is_finite()
+            || x.value < 0.0
+        {
+            continue;
+        }
+        let rank: usize = label(x.labels, "dp_rank")?.parse().ok()?;
+        *out.get_mut(rank)? += x.value;
+        seen = true;
+    }
+    seen.then_some(out)
+}
+
 /// Running and queued requests from a `/get_load` answer, in any of the shapes SGLang has
 /// used: `{"load": n}` (early 2025), a list of per-DP-rank `{"num_reqs", "num_waiting_reqs"}`
 /// (`num_reqs` counts running and waiting), or `{"loads": [{"num_running_reqs",

@@ -25,7 +25,7 @@
 mod expo;
 mod window;
 
-pub use self::expo::{load_from_json, EngineStats, Merger};
+pub use self::expo::{load_by_rank, load_from_json, EngineStats, Merger};
 pub use self::window::{RatioWindow, MAX_SAMPLES, WINDOW};
 
 use super::core::upstream_pool;
@@ -35,7 +35,7 @@ use crate::metrics::EngineGauges;
 use crate::proxy::forward;
 use crate::proxy::pool::Pool;
 use crate::workers::load::MAX_EXTERNAL;
-use crate::workers::registry::Worker;
+use crate::workers::registry::{Worker, WorkerList};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -188,7 +188,14 @@ impl Scraper {
         self.workers
             .retain(|serial, _| list.workers.iter().any(|w| w.serial == *serial));
         let mut results = Vec::with_capacity(list.len());
-        for batch in list.workers.chunks(SCRAPE_BATCH) {
+        // One scrape per server: with `--dp-aware` its rank 0 speaks for all its ranks.
+        let primaries: Vec<Arc<Worker>> = list
+            .workers
+            .iter()
+            .filter(|w| w.is_primary())
+            .cloned()
+            .collect();
+        for batch in primaries.chunks(SCRAPE_BATCH) {
             let handles: Vec<_> = batch
                 .iter()
                 .map(|w| monoio::spawn(scrape(self.pool.clone(), w.clone(), self.timeout)))
@@ -199,7 +206,7 @@ impl Scraper {
         }
         let now = Instant::now();
         for s in results {
-            self.apply(s, now);
+            self.apply(s, now, &list);
         }
         let (predicted, routed) = crate::metrics::predicted_totals();
         self.predicted.observe(now, predicted as f64, routed as f64);
@@ -228,7 +235,7 @@ impl Scraper {
                 },
             );
             if let Some(text) = &t.text {
-                if !merger.add(&w.url, text) {
+                if !merger.add(&w.server_url, text) {
                     t.text = None; // not served, so not kept: memory stays bounded
                 }
             }
@@ -249,7 +256,7 @@ impl Scraper {
 
     /// Take one worker's scrape into account: its hit-ratio window, gauges, exposition and
     /// external load on the board.
-    fn apply(&mut self, s: Scrape, now: Instant) {
+    fn apply(&mut self, s: Scrape, now: Instant, list: &WorkerList) {
         let gw = &self.gw;
         let w = &s.worker;
         let t = self.workers.entry(w.serial).or_default();
@@ -257,6 +264,9 @@ impl Scraper {
         if let (Some(c), Some(p)) = (s.stats.cached_tokens, s.stats.prompt_tokens) {
             t.hits.observe(now, c, p);
         }
+        // Per-rank gauges, read before the exposition is kept (DP-aware servers only).
+        let per_rank =
+            w.dp.and_then(|d| load_by_rank(s.text.as_deref()?, d.size as usize));
         if s.text.is_some() {
             t.text = s.text;
         }
@@ -270,8 +280,12 @@ impl Scraper {
                     token_usage: s.stats.token_usage.unwrap_or(0.0),
                     hit_ratio: 0.0,
                 };
-                t.external = external_load(running + queued, gw.registry.loads.in_flight(w.id));
-                gw.registry.set_external_load(w, t.external);
+                if w.dp.is_none() {
+                    t.external = external_load(running + queued, gw.registry.loads.in_flight(w.id));
+                    gw.registry.set_external_load(w, t.external);
+                } else {
+                    t.external = spread_over_ranks(gw, list, w, per_rank, running + queued);
+                }
             }
             None => {
                 t.failures = t.failures.saturating_add(1);
@@ -280,11 +294,45 @@ impl Scraper {
                     t.gauges = EngineGauges::default();
                     t.text = None;
                     t.external = 0;
-                    gw.registry.set_external_load(w, 0);
+                    for r in list.same_server(w) {
+                        gw.registry.set_external_load(r, 0);
+                    }
                 }
             }
         }
     }
+}
+
+/// DP ranks (`--dp-aware`): each rank's external load from the server's per-rank gauges
+/// (`per_rank`, from the `dp_rank` label), or, when the exposition has none, the server's load
+/// less this copy's requests on any of its ranks, spread evenly. Returns the server's external
+/// load.
+fn spread_over_ranks(
+    gw: &Gateway,
+    list: &WorkerList,
+    w: &Worker,
+    per_rank: Option<Vec<f64>>,
+    engine: f64,
+) -> u32 {
+    let mut ranks: Vec<&Arc<Worker>> = list.same_server(w).collect();
+    ranks.sort_by_key(|r| r.dp.map(|d| d.rank));
+    let in_flight = |r: &Worker| gw.registry.loads.in_flight(r.id);
+    if let Some(per) = per_rank {
+        let mut total = 0u32;
+        for (r, engine) in ranks.iter().zip(per) {
+            let ext = external_load(engine, in_flight(r));
+            gw.registry.set_external_load(r, ext);
+            total = total.saturating_add(ext);
+        }
+        return total;
+    }
+    let own: u32 = ranks.iter().map(|r| in_flight(r)).sum();
+    let total = external_load(engine, own);
+    let n = u32::try_from(ranks.len()).unwrap_or(u32::MAX).max(1);
+    for r in ranks {
+        gw.registry.set_external_load(r, total.div_ceil(n));
+    }
+    total
 }
 
 /// The load on a worker this copy did not send: what the engine reports minus this copy's own

@@ -198,3 +198,75 @@ proptest! {
         prop_assert_eq!(&out[..close], &body[..close]);
     }
 }
+
+#[test]
+fn the_dp_rank_is_spliced_last_and_wins_over_the_clients() {
+    let body = br#"{"text":"hi", "data_parallel_rank": 7 ,"stream":true}"#;
+    let out = splice_dp_rank(body, 3).unwrap();
+    assert_eq!(
+        out.capacity(),
+        out.len(),
+        "one allocation of the exact size"
+    );
+    assert_eq!(
+        out,
+        br#"{"text":"hi", "data_parallel_rank": 7 ,"stream":true,"data_parallel_rank":3}"#
+    );
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["data_parallel_rank"], json!(3), "the last duplicate wins");
+    assert_eq!(
+        splice_dp_rank(b" {\n} ", 12).unwrap(),
+        b" {\n\"data_parallel_rank\":12} "
+    );
+    for bad in [&b"[1]"[..], b"", b"  ", b"{", b"\"x\""] {
+        assert!(splice_dp_rank(bad, 0).is_err());
+    }
+}
+
+#[test]
+fn bootstrap_fields_and_the_dp_rank_go_in_together() {
+    let rooms = [5];
+    let b = Bootstrap {
+        host: "h",
+        port: None,
+        rooms: &rooms,
+        batch: false,
+    };
+    let added = Added {
+        bootstrap: Some(b),
+        dp_rank: Some(1),
+    };
+    let out = splice_fields(br#"{"a":1}"#, &added).unwrap();
+    assert_eq!(out.capacity(), out.len());
+    assert_eq!(
+        out,
+        br#"{"a":1,"bootstrap_host":"h","bootstrap_port":null,"bootstrap_room":5,"data_parallel_rank":1}"#
+    );
+    let none = splice_fields(br#"{"a":1}"#, &Added::default()).unwrap();
+    assert_eq!(none, br#"{"a":1}"#, "nothing added: the body as it was");
+}
+
+proptest! {
+    /// For any JSON object and rank, the spliced body parses, keeps every original field and
+    /// carries the rank; its bytes are the original's up to the closing brace.
+    #[test]
+    fn dp_rank_splices_keep_every_field(
+        fields in prop::collection::btree_map("[a-z_]{0,8}", json_value(), 0..6),
+        pretty in any::<bool>(),
+        rank in any::<u32>(),
+    ) {
+        let obj = Value::Object(fields.into_iter().filter(|(k, _)| k != "data_parallel_rank").collect());
+        let body = if pretty { serde_json::to_vec_pretty(&obj).unwrap() } else { serde_json::to_vec(&obj).unwrap() };
+        let out = splice_dp_rank(&body, rank).unwrap();
+        prop_assert_eq!(out.capacity(), out.len());
+        let original = serde_json::from_slice::<Value>(&body).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        let m = v.as_object().unwrap();
+        for (k, val) in original.as_object().unwrap() {
+            prop_assert_eq!(m.get(k), Some(val));
+        }
+        prop_assert_eq!(&m["data_parallel_rank"], &json!(rank));
+        let close = body.iter().rposition(|&c| c == b'}').unwrap();
+        prop_assert_eq!(&out[..close], &body[..close]);
+    }
+}

@@ -97,7 +97,8 @@ fn config_json(gw: &Gateway) -> Value {
     let c = &gw.cfg;
     json!({
         "host": c.host, "port": c.port, "worker_urls": c.worker_urls,
-        "policy": c.policy.as_str(), "cache_threshold": c.cache_threshold,
+        "policy": c.policy.as_str(), "dp_aware": c.dp_aware,
+        "cache_threshold": c.cache_threshold,
         "balance_abs_threshold": c.balance_abs_threshold,
         "balance_rel_threshold": c.balance_rel_threshold,
         "eviction_interval": c.eviction_interval, "max_tree_size": c.max_tree_size,

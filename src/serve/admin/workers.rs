@@ -49,6 +49,8 @@ pub fn worker_json(gw: &Gateway, w: &Worker) -> Value {
         "external_load": gw.registry.loads.external(w.id),
         "routing_load": gw.registry.loads.load(w.id),
         "completed": w.completed.load(std::sync::atomic::Ordering::Relaxed),
+        "dp_rank": w.dp.map(|d| d.rank),
+        "dp_size": w.dp.map(|d| d.size),
     })
 }
 
@@ -96,7 +98,16 @@ pub async fn add(core: &Core, req: AddRequest, created: u16) -> Result<Reply, Ga
         .ok_or_else(|| GatewayError::new(400, "a worker `url` is required"))?;
     let role = req.role.map_err(|e| GatewayError::new(400, e))?;
     match register(core, &url, role).await {
-        Ok(w) => Ok(Reply::json(created, &worker_json(&core.gw, &w))),
+        Ok(added) => {
+            let Some(w) = added.first() else {
+                return Err(GatewayError::new(500, "no worker was added"));
+            };
+            let mut body = worker_json(&core.gw, w);
+            if w.dp.is_some() {
+                body["ranks"] = json!(added.iter().map(|w| w.url.as_str()).collect::<Vec<_>>());
+            }
+            Ok(Reply::json(created, &body))
+        }
         Err(RegistryError::Duplicate(u)) => Err(GatewayError::new(
             409,
             format!("worker {u} is already registered"),
@@ -107,23 +118,45 @@ pub async fn add(core: &Core, req: AddRequest, created: u16) -> Result<Reply, Ga
 
 /// `DELETE /workers/{id or url}` (`removed` 202) and `/remove_worker?url=` (`removed` 200).
 pub fn remove(gw: &Gateway, key: &str, removed: u16) -> Result<Reply, GatewayError> {
-    let w = gw
+    let gone = gw
         .remove_worker(key)
         .map_err(|e| GatewayError::new(404, e.to_string()))?;
-    let body = json!({"removed": w.url, "id": w.id.to_string(), "in_flight": gw.registry.loads.in_flight(w.id)});
+    let Some(w) = gone.first() else {
+        return Err(GatewayError::new(404, format!("no worker {key}")));
+    };
+    let in_flight: u32 = gone.iter().map(|w| gw.registry.loads.in_flight(w.id)).sum();
+    let mut body = json!({"removed": w.server_url, "id": w.id.to_string(), "in_flight": in_flight});
+    if w.dp.is_some() {
+        body["ranks"] = json!(gone.iter().map(|w| w.url.as_str()).collect::<Vec<_>>());
+    }
     Ok(Reply::json(removed, &body))
 }
 
-/// Register a worker at run time: resolve its host off this core, probe its health endpoint
-/// once (so it is routable at once when up), then make it selectable.
-async fn register(core: &Core, url: &str, role: Role) -> Result<Arc<Worker>, RegistryError> {
+/// Register a worker at run time: resolve its host off this core, with `--dp-aware` read its
+/// `dp_size` (one target per rank), probe its health endpoint once (so it is routable at once
+/// when up), then make it selectable. Returns the targets added (the ranks, or the worker).
+async fn register(core: &Core, url: &str, role: Role) -> Result<Vec<Arc<Worker>>, RegistryError> {
     let gw = &core.gw;
     let parsed = registry::parse_worker_url(url).map_err(|e| RegistryError::BadUrl(e.0))?;
     let addrs = match registry::literal_addrs(&parsed) {
         Some(a) => a,
         None => resolve_off_core(&parsed).await?,
     };
-    let worker = gw.registry.add_resolved(url, parsed, addrs, false, role)?;
+    let dp_size = if gw.cfg.dp_aware && role == Role::Regular && !gw.cfg.pd_disaggregation {
+        let probe = Worker::detached(url, parsed.clone(), addrs.clone());
+        let n = crate::gateway::dp::fetch_dp_size(&core.pool, &probe)
+            .await
+            .map_err(|e| RegistryError::BadUrl(format!("--dp-aware: worker {url}: {e}")))?;
+        Some(n)
+    } else {
+        None
+    };
+    let added = gw
+        .registry
+        .add_server(url, parsed, addrs, false, role, dp_size)?;
+    let Some(worker) = added.first().cloned() else {
+        return Err(RegistryError::Full);
+    };
     let healthy = gw.cfg.disable_health_check || {
         let timeout = Duration::from_secs(gw.cfg.health_check_timeout_secs);
         let path = &gw.cfg.health_check_endpoint;
@@ -141,12 +174,13 @@ async fn register(core: &Core, url: &str, role: Role) -> Result<Arc<Worker>, Reg
     gw.membership_changed();
     crate::log!(
         Info,
-        "worker {} added (id {}, {}, healthy: {healthy})",
-        worker.url,
+        "worker {} added (id {}, {}, {} target(s), healthy: {healthy})",
+        worker.server_url,
         worker.id,
-        worker.role.as_str()
+        worker.role.as_str(),
+        added.len()
     );
-    Ok(worker)
+    Ok(added)
 }
 
 /// Resolve a host name on a helper thread: a slow resolver must never stall a serving core

@@ -13,6 +13,12 @@
 //! (connection I/O and request framing), `routes` (endpoint dispatch and the info endpoints),
 //! `inference` (inference requests, blocking and streamed); the per-port state and the cluster
 //! lifecycle live here.
+//!
+//! `--dp-size N` (SGLang's attention data parallelism): a port runs N `Server`s, one per DP rank,
+//! each with its own engine (queue, scheduler, radix cache), GPU task and KV publisher (port +
+//! rank); rank 0 owns the listener, serves the info endpoints for the port (per-rank loads,
+//! `dp_rank`-labelled metrics) and hands each inference request to the rank its
+//! `data_parallel_rank` names (out of range: 400), else to the next rank round robin.
 
 mod bootstrap;
 mod conn;
@@ -107,6 +113,13 @@ struct Server {
     last_bootstrap: RefCell<Option<super::disagg::BootstrapFields>>,
     /// PD prefill mode: the port of this server's bootstrap listener.
     bootstrap_port: Option<u16>,
+    /// This scheduler's attention-DP rank on its port (0 without `--dp-size`).
+    dp_rank: usize,
+    /// Rank 0 only: the port's other DP ranks (1..dp_size), each a `Server` of its own (engine,
+    /// GPU task, radix cache, KV publisher); rank 0 owns the listener and dispatches to them.
+    others: Vec<Rc<Server>>,
+    /// Rank 0 only: the round-robin cursor for requests without `data_parallel_rank`.
+    next_rank: Cell<usize>,
 }
 
 /// Counts an inference request as in progress while it lives.
@@ -188,7 +201,50 @@ impl Server {
             rooms: RefCell::default(),
             last_bootstrap: RefCell::new(None),
             bootstrap_port: None,
+            dp_rank: 0,
+            others: Vec::new(),
+            next_rank: Cell::new(0),
         }
+    }
+
+    /// Every DP rank of this port, rank 0 (this server) first.
+    fn ranks(self: &Rc<Self>) -> impl Iterator<Item = &Rc<Server>> {
+        std::iter::once(self).chain(self.others.iter())
+    }
+
+    /// The rank that serves an inference request: its `data_parallel_rank` (the last one, as
+    /// Python's `json` reads duplicates; out of range is an error, as SGLang's), else the next
+    /// rank round robin (SGLang's default DP scheduling).
+    fn rank_for(self: &Rc<Self>, body: &[u8]) -> Result<Rc<Server>, String> {
+        let n = self.others.len() + 1;
+        const KEY: &[u8] = b"data_parallel_rank";
+        let asked = if body.windows(KEY.len()).any(|w| w == KEY) {
+            serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| v.get("data_parallel_rank").cloned())
+                .filter(|v| !v.is_null())
+        } else {
+            None
+        };
+        let rank = match asked {
+            None => {
+                let r = self.next_rank.get() % n;
+                self.next_rank.set(r + 1);
+                r
+            }
+            Some(v) => match v.as_u64().and_then(|r| usize::try_from(r).ok()) {
+                Some(r) if r < n => r,
+                _ => {
+                    return Err(format!(
+                        "data_parallel_rank {v} is out of range: this server runs {n} DP rank(s)"
+                    ))
+                }
+            },
+        };
+        Ok(match rank {
+            0 => self.clone(),
+            r => self.others[r - 1].clone(),
+        })
     }
 
     /// Publish the KV events the engine recorded since the last call as one batch (SGLang
@@ -227,6 +283,9 @@ impl Server {
     fn die(&self) {
         self.shutdown.set();
         self.gpu_wake.notify();
+        for o in &self.others {
+            o.die();
+        }
     }
 
     fn next_resp_id(&self, prefix: &str) -> String {
@@ -456,9 +515,19 @@ async fn serve(
             }
         }
     }
+    let dp = cfg.dp_size.max(1);
     for (i, (port, listener, boot)) in registered.into_iter().enumerate() {
-        let mut server = Server::new(port, i, cfg.clone(), tok.clone(), kv.next());
+        // Rank r of port i is scheduler i * dp + r: its seed and KV publisher (base + i * dp + r,
+        // so each port's ranks publish on its own base + r, SGLang's rule).
+        let mut server = Server::new(port, i * dp, cfg.clone(), tok.clone(), kv.next());
         server.bootstrap_port = boot.as_ref().map(|(p, _)| *p);
+        for r in 1..dp {
+            let mut rank = Server::new(port, i * dp + r, cfg.clone(), tok.clone(), kv.next());
+            rank.dp_rank = r;
+            let rank = Rc::new(rank);
+            monoio::spawn(gpu_loop(rank.clone()));
+            server.others.push(rank);
+        }
         let sh = Rc::new(server);
         monoio::spawn(gpu_loop(sh.clone()));
         monoio::spawn(accept_loop(sh.clone(), listener));
@@ -651,6 +720,9 @@ pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
     {
         return invalid("token_interval_ms must be a non-negative number");
     }
+    if !(1..=256).contains(&cfg.dp_size) {
+        return invalid("dp_size must be within 1..=256");
+    }
     if !(0.0..=1.0).contains(&cfg.faults.fail_rate) {
         return invalid("fail_rate must be within [0, 1]");
     }
@@ -687,12 +759,18 @@ pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
     }
     let (kv, kv_thread) = match &cfg.kv_events {
         Some(k) if k.publisher == PublisherKind::Zmq => {
-            let p = kv_events::start(k, ports.len(), cfg.page_size)?;
+            let dp = cfg.dp_size.max(1);
+            let p = kv_events::start_ranks(k, ports.len() * dp, dp, cfg.page_size)?;
             (p.workers, Some(p.thread))
         }
         _ => (Vec::new(), None),
     };
-    let kv_configs: Vec<KvEventsConfig> = kv.iter().map(|p| p.config().clone()).collect();
+    // Each port reports its rank 0's publisher (its ranks add their rank to the port).
+    let kv_configs: Vec<KvEventsConfig> = kv
+        .iter()
+        .step_by(cfg.dp_size.max(1))
+        .map(|p| p.config().clone())
+        .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let driver = cfg.io_driver;
     let host = cfg.host.clone();

@@ -85,15 +85,18 @@ pub(super) async fn handle(
         };
     }
     let post = method == b"POST";
-    match head.path() {
-        b"/generate" if post || method == b"PUT" => {
-            inference(sh, head, Endpoint::Generate, body, r, wr).await
-        }
-        b"/v1/chat/completions" if post => inference(sh, head, Endpoint::Chat, body, r, wr).await,
-        b"/v1/completions" if post => inference(sh, head, Endpoint::Completions, body, r, wr).await,
-        b"/v1/responses" if post => inference(sh, head, Endpoint::Responses, body, r, wr).await,
-        b"/v1/messages" if post => inference(sh, head, Endpoint::Messages, body, r, wr).await,
-        path => handle_info(sh, method, path, body, keep, r, wr).await,
+    let endpoint = match head.path() {
+        b"/generate" if post || method == b"PUT" => Endpoint::Generate,
+        b"/v1/chat/completions" if post => Endpoint::Chat,
+        b"/v1/completions" if post => Endpoint::Completions,
+        b"/v1/responses" if post => Endpoint::Responses,
+        b"/v1/messages" if post => Endpoint::Messages,
+        path => return handle_info(sh, method, path, body, keep, r, wr).await,
+    };
+    // The DP rank that runs it (`data_parallel_rank`, else round robin).
+    match sh.rank_for(body) {
+        Ok(rank) => inference(&rank, head, endpoint, body, r, wr).await,
+        Err(msg) => respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await,
     }
 }
 
@@ -158,10 +161,7 @@ async fn handle_info(
             Err(msg) => respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await,
         },
         b"/metrics" if get => {
-            let text = sh
-                .engine
-                .borrow()
-                .render_metrics(&sh.cfg.model_name, sh.held.get());
+            let text = metrics(sh);
             respond(
                 sh,
                 wr,
@@ -174,7 +174,7 @@ async fn handle_info(
         }
         b"/debug/requests" if get => respond_json(sh, wr, keep, 200, &debug_requests(sh)).await,
         b"/debug/stats" if get => respond_json(sh, wr, keep, 200, &debug_stats(sh)).await,
-        b"/debug/faults" if post => match set_faults(sh, body) {
+        b"/debug/faults" if post => match sh.ranks().try_for_each(|r| set_faults(r, body)) {
             Ok(()) => respond_json(sh, wr, keep, 200, &debug_stats(sh)).await,
             Err(msg) => respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await,
         },
@@ -187,20 +187,82 @@ async fn handle_info(
 
 /// `/abort_request` with `{"rid": "...", "abort_all": bool}`: SGLang answers 200 with an
 /// empty body whether or not it ran the request.
-fn abort_request(sh: &Server, body: &[u8]) -> Result<(), String> {
+fn abort_request(sh: &Rc<Server>, body: &[u8]) -> Result<(), String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
     let rid = v.get("rid").and_then(Value::as_str).unwrap_or("");
     let all = v.get("abort_all").and_then(Value::as_bool).unwrap_or(false);
     sh.abort_requests.set(sh.abort_requests.get() + 1);
-    sh.abort_by_rid(rid, all);
+    for r in sh.ranks() {
+        r.abort_by_rid(rid, all);
+    }
     Ok(())
+}
+
+/// `/metrics`: the port's one scheduler, or with `--dp-size` every rank's series, each sample
+/// labelled `dp_rank` (SGLang's schedulers label theirs so), families kept together.
+fn metrics(sh: &Rc<Server>) -> String {
+    let render = |r: &Server| {
+        r.engine
+            .borrow()
+            .render_metrics(&r.cfg.model_name, r.held.get())
+    };
+    if sh.others.is_empty() {
+        return render(sh);
+    }
+    let texts: Vec<String> = sh.ranks().map(|r| render(r)).collect();
+    // Split each rank's text into families (a family starts at its `# HELP` line); every rank
+    // renders the same families in the same order.
+    let families = |t: &str| -> Vec<Vec<String>> {
+        let mut out: Vec<Vec<String>> = Vec::new();
+        for line in t.lines() {
+            if line.starts_with("# HELP") || out.is_empty() {
+                out.push(Vec::new());
+            }
+            if let Some(f) = out.last_mut() {
+                f.push(line.to_string());
+            }
+        }
+        out
+    };
+    let split: Vec<Vec<Vec<String>>> = texts.iter().map(|t| families(t)).collect();
+    let mut out = String::new();
+    for (i, fam) in split[0].iter().enumerate() {
+        for line in fam.iter().filter(|l| l.starts_with('#')) {
+            out.push_str(line);
+            out.push('\n');
+        }
+        for (rank, fams) in split.iter().enumerate() {
+            let Some(f) = fams.get(i) else { continue };
+            for line in f.iter().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+                out.push_str(&with_dp_rank(line, rank));
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// One sample line with `dp_rank="rank"` as its first label.
+fn with_dp_rank(line: &str, rank: usize) -> String {
+    match line.find(['{', ' ']) {
+        Some(i) if line.as_bytes()[i] == b'{' => {
+            let rest = &line[i + 1..];
+            let sep = if rest.starts_with('}') { "" } else { "," };
+            format!("{}{{dp_rank=\"{rank}\"{sep}{rest}", &line[..i])
+        }
+        Some(i) => format!("{}{{dp_rank=\"{rank}\"}}{}", &line[..i], &line[i..]),
+        None => line.to_string(),
+    }
 }
 
 /// `/flush_cache`: SGLang's text answer, 400 when requests are in flight.
 async fn flush_cache(sh: &Rc<Server>, keep: bool, wr: &mut WriteHalf) -> Next {
-    let ok = sh.engine.borrow_mut().flush_cache();
-    // SGLang publishes AllBlocksCleared right away, not at the next scheduler step.
-    sh.publish_kv();
+    let mut ok = true;
+    for r in sh.ranks() {
+        ok &= r.engine.borrow_mut().flush_cache();
+        // SGLang publishes AllBlocksCleared right away, not at the next scheduler step.
+        r.publish_kv();
+    }
     let text = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n";
     respond(
         sh,
@@ -230,9 +292,24 @@ fn model_info(sh: &Server) -> Value {
     })
 }
 
-fn server_info(sh: &Server) -> Value {
+fn server_info(sh: &Rc<Server>) -> Value {
     let c = &sh.cfg;
-    let e = sh.engine.borrow();
+    let dp = sh.others.len() + 1;
+    let internal_states: Vec<Value> = sh
+        .ranks()
+        .map(|r| {
+            let e = r.engine.borrow();
+            json!({
+                "dp_rank": r.dp_rank,
+                "last_gen_throughput": e.gen_throughput(),
+                "num_running_reqs": e.num_running(),
+                "num_waiting_reqs": e.num_waiting(),
+                "token_usage": e.cache().used_tokens() as f64 / c.max_total_tokens.max(1) as f64,
+                "cache_hit_rate": e.last_hit_rate(),
+                "memory_usage": {"kvcache_tokens": e.cache().tree_tokens() + e.cache().private_tokens()},
+            })
+        })
+        .collect();
     let tokenizer = match (c.tokenizer_path.is_some(), c.tokenizer) {
         (true, _) => "hf",
         (false, TokenizerMode::Bpe) => "bpe",
@@ -244,7 +321,7 @@ fn server_info(sh: &Server) -> Value {
     };
     json!({
         "model_path": c.model_name, "tokenizer_path": tokenizer_path, "served_model_name": c.model_name,
-        "host": c.host, "port": sh.port, "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1,
+        "host": c.host, "port": sh.port, "tp_size": dp, "dp_size": dp, "enable_dp_attention": dp > 1, "pp_size": 1, "ep_size": 1,
         "page_size": c.page_size, "chunked_prefill_size": c.chunked_prefill_size,
         "max_prefill_tokens": 16384, "max_running_requests": c.max_running,
         "max_total_tokens": c.max_total_tokens, "schedule_policy": "fcfs",
@@ -253,14 +330,7 @@ fn server_info(sh: &Server) -> Value {
         "random_seed": c.seed, "kv_cache_dtype": "auto", "dtype": "bfloat16",
         "max_total_num_tokens": c.max_total_tokens,
         "max_req_input_len": c.max_total_tokens.saturating_sub(1).min(CONTEXT_LEN),
-        "internal_states": [{
-            "last_gen_throughput": e.gen_throughput(),
-            "num_running_reqs": e.num_running(),
-            "num_waiting_reqs": e.num_waiting(),
-            "token_usage": e.cache().used_tokens() as f64 / c.max_total_tokens.max(1) as f64,
-            "cache_hit_rate": e.last_hit_rate(),
-            "memory_usage": {"kvcache_tokens": e.cache().tree_tokens() + e.cache().private_tokens()},
-        }],
+        "internal_states": internal_states,
         "kv_events_config": kv_events_config(sh),
         "kv_events": kv_events_descriptor(sh),
         "version": "0.5.2-sim",
@@ -302,52 +372,79 @@ fn kv_events_descriptor(sh: &Server) -> Value {
         "publisher": c.to_json()["publisher"], "endpoint": c.endpoint,
         "replay_endpoint": c.replay_endpoint, "endpoint_host": host,
         "endpoint_port_base": port, "replay_endpoint_port_base": replay_port,
-        "topic": c.topic, "block_size": sh.cfg.page_size, "dp_size": 1,
+        "topic": c.topic, "block_size": sh.cfg.page_size, "dp_size": sh.others.len() + 1,
     })
 }
 
-fn get_load(sh: &Server) -> Value {
-    let e = sh.engine.borrow();
-    json!([{
-        "dp_rank": 0,
-        "num_reqs": e.num_running() + e.num_waiting() + sh.held.get(),
-        "num_waiting_reqs": e.num_waiting() + sh.held.get(),
-        "num_tokens": e.cache().used_tokens(),
-        "num_pending_tokens": e.waiting_tokens(),
-        "ts_tic": unix_now(),
-    }])
+fn get_load(sh: &Rc<Server>) -> Value {
+    let per_rank = |sh: &Server| {
+        let e = sh.engine.borrow();
+        json!({
+            "dp_rank": sh.dp_rank,
+            "num_reqs": e.num_running() + e.num_waiting() + sh.held.get(),
+            "num_waiting_reqs": e.num_waiting() + sh.held.get(),
+            "num_tokens": e.cache().used_tokens(),
+            "num_pending_tokens": e.waiting_tokens(),
+            "ts_tic": unix_now(),
+        })
+    };
+    Value::Array(sh.ranks().map(|r| per_rank(r)).collect())
 }
 
-fn loads(sh: &Server) -> Value {
+fn loads(sh: &Rc<Server>) -> Value {
+    let loads: Vec<Value> = sh.ranks().map(|r| rank_load(r)).collect();
+    json!({
+        "timestamp": unix_now(), "version": "0.5.2-sim", "accelerator": "sim",
+        "num_accelerators": loads.len(), "loads": loads,
+    })
+}
+
+fn rank_load(sh: &Server) -> Value {
     let e = sh.engine.borrow();
     let cap = sh.cfg.max_total_tokens.max(1);
     let used = e.cache().used_tokens();
-    json!({
-        "timestamp": unix_now(), "version": "0.5.2-sim", "accelerator": "sim", "num_accelerators": 1,
-        "loads": [{
-            "dp_rank": 0, "num_running_reqs": e.num_running(),
+    {
+        json!({
+            "dp_rank": sh.dp_rank, "num_running_reqs": e.num_running(),
             "num_waiting_reqs": e.num_waiting() + sh.held.get(),
             "num_waiting_uncached_tokens": e.waiting_tokens(), "num_used_tokens": used,
             "num_total_tokens": e.cache().tree_tokens() + e.cache().private_tokens(),
             "max_total_num_tokens": cap, "token_usage": used as f64 / cap as f64,
             "gen_throughput": e.gen_throughput(), "cache_hit_rate": e.last_hit_rate(),
             "utilization": if e.is_idle() { 0.0 } else { 1.0 },
-        }],
-    })
+        })
+    }
 }
 
-fn debug_stats(sh: &Server) -> Value {
+fn debug_stats(sh: &Rc<Server>) -> Value {
+    let ranks: Vec<Value> = sh
+        .ranks()
+        .map(|r| {
+            let m = r.engine.borrow().metrics().clone();
+            json!({
+                "dp_rank": r.dp_rank,
+                "inference_received": r.received.get(),
+                "inference_answered": r.answered.get(),
+                "prompt_tokens": m.prompt_tokens,
+                "cached_tokens": m.cached_tokens,
+                "num_requests": m.num_requests,
+            })
+        })
+        .collect();
+    let sum = |f: fn(&Server) -> u64| sh.ranks().map(|r| f(r)).sum::<u64>();
     json!({
+        "dp_size": ranks.len(),
+        "dp_ranks": ranks,
         "port": sh.port,
         "connections": sh.connections.get(),
         "inference_connections": sh.inference_connections.get(),
-        "inference_received": sh.received.get(),
-        "inference_answered": sh.answered.get(),
-        "inference_in_progress": sh.in_progress.get(),
-        "aborted": sh.engine.borrow().metrics().num_aborted,
+        "inference_received": sum(|r| r.received.get()),
+        "inference_answered": sum(|r| r.answered.get()),
+        "inference_in_progress": sum(|r| r.in_progress.get()),
+        "aborted": sum(|r| r.engine.borrow().metrics().num_aborted),
         "abort_requests": sh.abort_requests.get(),
-        "aborted_by_rid": sh.aborted_by_rid.get(),
-        "running_rids": sh.rids.borrow().keys().cloned().collect::<Vec<_>>(),
+        "aborted_by_rid": sum(|r| r.aborted_by_rid.get()),
+        "running_rids": sh.ranks().flat_map(|r| r.rids.borrow().keys().cloned().collect::<Vec<_>>()).collect::<Vec<_>>(),
         "fail_rate": sh.fail_rate(),
         "hold": sh.hold.get(),
         "disaggregation_mode": sh.cfg.disaggregation_mode.map(|m| m.as_str()),
@@ -463,5 +560,21 @@ pub(super) fn answered(sh: &Server) {
     sh.answered.set(n);
     if sh.cfg.faults.die_after.is_some_and(|limit| n >= limit) {
         sh.die();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_dp_rank;
+
+    #[test]
+    fn a_sample_gets_dp_rank_as_its_first_label() {
+        assert_eq!(
+            with_dp_rank("sglang:num_running_reqs{model_name=\"m\"} 3", 1),
+            "sglang:num_running_reqs{dp_rank=\"1\",model_name=\"m\"} 3"
+        );
+        assert_eq!(with_dp_rank("x{} 1", 0), "x{dp_rank=\"0\"} 1");
+        assert_eq!(with_dp_rank("x 1", 2), "x{dp_rank=\"2\"} 1");
+        assert_eq!(with_dp_rank("x", 2), "x");
     }
 }

@@ -205,3 +205,16 @@ fn merge_is_capped_per_whole_worker() {
     assert!(!out.contains("http://c:1"));
     assert!(out.contains("1 worker(s) left out"));
 }
+
+#[test]
+fn per_rank_load_follows_the_dp_rank_label() {
+    assert_eq!(load_by_rank(SGLANG, 2), Some(vec![7.0, 2.0]));
+    assert_eq!(
+        load_by_rank(SGLANG, 1),
+        None,
+        "a rank beyond the server's: no split"
+    );
+    let unlabelled = "sglang:num_running_reqs{model_name=\"m\"} 3\n";
+    assert_eq!(load_by_rank(unlabelled, 2), None);
+    assert_eq!(load_by_rank("# nothing\n", 2), None);
+}

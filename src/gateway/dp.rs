@@ -1,0 +1,102 @@
+//! DP-aware routing (`--dp-aware`): how many attention-DP ranks a server runs, read from its
+//! `/get_server_info` (`dp_size`) before it is registered, so that each rank becomes a routing
+//! target of its own (`workers::registry` explains the registration; the exchange splices the
+//! rank into the body with `route::bootstrap`).
+
+use crate::config::Config;
+use crate::http::Method;
+use crate::proxy::forward;
+use crate::proxy::pool::Pool;
+use crate::workers::registry::{self, Worker, MAX_DP_SIZE};
+use bytes::Bytes;
+use std::time::{Duration, Instant};
+
+/// Time allowed for one `/get_server_info` call.
+pub const INFO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The `dp_size` a server reports in its `/get_server_info` body (SGLang puts its server
+/// arguments at the top level). A server that does not report one runs a single rank.
+pub fn dp_size_from_info(body: &[u8]) -> Result<u32, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("/get_server_info is not JSON: {e}"))?;
+    match v.get("dp_size") {
+        None | Some(serde_json::Value::Null) => Ok(1),
+        Some(n) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| (1..=MAX_DP_SIZE).contains(n))
+            .ok_or_else(|| format!("/get_server_info: dp_size {n} is not 1..={MAX_DP_SIZE}")),
+    }
+}
+
+/// Ask `worker`'s server for its `dp_size`.
+pub async fn fetch_dp_size(pool: &Pool, worker: &Worker) -> Result<u32, String> {
+    let path = "/get_server_info";
+    match forward::fetch(pool, worker, Method::Get, path, Bytes::new(), INFO_TIMEOUT).await {
+        Ok((200, body)) => dp_size_from_info(&body),
+        Ok((status, _)) => Err(format!("{path} answered {status}")),
+        Err(e) => Err(format!("{path}: {}", e.message())),
+    }
+}
+
+/// At start: the `dp_size` of each of `urls`, polling each server (1 s, 2 s, … up to
+/// `--worker-startup-check-interval`) until it answers or `--worker-startup-timeout-secs` runs
+/// out. Blocks the caller (start-up, before the cores serve) on a small runtime of its own.
+pub fn dp_sizes_at_start(cfg: &Config, urls: &[String]) -> Result<Vec<u32>, String> {
+    let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+        .enable_timer()
+        .build()
+        .map_err(|e| format!("--dp-aware: cannot build a runtime: {e}"))?;
+    let pool = Pool::new(Duration::from_secs(1), 1);
+    let timeout = Duration::from_secs(cfg.worker_startup_timeout_secs);
+    let cap = Duration::from_secs(cfg.worker_startup_check_interval.max(1));
+    rt.block_on(async {
+        let mut sizes = Vec::with_capacity(urls.len());
+        for url in urls {
+            let parsed = registry::parse_worker_url(url).map_err(|e| e.0)?;
+            let addrs = registry::resolve(&parsed).map_err(|e| e.to_string())?;
+            let probe = Worker::detached(url, parsed, addrs);
+            let started = Instant::now();
+            let mut attempt = 0u64;
+            let size = loop {
+                match fetch_dp_size(&pool, &probe).await {
+                    Ok(n) => break n,
+                    Err(e) if started.elapsed() >= timeout => {
+                        return Err(format!("--dp-aware: worker {url}: {e}"))
+                    }
+                    Err(e) => {
+                        attempt += 1;
+                        if attempt == 1 {
+                            crate::log!(Info, "--dp-aware: waiting for worker {url}: {e}");
+                        }
+                        monoio::time::sleep(Duration::from_secs(attempt).min(cap)).await;
+                    }
+                }
+            };
+            crate::log!(Info, "--dp-aware: worker {url} runs {size} DP rank(s)");
+            sizes.push(size);
+        }
+        Ok(sizes)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dp_size_as_sglang_reports_it() {
+        assert_eq!(dp_size_from_info(br#"{"dp_size":4,"tp_size":8}"#), Ok(4));
+        assert_eq!(dp_size_from_info(br#"{"model_path":"m"}"#), Ok(1));
+        assert_eq!(dp_size_from_info(br#"{"dp_size":null}"#), Ok(1));
+        for bad in [
+            &br#"{"dp_size":0}"#[..],
+            br#"{"dp_size":-1}"#,
+            br#"{"dp_size":"2"}"#,
+            br#"{"dp_size":99999}"#,
+            b"nope",
+        ] {
+            assert!(dp_size_from_info(bad).is_err(), "{bad:?}");
+        }
+    }
+}
