@@ -6,7 +6,7 @@
 use crate::http::{
     self, BodyFraming, ChunkedDecoder, HeadLimits, Method, RequestHead, ResponseHead,
 };
-use crate::proxy::io::{read_into, write_all_by};
+use crate::proxy::io::{read_into, write_head_and_body_by};
 use crate::proxy::pool::Pool;
 use crate::workers::registry::Worker;
 use bytes::{Buf, Bytes, BytesMut};
@@ -33,9 +33,6 @@ const REQUEST_SKIP: [&str; 12] = [
     "x-request-id",
     "x-forwarded-for",
 ];
-
-/// Bodies up to this size are copied behind the head so the request is one write.
-const COALESCE_BODY: usize = 16 * 1024;
 
 /// Whether header `name` is in `list` (ASCII case-insensitive).
 pub(super) fn skip(name: &[u8], list: &[&str]) -> bool {
@@ -73,14 +70,7 @@ impl UpstreamRequest {
         request_id: &str,
         body: Bytes,
     ) -> UpstreamRequest {
-        let mut out = BytesMut::with_capacity(
-            256 + client.map_or(0, |h| h.buf.len())
-                + if body.len() <= COALESCE_BODY {
-                    body.len()
-                } else {
-                    0
-                },
-        );
+        let mut out = BytesMut::with_capacity(256 + client.map_or(0, |h| h.buf.len()));
         out.extend_from_slice(method);
         out.extend_from_slice(b" ");
         out.extend_from_slice(target);
@@ -109,17 +99,10 @@ impl UpstreamRequest {
         out.extend_from_slice(b"\r\n");
         write_forwarded_for(&mut out, client, peer);
         out.extend_from_slice(b"\r\n");
-        if body.len() <= COALESCE_BODY {
-            out.extend_from_slice(&body);
-            UpstreamRequest {
-                head: out.freeze(),
-                body: Bytes::new(),
-            }
-        } else {
-            UpstreamRequest {
-                head: out.freeze(),
-                body,
-            }
+        // The body is never copied: head and body go out together in one vectored write.
+        UpstreamRequest {
+            head: out.freeze(),
+            body,
         }
     }
 }
@@ -268,14 +251,9 @@ async fn exchange_head(
             ExchangeError::NothingBack(e)
         }
     };
-    write_all_by(stream, req.head.clone(), deadline)
+    write_head_and_body_by(stream, req.head.clone(), req.body.clone(), deadline)
         .await
         .map_err(timeout)?;
-    if !req.body.is_empty() {
-        write_all_by(stream, req.body.clone(), deadline)
-            .await
-            .map_err(timeout)?;
-    }
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let limits = HeadLimits::default();
     let mut received_any = false;

@@ -1,7 +1,7 @@
 //! Rent-style (io_uring) read helpers: monoio reads take the buffer by value, so these append
 //! into a `BytesMut` and bound each read by a deadline.
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
@@ -50,6 +50,64 @@ pub async fn write_all_by<T: monoio::buf::IoBuf + 'static>(
     deadline: Instant,
 ) -> io::Result<()> {
     match monoio::time::timeout_at(deadline, stream.write_all(data)).await {
+        Ok((res, _)) => res.map(|_| ()),
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out")),
+    }
+}
+
+/// Two buffers written as one: a request head and its body, sent by one `writev` instead of
+/// copying the body behind the head or paying two writes. Owns both (the write needs `'static`
+/// buffers); their bytes live on the heap (or in static memory), so the iovecs stay valid when
+/// this value moves.
+pub struct HeadAndBody {
+    _bufs: [Bytes; 2],
+    iov: [libc::iovec; 2],
+}
+
+impl HeadAndBody {
+    /// `head` then `body` (either may be empty).
+    pub fn new(head: Bytes, body: Bytes) -> HeadAndBody {
+        let iov = [
+            libc::iovec {
+                iov_base: head.as_ptr() as *mut libc::c_void,
+                iov_len: head.len(),
+            },
+            libc::iovec {
+                iov_base: body.as_ptr() as *mut libc::c_void,
+                iov_len: body.len(),
+            },
+        ];
+        HeadAndBody {
+            _bufs: [head, body],
+            iov,
+        }
+    }
+}
+
+// SAFETY: the two iovecs point at the contents of the two `Bytes` this value owns, which are
+// immutable and never move while a `Bytes` handle to them exists (heap or static storage, not
+// inline in the handle), so they stay valid and unchanged for as long as the value lives,
+// wherever it moves; the iovec array itself is read through `&self` only.
+unsafe impl monoio::buf::IoVecBuf for HeadAndBody {
+    fn read_iovec_ptr(&self) -> *const libc::iovec {
+        self.iov.as_ptr()
+    }
+
+    fn read_iovec_len(&self) -> usize {
+        self.iov.len()
+    }
+}
+
+/// Write a head and a body with one vectored write (repeated on a partial write), with a
+/// deadline.
+pub async fn write_head_and_body_by(
+    stream: &mut TcpStream,
+    head: Bytes,
+    body: Bytes,
+    deadline: Instant,
+) -> io::Result<()> {
+    let bufs = HeadAndBody::new(head, body);
+    match monoio::time::timeout_at(deadline, stream.write_vectored_all(bufs)).await {
         Ok((res, _)) => res.map(|_| ()),
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out")),
     }
