@@ -15,6 +15,36 @@ use super::{Key, Sink};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::fmt;
 
+/// The visitor methods [`Blocks`] and [`TextField`] share: a string is a piece for the sink
+/// (borrowed from the body when it needs no unescaping), any other scalar contributes nothing.
+macro_rules! strings_into_the_sink {
+    ($de:lifetime) => {
+        fn visit_borrowed_str<E: de::Error>(self, v: &$de str) -> Result<(), E> {
+            self.0.borrowed(v);
+            Ok(())
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+            self.0.transient(v);
+            Ok(())
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+            Ok(())
+        }
+    };
+}
+
 /// Text pieces of a Responses or Messages field, written into a [`Sink`] (see the module
 /// docs for the rule).
 pub(super) struct Blocks<'s, 'a>(pub(super) &'s mut Sink<'a>);
@@ -31,29 +61,7 @@ impl<'de> Visitor<'de> for Blocks<'_, 'de> {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a string, an array of items or a content block")
     }
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
-        self.0.borrowed(v);
-        Ok(())
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        self.0.transient(v);
-        Ok(())
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        Ok(())
-    }
+    strings_into_the_sink!('de);
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         while seq.next_element_seed(Blocks(&mut *self.0))?.is_some() {}
         Ok(())
@@ -98,29 +106,7 @@ impl<'de> Visitor<'de> for TextField<'_, 'de> {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON value")
     }
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
-        self.0.borrowed(v);
-        Ok(())
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        self.0.transient(v);
-        Ok(())
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        Ok(())
-    }
+    strings_into_the_sink!('de);
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(())
