@@ -61,13 +61,14 @@ pub async fn write_all_by<T: monoio::buf::IoBuf + 'static>(
 /// this value moves.
 pub struct HeadAndBody {
     _bufs: [Bytes; 2],
-    iov: [libc::iovec; 2],
+    /// Boxed: io_uring reads the iovec array after submission, when this value may have moved.
+    iov: Box<[libc::iovec; 2]>,
 }
 
 impl HeadAndBody {
     /// `head` then `body` (either may be empty).
     pub fn new(head: Bytes, body: Bytes) -> HeadAndBody {
-        let iov = [
+        let iov = Box::new([
             libc::iovec {
                 iov_base: head.as_ptr() as *mut libc::c_void,
                 iov_len: head.len(),
@@ -76,7 +77,7 @@ impl HeadAndBody {
                 iov_base: body.as_ptr() as *mut libc::c_void,
                 iov_len: body.len(),
             },
-        ];
+        ]);
         HeadAndBody {
             _bufs: [head, body],
             iov,
@@ -86,8 +87,9 @@ impl HeadAndBody {
 
 // SAFETY: the two iovecs point at the contents of the two `Bytes` this value owns, which are
 // immutable and never move while a `Bytes` handle to them exists (heap or static storage, not
-// inline in the handle), so they stay valid and unchanged for as long as the value lives,
-// wherever it moves; the iovec array itself is read through `&self` only.
+// inline in the handle); the iovec array is on the heap, so its address stays the same when
+// this value moves (an io_uring submission reads it later). Both stay valid and unchanged for
+// as long as the value lives; the array is read through `&self` only.
 unsafe impl monoio::buf::IoVecBuf for HeadAndBody {
     fn read_iovec_ptr(&self) -> *const libc::iovec {
         self.iov.as_ptr()
@@ -98,19 +100,40 @@ unsafe impl monoio::buf::IoVecBuf for HeadAndBody {
     }
 }
 
-/// Write a head and a body with one vectored write (repeated on a partial write), with a
-/// deadline.
+/// Write a head and a body with a deadline: one vectored write for both, which on a loopback
+/// or a warm connection sends everything at once; what a partial write leaves of the body goes
+/// out with the single-buffer `write_all`. (monoio 0.2.4's `write_vectored_all` is not relied
+/// on: its `IoVecMeta::consume` discards the advanced base pointer of a partly written iovec.)
 pub async fn write_head_and_body_by(
     stream: &mut TcpStream,
-    head: Bytes,
-    body: Bytes,
+    mut head: Bytes,
+    mut body: Bytes,
     deadline: Instant,
 ) -> io::Result<()> {
-    let bufs = HeadAndBody::new(head, body);
-    match monoio::time::timeout_at(deadline, stream.write_vectored_all(bufs)).await {
-        Ok((res, _)) => res.map(|_| ()),
-        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out")),
+    use bytes::Buf;
+    while !head.is_empty() {
+        let bufs = HeadAndBody::new(head.clone(), body.clone());
+        let written = match monoio::time::timeout_at(deadline, stream.writev(bufs)).await {
+            Ok((res, _)) => res?,
+            Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out")),
+        };
+        if written == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "the connection took no bytes",
+            ));
+        }
+        if written < head.len() {
+            head.advance(written);
+        } else {
+            body.advance(written - head.len());
+            head = Bytes::new();
+        }
     }
+    if body.is_empty() {
+        return Ok(());
+    }
+    write_all_by(stream, body, deadline).await
 }
 
 /// How long a connection lingers after an error reply that closes it.
