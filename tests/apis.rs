@@ -11,23 +11,6 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-fn words(seed: u64, n: usize) -> String {
-    let vocab = [
-        "alpha", "river", "stone", "cloud", "maple", "quartz", "ember", "lantern", "harbor",
-        "meadow", "cipher", "falcon",
-    ];
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            vocab[(x % vocab.len() as u64) as usize]
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// Which API a conversation speaks.
 #[derive(Clone, Copy, Debug)]
 enum Api {

@@ -197,15 +197,7 @@ fn a_conversation_stays_on_one_worker_rank_and_hits_that_ranks_cache() {
             .collect();
         let before = all_received(&[&c]);
         let cached = |k: usize| -> u64 { rank_field(&c, k / 2, "cached_tokens")[k % 2] };
-        let r = request(
-            gw.addr,
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            &chat_body(&msgs, false, 4),
-        )
-        .unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
+        let r = chat_messages(gw.addr, &msgs, &[]);
         let answer = r.json()["choices"][0]["message"]["content"]
             .as_str()
             .unwrap_or("")

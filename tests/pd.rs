@@ -265,15 +265,7 @@ fn cache_aware_prefill_side_keeps_a_conversation_on_its_worker() {
                 .iter()
                 .map(|(r, c)| (r.as_str(), c.as_str()))
                 .collect();
-            let r = request(
-                gw.addr,
-                "POST",
-                "/v1/chat/completions",
-                &[],
-                &chat_body(&msgs, false, 4),
-            )
-            .unwrap();
-            assert_eq!(r.status, 200, "{}", r.text());
+            let r = chat_messages(gw.addr, &msgs, &[]);
             let after = received(&prefill);
             let served: Vec<usize> = (0..3).filter(|&i| after[i] > before[i]).collect();
             assert_eq!(served.len(), 1, "{before:?} → {after:?}");

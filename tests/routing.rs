@@ -8,40 +8,6 @@ use radixgate::tree::TreeKey;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-fn words(seed: u64, n: usize) -> String {
-    let vocab = [
-        "alpha", "river", "stone", "cloud", "maple", "quartz", "ember", "lantern", "harbor",
-        "meadow", "cipher", "falcon",
-    ];
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            vocab[(x % vocab.len() as u64) as usize]
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn chat(
-    gw: std::net::SocketAddr,
-    msgs: &[(&str, &str)],
-    extra_headers: &[(&str, &str)],
-) -> Response {
-    let r = request(
-        gw,
-        "POST",
-        "/v1/chat/completions",
-        extra_headers,
-        &chat_body(msgs, false, 4),
-    )
-    .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
-    r
-}
-
 #[test]
 fn a_conversation_keeps_its_worker_turn_by_turn() {
     let cluster = sim(4, |_| {});
@@ -55,7 +21,7 @@ fn a_conversation_keeps_its_worker_turn_by_turn() {
             .iter()
             .map(|(r, c)| (r.as_str(), c.as_str()))
             .collect();
-        let r = chat(gw.addr, &msgs, &[]);
+        let r = chat_messages(gw.addr, &msgs, &[]);
         let port = served_by(&r);
         match first {
             None => first = Some(port),
@@ -78,7 +44,7 @@ fn distinct_cold_prompts_spread_over_workers() {
     let mut seen = HashSet::new();
     for i in 0..16 {
         // Sequential: every load is 0, so the reference would send all of these to one worker.
-        let r = chat(
+        let r = chat_messages(
             gw.addr,
             &[("user", &format!("{i} {}", words(1000 + i, 50)))],
             &[],
@@ -129,7 +95,7 @@ fn imbalance_sends_to_the_least_loaded_worker() {
         held.push(c);
     }
     // home has 3 in flight, the other 0: 3 − 0 > 2 and 3 > 1.5 × 0 → imbalanced.
-    let r = chat(gw.addr, &[("user", &prompt)], &[]);
+    let r = chat_messages(gw.addr, &[("user", &prompt)], &[]);
     assert_ne!(
         served_by(&r),
         home,
@@ -155,7 +121,7 @@ fn manual_policy_is_sticky_per_key_and_keys_expire() {
     let mut placed = HashMap::new();
     for round in 0..3 {
         for key in ["alice", "bob", "carol", "dave", "erin"] {
-            let r = chat(
+            let r = chat_messages(
                 gw.addr,
                 &[("user", &words(round * 10 + key.len() as u64, 5))],
                 &[("x-smg-routing-key", key)],
@@ -172,7 +138,7 @@ fn manual_policy_is_sticky_per_key_and_keys_expire() {
         std::thread::sleep(Duration::from_millis(100));
     }
     // A request without the header is placed fresh and not remembered.
-    chat(gw.addr, &[("user", "no key")], &[]);
+    chat_messages(gw.addr, &[("user", "no key")], &[]);
     assert_eq!(gw.gateway().router.policy.manual_keys(), 0);
 }
 
@@ -186,7 +152,7 @@ fn consistent_hashing_moves_few_keys_when_a_worker_joins() {
     let placement = |keys: &[String]| -> Vec<u16> {
         keys.iter()
             .map(|k| {
-                served_by(&chat(
+                served_by(&chat_messages(
                     gw.addr,
                     &[("user", "x")],
                     &[("x-smg-routing-key", k)],
@@ -198,7 +164,7 @@ fn consistent_hashing_moves_few_keys_when_a_worker_joins() {
     // Same key, same worker.
     for (k, p) in keys.iter().zip(&before).take(10) {
         assert_eq!(
-            served_by(&chat(
+            served_by(&chat_messages(
                 gw.addr,
                 &[("user", "y")],
                 &[("x-smg-routing-key", k)]
@@ -229,7 +195,7 @@ fn consistent_hashing_moves_few_keys_when_a_worker_joins() {
         keys.len()
     );
     // The target-worker header wins.
-    let r = chat(gw.addr, &[("user", "x")], &[("x-smg-target-worker", "0")]);
+    let r = chat_messages(gw.addr, &[("user", "x")], &[("x-smg-target-worker", "0")]);
     assert_eq!(served_by(&r), cluster.ports()[0]);
 }
 
@@ -246,7 +212,7 @@ fn prefix_hash_bucket_random_round_robin_power_of_two_answer_200() {
         let gw = gateway_for(&cluster.urls(), &["--policy", policy]);
         let mut seen = HashSet::new();
         for i in 0..9 {
-            let r = chat(gw.addr, &[("user", &words(i, 20 + i as usize * 30))], &[]);
+            let r = chat_messages(gw.addr, &[("user", &words(i, 20 + i as usize * 30))], &[]);
             seen.insert(served_by(&r));
         }
         if policy == "round_robin" {
@@ -255,8 +221,12 @@ fn prefix_hash_bucket_random_round_robin_power_of_two_answer_200() {
         if policy == "prefix_hash" {
             // Same prefix, same worker.
             let p = words(99, 400);
-            let a = served_by(&chat(gw.addr, &[("user", &p)], &[]));
-            let b = served_by(&chat(gw.addr, &[("user", &format!("{p} more"))], &[]));
+            let a = served_by(&chat_messages(gw.addr, &[("user", &p)], &[]));
+            let b = served_by(&chat_messages(
+                gw.addr,
+                &[("user", &format!("{p} more"))],
+                &[],
+            ));
             assert_eq!(a, b);
         }
     }
@@ -330,7 +300,7 @@ fn eviction_keeps_each_worker_under_the_limit_while_requests_flow() {
     );
     let tree = gw.gateway().router.tree.as_ref().unwrap();
     for i in 0..60 {
-        chat(
+        chat_messages(
             gw.addr,
             &[("user", &format!("{i} {}", words(500 + i, 80)))],
             &[],
@@ -374,11 +344,14 @@ fn removing_a_worker_takes_it_out_of_routing_and_the_tree() {
     let cluster = sim(2, |_| {});
     let gw = gateway_for(&cluster.urls(), &["--policy", "cache_aware"]);
     let prompt = words(3, 200);
-    let home = served_by(&chat(gw.addr, &[("user", &prompt)], &[]));
+    let home = served_by(&chat_messages(gw.addr, &[("user", &prompt)], &[]));
     let url = format!("http://127.0.0.1:{home}");
     remove_worker(gw.addr, &url);
     for _ in 0..5 {
-        assert_ne!(served_by(&chat(gw.addr, &[("user", &prompt)], &[])), home);
+        assert_ne!(
+            served_by(&chat_messages(gw.addr, &[("user", &prompt)], &[])),
+            home
+        );
     }
     let list = request(gw.addr, "GET", "/list_workers", &[], b"")
         .unwrap()
@@ -453,13 +426,16 @@ fn a_prompt_the_chosen_worker_already_holds_sends_no_insert() {
     let gw = gateway_for(&cluster.urls(), &["--policy", "cache_aware"]);
     let tree = gw.gateway().router.tree.clone().unwrap();
     let prompt = words(7, 200);
-    let first = served_by(&chat(gw.addr, &[("user", &prompt)], &[]));
+    let first = served_by(&chat_messages(gw.addr, &[("user", &prompt)], &[]));
     tree.sync();
     let applied = tree.stats().inserts_applied();
     assert!(applied >= 1, "the first request is learned");
     // The same prompt again and again: each lands where it is held and changes nothing.
     for _ in 0..20 {
-        assert_eq!(served_by(&chat(gw.addr, &[("user", &prompt)], &[])), first);
+        assert_eq!(
+            served_by(&chat_messages(gw.addr, &[("user", &prompt)], &[])),
+            first
+        );
     }
     tree.sync();
     assert_eq!(
@@ -469,7 +445,10 @@ fn a_prompt_the_chosen_worker_already_holds_sends_no_insert() {
     );
     // A longer prompt (a new turn) on the same worker is still learned.
     let longer = format!("{prompt} {}", words(8, 40));
-    assert_eq!(served_by(&chat(gw.addr, &[("user", &longer)], &[])), first);
+    assert_eq!(
+        served_by(&chat_messages(gw.addr, &[("user", &longer)], &[])),
+        first
+    );
     tree.sync();
     assert_eq!(tree.stats().inserts_applied(), applied + 1);
 }

@@ -613,3 +613,40 @@ pub fn remove_worker(addr: SocketAddr, url: &str) {
 pub fn gen_body(i: usize) -> Vec<u8> {
     format!(r#"{{"text":"request {i}","sampling_params":{{"max_new_tokens":1}}}}"#).into_bytes()
 }
+
+/// `n` words from a small vocabulary, the same for the same seed: prompts that differ by
+/// seed and share nothing by accident.
+pub fn words(seed: u64, n: usize) -> String {
+    let vocab = [
+        "alpha", "river", "stone", "cloud", "maple", "quartz", "ember", "lantern", "harbor",
+        "meadow", "cipher", "falcon",
+    ];
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            vocab[(x % vocab.len() as u64) as usize]
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A non-streamed chat turn with these messages (and extra headers); it must answer 200.
+pub fn chat_messages(
+    gw: std::net::SocketAddr,
+    msgs: &[(&str, &str)],
+    extra_headers: &[(&str, &str)],
+) -> Response {
+    let r = request(
+        gw,
+        "POST",
+        "/v1/chat/completions",
+        extra_headers,
+        &chat_body(msgs, false, 4),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    r
+}

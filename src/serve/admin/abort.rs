@@ -10,9 +10,10 @@
 use super::fanout;
 use crate::gateway::Core;
 use crate::http::Method;
-use crate::proxy::forward;
+use crate::proxy::forward::{self, UpstreamError};
 use crate::serve::error::GatewayError;
 use crate::serve::reply::Reply;
+use crate::workers::registry::Worker;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
@@ -50,46 +51,26 @@ pub async fn abort(core: &Rc<Core>, body: &Bytes) -> Result<Reply, GatewayError>
         _ => None,
     };
     if let Some((latest, before)) = holder {
-        if let Some(w) = list.get(latest).cloned() {
+        if let Some(w) = list.get(latest) {
             crate::log!(Debug, "abort_request {:?} → {}", rid, w.url);
             // The worker that held it before (the prefill half of a prefill/decode request,
             // perhaps still computing a long prompt) gets it too; its answer does not count,
             // since after a retry it is a worker that no longer runs the request.
-            if let Some(b) = before
-                .filter(|&b| b != latest)
-                .and_then(|b| list.get(b).cloned())
-            {
-                let sent = forward::fetch(
-                    &core.pool,
-                    &b,
-                    Method::Post,
-                    "/abort_request",
-                    body.clone(),
-                    ABORT_TIMEOUT,
-                )
-                .await;
-                if let Err(e) = sent {
+            let earlier = before.filter(|&b| b != latest).and_then(|b| list.get(b));
+            if let Some(b) = earlier {
+                if let Err(e) = send_abort(core, b, body).await {
                     crate::log!(Debug, "abort_request {:?} → {}: {e:?}", rid, b.url);
                 }
             }
-            return match forward::fetch(
-                &core.pool,
-                &w,
-                Method::Post,
-                "/abort_request",
-                body.clone(),
-                ABORT_TIMEOUT,
-            )
-            .await
-            {
-                // The answer never names the worker: its address is internal topology and
-                // this endpoint needs only the inference key.
-                Ok((status, _)) => Ok(Reply::json(
-                    status,
-                    &json!({"rid": rid, "sent_to": "holder", "status": status}),
-                )),
-                Err(e) => Err(GatewayError::upstream(&e)),
-            };
+            // The answer never names the worker: its address is internal topology and this
+            // endpoint needs only the inference key.
+            let (status, _) = send_abort(core, w, body)
+                .await
+                .map_err(|e| GatewayError::upstream(&e))?;
+            return Ok(Reply::json(
+                status,
+                &json!({"rid": rid, "sent_to": "holder", "status": status}),
+            ));
         }
     }
     let workers = list.workers.clone();
@@ -114,4 +95,21 @@ pub async fn abort(core: &Rc<Core>, body: &Bytes) -> Result<Reply, GatewayError>
         status,
         &json!({"rid": rid, "sent_to": "all", "workers": results.len(), "answered": ok}),
     ))
+}
+
+/// One worker's `/abort_request` with the client's body as it came.
+async fn send_abort(
+    core: &Rc<Core>,
+    worker: &Worker,
+    body: &Bytes,
+) -> Result<(u16, Bytes), UpstreamError> {
+    forward::fetch(
+        &core.pool,
+        worker,
+        Method::Post,
+        "/abort_request",
+        body.clone(),
+        ABORT_TIMEOUT,
+    )
+    .await
 }
