@@ -327,13 +327,16 @@ fn chat_prompts_are_tokenized_with_the_servers_template_and_routed_by_their_even
     wait_warm(&gw, 2);
     let ports = c.ports();
     let kv = gw.gateway().kv.as_ref().unwrap();
+    let mut tokens = radixgate::tokenize::SegmentCache::new(
+        kv.tokenizer().expect("--tokenizer-path").clone(),
+        1 << 20,
+    );
     for i in 0..6usize {
         let holder = i % 2;
         let system = format!("You are assistant number {i}. Answer briefly and kindly, always.");
         let question = format!("Tell me about the weather in city {i} today, please.");
         let turn1 = chat_turns(&[("system", &system), ("user", &question)]);
         // Turn 1 is prefilled on the holder by a client that bypasses the gateway.
-        let stored_before = kv.stats.blocks_stored();
         let r = request(
             worker_addr(&c, holder),
             "POST",
@@ -347,8 +350,15 @@ fn chat_prompts_are_tokenized_with_the_servers_template_and_routed_by_their_even
             .as_str()
             .unwrap()
             .to_string();
-        wait_until("the turn's events applied", LIMIT, || {
-            (kv.stats.blocks_stored() > stored_before).then_some(())
+        // Wait for the holder's own blocks of turn 1 (its prompt as the gateway tokenizes it):
+        // a count of stored blocks could be met by the other worker's late batch of the turn
+        // before (its answer's pages), and the route would then be taken without the events.
+        let mut ids = Vec::new();
+        tokens.chat_ids(&turn1, &mut ids).unwrap();
+        let whole = (ids.len() / PAGE) as u32;
+        assert!(whole >= 4, "turn 1 spans {} tokens", ids.len());
+        wait_until("the holder's turn-1 blocks in the index", LIMIT, || {
+            (indexed_blocks(&gw, &c, ports[holder], &ids) == whole).then_some(())
         });
         // Turn 2 through the gateway: its tokens extend turn 1's, which only the events know.
         let turn2 = chat_turns(&[
