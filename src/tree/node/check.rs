@@ -1,7 +1,7 @@
 //! The structural invariant checker (test builds only): one iterative pass over the whole tree
 //! that the unit and property tests run after every operation.
 
-use super::repr::{char_key, key_at, Node, META_BYTES};
+use super::repr::{char_key, Node};
 use super::RadixTree;
 use crate::base::WorkerId;
 
@@ -18,10 +18,9 @@ impl RadixTree {
         let mut stack: Vec<&Node> = vec![root];
         while let Some(node) = stack.pop() {
             nodes += 1;
-            if node.bytes.len() < node.kids.len() * META_BYTES {
-                return Err("key bytes and children disagree".into());
+            if node.edge.len() > node.edge.buffer_len() {
+                return Err("edge longer than its buffer".into());
             }
-            let keys = node.keys();
             if !node.workers.ids().windows(2).all(|w| w[0] < w[1]) {
                 return Err("worker ids not strictly sorted".into());
             }
@@ -57,13 +56,13 @@ impl RadixTree {
             }
             for (i, kid) in node.kids.iter().enumerate() {
                 let edge = kid.edge();
-                if edge.is_empty() || key_at(keys, i) != Some(char_key(edge)) {
+                if edge.is_empty() || kid.key != char_key(edge) {
                     return Err("child key is not the edge's first character".into());
                 }
-                if node.bloom(i) != kid.workers.bloom() {
+                if kid.bloom != kid.workers.bloom() {
                     return Err("child bloom does not match its workers".into());
                 }
-                if i > 0 && key_at(keys, i - 1) >= key_at(keys, i) {
+                if i > 0 && node.kids[i - 1].key >= kid.key {
                     return Err(
                         "child keys not strictly sorted (siblings share a character)".into(),
                     );

@@ -1,12 +1,12 @@
 //! Eviction and worker removal: plan which of a worker's nodes go (least recently used leaves
 //! first), then prune them in one pass that rebuilds only the subtrees that change.
 
-use super::repr::{assemble, bloom_bit, bloom_in, key_at, Node, META_BYTES};
+use super::repr::{bloom_bit, Kid, Node};
 use super::RadixTree;
 use crate::base::WorkerId;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::Arc;
+use triomphe::Arc;
 
 /// One entry of the eviction plan: a node held by the worker being evicted, in DFS preorder over
 /// the nodes that worker holds (index 0 = root).
@@ -25,17 +25,13 @@ struct Slot {
 }
 
 /// A node being rebuilt by [`RadixTree::prune`]: its children were taken out and are being
-/// processed one by one; `meta` holds the (key, bloom) of each child kept.
+/// processed one by one; `keep` holds those kept (with their keys and blooms).
 struct Frame {
     node: Arc<Node>,
     /// This node's key in its parent (unchanged by merges: the first character stays).
     key: u32,
-    kids: std::vec::IntoIter<Arc<Node>>,
-    /// Index of the next child `kids` yields.
-    next: usize,
-    had: usize,
-    keep: Vec<Arc<Node>>,
-    meta: Vec<(u32, u32)>,
+    kids: std::vec::IntoIter<Kid>,
+    keep: Vec<Kid>,
     remove: bool,
 }
 
@@ -47,10 +43,7 @@ impl Frame {
             node,
             key,
             kids: kids.into_iter(),
-            next: 0,
-            had,
             keep: Vec::with_capacity(had),
-            meta: Vec::with_capacity(had),
             remove,
         }
     }
@@ -181,14 +174,8 @@ impl RadixTree {
                 return;
             };
             if let Some(kid) = top.kids.next() {
-                let i = top.next;
-                top.next += 1;
-                // The frame's node still holds its original keys and blooms.
-                let key = key_at(&top.node.bytes, i).unwrap_or(0);
-                let bloom = bloom_in(&top.node.bytes, top.had, i);
-                if bloom & bloom_bit(worker) == 0 || !kid.workers.contains(worker) {
+                if kid.bloom & bloom_bit(worker) == 0 || !kid.workers.contains(worker) {
                     top.keep.push(kid);
-                    top.meta.push((key, bloom));
                     continue;
                 }
                 idx += 1;
@@ -198,14 +185,13 @@ impl RadixTree {
                         let s = &slots[idx];
                         if !s.dirty {
                             top.keep.push(kid);
-                            top.meta.push((key, bloom));
                             idx = s.end as usize - 1;
                             continue;
                         }
                         s.evicted
                     }
                 };
-                stack.push(Frame::open(kid, key, remove));
+                stack.push(Frame::open(kid.node, kid.key, remove));
                 continue;
             }
             let Some(frame) = stack.pop() else {
@@ -215,9 +201,7 @@ impl RadixTree {
             let Frame {
                 mut node,
                 key,
-                had,
                 keep,
-                meta,
                 remove,
                 ..
             } = frame;
@@ -226,7 +210,6 @@ impl RadixTree {
             if remove {
                 n.workers.remove(worker);
             }
-            n.bytes = assemble(&meta, &[&n.bytes[had * META_BYTES..]]);
             n.kids = keep.into_boxed_slice();
             if is_root {
                 self.root = node;
@@ -246,8 +229,10 @@ impl RadixTree {
             }
             let bloom = n.workers.bloom();
             if let Some(parent) = stack.last_mut() {
-                parent.keep.push(node);
-                parent.meta.push((key, bloom));
+                // Nodes sharing a buffer form a chain, so when part of one is evicted the nodes
+                // still using the rest are on this pass's path.
+                n.compact_edge(parent.node.edge.buffer_id());
+                parent.keep.push(Kid { key, bloom, node });
             }
         }
     }

@@ -1,11 +1,11 @@
 //! Inserts: walk the key down the tree, path-copying shared nodes, splitting an edge where the
 //! key diverges inside it, and merging chains the new worker made indistinguishable.
 
-use super::repr::{assemble, char_key, Node, META_BYTES};
+use super::repr::{Kid, Node};
 use super::RadixTree;
 use crate::base::text::{char_count, floor_char_boundary};
 use crate::base::WorkerId;
-use std::sync::Arc;
+use triomphe::Arc;
 
 /// Keys longer than this are cut (at a character boundary) so every edge length fits in `u32`.
 /// Far above any request body the gateway accepts.
@@ -45,10 +45,10 @@ impl RadixTree {
                     // Split where the key diverges inside the edge, or where it ends inside an
                     // edge the worker does not hold yet (the worker covers only the first part).
                     if n < edge_len && !(n == rest.len() && child_has) {
-                        split(&mut cur.kids[i], n);
+                        split(&mut cur.kids[i].node, n);
                         new_nodes += 1;
                     }
-                    let child = Arc::make_mut(&mut cur.kids[i]);
+                    let child = Arc::make_mut(&mut cur.kids[i].node);
                     if child.workers.touch(worker, now) {
                         added += u64::from(child.edge_chars);
                         cur.add_to_bloom(i, worker);
@@ -61,7 +61,9 @@ impl RadixTree {
                         cur.absorb_only_child();
                         merged += 1;
                     } else {
-                        cur = Arc::make_mut(&mut cur.kids[i]);
+                        let parent_buffer = cur.edge.buffer_id();
+                        cur = Arc::make_mut(&mut cur.kids[i].node);
+                        cur.compact_edge(parent_buffer);
                         at_root = false;
                     }
                 }
@@ -78,25 +80,16 @@ impl RadixTree {
 
 /// Splits the edge of the node in `slot` after `n` bytes (a character boundary inside the edge):
 /// `slot` then holds a new upper node with the first part of the edge and the same workers, whose
-/// only child is the old node with the rest of the edge.
+/// only child is the old node with the rest of the edge. Both parts stay ranges of one buffer.
 fn split(slot: &mut Arc<Node>, n: usize) {
     let lower = Arc::make_mut(slot);
-    let meta_len = lower.kids.len() * META_BYTES;
-    let edge = &lower.bytes[meta_len..];
-    debug_assert!(n > 0 && n < edge.len());
-    let upper_chars = char_count(&edge[..n]) as u32;
-    let upper_bytes = assemble(
-        &[(char_key(&edge[n..]), lower.workers.bloom())],
-        &[&edge[..n]],
-    );
-    let mut lower_bytes = Vec::with_capacity(lower.bytes.len() - n);
-    lower_bytes.extend_from_slice(&lower.bytes[..meta_len]);
-    lower_bytes.extend_from_slice(&edge[n..]);
-    lower.bytes = lower_bytes.into_boxed_slice();
+    let (head, tail) = lower.edge.split(n);
+    let upper_chars = char_count(head.bytes()) as u32;
+    lower.edge = tail;
     lower.edge_chars -= upper_chars;
     let upper = Node {
-        bytes: upper_bytes,
-        kids: Box::new([Arc::clone(slot)]),
+        kids: Box::new([Kid::new(Arc::clone(slot))]),
+        edge: head,
         workers: slot.workers.clone(),
         edge_chars: upper_chars,
     };

@@ -18,7 +18,7 @@ impl RadixTree {
             let Ok((i, n)) = node.find_child(rest) else {
                 break;
             };
-            let child = &node.kids[i];
+            let child: &Node = &node.kids[i];
             workers = child.workers.ids();
             if n == child.edge().len() {
                 matched_bytes += n;

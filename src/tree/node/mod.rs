@@ -1,7 +1,7 @@
 //! Persistent compressed radix tree over UTF-8 text (pure; no I/O, no clocks).
 //!
 //! # Shape
-//! Nodes live in `Arc`s and are only ever mutated through `Arc::make_mut`, so a clone of a
+//! Nodes live in (`triomphe`) `Arc`s and are only ever mutated through `Arc::make_mut`, so a clone of a
 //! [`RadixTree`] (a published snapshot) is never affected by later mutations: the writer copies
 //! exactly the nodes on the paths it touches while a snapshot still shares them, and mutates in
 //! place afterwards. Cloning a tree is two reference-count increments.
@@ -29,7 +29,8 @@
 //! tree as deep as the longest prompt has characters.
 //!
 //! # Layout
-//! - `repr`: the node (child keys, blooms and edge in one allocation) and its edits.
+//! - `repr`: the node (children with their keys and blooms, the edge as a range of a shared
+//!   buffer) and its edits.
 //! - `workers`: the compact per-node set of workers and access times.
 //! - `lookup`: longest-prefix match (the request path).
 //! - `insert`: inserts with path copying and node splits.
@@ -49,7 +50,7 @@ mod workers;
 use crate::base::WorkerId;
 use repr::Node;
 use std::fmt;
-use std::sync::Arc;
+use triomphe::Arc;
 
 /// The result of a longest-prefix match, borrowed from a snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

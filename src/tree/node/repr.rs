@@ -1,13 +1,16 @@
-//! The node representation: child keys, child blooms and the edge packed in one allocation,
-//! and the edits on it that keep that packing (insert a child, extend, absorb, drop).
+//! The node representation: children (key, bloom and pointer side by side), the edge as a range
+//! of a shared text buffer, and the edits on them.
+//!
+//! Edges share buffers so that copying a node (the writer's path copy after a publish) copies
+//! pointers, never text: a clone of a node costs its children array and a few reference counts,
+//! whatever the length of its edge. Splitting an edge makes two ranges of one buffer; only
+//! appending to an edge or merging two edges from different buffers writes a new one.
 
 use super::workers::Workers;
 use crate::base::text::common_prefix;
 use crate::base::WorkerId;
-use std::sync::Arc;
-
-/// Bytes per child key.
-pub(super) const KEY_BYTES: usize = 4;
+use std::ops::Deref;
+use triomphe::{Arc, ThinArc};
 
 /// The first character of `s` (non-empty, starting at a character boundary) as its UTF-8 bytes
 /// packed big-endian and zero-padded: distinct characters get distinct keys, ordered like bytes.
@@ -20,21 +23,11 @@ pub(super) fn char_key(s: &[u8]) -> u32 {
         0xe0..=0xef => 3,
         _ => 4,
     };
-    let mut k = [0u8; KEY_BYTES];
+    let mut k = [0u8; 4];
     let len = len.min(s.len());
     k[..len].copy_from_slice(&s[..len]);
     u32::from_be_bytes(k)
 }
-
-#[inline]
-pub(super) fn key_at(keys: &[u8], i: usize) -> Option<u32> {
-    keys.get(i * KEY_BYTES..)?
-        .first_chunk::<KEY_BYTES>()
-        .map(|k| u32::from_be_bytes(*k))
-}
-
-/// Bytes of per-child metadata in a node's `bytes`: the key, then (in a second array) the bloom.
-pub(super) const META_BYTES: usize = 2 * KEY_BYTES;
 
 /// The bloom bit of a worker.
 #[inline]
@@ -42,38 +35,146 @@ pub(super) fn bloom_bit(worker: WorkerId) -> u32 {
     1 << (worker % 32)
 }
 
-/// Child `i`'s bloom in `bytes` laid out for `kids` children.
-#[inline]
-pub(super) fn bloom_in(bytes: &[u8], kids: usize, i: usize) -> u32 {
-    key_at(&bytes[kids * KEY_BYTES..], i).unwrap_or(u32::MAX)
+/// Buffers at most this long are never compacted: copying them saves less than it costs.
+const COMPACT_MIN_BYTES: usize = 64;
+
+/// A node's edge: `len` bytes at `start` of an immutable buffer that other nodes (the other
+/// halves of earlier splits, and copies of this node in published snapshots) may share.
+/// 16 bytes; the empty edge (the root's) holds no buffer.
+#[derive(Clone, Default)]
+pub(super) struct Edge {
+    buf: Option<ThinArc<(), u8>>,
+    start: u32,
+    len: u32,
 }
 
-/// Lays out a node's bytes: the keys, the blooms, then the edge (in pieces).
-pub(super) fn assemble(meta: &[(u32, u32)], edge: &[&[u8]]) -> Box<[u8]> {
-    let len = meta.len() * META_BYTES + edge.iter().map(|e| e.len()).sum::<usize>();
-    let mut bytes = Vec::with_capacity(len);
-    for &(key, _) in meta {
-        bytes.extend_from_slice(&key.to_be_bytes());
+impl Edge {
+    /// A new buffer holding the concatenation of `parts` (whole characters, ≤ `u32::MAX` bytes
+    /// in total, which `insert` guarantees by cutting keys).
+    pub(super) fn new(parts: &[&[u8]]) -> Edge {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let buf = match parts {
+            _ if len == 0 => return Edge::default(),
+            [one] => ThinArc::from_header_and_slice((), one),
+            _ => ThinArc::from_header_and_slice((), &parts.concat()),
+        };
+        Edge {
+            buf: Some(buf),
+            start: 0,
+            len: len as u32,
+        }
     }
-    for &(_, bloom) in meta {
-        bytes.extend_from_slice(&bloom.to_be_bytes());
+
+    #[inline]
+    pub(super) fn bytes(&self) -> &[u8] {
+        match &self.buf {
+            Some(b) => {
+                let s = self.start as usize;
+                b.slice.get(s..s + self.len as usize).unwrap_or_default()
+            }
+            None => &[],
+        }
     }
-    for e in edge {
-        bytes.extend_from_slice(e);
+
+    #[inline]
+    pub(super) fn len(&self) -> usize {
+        self.len as usize
     }
-    bytes.into_boxed_slice()
+
+    /// The first `n` bytes and the rest, both ranges of this edge's buffer (no copy).
+    pub(super) fn split(&self, n: usize) -> (Edge, Edge) {
+        debug_assert!(n > 0 && n < self.len());
+        let n = n as u32;
+        let head = Edge {
+            buf: self.buf.clone(),
+            start: self.start,
+            len: n,
+        };
+        let tail = Edge {
+            buf: self.buf.clone(),
+            start: self.start + n,
+            len: self.len - n,
+        };
+        (head, tail)
+    }
+
+    /// This edge followed by `next`: the same buffer with a longer range when `next` is the
+    /// range right after this one (an earlier split being undone), else a new buffer.
+    pub(super) fn join(&self, next: &Edge) -> Edge {
+        if let (Some(a), Some(b)) = (&self.buf, &next.buf) {
+            if std::ptr::eq(a.slice.as_ptr(), b.slice.as_ptr())
+                && self.start + self.len == next.start
+            {
+                return Edge {
+                    buf: self.buf.clone(),
+                    start: self.start,
+                    len: self.len + next.len,
+                };
+            }
+        }
+        Edge::new(&[self.bytes(), next.bytes()])
+    }
+
+    /// Bytes of the buffer this edge keeps alive (0 for the empty edge).
+    pub(super) fn buffer_len(&self) -> usize {
+        self.buf.as_ref().map_or(0, |b| b.slice.len())
+    }
+
+    /// The buffer's address, to tell buffers apart.
+    #[inline]
+    pub(super) fn buffer_id(&self) -> Option<*const u8> {
+        self.buf.as_ref().map(|b| b.slice.as_ptr())
+    }
+
+    /// Uses less than half of a buffer larger than [`COMPACT_MIN_BYTES`].
+    #[inline]
+    fn wasteful(&self) -> bool {
+        let buf = self.buffer_len();
+        buf > COMPACT_MIN_BYTES && self.len() * 2 < buf
+    }
 }
 
-/// One node: 64 bytes, 80 with the `Arc` header (a mimalloc size class), plus the heap parts:
-/// child keys and blooms + edge in one allocation, child pointers, and the worker set when more
-/// than one worker holds the node.
+/// One child: its key ([`char_key`] of its edge) and worker bloom beside the pointer, so a
+/// lookup finds the child and a walk over one worker's nodes skips the others' children
+/// without touching them. 16 bytes.
+#[derive(Clone)]
+pub(super) struct Kid {
+    pub(super) key: u32,
+    pub(super) bloom: u32,
+    pub(super) node: Arc<Node>,
+}
+
+impl Kid {
+    pub(super) fn new(node: Arc<Node>) -> Kid {
+        Kid {
+            // Invariant: non-root edges are non-empty.
+            key: node
+                .edge
+                .bytes()
+                .first()
+                .map_or(0, |_| char_key(node.edge.bytes())),
+            bloom: node.workers.bloom(),
+            node,
+        }
+    }
+}
+
+impl Deref for Kid {
+    type Target = Node;
+    #[inline]
+    fn deref(&self) -> &Node {
+        &self.node
+    }
+}
+
+/// One node: 56 bytes, 64 with the reference count (a mimalloc size class), plus the children
+/// array (16 bytes per child) when it has children, the worker set's allocation when more than
+/// one worker holds it, and its share of an edge buffer.
 #[derive(Clone, Default)]
 pub(super) struct Node {
-    /// Each child's key ([`char_key`] of its edge, 4 bytes big-endian, sorted, parallel to
-    /// `kids`), then each child's worker bloom (4 bytes), then this node's edge. One allocation:
-    /// lookups read the keys, then the matching child's edge.
-    pub(super) bytes: Box<[u8]>,
-    pub(super) kids: Box<[Arc<Node>]>,
+    /// Sorted by key.
+    pub(super) kids: Box<[Kid]>,
+    pub(super) edge: Edge,
     pub(super) workers: Workers,
     /// Characters in the edge, so full-edge matches never count characters.
     pub(super) edge_chars: u32,
@@ -82,40 +183,30 @@ pub(super) struct Node {
 impl Node {
     pub(super) fn leaf(edge: &[u8], edge_chars: u32, worker: WorkerId, now: u64) -> Node {
         Node {
-            bytes: edge.into(),
             kids: Box::default(),
+            edge: Edge::new(&[edge]),
             workers: Workers::one(worker, now),
             edge_chars,
         }
     }
 
     #[inline]
-    pub(super) fn keys(&self) -> &[u8] {
-        &self.bytes[..self.kids.len() * KEY_BYTES]
-    }
-
-    #[inline]
     pub(super) fn edge(&self) -> &[u8] {
-        &self.bytes[self.kids.len() * META_BYTES..]
-    }
-
-    #[inline]
-    pub(super) fn bloom(&self, i: usize) -> u32 {
-        bloom_in(&self.bytes, self.kids.len(), i)
+        self.edge.bytes()
     }
 
     /// Whether child `i` may hold `worker` (exact when the bloom says no).
     #[inline]
     pub(super) fn kid_may_hold(&self, i: usize, worker: WorkerId) -> bool {
-        self.bloom(i) & bloom_bit(worker) != 0
+        self.kids
+            .get(i)
+            .is_some_and(|k| k.bloom & bloom_bit(worker) != 0)
     }
 
     /// Records in child `i`'s bloom that it now holds `worker`.
     pub(super) fn add_to_bloom(&mut self, i: usize, worker: WorkerId) {
-        let at = self.kids.len() * KEY_BYTES + i * KEY_BYTES;
-        if let Some(b) = self.bytes.get_mut(at..at + KEY_BYTES) {
-            let v = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) | bloom_bit(worker);
-            b.copy_from_slice(&v.to_be_bytes());
+        if let Some(k) = self.kids.get_mut(i) {
+            k.bloom |= bloom_bit(worker);
         }
     }
 
@@ -125,71 +216,53 @@ impl Node {
     #[inline]
     pub(super) fn find_child(&self, rest: &[u8]) -> Result<(usize, usize), usize> {
         let key = char_key(rest);
-        let keys = self.keys();
-        // Sorted keys: the count of smaller keys is the lower bound. Branch-free, vectorises.
-        let i = keys
-            .chunks_exact(KEY_BYTES)
-            .filter(|k| u32::from_be_bytes([k[0], k[1], k[2], k[3]]) < key)
-            .count();
-        if key_at(keys, i) != Some(key) {
-            return Err(i);
-        }
+        let i = self.kids.binary_search_by_key(&key, |k| k.key)?;
         let n = common_prefix(rest, self.kids[i].edge());
         Ok((i, n))
     }
 
-    /// Inserts `kid` at `pos` of the (sorted) child arrays.
+    /// Inserts `kid` at `pos` of the (sorted) children.
     pub(super) fn insert_child(&mut self, pos: usize, kid: Arc<Node>) {
-        // Invariant: non-root edges are non-empty.
-        let key = char_key(kid.edge()).to_be_bytes();
-        let bloom = kid.workers.bloom().to_be_bytes();
-        let k = self.kids.len();
-        let (keys, rest) = self.bytes.split_at(k * KEY_BYTES);
-        let (blooms, edge) = rest.split_at(k * KEY_BYTES);
-        let at = pos * KEY_BYTES;
-        let mut bytes = Vec::with_capacity(self.bytes.len() + META_BYTES);
-        bytes.extend_from_slice(&keys[..at]);
-        bytes.extend_from_slice(&key);
-        bytes.extend_from_slice(&keys[at..]);
-        bytes.extend_from_slice(&blooms[..at]);
-        bytes.extend_from_slice(&bloom);
-        bytes.extend_from_slice(&blooms[at..]);
-        bytes.extend_from_slice(edge);
-        self.bytes = bytes.into_boxed_slice();
         let mut kids = std::mem::take(&mut self.kids).into_vec();
         kids.reserve_exact(1);
-        kids.insert(pos, kid);
+        kids.insert(pos, Kid::new(kid));
         self.kids = kids.into_boxed_slice();
+    }
+
+    /// Copies the edge into a buffer of its own when it uses less than half of a larger one
+    /// that neither its parent (whose buffer is `parent_buffer`) nor a child uses. Splits make
+    /// the only sharing, along a chain, so the rest of such a buffer was another node's text,
+    /// since evicted, extended or merged away, and would otherwise stay allocated as long as
+    /// this node lives. The writer calls it on every node it walks through or rebuilds.
+    pub(super) fn compact_edge(&mut self, parent_buffer: Option<*const u8>) {
+        if !self.edge.wasteful() {
+            return;
+        }
+        let own = self.edge.buffer_id();
+        if own == parent_buffer || self.kids.iter().any(|k| k.edge.buffer_id() == own) {
+            return;
+        }
+        self.edge = Edge::new(&[self.edge.bytes()]);
     }
 
     /// Appends `more` (whole characters) to the edge of a node without children.
     pub(super) fn extend_edge(&mut self, more: &[u8], chars: u32) {
         debug_assert!(self.kids.is_empty());
-        let mut bytes = Vec::with_capacity(self.bytes.len() + more.len());
-        bytes.extend_from_slice(&self.bytes);
-        bytes.extend_from_slice(more);
-        self.bytes = bytes.into_boxed_slice();
+        self.edge = Edge::new(&[self.edge.bytes(), more]);
         self.edge_chars += chars;
     }
 
-    /// Merges the only child into this node: the edges concatenate, the child's children and
+    /// Merges the only child into this node: the edges join, the child's children and
     /// (identical) worker set are kept with the later access times.
     pub(super) fn absorb_only_child(&mut self) {
         debug_assert_eq!(self.kids.len(), 1);
         let Some(child) = std::mem::take(&mut self.kids).into_vec().pop() else {
             return;
         };
-        // `self.bytes` was `child key ++ child bloom ++ edge`; it becomes
-        // `child keys ++ child blooms ++ edge ++ child edge`.
-        let own_edge = &self.bytes[META_BYTES..];
-        let mut bytes = Vec::with_capacity(own_edge.len() + child.bytes.len());
-        bytes.extend_from_slice(&child.bytes[..child.kids.len() * META_BYTES]);
-        bytes.extend_from_slice(own_edge);
-        bytes.extend_from_slice(child.edge());
-        self.bytes = bytes.into_boxed_slice();
+        self.edge = self.edge.join(&child.edge);
         self.edge_chars += child.edge_chars;
         self.workers.merge_times_max(&child.workers);
-        self.kids = match Arc::try_unwrap(child) {
+        self.kids = match Arc::try_unwrap(child.node) {
             Ok(mut c) => std::mem::take(&mut c.kids),
             Err(shared) => shared.kids.clone(),
         };
@@ -205,7 +278,7 @@ impl Drop for Node {
         }
         let mut stack = std::mem::take(&mut self.kids).into_vec();
         while let Some(kid) = stack.pop() {
-            if let Ok(mut node) = Arc::try_unwrap(kid) {
+            if let Ok(mut node) = Arc::try_unwrap(kid.node) {
                 stack.extend(std::mem::take(&mut node.kids).into_vec());
             }
         }

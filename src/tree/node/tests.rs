@@ -365,9 +365,110 @@ fn deep_trees_need_no_deep_stack() {
 
 #[test]
 fn node_is_compact() {
-    assert_eq!(std::mem::size_of::<Node>(), 64);
-    assert_eq!(std::mem::size_of::<Workers>(), 24);
+    // 56 + triomphe's 8-byte count = 64, a mimalloc size class.
+    assert_eq!(std::mem::size_of::<Node>(), 56);
+    assert_eq!(std::mem::size_of::<Workers>(), 16);
+    assert_eq!(std::mem::size_of::<super::repr::Edge>(), 16);
+    assert_eq!(std::mem::size_of::<super::repr::Kid>(), 16);
     assert_eq!(std::mem::size_of::<RadixTree>(), 24);
+}
+
+/// The buffer behind the edge of the node reached by following first-character `path`.
+fn buffer_at(t: &RadixTree, path: &[char]) -> (Option<*const u8>, usize) {
+    let mut node: &Node = &t.root;
+    for &c in path {
+        let mut b = [0u8; 4];
+        let (i, _) = node.find_child(c.encode_utf8(&mut b).as_bytes()).unwrap();
+        node = &node.kids[i];
+    }
+    (node.edge.buffer_id(), node.edge.len())
+}
+
+#[test]
+fn path_copies_and_splits_share_edge_text() {
+    // A 100k-character edge, published (the clone), then extended past and split by other
+    // workers: the writer's copies of that node point into the same text, never a copy of it.
+    let long = "a".repeat(100_000);
+    let mut t = RadixTree::new();
+    t.insert(&long, 0, 1);
+    let snap = t.clone();
+    let (buf, len) = buffer_at(&snap, &['a']);
+    assert_eq!(len, 100_000);
+    t.insert(&format!("{long}b"), 1, 2);
+    assert_eq!(
+        buffer_at(&t, &['a']),
+        (buf, 100_000),
+        "path copy shares the edge"
+    );
+    let snap2 = t.clone();
+    t.insert(&format!("{}c", &long[..40_000]), 2, 3);
+    // Split at 40k: both halves are ranges of the original buffer.
+    assert_eq!(buffer_at(&t, &['a']), (buf, 40_000));
+    assert_eq!(buffer_at(&t, &['a', 'a']), (buf, 60_000));
+    t.check_invariants().unwrap();
+    snap.check_invariants().unwrap();
+    snap2.check_invariants().unwrap();
+    assert_eq!(snap.longest_match(&format!("{long}b")).workers, &[0][..]);
+}
+
+#[test]
+fn evicting_most_of_a_buffer_frees_it() {
+    // Worker 1 shares 100 characters of worker 0's 100k-character edge; once worker 0 is gone
+    // the short node must not keep the whole buffer alive.
+    let long = "x".repeat(100_000);
+    let mut t = RadixTree::new();
+    t.insert(&long, 0, 1);
+    t.insert(&format!("{}y", &long[..100]), 1, 2);
+    t.insert(&format!("{}z", &long[..100]), 1, 3);
+    let (buf, _) = buffer_at(&t, &['x']);
+    let snap = t.clone();
+    t.remove_worker(0);
+    t.check_invariants().unwrap();
+    let (after, len) = buffer_at(&t, &['x']);
+    assert_eq!(len, 100);
+    assert_ne!(after, buf, "a 100-byte edge holds a 100 kB buffer");
+    assert!(t.root.kids[0].edge.buffer_len() <= 200);
+    assert_eq!(
+        buffer_at(&snap, &['x']),
+        (buf, 100),
+        "the snapshot keeps its own"
+    );
+}
+
+#[test]
+fn a_walk_through_a_node_left_with_little_of_its_buffer_compacts_it() {
+    let long = "x".repeat(100_000);
+    let mut t = RadixTree::new();
+    t.insert(&long, 0, 1);
+    t.insert(&format!("{}y", &long[..100]), 1, 2);
+    // Worker 0 extends its leaf: the leaf gets a new buffer, the 100-character node above it
+    // is left as the only user of the first one.
+    t.insert(&format!("{long}more"), 0, 3);
+    let (buf, _) = buffer_at(&t, &['x']);
+    assert_eq!(t.root.kids[0].edge.buffer_len(), 100_000);
+    t.insert(&format!("{}w", &long[..100]), 1, 4);
+    t.check_invariants().unwrap();
+    assert_ne!(buffer_at(&t, &['x']).0, buf);
+    assert_eq!(t.root.kids[0].edge.buffer_len(), 100);
+    // A split's halves are never compacted apart: each uses its share of one buffer.
+    let mut u = RadixTree::new();
+    u.insert(&long, 0, 1);
+    u.insert(&format!("{}y", &long[..100]), 1, 2);
+    u.insert(&format!("{}w", &long[..100]), 1, 3);
+    assert_eq!(u.root.kids[0].edge.buffer_len(), 100_000);
+}
+
+#[test]
+fn a_split_undone_joins_the_ranges_without_a_copy() {
+    let long = "z".repeat(10_000);
+    let mut t = RadixTree::new();
+    t.insert(&long, 0, 1);
+    let (buf, _) = buffer_at(&t, &['z']);
+    // Worker 1 splits it at 5k; evicting worker 1 merges the halves back.
+    t.insert(&format!("{}q", &long[..5_000]), 1, 2);
+    t.remove_worker(1);
+    t.check_invariants().unwrap();
+    assert_eq!(buffer_at(&t, &['z']), (buf, 10_000));
 }
 
 #[derive(Debug, Clone)]

@@ -1,26 +1,24 @@
-//! The set of workers holding a node, with their last access times, in 24 bytes.
+//! The set of workers holding a node, with their last access times, in 16 bytes.
 
 use super::repr::bloom_bit;
 use crate::base::WorkerId;
+use triomphe::{Arc, ThinArc};
 
 /// The workers holding a node and their last access times. Most nodes (leaves) have one worker,
-/// kept inline: no allocation and no extra cache miss. Otherwise one allocation: the sorted ids,
-/// then each time as two `u32` halves (low, high). Either way the ids are contiguous, so
+/// kept inline: no allocation and no extra cache miss. Otherwise one shared allocation behind a
+/// thin pointer (a path copy of the node shares it until a time changes): the sorted ids, then
+/// each time as two `u32` halves (low, high). Either way the ids are contiguous, so
 /// [`RadixTree::longest_match`](super::RadixTree::longest_match) returns them as a borrowed slice.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(super) enum Workers {
+    #[default]
+    Empty,
     One {
         id: WorkerId,
         time: u64,
     },
-    /// Zero (an empty box, no allocation) or at least two workers; never exactly one.
-    Many(Box<[u32]>),
-}
-
-impl Default for Workers {
-    fn default() -> Self {
-        Workers::Many(Box::default())
-    }
+    /// At least two workers.
+    Many(ThinArc<(), u32>),
 }
 
 /// Packs two or more (id, time) entries, sorted by id.
@@ -30,7 +28,11 @@ fn pack(entries: &[(WorkerId, u64)]) -> Workers {
     for &(_, t) in entries {
         v.extend_from_slice(&[t as u32, (t >> 32) as u32]);
     }
-    Workers::Many(v.into_boxed_slice())
+    many(&v)
+}
+
+fn many(packed: &[u32]) -> Workers {
+    Workers::Many(ThinArc::from_header_and_slice((), packed))
 }
 
 impl Workers {
@@ -44,21 +46,23 @@ impl Workers {
     #[inline]
     pub(super) fn len(&self) -> usize {
         match self {
+            Workers::Empty => 0,
             Workers::One { .. } => 1,
-            Workers::Many(b) => b.len() / 3,
+            Workers::Many(b) => b.slice.len() / 3,
         }
     }
 
     #[inline]
     pub(super) fn is_empty(&self) -> bool {
-        self.len() == 0
+        matches!(self, Workers::Empty)
     }
 
     #[inline]
     pub(super) fn ids(&self) -> &[WorkerId] {
         match self {
+            Workers::Empty => &[],
             Workers::One { id, .. } => std::slice::from_ref(id),
-            Workers::Many(b) => &b[..b.len() / 3],
+            Workers::Many(b) => &b.slice[..b.slice.len() / 3],
         }
     }
 
@@ -70,7 +74,7 @@ impl Workers {
                 std::cmp::Ordering::Less => Err(0),
                 std::cmp::Ordering::Greater => Err(1),
             },
-            Workers::Many(_) => self.ids().binary_search(&worker),
+            _ => self.ids().binary_search(&worker),
         }
     }
 
@@ -81,21 +85,35 @@ impl Workers {
 
     pub(super) fn time_at(&self, i: usize) -> u64 {
         match self {
+            Workers::Empty => 0,
             Workers::One { time, .. } => *time,
             Workers::Many(b) => {
-                let base = b.len() / 3 + 2 * i;
-                u64::from(b[base]) | (u64::from(b[base + 1]) << 32)
+                let base = b.slice.len() / 3 + 2 * i;
+                u64::from(b.slice[base]) | (u64::from(b.slice[base + 1]) << 32)
             }
         }
     }
 
     pub(super) fn set_time_at(&mut self, i: usize, t: u64) {
         match self {
+            Workers::Empty => {}
             Workers::One { time, .. } => *time = t,
             Workers::Many(b) => {
-                let base = b.len() / 3 + 2 * i;
-                b[base] = t as u32;
-                b[base + 1] = (t >> 32) as u32;
+                let base = b.slice.len() / 3 + 2 * i;
+                let halves = [t as u32, (t >> 32) as u32];
+                // In place when this node's copy is the only one; else copy on write.
+                let written = b.with_arc_mut(|a| match Arc::get_mut(a) {
+                    Some(p) => {
+                        p.slice_mut()[base..base + 2].copy_from_slice(&halves);
+                        true
+                    }
+                    None => false,
+                });
+                if !written {
+                    let mut v = b.slice.to_vec();
+                    v[base..base + 2].copy_from_slice(&halves);
+                    *b = ThinArc::from_header_and_slice((), &v);
+                }
             }
         }
     }
@@ -116,10 +134,11 @@ impl Workers {
             Err(pos) => pos,
         };
         *self = match self {
+            Workers::Empty => Workers::one(worker, now),
             Workers::One { id, time } if pos == 0 => pack(&[(worker, now), (*id, *time)]),
             Workers::One { id, time } => pack(&[(*id, *time), (worker, now)]),
-            Workers::Many(b) if b.is_empty() => Workers::one(worker, now),
             Workers::Many(b) => {
+                let b = &b.slice;
                 let len = b.len() / 3;
                 let mut v = Vec::with_capacity(3 * (len + 1));
                 v.extend_from_slice(&b[..pos]);
@@ -127,7 +146,7 @@ impl Workers {
                 v.extend_from_slice(&b[pos..len + 2 * pos]);
                 v.extend_from_slice(&[now as u32, (now >> 32) as u32]);
                 v.extend_from_slice(&b[len + 2 * pos..]);
-                Workers::Many(v.into_boxed_slice())
+                many(&v)
             }
         };
         true
@@ -139,29 +158,30 @@ impl Workers {
             return false;
         };
         *self = match self {
-            Workers::One { .. } => Workers::default(),
-            Workers::Many(b) if b.len() == 6 => {
+            Workers::Empty | Workers::One { .. } => Workers::Empty,
+            Workers::Many(b) if b.slice.len() == 6 => {
                 let other = 1 - pos;
-                Workers::one(b[other], self.time_at(other))
+                Workers::one(b.slice[other], self.time_at(other))
             }
             Workers::Many(b) => {
+                let b = &b.slice;
                 let len = b.len() / 3;
                 let mut v = Vec::with_capacity(3 * (len - 1));
                 v.extend_from_slice(&b[..pos]);
                 v.extend_from_slice(&b[pos + 1..len + 2 * pos]);
                 v.extend_from_slice(&b[len + 2 * pos + 2..]);
-                Workers::Many(v.into_boxed_slice())
+                many(&v)
             }
         };
         true
     }
 
-    /// Representation invariant: `Many` holds whole entries and never exactly one.
+    /// Representation invariant: `Many` holds whole entries, at least two.
     #[cfg(test)]
     pub(super) fn well_formed(&self) -> bool {
         match self {
-            Workers::One { .. } => true,
-            Workers::Many(b) => b.len() % 3 == 0 && b.len() != 3,
+            Workers::Empty | Workers::One { .. } => true,
+            Workers::Many(b) => b.slice.len() % 3 == 0 && b.slice.len() >= 6,
         }
     }
 
