@@ -15,54 +15,10 @@
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput};
 use radixgate::base::WorkerId;
 use radixgate::tree::{spawn_writer, Insert, RadixTree, WriterConfig};
-use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-/// mimalloc plus counters of live bytes: as requested and rounded to mimalloc's size classes.
-struct Counting;
-
-static REQUESTED: AtomicIsize = AtomicIsize::new(0);
-static ROUNDED: AtomicIsize = AtomicIsize::new(0);
-
-/// mimalloc's small size classes: 8-byte steps up to 64 bytes, then four classes per doubling.
-fn size_class(size: usize) -> usize {
-    if size <= 64 {
-        return size.max(8).next_multiple_of(8);
-    }
-    let b = usize::BITS - 1 - (size - 1).leading_zeros();
-    size.next_multiple_of(1 << (b - 2))
-}
-
-fn account(size: usize, sign: isize) {
-    REQUESTED.fetch_add(sign * size as isize, Relaxed);
-    ROUNDED.fetch_add(sign * size_class(size) as isize, Relaxed);
-}
-
-// SAFETY: forwards every call unchanged to mimalloc; the counters have no effect on allocation.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        account(l.size(), 1);
-        mimalloc::MiMalloc.alloc(l)
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        account(l.size(), 1);
-        mimalloc::MiMalloc.alloc_zeroed(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        account(l.size(), -1);
-        mimalloc::MiMalloc.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
-        account(l.size(), -1);
-        account(new_size, 1);
-        mimalloc::MiMalloc.realloc(p, l, new_size)
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+mod common;
 
 /// splitmix64: deterministic, fast, good enough for text generation.
 struct Rng(u64);
@@ -336,10 +292,11 @@ fn memory_report(name: &str, b: Built) {
         ..
     } = b;
     drop((chats, sessions, docs));
-    let (req0, round0) = (REQUESTED.load(Relaxed), ROUNDED.load(Relaxed));
+    let (req0, round0) = common::live_bytes();
     drop(tree);
-    let req = (req0 - REQUESTED.load(Relaxed)) as f64;
-    let round = (round0 - ROUNDED.load(Relaxed)) as f64;
+    let (req1, round1) = common::live_bytes();
+    let req = (req0 - req1) as f64;
+    let round = (round0 - round1) as f64;
     let n = nodes as f64;
     eprintln!(
         "memory {name}: {nodes} nodes, {stored} edge bytes ({:.0}/node), {chars} per-worker chars; \
