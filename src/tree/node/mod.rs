@@ -31,6 +31,7 @@
 //! # Layout
 //! - `repr`: the node (children with their keys and blooms, the edge as a range of a shared
 //!   buffer) and its edits.
+//! - `shared`: the edge buffers (reference-counted bytes with an 8-byte header).
 //! - `workers`: the compact per-node set of workers and access times.
 //! - `lookup`: longest-prefix match (the request path).
 //! - `insert`: inserts with path copying and node splits.
@@ -44,6 +45,7 @@ mod evict;
 mod insert;
 mod lookup;
 mod repr;
+mod shared;
 mod stats;
 mod workers;
 

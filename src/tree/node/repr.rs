@@ -6,11 +6,12 @@
 //! whatever the length of its edge. Splitting an edge makes two ranges of one buffer; only
 //! appending to an edge or merging two edges from different buffers writes a new one.
 
+use super::shared::SharedBytes;
 use super::workers::Workers;
 use crate::base::text::common_prefix;
 use crate::base::WorkerId;
 use std::ops::Deref;
-use triomphe::{Arc, ThinArc};
+use triomphe::Arc;
 
 /// The first character of `s` (non-empty, starting at a character boundary) as its UTF-8 bytes
 /// packed big-endian and zero-padded: distinct characters get distinct keys, ordered like bytes.
@@ -43,7 +44,7 @@ const COMPACT_MIN_BYTES: usize = 64;
 /// 16 bytes; the empty edge (the root's) holds no buffer.
 #[derive(Clone, Default)]
 pub(super) struct Edge {
-    buf: Option<ThinArc<(), u8>>,
+    buf: Option<SharedBytes>,
     start: u32,
     len: u32,
 }
@@ -52,17 +53,9 @@ impl Edge {
     /// A new buffer holding the concatenation of `parts` (whole characters, ≤ `u32::MAX` bytes
     /// in total, which `insert` guarantees by cutting keys).
     pub(super) fn new(parts: &[&[u8]]) -> Edge {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        let buf = match parts {
-            _ if len == 0 => return Edge::default(),
-            [one] => ThinArc::from_header_and_slice((), one),
-            _ => ThinArc::from_header_and_slice((), &parts.concat()),
-        };
-        Edge {
-            buf: Some(buf),
-            start: 0,
-            len: len as u32,
-        }
+        let buf = SharedBytes::new(parts);
+        let len = buf.as_ref().map_or(0, |b| b.as_slice().len() as u32);
+        Edge { buf, start: 0, len }
     }
 
     #[inline]
@@ -70,7 +63,9 @@ impl Edge {
         match &self.buf {
             Some(b) => {
                 let s = self.start as usize;
-                b.slice.get(s..s + self.len as usize).unwrap_or_default()
+                b.as_slice()
+                    .get(s..s + self.len as usize)
+                    .unwrap_or_default()
             }
             None => &[],
         }
@@ -102,9 +97,7 @@ impl Edge {
     /// range right after this one (an earlier split being undone), else a new buffer.
     pub(super) fn join(&self, next: &Edge) -> Edge {
         if let (Some(a), Some(b)) = (&self.buf, &next.buf) {
-            if std::ptr::eq(a.slice.as_ptr(), b.slice.as_ptr())
-                && self.start + self.len == next.start
-            {
+            if a.id() == b.id() && self.start + self.len == next.start {
                 return Edge {
                     buf: self.buf.clone(),
                     start: self.start,
@@ -117,13 +110,13 @@ impl Edge {
 
     /// Bytes of the buffer this edge keeps alive (0 for the empty edge).
     pub(super) fn buffer_len(&self) -> usize {
-        self.buf.as_ref().map_or(0, |b| b.slice.len())
+        self.buf.as_ref().map_or(0, |b| b.as_slice().len())
     }
 
     /// The buffer's address, to tell buffers apart.
     #[inline]
     pub(super) fn buffer_id(&self) -> Option<*const u8> {
-        self.buf.as_ref().map(|b| b.slice.as_ptr())
+        self.buf.as_ref().map(SharedBytes::id)
     }
 
     /// Uses less than half of a buffer larger than [`COMPACT_MIN_BYTES`].
