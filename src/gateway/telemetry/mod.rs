@@ -185,8 +185,8 @@ impl Scraper {
     async fn round(&mut self) {
         let gw = self.gw.clone();
         let list = gw.registry.load_full();
-        self.workers
-            .retain(|serial, _| list.workers.iter().any(|w| w.serial == *serial));
+        let live = list.serials();
+        self.workers.retain(|serial, _| live.contains(serial));
         let mut results = Vec::with_capacity(list.len());
         // One scrape per server: with `--dp-aware` its rank 0 speaks for all its ranks.
         let primaries: Vec<Arc<Worker>> = list
