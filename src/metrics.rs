@@ -71,6 +71,7 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("radixgate_tree_inserts_applied", Kind::Gauge, "Tree inserts the writer applied."),
     ("radixgate_tree_inserts_skipped", Kind::Gauge, "Tree inserts not sent because the chosen worker already held the whole text."),
     ("radixgate_tree_evicted_chars", Kind::Gauge, "Characters evicted from the prefix trees."),
+    ("radixgate_tree_evictions", Kind::Gauge, "Eviction runs of the tree writer: periodic passes plus immediate evictions of a worker over its limit by 10 %."),
     ("radixgate_io_driver", Kind::Gauge, "The io driver in use (1 for the kind in use)."),
     ("radixgate_kv_events_total", Kind::Counter, "KV-event intake activity, by kind."),
     ("radixgate_kv_fallback_total", Kind::Counter, "Routed requests the text tree decided although --kv-events is on, by reason."),
@@ -324,6 +325,8 @@ pub struct TreeStats {
     pub applied: u64,
     /// Characters evicted.
     pub evicted_chars: u64,
+    /// Eviction runs (periodic passes and immediate evictions).
+    pub evictions: u64,
 }
 
 /// The prefix trees' size and the writer's counters, refreshed at each scrape.
@@ -335,6 +338,7 @@ pub fn tree_stats(t: TreeStats) {
     gauge!("radixgate_tree_inserts_applied").set(t.applied as f64);
     gauge!("radixgate_tree_inserts_skipped").set(INSERTS_SKIPPED.load(Ordering::Relaxed) as f64);
     gauge!("radixgate_tree_evicted_chars").set(t.evicted_chars as f64);
+    gauge!("radixgate_tree_evictions").set(t.evictions as f64);
 }
 
 /// A routed request decided by the text tree although `--kv-events` is on, by reason.

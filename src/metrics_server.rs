@@ -135,6 +135,7 @@ fn refresh(gw: &Gateway) {
             dropped: s.dropped(),
             applied: s.inserts_applied(),
             evicted_chars: s.evicted_chars(),
+            evictions: s.evictions(),
         });
     }
 }

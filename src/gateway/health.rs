@@ -139,8 +139,10 @@ impl Checker {
         // An id reused by a new worker starts a new record (the serial tells them apart).
         self.probes
             .retain(|id, p| list.get(*id).is_some_and(|w| w.serial == p.serial));
-        self.models_seen
-            .retain(|s| list.workers.iter().any(|w| w.serial == *s));
+        if !self.models_seen.is_empty() {
+            let live = list.serials();
+            self.models_seen.retain(|s| live.contains(s));
+        }
         let now = Instant::now();
         let mut due = Vec::new();
         // A server's DP ranks share its verdict (`Registry::set_healthy`): probe it once.

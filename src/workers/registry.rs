@@ -272,6 +272,13 @@ pub struct WorkerList {
 }
 
 impl WorkerList {
+    /// The serials of the workers listed, for forgetting per-worker state of workers gone in
+    /// O(workers) (a scan of the list per remembered worker was O(workers²): at 4,096 workers,
+    /// 16.7 M comparisons on every health tick).
+    pub fn serials(&self) -> std::collections::HashSet<u64> {
+        self.workers.iter().map(|w| w.serial).collect()
+    }
+
     fn build(workers: Vec<Arc<Worker>>) -> WorkerList {
         let ids: Vec<WorkerId> = workers.iter().map(|w| w.id).collect();
         let max = ids
@@ -637,6 +644,19 @@ mod tests {
             assert!(parse_worker_url(bad).is_err(), "{bad}");
         }
         assert!(parse_worker_url(&format!("http://{}:1", "a".repeat(255))).is_ok());
+    }
+
+    #[test]
+    fn serials_name_exactly_the_listed_workers() {
+        let r = Registry::new();
+        let a = r.add("http://127.0.0.1:1", true).unwrap();
+        let b = r.add("http://127.0.0.1:2", true).unwrap();
+        let gone = r.add("http://127.0.0.1:3", true).unwrap();
+        r.remove(&gone.id.to_string()).unwrap();
+        let live = r.load().serials();
+        assert_eq!(live.len(), 2);
+        assert!(live.contains(&a.serial) && live.contains(&b.serial));
+        assert!(!live.contains(&gone.serial));
     }
 
     #[test]

@@ -54,7 +54,7 @@ pub const MAX_MERGED_BYTES: usize = 16 << 20;
 /// Longest a worker's scrape may take (both calls), whatever the interval.
 pub const MAX_SCRAPE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Workers scraped at once (a round over a huge fleet runs in batches).
-const SCRAPE_BATCH: usize = 256;
+const SCRAPE_BATCH: usize = 64;
 /// Failed rounds after which a worker's last engine numbers stop counting (its external load
 /// goes to 0, its gauges to 0 and its exposition leaves `/engine_metrics`).
 pub const STALE_ROUNDS: u32 = 3;
@@ -128,6 +128,7 @@ async fn run(gw: Arc<Gateway>, interval: Duration) {
     let mut s = Scraper {
         pool: Rc::new(upstream_pool(&gw)),
         timeout: interval.min(MAX_SCRAPE_TIMEOUT),
+        interval,
         workers: HashMap::new(),
         predicted: RatioWindow::default(),
         round: 0,
@@ -178,6 +179,8 @@ struct Scraper {
     workers: HashMap<u64, Tracked>,
     predicted: RatioWindow,
     round: u64,
+    /// Time between rounds: a round's batches are spread over its first half.
+    interval: Duration,
 }
 
 impl Scraper {
@@ -185,8 +188,8 @@ impl Scraper {
     async fn round(&mut self) {
         let gw = self.gw.clone();
         let list = gw.registry.load_full();
-        self.workers
-            .retain(|serial, _| list.workers.iter().any(|w| w.serial == *serial));
+        let live = list.serials();
+        self.workers.retain(|serial, _| live.contains(serial));
         let mut results = Vec::with_capacity(list.len());
         // One scrape per server: with `--dp-aware` its rank 0 speaks for all its ranks.
         let primaries: Vec<Arc<Worker>> = list
@@ -195,7 +198,14 @@ impl Scraper {
             .filter(|w| w.is_primary())
             .cloned()
             .collect();
-        for batch in primaries.chunks(SCRAPE_BATCH) {
+        // A big fleet's batches are spread over half the interval rather than run back to
+        // back: a burst of thousands of scrapes takes the CPU from a serving core sharing it.
+        let batches = primaries.len().div_ceil(SCRAPE_BATCH).max(1);
+        let gap = self.interval / 2 / batches as u32;
+        for (i, batch) in primaries.chunks(SCRAPE_BATCH).enumerate() {
+            if i > 0 {
+                monoio::time::sleep(gap).await;
+            }
             let handles: Vec<_> = batch
                 .iter()
                 .map(|w| monoio::spawn(scrape(self.pool.clone(), w.clone(), self.timeout)))

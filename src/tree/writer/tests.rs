@@ -286,3 +286,114 @@ fn writer_exits_when_every_handle_is_gone() {
     drop(h2);
     assert!(done_rx.recv_timeout(Duration::from_secs(5)).is_ok());
 }
+
+/// Texts whose tree has many nodes: three levels of branching (64 × 64 × N), each leaf a
+/// distinct tail, so an eviction pass walks and rebuilds a large part of the tree.
+fn bushy_text(i: u64) -> String {
+    format!(
+        "system prompt {:02} / user {:02} / turn {:06}: {}",
+        i % 64,
+        (i / 64) % 64,
+        i,
+        "lorem ipsum dolor sit amet "
+    )
+}
+
+/// Eviction and publication run on the writer thread alone: while it evicts a large tree
+/// (a pass that takes hundreds of milliseconds in a debug build), reader threads (the serving
+/// cores' part: `load` a snapshot, match a prompt, drop the guard) keep going at full speed and
+/// none of their operations waits anywhere near as long as the pass. Would fail if eviction ran
+/// in `load`/the reader's path or held a lock the readers take.
+#[test]
+fn readers_never_wait_for_a_long_eviction_pass() {
+    use std::sync::atomic::AtomicBool;
+    const TEXTS: u64 = 120_000;
+    let cfg = WriterConfig {
+        // Only the periodic pass evicts (no immediate trigger while the tree is built), and it
+        // takes the one worker down to a quarter of what it holds.
+        max_chars_per_worker: u64::MAX / 4,
+        overflow_margin: 0.0,
+        eviction_interval: Duration::from_secs(3600),
+        ..WriterConfig::default()
+    };
+    let (h, mut w) = build(cfg);
+    for i in 0..TEXTS {
+        w.insert(&ins(D, &bushy_text(i), 1, i));
+    }
+    w.publish();
+    let held = w.forest.tree(D).worker_chars(1);
+    let nodes = w.forest.tree(D).node_count();
+    // How long the same pass takes on this machine and build, on a copy (same thread, no
+    // contention): the yardstick for "waited on the writer".
+    let mut copy = w.forest.tree(D).clone();
+    let t = Instant::now();
+    let removed = copy.evict_worker(1, held / 4);
+    let solo = t.elapsed();
+    drop(copy);
+    assert!(removed > held / 2, "the pass removes most of the tree");
+
+    // Now the writer thread runs the pass (due at once) while readers read.
+    w.max_chars = held / 4;
+    w.next_eviction = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let probe = bushy_text(TEXTS - 1);
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (h, stop, probe) = (h.clone(), Arc::clone(&stop), probe.clone());
+            std::thread::spawn(move || {
+                let (mut worst, mut reads, mut stamps) = (Duration::ZERO, 0u64, Vec::new());
+                while !stop.load(Relaxed) {
+                    let t = Instant::now();
+                    let forest = h.load();
+                    let m = forest.tree(D).longest_match(&probe).matched_chars;
+                    drop(forest);
+                    let took = t.elapsed();
+                    assert!(m > 0);
+                    worst = worst.max(took);
+                    reads += 1;
+                    stamps.push(Instant::now());
+                }
+                (worst, reads, stamps)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(20));
+    let started = Instant::now();
+    let writer = std::thread::spawn(move || w.run());
+    assert!(
+        eventually(|| h.stats().evicted_chars() > 0 && h.load().epoch() >= 2),
+        "the pass ran and was published"
+    );
+    let pass = started.elapsed();
+    stop.store(true, Relaxed);
+    let mut worst = Duration::ZERO;
+    let mut during = 0usize;
+    for r in readers {
+        let (w, _, stamps) = r.join().unwrap();
+        worst = worst.max(w);
+        during += stamps
+            .iter()
+            .filter(|&&s| s > started && s < started + pass)
+            .count();
+    }
+    let after = h.load();
+    assert!(after.tree(D).worker_chars(1) <= held / 4);
+    drop(after);
+    drop(h);
+    writer.join().unwrap();
+    eprintln!(
+        "{TEXTS} texts, {nodes} nodes, {held} chars: pass alone {solo:?}, on the writer \
+         {pass:?}; readers: worst op {worst:?}, {during} reads during the pass"
+    );
+    // Only meaningful when the pass is long against scheduling noise (debug builds: ~0.1–1 s).
+    if solo >= Duration::from_millis(50) {
+        assert!(
+            worst < solo / 2,
+            "a reader waited {worst:?} while a {solo:?} pass ran: it waited on the writer"
+        );
+        assert!(
+            during >= 100,
+            "readers completed only {during} reads during a {pass:?} pass"
+        );
+    }
+}
