@@ -3,11 +3,15 @@
 # 8, 64, 512 and 4,096 workers, with sglang-router 0.3.2 cache_aware beside it where it runs.
 #
 #   scripts/bench-worker-scale.sh [--sizes 8,64,512,4096] [--duration S] [--rounds N]
-#       [--connections C] [--delay-ms MS] [--start-timeout S] [--no-sglang-router]
+#       [--warmup S] [--connections C] [--delay-ms MS] [--start-timeout S] [--no-sglang-router]
 #       [--skip-build] [--out DIR] [--help]
 #
 #   --sizes LIST        worker counts (default 8,64,512,4096)
 #   --duration S        one measurement, seconds (default 6)
+#   --warmup S          load before each measurement, seconds (default 10): past the start-up
+#                       transients (the first health round's thousands of connections, closed
+#                       together once idle for --upstream-idle-timeout-ms), so steady state is
+#                       measured
 #   --rounds N          measurements per gateway and size; medians reported (default 3)
 #   --connections C     wrk connections (default 8)
 #   --delay-ms MS       pause of each connection after an answer (wrk delay(); default 2): a
@@ -28,7 +32,7 @@
 # reports all N workers healthy (radixgate: GET /workers; sglang-router: "healthy_workers" of
 # GET /readiness). Load: wrk -t1 -cC, OpenAI chat completions (max_tokens 1) rotating over 64
 # bodies (8 tenants' ~1.5k-character system prompts, distinct questions), each connection
-# pausing --delay-ms after every answer; a 2 s warm-up per start. radixgate starts in about a
+# pausing --delay-ms after every answer; a --warmup load per start. radixgate starts in about a
 # second, so each round starts every (variant, size) afresh in a rotated order; sglang-router
 # starts once per size and runs its rounds then. Reports p50/p99 per size and gateway (medians
 # over rounds), achieved req/s, start-up time, and p99(N)/p99(first size).
@@ -44,6 +48,7 @@ cd "$ROOT"
 
 SIZES="8,64,512,4096"
 DURATION=6
+WARMUP=10
 ROUNDS=3
 CONNECTIONS=8
 DELAY=2
@@ -60,6 +65,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --sizes) SIZES="$2"; shift 2 ;;
         --duration) DURATION="$2"; shift 2 ;;
+        --warmup) WARMUP="$2"; shift 2 ;;
         --rounds) ROUNDS="$2"; shift 2 ;;
         --connections) CONNECTIONS="$2"; shift 2 ;;
         --delay-ms) DELAY="$2"; shift 2 ;;
@@ -110,7 +116,25 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo; echo "interrupted" >&2; exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A listener port below the ephemeral range: a gateway with thousands of workers opens thousands
+# of outgoing connections, and one of them can take an ephemeral port picked for its listener
+# before it binds it.
+free_port() {
+    python3 - <<'PY'
+import random, socket
+for _ in range(200):
+    p = random.randrange(20000, 30000)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(p)
+    break
+PY
+}
 # First BASE (from 31000, in steps of 1000) where ports BASE..BASE+N-1 have no listener.
 free_range() {
     local n="$1"
@@ -301,7 +325,7 @@ measure() {
     log "N=$n $g round $r: $(tail -1 "$OUT/raw.tsv" | cut -f4-)"
 }
 warm() {
-    taskset -c "$LOAD_CPU" timeout 60 wrk -t1 -c"$CONNECTIONS" -d2s -s "$OUT/chat.lua" \
+    taskset -c "$LOAD_CPU" timeout 60 wrk -t1 -c"$CONNECTIONS" -d"${WARMUP}s" -s "$OUT/chat.lua" \
         "http://127.0.0.1:$GPORT" -- "$DELAY" >/dev/null 2>&1 || true
 }
 
@@ -340,7 +364,7 @@ first="${SIZE_LIST[0]}"
 {
     echo "## Scale in workers ($(date -u +'%Y-%m-%d %H:%M UTC'))"
     echo
-    echo "\`scripts/bench-worker-scale.sh --sizes $SIZES --duration $DURATION --rounds $ROUNDS --connections $CONNECTIONS --delay-ms $DELAY\`"
+    echo "\`scripts/bench-worker-scale.sh --sizes $SIZES --duration $DURATION --rounds $ROUNDS --warmup $WARMUP --connections $CONNECTIONS --delay-ms $DELAY\`"
     echo
     echo "Machine: $(nproc) CPUs, $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo), kernel $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg) at the end."
     echo "Gateway pinned whole to CPU $PROXY_CPU; one sim-worker process (all N ports) and wrk on CPU $LOAD_CPU."

@@ -368,3 +368,45 @@ fn a_worker_that_never_answers_delays_no_round_for_long() {
     assert!(!up(&silent_url));
     drop(silent);
 }
+
+/// (thread name, nice value) of every thread of this process.
+fn thread_nices() -> Vec<(String, i32)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        // Field 19 (nice), counted after the parenthesised name: state is field 3.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let nice: i32 = after.split(' ').nth(16).unwrap().parse().unwrap();
+        out.push((comm.trim().to_string(), nice));
+    }
+    out
+}
+
+#[test]
+fn helper_threads_yield_the_cpu_to_serving_cores() {
+    let c = sim(1, |_| {});
+    let gw = gateway_for(&c.urls(), &[]);
+    let base = radixgate::runtime::thread_priority();
+    let want = (base + radixgate::gateway::HELPER_NICE).min(19);
+    let nices = wait_until(
+        "health and telemetry threads running",
+        Duration::from_secs(10),
+        || {
+            let n = thread_nices();
+            let has = |p: &str| n.iter().any(|(name, _)| name.starts_with(p));
+            (has("radixgate-healt") && has("radixgate-telem") && has("radixgate-core")).then_some(n)
+        },
+    );
+    for (name, nice) in &nices {
+        if name.starts_with("radixgate-healt") || name.starts_with("radixgate-telem") {
+            assert_eq!(*nice, want, "{name}");
+        }
+        if name.starts_with("radixgate-core") {
+            assert_eq!(*nice, base, "{name}");
+        }
+    }
+    drop(gw);
+}

@@ -24,6 +24,40 @@ const TICK: Duration = Duration::from_millis(100);
 /// Unhealthy workers are probed at least this often, so passive removals heal quickly.
 const UNHEALTHY_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Delay from a worker's first successful check to its first periodic one: between half and
+/// one and a half intervals, by a hash of its serial, so a fleet admitted in one round is
+/// checked spread over the interval afterwards (each worker keeps its phase).
+fn first_periodic_delay(interval: Duration, serial: u64) -> Duration {
+    let frac = (serial.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) as f64 / (1u64 << 53) as f64;
+    interval.mul_f64(0.5 + frac)
+}
+
+/// When checks come: every `interval` once a worker is up, backing off up to `startup_cap`
+/// while it starts.
+struct Schedule {
+    interval: Duration,
+    startup_cap: Duration,
+}
+
+impl Schedule {
+    /// How long until the next check of a worker whose check just ended (`starting`: it had
+    /// never answered before this one).
+    fn next_delay(&self, p: &Probe, starting: bool, healthy: bool, serial: u64) -> Duration {
+        if starting && !p.seen_up {
+            // Back off 1 s, 2 s, ... up to --worker-startup-check-interval.
+            std::cmp::min(Duration::from_secs(p.attempts as u64), self.startup_cap)
+        } else if !healthy {
+            std::cmp::min(self.interval, UNHEALTHY_PROBE_INTERVAL)
+        } else if starting {
+            // Just came up: workers admitted together would otherwise be checked together
+            // forever after, thousands of connections in one burst every interval.
+            first_periodic_delay(self.interval, serial)
+        } else {
+            self.interval
+        }
+    }
+}
+
 /// Per-worker probe bookkeeping.
 #[derive(Debug, Clone)]
 struct Probe {
@@ -243,22 +277,23 @@ impl Checker {
             }
         }
         let now = Instant::now();
-        p.next = if starting && !p.seen_up {
-            if !p.timeout_reported && now.duration_since(p.first_poll) > self.startup_timeout {
-                p.timeout_reported = true;
-                crate::log!(
-                    Error,
-                    "worker {} did not come up within --worker-startup-timeout-secs",
-                    w.url
-                );
-            }
-            // Back off 1 s, 2 s, ... up to --worker-startup-check-interval.
-            now + std::cmp::min(Duration::from_secs(p.attempts as u64), self.startup_cap)
-        } else if !w.is_healthy() {
-            now + std::cmp::min(self.interval, UNHEALTHY_PROBE_INTERVAL)
-        } else {
-            now + self.interval
+        if starting
+            && !p.seen_up
+            && !p.timeout_reported
+            && now.duration_since(p.first_poll) > self.startup_timeout
+        {
+            p.timeout_reported = true;
+            crate::log!(
+                Error,
+                "worker {} did not come up within --worker-startup-timeout-secs",
+                w.url
+            );
+        }
+        let schedule = Schedule {
+            interval: self.interval,
+            startup_cap: self.startup_cap,
         };
+        p.next = now + schedule.next_delay(p, starting, w.is_healthy(), w.serial);
         changed
     }
 }
@@ -279,6 +314,48 @@ mod tests {
             attempts: 0,
             timeout_reported: false,
         }
+    }
+
+    #[test]
+    fn a_fleet_admitted_together_is_checked_spread_over_the_interval() {
+        let interval = Duration::from_secs(60);
+        let mut buckets = [0usize; 16];
+        for serial in 1..=4096u64 {
+            let d = first_periodic_delay(interval, serial);
+            assert!(d >= interval / 2 && d < interval * 3 / 2, "{d:?}");
+            let b = ((d - interval / 2).as_secs_f64() / interval.as_secs_f64() * 16.0) as usize;
+            buckets[b.min(15)] += 1;
+        }
+        // 256 a bucket if even; a burst would put thousands in one.
+        assert!(
+            buckets.iter().all(|&n| (192..=320).contains(&n)),
+            "{buckets:?}"
+        );
+    }
+
+    #[test]
+    fn checks_of_a_worker_that_just_came_up_start_at_its_own_phase() {
+        let s = Schedule {
+            interval: Duration::from_secs(60),
+            startup_cap: Duration::from_secs(10),
+        };
+        let up = probe(true);
+        let delays: HashSet<Duration> = (1..=64u64)
+            .map(|serial| s.next_delay(&up, true, true, serial))
+            .collect();
+        assert!(
+            delays.len() > 60,
+            "first periodic checks spread, not all at one time"
+        );
+        // Afterwards each keeps the interval; still starting: back off; down: soon.
+        assert_eq!(s.next_delay(&up, false, true, 7), s.interval);
+        let mut starting = probe(false);
+        starting.attempts = 3;
+        assert_eq!(
+            s.next_delay(&starting, true, false, 7),
+            Duration::from_secs(3)
+        );
+        assert_eq!(s.next_delay(&up, false, false, 7), UNHEALTHY_PROBE_INTERVAL);
     }
 
     #[test]
