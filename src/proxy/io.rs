@@ -9,8 +9,13 @@ use monoio::time::Instant;
 use std::io;
 use std::time::Duration;
 
-/// Smallest free space offered to a read.
+/// Space a buffer grows by when a read finds too little free space in it.
 pub const READ_CHUNK: usize = 16 * 1024;
+
+/// Free space below which a buffer grows before a read: a buffer with at least this much left
+/// is read into as it is (an 8 KiB head buffer is not reallocated, and copied, before its first
+/// read).
+const MIN_FREE: usize = 4 * 1024;
 
 /// Append one read's worth of bytes to `buf`. `Ok(0)` is end of stream. A timeout leaves `buf`
 /// empty (the buffer was owned by the cancelled read); callers close the connection then.
@@ -19,8 +24,24 @@ pub async fn read_into(
     buf: &mut BytesMut,
     deadline: Option<Instant>,
 ) -> io::Result<usize> {
+    read_expecting(stream, buf, deadline, READ_CHUNK).await
+}
+
+/// [`read_into`] for a caller that expects `expected` more bytes (the rest of a body whose
+/// length it knows): the buffer grows (by [`READ_CHUNK`]) only when it has less free space than
+/// `min(expected, MIN_FREE)`, so a buffer reserved for the whole body is filled in place
+/// instead of being reallocated (and copied) for its last bytes.
+pub async fn read_expecting(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    deadline: Option<Instant>,
+    expected: usize,
+) -> io::Result<usize> {
     let mut owned = std::mem::take(buf);
-    owned.reserve(READ_CHUNK);
+    let min_free = expected.clamp(1, MIN_FREE);
+    if owned.capacity() - owned.len() < min_free {
+        owned.reserve(READ_CHUNK);
+    }
     let len = owned.len();
     let fut = stream.read(owned.slice_mut(len..));
     let (res, slice) = match deadline {

@@ -18,7 +18,7 @@ use super::routes::{route, Route};
 use super::Outcome;
 use crate::gateway::{Core, Gateway};
 use crate::http::{self, BodyFraming, ChunkError, ChunkedDecoder, HeadLimits, RequestHead};
-use crate::proxy::io::{linger_close, read_into, write_all, Linger};
+use crate::proxy::io::{linger_close, read_expecting, read_into, write_all, Linger, READ_CHUNK};
 use bytes::{Buf, Bytes, BytesMut};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
@@ -303,7 +303,7 @@ async fn read_body(
             }
             let whole = started + pace.allowance(n as u64);
             while buf.len() < n {
-                read_body_bytes(stream, buf, pace, whole).await?;
+                read_body_bytes(stream, buf, pace, whole, n - buf.len()).await?;
             }
             Ok(buf.split_to(n).freeze())
         }
@@ -329,22 +329,23 @@ async fn read_body(
                     return Ok(body.freeze());
                 }
                 let whole = started + pace.allowance(received);
-                received += read_body_bytes(stream, buf, pace, whole).await? as u64;
+                received += read_body_bytes(stream, buf, pace, whole, READ_CHUNK).await? as u64;
             }
         }
     }
 }
 
-/// One read of request-body bytes: EOF → 400; nothing within `pace.grace`, or `whole` (the
-/// body's deadline) passed → 408.
+/// One read of request-body bytes (`expected` more to come): EOF → 400; nothing within
+/// `pace.grace`, or `whole` (the body's deadline) passed → 408.
 async fn read_body_bytes(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     pace: BodyPace,
     whole: Instant,
+    expected: usize,
 ) -> Result<usize, ReadFail> {
     let pause = Instant::now() + pace.grace;
-    match read_into(stream, buf, Some(pause.min(whole))).await {
+    match read_expecting(stream, buf, Some(pause.min(whole)), expected).await {
         Ok(0) => Err(ReadFail::reply(
             400,
             "connection closed inside the request body",
