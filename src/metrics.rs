@@ -178,29 +178,115 @@ pub fn connection_closed() {
     gauge!("smg_http_connections_active").set(n as f64);
 }
 
+/// Handles of the per-request series, kept per thread. Looking a series up in the recorder's
+/// registry (key built, hashed, a shard locked) cost ~0.4 µs per request over the five series a
+/// request touches; a cached handle is an atomic add. Safe because the recorder's idle sweep
+/// deletes gauges only, never these counters and histograms. Keys are the label values, all
+/// `&'static str` from fixed sets (compared by address), so a cache holds at most a few hundred
+/// entries; it is emptied past [`HANDLE_CACHE_MAX`] anyway.
+mod handles {
+    use metrics::{Counter, Histogram};
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    /// Entries one thread keeps before starting over (label sets are small and fixed; this
+    /// only bounds a mistake).
+    pub const HANDLE_CACHE_MAX: usize = 4096;
+
+    /// Which family a cached handle belongs to, with its label values' addresses.
+    #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum Series {
+        Requests(usize),
+        Responses(usize),
+        Duration(usize),
+        Selection(usize, usize),
+        Routed(usize, usize, bool),
+        Upstream(usize),
+        Ttfb,
+    }
+
+    /// The address of a label value: equal strings from the same static are the same series.
+    pub fn addr(s: &'static str) -> usize {
+        s.as_ptr() as usize
+    }
+
+    thread_local! {
+        static COUNTERS: RefCell<HashMap<Series, Counter>> = RefCell::new(HashMap::new());
+        static HISTOGRAMS: RefCell<HashMap<Series, Histogram>> = RefCell::new(HashMap::new());
+    }
+
+    /// The counter of `series`, registered by `make` on first use in this thread.
+    pub fn counter(series: Series, make: impl FnOnce() -> Counter) -> Counter {
+        COUNTERS.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.len() >= HANDLE_CACHE_MAX {
+                c.clear();
+            }
+            c.entry(series).or_insert_with(make).clone()
+        })
+    }
+
+    /// The histogram of `series`, registered by `make` on first use in this thread.
+    pub fn histogram(series: Series, make: impl FnOnce() -> Histogram) -> Histogram {
+        HISTOGRAMS.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.len() >= HANDLE_CACHE_MAX {
+                c.clear();
+            }
+            c.entry(series).or_insert_with(make).clone()
+        })
+    }
+}
+
+use handles::{addr, Series};
+
 /// One HTTP request answered.
 pub fn http_request(path: &[u8], status: u16, took: Duration) {
     let path = path_label(path);
-    counter!("smg_http_requests_total", "path" => path).increment(1);
-    counter!("smg_http_responses_total", "status_code" => status_label(status)).increment(1);
-    histogram!("smg_http_request_duration_seconds", "path" => path).record(took.as_secs_f64());
+    let status = status_label(status);
+    handles::counter(
+        Series::Requests(addr(path)),
+        || counter!("smg_http_requests_total", "path" => path),
+    )
+    .increment(1);
+    handles::counter(
+        Series::Responses(addr(status)),
+        || counter!("smg_http_responses_total", "status_code" => status),
+    )
+    .increment(1);
+    handles::histogram(
+        Series::Duration(addr(path)),
+        || histogram!("smg_http_request_duration_seconds", "path" => path),
+    )
+    .record(took.as_secs_f64());
 }
 
 /// A policy decision, by policy and by the branch that made it.
 pub fn selection(policy: &'static str, branch: &'static str) {
-    counter!("smg_worker_selection_total", "policy" => policy, "branch" => branch).increment(1);
+    handles::counter(
+        Series::Selection(addr(policy), addr(branch)),
+        || counter!("smg_worker_selection_total", "policy" => policy, "branch" => branch),
+    )
+    .increment(1);
 }
 
 /// Time from request start to the first response body byte sent to the client.
 pub fn ttft(took: Duration) {
-    histogram!("radixgate_time_to_first_byte_seconds").record(took.as_secs_f64());
+    handles::histogram(Series::Ttfb, || {
+        histogram!("radixgate_time_to_first_byte_seconds")
+    })
+    .record(took.as_secs_f64());
 }
 
 /// One routed request, by model (`label` from `ServedModels::label`: a served model name,
 /// "default" or "other"), endpoint and streaming flag.
 pub fn routed(model: &'static str, endpoint: &'static str, streaming: bool) {
-    let streaming = if streaming { "true" } else { "false" };
-    counter!("smg_router_requests_total", "model" => model, "endpoint" => endpoint, "streaming" => streaming).increment(1);
+    let series = Series::Routed(addr(model), addr(endpoint), streaming);
+    handles::counter(series, || {
+        let streaming = if streaming { "true" } else { "false" };
+        counter!("smg_router_requests_total", "model" => model, "endpoint" => endpoint, "streaming" => streaming)
+    })
+    .increment(1);
 }
 
 /// A client closed its connection before the worker answered (the request was aborted).
@@ -220,7 +306,11 @@ pub fn circuit_transition(to: &'static str) {
 
 /// An upstream connection was opened (`kind` "new") or taken from a pool ("reused").
 pub fn upstream_connection(kind: &'static str) {
-    counter!("radixgate_upstream_connections_total", "kind" => kind).increment(1);
+    handles::counter(
+        Series::Upstream(addr(kind)),
+        || counter!("radixgate_upstream_connections_total", "kind" => kind),
+    )
+    .increment(1);
 }
 
 /// The io driver in use (exported at start, set again at each scrape).

@@ -8,14 +8,19 @@
 //!
 //! Memory: each slot holds one text of at most `MAX_ROUTING_TEXT` bytes that the core copied out
 //! of the request body when the body was much larger (never a slice pinning a whole upload), and
-//! a slot whose entry has expired is emptied by the next lookup that passes it.
+//! a slot whose entry has expired is emptied by the next lookup that passes it, or by
+//! [`RecentInserts::sweep`] (each core's housekeeping, every half second).
+//!
+//! Cost: a lookup reads one atomic when nothing was inserted within the last two publications
+//! (the steady state: repeated prompts send no insert at all), and otherwise one plain atomic
+//! per slot, loading (arc-swap) only the slots whose epoch is still live.
 
 use crate::base::text::{char_count, common_prefix};
 use crate::base::WorkerId;
 use crate::tree::TreeKey;
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Slots in the ring; a burst larger than this within one publication falls back to the
@@ -48,6 +53,12 @@ pub struct RecentMatch {
 #[derive(Debug)]
 pub struct RecentInserts {
     slots: Box<[ArcSwapOption<Entry>]>,
+    /// Each slot's epoch + 1 (0: empty), beside the slot so a lookup skips dead slots without
+    /// an arc-swap load. Only a hint: the entry itself is checked again once loaded.
+    epochs: Box<[AtomicU64]>,
+    /// The latest epoch + 1 any push was made at (0: none yet): when even it has expired, no
+    /// slot can count and a lookup returns at once.
+    newest: AtomicU64,
     next: AtomicUsize,
 }
 
@@ -62,6 +73,8 @@ impl RecentInserts {
     pub fn new() -> Self {
         RecentInserts {
             slots: (0..CAPACITY).map(|_| ArcSwapOption::empty()).collect(),
+            epochs: (0..CAPACITY).map(|_| AtomicU64::new(0)).collect(),
+            newest: AtomicU64::new(0),
             next: AtomicUsize::new(0),
         }
     }
@@ -75,6 +88,31 @@ impl RecentInserts {
             worker,
             epoch,
         })));
+        // After the store: a reader that sees the hint finds the entry (or a newer one).
+        self.epochs[i].store(epoch + 1, Ordering::Release);
+        self.newest.fetch_max(epoch + 1, Ordering::Release);
+    }
+
+    /// Whether an entry pushed at `epoch + 1 == hint` may still count at `now` (0: empty).
+    fn may_count(hint: u64, now: u64) -> bool {
+        hint != 0 && hint - 1 + KEEP_EPOCHS > now
+    }
+
+    /// Empty every slot whose entry no longer counts at `epoch`, so the texts of a burst are
+    /// freed even when no lookup passes them (lookups stop scanning once all have expired).
+    pub fn sweep(&self, epoch: u64) {
+        for (slot, hint) in self.slots.iter().zip(self.epochs.iter()) {
+            let h = hint.load(Ordering::Acquire);
+            if h != 0 && !Self::may_count(h, epoch) {
+                let guard = slot.load();
+                if guard
+                    .as_ref()
+                    .is_some_and(|e| e.epoch + KEEP_EPOCHS <= epoch)
+                {
+                    let _ = slot.compare_and_swap(&guard, None);
+                }
+            }
+        }
     }
 
     /// Forget a worker (removed, or refusing connections).
@@ -90,9 +128,15 @@ impl RecentInserts {
     /// the same tree; `None` when nothing matches. Expired entries met on the way are dropped
     /// (unless a core replaced them meanwhile), so their text does not linger.
     pub fn longest(&self, tree: TreeKey, text: &str, epoch: u64) -> Option<RecentMatch> {
+        if !Self::may_count(self.newest.load(Ordering::Acquire), epoch) {
+            return None;
+        }
         let key = text.as_bytes();
         let mut best: Option<(usize, WorkerId)> = None;
-        for slot in self.slots.iter() {
+        for (slot, hint) in self.slots.iter().zip(self.epochs.iter()) {
+            if !Self::may_count(hint.load(Ordering::Acquire), epoch) {
+                continue; // empty, or expired: `sweep` frees it
+            }
             let guard = slot.load();
             let Some(e) = guard.as_ref() else { continue };
             if e.epoch + KEEP_EPOCHS <= epoch {
@@ -172,7 +216,8 @@ mod tests {
         assert!(r.longest(TreeKey::Default, "abc", 6).is_some());
         assert!(r.longest(TreeKey::Default, "abc", 7).is_none());
         assert_eq!(r.live(7), 0);
-        // The expired entry's slot was emptied by the lookup: its text is freed.
+        // The expired entry's slot is emptied by the sweep: its text is freed.
+        r.sweep(7);
         assert!(r.slots.iter().all(|s| s.load().is_none()));
         let n = CAPACITY as u32 + 100;
         for i in 0..n {
@@ -205,6 +250,29 @@ mod tests {
         );
         r.forget_worker(4);
         assert!(r.longest(TreeKey::Default, "naïve", 0).is_none());
+    }
+
+    #[test]
+    fn once_every_entry_expired_lookups_return_at_once_and_the_sweep_frees_the_texts() {
+        let r = RecentInserts::new();
+        assert!(r.longest(TreeKey::Default, "abc", 0).is_none());
+        r.push(TreeKey::Default, b("abc"), 1, 5);
+        r.push(TreeKey::Default, b("abd"), 2, 6);
+        assert_eq!(r.longest(TreeKey::Default, "abd", 7).unwrap().worker, 2);
+        // Epoch 8: both expired; the lookup does not even look at the slots.
+        assert!(r.longest(TreeKey::Default, "abd", 8).is_none());
+        assert_eq!(r.slots.iter().filter(|s| s.load().is_some()).count(), 2);
+        r.sweep(7);
+        assert_eq!(
+            r.slots.iter().filter(|s| s.load().is_some()).count(),
+            1,
+            "the entry of epoch 6 still counts at 7"
+        );
+        r.sweep(8);
+        assert!(r.slots.iter().all(|s| s.load().is_none()));
+        // A new push counts again.
+        r.push(TreeKey::Default, b("abz"), 3, 8);
+        assert_eq!(r.longest(TreeKey::Default, "abz", 8).unwrap().worker, 3);
     }
 
     #[test]
