@@ -11,7 +11,7 @@ mod blocks;
 
 use self::blocks::{BlockList, Blocks};
 use crate::base::text::floor_char_boundary;
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::borrow::Cow;
 use std::fmt::{self, Write as _};
@@ -77,22 +77,63 @@ struct Sink<'a> {
     pieces: usize,
     borrowed: Option<&'a str>,
     buf: String,
+    /// Bytes reserved when the text first needs its own buffer: the body's length (the text
+    /// cannot be longer) capped at [`MAX_ROUTING_TEXT`], so a text of many pieces is written
+    /// into one allocation instead of being copied at every doubling.
+    reserve: usize,
+    /// Arrays and objects the visitors writing into this sink are inside (see [`MAX_NESTING`]).
+    depth: u32,
 }
 
 impl<'a> Sink<'a> {
-    fn new(keep: bool) -> Self {
+    fn new(keep: bool, reserve: usize) -> Self {
         Sink {
             keep,
             pieces: 0,
             borrowed: None,
             buf: String::new(),
+            reserve: reserve.min(MAX_ROUTING_TEXT),
+            depth: 0,
         }
+    }
+
+    /// One level deeper into nested arrays and objects, refused past [`MAX_NESTING`]; paired
+    /// with [`Sink::leave`].
+    fn enter<E: de::Error>(&mut self) -> Result<(), E> {
+        self.depth += 1;
+        if self.depth > MAX_NESTING {
+            return Err(too_deep());
+        }
+        Ok(())
+    }
+
+    fn leave(&mut self) {
+        self.depth -= 1;
+    }
+
+    /// Nothing more can be written: the text is not kept, or already [`MAX_ROUTING_TEXT`]
+    /// long. The visitors then skip the rest of their value as JSON (validated by the parser's
+    /// fast skip, never unescaped or copied), so a prompt costs a copy only of what routing reads.
+    fn full(&self) -> bool {
+        let len = match self.borrowed {
+            Some(b) if self.pieces == 1 => b.len(),
+            _ => self.buf.len(),
+        };
+        !self.keep || len >= MAX_ROUTING_TEXT
+    }
+
+    /// The owned buffer, allocated at its expected size on first use.
+    fn owned(&mut self) -> &mut String {
+        if self.buf.capacity() == 0 {
+            self.buf.reserve(self.reserve);
+        }
+        &mut self.buf
     }
 
     /// Appends what fits of `s` to the owned buffer.
     fn append(&mut self, s: &str) {
         let room = MAX_ROUTING_TEXT - self.buf.len();
-        self.buf.push_str(capped(s, room));
+        self.owned().push_str(capped(s, room));
     }
 
     /// Starts a piece: pieces are joined by single spaces, so from the second one on the text
@@ -100,7 +141,7 @@ impl<'a> Sink<'a> {
     fn begin(&mut self) {
         if self.pieces > 0 {
             if let Some(b) = self.borrowed.take() {
-                self.buf.push_str(b);
+                self.owned().push_str(b);
             }
             self.append(" ");
         }
@@ -145,7 +186,7 @@ impl<'a> Sink<'a> {
         self.begin();
         if self.buf.len() < MAX_ROUTING_TEXT {
             // Writing to a String cannot fail.
-            let _ = write!(self.buf, "{n}");
+            let _ = write!(self.owned(), "{n}");
             // Only ASCII was written past the old length, so the cut is a character boundary.
             self.buf.truncate(MAX_ROUTING_TEXT);
         }
@@ -227,6 +268,85 @@ impl<'de> Deserialize<'de> for Key {
     }
 }
 
+/// Deepest nesting of arrays and objects the extractor follows (what serde_json allowed); a
+/// deeper body is refused with 400. Bounds the visitors' recursion, so the stack, on every core.
+pub const MAX_NESTING: u32 = 128;
+
+fn too_deep<E: de::Error>() -> E {
+    E::custom(format_args!("JSON nested deeper than {MAX_NESTING} levels"))
+}
+
+/// A value read only to be validated and dropped: serde's `IgnoredAny`, but through the
+/// parser's full value path (`deserialize_any`), not its fast skip. sonic-rs skips strings
+/// without checking the four hex digits of a `\u` escape, so a body serde_json refused would
+/// pass; parsed in full, every string's escapes are checked (and a skipped string costs an
+/// unescape, as it did with serde_json). Nesting is bounded by [`MAX_NESTING`].
+pub(crate) struct Skip;
+
+impl<'de> Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        SkipAt(0).deserialize(d)
+    }
+}
+
+/// [`Skip`] at nesting depth `.0`.
+#[derive(Clone, Copy)]
+struct SkipAt(u32);
+
+impl<'de> DeserializeSeed<'de> for SkipAt {
+    type Value = Skip;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Skip, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for SkipAt {
+    type Value = Skip;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Skip, D::Error> {
+        self.deserialize(d)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Skip, A::Error> {
+        let inner = SkipAt(self.0 + 1);
+        if inner.0 > MAX_NESTING {
+            return Err(too_deep());
+        }
+        while seq.next_element_seed(inner)?.is_some() {}
+        Ok(Skip)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skip, A::Error> {
+        let inner = SkipAt(self.0 + 1);
+        if inner.0 > MAX_NESTING {
+            return Err(too_deep());
+        }
+        while map.next_entry_seed(SkipAt(0), inner)?.is_some() {}
+        Ok(Skip)
+    }
+}
+
 /// A JSON string, borrowed when it has no escapes.
 struct Str<'a>(Cow<'a, str>);
 
@@ -285,6 +405,9 @@ struct Pieces<'s, 'a>(&'s mut Sink<'a>);
 impl<'de> DeserializeSeed<'de> for Pieces<'_, 'de> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        if self.0.full() {
+            return Skip::deserialize(d).map(|_| ());
+        }
         d.deserialize_any(self)
     }
 }
@@ -321,7 +444,9 @@ impl<'de> Visitor<'de> for Pieces<'_, 'de> {
         Ok(())
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.0.enter()?;
         while seq.next_element_seed(Pieces(&mut *self.0))?.is_some() {}
+        self.0.leave();
         Ok(())
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
@@ -338,7 +463,7 @@ impl<'de> Visitor<'de> for Pieces<'_, 'de> {
                 }
                 Key::Type => is_text = map.next_value::<IsText>()?.0,
                 _ => {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value::<Skip>()?;
                 }
             }
         }
@@ -391,13 +516,16 @@ impl<'de> Visitor<'de> for Message<'_, 'de> {
         while let Some(k) = map.next_key::<Key>()? {
             match k {
                 Key::Content => map.next_value_seed(Pieces(&mut *self.0))?,
+                Key::ReasoningContent if self.0.full() => {
+                    map.next_value::<Skip>()?;
+                }
                 Key::ReasoningContent => {
                     reasoning = map
                         .next_value::<Option<Str<'de>>>()?
                         .map(|s| self.0.aside(s.0))
                 }
                 _ => {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value::<Skip>()?;
                 }
             }
         }
@@ -453,7 +581,13 @@ struct Parsed<'a> {
 /// The top-level object. Every known field is validated as before whatever the API; only the
 /// API's own field writes routing text (`/generate` keeps `text` and `input_ids` apart: `text`
 /// wins wherever it appears).
-struct Top(Api);
+struct Top {
+    api: Api,
+    /// Build the routing text (else only validate the fields it comes from).
+    keep_text: bool,
+    /// The body's length: what the routing text's buffer reserves (see [`Sink`]).
+    body_len: usize,
+}
 
 impl<'de> DeserializeSeed<'de> for Top {
     type Value = Parsed<'de>;
@@ -468,18 +602,18 @@ impl<'de> Visitor<'de> for Top {
         f.write_str("a JSON object")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parsed<'de>, A::Error> {
-        let api = self.0;
+        let api = self.api;
         let mut p = Parsed {
             model: None,
             stream: None,
             present: false,
             ids_present: false,
             embeds_present: false,
-            text: Sink::new(true),
-            ids: Sink::new(api == Api::Generate),
-            pre: Sink::new(true),
+            text: Sink::new(self.keep_text, self.body_len),
+            ids: Sink::new(self.keep_text && api == Api::Generate, self.body_len),
+            pre: Sink::new(self.keep_text, 0),
         };
-        let mut discard = Sink::new(false);
+        let mut discard = Sink::new(false, 0);
         let mut seen: u32 = 0;
         let routes_on = match api {
             Api::Chat | Api::Messages => Key::Messages,
@@ -546,11 +680,9 @@ impl<'de> Visitor<'de> for Top {
                     p.present |= there && k == routes_on;
                     p.ids_present |= there && k == Key::InputIds;
                 }
-                Key::InputEmbeds => {
-                    p.embeds_present = map.next_value::<Option<IgnoredAny>>()?.is_some()
-                }
+                Key::InputEmbeds => p.embeds_present = map.next_value::<Option<Skip>>()?.is_some(),
                 _ => {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value::<Skip>()?;
                 }
             }
         }
@@ -595,16 +727,45 @@ fn joined<'a>(first: Sink<'a>, then: Sink<'a>) -> Cow<'a, str> {
 /// most [`MAX_ROUTING_TEXT`] bytes of text (and the model name when it has escapes), whatever
 /// the body holds.
 pub fn extract(api: Api, body: &[u8]) -> Result<RoutingInfo<'_>, ExtractError> {
-    let describe = |e: serde_json::Error| {
-        ExtractError(if e.is_data() {
+    extract_for(api, body, true)
+}
+
+/// [`extract`], building the routing text only when `keep_text` (the policy reads it): without
+/// it the body is validated exactly as much and `text` is empty, so policies that never look at
+/// the prompt pay no copy of it.
+pub fn extract_for(
+    api: Api,
+    body: &[u8],
+    keep_text: bool,
+) -> Result<RoutingInfo<'_>, ExtractError> {
+    let describe = |e: sonic_rs::Error| {
+        ExtractError(if !e.is_syntax() {
             format!("invalid request body: {e}")
         } else {
             format!("invalid JSON in request body: {e}")
         })
     };
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let parsed = Top(api).deserialize(&mut de).map_err(describe)?;
+    // UTF-8 is checked once, here, for the whole body: sonic-rs's own check reports an
+    // invalid byte only when a string holding it is parsed, not in a skipped value.
+    let body = std::str::from_utf8(body).map_err(|e| {
+        ExtractError(format!(
+            "invalid JSON in request body: not UTF-8 at byte {}",
+            e.valid_up_to()
+        ))
+    })?;
+    let mut de = sonic_rs::Deserializer::from_str(body);
+    let top = Top {
+        api,
+        keep_text,
+        body_len: body.len(),
+    };
+    let parsed = top.deserialize(&mut de).map_err(describe)?;
     de.end().map_err(describe)?;
+    finish(api, parsed)
+}
+
+/// The routing inputs from what the top-level object gave (any JSON parser's `Parsed`).
+fn finish(api: Api, parsed: Parsed<'_>) -> Result<RoutingInfo<'_>, ExtractError> {
     let required = |what: &str| Err(ExtractError(format!("`{what}` is required")));
     let token_ids = api == Api::Generate && !parsed.present && parsed.ids_present;
     let text = match api {
@@ -785,3 +946,27 @@ mod tests {
         }
     }
 }
+
+/// The same extraction on serde_json's parser: the oracle the SIMD parser (sonic-rs) is checked
+/// against, body for body.
+#[cfg(test)]
+pub(crate) fn extract_serde_json(
+    api: Api,
+    body: &[u8],
+    keep_text: bool,
+) -> Result<RoutingInfo<'_>, ExtractError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let top = Top {
+        api,
+        keep_text,
+        body_len: body.len(),
+    };
+    let parsed = top
+        .deserialize(&mut de)
+        .map_err(|e| ExtractError(e.to_string()))?;
+    de.end().map_err(|e| ExtractError(e.to_string()))?;
+    finish(api, parsed)
+}
+
+#[cfg(test)]
+mod parser_agreement;

@@ -65,6 +65,16 @@ impl Policy {
         self.cfg.kind == PolicyKind::CacheAware
     }
 
+    /// Whether selection reads the routing text (the prefix for cache_aware and prefix_hash,
+    /// the length for bucket). The others route on loads, headers or turns, so the body scan
+    /// for them only validates and finds `model` and `stream`, building no text.
+    pub fn reads_text(&self) -> bool {
+        matches!(
+            self.cfg.kind,
+            PolicyKind::CacheAware | PolicyKind::PrefixHash | PolicyKind::Bucket
+        )
+    }
+
     /// Choose a worker, or `None` when no eligible, non-excluded worker exists (→ 503).
     ///
     /// `workers`: every registered worker in registration order (eligibility comes from

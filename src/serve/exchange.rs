@@ -26,7 +26,7 @@ use crate::proxy::relay::{self, RelayTo};
 use crate::proxy::request_id::request_id;
 use crate::proxy::retry::is_retryable_status;
 use crate::route::bootstrap;
-use crate::route::extract::{capped, extract, Api, RoutingInfo, MAX_ROUTING_TEXT};
+use crate::route::extract::{capped, extract_for, Api, RoutingInfo, MAX_ROUTING_TEXT};
 use crate::route::manual::{key_too_long, MAX_ROUTING_KEY_LEN};
 use crate::route::types::{Branch, Decision, ExactInput, PolicyKind, RouteInput};
 use crate::tree::TreeKey;
@@ -223,8 +223,9 @@ impl<'a> Exchange<'a> {
         let info = match forwarding {
             Forwarding::Routed(api) => {
                 // The key was checked on the head (`conn::decide`), before the body was read.
-                let info =
-                    extract(api, body).map_err(|e| refuse(GatewayError::new(400, e.0), None))?;
+                let keep_text = gw.routers().any(|(r, _)| r.policy.reads_text());
+                let info = extract_for(api, body, keep_text)
+                    .map_err(|e| refuse(GatewayError::new(400, e.0), None))?;
                 // manual remembers keys: a hostile key length is refused, not hashed.
                 if let Some(key) = routing_key.filter(|k| {
                     k.len() > MAX_ROUTING_KEY_LEN && gw.router.policy.kind() == PolicyKind::Manual

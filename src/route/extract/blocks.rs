@@ -11,8 +11,9 @@
 //! blocks and `tool_result` contents; images, tool calls, thinking and other fields contribute
 //! nothing.
 
-use super::{Key, Sink};
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use super::{Key, Sink, Skip};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
 use std::fmt;
 
 /// The visitor methods [`Blocks`] and [`TextField`] share: a string is a piece for the sink
@@ -52,6 +53,9 @@ pub(super) struct Blocks<'s, 'a>(pub(super) &'s mut Sink<'a>);
 impl<'de> DeserializeSeed<'de> for Blocks<'_, 'de> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        if self.0.full() {
+            return Skip::deserialize(d).map(|_| ());
+        }
         d.deserialize_any(self)
     }
 }
@@ -63,19 +67,23 @@ impl<'de> Visitor<'de> for Blocks<'_, 'de> {
     }
     strings_into_the_sink!('de);
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.0.enter()?;
         while seq.next_element_seed(Blocks(&mut *self.0))?.is_some() {}
+        self.0.leave();
         Ok(())
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.0.enter()?;
         while let Some(k) = map.next_key::<Key>()? {
             match k {
                 Key::Text => map.next_value_seed(TextField(&mut *self.0))?,
                 Key::Content | Key::Output => map.next_value_seed(Blocks(&mut *self.0))?,
                 _ => {
-                    map.next_value::<IgnoredAny>()?;
+                    map.next_value::<Skip>()?;
                 }
             }
         }
+        self.0.leave();
         Ok(())
     }
 }
@@ -97,6 +105,9 @@ struct TextField<'s, 'a>(&'s mut Sink<'a>);
 impl<'de> DeserializeSeed<'de> for TextField<'_, 'de> {
     type Value = ();
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        if self.0.full() {
+            return Skip::deserialize(d).map(|_| ());
+        }
         d.deserialize_any(self)
     }
 }
@@ -108,11 +119,11 @@ impl<'de> Visitor<'de> for TextField<'_, 'de> {
     }
     strings_into_the_sink!('de);
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        while seq.next_element::<Skip>()?.is_some() {}
         Ok(())
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        while map.next_entry::<Skip, Skip>()?.is_some() {}
         Ok(())
     }
 }
