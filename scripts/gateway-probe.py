@@ -136,10 +136,14 @@ def cmd_report(a):
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))
     print()
+    summary = {}
     for label, (same, n, hits) in groups.items():
         mean = sum(hits) / len(hits) if hits else 0
         print(f"- {label}: {same} of {n} next turns to the worker that served the previous turn; "
               f"mean server hit on them {100 * mean:.0f} %")
+        summary[label] = {"same": same, "n": n, "mean_hit": mean}
+    if a.summary:
+        json.dump(summary, open(a.summary, "w"))
 
 
 def main():
@@ -160,6 +164,7 @@ def main():
     n.add_argument("--only", help="conversations A-B (inclusive)")
     r = sub.add_parser("report")
     r.add_argument("--state", required=True, action="append")
+    r.add_argument("--summary", help="also write {label: {same, n, mean_hit}} as JSON here")
     a = p.parse_args()
     {"start": cmd_start, "next": cmd_next, "report": cmd_report}[a.cmd](a)
 

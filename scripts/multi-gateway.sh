@@ -22,10 +22,9 @@
 # subtracted from that run's hit rate.
 #
 # Prompts in tokens: chat prompts need a tokenizer in the gateway (--tokenizer-path). The folder
-# comes from scripts/tokenizer-folder.sh: --tokenizer-path DIR if given, else (once sim-worker
-# has --tokenizer-path, i.e. the tokenizer merge) one written by --make-tokenizer CMD (`{}` = the
-# folder) or by the tokenizer writer the build has; the workers then tokenize with the same
-# folder. Without one, event mode on chat traffic falls back to the text tree
+# comes from scripts/tokenizer-folder.sh: --tokenizer-path DIR if given, else one written by
+# --make-tokenizer CMD (`{}` = the folder) or by the build's own writer (sim-worker
+# --write-tokenizer); the workers then tokenize with the same folder. Without one, event mode on chat traffic falls back to the text tree
 # (radixgate_kv_fallback_total{reason="no_tokenizer"}, shown in the report).
 # --api generate-ids replays the same conversations as /generate with input_ids (tokenized as
 # the workers tokenize), which event mode measures in tokens with no tokenizer at all.
@@ -193,7 +192,8 @@ if [[ -z "$FRONT_BIN" ]]; then
     FRONT_BIN="$(command -v "$FRONT" || echo "/usr/sbin/$FRONT")"
 fi
 
-# ---- what the build can do (features being merged in parallel are detected, not assumed) ------
+# ---- what the build can do (read from --help, so the script also runs against older builds, e.g.
+# a before/after comparison; the current build has both) -------------------------------------
 GW_HELP="$("$GW_BIN" --help 2>&1 || true)"
 SIM_HELP="$("$SIM_BIN" --help 2>&1 || true)"
 HAS_BOOTSTRAP=0; grep -q -- '--kv-bootstrap-peer' <<<"$GW_HELP" && HAS_BOOTSTRAP=1
@@ -422,7 +422,7 @@ probe_new_copies() {
     {
         cat "$dir/probe-times.txt"
         echo
-        [[ ${#states[@]} -gt 0 ]] && python3 scripts/gateway-probe.py report "${states[@]}"
+        [[ ${#states[@]} -gt 0 ]] && python3 scripts/gateway-probe.py report "${states[@]}" --summary "$dir/probe-summary.json"
     } >"$dir/probe.md" 2>>"$dir/probe.log" || true
 }
 
@@ -652,6 +652,20 @@ for mode in ("events", "text"):
                            f"({', '.join(sorted(b['fallbacks']))}): this row measures the text tree, not the events")
         else:
             acc.append(f"- text-tree mode, {n} copies: {pct(b['hit'])} vs {pct(a['hit'])} with one copy ({100 * rel:.1f} %)")
+# A copy started mid-run with --kv-bootstrap-peer must send its first turns (sent to it as soon
+# as it answers /readiness) to the workers that served the conversations' earlier turns.
+for r in runs:
+    p = os.path.join(r["dir"], "probe-summary.json")
+    if not os.path.exists(p):
+        continue
+    for label, v in json.load(open(p)).items():
+        if "--kv-bootstrap-peer" not in label or "/readiness" not in label:
+            continue
+        ok = v["n"] > 0 and v["same"] == v["n"]
+        acc.append(f"- {'PASS' if ok else 'FAIL'} — a copy started mid-run with `--kv-bootstrap-peer` routes "
+                   f"its first turns to the servers that hold them: {v['same']} of {v['n']} next turns to the "
+                   f"worker that served the previous turn, mean server hit {100 * v['mean_hit']:.0f} % "
+                   f"({label})")
 if acc:
     out += ["## Acceptance (issue 10, item 8)\n"] + acc + [""]
 

@@ -64,6 +64,9 @@ def worker_deltas(run_dir, prefix=""):
             d("sglang:prompt_tokens_total"),
             d("sglang:cached_tokens_total", ("cache_source", "total")),
             d("sglang:num_requests_total"),
+            # The simulator's own counter (SGLang has none): proves the run was under memory
+            # pressure. Absent (0) on real servers.
+            d("sglang:evicted_tokens_total"),
         ))
         i += 1
     return rows
@@ -97,6 +100,8 @@ def load_runs(root):
         prompt = sum(r[0] for r in w)
         cached = sum(r[1] for r in w)
         run["hit"] = cached / prompt if prompt > 0 else None
+        run["evicted"] = sum(r[3] for r in w)
+        run["prompt_tokens"] = prompt
         reqs = [r[2] for r in w]
         mean = sum(reqs) / len(reqs) if reqs else 0
         run["spread"] = (max(reqs) / mean) if mean > 0 else None
@@ -231,6 +236,12 @@ def acceptance(meta, runs):
                   f"{fmt_pct(ca['hit'])} vs {fmt_pct(oracle['hit'])} ({100 * ratio:.0f} %)")
         kv = by.get("cache_aware+kv_events")
         if kv and kv["hit"] is not None:
+            # The memory-pressure claims need servers that actually evicted during these runs.
+            pressed = [r for r in (kv, ca, oracle) if r]
+            evicting = all(r.get("evicted", 0) > 0 for r in pressed)
+            check("chat runs were under memory pressure (the simulated servers evicted)", evicting,
+                  "; ".join(f"{r['label']}: {int(r.get('evicted', 0)):,} tokens evicted of "
+                            f"{int(r.get('prompt_tokens', 0)):,} prompt tokens" for r in pressed))
             if ca and ca["hit"] is not None:
                 check("chat cache_aware+kv_events ≥ cache_aware (text tree)", kv["hit"] >= ca["hit"] - 1e-9,
                       f"{100 * kv['hit']:.2f} % vs {100 * ca['hit']:.2f} %")

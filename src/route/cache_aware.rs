@@ -128,6 +128,7 @@ fn decided(worker: WorkerId, branch: Branch, m: Option<&MatchResult<'_>>) -> Dec
         insert_text: true,
         matched_chars,
         predicted_chars: if held { matched_chars } else { 0 },
+        request_size: m.map_or(0, |m| m.request_chars),
     }
 }
 

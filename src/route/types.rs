@@ -317,7 +317,12 @@ pub struct Decision {
     /// cache_aware: characters of the text the tree says the *chosen* worker already holds
     /// (`matched_chars` when it is among the deepest match's holders, else 0): the gateway's
     /// prediction of that worker's cache hit, set beside the hit ratio the engines report.
+    /// With KV events the exact side may decide: both then count tokens.
     pub predicted_chars: usize,
+    /// cache_aware: the prompt's size in the unit of `matched_chars` and `predicted_chars`
+    /// (characters of the text, or the prompt's tokens when the KV-event side decided); 0 when
+    /// nothing was looked up.
+    pub request_size: usize,
 }
 
 impl Decision {
@@ -329,6 +334,7 @@ impl Decision {
             insert_text: false,
             matched_chars: 0,
             predicted_chars: 0,
+            request_size: 0,
         }
     }
 }

@@ -319,12 +319,19 @@ impl<'a> Exchange<'a> {
             crate::metrics::selection(gw.router.policy.kind().as_str(), decision.branch.as_str());
             let in_flight = InFlight::new(gw, &gw.router, worker.id, self.routing_key, self.id_key);
             if decision.insert_text {
-                let chars = crate::base::text::char_count(self.info.text.as_bytes());
                 if self.attempts == 1 {
-                    // The prediction beside the hit ratio the engines report (first try only).
-                    crate::metrics::predicted_hit(decision.predicted_chars, chars);
+                    // The prediction beside the hit ratio the engines report (first try only),
+                    // in the decision's own unit: tokens when the prompt was measured against
+                    // the KV-event index, else characters (counted once, by the match).
+                    let size = match (decision.request_size, measured) {
+                        (0, Some(tokens)) => tokens,
+                        (0, None) => crate::base::text::char_count(self.info.text.as_bytes()),
+                        (n, _) => n,
+                    };
+                    crate::metrics::predicted_hit(decision.predicted_chars, size);
                 }
-                if already_held(&decision, chars, measured) {
+                let measured = measured.is_some();
+                if already_held(&decision, measured) {
                     // The tree (or an unpublished insert) already has all of it under this
                     // worker: an insert would re-walk and path-copy the prompt for nothing.
                     crate::metrics::insert_skipped();
@@ -350,9 +357,9 @@ impl<'a> Exchange<'a> {
     }
 
     /// The policy's decision (routed) or any selectable worker (pass-through), with the
-    /// snapshot epoch it saw and whether the prompt was measured against the KV-event index
-    /// (its block chain is then in this core's scratch).
-    fn choose(&self, workers: &[WorkerId], now_ms: u64) -> (Option<Decision>, u64, bool) {
+    /// snapshot epoch it saw and, when the prompt was measured against the KV-event index, its
+    /// token count (its block chain is then in this core's scratch).
+    fn choose(&self, workers: &[WorkerId], now_ms: u64) -> (Option<Decision>, u64, Option<usize>) {
         let gw = self.gw;
         let rng = &mut self.core.rng.borrow_mut();
         match self.forwarding {
@@ -361,7 +368,7 @@ impl<'a> Exchange<'a> {
                     .registry
                     .loads
                     .pick_random_eligible(workers, &self.excluded, rng);
-                (w.map(|w| Decision::plain(w, Branch::Random)), 0, false)
+                (w.map(|w| Decision::plain(w, Branch::Random)), 0, None)
             }
             Forwarding::Routed(api) => {
                 let mut scratch = self.core.kv.borrow_mut();
@@ -391,7 +398,7 @@ impl<'a> Exchange<'a> {
                 let (d, epoch) =
                     gw.router
                         .choose(self.tree, input, workers, &gw.registry.loads, rng);
-                (d, epoch, measured.is_some())
+                (d, epoch, measured)
             }
         }
     }
@@ -614,11 +621,11 @@ pub(super) fn recycle_exclusions(
 
 /// Whether the chosen worker already holds the whole routing text in the text tree (or an
 /// unpublished insert), so learning it again would change nothing but access times. Only a
-/// text-tree decision says so in characters (with KV events `predicted_chars` may count
-/// tokens). The access time is not refreshed: if the text tree's LRU later evicts a prompt
-/// still in use, the next request inserts it again.
-fn already_held(decision: &Decision, chars: usize, measured: bool) -> bool {
-    !measured && chars > 0 && decision.predicted_chars == chars
+/// text-tree decision says so in characters (with KV events the sizes may count tokens). The
+/// access time is not refreshed: if the text tree's LRU later evicts a prompt still in use,
+/// the next request inserts it again.
+fn already_held(decision: &Decision, measured: bool) -> bool {
+    !measured && decision.request_size > 0 && decision.predicted_chars == decision.request_size
 }
 
 /// The routing text as the tree and the recent-insert ring keep it: a zero-copy slice of the

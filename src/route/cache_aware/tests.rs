@@ -380,6 +380,9 @@ fn mixed_selection_applies_the_seed_threshold_and_balance() {
     )
     .unwrap();
     assert_eq!((d.worker, d.branch), (2, Branch::CacheHit));
+    // The prediction and the prompt's size are both in tokens (the metric divides one by the
+    // other: characters under tokens read 4x too low).
+    assert_eq!((d.predicted_chars, d.request_size), (40, 100));
     // 20 % is below the threshold: least loaded (worker 2 is busy, so never it).
     b.inc(2);
     for _ in 0..20 {
@@ -406,6 +409,10 @@ fn the_prediction_counts_only_what_the_chosen_worker_holds() {
     // A hit: the holder is chosen, and all of the match is predicted to hit.
     let d = select(&p, &ws, &[], &b, &mut rng, || m(40, 100, &[2])).unwrap();
     assert_eq!((d.branch, d.predicted_chars), (Branch::CacheHit, 40));
+    assert_eq!(
+        d.request_size, 100,
+        "the prompt's size comes with the match"
+    );
     // A miss below the threshold that lands elsewhere predicts nothing.
     set_load(&b, 2, 1);
     let d = select(&p, &ws, &[], &b, &mut rng, || m(20, 100, &[2])).unwrap();
