@@ -308,10 +308,10 @@ fn cooperative_ring() -> io_uring::Builder {
     b
 }
 
-/// Stack of each serving core's thread: the JSON extractor recurses once per nesting level
-/// (bounded by `route::extract::MAX_NESTING`), which a debug build's large frames would take
-/// past the default 2 MiB. Only the pages a core touches are resident.
-pub const CORE_STACK_BYTES: usize = 8 << 20;
+/// Stack of each serving core's thread: the JSON extractor recurses once per nesting level, which
+/// a debug build's large frames would take past the default 2 MiB (see
+/// `route::extract::STACK_BYTES`). Only the pages a core touches are resident.
+pub const CORE_STACK_BYTES: usize = crate::route::extract::STACK_BYTES;
 
 /// Start serving core `index` on its own pinned thread and monoio runtime.
 fn spawn_core(
@@ -440,51 +440,9 @@ pub fn raise_nofile_limit() {
     }
 }
 
-/// Set the calling thread's nice value to `nice` (Linux applies `PRIO_PROCESS` with a thread id
-/// to that thread alone). Raising one's own nice value needs no privilege.
-pub fn lower_thread_priority(nice: i32) -> std::io::Result<()> {
-    // SAFETY: gettid has no preconditions; setpriority takes plain integers.
-    let r = unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// The calling thread's nice value.
-pub fn thread_priority() -> i32 {
-    // SAFETY: as above; getpriority returns the value (errors are not possible for oneself).
-    unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_thread_lowers_its_own_priority_only() {
-        let main = thread_priority();
-        let got = std::thread::spawn(|| {
-            lower_thread_priority(main_plus(5)).unwrap();
-            thread_priority()
-        })
-        .join()
-        .unwrap();
-        assert_eq!(got, main_plus(5));
-        assert_eq!(
-            thread_priority(),
-            main,
-            "the spawning thread keeps its priority"
-        );
-    }
-
-    fn main_plus(n: i32) -> i32 {
-        (thread_priority() + n).min(19)
-    }
 
     #[test]
     fn a_repeating_log_line_is_written_once_per_interval_with_a_count() {

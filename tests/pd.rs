@@ -561,3 +561,53 @@ fn a_client_that_leaves_during_the_prefill_aborts_both_halves() {
     set_faults(&prefill, 0, json!({"hold": false}));
     assert_eq!(sim_count(&decode, 0, "inference_in_progress"), 0);
 }
+
+/// The simulated decode server refuses what SGLang's refuses, so the gateway's PD tests exercise
+/// the real handshake: a decode request without bootstrap fields, or naming a room no prefill
+/// server registered, fails (the latter once the room has had its grace to appear); a paired
+/// request whose prefill ran first succeeds.
+#[test]
+fn the_simulated_decode_server_refuses_requests_without_a_live_bootstrap_room() {
+    let prefill = role(1, DisaggMode::Prefill, 0.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    let d = worker_addr(&decode, 0);
+    let generate = |body: Value| {
+        request(d, "POST", "/generate", &[], body.to_string().as_bytes()).expect("decode answers")
+    };
+    // No bootstrap fields at all.
+    let r = generate(json!({"text": "hello", "sampling_params": {"max_new_tokens": 2}}));
+    assert!(r.status >= 400, "no bootstrap fields: {}", r.status);
+    assert!(r.text().contains("bootstrap_room"), "{}", r.text());
+    // A room on a live prefill bootstrap server that never registered it.
+    let port = prefill.bootstrap_ports()[0];
+    let t = Instant::now();
+    let r = generate(
+        json!({"text": "hello", "sampling_params": {"max_new_tokens": 2},
+        "bootstrap_host": "127.0.0.1", "bootstrap_port": port, "bootstrap_room": 12345}),
+    );
+    assert!(r.status >= 400, "unknown room: {}", r.status);
+    assert!(r.text().contains("not registered"), "{}", r.text());
+    assert!(
+        t.elapsed() >= loadtest::sim::disagg::UNKNOWN_ROOM_GRACE,
+        "an unknown room gets its grace to appear first"
+    );
+    // A bootstrap server that is not there.
+    let r = generate(
+        json!({"text": "hello", "sampling_params": {"max_new_tokens": 2},
+        "bootstrap_host": "127.0.0.1", "bootstrap_port": free_port(), "bootstrap_room": 7}),
+    );
+    assert!(r.status >= 400, "dead bootstrap port: {}", r.status);
+    assert!(r.text().contains("unreachable"), "{}", r.text());
+    // Paired through the gateway, the same decode server answers.
+    let gw = pd_gateway(&[&prefill], &[&decode], &[]);
+    let body = json!({"text": "hello", "sampling_params": {"max_new_tokens": 2}});
+    let r = request(
+        gw.addr,
+        "POST",
+        "/generate",
+        &[],
+        body.to_string().as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}

@@ -389,7 +389,7 @@ fn thread_nices() -> Vec<(String, i32)> {
 fn helper_threads_yield_the_cpu_to_serving_cores() {
     let c = sim(1, |_| {});
     let gw = gateway_for(&c.urls(), &[]);
-    let base = radixgate::runtime::thread_priority();
+    let base = radixgate::base::priority::thread_priority();
     let want = (base + radixgate::gateway::HELPER_NICE).min(19);
     let nices = wait_until(
         "health and telemetry threads running",

@@ -84,7 +84,7 @@ where
     let spawned = std::thread::Builder::new()
         .name(format!("radixgate-{name}"))
         .spawn(move || {
-            if let Err(e) = crate::runtime::lower_thread_priority(HELPER_NICE) {
+            if let Err(e) = crate::base::priority::lower_thread_priority(HELPER_NICE) {
                 crate::log!(Warn, "{name} thread: cannot lower its priority: {e}");
             }
             let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()

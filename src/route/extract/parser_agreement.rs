@@ -240,7 +240,7 @@ fn both_parsers_agree_on_edge_cases() {
 fn deep_nesting_is_refused() {
     // On a stack as large as a serving core's (a debug build's frames are ~17 KB a level).
     std::thread::Builder::new()
-        .stack_size(crate::runtime::CORE_STACK_BYTES)
+        .stack_size(super::STACK_BYTES)
         .spawn(deep_nesting_cases)
         .unwrap()
         .join()

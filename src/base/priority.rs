@@ -1,0 +1,49 @@
+//! Thread priority of the calling thread. The helper threads (health, telemetry) lower theirs
+//! so that, sharing a CPU with a serving core, they take only what the core leaves.
+
+/// Set the calling thread's nice value to `nice` (Linux applies `PRIO_PROCESS` with a thread id
+/// to that thread alone). Raising one's own nice value needs no privilege.
+pub fn lower_thread_priority(nice: i32) -> std::io::Result<()> {
+    // SAFETY: gettid has no preconditions; setpriority takes plain integers.
+    let r = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The calling thread's nice value.
+pub fn thread_priority() -> i32 {
+    // SAFETY: as above; getpriority returns the value (errors are not possible for oneself).
+    unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_lowers_its_own_priority_only() {
+        let main = thread_priority();
+        let got = std::thread::spawn(|| {
+            lower_thread_priority(main_plus(5)).unwrap();
+            thread_priority()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(got, main_plus(5));
+        assert_eq!(
+            thread_priority(),
+            main,
+            "the spawning thread keeps its priority"
+        );
+    }
+
+    fn main_plus(n: i32) -> i32 {
+        (thread_priority() + n).min(19)
+    }
+}
