@@ -369,8 +369,8 @@ fn a_worker_that_never_answers_delays_no_round_for_long() {
     drop(silent);
 }
 
-/// (thread name, nice value) of every thread of this process.
-fn thread_nices() -> Vec<(String, i32)> {
+/// (thread name, nice value, scheduling policy) of every thread of this process.
+fn thread_nices() -> Vec<(String, i32, u32)> {
     let mut out = Vec::new();
     for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
         let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
@@ -379,8 +379,11 @@ fn thread_nices() -> Vec<(String, i32)> {
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
         // Field 19 (nice), counted after the parenthesised name: state is field 3.
         let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let nice: i32 = after.split(' ').nth(16).unwrap().parse().unwrap();
-        out.push((comm.trim().to_string(), nice));
+        let fields: Vec<&str> = after.split(' ').collect();
+        let nice: i32 = fields[16].parse().unwrap();
+        // Field 41 (policy): 0 SCHED_OTHER, 5 SCHED_IDLE.
+        let policy: u32 = fields[38].parse().unwrap();
+        out.push((comm.trim().to_string(), nice, policy));
     }
     out
 }
@@ -396,16 +399,27 @@ fn helper_threads_yield_the_cpu_to_serving_cores() {
         Duration::from_secs(10),
         || {
             let n = thread_nices();
-            let has = |p: &str| n.iter().any(|(name, _)| name.starts_with(p));
+            let has = |p: &str| n.iter().any(|(name, _, _)| name.starts_with(p));
             (has("radixgate-healt") && has("radixgate-telem") && has("radixgate-core")).then_some(n)
         },
     );
-    for (name, nice) in &nices {
-        if name.starts_with("radixgate-healt") || name.starts_with("radixgate-telem") {
-            assert_eq!(*nice, want, "{name}");
+    const SCHED_IDLE: u32 = 5;
+    for (name, nice, policy) in &nices {
+        if name.starts_with("radixgate-healt") {
+            assert_eq!(
+                (*nice, *policy),
+                (want, 0),
+                "{name}: nice 10, never starved"
+            );
+        }
+        if name.starts_with("radixgate-telem") {
+            assert_eq!(
+                *policy, SCHED_IDLE,
+                "{name}: only the CPU nobody else wants"
+            );
         }
         if name.starts_with("radixgate-core") {
-            assert_eq!(*nice, base, "{name}");
+            assert_eq!((*nice, *policy), (base, 0), "{name}");
         }
     }
     drop(gw);

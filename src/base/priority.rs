@@ -22,6 +22,28 @@ pub fn thread_priority() -> i32 {
     unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
 }
 
+/// Put the calling thread in the `SCHED_IDLE` class: it runs on a CPU only when nothing else
+/// there wants it, and a normal thread that wakes preempts it at once, without waiting out its
+/// slice (a nice value only changes shares: a serving core woken while a nice 10 thread ran
+/// still waited milliseconds). Lowering one's own class needs no privilege. Only for work that
+/// may be starved without harm when the CPU is saturated.
+pub fn idle_thread() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: gettid has no preconditions; `param` is a valid sched_param for the call.
+    let r = unsafe { libc::sched_setscheduler(libc::gettid(), libc::SCHED_IDLE, &param) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Whether the calling thread is in the `SCHED_IDLE` class.
+pub fn thread_is_idle_class() -> bool {
+    // SAFETY: as above; the call only reads the thread's policy.
+    unsafe { libc::sched_getscheduler(libc::gettid()) == libc::SCHED_IDLE }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,6 +62,21 @@ mod tests {
             thread_priority(),
             main,
             "the spawning thread keeps its priority"
+        );
+    }
+
+    #[test]
+    fn a_thread_can_enter_the_idle_class_alone() {
+        let got = std::thread::spawn(|| {
+            idle_thread().unwrap();
+            thread_is_idle_class()
+        })
+        .join()
+        .unwrap();
+        assert!(got);
+        assert!(
+            !thread_is_idle_class(),
+            "the spawning thread keeps its class"
         );
     }
 

@@ -106,7 +106,7 @@ fn verdict(
 /// Start the checker thread. With `--disable-health-check` it only moves open circuits to
 /// half-open when their time is up.
 pub fn spawn(gw: Arc<Gateway>) {
-    super::spawn_helper("health", move || run(gw));
+    super::spawn_helper("health", super::HelperClass::Nice, move || run(gw));
 }
 
 /// The checker's state between ticks.
