@@ -149,6 +149,77 @@ fn non_streaming_generate_gets_the_prefill_input_logprobs_merged_in() {
     assert!(r.json()["meta_info"].get("input_token_logprobs").is_none());
 }
 
+/// The `data:` JSON events of an SSE body.
+fn sse_events(body: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(body)
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+        .collect()
+}
+
+#[test]
+fn streamed_generate_gets_the_prefill_input_logprobs_in_every_event() {
+    let prefill = role(1, DisaggMode::Prefill, 0.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    let gw = pd_gateway(&[&prefill], &[&decode], &[]);
+    let body = br#"{"input_ids":[5,6,7,8,9],"return_logprob":true,"logprob_start_len":0,"stream":true,"sampling_params":{"max_new_tokens":4}}"#;
+    // The decode server's own events carry none of the prompt's logprobs (it did not compute
+    // the prompt): what the client gets below comes from the prefill's answer. Through the
+    // gateway, HTTP/1.1 (chunked again after the rewrite) and HTTP/1.0 (close-delimited).
+    for http10 in [false, true] {
+        let r = if http10 {
+            let mut c = Conn::open(gw.addr);
+            let head = format!(
+                "POST /generate HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            c.send(head.as_bytes());
+            c.send(body);
+            c.read_response()
+                .expect("an HTTP/1.0 answer, ended by the close")
+        } else {
+            generate(gw.addr, body)
+        };
+        assert_eq!(r.status, 200, "{}", r.text());
+        let events = sse_events(&r.body);
+        assert!(events.len() >= 4, "{} events: {}", events.len(), r.text());
+        for e in &events {
+            let ids: Vec<u64> = e["meta_info"]["input_token_logprobs"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{e}"))
+                .iter()
+                .map(|x| x[1].as_u64().unwrap())
+                .collect();
+            assert_eq!(
+                ids,
+                vec![5, 6, 7, 8, 9],
+                "http10={http10}: prefill's, in every event"
+            );
+        }
+        assert!(
+            r.text().trim_end().ends_with("data: [DONE]"),
+            "{}",
+            r.text()
+        );
+        if http10 {
+            assert!(r.header("transfer-encoding").is_none());
+        } else {
+            assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+        }
+    }
+    // Without return_logprob the stream passes through untouched.
+    let r = generate(
+        gw.addr,
+        br#"{"input_ids":[5,6,7],"stream":true,"sampling_params":{"max_new_tokens":2}}"#,
+    );
+    assert_eq!(r.status, 200);
+    for e in sse_events(&r.body) {
+        assert!(e["meta_info"].get("input_token_logprobs").is_none(), "{e}");
+    }
+}
+
 #[test]
 fn a_failing_prefill_is_an_error_not_a_hang() {
     let prefill = role(1, DisaggMode::Prefill, 1.0);

@@ -152,10 +152,60 @@ impl BodyEnd {
 /// Why relaying stopped before the body's end.
 struct Stopped;
 
+/// Rewrites one complete server-sent event (its bytes up to and including the blank line that
+/// ends it) into `out`. Only PD streams that asked for input logprobs take this path.
+pub type EventRewrite<'k> = &'k mut dyn FnMut(&[u8], &mut BytesMut);
+
+/// An event stream relayed event by event through an [`EventRewrite`]: the worker's chunked body
+/// is decoded, split at event boundaries, each whole event rewritten, and the result framed
+/// again (chunked for HTTP/1.1 clients, close-delimited for HTTP/1.0 ones). A partial event
+/// waits in `pending` for its end, so the client only ever sees whole events.
+struct Rewriting<'k> {
+    rewrite: EventRewrite<'k>,
+    pending: BytesMut,
+    rechunk: bool,
+}
+
+impl Rewriting<'_> {
+    /// `decoded` body bytes in; what the client gets of them out (`done`: the body ended, so
+    /// what is pending goes out as it is, and the chunked body is closed).
+    fn shape(&mut self, decoded: &[u8], done: bool, out: &mut BytesMut) {
+        self.pending.extend_from_slice(decoded);
+        let mut events = BytesMut::new();
+        while let Some(end) = self.pending.windows(2).position(|w| w == b"\n\n") {
+            let event = self.pending.split_to(end + 2);
+            (self.rewrite)(&event, &mut events);
+        }
+        // The end, or an "event" longer than any real one (no blank line in a megabyte: a
+        // worker that does not frame events): what is pending goes out as it is.
+        if done || self.pending.len() > MAX_PENDING_EVENT {
+            events.extend_from_slice(&self.pending.split());
+        }
+        if !self.rechunk {
+            out.extend_from_slice(&events);
+            return;
+        }
+        if !events.is_empty() {
+            let _ = write!(out, "{:x}\r\n", events.len());
+            out.extend_from_slice(&events);
+            out.extend_from_slice(b"\r\n");
+        }
+        if done {
+            out.extend_from_slice(b"0\r\n\r\n");
+        }
+    }
+}
+
+/// Longest event held back for rewriting; longer pending bytes are passed on unchanged, so a
+/// stream that never ends an event cannot grow the gateway's memory.
+const MAX_PENDING_EVENT: usize = 1 << 20;
+
 /// One response on its way to the client.
 struct Relay<'c, 'k> {
     client: &'c mut TcpStream,
     capture: Option<&'k mut Capture>,
+    /// Events rewritten on their way (see [`relay_rewriting_events`]).
+    rewriting: Option<Rewriting<'k>>,
     end: BodyEnd,
     deadline: Instant,
     relayed: Relayed,
@@ -179,6 +229,30 @@ pub async fn relay(
     how: RelayTo<'_>,
     capture: Option<&mut Capture>,
 ) -> Relayed {
+    relay_with(pool, client, up, how, capture, None).await
+}
+
+/// [`relay`] for an event stream whose every event goes through `rewrite` (PD: prefill's input
+/// logprobs put into each decode event). Only a chunked body is rewritten (an event stream is
+/// one); any other body is relayed as it is.
+pub async fn relay_rewriting_events(
+    pool: &Pool,
+    client: &mut TcpStream,
+    up: UpstreamResponse,
+    how: RelayTo<'_>,
+    rewrite: EventRewrite<'_>,
+) -> Relayed {
+    relay_with(pool, client, up, how, None, Some(rewrite)).await
+}
+
+async fn relay_with<'k>(
+    pool: &Pool,
+    client: &mut TcpStream,
+    up: UpstreamResponse,
+    how: RelayTo<'_>,
+    capture: Option<&'k mut Capture>,
+    rewrite: Option<EventRewrite<'k>>,
+) -> Relayed {
     let UpstreamResponse {
         mut stream,
         head,
@@ -188,11 +262,21 @@ pub async fn relay(
         || how.client_http10
         || matches!(head.framing, BodyFraming::Close)
         || how.shutting_down;
-    let dechunk = how.client_http10 && head.framing == BodyFraming::Chunked;
+    let chunked = head.framing == BodyFraming::Chunked;
+    let rewriting = rewrite.filter(|_| chunked).map(|rewrite| Rewriting {
+        rewrite,
+        pending: BytesMut::new(),
+        rechunk: !how.client_http10,
+    });
+    // The client gets a decoded body when it speaks HTTP/1.0; a rewritten body is decoded too
+    // (and chunked again for HTTP/1.1), but its head keeps the chunked framing.
+    let dechunk = how.client_http10 && chunked;
+    let decode = dechunk || rewriting.is_some();
     let mut r = Relay {
         client,
         capture,
-        end: BodyEnd::for_framing(head.framing, dechunk),
+        rewriting,
+        end: BodyEnd::for_framing(head.framing, decode),
         deadline: how.deadline,
         relayed: Relayed {
             client_keep_alive: !close_client,
@@ -242,7 +326,10 @@ impl Relay<'_, '_> {
                 return Err(Stopped);
             };
             self.take_body(&leftover, n);
-            if matches!(self.end, BodyEnd::Dechunk(_)) {
+            if let Some(rw) = self.rewriting.as_mut() {
+                rw.shape(&decoded, done, &mut out);
+                decoded.clear();
+            } else if matches!(self.end, BodyEnd::Dechunk(_)) {
                 self.note_decoded(&decoded);
                 out.extend_from_slice(&decoded);
                 decoded.clear();
@@ -291,7 +378,12 @@ impl Relay<'_, '_> {
                 return Err(Stopped);
             };
             self.take_body(&buf, take);
-            let chunk = if matches!(self.end, BodyEnd::Dechunk(_)) {
+            let chunk = if let Some(rw) = self.rewriting.as_mut() {
+                let mut out = BytesMut::new();
+                rw.shape(&decoded, done, &mut out);
+                decoded.clear();
+                out.freeze()
+            } else if matches!(self.end, BodyEnd::Dechunk(_)) {
                 self.note_decoded(&decoded);
                 decoded.split().freeze()
             } else {
@@ -348,6 +440,14 @@ impl Relay<'_, '_> {
             return Stopped;
         }
         let mut out = BytesMut::with_capacity(BROKEN_STREAM_EVENT.len() + 16);
+        if let Some(rw) = self.rewriting.as_mut() {
+            // Only whole events went out (a partial one is still pending): the client is at an
+            // event boundary; the error event gets this relay's own framing.
+            rw.pending.clear();
+            rw.shape(BROKEN_STREAM_EVENT, true, &mut out);
+            let _ = write_all_by(self.client, out.freeze(), self.deadline).await;
+            return Stopped;
+        }
         match &self.end {
             BodyEnd::Chunked(t) if t.at_chunk_boundary() => {
                 let _ = write!(out, "{:x}\r\n", BROKEN_STREAM_EVENT.len());
@@ -361,5 +461,87 @@ impl Relay<'_, '_> {
         }
         let _ = write_all_by(self.client, out.freeze(), self.deadline).await;
         Stopped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rewrite that upper-cases each event and counts them.
+    fn upper(count: &mut usize) -> impl FnMut(&[u8], &mut BytesMut) + '_ {
+        move |event: &[u8], out: &mut BytesMut| {
+            *count += 1;
+            out.extend_from_slice(&event.to_ascii_uppercase());
+        }
+    }
+
+    #[test]
+    fn rewritten_events_go_out_whole_and_chunked_again() {
+        let mut n = 0;
+        let mut f = upper(&mut n);
+        let mut rw = Rewriting {
+            rewrite: &mut f,
+            pending: BytesMut::new(),
+            rechunk: true,
+        };
+        let mut out = BytesMut::new();
+        // An event split across reads waits for its end.
+        rw.shape(b"data: a\n\ndata: b", false, &mut out);
+        assert_eq!(&out[..], b"9\r\nDATA: A\n\n\r\n");
+        out.clear();
+        rw.shape(b"c\n\n", false, &mut out);
+        assert_eq!(&out[..], b"a\r\nDATA: BC\n\n\r\n");
+        out.clear();
+        // Nothing whole yet: nothing goes out (no empty chunk, which would end the body).
+        rw.shape(b"data: d", false, &mut out);
+        assert!(out.is_empty());
+        // The end: what is pending goes out as it is, and the body is closed.
+        rw.shape(b"", true, &mut out);
+        assert_eq!(&out[..], b"7\r\ndata: d\r\n0\r\n\r\n");
+        drop(rw);
+        drop(f);
+        assert_eq!(n, 2);
+    }
+
+    #[test]
+    fn a_stream_that_never_ends_an_event_is_passed_on_not_held() {
+        let mut n = 0;
+        let mut f = upper(&mut n);
+        let mut rw = Rewriting {
+            rewrite: &mut f,
+            pending: BytesMut::new(),
+            rechunk: false,
+        };
+        let mut out = BytesMut::new();
+        let piece = vec![b'x'; 64 * 1024];
+        for _ in 0..20 {
+            rw.shape(&piece, false, &mut out);
+        }
+        assert!(
+            rw.pending.len() <= MAX_PENDING_EVENT,
+            "{}",
+            rw.pending.len()
+        );
+        assert_eq!(
+            out.len() + rw.pending.len(),
+            20 * piece.len(),
+            "nothing lost"
+        );
+        assert!(out.iter().all(|&b| b == b'x'), "passed on unchanged");
+    }
+
+    #[test]
+    fn for_http10_clients_rewritten_events_go_out_unframed() {
+        let mut n = 0;
+        let mut f = upper(&mut n);
+        let mut rw = Rewriting {
+            rewrite: &mut f,
+            pending: BytesMut::new(),
+            rechunk: false,
+        };
+        let mut out = BytesMut::new();
+        rw.shape(b"data: a\n\ndata: [DONE]\n\n", true, &mut out);
+        assert_eq!(&out[..], b"DATA: A\n\nDATA: [DONE]\n\n");
     }
 }

@@ -514,9 +514,18 @@ pub struct StreamRenderer {
     text: String,
     ids: Vec<u32>,
     events: newer::Events,
+    /// PD `/generate` with `return_logprob`: every event's `meta_info.input_token_logprobs`.
+    input_logprobs: Option<serde_json::Value>,
 }
 
 impl StreamRenderer {
+    /// Every `/generate` event carries these `meta_info.input_token_logprobs` (SGLang repeats
+    /// the prompt's whole list in each event of a stream that asked for logprobs).
+    pub fn with_input_logprobs(mut self, list: serde_json::Value) -> Self {
+        self.input_logprobs = Some(list);
+        self
+    }
+
     /// A renderer for one stream.
     pub fn new(
         endpoint: Endpoint,
@@ -534,6 +543,7 @@ impl StreamRenderer {
             text: String::new(),
             ids: Vec::new(),
             events: newer::Events::default(),
+            input_logprobs: None,
         }
     }
 
@@ -557,11 +567,14 @@ impl StreamRenderer {
             model: &self.model,
         };
         let finish = finish.map(|a| (a, usage.completion_tokens));
-        let v = json!({
+        let mut v = json!({
             "text": self.text,
             "output_ids": self.ids,
             "meta_info": generate_meta(&meta, usage, finish, e2e),
         });
+        if let (Some(lp), Some(m)) = (&self.input_logprobs, v["meta_info"].as_object_mut()) {
+            m.insert("input_token_logprobs".into(), lp.clone());
+        }
         out.push_str("data: ");
         out.push_str(&v.to_string());
         out.push_str("\n\n");

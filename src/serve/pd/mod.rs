@@ -403,6 +403,17 @@ impl<'a> PdExchange<'a> {
             Answer::Both {
                 prefill: pup,
                 decode: dup,
+            } if self.wants_stream_merge() => {
+                let (status, keep, p_ok, d_ok) = self
+                    .stream_merged(client, &prefill, &decode, pup, dup)
+                    .await;
+                gw.record_outcome(&mut prefill.slot, p_ok);
+                gw.record_outcome(&mut decode.slot, d_ok);
+                (status, keep)
+            }
+            Answer::Both {
+                prefill: pup,
+                decode: dup,
             } if self.wants_merge() => {
                 let (status, keep, p_ok, d_ok) =
                     self.merged(client, &prefill, &decode, pup, dup).await;
@@ -439,10 +450,54 @@ impl<'a> PdExchange<'a> {
         Outcome { status, keep_alive }
     }
 
-    /// Whether this answer gets prefill's input logprobs merged in: a non-streaming `/generate`
-    /// with `return_logprob` (streams pass through as decode sends them).
+    /// Whether this answer gets prefill's input logprobs merged in whole: a non-streaming
+    /// `/generate` with `return_logprob`.
     fn wants_merge(&self) -> bool {
         self.api == Api::Generate && self.shape.return_logprob && !self.ex.info.stream
+    }
+
+    /// Whether each event of this streamed answer gets prefill's input logprobs merged in: a
+    /// streaming `/generate` with `return_logprob`.
+    fn wants_stream_merge(&self) -> bool {
+        self.api == Api::Generate && self.shape.return_logprob && self.ex.info.stream
+    }
+
+    /// A streamed `/generate` with input logprobs: prefill's answer is read first (it is over
+    /// before decode's first token, which needs the prefill's KV), then decode's stream is
+    /// relayed event by event with prefill's input logprobs put in front of each event's own.
+    /// Returns (status, keep-alive, prefill ok, decode ok).
+    async fn stream_merged(
+        &self,
+        client: &mut TcpStream,
+        prefill: &Picked<'_>,
+        decode: &Picked<'_>,
+        pup: UpstreamResponse,
+        dup: UpstreamResponse,
+    ) -> (u16, bool, bool, bool) {
+        let pool = &self.ex.core.pool;
+        let p = read_whole(pool, &prefill.worker, pup, self.ex.deadline).await;
+        let lists = p
+            .as_ref()
+            .map(|(_, body)| merge::prefill_input_logprobs(body))
+            .unwrap_or_default();
+        let status = dup.head.status;
+        let how = RelayTo {
+            worker: &decode.worker,
+            request_id: &self.ex.request_id,
+            client_keep_alive: self.ex.head.keep_alive,
+            client_http10: self.ex.head.is_http10(),
+            deadline: self.ex.deadline,
+            shutting_down: self.ex.gw.life.is_shutting_down(),
+        };
+        let mut rewrite = |event: &[u8], out: &mut bytes::BytesMut| {
+            merge::merge_event(&lists, event, out);
+        };
+        let relayed = relay::relay_rewriting_events(pool, client, dup, how, &mut rewrite).await;
+        if let Some(t) = relayed.first_body_at {
+            crate::metrics::ttft(t.duration_since(self.ex.started));
+        }
+        let d_ok = !is_worker_failure(status) && !relayed.upstream_broke;
+        (status, relayed.client_keep_alive, p.is_some(), d_ok)
     }
 
     async fn relay(

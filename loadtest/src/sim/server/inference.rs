@@ -55,8 +55,9 @@ pub(super) async fn inference(
         req.max_new_tokens = 1;
     }
     let transferred = sh.cfg.disaggregation_mode == Some(DisaggMode::Decode);
-    // PD `/generate` with `return_logprob`: the prompt's logprobs come from the prefill side.
-    let input_logprobs = (ep == Endpoint::Generate && !req.stream)
+    // PD `/generate` with `return_logprob`: the prompt's logprobs come from the prefill side
+    // (streamed or not).
+    let input_logprobs = (ep == Endpoint::Generate)
         .then(|| disagg::input_logprobs(sh.cfg.disaggregation_mode?, body, &req.prompts))
         .flatten();
     let Submitted {
@@ -84,7 +85,10 @@ pub(super) async fn inference(
     };
     let created = unix_now() as u64;
     let next = if req.stream {
-        let renderer = StreamRenderer::new(ep, id, created, model, req.include_usage);
+        let mut renderer = StreamRenderer::new(ep, id, created, model, req.include_usage);
+        if let Some(lp) = input_logprobs.as_ref().and_then(|l| l.first()) {
+            renderer = renderer.with_input_logprobs(lp.clone());
+        }
         stream_response(sh, head, renderer, &slots[0], prompt_lens[0], r, wr).await
     } else {
         let meta = RespMeta {
