@@ -422,7 +422,7 @@ probe_new_copies() {
     {
         cat "$dir/probe-times.txt"
         echo
-        [[ ${#states[@]} -gt 0 ]] && python3 scripts/gateway-probe.py report "${states[@]}" --summary "$dir/probe-summary.json"
+        [[ ${#states[@]} -gt 0 ]] && python3 scripts/gateway-probe.py report "${states[@]}" --summary "$dir/new-copy-summary.json"
     } >"$dir/probe.md" 2>>"$dir/probe.log" || true
 }
 
@@ -655,7 +655,7 @@ for mode in ("events", "text"):
 # A copy started mid-run with --kv-bootstrap-peer must send its first turns (sent to it as soon
 # as it answers /readiness) to the workers that served the conversations' earlier turns.
 for r in runs:
-    p = os.path.join(r["dir"], "probe-summary.json")
+    p = os.path.join(r["dir"], "new-copy-summary.json")
     if not os.path.exists(p):
         continue
     for label, v in json.load(open(p)).items():

@@ -190,6 +190,11 @@ pub struct Config {
     /// subscribing, then apply live events after its watermarks: a new copy starts warm.
     #[arg(long = "kv-bootstrap-peer", requires = "kv_events")]
     pub kv_bootstrap_peer: Option<String>,
+    /// With --kv-events: longest time after start that /readiness answers 503 (warming) while
+    /// a worker that publishes events has not replayed them yet, so a load balancer sends a
+    /// new copy no turn it would route cold. 0: ready without waiting.
+    #[arg(long = "kv-warm-timeout-secs", default_value_t = 30)]
+    pub kv_warm_timeout_secs: u64,
     /// manual: how a new routing key is placed: random, min_load, min_group.
     #[arg(long = "assignment-mode", default_value = "random", value_parser = parse_assignment)]
     pub assignment_mode: AssignmentMode,

@@ -9,7 +9,7 @@ use common::*;
 use loadtest::sim::kv_events::KvEventsConfig;
 use loadtest::sim::{SimCluster, SimConfig};
 use radixgate::runtime::Running;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Every wait here ends by then (the normal case is milliseconds).
 const LIMIT: Duration = Duration::from_secs(20);
@@ -495,4 +495,80 @@ fn a_copy_is_not_ready_while_it_takes_its_siblings_index() {
     server.join().unwrap();
     wait_ready(gw.addr, LIMIT);
     wait_warm(&gw, 1);
+}
+
+/// A worker publishing on a fixed live port whose replay endpoint (as the gateway is told it)
+/// never answers: the gateway stays cold for it until its first live batch.
+fn silent_replay_gateway(c: &SimCluster, live: u16, warm_timeout: &str) -> Running {
+    let url = urls(c)[0].clone();
+    let dead = free_port();
+    let live_flag = format!("{url}=tcp://127.0.0.1:{live}");
+    let replay_flag = format!("{url}=tcp://127.0.0.1:{dead}");
+    gateway(&[
+        "--worker-urls",
+        &url,
+        "--kv-events",
+        "--kv-events-endpoints",
+        &live_flag,
+        "--kv-events-replay-endpoints",
+        &replay_flag,
+        "--kv-warm-timeout-secs",
+        warm_timeout,
+    ])
+}
+
+fn readiness(gw: &Running) -> (u16, serde_json::Value) {
+    let r = request(gw.addr, "GET", "/readiness", &[], b"").unwrap();
+    let v = r.json();
+    (r.status, v)
+}
+
+#[test]
+fn a_new_copy_is_not_ready_until_its_workers_replayed_or_the_warm_timeout_passed() {
+    let live = free_port();
+    let c = sim(1, |cfg| {
+        cfg.page_size = PAGE;
+        cfg.kv_events = Some(
+            KvEventsConfig::parse(&format!(
+                // `*`: the publisher binds (a host would make it connect, as SGLang's does).
+                r#"{{"publisher":"zmq","endpoint":"tcp://*:{live}","replay_endpoint":"tcp://127.0.0.1:*"}}"#
+            ))
+            .unwrap(),
+        );
+    });
+    // Healthy, subscribed, but its replay is silent: warming, not ready.
+    let gw = silent_replay_gateway(&c, live, "60");
+    let (status, v) = wait_until("the worker healthy", LIMIT, || {
+        let (s, v) = readiness(&gw);
+        (v["healthy_workers"] == 1 && v["status"] == "warming").then_some((s, v))
+    });
+    assert_eq!(status, 503, "{v}");
+    // Its first live batch makes the stream complete from there: warm, ready. (Prefills
+    // until one is seen: a PUB socket drops batches sent before a new subscriber's handshake.)
+    let kv = gw.gateway().kv.as_ref().expect("--kv-events on");
+    let mut seed = 77;
+    wait_until("warm after a live batch", LIMIT, || {
+        seed += 1;
+        prefill_directly(&c, 0, &prompt(seed, 64));
+        std::thread::sleep(Duration::from_millis(100));
+        (kv.exact_workers().len() == 1).then_some(())
+    });
+    wait_until("ready once warm", LIMIT, || {
+        (readiness(&gw).0 == 200).then_some(())
+    });
+    drop(gw);
+    // With no traffic at all, the wait ends at --kv-warm-timeout-secs.
+    let started = Instant::now();
+    let gw = silent_replay_gateway(&c, live, "2");
+    wait_until("warming first", LIMIT, || {
+        (readiness(&gw).1["status"] == "warming").then_some(())
+    });
+    wait_until("ready after the warm timeout", LIMIT, || {
+        (readiness(&gw).0 == 200).then_some(())
+    });
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(
+        gw.gateway().kv.as_ref().unwrap().exact_workers().is_empty(),
+        "still cold"
+    );
 }

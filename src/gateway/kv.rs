@@ -60,6 +60,14 @@ pub struct KvRouting {
     /// The copy from `--kv-bootstrap-peer` was taken (or failed, or none was asked for):
     /// subscriptions wait for it, so the stream resumes after its watermarks.
     bootstrapped: AtomicBool,
+    /// Workers subscribed with a replay endpoint, sorted (republished by discovery after each
+    /// round): the ones whose start-up replay a new copy waits for.
+    replaying: ArcSwap<Vec<WorkerId>>,
+    /// Discovery finished a round over the workers registered at that time.
+    discovered: AtomicBool,
+    /// Until when `/readiness` waits for the subscribed workers to be warm
+    /// (`--kv-warm-timeout-secs` after start).
+    warm_deadline: Instant,
 }
 
 impl KvRouting {
@@ -68,6 +76,7 @@ impl KvRouting {
         flagged: Vec<KvEndpoints>,
         bootstrap: bool,
         tokenizer: Option<Arc<Tokenizer>>,
+        warm_timeout: Duration,
     ) -> std::io::Result<KvRouting> {
         let writer = IndexWriter::new(IndexConfig::default());
         let reader = writer.reader();
@@ -101,7 +110,30 @@ impl KvRouting {
             flagged,
             tokenizer,
             bootstrapped: AtomicBool::new(!bootstrap),
+            replaying: ArcSwap::from_pointee(Vec::new()),
+            discovered: AtomicBool::new(false),
+            warm_deadline: Instant::now() + warm_timeout,
         })
+    }
+
+    /// Whether this copy is still warming up: within `--kv-warm-timeout-secs` of its start,
+    /// discovery has not looked at every worker yet, or a worker that `eligible` says may be
+    /// routed to, subscribed with a replay endpoint, has not completed its start-up replay (it
+    /// would be scored by the text tree, which a new copy has empty). A publisher without a
+    /// replay endpoint has nothing to catch up on, so it is not waited for. `/readiness`
+    /// answers 503 meanwhile.
+    pub fn warming(&self, eligible: impl Fn(WorkerId) -> bool) -> bool {
+        if Instant::now() >= self.warm_deadline {
+            return false;
+        }
+        if !self.discovered.load(Ordering::Acquire) {
+            return true;
+        }
+        let warm = self.exact_workers.load();
+        self.replaying
+            .load()
+            .iter()
+            .any(|&w| eligible(w) && warm.binary_search(&w).is_err())
     }
 
     /// The `--kv-bootstrap-peer` copy is in, failed, or was never asked for.
@@ -581,8 +613,15 @@ pub fn parse_server_info(body: &[u8], worker_url: &str) -> Result<ServerKvInfo, 
 /// Per worker (by serial): subscribed, or when to try again.
 #[derive(Debug)]
 enum Found {
-    Subscribed { id: WorkerId },
-    Retry { at: Instant, attempts: u32 },
+    /// `replay`: with a replay endpoint (its start-up replay is waited for).
+    Subscribed {
+        id: WorkerId,
+        replay: bool,
+    },
+    Retry {
+        at: Instant,
+        attempts: u32,
+    },
 }
 
 /// Keeps the subscriptions in step with the registry; runs on the health thread each tick.
@@ -607,7 +646,7 @@ impl Discovery {
             .iter()
             .filter(|(serial, _)| !list.workers.iter().any(|w| w.serial == **serial))
             .filter_map(|(s, f)| match f {
-                Found::Subscribed { id } => Some((*s, *id)),
+                Found::Subscribed { id, .. } => Some((*s, *id)),
                 Found::Retry { .. } => None,
             })
             .collect();
@@ -641,8 +680,9 @@ impl Discovery {
                 _ => 1,
             };
             match outcome {
-                Ok(()) => {
-                    self.found.insert(w.serial, Found::Subscribed { id: w.id });
+                Ok(replay) => {
+                    self.found
+                        .insert(w.serial, Found::Subscribed { id: w.id, replay });
                 }
                 Err(why) => {
                     if attempts == 1 || attempts % 12 == 0 {
@@ -659,16 +699,29 @@ impl Discovery {
                 }
             }
         }
+        let mut replaying: Vec<WorkerId> = self
+            .found
+            .values()
+            .filter_map(|f| match f {
+                Found::Subscribed { id, replay: true } => Some(*id),
+                _ => None,
+            })
+            .collect();
+        replaying.sort_unstable();
+        replaying.dedup();
+        kv.replaying.store(Arc::new(replaying));
+        kv.discovered.store(true, Ordering::Release);
     }
 
-    /// Find `w`'s publishers (flags first, else its `/get_server_info`) and subscribe.
+    /// Find `w`'s publishers (flags first, else its `/get_server_info`) and subscribe. Returns
+    /// whether they have a replay endpoint.
     async fn discover(
         &self,
         gw: &Gateway,
         kv: &KvRouting,
         pool: &Pool,
         w: &Arc<Worker>,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let info = forward::fetch(
             pool,
             w,
@@ -708,6 +761,7 @@ impl Discovery {
         };
         let model: Arc<str> = Arc::from(model.unwrap_or_else(|| "default".into()).as_str());
         kv.set_model(w.id, Some((model, Arc::from(w.url.as_str()))));
+        let has_replay = replay.is_some();
         let endpoints = KvEndpoints {
             worker_url: w.server_url.clone(),
             live,
@@ -740,7 +794,7 @@ impl Discovery {
                 .subscribe(publisher)
                 .map_err(|e| format!("event thread {e:?}"))?;
         }
-        Ok(())
+        Ok(has_replay)
     }
 }
 

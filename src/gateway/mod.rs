@@ -190,7 +190,13 @@ fn start_kv(cfg: &Config) -> Option<kv::KvRouting> {
             }
         },
     };
-    match kv::KvRouting::start(flagged, cfg.kv_bootstrap_peer.is_some(), tokenizer) {
+    let warm_timeout = Duration::from_secs(cfg.kv_warm_timeout_secs);
+    match kv::KvRouting::start(
+        flagged,
+        cfg.kv_bootstrap_peer.is_some(),
+        tokenizer,
+        warm_timeout,
+    ) {
         Ok(k) => Some(k),
         Err(e) => {
             crate::log!(Error, "kv events off: cannot start the event thread: {e}");

@@ -12,7 +12,8 @@ pub fn health() -> Reply {
     Reply::text(200, "OK")
 }
 
-/// `GET /readiness`: 200 once a worker is selectable; 503 before, and while shutting down.
+/// `GET /readiness`: 200 once a worker is selectable; 503 before, while shutting down, and with
+/// KV events while this copy bootstraps or warms up.
 pub fn readiness(gw: &Gateway) -> Reply {
     let list = gw.registry.load();
     let healthy = list
@@ -24,6 +25,14 @@ pub fn readiness(gw: &Gateway) -> Reply {
     // A copy started with --kv-bootstrap-peer takes traffic only once its sibling's index copy
     // is in (or failed): a load balancer then never sends it a turn it would route cold.
     let bootstrapping = gw.kv.as_ref().is_some_and(|kv| !kv.is_bootstrapped());
+    // With KV events, a new copy also waits (bounded by --kv-warm-timeout-secs) until the
+    // workers it subscribed to have replayed what they buffer: before that it would route
+    // every turn by an empty text tree.
+    let warming = !bootstrapping
+        && gw
+            .kv
+            .as_ref()
+            .is_some_and(|kv| kv.warming(|w| gw.registry.loads.is_eligible(w)));
     // PD mode serves nothing without both sides: a selectable prefill and a selectable decode.
     let selectable = |ids: &[crate::base::WorkerId]| {
         ids.iter()
@@ -38,12 +47,13 @@ pub fn readiness(gw: &Gateway) -> Reply {
         Some((p, d)) => p > 0 && d > 0,
         None => healthy > 0,
     };
-    let ready = serving && !shutting_down && !bootstrapping;
-    let status = match (ready, shutting_down, bootstrapping) {
-        (true, _, _) => "ready",
-        (false, true, _) => "shutting_down",
-        (false, false, true) => "bootstrapping",
-        (false, false, false) => "not_ready",
+    let ready = serving && !shutting_down && !bootstrapping && !warming;
+    let status = match (ready, shutting_down, bootstrapping, warming) {
+        (true, ..) => "ready",
+        (false, true, ..) => "shutting_down",
+        (false, false, true, _) => "bootstrapping",
+        (false, false, false, true) if serving => "warming",
+        (false, false, false, _) => "not_ready",
     };
     let mut body = json!({
         "status": status,
