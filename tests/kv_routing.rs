@@ -103,6 +103,23 @@ fn wait_warm(gw: &Running, n: usize) {
 }
 
 #[test]
+fn the_kv_event_thread_runs_at_the_helpers_nice_value() {
+    let c = kv_sim(1, 400_000);
+    let gw = gateway_for(&urls(&c), &["--kv-events"]);
+    wait_warm(&gw, 1);
+    let base = radixgate::base::priority::thread_priority();
+    let want = (base + radixgate::base::priority::HELPER_NICE).min(19);
+    let kv: Vec<_> = thread_nices()
+        .into_iter()
+        .filter(|(name, _, _)| name == "kv-events")
+        .collect();
+    assert!(!kv.is_empty(), "the event thread runs");
+    for (name, nice, policy) in kv {
+        assert_eq!((nice, policy), (want, 0), "{name}");
+    }
+}
+
+#[test]
 fn a_prefix_cached_on_a_worker_is_routed_there_though_this_gateway_never_routed_it() {
     let c = kv_sim(2, 400_000);
     let gw = gateway_for(&urls(&c), &["--kv-events", "--policy", "cache_aware"]);

@@ -369,25 +369,6 @@ fn a_worker_that_never_answers_delays_no_round_for_long() {
     drop(silent);
 }
 
-/// (thread name, nice value, scheduling policy) of every thread of this process.
-fn thread_nices() -> Vec<(String, i32, u32)> {
-    let mut out = Vec::new();
-    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
-            continue; // the thread ended meanwhile
-        };
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        // Field 19 (nice), counted after the parenthesised name: state is field 3.
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let fields: Vec<&str> = after.split(' ').collect();
-        let nice: i32 = fields[16].parse().unwrap();
-        // Field 41 (policy): 0 SCHED_OTHER, 5 SCHED_IDLE.
-        let policy: u32 = fields[38].parse().unwrap();
-        out.push((comm.trim().to_string(), nice, policy));
-    }
-    out
-}
-
 #[test]
 fn helper_threads_yield_the_cpu_to_serving_cores() {
     let c = sim(1, |_| {});
@@ -400,12 +381,18 @@ fn helper_threads_yield_the_cpu_to_serving_cores() {
         || {
             let n = thread_nices();
             let has = |p: &str| n.iter().any(|(name, _, _)| name.starts_with(p));
-            (has("radixgate-healt") && has("radixgate-telem") && has("radixgate-core")).then_some(n)
+            let all = [
+                "radixgate-healt",
+                "radixgate-telem",
+                "radixgate-core",
+                "radixgate-tree-",
+            ];
+            all.iter().all(|p| has(p)).then_some(n)
         },
     );
     const SCHED_IDLE: u32 = 5;
     for (name, nice, policy) in &nices {
-        if name.starts_with("radixgate-healt") {
+        if name.starts_with("radixgate-healt") || name.starts_with("radixgate-tree-") {
             assert_eq!(
                 (*nice, *policy),
                 (want, 0),

@@ -16,6 +16,18 @@ pub fn lower_thread_priority(nice: i32) -> std::io::Result<()> {
     }
 }
 
+/// Nice value of the helper threads that must keep up under load (tree writer, KV-event
+/// intake, health checks): where one shares a CPU with a serving core, the scheduler gives the
+/// core about nine tenths of it (CFS weights 1024 : 110), and a core that wakes preempts them.
+pub const HELPER_NICE: i32 = 10;
+
+/// Lower the calling helper thread to [`HELPER_NICE`]. Not `SCHED_IDLE`: these threads must
+/// keep up when every CPU is busy (a starved event thread would let the publishers' queues
+/// overflow into gaps and resets; a starved tree writer would leave routing on old snapshots).
+pub fn helper_thread() -> std::io::Result<()> {
+    lower_thread_priority(HELPER_NICE)
+}
+
 /// The calling thread's nice value.
 pub fn thread_priority() -> i32 {
     // SAFETY: as above; getpriority returns the value (errors are not possible for oneself).

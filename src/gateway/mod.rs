@@ -67,10 +67,9 @@ pub struct Gateway {
     pub in_flight_ids: requests::InFlightIds,
 }
 
-/// The nice value of the health thread: where it shares a CPU with a serving core, the
-/// scheduler gives the core about nine tenths of it (CFS weights 1024 : 110), and the checks
-/// still run (and keep to their timeouts) when the CPU is saturated.
-pub const HELPER_NICE: i32 = 10;
+/// The nice value of the health thread (and of the tree writer and the KV-event thread): the
+/// checks still run, and keep to their timeouts, when the CPU is saturated.
+pub use crate::base::priority::HELPER_NICE;
 
 /// How a helper thread yields a CPU it shares with a serving core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

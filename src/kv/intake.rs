@@ -396,7 +396,12 @@ impl Intake {
         };
         let thread = std::thread::Builder::new()
             .name("kv-events".into())
-            .spawn(move || worker.run())?;
+            .spawn(move || {
+                if let Err(e) = crate::base::priority::helper_thread() {
+                    crate::log!(Warn, "kv-events thread: cannot lower its priority: {e}");
+                }
+                worker.run()
+            })?;
         Ok(Intake {
             commands: tx,
             stats,

@@ -396,7 +396,12 @@ pub fn spawn_writer(cfg: WriterConfig) -> TreeHandle {
     let (handle, writer) = build(cfg);
     std::thread::Builder::new()
         .name("radixgate-tree-writer".into())
-        .spawn(move || writer.run())
+        .spawn(move || {
+            if let Err(e) = crate::base::priority::helper_thread() {
+                crate::log!(Warn, "tree writer thread: cannot lower its priority: {e}");
+            }
+            writer.run()
+        })
         .expect("cannot spawn the tree writer thread");
     handle
 }

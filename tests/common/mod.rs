@@ -650,3 +650,22 @@ pub fn chat_messages(
     assert_eq!(r.status, 200, "{}", r.text());
     r
 }
+
+/// (thread name, nice value, scheduling policy) of every thread of this process.
+pub fn thread_nices() -> Vec<(String, i32, u32)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        // Field 19 (nice), counted after the parenthesised name: state is field 3.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<&str> = after.split(' ').collect();
+        let nice: i32 = fields[16].parse().unwrap();
+        // Field 41 (policy): 0 SCHED_OTHER, 5 SCHED_IDLE.
+        let policy: u32 = fields[38].parse().unwrap();
+        out.push((comm.trim().to_string(), nice, policy));
+    }
+    out
+}

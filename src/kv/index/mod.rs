@@ -72,7 +72,7 @@ pub use writer::{
 
 use crate::base::WorkerId;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 pub use super::wire::{EngineHash, KvEvent};
 
@@ -88,18 +88,30 @@ pub struct Source {
 /// The own hash the first block of a sequence chains from.
 pub const ROOT_PARENT: u64 = 0x7261_6469_7867_6174; // "radixgat"
 
-/// radixgate's own hash of a block: XXH3-64 of `parent` (the previous block's own hash, or
-/// [`ROOT_PARENT`]) then `tokens`, all little-endian. `buf` is scratch space reused across calls
-/// so hashing allocates nothing once it has grown to one block.
+/// radixgate's own hash of a block: XXH3-64 of `tokens` (little-endian bytes) seeded with
+/// `parent` (the previous block's own hash, or [`ROOT_PARENT`]). Seeding chains the blocks
+/// without copying the parent in front of the tokens: a block of up to [`STACK_BLOCK`] tokens is
+/// laid out on the stack (SGLang's default page is one token, so a 4k-token prompt is 4,096
+/// blocks: this runs once per token of every prompt), a larger one in `buf`, scratch space
+/// reused across calls. (Format 1 hashed parent and tokens together; index exports say which.)
 #[inline]
 pub fn block_hash(parent: u64, tokens: &[u32], buf: &mut Vec<u8>) -> u64 {
+    if tokens.len() <= STACK_BLOCK {
+        let mut bytes = [0u8; STACK_BLOCK * 4];
+        for (out, t) in bytes.chunks_exact_mut(4).zip(tokens) {
+            out.copy_from_slice(&t.to_le_bytes());
+        }
+        return xxh3_64_with_seed(&bytes[..tokens.len() * 4], parent);
+    }
     buf.clear();
-    buf.extend_from_slice(&parent.to_le_bytes());
     for t in tokens {
         buf.extend_from_slice(&t.to_le_bytes());
     }
-    xxh3_64(buf)
+    xxh3_64_with_seed(buf, parent)
 }
+
+/// Largest block hashed from the stack (SGLang pages are 1 to 64 tokens).
+const STACK_BLOCK: usize = 64;
 
 /// The own hashes of every whole block of `tokens` at `block_size`, chained from
 /// [`ROOT_PARENT`], into `out` (cleared first); at most `max_blocks` of them. A final partial
