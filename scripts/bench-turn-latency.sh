@@ -21,7 +21,8 @@
 # page, so the event path's per-request work grows with prompt tokens / page size.
 # The history (system prompt and turns 1-9) is the same in every request, so after the warm-up
 # the worker holds it, the index knows it (events) and the tokenizer's segment cache holds its
-# messages; the 10th user turn is new in every request (wrk appends the request's number), so
+# messages; the 10th user turn is new in every request (wrk appends a number no earlier request
+# used: each run starts at a random offset), so
 # each request tokenizes its new message, as turn 10 of a live conversation does ("segment
 # cache warm"). The generate-ids body is sent unchanged.
 # Verdict (issue 10): event mode's added p50 for the chat body at most 150 µs above text-tree
@@ -127,7 +128,10 @@ open(f"{d}/chat.lua", "w").write(
     'wrk.headers["Content-Type"] = "application/json"\n'
     f'local head = {json.dumps(head)}\n'
     f'local tail = {json.dumps(tail)}\n'
-    'local n = 0\n'
+    # Each wrk run starts its numbers at a fresh random offset: runs (and gateways) never
+    # repeat a turn 10 a segment cache has already seen.
+    'math.randomseed(os.time() + math.floor(os.clock() * 1000000))\n'
+    'local n = math.random(1, 1000000000) * 1000\n'
     'request = function()\n'
     '  n = n + 1\n'
     '  return wrk.format(nil, nil, nil, head .. tostring(n) .. tail)\n'

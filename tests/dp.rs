@@ -6,7 +6,7 @@
 mod common;
 use common::*;
 use loadtest::sim::SimCluster;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -231,11 +231,7 @@ fn the_body_gets_the_rank_spliced_in_and_is_otherwise_byte_identical() {
         let r = generate(gw.addr, body);
         assert_eq!(r.status, 200, "{}", r.text());
         let rank = moved(&before, &rank_received(&c, 0));
-        let recorded: Value = serde_json::from_str(&sim_recorded(&c, 0)).unwrap();
-        let last = recorded.as_array().unwrap().last().unwrap()["body"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let last = sim_last_body(&c, 0, "/generate");
         let close = body.iter().rposition(|&b| b == b'}').unwrap();
         let want = format!(
             "{},\"data_parallel_rank\":{rank}}}\n",
@@ -257,11 +253,7 @@ fn without_dp_aware_nothing_changes() {
     assert_eq!(workers_json(gw.addr)["total"], json!(1));
     let body = br#"{"text":"plain","sampling_params":{"max_new_tokens":1}}"#;
     assert_eq!(generate(gw.addr, body).status, 200);
-    let recorded: Value = serde_json::from_str(&sim_recorded(&c, 0)).unwrap();
-    let last = recorded.as_array().unwrap().last().unwrap()["body"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let last = sim_last_body(&c, 0, "/generate");
     assert_eq!(last.as_bytes(), body);
 }
 

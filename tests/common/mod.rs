@@ -480,6 +480,22 @@ pub fn sim_recorded(cluster: &SimCluster, i: usize) -> String {
     r.text()
 }
 
+/// The body of the last request worker `i` received on `path`: the gateway's own health
+/// checks, scrapes and info calls are recorded too, so "the last recorded" is not enough.
+pub fn sim_last_body(cluster: &SimCluster, i: usize, path: &str) -> String {
+    let all: serde_json::Value =
+        serde_json::from_str(&sim_recorded(cluster, i)).expect("/debug/requests is JSON");
+    all.as_array()
+        .expect("/debug/requests is an array")
+        .iter()
+        .rev()
+        .find(|r| r["path"] == path)
+        .unwrap_or_else(|| panic!("worker {i} recorded no {path}: {all}"))["body"]
+        .as_str()
+        .expect("body is a string")
+        .to_string()
+}
+
 /// The circuit state ("closed", "open", "half_open") the gateway reports for `url`.
 pub fn circuit(gw: SocketAddr, headers: &[(&str, &str)], url: &str) -> String {
     let w = request(gw, "GET", "/workers", headers, b"").unwrap().json();
