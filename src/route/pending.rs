@@ -10,7 +10,7 @@
 
 use crate::base::WorkerId;
 use arc_swap::ArcSwapOption;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Slots in the ring: a burst larger than this within [`PendingBlocks::ttl_ms`] loses its
@@ -29,10 +29,25 @@ struct Entry {
     at_ms: u64,
 }
 
+/// What [`PendingBlocks::raise`] needs to pass over a slot, readable without loading its entry
+/// (an `ArcSwap` load costs a hazard-pointer round; at hundreds of requests a second every slot
+/// is live, so a prompt would load all [`CAPACITY`] of them). Written after the entry; a reader
+/// that sees a mix of two pushes' fields only skips or re-checks a slot, it never trusts them:
+/// the entry itself is checked before it counts.
+#[derive(Debug, Default)]
+struct SlotMeta {
+    model: AtomicU64,
+    first: AtomicU64,
+    at_ms: AtomicU64,
+    /// Worker id in the high half, chain length in the low half; 0 for an empty slot.
+    worker_len: AtomicU64,
+}
+
 /// The ring of pending entries.
 #[derive(Debug)]
 pub struct PendingBlocks {
     slots: Box<[ArcSwapOption<Entry>]>,
+    meta: Box<[SlotMeta]>,
     next: AtomicUsize,
     ttl_ms: u64,
 }
@@ -42,6 +57,7 @@ impl PendingBlocks {
     pub fn new(ttl_ms: u64) -> Self {
         PendingBlocks {
             slots: (0..CAPACITY).map(|_| ArcSwapOption::empty()).collect(),
+            meta: (0..CAPACITY).map(|_| SlotMeta::default()).collect(),
             next: AtomicUsize::new(0),
             ttl_ms,
         }
@@ -65,13 +81,22 @@ impl PendingBlocks {
             chain: chain.into(),
             at_ms: now_ms,
         })));
+        let m = &self.meta[i];
+        m.model.store(model, Ordering::Relaxed);
+        m.first.store(chain[0], Ordering::Relaxed);
+        m.at_ms.store(now_ms, Ordering::Relaxed);
+        m.worker_len.store(
+            u64::from(worker) << 32 | chain.len() as u64,
+            Ordering::Release,
+        );
     }
 
     /// Forget a worker's entries (removed, or refusing connections).
     pub fn forget_worker(&self, worker: WorkerId) {
-        for slot in self.slots.iter() {
+        for (slot, m) in self.slots.iter().zip(self.meta.iter()) {
             if slot.load().as_ref().is_some_and(|e| e.worker == worker) {
                 slot.store(None);
+                m.worker_len.store(0, Ordering::Release);
             }
         }
     }
@@ -83,7 +108,41 @@ impl PendingBlocks {
         let Some(&first) = chain.first() else {
             return;
         };
-        for slot in self.slots.iter() {
+        for (slot, m) in self.slots.iter().zip(self.meta.iter()) {
+            // The slot's summary first: most slots are passed over without loading the entry.
+            let worker_len = m.worker_len.load(Ordering::Acquire);
+            if worker_len == 0 {
+                continue;
+            }
+            if now_ms.saturating_sub(m.at_ms.load(Ordering::Relaxed)) > self.ttl_ms {
+                // Expired: emptied once, by whichever reader meets it first.
+                let guard = slot.load();
+                if guard
+                    .as_ref()
+                    .is_some_and(|e| now_ms.saturating_sub(e.at_ms) > self.ttl_ms)
+                {
+                    let _ = slot.compare_and_swap(&guard, None);
+                    let _ = m.worker_len.compare_exchange(
+                        worker_len,
+                        0,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    );
+                }
+                continue;
+            }
+            if m.model.load(Ordering::Relaxed) != model || m.first.load(Ordering::Relaxed) != first
+            {
+                continue;
+            }
+            let (worker, len) = ((worker_len >> 32) as WorkerId, worker_len as u32 as usize);
+            let have = out
+                .iter()
+                .find(|(w, _)| *w == worker)
+                .map_or(0, |&(_, b)| b);
+            if have >= len.min(chain.len()) {
+                continue; // Nothing this entry could add.
+            }
             let guard = slot.load();
             let Some(e) = guard.as_ref() else { continue };
             if now_ms.saturating_sub(e.at_ms) > self.ttl_ms {
@@ -97,7 +156,7 @@ impl PendingBlocks {
             let have = known.map_or(0, |i| out[i].1);
             let most = e.chain.len().min(chain.len());
             if have >= most {
-                continue; // Nothing this entry could add.
+                continue;
             }
             let n = common_blocks(&e.chain[..most], &chain[..most]);
             match known {

@@ -159,6 +159,9 @@ pub struct Tokenizer {
     hf: tokenizers::Tokenizer,
     /// The added-token cut, when it reproduces `tokenizers`' exactly (else: whole-text encodes).
     splitter: Option<Splitter>,
+    /// A piece may also be cut into words at every ASCII letter, space, ASCII letter (see
+    /// [`word_cuts`]): the pre-tokenizer is one this module knows never joins across that point.
+    word_cut: bool,
     /// Ids the post-processor puts before / after a single sequence (`add_special_tokens`),
     /// when it only adds fixed ids around it.
     affixes: Option<(Vec<u32>, Vec<u32>)>,
@@ -174,6 +177,7 @@ impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokenizer")
             .field("segment_cacheable", &self.splitter.is_some())
+            .field("word_cacheable", &self.word_cut)
             .field("chat_template", &self.template.is_some())
             .field("limits", &self.limits)
             .finish()
@@ -219,6 +223,81 @@ fn affix_only(v: &JsonValue) -> bool {
             .and_then(JsonValue::as_array)
             .is_some_and(|ps| ps.iter().all(affix_only)),
         _ => false,
+    }
+}
+
+/// A token's bytes in the text it was encoded from, `(start, end)`.
+type ByteRange = (usize, usize);
+
+/// Pre-tokenizer regexes under which a pre-token never runs from an ASCII letter into a
+/// following space: every alternative that can match a letter ends with a run of letters (or a
+/// contraction such as `'ll`), none contains a letter followed by whitespace, and none looks
+/// behind. So "letter | space letter" is always a pre-token boundary, and the text after it is
+/// matched the same whether the encoder saw what came before or not. Llama-3's (= cl100k's
+/// classic spelling), tiktoken's cl100k with possessive quantifiers (the simulator's), and
+/// Qwen2's (one digit per number pre-token).
+const WORD_CUT_PATTERNS: [&str; 3] = [
+    folder::LLAMA3_PATTERN,
+    r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+];
+
+/// Whether `tokenizer.json` (`raw`) encodes a piece cut at [`word_cuts`] into the same ids as
+/// the whole piece: no normalizer or NFC (which composes only within a character and its marks,
+/// never across an ASCII space), and a pre-tokenizer that is GPT-2's `ByteLevel` regex or a
+/// `Split` on a [`WORD_CUT_PATTERNS`] regex followed by a plain `ByteLevel`, neither adding a
+/// prefix space (which would be added to every word).
+fn word_cut_safe(raw: &JsonValue) -> bool {
+    let flag = |v: &JsonValue, name: &str| v.get(name).and_then(JsonValue::as_bool);
+    let kind = |v: &JsonValue| {
+        v.get("type")
+            .and_then(JsonValue::as_str)
+            .map(str::to_string)
+    };
+    let normalizer_ok = match raw.get("normalizer") {
+        None | Some(JsonValue::Null) => true,
+        Some(n) => kind(n).as_deref() == Some("NFC"),
+    };
+    let byte_level = |v: &JsonValue, use_regex: bool| {
+        kind(v).as_deref() == Some("ByteLevel")
+            && flag(v, "add_prefix_space") == Some(false)
+            && flag(v, "use_regex").unwrap_or(true) == use_regex
+    };
+    let known_split = |v: &JsonValue| {
+        kind(v).as_deref() == Some("Split")
+            && v.get("behavior").and_then(JsonValue::as_str) == Some("Isolated")
+            && flag(v, "invert") == Some(false)
+            && v.get("pattern")
+                .and_then(|p| p.get("Regex"))
+                .and_then(JsonValue::as_str)
+                .is_some_and(|r| WORD_CUT_PATTERNS.contains(&r))
+    };
+    let pre = raw.get("pre_tokenizer").unwrap_or(&JsonValue::Null);
+    let pre_ok = byte_level(pre, true)
+        || (kind(pre).as_deref() == Some("Sequence")
+            && pre
+                .get("pretokenizers")
+                .and_then(JsonValue::as_array)
+                .is_some_and(|ps| {
+                    ps.len() == 2 && known_split(&ps[0]) && byte_level(&ps[1], false)
+                }));
+    normalizer_ok && pre_ok
+}
+
+/// The word cuts of `text`: every byte offset `k` with an ASCII letter before it, a space at it
+/// and an ASCII letter after it (so the words are "Hello", " world,", " how"…). Under a
+/// [`word_cut_safe`] tokenizer each word encodes alone to exactly its share of the whole
+/// text's ids, so words can be cached across requests: a new message of everyday words is
+/// mostly cache hits.
+fn word_cuts(text: &[u8], mut cut: impl FnMut(usize)) {
+    if text.len() < 3 {
+        return;
+    }
+    for k in 1..text.len() - 1 {
+        if text[k] == b' ' && text[k - 1].is_ascii_alphabetic() && text[k + 1].is_ascii_alphabetic()
+        {
+            cut(k);
+        }
     }
 }
 
@@ -328,8 +407,11 @@ impl Tokenizer {
         let mut decoder: Vec<(u32, tokenizers::AddedToken)> =
             hf.get_added_tokens_decoder().into_iter().collect();
         decoder.sort_by_key(|(id, _)| *id);
+        let mut normalized_added = false;
         for (id, t) in decoder {
             if t.normalized {
+                // Matched by `tokenizers` inside the normalized pieces: one could span a word cut.
+                normalized_added = true;
                 continue;
             }
             if t.single_word {
@@ -348,9 +430,11 @@ impl Tokenizer {
         } else {
             None
         };
+        let word_cut = splitter.is_some() && !normalized_added && word_cut_safe(&raw);
         let mut tok = Tokenizer {
             hf,
             splitter,
+            word_cut,
             affixes: None,
             template,
             content_parts,
@@ -362,6 +446,9 @@ impl Tokenizer {
             .is_none_or(|p| p.is_null() || affix_only(p))
         {
             tok.affixes = tok.probe_affixes();
+        }
+        if tok.word_cut && !tok.word_cut_agrees() {
+            tok.word_cut = false;
         }
         Ok(tok)
     }
@@ -389,6 +476,59 @@ impl Tokenizer {
             }
         }
         found
+    }
+
+    /// A start-up check of the word cut's premise on texts that exercise its edges
+    /// (contractions, numbers, punctuation, runs of spaces, newlines, non-ASCII): each encoded
+    /// whole and word by word must give the same ids, or words are not cached.
+    fn word_cut_agrees(&self) -> bool {
+        const PROBES: [&str; 6] = [
+            "Hello world, it's a test: we'll see 12345 apples and 7 pears!",
+            "a  b   c\n\nd \te f\r\ng h ",
+            "don't STOP'S believing x'y z",
+            "caf\u{e9} na\u{ef}ve r\u{e9}sum\u{e9} \u{4e2d}\u{6587} a b",
+            "end with space a ",
+            "x=1; y = foo(bar) // ok then",
+        ];
+        PROBES.iter().all(|p| {
+            let Ok(whole) = self.encode_raw(p, false) else {
+                return false;
+            };
+            let mut parts = Vec::new();
+            let mut at = 0;
+            let mut ok = true;
+            word_cuts(p.as_bytes(), |k| {
+                match self.encode_raw(&p[at..k], false) {
+                    Ok(ids) => parts.extend(ids),
+                    Err(_) => ok = false,
+                }
+                at = k;
+            });
+            match self.encode_raw(&p[at..], false) {
+                Ok(ids) => parts.extend(ids),
+                Err(_) => ok = false,
+            }
+            ok && parts == whole
+        })
+    }
+
+    /// Whether [`SegmentCache`] also caches words of the pieces it has not seen.
+    pub fn is_word_cacheable(&self) -> bool {
+        self.word_cut
+    }
+
+    /// `encode_raw` without special tokens, with each token's byte range in `text`.
+    fn encode_with_offsets(
+        &self,
+        text: &str,
+    ) -> Result<(Vec<u32>, Vec<ByteRange>), TokenizeError> {
+        let r =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.hf.encode(text, false)));
+        match r {
+            Ok(Ok(enc)) => Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec())),
+            Ok(Err(e)) => Err(TokenizeError::Encode(e.to_string())),
+            Err(_) => Err(TokenizeError::Encode("tokenizer panicked".into())),
+        }
     }
 
     /// Whether a chat template was found; without one, chat requests get
@@ -510,6 +650,12 @@ pub struct CacheStats {
     pub evicted: u64,
     /// Texts encoded whole because the tokenizer's cut is not reproducible.
     pub whole_encodes: u64,
+    /// Words of unseen pieces found in the word cache.
+    pub word_hits: u64,
+    /// Words of unseen pieces encoded (runs of consecutive ones in one encoder call).
+    pub word_misses: u64,
+    /// Words held now.
+    pub word_entries: usize,
 }
 
 /// Cache key: 64-bit xxh3 of a piece and its length.
@@ -553,9 +699,20 @@ pub struct SegmentCache {
     tok: Arc<Tokenizer>,
     map: HashMap<Key, Entry, BuildHasherDefault<KeyHasher>>,
     max_tokens: usize,
+    /// Words of pieces that missed (see [`word_cuts`]), at most [`MAX_WORDS`].
+    words: HashMap<Key, Entry, BuildHasherDefault<KeyHasher>>,
+    /// Word cuts of the piece being encoded (scratch).
+    cuts: Vec<usize>,
     tick: u64,
     stats: CacheStats,
 }
+
+/// Words a core's cache keeps (~70 bytes each with their ids: ~4.5 MiB); English prose needs a
+/// few tens of thousands for nearly every word of a new message to be a hit.
+const MAX_WORDS: usize = 1 << 16;
+
+/// Longest word kept (tokens): longer runs without a word cut are rarely repeated.
+const MAX_WORD_TOKENS: usize = 64;
 
 impl std::fmt::Debug for SegmentCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -573,6 +730,8 @@ impl SegmentCache {
             tok: tokenizer,
             map: HashMap::default(),
             max_tokens: max_cached_tokens,
+            words: HashMap::default(),
+            cuts: Vec::new(),
             tick: 0,
             stats: CacheStats::default(),
         }
@@ -619,6 +778,7 @@ impl SegmentCache {
     pub fn stats(&self) -> CacheStats {
         let mut s = self.stats;
         s.entries = self.map.len();
+        s.word_entries = self.words.len();
         s
     }
 
@@ -674,8 +834,15 @@ impl SegmentCache {
         }
         tok.check_words(piece)?;
         self.stats.misses += 1;
-        let ids = tok.encode_raw(piece, false)?;
-        out.extend_from_slice(&ids);
+        let ids = if tok.word_cut {
+            let start = out.len();
+            self.encode_words(tok, piece, out)?;
+            out[start..].to_vec()
+        } else {
+            let ids = tok.encode_raw(piece, false)?;
+            out.extend_from_slice(&ids);
+            ids
+        };
         if ids.len() <= self.max_tokens / 8 {
             self.stats.cached_tokens += ids.len();
             self.map.insert(
@@ -690,6 +857,129 @@ impl SegmentCache {
             }
         }
         Ok(())
+    }
+
+    /// An unseen piece word by word: words in the word cache are copied, each run of
+    /// consecutive unknown words is encoded in one call (with token offsets, to learn each
+    /// word's ids). A word cut is a pre-token boundary (see [`word_cut_safe`]), so the result is
+    /// the piece's whole encode. On error `out` may hold part of the piece (the caller
+    /// truncates).
+    fn encode_words(
+        &mut self,
+        tok: &Tokenizer,
+        piece: &str,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizeError> {
+        let mut cuts = std::mem::take(&mut self.cuts);
+        cuts.clear();
+        cuts.push(0);
+        word_cuts(piece.as_bytes(), |k| cuts.push(k));
+        cuts.push(piece.len());
+        let mut run_from: Option<usize> = None;
+        let mut r = Ok(());
+        for w in 0..cuts.len() - 1 {
+            let word = &piece[cuts[w]..cuts[w + 1]];
+            let key = Key {
+                hash: xxh3_64(word.as_bytes()),
+                len: word.len() as u32,
+            };
+            if self.words.contains_key(&key) {
+                if let Some(from) = run_from.take() {
+                    r = self.encode_run(tok, piece, &cuts[from..=w], out);
+                    if r.is_err() {
+                        break;
+                    }
+                }
+                // (The run's words may have pushed this one out: then it is a miss after all.)
+                if let Some(e) = self.words.get_mut(&key) {
+                    e.last_used = self.tick;
+                    out.extend_from_slice(&e.ids);
+                    self.stats.word_hits += 1;
+                    continue;
+                }
+            }
+            self.stats.word_misses += 1;
+            run_from.get_or_insert(w);
+        }
+        if let (Ok(()), Some(from)) = (&r, run_from) {
+            r = self.encode_run(tok, piece, &cuts[from..], out);
+        }
+        self.cuts = cuts;
+        r
+    }
+
+    /// Encodes `piece[cuts[0]..cuts[last]]` (consecutive words) into `out` and keeps each word's
+    /// ids, found by the tokens' offsets (a token outside its word would mean the cut was not a
+    /// boundary: then nothing is kept).
+    fn encode_run(
+        &mut self,
+        tok: &Tokenizer,
+        piece: &str,
+        cuts: &[usize],
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizeError> {
+        let (from, to) = (cuts[0], cuts[cuts.len() - 1]);
+        if cuts.len() == 2 {
+            // One word: its ids are the whole encode, no offsets needed.
+            let ids = tok.encode_raw(&piece[from..to], false)?;
+            out.extend_from_slice(&ids);
+            self.keep_word(&piece[from..to], &ids);
+            return Ok(());
+        }
+        let (ids, offsets) = tok.encode_with_offsets(&piece[from..to])?;
+        out.extend_from_slice(&ids);
+        let mut words: Vec<(usize, usize)> = Vec::with_capacity(cuts.len() - 1);
+        let mut t = 0;
+        for w in 0..cuts.len() - 1 {
+            let end = cuts[w + 1] - from;
+            let first = t;
+            while t < ids.len() && offsets[t].0 < end {
+                if offsets[t].1 > end {
+                    return Ok(());
+                }
+                t += 1;
+            }
+            words.push((first, t));
+        }
+        if t != ids.len() {
+            return Ok(());
+        }
+        for (w, &(a, b)) in words.iter().enumerate() {
+            self.keep_word(&piece[cuts[w]..cuts[w + 1]], &ids[a..b]);
+        }
+        Ok(())
+    }
+
+    /// Keeps one word's ids (unless empty or longer than [`MAX_WORD_TOKENS`]).
+    fn keep_word(&mut self, word: &str, ids: &[u32]) {
+        if ids.is_empty() || ids.len() > MAX_WORD_TOKENS {
+            return;
+        }
+        let key = Key {
+            hash: xxh3_64(word.as_bytes()),
+            len: word.len() as u32,
+        };
+        self.words.insert(
+            key,
+            Entry {
+                ids: ids.into(),
+                last_used: self.tick,
+            },
+        );
+        if self.words.len() > MAX_WORDS {
+            self.evict_words();
+        }
+    }
+
+    /// Drops the least recently used words until three quarters of [`MAX_WORDS`] are left.
+    fn evict_words(&mut self) {
+        let mut by_age: Vec<(u64, Key)> =
+            self.words.iter().map(|(k, e)| (e.last_used, *k)).collect();
+        by_age.sort_unstable_by_key(|(t, _)| *t);
+        let drop = self.words.len().saturating_sub(MAX_WORDS / 4 * 3);
+        for (_, k) in by_age.into_iter().take(drop) {
+            self.words.remove(&k);
+        }
     }
 
     /// Drops the least recently used pieces until at most three quarters of the bound is held.

@@ -646,3 +646,155 @@ fn matches_transformers_goldens() {
     c.text_ids(g["prompt"].as_str().unwrap(), &mut ids).unwrap();
     assert_eq!(J::from(ids), g["prompt_ids"]);
 }
+
+/// The small tokenizer's JSON with another pre-tokenizer (and normalizer).
+fn retokenized(pre: J, normalizer: J) -> Arc<Tokenizer> {
+    let mut tj = folder::small_llama3_tokenizer_json();
+    tj["pre_tokenizer"] = pre;
+    tj["normalizer"] = normalizer;
+    let d = folder_with("retok", &tj, Some(&folder::llama3_config(LLAMA3_TEMPLATE)));
+    Arc::new(Tokenizer::from_path(&d).unwrap())
+}
+
+fn split_then_byte_level(pattern: &str) -> J {
+    json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}
+    ]})
+}
+
+/// The tokenizers the word cut is allowed for, each different in its pre-tokenizer: Llama-3's
+/// regex (the small folder), tiktoken's possessive cl100k, Qwen2's one-digit regex with NFC,
+/// and GPT-2's own ByteLevel regex.
+fn word_cut_tokenizers() -> Vec<Arc<Tokenizer>> {
+    static T: OnceLock<Vec<Arc<Tokenizer>>> = OnceLock::new();
+    T.get_or_init(|| {
+        vec![
+            small(),
+            retokenized(split_then_byte_level(WORD_CUT_PATTERNS[1]), J::Null),
+            retokenized(
+                split_then_byte_level(WORD_CUT_PATTERNS[2]),
+                json!({"type": "NFC"}),
+            ),
+            retokenized(
+                json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}),
+                J::Null,
+            ),
+        ]
+    })
+    .clone()
+}
+
+#[test]
+fn word_cut_only_for_pre_tokenizers_known_to_split_there() {
+    for t in word_cut_tokenizers() {
+        assert!(t.is_word_cacheable(), "{t:?}");
+    }
+    let prefix_space = retokenized(
+        json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}),
+        J::Null,
+    );
+    let other_regex = retokenized(split_then_byte_level(r"\S+\s*"), J::Null);
+    let lowercase = retokenized(
+        split_then_byte_level(folder::LLAMA3_PATTERN),
+        json!({"type": "Lowercase"}),
+    );
+    for t in [prefix_space, other_regex, lowercase] {
+        assert!(!t.is_word_cacheable(), "{t:?}");
+        assert!(t.is_segment_cacheable());
+    }
+    // A normalized added token could span a word cut: no word cache.
+    let d = folder_with(
+        "flags-words",
+        &flagged_tokenizer(false),
+        Some(&folder::llama3_config(LLAMA3_TEMPLATE)),
+    );
+    assert!(!Tokenizer::from_path(&d).unwrap().is_word_cacheable());
+}
+
+#[test]
+fn a_new_message_of_known_words_encodes_only_its_new_words() {
+    let t = small();
+    let mut c = SegmentCache::new(t.clone(), 1 << 16);
+    let mut out = Vec::new();
+    let first = "the quick brown fox jumps over the lazy dog while the cat sleeps";
+    c.text_ids(first, &mut out).unwrap();
+    let before = c.stats();
+    assert!(before.word_entries >= 10, "{before:?}");
+    out.clear();
+    let second = "the lazy cat jumps over the quick dog zebra";
+    c.text_ids(second, &mut out).unwrap();
+    assert_eq!(out, t.hf.encode(second, true).unwrap().get_ids().to_vec());
+    let after = c.stats();
+    // Every word but " zebra" was seen in the first text.
+    assert_eq!(after.word_misses - before.word_misses, 1, "{after:?}");
+    assert_eq!(after.word_hits - before.word_hits, 8, "{after:?}");
+}
+
+#[test]
+fn the_word_cache_is_bounded() {
+    let t = small();
+    let mut c = SegmentCache::new(t, 1 << 22);
+    let mut out = Vec::new();
+    // Distinct words, a few thousand per text, well past MAX_WORDS in all.
+    let mut n = 0u64;
+    for _ in 0..40 {
+        let text: String = (0..3000)
+            .map(|_| {
+                n += 1;
+                let w: String = format!("{n:x}")
+                    .bytes()
+                    .map(|b| char::from(b'a' + (b % 26)))
+                    .collect();
+                format!("w{w} ")
+            })
+            .collect::<String>()
+            + "end";
+        out.clear();
+        c.text_ids(&text, &mut out).unwrap();
+        assert!(c.stats().word_entries <= MAX_WORDS, "{:?}", c.stats());
+    }
+    assert!(c.stats().word_entries > MAX_WORDS / 2);
+}
+
+fn wordy_text() -> impl Strategy<Value = String> {
+    let word = prop_oneof![
+        6 => prop::sample::select(vec!["the", "The", "cat", "sat", "on", "a", "mat", "it's", "we'll", "don't", "I", "x", "zebra", "naïve", "中文", "end"]).prop_map(str::to_string),
+        1 => "[a-zA-Z]{1,6}",
+        1 => "[0-9]{1,5}",
+        1 => "[,.!?;:'\"()\\-]{1,3}",
+        1 => "\\PC{1,3}",
+    ];
+    let sep = prop_oneof![
+        8 => Just(" ".to_string()),
+        1 => Just("  ".to_string()),
+        1 => Just("\n".to_string()),
+        1 => Just(" \n\n".to_string()),
+        1 => Just("\t".to_string()),
+        1 => Just(String::new()),
+    ];
+    prop::collection::vec((word, sep), 0..40)
+        .prop_map(|v| v.into_iter().map(|(w, s)| w + &s).collect())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Texts of repeated words through one cache (so later texts are mostly word hits) give
+    /// `tokenizers`' whole encode, for every pre-tokenizer the word cut is allowed for.
+    #[test]
+    fn word_cached_ids_equal_whole_encodes(texts in prop::collection::vec(wordy_text(), 1..6)) {
+        for t in word_cut_tokenizers() {
+            let mut c = SegmentCache::new(t.clone(), 1 << 14);
+            for text in &texts {
+                let mut out = Vec::new();
+                c.text_ids(text, &mut out).unwrap();
+                prop_assert_eq!(&out, &t.hf.encode(text.as_str(), true).unwrap().get_ids().to_vec(), "{:?}", text);
+                let body = chat(&[("user", text.as_str())]);
+                let rendered = t.render_chat(&body).unwrap();
+                let whole = t.hf.encode(rendered.as_str(), false).unwrap().get_ids().to_vec();
+                prop_assert_eq!(chat_ids(&mut c, &body).unwrap(), whole);
+            }
+        }
+    }
+}

@@ -96,6 +96,19 @@ pub const ROOT_PARENT: u64 = 0x7261_6469_7867_6174; // "radixgat"
 /// reused across calls. (Format 1 hashed parent and tokens together; index exports say which.)
 #[inline]
 pub fn block_hash(parent: u64, tokens: &[u32], buf: &mut Vec<u8>) -> u64 {
+    // The same bytes in every branch (the hash does not depend on the branch): the small cases
+    // only skip clearing a 256-byte array per block, which at one-token pages cost more than
+    // the hash.
+    if let [t] = tokens {
+        return xxh3_64_with_seed(&t.to_le_bytes(), parent);
+    }
+    if tokens.len() <= 16 {
+        let mut bytes = [0u8; 64];
+        for (out, t) in bytes.chunks_exact_mut(4).zip(tokens) {
+            out.copy_from_slice(&t.to_le_bytes());
+        }
+        return xxh3_64_with_seed(&bytes[..tokens.len() * 4], parent);
+    }
     if tokens.len() <= STACK_BLOCK {
         let mut bytes = [0u8; STACK_BLOCK * 4];
         for (out, t) in bytes.chunks_exact_mut(4).zip(tokens) {

@@ -631,3 +631,24 @@ fn steady_conversations_at_the_cap_evict_only_finished_chains() {
     assert!(w.stats().evicted() > 250_000);
     w.check();
 }
+
+/// Every size branch of `block_hash` hashes the same bytes: the tokens little-endian, seeded
+/// with the parent (the export format's definition), so an index copied from a sibling built
+/// on other branches still matches.
+#[test]
+fn block_hash_is_xxh3_of_the_tokens_le_bytes_seeded_with_the_parent() {
+    let mut buf = Vec::new();
+    for n in [1usize, 2, 15, 16, 17, 63, 64, 65, 200] {
+        let tokens: Vec<u32> = (0..n as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761))
+            .collect();
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        for parent in [ROOT_PARENT, 7, u64::MAX] {
+            assert_eq!(
+                block_hash(parent, &tokens, &mut buf),
+                xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, parent),
+                "{n} tokens"
+            );
+        }
+    }
+}
