@@ -518,10 +518,7 @@ impl Tokenizer {
     }
 
     /// `encode_raw` without special tokens, with each token's byte range in `text`.
-    fn encode_with_offsets(
-        &self,
-        text: &str,
-    ) -> Result<(Vec<u32>, Vec<ByteRange>), TokenizeError> {
+    fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<ByteRange>), TokenizeError> {
         let r =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.hf.encode(text, false)));
         match r {
