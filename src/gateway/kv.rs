@@ -709,7 +709,9 @@ impl Discovery {
             .collect();
         replaying.sort_unstable();
         replaying.dedup();
-        kv.replaying.store(Arc::new(replaying));
+        if **kv.replaying.load() != replaying {
+            kv.replaying.store(Arc::new(replaying));
+        }
         kv.discovered.store(true, Ordering::Release);
     }
 

@@ -98,7 +98,7 @@ where
         .name(format!("radixgate-{name}"))
         .spawn(move || {
             let lowered = match class {
-                HelperClass::Nice => crate::base::priority::lower_thread_priority(HELPER_NICE),
+                HelperClass::Nice => crate::base::priority::helper_thread(),
                 HelperClass::Idle => crate::base::priority::idle_thread(),
             };
             if let Err(e) = lowered {

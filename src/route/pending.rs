@@ -114,46 +114,34 @@ impl PendingBlocks {
             if worker_len == 0 {
                 continue;
             }
-            if now_ms.saturating_sub(m.at_ms.load(Ordering::Relaxed)) > self.ttl_ms {
-                // Expired: emptied once, by whichever reader meets it first.
-                let guard = slot.load();
-                if guard
-                    .as_ref()
-                    .is_some_and(|e| now_ms.saturating_sub(e.at_ms) > self.ttl_ms)
-                {
-                    let _ = slot.compare_and_swap(&guard, None);
-                    let _ = m.worker_len.compare_exchange(
-                        worker_len,
-                        0,
-                        Ordering::AcqRel,
-                        Ordering::Relaxed,
-                    );
-                }
-                continue;
-            }
-            if m.model.load(Ordering::Relaxed) != model || m.first.load(Ordering::Relaxed) != first
-            {
-                continue;
-            }
+            let expired = now_ms.saturating_sub(m.at_ms.load(Ordering::Relaxed)) > self.ttl_ms;
             let (worker, len) = ((worker_len >> 32) as WorkerId, worker_len as u32 as usize);
-            let have = out
-                .iter()
-                .find(|(w, _)| *w == worker)
-                .map_or(0, |&(_, b)| b);
-            if have >= len.min(chain.len()) {
-                continue; // Nothing this entry could add.
+            let known = out.iter().position(|(w, _)| *w == worker);
+            let have = known.map_or(0, |i| out[i].1);
+            if !expired
+                && (m.model.load(Ordering::Relaxed) != model
+                    || m.first.load(Ordering::Relaxed) != first
+                    || have >= len.min(chain.len()))
+            {
+                continue; // Another prompt, or nothing this entry could add.
             }
             let guard = slot.load();
             let Some(e) = guard.as_ref() else { continue };
             if now_ms.saturating_sub(e.at_ms) > self.ttl_ms {
+                // Expired: emptied once, by whichever reader meets it first.
                 let _ = slot.compare_and_swap(&guard, None);
+                let _ = m.worker_len.compare_exchange(
+                    worker_len,
+                    0,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
                 continue;
             }
-            if e.model != model || e.chain[0] != first {
+            // The entry is the truth: a push may have replaced it since the summary was read.
+            if expired || e.worker != worker || e.model != model || e.chain[0] != first {
                 continue;
             }
-            let known = out.iter().position(|(w, _)| *w == e.worker);
-            let have = known.map_or(0, |i| out[i].1);
             let most = e.chain.len().min(chain.len());
             if have >= most {
                 continue;

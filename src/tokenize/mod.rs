@@ -226,8 +226,17 @@ fn affix_only(v: &JsonValue) -> bool {
     }
 }
 
-/// A token's bytes in the text it was encoded from, `(start, end)`.
-type ByteRange = (usize, usize);
+/// One call into `tokenizers`, its error or panic (a malformed vocabulary can panic inside it)
+/// turned into a [`TokenizeError`]: request input never unwinds through a serving core.
+fn guarded(
+    encode: impl FnOnce() -> tokenizers::Result<tokenizers::Encoding>,
+) -> Result<tokenizers::Encoding, TokenizeError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(encode)) {
+        Ok(Ok(enc)) => Ok(enc),
+        Ok(Err(e)) => Err(TokenizeError::Encode(e.to_string())),
+        Err(_) => Err(TokenizeError::Encode("tokenizer panicked".into())),
+    }
+}
 
 /// Pre-tokenizer regexes under which a pre-token never runs from an ASCII letter into a
 /// following space: every alternative that can match a letter ends with a run of letters (or a
@@ -517,15 +526,10 @@ impl Tokenizer {
         self.word_cut
     }
 
-    /// `encode_raw` without special tokens, with each token's byte range in `text`.
-    fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<ByteRange>), TokenizeError> {
-        let r =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.hf.encode(text, false)));
-        match r {
-            Ok(Ok(enc)) => Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec())),
-            Ok(Err(e)) => Err(TokenizeError::Encode(e.to_string())),
-            Err(_) => Err(TokenizeError::Encode("tokenizer panicked".into())),
-        }
+    /// `encode_raw` without special tokens, keeping each token's byte range in `text`
+    /// (`get_offsets`).
+    fn encode_with_offsets(&self, text: &str) -> Result<tokenizers::Encoding, TokenizeError> {
+        guarded(|| self.hf.encode(text, false))
     }
 
     /// Whether a chat template was found; without one, chat requests get
@@ -564,14 +568,8 @@ impl Tokenizer {
     }
 
     fn encode_raw(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.hf.encode_fast(text, add_special_tokens)
-        }));
-        match r {
-            Ok(Ok(enc)) => Ok(enc.get_ids().to_vec()),
-            Ok(Err(e)) => Err(TokenizeError::Encode(e.to_string())),
-            Err(_) => Err(TokenizeError::Encode("tokenizer panicked".into())),
-        }
+        let enc = guarded(|| self.hf.encode_fast(text, add_special_tokens))?;
+        Ok(enc.get_ids().to_vec())
     }
 
     /// Size checks before any encoding: total bytes, and the longest run without whitespace.
@@ -655,11 +653,20 @@ pub struct CacheStats {
     pub word_entries: usize,
 }
 
-/// Cache key: 64-bit xxh3 of a piece and its length.
+/// Cache key: 64-bit xxh3 of a piece (or word) and its length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
     hash: u64,
     len: u32,
+}
+
+impl Key {
+    fn of(text: &str) -> Key {
+        Key {
+            hash: xxh3_64(text.as_bytes()),
+            len: text.len() as u32,
+        }
+    }
 }
 
 /// The key is already a hash: feed it through unchanged.
@@ -688,18 +695,37 @@ struct Entry {
     last_used: u64,
 }
 
+/// Text → ids, keyed by [`Key`] (pieces, and words).
+type IdMap = HashMap<Key, Entry, BuildHasherDefault<KeyHasher>>;
+
+/// Removes `map`'s entries least recently used first, for as long as `more` (told each entry
+/// before it goes) answers true: one sort per eviction round.
+fn drop_least_recent(map: &mut IdMap, mut more: impl FnMut(&Entry) -> bool) {
+    let mut by_age: Vec<(u64, Key)> = map.iter().map(|(k, e)| (e.last_used, *k)).collect();
+    by_age.sort_unstable_by_key(|&(t, _)| t);
+    for (_, k) in by_age {
+        match map.get(&k) {
+            Some(e) if more(e) => {
+                map.remove(&k);
+            }
+            _ => break,
+        }
+    }
+}
+
 /// A core's piece → ids cache in front of a shared [`Tokenizer`]. Bounded by the number of
 /// token ids it holds: past the bound, the least recently used pieces go until it is at three
 /// quarters (one sort per eviction round, so the cost per insert stays constant). Pieces larger
 /// than an eighth of the bound are encoded but not kept. Not `Sync`: one per core.
 pub struct SegmentCache {
     tok: Arc<Tokenizer>,
-    map: HashMap<Key, Entry, BuildHasherDefault<KeyHasher>>,
+    map: IdMap,
     max_tokens: usize,
     /// Words of pieces that missed (see [`word_cuts`]), at most [`MAX_WORDS`].
-    words: HashMap<Key, Entry, BuildHasherDefault<KeyHasher>>,
-    /// Word cuts of the piece being encoded (scratch).
+    words: IdMap,
+    /// Word cuts of the piece being encoded, and each word's key (scratch).
     cuts: Vec<usize>,
+    keys: Vec<Key>,
     tick: u64,
     stats: CacheStats,
 }
@@ -729,6 +755,7 @@ impl SegmentCache {
             max_tokens: max_cached_tokens,
             words: HashMap::default(),
             cuts: Vec::new(),
+            keys: Vec::new(),
             tick: 0,
             stats: CacheStats::default(),
         }
@@ -819,10 +846,7 @@ impl SegmentCache {
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizeError> {
         self.tick += 1;
-        let key = Key {
-            hash: xxh3_64(piece.as_bytes()),
-            len: piece.len() as u32,
-        };
+        let key = Key::of(piece);
         if let Some(e) = self.map.get_mut(&key) {
             e.last_used = self.tick;
             out.extend_from_slice(&e.ids);
@@ -868,27 +892,25 @@ impl SegmentCache {
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizeError> {
         let mut cuts = std::mem::take(&mut self.cuts);
+        let mut keys = std::mem::take(&mut self.keys);
         cuts.clear();
         cuts.push(0);
         word_cuts(piece.as_bytes(), |k| cuts.push(k));
         cuts.push(piece.len());
+        keys.clear();
+        keys.extend(cuts.windows(2).map(|c| Key::of(&piece[c[0]..c[1]])));
         let mut run_from: Option<usize> = None;
         let mut r = Ok(());
-        for w in 0..cuts.len() - 1 {
-            let word = &piece[cuts[w]..cuts[w + 1]];
-            let key = Key {
-                hash: xxh3_64(word.as_bytes()),
-                len: word.len() as u32,
-            };
-            if self.words.contains_key(&key) {
+        for (w, key) in keys.iter().enumerate() {
+            if self.words.contains_key(key) {
                 if let Some(from) = run_from.take() {
-                    r = self.encode_run(tok, piece, &cuts[from..=w], out);
+                    r = self.encode_run(tok, piece, &cuts[from..=w], &keys[from..w], out);
                     if r.is_err() {
                         break;
                     }
                 }
                 // (The run's words may have pushed this one out: then it is a miss after all.)
-                if let Some(e) = self.words.get_mut(&key) {
+                if let Some(e) = self.words.get_mut(key) {
                     e.last_used = self.tick;
                     out.extend_from_slice(&e.ids);
                     self.stats.word_hits += 1;
@@ -899,63 +921,61 @@ impl SegmentCache {
             run_from.get_or_insert(w);
         }
         if let (Ok(()), Some(from)) = (&r, run_from) {
-            r = self.encode_run(tok, piece, &cuts[from..], out);
+            r = self.encode_run(tok, piece, &cuts[from..], &keys[from..], out);
         }
         self.cuts = cuts;
+        self.keys = keys;
         r
     }
 
-    /// Encodes `piece[cuts[0]..cuts[last]]` (consecutive words) into `out` and keeps each word's
-    /// ids, found by the tokens' offsets (a token outside its word would mean the cut was not a
-    /// boundary: then nothing is kept).
+    /// Encodes `piece[cuts[0]..cuts[last]]` (consecutive words, `keys` theirs) into `out` and
+    /// keeps each word's ids, found by the tokens' offsets (a token outside its word would mean
+    /// the cut was not a boundary: then nothing is kept).
     fn encode_run(
         &mut self,
         tok: &Tokenizer,
         piece: &str,
         cuts: &[usize],
+        keys: &[Key],
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizeError> {
         let (from, to) = (cuts[0], cuts[cuts.len() - 1]);
-        if cuts.len() == 2 {
+        if let [key] = keys {
             // One word: its ids are the whole encode, no offsets needed.
             let ids = tok.encode_raw(&piece[from..to], false)?;
             out.extend_from_slice(&ids);
-            self.keep_word(&piece[from..to], &ids);
+            self.keep_word(*key, &ids);
             return Ok(());
         }
-        let (ids, offsets) = tok.encode_with_offsets(&piece[from..to])?;
-        out.extend_from_slice(&ids);
-        let mut words: Vec<(usize, usize)> = Vec::with_capacity(cuts.len() - 1);
-        let mut t = 0;
-        for w in 0..cuts.len() - 1 {
-            let end = cuts[w + 1] - from;
-            let first = t;
-            while t < ids.len() && offsets[t].0 < end {
-                if offsets[t].1 > end {
-                    return Ok(());
-                }
-                t += 1;
+        let enc = tok.encode_with_offsets(&piece[from..to])?;
+        let (ids, offsets) = (enc.get_ids(), enc.get_offsets());
+        out.extend_from_slice(ids);
+        // Every token must end inside the word its start falls in; then each word's ids are the
+        // tokens starting before its end.
+        let mut w = 0;
+        for &(start, end) in offsets {
+            while w < keys.len() && cuts[w + 1] - from <= start {
+                w += 1;
             }
-            words.push((first, t));
+            if w == keys.len() || end > cuts[w + 1] - from {
+                return Ok(());
+            }
         }
-        if t != ids.len() {
-            return Ok(());
-        }
-        for (w, &(a, b)) in words.iter().enumerate() {
-            self.keep_word(&piece[cuts[w]..cuts[w + 1]], &ids[a..b]);
+        let mut first = 0;
+        for (w, key) in keys.iter().enumerate() {
+            let end = cuts[w + 1] - from;
+            let last = first + offsets[first..].partition_point(|o| o.0 < end);
+            self.keep_word(*key, &ids[first..last]);
+            first = last;
         }
         Ok(())
     }
 
     /// Keeps one word's ids (unless empty or longer than [`MAX_WORD_TOKENS`]).
-    fn keep_word(&mut self, word: &str, ids: &[u32]) {
+    fn keep_word(&mut self, key: Key, ids: &[u32]) {
         if ids.is_empty() || ids.len() > MAX_WORD_TOKENS {
             return;
         }
-        let key = Key {
-            hash: xxh3_64(word.as_bytes()),
-            len: word.len() as u32,
-        };
         self.words.insert(
             key,
             Entry {
@@ -964,38 +984,27 @@ impl SegmentCache {
             },
         );
         if self.words.len() > MAX_WORDS {
-            self.evict_words();
-        }
-    }
-
-    /// Drops the least recently used words until three quarters of [`MAX_WORDS`] are left.
-    fn evict_words(&mut self) {
-        let mut by_age: Vec<(u64, Key)> =
-            self.words.iter().map(|(k, e)| (e.last_used, *k)).collect();
-        by_age.sort_unstable_by_key(|(t, _)| *t);
-        let drop = self.words.len().saturating_sub(MAX_WORDS / 4 * 3);
-        for (_, k) in by_age.into_iter().take(drop) {
-            self.words.remove(&k);
+            let mut excess = self.words.len() - MAX_WORDS / 4 * 3;
+            drop_least_recent(&mut self.words, |_| {
+                let more = excess > 0;
+                excess = excess.saturating_sub(1);
+                more
+            });
         }
     }
 
     /// Drops the least recently used pieces until at most three quarters of the bound is held.
     fn evict(&mut self) {
-        let mut by_age: Vec<(u64, Key, usize)> = self
-            .map
-            .iter()
-            .map(|(k, e)| (e.last_used, *k, e.ids.len()))
-            .collect();
-        by_age.sort_unstable_by_key(|(t, _, _)| *t);
         let target = self.max_tokens / 4 * 3;
-        for (_, k, n) in by_age {
-            if self.stats.cached_tokens <= target {
-                break;
+        let stats = &mut self.stats;
+        drop_least_recent(&mut self.map, |e| {
+            if stats.cached_tokens <= target {
+                return false;
             }
-            self.map.remove(&k);
-            self.stats.cached_tokens -= n;
-            self.stats.evicted += 1;
-        }
+            stats.cached_tokens -= e.ids.len();
+            stats.evicted += 1;
+            true
+        });
     }
 }
 

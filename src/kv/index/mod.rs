@@ -99,28 +99,27 @@ pub fn block_hash(parent: u64, tokens: &[u32], buf: &mut Vec<u8>) -> u64 {
     // The same bytes in every branch (the hash does not depend on the branch): the small cases
     // only skip clearing a 256-byte array per block, which at one-token pages cost more than
     // the hash.
-    if let [t] = tokens {
-        return xxh3_64_with_seed(&t.to_le_bytes(), parent);
-    }
-    if tokens.len() <= 16 {
-        let mut bytes = [0u8; 64];
-        for (out, t) in bytes.chunks_exact_mut(4).zip(tokens) {
-            out.copy_from_slice(&t.to_le_bytes());
-        }
-        return xxh3_64_with_seed(&bytes[..tokens.len() * 4], parent);
-    }
-    if tokens.len() <= STACK_BLOCK {
-        let mut bytes = [0u8; STACK_BLOCK * 4];
-        for (out, t) in bytes.chunks_exact_mut(4).zip(tokens) {
-            out.copy_from_slice(&t.to_le_bytes());
-        }
-        return xxh3_64_with_seed(&bytes[..tokens.len() * 4], parent);
+    match tokens.len() {
+        1 => return xxh3_64_with_seed(&tokens[0].to_le_bytes(), parent),
+        ..=16 => return hash_on_stack::<64>(parent, tokens),
+        17..=STACK_BLOCK => return hash_on_stack::<{ STACK_BLOCK * 4 }>(parent, tokens),
+        _ => {}
     }
     buf.clear();
     for t in tokens {
         buf.extend_from_slice(&t.to_le_bytes());
     }
     xxh3_64_with_seed(buf, parent)
+}
+
+/// [`block_hash`] of a block whose little-endian bytes fit in `BYTES`.
+#[inline]
+fn hash_on_stack<const BYTES: usize>(parent: u64, tokens: &[u32]) -> u64 {
+    let mut bytes = [0u8; BYTES];
+    for (out, t) in bytes.chunks_exact_mut(4).zip(tokens) {
+        out.copy_from_slice(&t.to_le_bytes());
+    }
+    xxh3_64_with_seed(&bytes[..tokens.len() * 4], parent)
 }
 
 /// Largest block hashed from the stack (SGLang pages are 1 to 64 tokens).
