@@ -132,6 +132,13 @@ fn main() {
     {
         let mut g = c.benchmark_group("encode");
         g.throughput(Throughput::Elements(n as u64));
+        g.bench_function("one_word", |b| {
+            b.iter(|| {
+                tok.encode(black_box(" ten 1234567001"), false)
+                    .unwrap()
+                    .len()
+            })
+        });
         g.bench_function("prose_4k", |b| {
             b.iter(|| tok.encode(black_box(&prose), false).unwrap())
         });

@@ -262,8 +262,14 @@ pub fn select_mixed(
         return select_with_tree(p, prefix, workers, exclude, loads, rng);
     };
     let holders: &mut Vec<WorkerId> = &mut buf;
+    // With every worker scored by events the text tree cannot win (its holders are only the
+    // workers without events): its walk of the prompt is skipped.
+    let all_exact = workers
+        .iter()
+        .all(|w| exact.exact_workers.binary_search(w).is_ok());
     select(p, workers, exclude, loads, rng, || {
-        let best = mixed_holders(exact, text_match(prefix), holders);
+        let text = if all_exact { None } else { text_match(prefix) };
+        let best = mixed_holders(exact, text, holders);
         let holders: &Vec<WorkerId> = holders;
         best.map(|(matched, request)| MatchResult {
             matched_chars: matched,

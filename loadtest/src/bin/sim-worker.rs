@@ -16,6 +16,12 @@
 
 use std::process::ExitCode;
 
+// The simulator's own CPU time must stay small and steady (it is not the GPU time it models):
+// glibc's allocator fragmented under the radix cache's many small vectors once it evicted
+// (`_int_malloc` 14 % of the worker's samples), so the worker uses the gateway's allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{Parser, ValueEnum};
 use loadtest::sim::disagg::{DisaggMode, DEFAULT_BOOTSTRAP_PORT};
 use loadtest::sim::kv_events::KvEventsConfig;

@@ -90,6 +90,12 @@ pub struct RadixCache {
     private_tokens: usize,
     tick: u64,
     stats: CacheStats,
+    /// Eviction candidates `(last_access, node)`, kept across evictions so one costs what it
+    /// frees, not a scan of the whole tree (the simulator's own CPU time is not the GPU time it
+    /// models, and an O(tree) scan per allocation made a full cache's latency drift 3×). Lazy:
+    /// an entry counts only while its node is still a live, unlocked leaf with that stamp
+    /// ([`is_candidate`](Self::is_candidate)); every event that makes a node one pushes it.
+    candidates: BinaryHeap<Reverse<(u64, NodeId)>>,
     /// Changes not yet taken by [`take_events`](Self::take_events); `None` while KV events are
     /// off (nothing is recorded).
     events: Option<Vec<CacheEvent>>,
@@ -108,6 +114,7 @@ impl RadixCache {
             private_tokens: 0,
             tick: 0,
             stats: CacheStats::default(),
+            candidates: BinaryHeap::new(),
             events: None,
         };
         c.reset();
@@ -128,6 +135,7 @@ impl RadixCache {
         });
         self.tree_tokens = 0;
         self.evictable_tokens = 0;
+        self.candidates.clear();
     }
 
     /// Start recording [`CacheEvent`]s (SGLang records them only with `--kv-events-config`).
@@ -319,6 +327,9 @@ impl RadixCache {
             node = c;
             pos += edge_len;
         }
+        // Only the last node of the path can be a leaf (the rest have the path's next node
+        // as a child); its stamp just changed.
+        self.offer(node);
         (pos, node)
     }
 
@@ -370,6 +381,7 @@ impl RadixCache {
             }
             let leaf = self.alloc_node(rest, hashes, node, 0, tick);
             self.nodes[node as usize].children.push((first, leaf));
+            self.offer(leaf);
             let added = key.len() - existing;
             self.tree_tokens += added;
             self.evictable_tokens += added;
@@ -396,11 +408,52 @@ impl RadixCache {
             let n = &mut self.nodes[node as usize];
             debug_assert!(n.lock_ref > 0, "dec_lock on an unlocked node");
             n.lock_ref = n.lock_ref.saturating_sub(1);
-            if n.lock_ref == 0 {
+            let unlocked = n.lock_ref == 0;
+            if unlocked {
                 self.evictable_tokens += n.key.len();
             }
-            node = n.parent;
+            let parent = n.parent;
+            if unlocked {
+                self.offer(node);
+            }
+            node = parent;
         }
+    }
+
+    /// Whether `id` may be evicted now: a live, unlocked leaf (never the root).
+    fn is_evictable_leaf(&self, id: NodeId) -> bool {
+        let n = &self.nodes[id as usize];
+        id != ROOT && n.live && n.children.is_empty() && n.lock_ref == 0
+    }
+
+    /// Whether a candidate entry still stands for its node: an evictable leaf whose LRU stamp
+    /// is still the one the entry was pushed with.
+    fn is_candidate(&self, (stamp, id): (u64, NodeId)) -> bool {
+        self.is_evictable_leaf(id) && self.nodes[id as usize].last_access == stamp
+    }
+
+    /// Records `id` as an eviction candidate with its current stamp if it is an evictable
+    /// leaf. Called wherever a node may have become one (new leaf, last child removed, last
+    /// lock released) or a leaf's stamp changed.
+    fn offer(&mut self, id: NodeId) {
+        if self.is_evictable_leaf(id) {
+            self.candidates
+                .push(Reverse((self.nodes[id as usize].last_access, id)));
+            // Stale entries are dropped when popped; without evictions they would pile up, so
+            // past twice the live nodes the heap is rebuilt from the tree (amortised O(1)).
+            if self.candidates.len() > 2 * self.nodes.len() + 1024 {
+                self.rebuild_candidates();
+            }
+        }
+    }
+
+    /// The candidates from a scan of the whole tree: every evictable leaf, once.
+    fn rebuild_candidates(&mut self) {
+        let heap = (1..self.nodes.len() as NodeId)
+            .filter(|&id| self.is_evictable_leaf(id))
+            .map(|id| Reverse((self.nodes[id as usize].last_access, id)))
+            .collect();
+        self.candidates = heap;
     }
 
     /// Evict unlocked leaves in LRU order until at least `tokens` are freed or nothing is
@@ -410,26 +463,26 @@ impl RadixCache {
             return 0;
         }
         self.stats.evictions += 1;
-        let mut heap: BinaryHeap<Reverse<(u64, NodeId)>> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .skip(1)
-            .filter(|(_, n)| n.live && n.children.is_empty() && n.lock_ref == 0)
-            .map(|(i, n)| Reverse((n.last_access, i as NodeId)))
-            .collect();
         let mut freed = 0;
         while freed < tokens {
-            let Some(Reverse((_, id))) = heap.pop() else {
+            let Some(Reverse(entry)) = self.candidates.pop() else {
                 break;
             };
+            if !self.is_candidate(entry) {
+                continue;
+            }
+            let id = entry.1;
             let parent = self.nodes[id as usize].parent;
             freed += self.remove_leaf(id);
-            let p = &self.nodes[parent as usize];
-            if parent != ROOT && p.children.is_empty() && p.lock_ref == 0 {
-                heap.push(Reverse((p.last_access, parent)));
-            }
+            self.offer(parent);
         }
+        // Every way a node becomes an evictable leaf offers it, so an empty heap means nothing
+        // is evictable; tests prove it against a scan.
+        debug_assert!(
+            freed >= tokens
+                || (1..self.nodes.len() as NodeId).all(|id| !self.is_evictable_leaf(id)),
+            "an evictable leaf was never offered"
+        );
         self.stats.evicted_tokens += freed as u64;
         freed
     }
@@ -879,6 +932,60 @@ mod tests {
                 let p = m.prefix(h);
                 assert_eq!(c.peek_prefix(&p), p.len());
             }
+        }
+    }
+
+    /// The kept candidate heap evicts exactly what a scan of the whole tree would: at every
+    /// eviction the least recently used evictable leaf, over random matches, locks, inserts,
+    /// splits and releases.
+    #[test]
+    fn eviction_takes_the_least_recent_leaf_a_full_scan_would() {
+        let mut rng = Rng::new(7);
+        for page in [1usize, 4] {
+            let mut c = RadixCache::new(400, page);
+            let mut held: Vec<NodeId> = Vec::new();
+            let mut checked = 0;
+            for _ in 0..4000 {
+                let key = random_key(&mut rng, 40, 6, 3);
+                match rng.below(5) {
+                    0 => {
+                        let (_, node) = c.match_prefix(&key);
+                        c.inc_lock(node);
+                        held.push(node);
+                    }
+                    1 => {
+                        if !held.is_empty() {
+                            let n = held.swap_remove(rng.below(held.len()));
+                            c.dec_lock(n);
+                        }
+                    }
+                    2 | 3 => {
+                        if c.free_tokens() >= key.len() {
+                            c.insert(&key);
+                        }
+                    }
+                    _ => {
+                        let scan = (1..c.nodes.len() as NodeId)
+                            .filter(|&id| c.is_evictable_leaf(id))
+                            .min_by_key(|&id| (c.nodes[id as usize].last_access, id));
+                        let before = c.stats().evicted_tokens;
+                        c.evict(1);
+                        match scan {
+                            Some(id) => {
+                                assert!(!c.nodes[id as usize].live, "leaf {id} not evicted");
+                                checked += 1;
+                            }
+                            None => assert_eq!(
+                                c.stats().evicted_tokens,
+                                before,
+                                "nothing was evictable"
+                            ),
+                        }
+                    }
+                }
+                c.check_invariants().unwrap();
+            }
+            assert!(checked > 100, "only {checked} evictions checked");
         }
     }
 

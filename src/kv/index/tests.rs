@@ -632,13 +632,13 @@ fn steady_conversations_at_the_cap_evict_only_finished_chains() {
     w.check();
 }
 
-/// Every size branch of `block_hash` hashes the same bytes: the tokens little-endian, seeded
-/// with the parent (the export format's definition), so an index copied from a sibling built
-/// on other branches still matches.
+/// Every size branch of `block_hash` from two tokens up hashes the same bytes: the tokens
+/// little-endian, seeded with the parent (the export format's definition), so an index copied
+/// from a sibling built on other branches still matches; one token is the pinned multiply-fold.
 #[test]
 fn block_hash_is_xxh3_of_the_tokens_le_bytes_seeded_with_the_parent() {
     let mut buf = Vec::new();
-    for n in [1usize, 2, 15, 16, 17, 63, 64, 65, 200] {
+    for n in [2usize, 15, 16, 17, 63, 64, 65, 200] {
         let tokens: Vec<u32> = (0..n as u32)
             .map(|i| i.wrapping_mul(2_654_435_761))
             .collect();
@@ -650,5 +650,45 @@ fn block_hash_is_xxh3_of_the_tokens_le_bytes_seeded_with_the_parent() {
                 "{n} tokens"
             );
         }
+    }
+    // One token: the multiply-fold, pinned (a change would need a new export version).
+    assert_eq!(
+        block_hash(ROOT_PARENT, &[1], &mut buf),
+        one_token_hash(ROOT_PARENT, 1)
+    );
+    assert_eq!(one_token_hash(0, 0), 0x4886_f8a6_3511_5a1c);
+}
+
+/// One-token blocks chain without collisions over a whole vocabulary at several parents, and
+/// every output bit flips about half the time when the token or the parent changes by one bit.
+#[test]
+fn one_token_hashes_keep_tokens_and_parents_apart() {
+    for parent in [ROOT_PARENT, 0, 1, u64::MAX, one_token_hash(ROOT_PARENT, 42)] {
+        let mut seen: HashSet<u64> = HashSet::new();
+        for t in 0..300_000u32 {
+            assert!(seen.insert(one_token_hash(parent, t)), "token {t} collides");
+        }
+    }
+    let mut flips = [0u32; 64];
+    let mut trials = 0;
+    for i in 0..2_000u64 {
+        let parent = one_token_hash(i, 7);
+        let token = (i as u32).wrapping_mul(2_654_435_761);
+        let h = one_token_hash(parent, token);
+        for bit in 0..32 {
+            let d = h ^ one_token_hash(parent, token ^ 1 << bit);
+            let e = h ^ one_token_hash(parent ^ 1 << bit, token);
+            for (o, f) in flips.iter_mut().enumerate() {
+                *f += (d >> o & 1) as u32 + (e >> o & 1) as u32;
+            }
+            trials += 2;
+        }
+    }
+    for (o, &f) in flips.iter().enumerate() {
+        let rate = f64::from(f) / f64::from(trials);
+        assert!(
+            (0.3..0.7).contains(&rate),
+            "output bit {o} flips at {rate:.3}"
+        );
     }
 }

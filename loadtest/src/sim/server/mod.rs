@@ -218,7 +218,7 @@ impl Server {
     fn rank_for(self: &Rc<Self>, body: &[u8]) -> Result<Rc<Server>, String> {
         let n = self.others.len() + 1;
         const KEY: &[u8] = b"data_parallel_rank";
-        let asked = if body.windows(KEY.len()).any(|w| w == KEY) {
+        let asked = if memchr::memmem::find(body, KEY).is_some() {
             serde_json::from_slice::<serde_json::Value>(body)
                 .ok()
                 .and_then(|v| v.get("data_parallel_rank").cloned())

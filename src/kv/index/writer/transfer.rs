@@ -22,10 +22,11 @@
 //! them only a 4-byte stamp each, and keeps what its own eviction would have kept. The
 //! receiver's eviction stamps are the ranks, placed before its own clock.
 //!
-//! **Format, version 2** (own hashes seeded with their parent; version 1 hashed them together). Integers little-endian; `varint` is LEB128 (at most 10 bytes).
+//! **Format, version 3** (own hashes seeded with their parent, one-token blocks by a multiply-fold;
+//! version 2 hashed those with XXH3 too, version 1 hashed parent and tokens together). Integers little-endian; `varint` is LEB128 (at most 10 bytes).
 //!
 //! ```text
-//! payload  magic "rgkvidx\0"  version: u32 = 2  sources: u32  source × sources
+//! payload  magic "rgkvidx\0"  version: u32 = 3  sources: u32  source × sources
 //! source   url_len: u32  url: utf-8  dp_rank: u32  model_len: u32  model: utf-8
 //!          block_size: u32  watermark_tag: u8 (0 none, 1 some)  [watermark: i64]
 //!          blocks: u32  block × blocks
@@ -66,7 +67,7 @@ use std::sync::atomic::Ordering::Relaxed;
 const MAGIC: [u8; 8] = *b"rgkvidx\0";
 /// 2: own hashes are XXH3 seeded with the parent (1 hashed parent and tokens together): a copy
 /// refuses the other version's export and starts cold.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// Fewest bytes a block takes (one head byte and two hashes).
 const MIN_BLOCK: usize = 17;
 /// Fewest bytes a source takes (empty strings, no watermark, no blocks).
