@@ -158,6 +158,17 @@ pub fn chain_hashes(
         return;
     }
     let mut parent = ROOT_PARENT;
+    if block_size == 1 {
+        // SGLang's default page: one hash per token, strictly sequential, so the loop is the
+        // hash's latency alone (inlined, the output's length kept in a register).
+        let tokens = &tokens[..tokens.len().min(max_blocks)];
+        out.reserve(tokens.len());
+        out.extend(tokens.iter().map(|&t| {
+            parent = one_token_hash(parent, t);
+            parent
+        }));
+        return;
+    }
     for block in tokens.chunks_exact(block_size).take(max_blocks) {
         parent = block_hash(parent, block, buf);
         out.push(parent);

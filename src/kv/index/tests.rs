@@ -692,3 +692,29 @@ fn one_token_hashes_keep_tokens_and_parents_apart() {
         );
     }
 }
+
+/// The prompt side's chain (one-token fast path included) is the block-by-block chain the
+/// event side builds, at every block size and cap.
+#[test]
+fn chain_hashes_is_the_block_by_block_chain() {
+    let tokens: Vec<u32> = (0..300u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) >> 7)
+        .collect();
+    let mut buf = Vec::new();
+    let mut chain = vec![1, 2, 3];
+    for bs in [1usize, 2, 16, 64] {
+        for max in [0usize, 1, 7, usize::MAX] {
+            chain_hashes(&tokens, bs, max, &mut chain, &mut buf);
+            let mut parent = ROOT_PARENT;
+            let expected: Vec<u64> = tokens
+                .chunks_exact(bs)
+                .take(max)
+                .map(|b| {
+                    parent = block_hash(parent, b, &mut buf);
+                    parent
+                })
+                .collect();
+            assert_eq!(chain, expected, "block size {bs}, at most {max}");
+        }
+    }
+}
