@@ -70,6 +70,28 @@ fn bench(c: &mut Criterion) {
         });
     }
     g.finish();
+    // SGLang's native `/generate` with token ids (RL frameworks send these): the ids become the
+    // routing text as decimals joined by spaces.
+    let mut g = c.benchmark_group("extract_generate_ids");
+    let ids: Vec<String> = (0..4000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) % 128_000).to_string())
+        .collect();
+    let body = format!(
+        r#"{{"input_ids":[{}],"sampling_params":{{"max_new_tokens":1}}}}"#,
+        ids.join(",")
+    );
+    g.throughput(Throughput::Elements(ids.len() as u64));
+    g.bench_function("4k", |b| {
+        b.iter(|| {
+            black_box(
+                extract(Api::Generate, black_box(body.as_bytes()))
+                    .unwrap()
+                    .text
+                    .len(),
+            )
+        })
+    });
+    g.finish();
 }
 
 criterion_group!(benches, bench);
