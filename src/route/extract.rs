@@ -177,42 +177,24 @@ impl<'a> Sink<'a> {
         }
     }
 
-    /// A JSON number, formatted as the reference does (`to_string`), without a `String` of its
-    /// own.
-    fn number(&mut self, n: impl fmt::Display) {
+    /// A JSON number, the digits the reference's `to_string` writes, `write` putting them
+    /// straight into the text (no `String` of its own), cut at the text's cap.
+    fn number(&mut self, write: impl FnOnce(&mut String)) {
         if !self.keep {
             return;
         }
         self.begin();
         if self.buf.len() < MAX_ROUTING_TEXT {
-            // Writing to a String cannot fail.
-            let _ = write!(self.owned(), "{n}");
+            write(self.owned());
             // Only ASCII was written past the old length, so the cut is a character boundary.
             self.buf.truncate(MAX_ROUTING_TEXT);
         }
     }
 
-    /// A JSON integer (`-` when `negative`, then `magnitude`), the digits `to_string` writes,
-    /// through `itoa` (two digits per step from a table): `/generate`'s `input_ids` are
-    /// thousands of them, and `core::fmt` or a digit-at-a-time loop cost ~12 ns each.
-    fn integer(&mut self, negative: bool, magnitude: u64) {
-        if !self.keep {
-            return;
-        }
-        self.begin();
-        if self.buf.len() < MAX_ROUTING_TEXT {
-            let mut digits = itoa::Buffer::new();
-            let text = if negative {
-                // i64::MIN's magnitude does not fit an i64: format it as an i128.
-                digits.format(-i128::from(magnitude))
-            } else {
-                digits.format(magnitude)
-            };
-            // ASCII only, so any cut is a character boundary.
-            let room = MAX_ROUTING_TEXT - self.buf.len();
-            let text = &text[..text.len().min(room)];
-            self.owned().push_str(text);
-        }
+    /// An integer through `itoa` (two digits per step from a table): `/generate`'s
+    /// `input_ids` are thousands of them, and `core::fmt` cost ~12 ns each.
+    fn integer(&mut self, n: impl itoa::Integer) {
+        self.number(|s| s.push_str(itoa::Buffer::new().format(n)));
     }
 
     /// A string kept aside until its object ends (a content part's `text`, a message's
@@ -454,15 +436,18 @@ impl<'de> Visitor<'de> for Pieces<'_, 'de> {
         Ok(())
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.0.integer(false, v);
+        self.0.integer(v);
         Ok(())
     }
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.0.integer(v < 0, v.unsigned_abs());
+        self.0.integer(v);
         Ok(())
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.0.number(v);
+        self.0.number(|s| {
+            // Writing to a String cannot fail.
+            let _ = write!(s, "{v}");
+        });
         Ok(())
     }
     fn visit_unit<E: de::Error>(self) -> Result<(), E> {
@@ -875,7 +860,7 @@ mod tests {
         assert_eq!(text(Api::Rerank, r#"{"query":"q","documents":["d"]}"#), "q");
     }
 
-    /// Integers are written by hand, not through `core::fmt`: the same digits as `to_string`
+    /// Integers are written through `itoa`, not `core::fmt`: the same digits as `to_string`
     /// at every edge.
     #[test]
     fn integers_are_written_as_to_string_writes_them() {

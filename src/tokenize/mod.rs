@@ -500,24 +500,17 @@ impl Tokenizer {
             "x=1; y = foo(bar) // ok then",
         ];
         PROBES.iter().all(|p| {
-            let Ok(whole) = self.encode_raw(p, false) else {
-                return false;
-            };
-            let mut parts = Vec::new();
-            let mut at = 0;
-            let mut ok = true;
-            word_cuts(p.as_bytes(), |k| {
-                match self.encode_raw(&p[at..k], false) {
-                    Ok(ids) => parts.extend(ids),
-                    Err(_) => ok = false,
-                }
-                at = k;
-            });
-            match self.encode_raw(&p[at..], false) {
-                Ok(ids) => parts.extend(ids),
-                Err(_) => ok = false,
+            let mut cuts = vec![0];
+            word_cuts(p.as_bytes(), |k| cuts.push(k));
+            cuts.push(p.len());
+            let words: Result<Vec<Vec<u32>>, _> = cuts
+                .windows(2)
+                .map(|w| self.encode_raw(&p[w[0]..w[1]], false))
+                .collect();
+            match (self.encode_raw(p, false), words) {
+                (Ok(whole), Ok(words)) => words.concat() == whole,
+                _ => false,
             }
-            ok && parts == whole
         })
     }
 

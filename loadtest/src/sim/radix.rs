@@ -447,10 +447,15 @@ impl RadixCache {
         }
     }
 
+    /// Every evictable leaf, by a scan of the whole arena.
+    fn evictable_leaves(&self) -> impl Iterator<Item = NodeId> + '_ {
+        (1..self.nodes.len() as NodeId).filter(|&id| self.is_evictable_leaf(id))
+    }
+
     /// The candidates from a scan of the whole tree: every evictable leaf, once.
     fn rebuild_candidates(&mut self) {
-        let heap = (1..self.nodes.len() as NodeId)
-            .filter(|&id| self.is_evictable_leaf(id))
+        let heap = self
+            .evictable_leaves()
             .map(|id| Reverse((self.nodes[id as usize].last_access, id)))
             .collect();
         self.candidates = heap;
@@ -479,8 +484,7 @@ impl RadixCache {
         // Every way a node becomes an evictable leaf offers it, so an empty heap means nothing
         // is evictable; tests prove it against a scan.
         debug_assert!(
-            freed >= tokens
-                || (1..self.nodes.len() as NodeId).all(|id| !self.is_evictable_leaf(id)),
+            freed >= tokens || self.evictable_leaves().next().is_none(),
             "an evictable leaf was never offered"
         );
         self.stats.evicted_tokens += freed as u64;
@@ -965,8 +969,8 @@ mod tests {
                         }
                     }
                     _ => {
-                        let scan = (1..c.nodes.len() as NodeId)
-                            .filter(|&id| c.is_evictable_leaf(id))
+                        let scan = c
+                            .evictable_leaves()
                             .min_by_key(|&id| (c.nodes[id as usize].last_access, id));
                         let before = c.stats().evicted_tokens;
                         c.evict(1);
