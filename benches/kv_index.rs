@@ -11,6 +11,11 @@
 //!   first half on 2 more, the first 100 blocks on a fifth; and a 4k-token prompt the same way.
 //!   `match/miss_100k`: a 100k-token prompt whose first block no source holds.
 //!
+//! - `chain/turn10_4k_bs1/{hashed,memo}`: the block chain of turn 10 of a conversation (a
+//!   4,096-token history plus 130 new tokens, a fresh tail each iteration) at one-token pages:
+//!   hashed whole (`chain_hashes`), and through a core's [`ChainMemo`] holding the previous turn
+//!   (the history's chain copied, the new tokens hashed; the prompt then remembered).
+//!
 //! - `transfer/export_copy_1M`, `transfer/export_1M`, `transfer/import_1M`: of an index holding
 //!   1M blocks (8 sources of 128k, the traffic above), the copy the event thread takes
 //!   ([`IndexWriter::export_copy`]), the whole export to bytes ([`IndexWriter::export`]), and
@@ -24,7 +29,7 @@
 use criterion::{BatchSize, Criterion};
 use radixgate::base::rng::Rng;
 use radixgate::kv::index::{
-    chain_hashes, EngineHash, IndexConfig, IndexWriter, KvEvent, MatchScratch, Source,
+    chain_hashes, ChainMemo, EngineHash, IndexConfig, IndexWriter, KvEvent, MatchScratch, Source,
 };
 use radixgate::kv::wire::BlockStored;
 use std::alloc::{GlobalAlloc, Layout};
@@ -289,7 +294,44 @@ fn bench(c: &mut Criterion) {
         });
     }
     g.finish();
+    chain_memo(c);
     transfer(c);
+}
+
+/// Turn 10's chain hashed whole against the same through a memo holding the previous turn.
+fn chain_memo(c: &mut Criterion) {
+    let mut rng = Rng::with_seed(5);
+    let history: Vec<u32> = (0..4096).map(|_| rng.below(150_000) as u32).collect();
+    let turn = |rng: &mut Rng| {
+        let mut p = history.clone();
+        p.extend((0..130).map(|_| rng.below(150_000) as u32));
+        p
+    };
+    let mut g = c.benchmark_group("chain");
+    let (mut chain, mut buf) = (Vec::new(), Vec::new());
+    g.bench_function("turn10_4k_bs1/hashed", |b| {
+        b.iter_batched(
+            || turn(&mut rng),
+            |p| {
+                chain_hashes(black_box(&p), 1, usize::MAX, &mut chain, &mut buf);
+                chain.len()
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    let mut memo = ChainMemo::new();
+    memo.compute(&turn(&mut rng), 1, usize::MAX, &mut buf);
+    g.bench_function("turn10_4k_bs1/memo", |b| {
+        b.iter_batched(
+            || turn(&mut rng),
+            |p| {
+                memo.compute(black_box(&p), 1, usize::MAX, &mut buf);
+                memo.chain().len()
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
 }
 
 /// Export and import of a 1M-block index.

@@ -70,7 +70,7 @@ pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 /// 32-byte blocks (constant-size array equality, which LLVM lowers to vector compares), then
 /// 8-byte words (the first differing byte found from the XOR), then single bytes for the tail.
 #[inline]
-fn common_byte_prefix(a: &[u8], b: &[u8]) -> usize {
+pub fn common_byte_prefix(a: &[u8], b: &[u8]) -> usize {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut i = 0;

@@ -9,7 +9,7 @@ use crate::base::WorkerId;
 use crate::http::Method;
 use crate::kv::endpoint::{KvEndpoints, TcpEndpoint};
 use crate::kv::index::{
-    chain_hashes, IndexConfig, IndexReader, IndexStats, IndexWriter, MatchScratch, Source,
+    ChainMemo, IndexConfig, IndexReader, IndexStats, IndexWriter, MatchScratch, Source,
 };
 use crate::kv::intake::{
     CommandError, EventSink, Intake, IntakeConfig, IntakeEvent, Publisher, ResetReason,
@@ -262,8 +262,9 @@ fn bootstrap(gw: &Gateway, kv: &KvRouting, peer: &str) -> Result<usize, String> 
 pub struct KvScratch {
     /// The prompt's token ids.
     pub tokens: Vec<u32>,
-    /// The prompt's block chain at the model's block size.
-    pub chain: Vec<u64>,
+    /// The prompt's block chain at the model's block size (see [`KvScratch::chain`]), with
+    /// this core's recent prompts to take a shared prefix's chain from.
+    memo: ChainMemo,
     /// Tokens of the prompt cached per worker (index ∪ pending).
     pub cached: Vec<(WorkerId, usize)>,
     /// The index model (hashed) the prompt was measured against.
@@ -358,10 +359,15 @@ pub fn parse_token_ids(text: &str, capped_at: usize, out: &mut Vec<u32>) -> Resu
 pub const SEGMENT_CACHE_TOKENS: usize = 1 << 20;
 
 impl KvScratch {
+    /// The measured prompt's block chain (empty when it was not measured).
+    pub fn chain(&self) -> &[u64] {
+        self.memo.chain()
+    }
+
     /// Whether `worker` already holds every whole block of the measured prompt (by the index
     /// or a pending entry): routing it there predicts nothing new.
     pub fn holds_all(&self, worker: WorkerId) -> bool {
-        let whole = self.chain.len() * self.block_size;
+        let whole = self.chain().len() * self.block_size;
         self.cached.iter().any(|&(w, n)| w == worker && n >= whole)
     }
 }
@@ -379,6 +385,7 @@ impl KvRouting {
         token_ids: bool,
         s: &mut KvScratch,
     ) -> Result<(), Fallback> {
+        s.memo.forget_current();
         if token_ids {
             return parse_token_ids(text, MAX_ROUTING_TEXT, &mut s.tokens);
         }
@@ -418,7 +425,7 @@ impl KvRouting {
         let bs = snap.block_size(m).ok_or(Fallback::NoIndex)?;
         let KvScratch {
             tokens,
-            chain,
+            memo,
             cached,
             model_hash,
             block_size,
@@ -427,7 +434,8 @@ impl KvRouting {
             ..
         } = s;
         *block_size = bs;
-        chain_hashes(tokens, bs, MAX_MATCH_TOKENS / bs, chain, buf);
+        memo.compute(tokens, bs, MAX_MATCH_TOKENS / bs, buf);
+        let chain = memo.chain();
         cached.clear();
         for pm in snap.match_chain(m, chain, matches) {
             let n = pm.blocks as usize;

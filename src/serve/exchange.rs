@@ -343,7 +343,7 @@ impl<'a> Exchange<'a> {
                     // The prompt's chain is still in this core's scratch: nothing awaited since.
                     let s = self.core.kv.borrow();
                     if !s.holds_all(worker.id) {
-                        kv.pending.push(s.model_hash, worker.id, &s.chain, now_ms);
+                        kv.pending.push(s.model_hash, worker.id, s.chain(), now_ms);
                     }
                 }
             }

@@ -16,7 +16,9 @@
 //! own. The cache cuts the same way (`split`), looks each piece up by its 64-bit xxh3 and length,
 //! encodes only pieces it has not seen, and concatenates — the very ids a whole-text encode
 //! gives. Chat templates put special tokens between messages, so turn k+1 of a conversation
-//! encodes only its new messages. A tokenizer whose cut this module cannot reproduce (an added
+//! encodes only its new messages; and since turn k+1's text starts with turn k's, the ids of
+//! the longest prefix a recent text provably cuts alike are copied from it (`memo`), so the
+//! history is not even searched or looked up again. A tokenizer whose cut this module cannot reproduce (an added
 //! token with `single_word`, a `Metaspace` pre-tokenizer that prepends only to the first piece,
 //! BPE dropout) is encoded whole, uncached, with the same results.
 //!
@@ -24,10 +26,11 @@
 //! [`Limits::max_text_bytes`], or a run of more than [`Limits::max_word_bytes`] bytes without
 //! whitespace is refused with [`TokenizeError::TooLarge`] before any encoding; the template runs
 //! on a fuel budget ([`Limits::template_fuel`]). The cache holds at most its configured number
-//! of token ids. Every refusal is a [`TokenizeError`], which sends the caller back to the text
+//! of token ids, and its memo 16 texts of at most 128 KiB with their ids. Every refusal is a [`TokenizeError`], which sends the caller back to the text
 //! tree; nothing here panics on request input.
 
 pub mod folder;
+mod memo;
 mod pyjson;
 mod request;
 mod split;
@@ -42,7 +45,8 @@ use minijinja::value::Value;
 use serde_json::Value as JsonValue;
 use xxhash_rust::xxh3::xxh3_64;
 
-use split::{Added, Piece, Splitter};
+use memo::TextMemo;
+use split::{Added, Piece, Resume, Splitter};
 use template::ChatTemplate;
 
 /// Size and time bounds of one tokenization. Measured cost of `tokenizers` with a 100k
@@ -644,6 +648,8 @@ pub struct CacheStats {
     pub word_misses: u64,
     /// Words held now.
     pub word_entries: usize,
+    /// Bytes of texts whose ids came from a recent text's (not split, not looked up).
+    pub memo_bytes: u64,
 }
 
 /// Cache key: 64-bit xxh3 of a piece (or word) and its length.
@@ -719,6 +725,9 @@ pub struct SegmentCache {
     /// Word cuts of the piece being encoded, and each word's key (scratch).
     cuts: Vec<usize>,
     keys: Vec<Key>,
+    /// Recent texts with their ids (see `memo`), and the cuts of the text being encoded.
+    memo: TextMemo,
+    text_cuts: Vec<(Resume, u32)>,
     tick: u64,
     stats: CacheStats,
 }
@@ -749,6 +758,8 @@ impl SegmentCache {
             words: HashMap::default(),
             cuts: Vec::new(),
             keys: Vec::new(),
+            memo: TextMemo::default(),
+            text_cuts: Vec::new(),
             tick: 0,
             stats: CacheStats::default(),
         }
@@ -818,16 +829,36 @@ impl SegmentCache {
             return Ok(());
         }
         let start = out.len();
-        let r = splitter.split(text, |piece| match piece {
-            Piece::Token(id) => {
-                out.push(id);
-                Ok(())
+        // The longest prefix a recent text provably cuts alike: its ids copied, the split
+        // resumed after it.
+        let reuse = self.memo.find(text, splitter.max_token_len());
+        let mut cuts = std::mem::take(&mut self.text_cuts);
+        cuts.clear();
+        let from = match reuse {
+            Some(r) => {
+                let (ids, kept) = self.memo.entry(r.slot);
+                out.extend_from_slice(&ids[..r.ids]);
+                cuts.extend_from_slice(&kept[..r.cuts]);
+                self.stats.memo_bytes += r.from.done as u64;
+                r.from
             }
-            Piece::Text(t) => self.piece(&tok, t, out),
+            None => Resume::default(),
+        };
+        let r = splitter.split_from(text, from, |piece, after| {
+            match piece {
+                Piece::Token(id) => out.push(id),
+                Piece::Text(t) => self.piece(&tok, t, out)?,
+            }
+            if let Some(after) = after {
+                cuts.push((after, (out.len() - start) as u32));
+            }
+            Ok(())
         });
-        if r.is_err() {
-            out.truncate(start);
+        match r {
+            Ok(()) => self.memo.store(reuse, text, &out[start..], &mut cuts),
+            Err(_) => out.truncate(start),
         }
+        self.text_cuts = cuts;
         r
     }
 

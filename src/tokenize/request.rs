@@ -266,7 +266,7 @@ fn tools(req: &Json) -> Result<Option<Json>, TokenizeError> {
 }
 
 /// One message as SGLang passes it to the template.
-fn message(m: &Json, content_parts: bool) -> Result<Json, TokenizeError> {
+fn message(mut m: Json, content_parts: bool) -> Result<Json, TokenizeError> {
     if !matches!(m, Json::Obj(_)) {
         return Err(bad("each message must be an object"));
     }
@@ -285,15 +285,15 @@ fn message(m: &Json, content_parts: bool) -> Result<Json, TokenizeError> {
     };
     let mut out = vec![("role".to_string(), Json::Str(role.clone()))];
     for &f in fields {
-        let v = Json::non_null(m.get(f));
+        let v = m.take(f).filter(|v| !matches!(v, Json::Null));
         let v = match (f, v) {
             ("content", None) => Json::Str(String::new()),
-            ("content", Some(Json::Str(s))) => Json::Str(s.clone()),
+            ("content", Some(s @ Json::Str(_))) => s,
             ("content", Some(Json::Arr(parts))) => {
                 let c = if content_parts {
-                    normalized_parts(parts)?
+                    normalized_parts(&parts)?
                 } else {
-                    Json::Str(joined_text(parts)?)
+                    Json::Str(joined_text(&parts)?)
                 };
                 match c {
                     // SGLang then flattens a tool message whose parts are all text.
@@ -315,13 +315,13 @@ fn message(m: &Json, content_parts: bool) -> Result<Json, TokenizeError> {
             ("content", Some(_)) => {
                 return Err(bad("message content must be a string or an array"))
             }
-            ("tool_calls", Some(v)) => tool_calls(v)?,
+            ("tool_calls", Some(v)) => tool_calls(&v)?,
             ("tools", Some(Json::Arr(list))) => Json::Arr(
                 list.iter()
                     .map(|t| tool(t).map(|x| x.1))
                     .collect::<Result<_, _>>()?,
             ),
-            (_, Some(v)) => v.clone(),
+            (_, Some(v)) => v,
             (_, None) => continue,
         };
         out.push((f.to_string(), v));
@@ -331,17 +331,17 @@ fn message(m: &Json, content_parts: bool) -> Result<Json, TokenizeError> {
 
 /// Parses a chat body into the template's variables (see the module docs).
 pub(super) fn chat_input(body: &[u8], content_parts: bool) -> Result<ChatInput, TokenizeError> {
-    let req: Json =
+    let mut req: Json =
         serde_json::from_slice(body).map_err(|e| bad(format!("request body is not JSON: {e}")))?;
     if !matches!(req, Json::Obj(_)) {
         return Err(bad("request body must be a JSON object"));
     }
-    let msgs = match Json::non_null(req.get("messages")) {
+    let msgs = match req.take("messages") {
         Some(Json::Arr(m)) if !m.is_empty() => m,
         _ => return Err(bad("messages must be a non-empty array")),
     };
     let mut messages = msgs
-        .iter()
+        .into_iter()
         .map(|m| message(m, content_parts))
         .collect::<Result<Vec<Json>, _>>()?;
     let continue_final = matches!(req.get("continue_final_message"), Some(Json::Bool(true)));

@@ -29,10 +29,21 @@ pub(super) enum Piece<'a> {
     Token(u32),
 }
 
+/// Where a split can resume after an added token: its match ended at `resume` (the search goes
+/// on from there) and the next piece starts at `done` (past the whitespace an `rstrip` token
+/// swallowed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Resume {
+    pub resume: usize,
+    pub done: usize,
+}
+
 /// Leftmost-longest search over the non-normalized added tokens.
 pub(super) struct Splitter {
     ac: Option<AhoCorasick>,
     tokens: Vec<Added>,
+    /// Longest token (bytes): how far past a cut the search may look before it commits.
+    max_len: usize,
 }
 
 impl std::fmt::Debug for Splitter {
@@ -66,24 +77,40 @@ impl Splitter {
                     .map_err(|e| e.to_string())?,
             )
         };
-        Ok(Splitter { ac, tokens })
+        let max_len = tokens.iter().map(|t| t.content.len()).max().unwrap_or(0);
+        Ok(Splitter {
+            ac,
+            tokens,
+            max_len,
+        })
     }
 
-    /// Calls `f` with each piece of `text` in order; empty text pieces are skipped (they encode
-    /// to nothing).
-    pub fn split<'a, E>(
+    /// Longest added token in bytes. A cut after a token is the same in every text that
+    /// agrees with this one for this many bytes past the cut's `done` (a leftmost-longest
+    /// match is decided within that window, and an `rstrip` run ended before it).
+    pub fn max_token_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Calls `f` with each piece of `text` after `from` (the start, or a [`Resume`] this
+    /// splitter reported for a text with the same bytes up to there) in order, each added token
+    /// with where a split could resume after it; empty text pieces are skipped (they encode to
+    /// nothing).
+    pub fn split_from<'a, E>(
         &self,
         text: &'a str,
-        mut f: impl FnMut(Piece<'a>) -> Result<(), E>,
+        from: Resume,
+        mut f: impl FnMut(Piece<'a>, Option<Resume>) -> Result<(), E>,
     ) -> Result<(), E> {
         let Some(ac) = &self.ac else {
-            if !text.is_empty() {
-                f(Piece::Text(text))?;
+            if from.done < text.len() {
+                f(Piece::Text(&text[from.done..]), None)?;
             }
             return Ok(());
         };
-        let mut done = 0usize;
-        for m in ac.find_iter(text) {
+        let mut done = from.done;
+        let input = aho_corasick::Input::new(text).range(from.resume..);
+        for m in ac.find_iter(input) {
             let tok = &self.tokens[m.pattern().as_usize()];
             if tok.skip {
                 continue;
@@ -98,13 +125,17 @@ impl Splitter {
                 stop += text[stop..].len() - text[stop..].trim_start_matches(is_space).len();
             }
             if done < start {
-                f(Piece::Text(&text[done..start]))?;
+                f(Piece::Text(&text[done..start]), None)?;
             }
-            f(Piece::Token(tok.id))?;
+            let after = Resume {
+                resume: m.end(),
+                done: stop,
+            };
+            f(Piece::Token(tok.id), Some(after))?;
             done = stop;
         }
         if done < text.len() {
-            f(Piece::Text(&text[done..]))?;
+            f(Piece::Text(&text[done..]), None)?;
         }
         Ok(())
     }

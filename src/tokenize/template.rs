@@ -81,18 +81,21 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
 
 /// Jinja2's `trim(value, chars=None)`: Python's `str.strip`.
 fn trim(value: Value, chars: Option<String>) -> Result<Value, Error> {
-    let s = match value.as_str() {
-        Some(s) => s.to_string(),
-        None => {
-            let mut out = String::new();
-            pyjson::py_str(&value, &mut out);
-            out
+    // One copy, into the result (the content of every message goes through here in most
+    // templates).
+    if let Some(s) = value.as_str() {
+        let t = strip(s, chars.as_deref(), true, true);
+        if t.len() == s.len() && !value.is_safe() {
+            return Ok(value); // Nothing to strip: the same string, no copy at all.
         }
-    };
-    Ok(Value::from(strip(&s, chars.as_deref(), true, true)))
+        return Ok(Value::from(t));
+    }
+    let mut out = String::new();
+    pyjson::py_str(&value, &mut out);
+    Ok(Value::from(strip(&out, chars.as_deref(), true, true)))
 }
 
-fn strip(s: &str, chars: Option<&str>, left: bool, right: bool) -> String {
+fn strip<'s>(s: &'s str, chars: Option<&str>, left: bool, right: bool) -> &'s str {
     let pat = |c: char| match chars {
         Some(set) => set.contains(c),
         None => pyjson::py_space(c),
@@ -104,7 +107,7 @@ fn strip(s: &str, chars: Option<&str>, left: bool, right: bool) -> String {
     if right {
         out = out.trim_end_matches(pat);
     }
-    out.to_string()
+    out
 }
 
 /// `strftime_now(fmt)`: the current time formatted with Python's `strftime` codes, in UTC (the
@@ -286,6 +289,11 @@ impl ChatTemplate {
         env.set_fuel(Some(fuel));
         env.set_unknown_method_callback(methods);
         env.set_formatter(|out, _state, value| {
+            // A string prints as itself (Python's `str`): written straight from the value,
+            // not through a copy (a chat's messages are most of what a template prints).
+            if let Some(s) = value.as_str() {
+                return out.write_str(s).map_err(|_| invalid("write failed"));
+            }
             let mut s = String::new();
             pyjson::py_str(value, &mut s);
             out.write_str(&s).map_err(|_| invalid("write failed"))

@@ -57,6 +57,7 @@
 //! lower-level nodes). ~10k events/s (160k blocks/s stored plus as many evicted) is ~25× the
 //! rate a copy sees at 400k prefill tokens/s in 64-token pages.
 
+mod memo;
 mod snapshot;
 mod trie;
 mod writer;
@@ -66,6 +67,7 @@ mod tests;
 #[cfg(test)]
 mod transfer_tests;
 
+pub use memo::ChainMemo;
 pub use snapshot::{IndexReader, MatchScratch, PrefixMatch, Snapshot};
 pub use writer::{
     DropReason, ImportError, ImportSummary, ImportedSource, IndexExport, IndexWriter,
@@ -154,22 +156,40 @@ pub fn chain_hashes(
     buf: &mut Vec<u8>,
 ) {
     out.clear();
+    extend_chain(tokens, block_size, max_blocks, out, buf);
+}
+
+/// [`chain_hashes`] continued: `out` already holds the chain of the first `out.len()` blocks of
+/// `tokens` (a remembered prefix, see [`ChainMemo`]); the rest of the whole blocks, up to
+/// `max_blocks` in all, are hashed onto it.
+pub fn extend_chain(
+    tokens: &[u32],
+    block_size: usize,
+    max_blocks: usize,
+    out: &mut Vec<u64>,
+    buf: &mut Vec<u8>,
+) {
     if block_size == 0 {
         return;
     }
-    let mut parent = ROOT_PARENT;
+    let done = out.len();
+    let mut parent = out.last().copied().unwrap_or(ROOT_PARENT);
+    let Some(rest) = tokens.get(done * block_size..) else {
+        return;
+    };
+    let more = max_blocks.saturating_sub(done);
     if block_size == 1 {
         // SGLang's default page: one hash per token, strictly sequential, so the loop is the
         // hash's latency alone (inlined, the output's length kept in a register).
-        let tokens = &tokens[..tokens.len().min(max_blocks)];
-        out.reserve(tokens.len());
-        out.extend(tokens.iter().map(|&t| {
+        let rest = &rest[..rest.len().min(more)];
+        out.reserve(rest.len());
+        out.extend(rest.iter().map(|&t| {
             parent = one_token_hash(parent, t);
             parent
         }));
         return;
     }
-    for block in tokens.chunks_exact(block_size).take(max_blocks) {
+    for block in rest.chunks_exact(block_size).take(more) {
         parent = block_hash(parent, block, buf);
         out.push(parent);
     }

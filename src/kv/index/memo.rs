@@ -1,0 +1,341 @@
+//! Recent prompts' block chains, one memo per core. Turn k+1 of a conversation re-sends turn
+//! k's prompt as its prefix (as do retries, and agents asking many questions over one shared
+//! document), and at SGLang's default one-token page a prompt's chain is one strictly
+//! sequential hash per token (~8 µs for 4k tokens on the request path). So the chain of the
+//! longest prefix a recent prompt shares is taken from that prompt, and only what follows is
+//! hashed.
+//!
+//! Exact by construction: a block is reused only when every token up to its end equals the
+//! remembered prompt's, and a block's chained hash depends on those tokens alone (and the block
+//! size, which must match). Bounded: at most [`MEMO_ENTRIES`] prompts of at most
+//! [`MEMO_ENTRY_TOKENS`] tokens each are kept, 12 bytes per token at one-token pages (4 for the
+//! token, 8 for its block's hash): ≤ 24 MiB per core in the worst case, ~1.5 MiB for 32 prompts
+//! of 4k tokens. A longer prompt still gets its chain, it is not remembered.
+
+use super::extend_chain;
+use crate::base::common_len as common_prefix;
+
+/// Prompts remembered per core.
+pub const MEMO_ENTRIES: usize = 32;
+
+/// Longest prompt remembered (tokens).
+pub const MEMO_ENTRY_TOKENS: usize = 1 << 16;
+
+/// Tokens compared before a full common-prefix scan: prompts that differ this early share
+/// nothing worth a scan.
+const HEAD: usize = 16;
+
+/// Most full common-prefix scans per prompt (the most recent candidates first): many prompts
+/// sharing one system prompt must not each cost a scan of it.
+const MAX_SCANS: usize = 4;
+
+#[derive(Debug)]
+struct Entry {
+    block_size: usize,
+    tokens: Vec<u32>,
+    chain: Vec<u64>,
+}
+
+/// Where the chain of the last prompt given to [`ChainMemo::compute`] lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Current {
+    None,
+    /// `entries[0]`.
+    Front,
+    /// `long` (a prompt too long to remember).
+    Long,
+}
+
+/// The memo (see the module doc). Not `Sync`: one per core.
+#[derive(Debug)]
+pub struct ChainMemo {
+    /// Most recently used first.
+    entries: Vec<Entry>,
+    long: Vec<u64>,
+    current: Current,
+    reused: u64,
+    hashed: u64,
+}
+
+impl Default for ChainMemo {
+    fn default() -> Self {
+        ChainMemo::new()
+    }
+}
+
+impl ChainMemo {
+    /// An empty memo.
+    pub fn new() -> ChainMemo {
+        ChainMemo {
+            entries: Vec::new(),
+            long: Vec::new(),
+            current: Current::None,
+            reused: 0,
+            hashed: 0,
+        }
+    }
+
+    /// The chain of `tokens` at `block_size` (whole blocks, at most `max_blocks`), exactly what
+    /// [`super::chain_hashes`] computes, with the blocks of the longest prefix a remembered
+    /// prompt shares copied instead of hashed; then this prompt is remembered. Readable through
+    /// [`ChainMemo::chain`] until the next call. Returns the blocks reused.
+    pub fn compute(
+        &mut self,
+        tokens: &[u32],
+        block_size: usize,
+        max_blocks: usize,
+        buf: &mut Vec<u8>,
+    ) -> usize {
+        self.current = Current::None;
+        if block_size == 0 {
+            self.long.clear();
+            self.current = Current::Long;
+            return 0;
+        }
+        // The longest common prefix among the most recent candidates.
+        let head = tokens.len().min(HEAD);
+        let mut best: Option<(usize, usize)> = None;
+        let mut scans = 0;
+        for (i, e) in self.entries.iter().enumerate() {
+            if scans == MAX_SCANS {
+                break;
+            }
+            if e.block_size != block_size
+                || e.tokens.len() < head
+                || e.tokens[..head] != tokens[..head]
+            {
+                continue;
+            }
+            scans += 1;
+            let common = common_prefix(&e.tokens, tokens);
+            if best.is_none_or(|(_, c)| common > c) {
+                best = Some((i, common));
+            }
+        }
+        let reusable = |i: usize, common: usize, entries: &[Entry]| {
+            (common / block_size)
+                .min(entries[i].chain.len())
+                .min(max_blocks)
+        };
+        if tokens.len() > MEMO_ENTRY_TOKENS {
+            // Not remembered: the reused prefix is copied out, the rest hashed here.
+            self.long.clear();
+            if let Some((i, common)) = best {
+                let k = reusable(i, common, &self.entries);
+                self.long.extend_from_slice(&self.entries[i].chain[..k]);
+            }
+            let k = self.long.len();
+            extend_chain(tokens, block_size, max_blocks, &mut self.long, buf);
+            self.current = Current::Long;
+            self.count(k);
+            return k;
+        }
+        // Remembered: over the best entry when this prompt supersedes it (shares at least half
+        // of it: the next turn, a retry), else over the least recently used one.
+        let (slot, k) = match best {
+            Some((i, common)) if common * 2 >= self.entries[i].tokens.len() => {
+                (i, reusable(i, common, &self.entries))
+            }
+            _ if self.entries.len() < MEMO_ENTRIES => {
+                self.entries.push(Entry {
+                    block_size,
+                    tokens: Vec::new(),
+                    chain: Vec::new(),
+                });
+                (self.entries.len() - 1, 0)
+            }
+            _ => (self.entries.len() - 1, 0),
+        };
+        let e = &mut self.entries[slot];
+        e.block_size = block_size;
+        e.chain.truncate(k);
+        extend_chain(tokens, block_size, max_blocks, &mut e.chain, buf);
+        e.tokens.clear();
+        e.tokens.extend_from_slice(tokens);
+        // Most recent first.
+        self.entries[..=slot].rotate_right(1);
+        self.current = Current::Front;
+        self.count(k);
+        k
+    }
+
+    fn count(&mut self, reused: usize) {
+        let total = self.chain().len();
+        self.reused += reused as u64;
+        self.hashed += (total - reused.min(total)) as u64;
+    }
+
+    /// The chain of the last prompt given to [`ChainMemo::compute`] (empty before the first,
+    /// and after [`ChainMemo::forget_current`]).
+    pub fn chain(&self) -> &[u64] {
+        match self.current {
+            Current::None => &[],
+            Current::Front => self.entries.first().map_or(&[][..], |e| &e.chain),
+            Current::Long => &self.long,
+        }
+    }
+
+    /// The current prompt was not measured (the text tree decided): [`ChainMemo::chain`] is
+    /// empty until the next [`ChainMemo::compute`]; the remembered prompts stay.
+    pub fn forget_current(&mut self) {
+        self.current = Current::None;
+    }
+
+    /// Blocks copied from remembered prompts and blocks hashed, since the start.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.reused, self.hashed)
+    }
+
+    /// Prompts remembered and the tokens they hold (for the memory bound's test).
+    pub fn held(&self) -> (usize, usize) {
+        (
+            self.entries.len(),
+            self.entries.iter().map(|e| e.tokens.len()).sum(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::index::chain_hashes;
+
+    fn reference(tokens: &[u32], bs: usize, max: usize) -> Vec<u64> {
+        let (mut out, mut buf) = (Vec::new(), Vec::new());
+        chain_hashes(tokens, bs, max, &mut out, &mut buf);
+        out
+    }
+
+    /// A small deterministic generator (xorshift), so failures reproduce.
+    struct Gen(u64);
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    #[test]
+    fn a_conversation_reuses_its_previous_turn_and_stays_exact() {
+        let mut memo = ChainMemo::new();
+        let mut buf = Vec::new();
+        for bs in [1, 2, 16, 64] {
+            let mut prompt: Vec<u32> = (0..300).collect();
+            for turn in 0..10u32 {
+                let before = memo.counts();
+                let reused = memo.compute(&prompt, bs, usize::MAX, &mut buf);
+                assert_eq!(memo.chain(), &reference(&prompt, bs, usize::MAX)[..]);
+                if turn > 0 {
+                    // Everything but the new turn's tokens (in whole blocks) came from the memo.
+                    assert!(
+                        reused >= (prompt.len() - 150) / bs - 1,
+                        "bs {bs} turn {turn}"
+                    );
+                }
+                let after = memo.counts();
+                assert_eq!(
+                    (after.0 - before.0) + (after.1 - before.1),
+                    (prompt.len() / bs) as u64
+                );
+                prompt.extend((0..150).map(|i| 1000 * (turn + 1) + i));
+            }
+        }
+    }
+
+    #[test]
+    fn random_prompts_get_the_reference_chain() {
+        // Prompts built from a few shared prefixes, cut and extended at random, at random
+        // block sizes and caps: the memo's chain is always chain_hashes' chain.
+        let mut g = Gen(0x1234_5678_9abc_def1);
+        let bases: Vec<Vec<u32>> = (0..5)
+            .map(|_| (0..2000).map(|_| g.below(50) as u32).collect())
+            .collect();
+        let mut memo = ChainMemo::new();
+        let mut buf = Vec::new();
+        for _ in 0..3000 {
+            let base = &bases[g.below(5) as usize];
+            let cut = g.below(base.len() as u64 + 1) as usize;
+            let mut p = base[..cut].to_vec();
+            for _ in 0..g.below(40) {
+                p.push(g.below(50) as u32);
+            }
+            let bs = [1, 1, 3, 16][g.below(4) as usize];
+            let max = [usize::MAX, 100, 7][g.below(3) as usize];
+            memo.compute(&p, bs, max, &mut buf);
+            assert_eq!(memo.chain(), &reference(&p, bs, max)[..]);
+        }
+    }
+
+    #[test]
+    fn prompts_sharing_prefixes_mostly_reuse() {
+        // The gateway's cap is fixed (its block size per model too): then a prompt reuses
+        // the longest prefix any of the recent prompts of its base shares with it.
+        let mut g = Gen(7);
+        let bases: Vec<Vec<u32>> = (0..5)
+            .map(|_| (0..2000).map(|_| g.below(50) as u32).collect())
+            .collect();
+        let mut memo = ChainMemo::new();
+        let mut buf = Vec::new();
+        for _ in 0..2000 {
+            let base = &bases[g.below(5) as usize];
+            let cut = 1000 + g.below(1001) as usize;
+            let mut p = base[..cut].to_vec();
+            p.extend((0..g.below(40)).map(|_| g.below(50) as u32));
+            memo.compute(&p, 1, usize::MAX, &mut buf);
+        }
+        let (reused, hashed) = memo.counts();
+        assert!(reused > 4 * hashed, "reused {reused}, hashed {hashed}");
+    }
+
+    #[test]
+    fn a_block_size_change_is_never_reused() {
+        let mut memo = ChainMemo::new();
+        let mut buf = Vec::new();
+        let p: Vec<u32> = (0..256).collect();
+        memo.compute(&p, 16, usize::MAX, &mut buf);
+        assert_eq!(memo.compute(&p, 1, usize::MAX, &mut buf), 0);
+        assert_eq!(memo.chain(), &reference(&p, 1, usize::MAX)[..]);
+        assert_eq!(memo.compute(&p, 16, usize::MAX, &mut buf), 16);
+    }
+
+    #[test]
+    fn a_flood_of_distinct_and_huge_prompts_stays_bounded() {
+        let mut memo = ChainMemo::new();
+        let mut buf = Vec::new();
+        let mut g = Gen(99);
+        for i in 0..500u32 {
+            let len = if i % 50 == 0 {
+                MEMO_ENTRY_TOKENS + 1
+            } else {
+                g.below(5000) as usize
+            };
+            let p: Vec<u32> = (0..len).map(|j| i.wrapping_mul(7919) ^ j as u32).collect();
+            memo.compute(&p, 1, usize::MAX, &mut buf);
+            assert_eq!(memo.chain().len(), p.len());
+            let (entries, tokens) = memo.held();
+            assert!(entries <= MEMO_ENTRIES);
+            assert!(tokens <= MEMO_ENTRIES * MEMO_ENTRY_TOKENS);
+        }
+        // The huge prompt's chain was right too, and was not remembered.
+        let p: Vec<u32> = (0..MEMO_ENTRY_TOKENS as u32 + 5).collect();
+        memo.compute(&p, 1, usize::MAX, &mut buf);
+        assert_eq!(memo.chain(), &reference(&p, 1, usize::MAX)[..]);
+        assert!(memo.held().1 <= MEMO_ENTRIES * 5000);
+    }
+
+    #[test]
+    fn forgetting_the_current_prompt_keeps_the_memo() {
+        let mut memo = ChainMemo::new();
+        let mut buf = Vec::new();
+        let p: Vec<u32> = (0..100).collect();
+        memo.compute(&p, 1, usize::MAX, &mut buf);
+        memo.forget_current();
+        assert!(memo.chain().is_empty());
+        assert_eq!(memo.compute(&p, 1, usize::MAX, &mut buf), 100);
+    }
+}
