@@ -385,7 +385,6 @@ impl KvRouting {
         token_ids: bool,
         s: &mut KvScratch,
     ) -> Result<(), Fallback> {
-        s.memo.forget_current();
         if token_ids {
             return parse_token_ids(text, MAX_ROUTING_TEXT, &mut s.tokens);
         }
@@ -420,6 +419,8 @@ impl KvRouting {
         s: &mut KvScratch,
         now_ms: u64,
     ) -> Result<usize, Fallback> {
+        // Until this prompt's chain is computed, there is none (not the previous prompt's).
+        s.memo.forget_current();
         let snap = self.reader.load();
         let m = Self::index_model(&snap, model).ok_or(Fallback::NoIndex)?;
         let bs = snap.block_size(m).ok_or(Fallback::NoIndex)?;

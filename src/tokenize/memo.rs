@@ -13,6 +13,7 @@
 //! 4k tokens.
 
 use super::split::Resume;
+use crate::base::recent::RecentSlots;
 use crate::base::text::common_byte_prefix as common_prefix;
 
 /// Texts remembered per core.
@@ -51,56 +52,52 @@ pub(super) struct Reuse {
 }
 
 /// The memo (see the module doc). Not `Sync`: one per core.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct TextMemo {
-    entries: Vec<Entry>,
+    entries: RecentSlots<Entry>,
+}
+
+impl Default for TextMemo {
+    fn default() -> Self {
+        TextMemo {
+            entries: RecentSlots::new(MEMO_TEXTS),
+        }
+    }
 }
 
 impl TextMemo {
     /// The best reuse for `text`, whose cuts must be followed by `window` agreeing bytes.
     pub fn find(&self, text: &str, window: usize) -> Option<Reuse> {
         let t = text.as_bytes();
-        let head = t.len().min(HEAD);
-        let mut best: Option<Reuse> = None;
-        let mut scans = 0;
-        for (slot, e) in self.entries.iter().enumerate() {
-            if scans == MAX_SCANS {
-                break;
-            }
-            let et = e.text.as_bytes();
-            if et.len() < head || et[..head] != t[..head] {
-                continue;
-            }
-            scans += 1;
-            let common = common_prefix(et, t);
-            // The last cut whose window lies inside the shared bytes (`done` ≥ `resume`).
-            let cuts = e.cuts.partition_point(|(r, _)| r.done + window < common);
-            if cuts == 0 {
-                continue;
-            }
-            let (from, ids) = e.cuts[cuts - 1];
-            if best.is_none_or(|b| from.done > b.from.done) {
-                best = Some(Reuse {
+        let head = &t[..t.len().min(HEAD)];
+        self.entries.best(
+            MAX_SCANS,
+            |e| e.text.as_bytes().get(..head.len()) == Some(head),
+            |slot, e| {
+                let common = common_prefix(e.text.as_bytes(), t);
+                // The last cut whose window lies inside the shared bytes (`done` ≥ `resume`).
+                let cuts = e.cuts.partition_point(|(r, _)| r.done + window < common);
+                let (from, ids) = *e.cuts.get(cuts.checked_sub(1)?)?;
+                let reuse = Reuse {
                     slot,
                     common,
                     cuts,
                     from,
                     ids: ids as usize,
-                });
-            }
-        }
-        best
+                };
+                Some((from.done, reuse))
+            },
+        )
     }
 
     /// The remembered ids and cuts of `slot`.
     pub fn entry(&self, slot: usize) -> (&[u32], &[(Resume, u32)]) {
-        let e = &self.entries[slot];
+        let e = self.entries.get(slot);
         (&e.ids, &e.cuts)
     }
 
-    /// Remembers `text` (its `ids`, its `cuts`, swapped in): over the entry it reused when it
-    /// shares at least half of that entry (the next turn, a retry), else over the least
-    /// recently used. Texts over [`MEMO_TEXT_BYTES`] are not kept.
+    /// Remembers `text` (its `ids`, its `cuts`, swapped in), over the entry it reused or
+    /// another (see [`RecentSlots::claim`]). Texts over [`MEMO_TEXT_BYTES`] are not kept.
     pub fn store(
         &mut self,
         reused: Option<Reuse>,
@@ -111,21 +108,14 @@ impl TextMemo {
         if text.len() > MEMO_TEXT_BYTES {
             return;
         }
-        let slot = match reused {
-            Some(r) if r.common * 2 >= self.entries[r.slot].text.len() => r.slot,
-            _ if self.entries.len() < MEMO_TEXTS => {
-                self.entries.push(Entry::default());
-                self.entries.len() - 1
-            }
-            _ => self.entries.len() - 1,
-        };
-        let e = &mut self.entries[slot];
+        let (e, _) = self
+            .entries
+            .claim(reused.map(|r| (r.slot, r.common)), |e| e.text.len());
         e.text.clear();
         e.text.push_str(text);
         e.ids.clear();
         e.ids.extend_from_slice(ids);
         std::mem::swap(&mut e.cuts, cuts);
-        self.entries[..=slot].rotate_right(1);
     }
 
     /// Texts held and their bytes (for the bound's test).

@@ -14,6 +14,7 @@
 
 use super::extend_chain;
 use crate::base::common_len as common_prefix;
+use crate::base::recent::RecentSlots;
 
 /// Prompts remembered per core.
 pub const MEMO_ENTRIES: usize = 32;
@@ -29,7 +30,7 @@ const HEAD: usize = 16;
 /// sharing one system prompt must not each cost a scan of it.
 const MAX_SCANS: usize = 4;
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Entry {
     block_size: usize,
     tokens: Vec<u32>,
@@ -37,10 +38,11 @@ struct Entry {
 }
 
 /// Where the chain of the last prompt given to [`ChainMemo::compute`] lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum Current {
+    #[default]
     None,
-    /// `entries[0]`.
+    /// The most recent entry.
     Front,
     /// `long` (a prompt too long to remember).
     Long,
@@ -49,12 +51,9 @@ enum Current {
 /// The memo (see the module doc). Not `Sync`: one per core.
 #[derive(Debug)]
 pub struct ChainMemo {
-    /// Most recently used first.
-    entries: Vec<Entry>,
+    entries: RecentSlots<Entry>,
     long: Vec<u64>,
     current: Current,
-    reused: u64,
-    hashed: u64,
 }
 
 impl Default for ChainMemo {
@@ -67,11 +66,9 @@ impl ChainMemo {
     /// An empty memo.
     pub fn new() -> ChainMemo {
         ChainMemo {
-            entries: Vec::new(),
+            entries: RecentSlots::new(MEMO_ENTRIES),
             long: Vec::new(),
             current: Current::None,
-            reused: 0,
-            hashed: 0,
         }
     }
 
@@ -88,81 +85,48 @@ impl ChainMemo {
     ) -> usize {
         self.current = Current::None;
         if block_size == 0 {
-            self.long.clear();
-            self.current = Current::Long;
             return 0;
         }
-        // The longest common prefix among the most recent candidates.
+        // The longest common prefix among the most recent candidates: (slot, tokens shared,
+        // blocks reusable).
         let head = tokens.len().min(HEAD);
-        let mut best: Option<(usize, usize)> = None;
-        let mut scans = 0;
-        for (i, e) in self.entries.iter().enumerate() {
-            if scans == MAX_SCANS {
-                break;
-            }
-            if e.block_size != block_size
-                || e.tokens.len() < head
-                || e.tokens[..head] != tokens[..head]
-            {
-                continue;
-            }
-            scans += 1;
-            let common = common_prefix(&e.tokens, tokens);
-            if best.is_none_or(|(_, c)| common > c) {
-                best = Some((i, common));
-            }
-        }
-        let reusable = |i: usize, common: usize, entries: &[Entry]| {
-            (common / block_size)
-                .min(entries[i].chain.len())
-                .min(max_blocks)
-        };
+        let best = self.entries.best(
+            MAX_SCANS,
+            |e| e.block_size == block_size && e.tokens.get(..head) == Some(&tokens[..head]),
+            |slot, e| {
+                let common = common_prefix(&e.tokens, tokens);
+                let blocks = (common / block_size).min(e.chain.len()).min(max_blocks);
+                Some((common, (slot, common, blocks)))
+            },
+        );
         if tokens.len() > MEMO_ENTRY_TOKENS {
             // Not remembered: the reused prefix is copied out, the rest hashed here.
             self.long.clear();
-            if let Some((i, common)) = best {
-                let k = reusable(i, common, &self.entries);
-                self.long.extend_from_slice(&self.entries[i].chain[..k]);
+            if let Some((slot, _, k)) = best {
+                self.long
+                    .extend_from_slice(&self.entries.get(slot).chain[..k]);
             }
             let k = self.long.len();
             extend_chain(tokens, block_size, max_blocks, &mut self.long, buf);
             self.current = Current::Long;
-            self.count(k);
             return k;
         }
-        // Remembered: over the best entry when this prompt supersedes it (shares at least half
-        // of it: the next turn, a retry), else over the least recently used one.
-        let (slot, k) = match best {
-            Some((i, common)) if common * 2 >= self.entries[i].tokens.len() => {
-                (i, reusable(i, common, &self.entries))
-            }
-            _ if self.entries.len() < MEMO_ENTRIES => {
-                self.entries.push(Entry {
-                    block_size,
-                    tokens: Vec::new(),
-                    chain: Vec::new(),
-                });
-                (self.entries.len() - 1, 0)
-            }
-            _ => (self.entries.len() - 1, 0),
+        let (e, kept) = self
+            .entries
+            .claim(best.map(|(slot, common, _)| (slot, common)), |e| {
+                e.tokens.len()
+            });
+        let k = match (kept, best) {
+            (true, Some((_, _, k))) => k,
+            _ => 0,
         };
-        let e = &mut self.entries[slot];
         e.block_size = block_size;
         e.chain.truncate(k);
         extend_chain(tokens, block_size, max_blocks, &mut e.chain, buf);
         e.tokens.clear();
         e.tokens.extend_from_slice(tokens);
-        // Most recent first.
-        self.entries[..=slot].rotate_right(1);
         self.current = Current::Front;
-        self.count(k);
         k
-    }
-
-    fn count(&mut self, reused: usize) {
-        let total = self.chain().len();
-        self.reused += reused as u64;
-        self.hashed += (total - reused.min(total)) as u64;
     }
 
     /// The chain of the last prompt given to [`ChainMemo::compute`] (empty before the first,
@@ -170,7 +134,8 @@ impl ChainMemo {
     pub fn chain(&self) -> &[u64] {
         match self.current {
             Current::None => &[],
-            Current::Front => self.entries.first().map_or(&[][..], |e| &e.chain),
+            Current::Front if self.entries.is_empty() => &[],
+            Current::Front => &self.entries.get(0).chain,
             Current::Long => &self.long,
         }
     }
@@ -181,13 +146,9 @@ impl ChainMemo {
         self.current = Current::None;
     }
 
-    /// Blocks copied from remembered prompts and blocks hashed, since the start.
-    pub fn counts(&self) -> (u64, u64) {
-        (self.reused, self.hashed)
-    }
-
     /// Prompts remembered and the tokens they hold (for the memory bound's test).
-    pub fn held(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn held(&self) -> (usize, usize) {
         (
             self.entries.len(),
             self.entries.iter().map(|e| e.tokens.len()).sum(),
@@ -199,6 +160,29 @@ impl ChainMemo {
 mod tests {
     use super::*;
     use crate::kv::index::chain_hashes;
+
+    /// A memo that counts blocks reused (returned by `compute`) and hashed (the rest).
+    #[derive(Default)]
+    struct Counted {
+        memo: ChainMemo,
+        reused: u64,
+        hashed: u64,
+    }
+
+    impl Counted {
+        fn compute(&mut self, tokens: &[u32], bs: usize, max: usize, buf: &mut Vec<u8>) -> usize {
+            let k = self.memo.compute(tokens, bs, max, buf);
+            self.reused += k as u64;
+            self.hashed += (self.memo.chain().len() - k) as u64;
+            k
+        }
+        fn chain(&self) -> &[u64] {
+            self.memo.chain()
+        }
+        fn counts(&self) -> (u64, u64) {
+            (self.reused, self.hashed)
+        }
+    }
 
     fn reference(tokens: &[u32], bs: usize, max: usize) -> Vec<u64> {
         let (mut out, mut buf) = (Vec::new(), Vec::new());
@@ -222,7 +206,7 @@ mod tests {
 
     #[test]
     fn a_conversation_reuses_its_previous_turn_and_stays_exact() {
-        let mut memo = ChainMemo::new();
+        let mut memo = Counted::default();
         let mut buf = Vec::new();
         for bs in [1, 2, 16, 64] {
             let mut prompt: Vec<u32> = (0..300).collect();
@@ -279,7 +263,7 @@ mod tests {
         let bases: Vec<Vec<u32>> = (0..5)
             .map(|_| (0..2000).map(|_| g.below(50) as u32).collect())
             .collect();
-        let mut memo = ChainMemo::new();
+        let mut memo = Counted::default();
         let mut buf = Vec::new();
         for _ in 0..2000 {
             let base = &bases[g.below(5) as usize];
