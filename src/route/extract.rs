@@ -8,6 +8,7 @@
 //! written straight into one buffer, capped at [`MAX_ROUTING_TEXT`] bytes.
 
 mod blocks;
+mod structure;
 
 use self::blocks::{BlockList, Blocks};
 use crate::base::text::floor_char_boundary;
@@ -286,74 +287,15 @@ fn too_deep<E: de::Error>() -> E {
     E::custom(format_args!("JSON nested deeper than {MAX_NESTING} levels"))
 }
 
-/// A value read only to be validated and dropped: serde's `IgnoredAny`, but through the
-/// parser's full value path (`deserialize_any`), not its fast skip. sonic-rs skips strings
-/// without checking the four hex digits of a `\u` escape, so a body serde_json refused would
-/// pass; parsed in full, every string's escapes are checked (and a skipped string costs an
-/// unescape, as it did with serde_json). Nesting is bounded by [`MAX_NESTING`].
+/// A value read only to be validated and dropped: serde's `IgnoredAny`, through the parser's
+/// validating skip (no string is unescaped or copied). Safe on any body because
+/// [`structure::check`] ran first: it bounds the skip's recursion by [`MAX_NESTING`] and holds
+/// every `\u` escape to four hex digits, the one check the skip leaves out.
 pub(crate) struct Skip;
 
 impl<'de> Deserialize<'de> for Skip {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        SkipAt(0).deserialize(d)
-    }
-}
-
-/// [`Skip`] at nesting depth `.0`.
-#[derive(Clone, Copy)]
-struct SkipAt(u32);
-
-impl<'de> DeserializeSeed<'de> for SkipAt {
-    type Value = Skip;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Skip, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for SkipAt {
-    type Value = Skip;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Skip, D::Error> {
-        self.deserialize(d)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Skip, A::Error> {
-        let inner = SkipAt(self.0 + 1);
-        if inner.0 > MAX_NESTING {
-            return Err(too_deep());
-        }
-        while seq.next_element_seed(inner)?.is_some() {}
-        Ok(Skip)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skip, A::Error> {
-        let inner = SkipAt(self.0 + 1);
-        if inner.0 > MAX_NESTING {
-            return Err(too_deep());
-        }
-        while map.next_entry_seed(SkipAt(0), inner)?.is_some() {}
-        Ok(Skip)
+        de::IgnoredAny::deserialize(d).map(|_| Skip)
     }
 }
 
@@ -766,6 +708,7 @@ pub fn extract_for(
             e.valid_up_to()
         ))
     })?;
+    check_structure(body.as_bytes())?;
     let mut de = sonic_rs::Deserializer::from_str(body);
     let top = Top {
         api,
@@ -775,6 +718,20 @@ pub fn extract_for(
     let parsed = top.deserialize(&mut de).map_err(describe)?;
     de.end().map_err(describe)?;
     finish(api, parsed)
+}
+
+/// [`structure::check`], its refusal worded like the parser's.
+fn check_structure(body: &[u8]) -> Result<(), ExtractError> {
+    structure::check(body).map_err(|e| {
+        ExtractError(match e {
+            structure::StructureError::TooDeep => {
+                format!("invalid request body: JSON nested deeper than {MAX_NESTING} levels")
+            }
+            structure::StructureError::BadUnicodeEscape(at) => {
+                format!("invalid JSON in request body: invalid \\u escape at byte {at}")
+            }
+        })
+    })
 }
 
 /// The routing inputs from what the top-level object gave (any JSON parser's `Parsed`).
@@ -992,6 +949,7 @@ pub(crate) fn extract_serde_json(
     body: &[u8],
     keep_text: bool,
 ) -> Result<RoutingInfo<'_>, ExtractError> {
+    check_structure(body)?;
     let mut de = serde_json::Deserializer::from_slice(body);
     let top = Top {
         api,

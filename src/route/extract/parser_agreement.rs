@@ -202,6 +202,16 @@ fn both_parsers_agree_on_edge_cases() {
         r#"{"prompt":"a","x":"b\u12G4"}"#,
         r#"{"prompt":"a","x":"b\u"}"#,
         r#"{"prompt":"a","x":["\u00"]}"#,
+        // Skipped values (structure::check, then the parsers' validating skips).
+        r#"{"prompt":"a","x":1e400}"#,
+        r#"{"prompt":"a","x":[01]}"#,
+        r#"{"prompt":"a","x":[-]}"#,
+        r#"{"prompt":"a","x":"\udc00"}"#,
+        r#"{"prompt":"a","x":"bad \q escape"}"#,
+        "{\"prompt\":\"a\",\"x\":\"tab\tinside\"}",
+        r#"{"prompt":"a","x":{"k":[1,2,{"z":"]]]\"[["}]}}"#,
+        r#"{"prompt":"a","x":{"k" 1}}"#,
+        r#"{"prompt":"a","x":[1,]}"#,
     ];
     for c in cases {
         for api in APIS {
