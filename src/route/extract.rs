@@ -82,8 +82,6 @@ struct Sink<'a> {
     /// cannot be longer) capped at [`MAX_ROUTING_TEXT`], so a text of many pieces is written
     /// into one allocation instead of being copied at every doubling.
     reserve: usize,
-    /// Arrays and objects the visitors writing into this sink are inside (see [`MAX_NESTING`]).
-    depth: u32,
 }
 
 impl<'a> Sink<'a> {
@@ -94,22 +92,7 @@ impl<'a> Sink<'a> {
             borrowed: None,
             buf: String::new(),
             reserve: reserve.min(MAX_ROUTING_TEXT),
-            depth: 0,
         }
-    }
-
-    /// One level deeper into nested arrays and objects, refused past [`MAX_NESTING`]; paired
-    /// with [`Sink::leave`].
-    fn enter<E: de::Error>(&mut self) -> Result<(), E> {
-        self.depth += 1;
-        if self.depth > MAX_NESTING {
-            return Err(too_deep());
-        }
-        Ok(())
-    }
-
-    fn leave(&mut self) {
-        self.depth -= 1;
     }
 
     /// Nothing more can be written: the text is not kept, or already [`MAX_ROUTING_TEXT`]
@@ -275,17 +258,14 @@ impl<'de> Deserialize<'de> for Key {
 }
 
 /// Deepest nesting of arrays and objects the extractor follows (what serde_json allowed); a
-/// deeper body is refused with 400. Bounds the visitors' recursion, so the stack, on every core.
+/// deeper body is refused with 400 by [`structure::check`] before any parsing, which bounds the
+/// visitors' and the parser's recursion, so the stack, on every core.
 pub const MAX_NESTING: u32 = 128;
 
 /// Stack a thread needs to run [`extract`] on any body: [`MAX_NESTING`] levels of visitor and
 /// parser frames are ~17 KB each in a debug build (2.2 MB, past a default 2 MiB thread stack),
 /// a fraction of that in release. The serving cores are given this much.
 pub const STACK_BYTES: usize = 8 << 20;
-
-fn too_deep<E: de::Error>() -> E {
-    E::custom(format_args!("JSON nested deeper than {MAX_NESTING} levels"))
-}
 
 /// A value read only to be validated and dropped: serde's `IgnoredAny`, through the parser's
 /// validating skip (no string is unescaped or copied). Safe on any body because
@@ -399,9 +379,7 @@ impl<'de> Visitor<'de> for Pieces<'_, 'de> {
         Ok(())
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        self.0.enter()?;
         while seq.next_element_seed(Pieces(&mut *self.0))?.is_some() {}
-        self.0.leave();
         Ok(())
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {

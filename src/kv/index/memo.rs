@@ -231,14 +231,19 @@ mod tests {
         }
     }
 
+    /// Five random 2,000-token prompts the tests cut and extend.
+    fn shared_bases(g: &mut Gen) -> Vec<Vec<u32>> {
+        (0..5)
+            .map(|_| (0..2000).map(|_| g.below(50) as u32).collect())
+            .collect()
+    }
+
     #[test]
     fn random_prompts_get_the_reference_chain() {
         // Prompts built from a few shared prefixes, cut and extended at random, at random
         // block sizes and caps: the memo's chain is always chain_hashes' chain.
         let mut g = Gen(0x1234_5678_9abc_def1);
-        let bases: Vec<Vec<u32>> = (0..5)
-            .map(|_| (0..2000).map(|_| g.below(50) as u32).collect())
-            .collect();
+        let bases = shared_bases(&mut g);
         let mut memo = ChainMemo::new();
         let mut buf = Vec::new();
         for _ in 0..3000 {
@@ -260,9 +265,7 @@ mod tests {
         // The gateway's cap is fixed (its block size per model too): then a prompt reuses
         // the longest prefix any of the recent prompts of its base shares with it.
         let mut g = Gen(7);
-        let bases: Vec<Vec<u32>> = (0..5)
-            .map(|_| (0..2000).map(|_| g.below(50) as u32).collect())
-            .collect();
+        let bases = shared_bases(&mut g);
         let mut memo = Counted::default();
         let mut buf = Vec::new();
         for _ in 0..2000 {

@@ -67,13 +67,10 @@ impl<'de> Visitor<'de> for Blocks<'_, 'de> {
     }
     strings_into_the_sink!('de);
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        self.0.enter()?;
         while seq.next_element_seed(Blocks(&mut *self.0))?.is_some() {}
-        self.0.leave();
         Ok(())
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        self.0.enter()?;
         while let Some(k) = map.next_key::<Key>()? {
             match k {
                 Key::Text => map.next_value_seed(TextField(&mut *self.0))?,
@@ -83,7 +80,6 @@ impl<'de> Visitor<'de> for Blocks<'_, 'de> {
                 }
             }
         }
-        self.0.leave();
         Ok(())
     }
 }

@@ -47,15 +47,26 @@ pub fn check(body: &[u8]) -> Result<(), StructureError> {
     check_portable(body)
 }
 
-/// The block loop with masks built byte by byte: other targets, and the check of the SIMD
-/// versions.
+/// The masks built byte by byte: other targets, and the check of the SIMD versions.
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 fn check_portable(body: &[u8]) -> Result<(), StructureError> {
+    scan_blocks(body, |block, _| Some(portable_masks(block)))
+}
+
+/// The block loop every mask builder shares: `masks(block, scan)` gives a whole block's masks,
+/// or `None` when [`Scan::inside_plain`] says the block changes nothing; the tail is padded.
+#[inline(always)]
+fn scan_blocks(
+    body: &[u8],
+    mut masks: impl FnMut(&[u8; BLOCK], &Scan) -> Option<Masks>,
+) -> Result<(), StructureError> {
     let mut scan = Scan::default();
     let whole = body.len() / BLOCK * BLOCK;
     for (i, block) in body[..whole].chunks_exact(BLOCK).enumerate() {
         let block: &[u8; BLOCK] = block.try_into().expect("chunks_exact yields BLOCK bytes");
-        scan.block(body, i * BLOCK, portable_masks(block))?;
+        if let Some(m) = masks(block, &scan) {
+            scan.block(body, i * BLOCK, m)?;
+        }
     }
     scan.tail(body, whole)
 }
@@ -176,7 +187,7 @@ fn prefix_xor(mut x: u64) -> u64 {
 /// with no quote or backslash (most of a prompt) costs only those two compares.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Masks, Scan, StructureError, BLOCK};
+    use super::{scan_blocks, Masks, StructureError};
     use std::arch::x86_64::*;
 
     /// 16 bytes compared with `c`, as a 16-bit mask.
@@ -186,47 +197,37 @@ mod x86 {
     }
 
     pub(super) fn check_sse2(body: &[u8]) -> Result<(), StructureError> {
-        let mut scan = Scan::default();
-        let mut at = 0;
-        while at + BLOCK <= body.len() {
+        scan_blocks(body, |block, scan| {
             // SAFETY: SSE2 is part of the x86_64 baseline; the four unaligned 16-byte loads
-            // read body[at..at + 64], inside the slice (loop condition).
-            let (quote, backslash, v) = unsafe {
-                let p = body.as_ptr().add(at);
-                let v: [__m128i; 4] =
-                    std::array::from_fn(|k| _mm_loadu_si128(p.add(16 * k).cast::<__m128i>()));
-                let mut q = 0;
-                let mut bs = 0;
-                for (k, v) in v.iter().enumerate() {
-                    q |= eq16(*v, b'"') << (16 * k);
-                    bs |= eq16(*v, b'\\') << (16 * k);
-                }
-                (q, bs, v)
-            };
-            if !scan.inside_plain(quote, backslash) {
-                let mut m = Masks {
-                    backslash,
-                    quote,
-                    open: 0,
-                    close: 0,
-                    u: 0,
-                };
+            // read bytes 0..64 of the 64-byte block.
+            let v: [__m128i; 4] = std::array::from_fn(|k| unsafe {
+                _mm_loadu_si128(block.as_ptr().add(16 * k).cast::<__m128i>())
+            });
+            let all = |c: u8, folded: bool| {
+                let mut m = 0;
                 // SAFETY: SSE2 baseline, registers only.
                 unsafe {
-                    let lower = _mm_set1_epi8(0x20);
                     for (k, v) in v.iter().enumerate() {
                         // `[` 0x5B and `{` 0x7B (`]` 0x5D and `}` 0x7D) differ only in 0x20.
-                        let folded = _mm_or_si128(*v, lower);
-                        m.open |= eq16(folded, b'{') << (16 * k);
-                        m.close |= eq16(folded, b'}') << (16 * k);
-                        m.u |= eq16(*v, b'u') << (16 * k);
+                        let v = if folded {
+                            _mm_or_si128(*v, _mm_set1_epi8(0x20))
+                        } else {
+                            *v
+                        };
+                        m |= eq16(v, c) << (16 * k);
                     }
                 }
-                scan.block(body, at, m)?;
-            }
-            at += BLOCK;
-        }
-        scan.tail(body, at)
+                m
+            };
+            let (quote, backslash) = (all(b'"', false), all(b'\\', false));
+            (!scan.inside_plain(quote, backslash)).then(|| Masks {
+                backslash,
+                quote,
+                open: all(b'{', true),
+                close: all(b'}', true),
+                u: all(b'u', false),
+            })
+        })
     }
 
     /// 32 bytes compared with `c`, as a 32-bit mask.
@@ -242,13 +243,11 @@ mod x86 {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn check_avx2(body: &[u8]) -> Result<(), StructureError> {
-        let mut scan = Scan::default();
-        let mut at = 0;
-        while at + BLOCK <= body.len() {
-            // SAFETY: the two unaligned 32-byte loads read body[at..at + 64], inside the
-            // slice (loop condition); AVX2 is the caller's promise.
+        scan_blocks(body, |block, scan| {
+            // SAFETY: the two unaligned 32-byte loads read bytes 0..64 of the 64-byte block;
+            // AVX2 is the caller's promise (this closure inherits the function's features).
             let (lo, hi) = unsafe {
-                let p = body.as_ptr().add(at);
+                let p = block.as_ptr();
                 (
                     _mm256_loadu_si256(p.cast::<__m256i>()),
                     _mm256_loadu_si256(p.add(32).cast::<__m256i>()),
@@ -256,23 +255,21 @@ mod x86 {
             };
             let both = |c: u8| unsafe { eq32(lo, c) | eq32(hi, c) << 32 };
             let (quote, backslash) = (both(b'"'), both(b'\\'));
-            if !scan.inside_plain(quote, backslash) {
-                let u = both(b'u');
-                let lower = _mm256_set1_epi8(0x20);
-                let (lo, hi) = (_mm256_or_si256(lo, lower), _mm256_or_si256(hi, lower));
-                let folded = |c: u8| unsafe { eq32(lo, c) | eq32(hi, c) << 32 };
-                let m = Masks {
-                    backslash,
-                    quote,
-                    open: folded(b'{'),
-                    close: folded(b'}'),
-                    u,
-                };
-                scan.block(body, at, m)?;
+            if scan.inside_plain(quote, backslash) {
+                return None;
             }
-            at += BLOCK;
-        }
-        scan.tail(body, at)
+            // `[` 0x5B and `{` 0x7B (`]` 0x5D and `}` 0x7D) differ only in 0x20.
+            let lower = _mm256_set1_epi8(0x20);
+            let (flo, fhi) = (_mm256_or_si256(lo, lower), _mm256_or_si256(hi, lower));
+            let folded = |c: u8| unsafe { eq32(flo, c) | eq32(fhi, c) << 32 };
+            Some(Masks {
+                backslash,
+                quote,
+                open: folded(b'{'),
+                close: folded(b'}'),
+                u: both(b'u'),
+            })
+        })
     }
 }
 
