@@ -188,5 +188,37 @@ fn char_counting(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, inner, with_tree, simple, char_counting);
+/// The prefix compare every tree lookup and recent-insert scan runs over a prompt: equal texts
+/// (a prompt routed again, the steady state of chat traffic) and texts that part in the middle.
+fn prefix_compare(c: &mut Criterion) {
+    let mut g = c.benchmark_group("common_prefix");
+    let piece = "the river stone — naïve café 日本語 lantern harbor ";
+    for (name, len) in [("1KiB", 1024), ("16KiB", 16 * 1024), ("400KiB", 400 * 1024)] {
+        let a = piece.repeat(len / piece.len() + 1).into_bytes();
+        let mut b = a.clone();
+        g.throughput(criterion::Throughput::Bytes(a.len() as u64));
+        g.bench_with_input(BenchmarkId::new("equal", name), &(), |bench, _| {
+            bench.iter(|| radixgate::base::text::common_prefix(black_box(&a), black_box(&b)))
+        });
+        let mid = a.len() / 2 + 3;
+        b[mid] ^= 1;
+        g.bench_with_input(
+            BenchmarkId::new("parting_halfway", name),
+            &(),
+            |bench, _| {
+                bench.iter(|| radixgate::base::text::common_prefix(black_box(&a), black_box(&b)))
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    inner,
+    with_tree,
+    simple,
+    char_counting,
+    prefix_compare
+);
 criterion_main!(benches);

@@ -157,3 +157,39 @@ mod all_exact_tests {
         assert!(!all_exact(&many, &many), "large fleets always ask the tree");
     }
 }
+
+#[cfg(test)]
+mod recent_tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn unpublished_inserts_expire_when_no_insert_follows() {
+        let cfg =
+            <Config as clap::Parser>::try_parse_from(["radixgate", "--policy", "cache_aware"])
+                .expect("default flags parse");
+        let r = Router::new(&cfg);
+        let text = "one prompt, routed once, then the tree idles";
+        r.learn(
+            TreeKey::Default,
+            Bytes::from_static(text.as_bytes()),
+            3,
+            r.epoch(),
+            1,
+        );
+        // The writer publishes the insert and one epoch more, so the ring's entry stops
+        // counting (and costing every request a compare) while nothing else is inserted.
+        let until = Instant::now() + Duration::from_secs(5);
+        while r
+            .recent
+            .longest(TreeKey::Default, text, r.epoch())
+            .is_some()
+        {
+            assert!(Instant::now() < until, "the recent entry never expired");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let forest = r.tree.as_ref().expect("cache_aware has a tree").load();
+        let m = forest.tree(TreeKey::Default).longest_match(text);
+        assert_eq!((m.matched_bytes, m.workers), (text.len(), &[3][..]));
+    }
+}

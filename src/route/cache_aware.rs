@@ -199,30 +199,11 @@ pub fn select_with_tree(
     loads: &LoadBoard,
     rng: &mut Rng,
 ) -> Option<Decision> {
-    let Lookup { text, tree, recent } = prefix;
-    select(p, workers, exclude, loads, rng, || {
-        // Counted only when something matched (a miss on a model without a tree pays nothing).
-        let request_chars = || char_count(text.as_bytes());
-        let from_tree = tree.map(|t| t.longest_match(text));
-        let tree_chars = from_tree.as_ref().map_or(0, |m| m.matched_chars);
-        // Unpublished inserts (from any core) win when they match more of the request.
-        if let Some(r) = recent.filter(|r| r.matched_chars > tree_chars) {
-            return Some(MatchResult {
-                matched_chars: r.matched_chars,
-                request_chars: request_chars(),
-                workers: std::slice::from_ref(&r.worker),
-            });
-        }
-        let m = from_tree?;
-        Some(MatchResult {
-            matched_chars: m.matched_chars,
-            request_chars: request_chars(),
-            workers: m.workers,
-        })
-    })
+    select(p, workers, exclude, loads, rng, || text_match(prefix))
 }
 
-/// The text tree's match, as a (matched, request) pair in characters with its holders.
+/// The text tree's match, as a (matched, request) pair in characters with its holders:
+/// unpublished inserts (from any core) win when they match more of the request.
 fn text_match<'t>(prefix: Lookup<'t>) -> Option<MatchResult<'t>> {
     let Lookup { text, tree, recent } = prefix;
     let from_tree = tree.map(|t| t.longest_match(text));
@@ -230,16 +211,24 @@ fn text_match<'t>(prefix: Lookup<'t>) -> Option<MatchResult<'t>> {
     if let Some(r) = recent.filter(|r| r.matched_chars > tree_chars) {
         return Some(MatchResult {
             matched_chars: r.matched_chars,
-            request_chars: char_count(text.as_bytes()),
+            request_chars: request_chars(text, r.matched_bytes, r.matched_chars),
             workers: std::slice::from_ref(&r.worker),
         });
     }
+    // Counted only when something matched (a miss on a model without a tree pays nothing).
     let m = from_tree?;
     Some(MatchResult {
         matched_chars: m.matched_chars,
-        request_chars: char_count(text.as_bytes()),
+        request_chars: request_chars(text, m.matched_bytes, m.matched_chars),
         workers: m.workers,
     })
+}
+
+/// Characters of `text` whose first `matched_bytes` bytes hold `matched_chars` characters:
+/// only the unmatched rest is counted, so a prompt matched whole (the steady state of repeated
+/// prompts) is not walked again.
+fn request_chars(text: &str, matched_bytes: usize, matched_chars: usize) -> usize {
+    matched_chars + text.as_bytes().get(matched_bytes..).map_or(0, char_count)
 }
 
 /// cache_aware with KV events: the same decision as [`select`], with the match measured in

@@ -678,15 +678,7 @@ pub fn extract_for(
             format!("invalid JSON in request body: {e}")
         })
     };
-    // UTF-8 is checked once, here, for the whole body: sonic-rs's own check reports an
-    // invalid byte only when a string holding it is parsed, not in a skipped value.
-    let body = std::str::from_utf8(body).map_err(|e| {
-        ExtractError(format!(
-            "invalid JSON in request body: not UTF-8 at byte {}",
-            e.valid_up_to()
-        ))
-    })?;
-    check_structure(body.as_bytes())?;
+    let body = checked_text(body)?;
     let mut de = sonic_rs::Deserializer::from_str(body);
     let top = Top {
         api,
@@ -698,17 +690,41 @@ pub fn extract_for(
     finish(api, parsed)
 }
 
-/// [`structure::check`], its refusal worded like the parser's.
-fn check_structure(body: &[u8]) -> Result<(), ExtractError> {
-    structure::check(body).map_err(|e| {
-        ExtractError(match e {
-            structure::StructureError::TooDeep => {
-                format!("invalid request body: JSON nested deeper than {MAX_NESTING} levels")
-            }
-            structure::StructureError::BadUnicodeEscape(at) => {
-                format!("invalid JSON in request body: invalid \\u escape at byte {at}")
-            }
+/// The body as text, checked once: [`structure::check`] (nesting, `\u` escapes, and whether
+/// every byte is ASCII), then UTF-8 only when some byte is not ASCII. UTF-8 is checked for the
+/// whole body here because sonic-rs's own check reports an invalid byte only when a string
+/// holding it is parsed, not in a skipped value. A body with both faults gets the UTF-8 error.
+fn checked_text(body: &[u8]) -> Result<&str, ExtractError> {
+    let utf8 = |body| {
+        std::str::from_utf8(body).map_err(|e| {
+            ExtractError(format!(
+                "invalid JSON in request body: not UTF-8 at byte {}",
+                e.valid_up_to()
+            ))
         })
+    };
+    match structure::check(body) {
+        Ok(structure::Shape { ascii: true }) => {
+            // SAFETY: every byte is below 0x80 (the pass just above), and ASCII is UTF-8.
+            Ok(unsafe { std::str::from_utf8_unchecked(body) })
+        }
+        Ok(_) => utf8(body),
+        Err(e) => {
+            utf8(body)?;
+            Err(structure_error(e))
+        }
+    }
+}
+
+/// A [`structure::check`] refusal, worded like the parser's.
+fn structure_error(e: structure::StructureError) -> ExtractError {
+    ExtractError(match e {
+        structure::StructureError::TooDeep => {
+            format!("invalid request body: JSON nested deeper than {MAX_NESTING} levels")
+        }
+        structure::StructureError::BadUnicodeEscape(at) => {
+            format!("invalid JSON in request body: invalid \\u escape at byte {at}")
+        }
     })
 }
 
@@ -748,6 +764,30 @@ mod tests {
 
     fn text(api: Api, body: &str) -> String {
         extract(api, body.as_bytes()).unwrap().text.into_owned()
+    }
+
+    /// UTF-8 is checked only for bodies that are not all ASCII, and still for every byte of
+    /// them, skipped fields included; a body with a UTF-8 fault and a structural one gets the
+    /// UTF-8 error, as when UTF-8 was checked first.
+    #[test]
+    fn utf8_is_checked_once_where_a_byte_is_not_ascii() {
+        for keep in [true, false] {
+            let ok = "{\"messages\":[{\"role\":\"user\",\"content\":\"caf\u{e9} \u{1f600}\"}],\"x\":\"\u{fc}\"}";
+            let info = extract_for(Api::Chat, ok.as_bytes(), keep).unwrap();
+            assert_eq!(info.text, if keep { "caf\u{e9} \u{1f600}" } else { "" });
+            let mut bad = br#"{"messages":[{"role":"user","content":"hi"}],"x":"ab"}"#.to_vec();
+            let at = bad.len() - 3;
+            bad[at] = 0xff;
+            let e = extract_for(Api::Chat, &bad, keep).unwrap_err();
+            assert_eq!(
+                e.0,
+                format!("invalid JSON in request body: not UTF-8 at byte {at}")
+            );
+            let mut both = bad.clone();
+            both.splice(1..1, b"\"deep\":".iter().copied().chain([b'['; 200]));
+            let e = extract_for(Api::Chat, &both, keep).unwrap_err();
+            assert!(e.0.contains("not UTF-8"), "{e}");
+        }
     }
 
     #[test]
@@ -927,7 +967,7 @@ pub(crate) fn extract_serde_json(
     body: &[u8],
     keep_text: bool,
 ) -> Result<RoutingInfo<'_>, ExtractError> {
-    check_structure(body)?;
+    structure::check(body).map_err(structure_error)?;
     let mut de = serde_json::Deserializer::from_slice(body);
     let top = Top {
         api,

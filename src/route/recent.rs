@@ -46,6 +46,8 @@ struct Entry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecentMatch {
     pub matched_chars: usize,
+    /// The same prefix in bytes (a character boundary of the request's text).
+    pub matched_bytes: usize,
     pub worker: WorkerId,
 }
 
@@ -153,6 +155,7 @@ impl RecentInserts {
         }
         best.map(|(n, worker)| RecentMatch {
             matched_chars: char_count(&key[..n]),
+            matched_bytes: n,
             worker,
         })
     }
@@ -196,6 +199,7 @@ mod tests {
             m,
             RecentMatch {
                 matched_chars: "system prompt A question ".len(),
+                matched_bytes: "system prompt A question ".len(),
                 worker: 1
             }
         );

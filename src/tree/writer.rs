@@ -332,6 +332,12 @@ struct Writer {
     clock: u64,
     /// Messages applied since the last publish that changed something.
     pending: usize,
+    /// One more publication is owed, an epoch after the last one that carried changes, even
+    /// if nothing arrives meanwhile. The cores' recent-insert ring counts an entry for two
+    /// epochs (its insert may miss the publication in flight), so without it an idle tree
+    /// would keep the last burst's entries alive, and every request would compare its text
+    /// with them, until the next insert.
+    trailing: bool,
     /// Workers over the limit found by the last periodic pass, evicted one per loop iteration so
     /// a pass over a big forest never stalls the inserts for long.
     evict_queue: VecDeque<(TreeKey, WorkerId)>,
@@ -374,6 +380,7 @@ fn build(cfg: WriterConfig) -> (TreeHandle, Writer) {
         publish_after: cfg.publish_after.max(1),
         clock: 0,
         pending: 0,
+        trailing: false,
         evict_queue: VecDeque::new(),
         last_publish: now,
         next_eviction: after(now, eviction_interval),
@@ -414,7 +421,7 @@ impl Writer {
             let deadline = if !self.evict_queue.is_empty() {
                 // Eviction work is waiting: only pick up what is already queued.
                 Instant::now()
-            } else if self.pending > 0 {
+            } else if self.pending > 0 || self.trailing {
                 after(self.last_publish, self.epoch).min(self.next_eviction)
             } else {
                 self.next_eviction
@@ -438,9 +445,9 @@ impl Writer {
                 self.next_eviction = after(now, self.eviction_interval);
             }
             self.evict_next();
-            if self.pending > 0
-                && (self.pending >= self.publish_after
-                    || now >= after(self.last_publish, self.epoch))
+            let epoch_over = now >= after(self.last_publish, self.epoch);
+            if (self.pending > 0 && (self.pending >= self.publish_after || epoch_over))
+                || (self.trailing && epoch_over)
             {
                 self.publish();
             }
@@ -534,6 +541,7 @@ impl Writer {
             // Usually the last reference: the nodes replaced since are freed here, not on a core.
             drop(self.retired.pop_front());
         }
+        self.trailing = self.pending > 0;
         self.pending = 0;
         self.last_publish = Instant::now();
         let (mut nodes, mut chars, mut trees) = (0u64, 0u64, 0u64);

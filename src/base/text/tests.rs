@@ -38,6 +38,20 @@ fn common_prefix_stops_before_a_shared_lead_byte() {
     assert_eq!(common_prefix(long.as_bytes(), long.as_bytes()), 100);
 }
 
+/// A difference at every offset around the memcmp chunks (and texts of every length there)
+/// is found where the byte loop finds it.
+#[test]
+fn common_byte_prefix_across_equal_chunks() {
+    let a: Vec<u8> = (0..3 * 1024 + 70).map(|i| (i % 251) as u8).collect();
+    for at in (0..a.len()).filter(|i| i % 1024 < 40 || i % 1024 > 990) {
+        let mut b = a.clone();
+        b[at] ^= 0x40;
+        assert_eq!(common_byte_prefix(&a, &b), at, "differs at {at}");
+        assert_eq!(common_byte_prefix(&a[..at], &b), at, "shorter at {at}");
+        assert_eq!(common_byte_prefix(&a, &a[..at]), at, "prefix of {at}");
+    }
+}
+
 #[test]
 fn floor_char_boundary_moves_back_only_inside_a_character() {
     let s = "a日b".as_bytes(); // a, E6 97 A5, b

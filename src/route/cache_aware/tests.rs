@@ -97,6 +97,7 @@ fn an_unpublished_insert_that_matches_more_wins_over_the_snapshot() {
     let text = "shared system prompt, then the first question";
     let recent = RecentMatch {
         matched_chars: 30,
+        matched_bytes: 30,
         worker: 3,
     };
     let d = select_with_tree(
@@ -119,6 +120,7 @@ fn an_unpublished_insert_that_matches_more_wins_over_the_snapshot() {
     // A shorter recent match loses to the snapshot.
     let short = RecentMatch {
         matched_chars: 5,
+        matched_bytes: 5,
         worker: 3,
     };
     let d = select_with_tree(
@@ -441,4 +443,37 @@ fn engine_reported_load_makes_the_fleet_imbalanced() {
     b.set_external(1, 0);
     let d = select(&p, &ws, &[], &b, &mut rng, || m(90, 100, &[1])).unwrap();
     assert_eq!((d.worker, d.branch), (1, Branch::CacheHit));
+}
+
+#[test]
+fn request_size_counts_every_character_whatever_matched() {
+    let (ws, b) = board(4);
+    let mut rng = Rng::with_seed(5);
+    let p = Params::default();
+    let text = "héllo wörld, ünïcode ✓ then ascii and 日本語 at the end";
+    let chars = text.chars().count();
+    let boundaries: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
+    for &cut in boundaries.iter().step_by(3).chain([text.len()].iter()) {
+        let mut tree = RadixTree::new();
+        tree.insert(&text[..cut], 1, 1);
+        let lookup = |recent| Lookup {
+            text,
+            tree: Some(&tree),
+            recent,
+        };
+        let d = select_with_tree(&p, lookup(None), &ws, &[], &b, &mut rng).unwrap();
+        assert_eq!(d.request_size, chars, "tree holding {cut} bytes");
+        let k = text[..cut].chars().count();
+        if k == chars {
+            continue;
+        }
+        // An unpublished insert one character longer than the tree's match.
+        let recent = RecentMatch {
+            matched_chars: k + 1,
+            matched_bytes: boundaries.get(k + 1).copied().unwrap_or(text.len()),
+            worker: 2,
+        };
+        let d = select_with_tree(&p, lookup(Some(&recent)), &ws, &[], &b, &mut rng).unwrap();
+        assert_eq!(d.request_size, chars, "recent insert past {cut} bytes");
+    }
 }

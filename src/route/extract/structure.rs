@@ -13,6 +13,9 @@
 //!   here each must be a hex digit (what serde's `IgnoredAny` checks), so a skipped string is
 //!   held to the same rule as a parsed one.
 //!
+//! - **ASCII.** The same loads tell whether every byte is ASCII; such a body (most prompts)
+//!   is UTF-8 by construction, so the extractor's separate UTF-8 pass is skipped for it.
+//!
 //! String boundaries follow the parser's own rule (a backslash escapes the next byte; `\u`
 //! then four hex digits), so on a valid body the depth counted is the parser's. On an invalid
 //! one the two agree up to the parser's first error, which is where it stops: the depth bound
@@ -29,12 +32,20 @@ pub enum StructureError {
     BadUnicodeEscape(usize),
 }
 
+/// What the pass learned of a body it accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Every byte is below 0x80: the body is valid UTF-8 without a check of its own.
+    pub ascii: bool,
+}
+
 const BLOCK: usize = 64;
 /// Bits at even positions.
 const EVEN: u64 = 0x5555_5555_5555_5555;
 
-/// Checks `body`'s nesting depth and `\u` escapes in one pass of 64-byte blocks.
-pub fn check(body: &[u8]) -> Result<(), StructureError> {
+/// Checks `body`'s nesting depth and `\u` escapes in one pass of 64-byte blocks, and whether
+/// it is all ASCII.
+pub fn check(body: &[u8]) -> Result<Shape, StructureError> {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") {
@@ -49,26 +60,34 @@ pub fn check(body: &[u8]) -> Result<(), StructureError> {
 
 /// The masks built byte by byte: other targets, and the check of the SIMD versions.
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
-fn check_portable(body: &[u8]) -> Result<(), StructureError> {
-    scan_blocks(body, |block, _| Some(portable_masks(block)))
+fn check_portable(body: &[u8]) -> Result<Shape, StructureError> {
+    scan_blocks(body, |block, _, non_ascii| {
+        *non_ascii |= !block.is_ascii();
+        Some(portable_masks(block))
+    })
 }
 
-/// The block loop every mask builder shares: `masks(block, scan)` gives a whole block's masks,
-/// or `None` when [`Scan::inside_plain`] says the block changes nothing; the tail is padded.
+/// The block loop every mask builder shares: `masks(block, scan, non_ascii)` gives a whole
+/// block's masks, or `None` when [`Scan::inside_plain`] says the block changes nothing, and
+/// sets `non_ascii` when the block holds a byte of 0x80 or above; the tail is padded.
 #[inline(always)]
 fn scan_blocks(
     body: &[u8],
-    mut masks: impl FnMut(&[u8; BLOCK], &Scan) -> Option<Masks>,
-) -> Result<(), StructureError> {
+    mut masks: impl FnMut(&[u8; BLOCK], &Scan, &mut bool) -> Option<Masks>,
+) -> Result<Shape, StructureError> {
     let mut scan = Scan::default();
+    let mut non_ascii = false;
     let whole = body.len() / BLOCK * BLOCK;
     for (i, block) in body[..whole].chunks_exact(BLOCK).enumerate() {
         let block: &[u8; BLOCK] = block.try_into().expect("chunks_exact yields BLOCK bytes");
-        if let Some(m) = masks(block, &scan) {
+        if let Some(m) = masks(block, &scan, &mut non_ascii) {
             scan.block(body, i * BLOCK, m)?;
         }
     }
-    scan.tail(body, whole)
+    scan.tail(body, whole)?;
+    Ok(Shape {
+        ascii: !non_ascii && body[whole..].is_ascii(),
+    })
 }
 
 /// Bit `i` set where byte `i` of a block is that character.
@@ -187,7 +206,7 @@ fn prefix_xor(mut x: u64) -> u64 {
 /// with no quote or backslash (most of a prompt) costs only those two compares.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{scan_blocks, Masks, StructureError};
+    use super::{scan_blocks, Masks, Shape, StructureError};
     use std::arch::x86_64::*;
 
     /// 16 bytes compared with `c`, as a 16-bit mask.
@@ -196,13 +215,18 @@ mod x86 {
         u64::from(_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(c as i8))) as u16)
     }
 
-    pub(super) fn check_sse2(body: &[u8]) -> Result<(), StructureError> {
-        scan_blocks(body, |block, scan| {
+    pub(super) fn check_sse2(body: &[u8]) -> Result<Shape, StructureError> {
+        scan_blocks(body, |block, scan, non_ascii| {
             // SAFETY: SSE2 is part of the x86_64 baseline; the four unaligned 16-byte loads
             // read bytes 0..64 of the 64-byte block.
             let v: [__m128i; 4] = std::array::from_fn(|k| unsafe {
                 _mm_loadu_si128(block.as_ptr().add(16 * k).cast::<__m128i>())
             });
+            // SAFETY: SSE2 baseline, registers only. A byte's top bit is set from 0x80 up.
+            *non_ascii |= unsafe {
+                let any = _mm_or_si128(_mm_or_si128(v[0], v[1]), _mm_or_si128(v[2], v[3]));
+                _mm_movemask_epi8(any) != 0
+            };
             let all = |c: u8, folded: bool| {
                 let mut m = 0;
                 // SAFETY: SSE2 baseline, registers only.
@@ -242,8 +266,8 @@ mod x86 {
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn check_avx2(body: &[u8]) -> Result<(), StructureError> {
-        scan_blocks(body, |block, scan| {
+    pub(super) unsafe fn check_avx2(body: &[u8]) -> Result<Shape, StructureError> {
+        scan_blocks(body, |block, scan, non_ascii| {
             // SAFETY: the two unaligned 32-byte loads read bytes 0..64 of the 64-byte block;
             // AVX2 is the caller's promise (this closure inherits the function's features).
             let (lo, hi) = unsafe {
@@ -253,6 +277,8 @@ mod x86 {
                     _mm256_loadu_si256(p.add(32).cast::<__m256i>()),
                 )
             };
+            // A byte's top bit is set from 0x80 up.
+            *non_ascii |= _mm256_movemask_epi8(_mm256_or_si256(lo, hi)) != 0;
             let both = |c: u8| unsafe { eq32(lo, c) | eq32(hi, c) << 32 };
             let (quote, backslash) = (both(b'"'), both(b'\\'));
             if scan.inside_plain(quote, backslash) {

@@ -397,3 +397,21 @@ fn readers_never_wait_for_a_long_eviction_pass() {
         );
     }
 }
+
+#[test]
+fn one_trailing_publication_follows_the_last_change_then_the_writer_idles() {
+    let cfg = WriterConfig {
+        epoch: Duration::from_millis(5),
+        ..WriterConfig::default()
+    };
+    let h = spawn_writer(cfg);
+    h.try_insert(ins(D, "burst", 1, 1));
+    // The insert's publication, then one more an epoch later with nothing new: entries of the
+    // cores' recent-insert ring (live for two epochs) expire although no insert follows.
+    assert!(eventually(|| h.load().epoch() == 2));
+    std::thread::sleep(Duration::from_millis(60));
+    assert_eq!(h.load().epoch(), 2, "an idle writer keeps publishing");
+    assert_eq!(h.stats().publishes(), 2);
+    h.try_insert(ins(D, "again", 1, 2));
+    assert!(eventually(|| h.load().epoch() == 4));
+}
