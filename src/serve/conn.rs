@@ -57,6 +57,22 @@ fn read_ahead(last_request: usize) -> usize {
     last_request.min(READ_AHEAD_LIMIT)
 }
 
+/// Room for the head of the connection's next request, reserved beside a body too large for
+/// the buffer it arrived in (heads are usually a few hundred bytes).
+const NEXT_HEAD_ROOM: usize = 4 * 1024;
+
+/// Capacity in `buf` (which starts at the body) for a body of `want` bytes, so the rest of it
+/// is read in place. A buffer grown here is grown by [`NEXT_HEAD_ROOM`] more: the next request
+/// of the same size then fits behind its head in the same allocation. Without it the next
+/// head took the front of a buffer exactly one body long, the body no longer fit, and the
+/// reserve copied everything read so far (most of a 400 KiB body, every request, seen in a
+/// profile as 11 % of the CPU).
+fn reserve_body(buf: &mut BytesMut, want: usize) {
+    if buf.capacity() < want {
+        buf.reserve(want - buf.len() + NEXT_HEAD_ROOM);
+    }
+}
+
 /// At least `ahead` bytes free in `buf` before a read. Usually without a copy: once the
 /// previous request's head and body are dropped the allocation is reclaimed in place, and
 /// what is left in it (pipelined bytes) is a few bytes at most.
@@ -324,10 +340,7 @@ async fn read_body(
                     .await
                     .map_err(|_| ReadFail::Gone)?;
             }
-            let want = n.min(BODY_RESERVE_LIMIT);
-            if buf.len() < want {
-                buf.reserve(want - buf.len());
-            }
+            reserve_body(buf, n.min(BODY_RESERVE_LIMIT));
             let whole = started + pace.allowance(n as u64);
             while buf.len() < n {
                 read_body_bytes(stream, buf, pace, whole, n - buf.len()).await?;
@@ -460,6 +473,34 @@ mod tests {
             read_ahead(usize::MAX),
             READ_AHEAD_LIMIT,
             "idle buffers stay bounded"
+        );
+    }
+
+    /// Bodies too large for the buffer they arrived in: after the first, a connection sending
+    /// the same size again reads each body in place, in the allocation its last one used.
+    #[test]
+    fn a_large_body_after_a_large_body_reuses_the_buffer() {
+        let (head_len, body_len) = (300, 400 * 1024);
+        let mut buf = BytesMut::with_capacity(8 * 1024);
+        let mut ahead = read_ahead(0);
+        let mut bases = Vec::new();
+        for _ in 0..4 {
+            make_room(&mut buf, ahead);
+            // The first read: the head and the start of the body.
+            let first = (buf.capacity() - buf.len()).min(head_len + body_len);
+            buf.resize(first, b'x');
+            let head = buf.split_to(head_len).freeze();
+            reserve_body(&mut buf, body_len);
+            assert!(buf.capacity() >= body_len);
+            bases.push(buf.as_ptr() as usize - head_len);
+            buf.resize(body_len, b'y');
+            let body = buf.split_to(body_len).freeze();
+            ahead = read_ahead(head.len() + body.len());
+            drop((head, body));
+        }
+        assert!(
+            bases[1..].windows(2).all(|w| w[0] == w[1]),
+            "the head lands at the front of the same buffer: {bases:x?}"
         );
     }
 }
