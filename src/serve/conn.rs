@@ -10,6 +10,7 @@
 //! sheds the longest-idle keep-alive connection first at `--max-connections-per-core`.
 
 use super::admin::{self, Endpoint};
+use super::buffer;
 use super::connections::Slot;
 use super::error::GatewayError;
 use super::exchange::{self, Forwarding};
@@ -38,49 +39,6 @@ const REFUSAL_LINGER: Linger = Linger {
     total: Duration::from_millis(500),
     idle: Duration::from_millis(100),
 };
-
-/// Largest body buffer reserved up front from a declared `Content-Length`; beyond it the
-/// buffer grows as bytes arrive, so a declared size alone reserves no memory.
-const BODY_RESERVE_LIMIT: usize = 1 << 20;
-
-/// Most free space a connection's buffer is given before it reads the next head: as much as
-/// its previous request took (head and body), up to this. A client that keeps sending 16 KiB
-/// prompts then has each one arrive whole in the first read, where a smaller buffer would
-/// take the head and part of the body and copy that part into a buffer big enough for the
-/// body (a 16 KiB copy a request, seen in a profile). An idle keep-alive connection holds at
-/// most this much (256 MiB for a core at `--max-connections-per-core` 8192).
-const READ_AHEAD_LIMIT: usize = 32 * 1024;
-
-/// Free space to give the buffer before reading the head that follows a request of
-/// `last_request` bytes (see [`READ_AHEAD_LIMIT`]).
-fn read_ahead(last_request: usize) -> usize {
-    last_request.min(READ_AHEAD_LIMIT)
-}
-
-/// Room for the head of the connection's next request, reserved beside a body too large for
-/// the buffer it arrived in (heads are usually a few hundred bytes).
-const NEXT_HEAD_ROOM: usize = 4 * 1024;
-
-/// Capacity in `buf` (which starts at the body) for a body of `want` bytes, so the rest of it
-/// is read in place. A buffer grown here is grown by [`NEXT_HEAD_ROOM`] more: the next request
-/// of the same size then fits behind its head in the same allocation. Without it the next
-/// head took the front of a buffer exactly one body long, the body no longer fit, and the
-/// reserve copied everything read so far (most of a 400 KiB body, every request, seen in a
-/// profile as 11 % of the CPU).
-fn reserve_body(buf: &mut BytesMut, want: usize) {
-    if buf.capacity() < want {
-        buf.reserve(want - buf.len() + NEXT_HEAD_ROOM);
-    }
-}
-
-/// At least `ahead` bytes free in `buf` before a read. Usually without a copy: once the
-/// previous request's head and body are dropped the allocation is reclaimed in place, and
-/// what is left in it (pipelined bytes) is a few bytes at most.
-fn make_room(buf: &mut BytesMut, ahead: usize) {
-    if buf.capacity() - buf.len() < ahead {
-        buf.reserve(ahead);
-    }
-}
 
 /// Why a request could not be read; each ends the connection after an error response
 /// (or silently, when the peer is gone).
@@ -146,7 +104,7 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream, slot: Slot) {
                 break;
             }
         };
-        ahead = read_ahead(head.buf.len() + body.len());
+        ahead = buffer::read_ahead(head.buf.len() + body.len());
         let outcome = dispatch(&core, &mut stream, &head, body, handler).await;
         // An HTTP/1.0 client always gets the close as the end of an answer (it may not frame it).
         if !outcome.keep_alive || !head.keep_alive || head.is_http10() || gw.life.is_shutting_down()
@@ -242,6 +200,7 @@ async fn read_head(
     // The header deadline runs from the first byte of this head, so a client trickling one
     // byte a second is cut off, while an idle keep-alive connection gets the idle timeout.
     let mut header_deadline = (!buf.is_empty()).then(|| Instant::now() + waits.header);
+    buffer::make_room(buf, ahead);
     loop {
         match http::parse_request_head(buf, limits) {
             Ok(Some(head)) => {
@@ -251,7 +210,6 @@ async fn read_head(
             Ok(None) => {}
             Err(e) => return Err(ReadFail::reply(e.status(), e.message().to_string())),
         }
-        make_room(buf, ahead);
         let read = match header_deadline {
             Some(d) => read_into(stream, buf, Some(d)).await,
             None => {
@@ -340,7 +298,7 @@ async fn read_body(
                     .await
                     .map_err(|_| ReadFail::Gone)?;
             }
-            reserve_body(buf, n.min(BODY_RESERVE_LIMIT));
+            buffer::reserve_body(buf, n);
             let whole = started + pace.allowance(n as u64);
             while buf.len() < n {
                 read_body_bytes(stream, buf, pace, whole, n - buf.len()).await?;
@@ -447,60 +405,5 @@ mod tests {
             ..pace
         };
         assert_eq!(no_minimum.allowance(1), Duration::from_secs(60));
-    }
-
-    /// A request cycle as `serve` runs it (head and body split off the buffer, then dropped):
-    /// the next head read has room for a request as large as the last, in the same
-    /// allocation, so a 16 KiB prompt arrives in one read and its body is not copied.
-    #[test]
-    fn the_next_request_as_large_as_the_last_fits_one_read_without_a_new_buffer() {
-        let (head_len, body_len) = (300, 16 * 1024);
-        let mut buf = BytesMut::with_capacity(8 * 1024);
-        make_room(&mut buf, read_ahead(0));
-        buf.resize(head_len + body_len, b'x');
-        let base = buf.as_ptr();
-        for _ in 0..3 {
-            let head = buf.split_to(head_len).freeze();
-            let body = buf.split_to(body_len).freeze();
-            let ahead = read_ahead(head.len() + body.len());
-            drop((head, body));
-            make_room(&mut buf, ahead);
-            assert!(buf.capacity() - buf.len() >= head_len + body_len);
-            assert_eq!(buf.as_ptr(), base, "the allocation is reused");
-            buf.resize(head_len + body_len, b'y');
-        }
-        assert_eq!(
-            read_ahead(usize::MAX),
-            READ_AHEAD_LIMIT,
-            "idle buffers stay bounded"
-        );
-    }
-
-    /// Bodies too large for the buffer they arrived in: after the first, a connection sending
-    /// the same size again reads each body in place, in the allocation its last one used.
-    #[test]
-    fn a_large_body_after_a_large_body_reuses_the_buffer() {
-        let (head_len, body_len) = (300, 400 * 1024);
-        let mut buf = BytesMut::with_capacity(8 * 1024);
-        let mut ahead = read_ahead(0);
-        let mut bases = Vec::new();
-        for _ in 0..4 {
-            make_room(&mut buf, ahead);
-            // The first read: the head and the start of the body.
-            let first = (buf.capacity() - buf.len()).min(head_len + body_len);
-            buf.resize(first, b'x');
-            let head = buf.split_to(head_len).freeze();
-            reserve_body(&mut buf, body_len);
-            assert!(buf.capacity() >= body_len);
-            bases.push(buf.as_ptr() as usize - head_len);
-            buf.resize(body_len, b'y');
-            let body = buf.split_to(body_len).freeze();
-            ahead = read_ahead(head.len() + body.len());
-            drop((head, body));
-        }
-        assert!(
-            bases[1..].windows(2).all(|w| w[0] == w[1]),
-            "the head lands at the front of the same buffer: {bases:x?}"
-        );
     }
 }
