@@ -10,9 +10,21 @@ const WORDS: [&str; 16] = [
     "request", "history", "prompt", "turn", "worker", "latency", "batch",
 ];
 
-/// A chat-completion body of about `size` bytes: alternating user/assistant messages of words;
-/// `rich` adds escapes (`\n`, `\"`) and non-ASCII words every few words.
-fn chat_body(size: usize, rich: bool) -> Vec<u8> {
+/// How often a chat body's messages carry escapes.
+#[derive(Clone, Copy, PartialEq)]
+enum Escapes {
+    /// None: every string stays borrowed from the body.
+    None,
+    /// A paragraph break (`\n\n`) every 40 words, as in `scripts/bench-vs-peers.sh`'s bodies:
+    /// every message is unescaped, but in long plain runs.
+    Paragraphs,
+    /// `\n`, `\"` and non-ASCII words every few words.
+    Dense,
+}
+
+/// A chat-completion body of about `size` bytes: alternating user/assistant messages of words,
+/// with `escapes`.
+fn chat_body(size: usize, escapes: Escapes) -> Vec<u8> {
     let mut out = String::from(r#"{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":["#);
     let mut i = 0usize;
     let mut turn = 0;
@@ -27,8 +39,11 @@ fn chat_body(size: usize, rich: bool) -> Vec<u8> {
                 out.push(' ');
             }
             out.push_str(WORDS[i % WORDS.len()]);
-            if rich && i % 7 == 3 {
+            if escapes == Escapes::Dense && i % 7 == 3 {
                 out.push_str(r#"\n\"quoted\" café naïve"#);
+            }
+            if escapes == Escapes::Paragraphs && w % 40 == 39 {
+                out.push_str(r#".\n\nThe"#);
             }
             i = i.wrapping_mul(31).wrapping_add(17) % 1009;
         }
@@ -42,11 +57,15 @@ fn chat_body(size: usize, rich: bool) -> Vec<u8> {
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("extract_chat");
     for (name, size) in [("1k", 1024), ("16k", 16 * 1024), ("400k", 400 * 1024)] {
-        for rich in [false, true] {
-            let body = chat_body(size, rich);
+        for (escapes, kind) in [
+            (Escapes::None, ""),
+            (Escapes::Paragraphs, "_paragraphs"),
+            (Escapes::Dense, "_escapes"),
+        ] {
+            let body = chat_body(size, escapes);
             assert!(extract(Api::Chat, &body).is_ok());
             g.throughput(Throughput::Bytes(body.len() as u64));
-            let id = format!("{name}{}", if rich { "_escapes" } else { "" });
+            let id = format!("{name}{kind}");
             g.bench_with_input(BenchmarkId::from_parameter(id), &body, |b, body| {
                 b.iter(|| black_box(extract(Api::Chat, black_box(body)).unwrap().text.len()))
             });
@@ -56,8 +75,13 @@ fn bench(c: &mut Criterion) {
     // What round_robin and the other policies that never read the prompt pay: validation,
     // `model` and `stream`, no text.
     let mut g = c.benchmark_group("extract_chat_no_text");
-    for (name, size) in [("16k", 16 * 1024), ("400k", 400 * 1024)] {
-        let body = chat_body(size, true);
+    for (name, size, escapes) in [
+        ("16k", 16 * 1024, Escapes::None),
+        ("16k_paragraphs", 16 * 1024, Escapes::Paragraphs),
+        ("16k_escapes", 16 * 1024, Escapes::Dense),
+        ("400k_escapes", 400 * 1024, Escapes::Dense),
+    ] {
+        let body = chat_body(size, escapes);
         g.throughput(Throughput::Bytes(body.len() as u64));
         g.bench_with_input(BenchmarkId::from_parameter(name), &body, |b, body| {
             b.iter(|| {

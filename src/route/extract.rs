@@ -8,7 +8,7 @@
 //! written straight into one buffer, capped at [`MAX_ROUTING_TEXT`] bytes.
 
 mod blocks;
-mod structure;
+mod json;
 
 use self::blocks::{BlockList, Blocks};
 use crate::base::text::floor_char_boundary;
@@ -127,7 +127,9 @@ impl<'a> Sink<'a> {
             if let Some(b) = self.borrowed.take() {
                 self.owned().push_str(b);
             }
-            self.append(" ");
+            if self.buf.len() < MAX_ROUTING_TEXT {
+                self.owned().push(' ');
+            }
         }
         self.pieces += 1;
     }
@@ -257,8 +259,8 @@ impl<'de> Deserialize<'de> for Key {
     }
 }
 
-/// Deepest nesting of arrays and objects the extractor follows (what serde_json allowed); a
-/// deeper body is refused with 400 by [`structure::check`] before any parsing, which bounds the
+/// Deepest nesting of arrays and objects the extractor follows (about what serde_json allows);
+/// the parser refuses a deeper body with 400 as it enters the level past it, which bounds the
 /// visitors' and the parser's recursion, so the stack, on every core.
 pub const MAX_NESTING: u32 = 128;
 
@@ -268,9 +270,8 @@ pub const MAX_NESTING: u32 = 128;
 pub const STACK_BYTES: usize = 8 << 20;
 
 /// A value read only to be validated and dropped: serde's `IgnoredAny`, through the parser's
-/// validating skip (no string is unescaped or copied). Safe on any body because
-/// [`structure::check`] ran first: it bounds the skip's recursion by [`MAX_NESTING`] and holds
-/// every `\u` escape to four hex digits, the one check the skip leaves out.
+/// validating skip (no string is unescaped or copied, no number converted; recursion bounded
+/// by [`MAX_NESTING`] like every other read).
 pub(crate) struct Skip;
 
 impl<'de> Deserialize<'de> for Skip {
@@ -671,60 +672,33 @@ pub fn extract_for(
     body: &[u8],
     keep_text: bool,
 ) -> Result<RoutingInfo<'_>, ExtractError> {
-    let describe = |e: sonic_rs::Error| {
-        ExtractError(if !e.is_syntax() {
-            format!("invalid request body: {e}")
-        } else {
-            format!("invalid JSON in request body: {e}")
-        })
-    };
-    let body = checked_text(body)?;
-    let mut de = sonic_rs::Deserializer::from_str(body);
+    let mut de = json::Deserializer::new(body);
     let top = Top {
         api,
         keep_text,
         body_len: body.len(),
     };
-    let parsed = top.deserialize(&mut de).map_err(describe)?;
-    de.end().map_err(describe)?;
+    let parsed = top
+        .deserialize(&mut de)
+        .and_then(|p| de.end().map(|()| p))
+        .map_err(|e| refusal(body, e))?;
     finish(api, parsed)
 }
 
-/// The body as text, checked once: [`structure::check`] (nesting, `\u` escapes, and whether
-/// every byte is ASCII), then UTF-8 only when some byte is not ASCII. UTF-8 is checked for the
-/// whole body here because sonic-rs's own check reports an invalid byte only when a string
-/// holding it is parsed, not in a skipped value. A body with both faults gets the UTF-8 error.
-fn checked_text(body: &[u8]) -> Result<&str, ExtractError> {
-    let utf8 = |body| {
-        std::str::from_utf8(body).map_err(|e| {
-            ExtractError(format!(
-                "invalid JSON in request body: not UTF-8 at byte {}",
-                e.valid_up_to()
-            ))
-        })
-    };
-    match structure::check(body) {
-        Ok(structure::Shape { ascii: true }) => {
-            // SAFETY: every byte is below 0x80 (the pass just above), and ASCII is UTF-8.
-            Ok(unsafe { std::str::from_utf8_unchecked(body) })
-        }
-        Ok(_) => utf8(body),
-        Err(e) => {
-            utf8(body)?;
-            Err(structure_error(e))
-        }
+/// The answer to a refused body. A body that is not UTF-8 is told so whatever else is wrong
+/// with it (the parser checks UTF-8 only in the strings it reaches, and stops at the first
+/// fault), so the whole body is checked here, on the error path only.
+fn refusal(body: &[u8], e: json::Error) -> ExtractError {
+    if let Err(u) = std::str::from_utf8(body) {
+        return ExtractError(format!(
+            "invalid JSON in request body: not UTF-8 at byte {}",
+            u.valid_up_to()
+        ));
     }
-}
-
-/// A [`structure::check`] refusal, worded like the parser's.
-fn structure_error(e: structure::StructureError) -> ExtractError {
-    ExtractError(match e {
-        structure::StructureError::TooDeep => {
-            format!("invalid request body: JSON nested deeper than {MAX_NESTING} levels")
-        }
-        structure::StructureError::BadUnicodeEscape(at) => {
-            format!("invalid JSON in request body: invalid \\u escape at byte {at}")
-        }
+    ExtractError(if e.is_syntax() {
+        format!("invalid JSON in request body: {e}")
+    } else {
+        format!("invalid request body: {e}")
     })
 }
 
@@ -959,7 +933,7 @@ mod tests {
     }
 }
 
-/// The same extraction on serde_json's parser: the oracle the SIMD parser (sonic-rs) is checked
+/// The same extraction on serde_json's parser: the oracle the body parser ([`json`]) is checked
 /// against, body for body.
 #[cfg(test)]
 pub(crate) fn extract_serde_json(
@@ -967,7 +941,10 @@ pub(crate) fn extract_serde_json(
     body: &[u8],
     keep_text: bool,
 ) -> Result<RoutingInfo<'_>, ExtractError> {
-    structure::check(body).map_err(structure_error)?;
+    // serde_json's skip does not bound its recursion: the oracle counts depth itself first.
+    if nesting_depth(body) > MAX_NESTING as usize {
+        return Err(ExtractError("nested too deep".into()));
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let top = Top {
         api,
@@ -979,6 +956,33 @@ pub(crate) fn extract_serde_json(
         .map_err(|e| ExtractError(e.to_string()))?;
     de.end().map_err(|e| ExtractError(e.to_string()))?;
     finish(api, parsed)
+}
+
+/// Deepest nesting of brackets outside strings, byte by byte (the oracle's own bound).
+#[cfg(test)]
+fn nesting_depth(body: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0, false, false);
+    for &c in body {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 #[cfg(test)]
