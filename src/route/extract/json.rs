@@ -176,15 +176,25 @@ impl<'de> Deserializer<'de> {
     /// Scans the string whose opening quote is at `self.at`; returns its body's bounds.
     fn string_bounds(&mut self) -> Result<(usize, StringEnd)> {
         let start = self.at + 1;
-        let end =
-            scan::scan_string(self.body, start).map_err(|e| string_error(e, self.body.len()))?;
+        let end = self.string_read(start, scan::scan_string(self.body, start))?;
+        Ok((start, end))
+    }
+
+    /// What both string readings do once the scan is over: its error worded, UTF-8 checked
+    /// where a high byte was seen, the cursor past the closing quote.
+    fn string_read(
+        &mut self,
+        start: usize,
+        scanned: std::result::Result<StringEnd, StringError>,
+    ) -> Result<StringEnd> {
+        let end = scanned.map_err(|e| string_error(e, self.body.len()))?;
         if end.non_ascii {
             if let Err(e) = std::str::from_utf8(&self.body[start..end.end]) {
                 return Err(Error::syntax("not UTF-8", start + e.valid_up_to()));
             }
         }
         self.at = end.end + 1;
-        Ok((start, end))
+        Ok(end)
     }
 
     /// The string at `self.at` as text: borrowed from the body, or unescaped into the scratch
@@ -192,15 +202,9 @@ impl<'de> Deserializer<'de> {
     fn string(&mut self) -> Result<std::result::Result<&'de str, &str>> {
         let start = self.at + 1;
         self.scratch.clear();
-        let end = scan::read_string(self.body, start, &mut self.scratch)
-            .map_err(|e| string_error(e, self.body.len()))?;
+        let scanned = scan::read_string(self.body, start, &mut self.scratch);
+        let end = self.string_read(start, scanned)?;
         let raw = &self.body[start..end.end];
-        if end.non_ascii {
-            if let Err(e) = std::str::from_utf8(raw) {
-                return Err(Error::syntax("not UTF-8", start + e.valid_up_to()));
-            }
-        }
-        self.at = end.end + 1;
         if !end.escaped {
             // SAFETY: `raw` is ASCII, or was checked as UTF-8 just above (`non_ascii` is set
             // whenever a byte of 0x80 or above is in it).
@@ -358,10 +362,6 @@ impl<'de> Deserializer<'de> {
                 let mut first = true;
                 loop {
                     match self.peek() {
-                        Some(b'}') if first => {
-                            self.at += 1;
-                            break;
-                        }
                         Some(b'}') => {
                             self.at += 1;
                             break;
@@ -453,27 +453,11 @@ impl<'de> de::Deserializer<'de> for &mut Deserializer<'de> {
 
     fn deserialize_any<V: Visitor<'de>>(self, v: V) -> Result<V::Value> {
         match self.peek_value()? {
-            b'"' => match self.string()? {
-                Ok(s) => located!(self, v.visit_borrowed_str(s)),
-                Err(s) => {
-                    let r = v.visit_str(s);
-                    located!(self, r)
-                }
-            },
+            b'"' => self.deserialize_str(v),
             b'[' => self.deserialize_seq(v),
             b'{' => self.deserialize_map(v),
-            b't' => {
-                self.literal(b"true")?;
-                located!(self, v.visit_bool(true))
-            }
-            b'f' => {
-                self.literal(b"false")?;
-                located!(self, v.visit_bool(false))
-            }
-            b'n' => {
-                self.literal(b"null")?;
-                located!(self, v.visit_unit())
-            }
+            b't' | b'f' => self.deserialize_bool(v),
+            b'n' => self.deserialize_unit(v),
             b'-' | b'0'..=b'9' => match self.number(true)? {
                 Some(Number::U64(n)) => located!(self, v.visit_u64(n)),
                 Some(Number::I64(n)) => located!(self, v.visit_i64(n)),
@@ -649,7 +633,6 @@ impl<'de> de::MapAccess<'de> for Map<'_, 'de> {
 
     fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>> {
         match self.de.peek() {
-            Some(b'}') if self.first => return Ok(None),
             Some(b'}') => return Ok(None),
             Some(b',') if !self.first => {
                 self.de.at += 1;
