@@ -346,7 +346,7 @@ fn kv_dp_sim(dp: usize) -> SimCluster {
         };
         match loadtest::sim::spawn_cluster(sc) {
             Ok(c) => return c,
-            Err(e) => last = Some(e), // the port after rank 0's was taken: try again
+            Err(e) => last = Some(e), // 32 draws of rank 0's port all had a neighbour taken
         }
     }
     panic!("no free KV-event ports: {last:?}");

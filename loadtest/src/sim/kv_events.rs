@@ -645,6 +645,67 @@ struct WorkerSockets {
     dp_rank: u32,
 }
 
+/// Binds of one server's ranks tried before giving up: an ephemeral rank-0 port whose
+/// neighbours are taken (Linux hands connect() the even ports next to bind()'s odd ones, so a
+/// busy host often holds rank 0's port + 1) is dropped and another one drawn.
+const EPHEMERAL_SERVER_ATTEMPTS: usize = 32;
+
+/// Open the publishers of one server's attention-DP ranks (`ranks[r]` is rank r's config).
+/// Rank r publishes on rank 0's port + r (SGLang's rule), also when rank 0's port is ephemeral
+/// (`*`): the other ranks then bind the port rank 0 got + r, and if one of those is taken the
+/// whole server is reopened on a fresh ephemeral port instead of failing.
+fn open_server(
+    ctx: &zmq::Context,
+    ranks: &[KvEventsConfig],
+) -> io::Result<(Vec<WorkerSockets>, Vec<KvEventsConfig>)> {
+    let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+    let ephemeral = |ep: &str| ep.starts_with("tcp://") && ep.ends_with(":*");
+    let Some(first) = ranks.first() else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    let derived_ranks = ranks.len() > 1 && ephemeral(&first.endpoint);
+    let attempts = if derived_ranks {
+        EPHEMERAL_SERVER_ATTEMPTS
+    } else {
+        1
+    };
+    let mut last_err = None;
+    'attempt: for _ in 0..attempts {
+        let (s0, base) = open_worker(ctx, first, false, 0)?;
+        let mut sockets = vec![s0];
+        let mut effective = vec![base.clone()];
+        for (rank, c) in ranks.iter().enumerate().skip(1) {
+            let opened = if derived_ranks {
+                // Rank 0's bound ports + rank, bound (not connected) like rank 0's.
+                let mut derived = c.clone();
+                derived.endpoint = offset_endpoint(&base.endpoint, rank).map_err(invalid)?;
+                if let (Some(r), Some(b)) = (&c.replay_endpoint, &base.replay_endpoint) {
+                    if ephemeral(r) {
+                        derived.replay_endpoint = Some(offset_endpoint(b, rank).map_err(invalid)?);
+                    }
+                }
+                open_worker(ctx, &derived, true, rank as u32)
+            } else {
+                open_worker(ctx, c, false, rank as u32)
+            };
+            match opened {
+                Ok((s, e)) => {
+                    sockets.push(s);
+                    effective.push(e);
+                }
+                Err(e) if derived_ranks => {
+                    // Dropping this attempt's sockets (linger 0) releases its ports.
+                    last_err = Some(e);
+                    continue 'attempt;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        return Ok((sockets, effective));
+    }
+    Err(last_err.unwrap_or_else(|| io::Error::other("no attempt made")))
+}
+
 /// Create, configure and bind (or connect) one worker's sockets; returns them with the
 /// effective config (bound ports filled in).
 fn open_worker(
@@ -776,25 +837,10 @@ pub fn start_ranks(
     let ctx = zmq::Context::new();
     let mut sockets = Vec::with_capacity(workers);
     let mut effective = Vec::with_capacity(workers);
-    for (j, c) in configs.iter().enumerate() {
-        let rank = j % dp;
-        let ephemeral = |ep: &str| ep.starts_with("tcp://") && ep.ends_with(":*");
-        let (s, eff) = if rank > 0 && ephemeral(&c.endpoint) {
-            // Rank 0's bound ports + rank, bound (not connected) like rank 0's.
-            let base: &KvEventsConfig = &effective[j - rank];
-            let mut derived = c.clone();
-            derived.endpoint = offset_endpoint(&base.endpoint, rank).map_err(invalid)?;
-            if let (Some(r), Some(b)) = (&c.replay_endpoint, &base.replay_endpoint) {
-                if ephemeral(r) {
-                    derived.replay_endpoint = Some(offset_endpoint(b, rank).map_err(invalid)?);
-                }
-            }
-            open_worker(&ctx, &derived, true, rank as u32)?
-        } else {
-            open_worker(&ctx, c, false, rank as u32)?
-        };
-        sockets.push(s);
-        effective.push(eff);
+    for group in configs.chunks(dp) {
+        let (s, e) = open_server(&ctx, group)?;
+        sockets.extend(s);
+        effective.extend(e);
     }
     let (wake_tx, wake_rx) = UnixStream::pair()?;
     wake_tx.set_nonblocking(true)?;

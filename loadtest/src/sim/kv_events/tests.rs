@@ -295,3 +295,36 @@ fn full_queue_drops_and_leaves_a_gap() {
     p.publish(vec![CacheEvent::Cleared], 0.0);
     assert!(rx.try_recv().unwrap().publish, "the knob acts once");
 }
+
+/// The ranks of a server whose rank-0 ports are ephemeral publish and replay on rank 0's ports
+/// + rank (SGLang's rule), bound, with the ports they got reported.
+#[test]
+fn ephemeral_rank_zero_ports_are_offset_per_rank() {
+    let port = |ep: &str| -> u16 { ep.rsplit_once(':').unwrap().1.parse().unwrap() };
+    let cfg = KvEventsConfig::parse(
+        r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
+    )
+    .unwrap();
+    let ranks = vec![
+        cfg.for_worker(0).unwrap(),
+        cfg.for_worker(1).unwrap(),
+        cfg.for_worker(2).unwrap(),
+    ];
+    let ctx = zmq::Context::new();
+    let (sockets, effective) = open_server(&ctx, &ranks).expect("three ranks bound");
+    assert_eq!(sockets.len(), 3);
+    let p0 = port(&effective[0].endpoint);
+    let r0 = port(effective[0].replay_endpoint.as_deref().unwrap());
+    for (rank, e) in effective.iter().enumerate() {
+        assert_eq!(
+            port(&e.endpoint),
+            p0 + rank as u16,
+            "rank {rank}'s publisher"
+        );
+        let replay = port(e.replay_endpoint.as_deref().unwrap());
+        assert_eq!(replay, r0 + rank as u16, "rank {rank}'s replay");
+        assert_eq!(sockets[rank].dp_rank, rank as u32);
+    }
+    // The ports are held: binding rank 1's publisher port again fails.
+    assert!(std::net::TcpListener::bind(("127.0.0.1", p0 + 1)).is_err());
+}
