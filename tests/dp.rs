@@ -319,37 +319,31 @@ fn workers_added_and_removed_at_run_time_bring_and_take_their_ranks() {
 }
 
 /// One server with `dp` ranks publishing KV events on loopback (rank 0 on an ephemeral port,
-/// rank r on that port + r, SGLang's rule), pages of 4 tokens.
+/// rank r on that port + r, SGLang's rule; the simulated worker draws again when a neighbour
+/// of rank 0's port is taken), pages of 4 tokens.
 fn kv_dp_sim(dp: usize) -> SimCluster {
     use loadtest::sim::kv_events::KvEventsConfig;
-    let mut last = None;
-    for _ in 0..20 {
-        let cfg = KvEventsConfig::parse(
-            r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
-        )
-        .unwrap();
-        let mut sc = loadtest::sim::SimConfig {
-            ports: vec![0],
-            time_scale: 50.0,
-            tokenizer: loadtest::sim::TokenizerMode::Approx,
-            default_max_tokens: 8,
-            seed: 7,
-            page_size: 4,
-            dp_size: dp,
-            kv_events: Some(cfg),
-            ..Default::default()
-        };
-        sc.io_driver = match test_driver() {
-            None => loadtest::sim::IoDriver::Auto,
-            Some(TestDriver::Uring) => loadtest::sim::IoDriver::Uring,
-            Some(TestDriver::Epoll) => loadtest::sim::IoDriver::Legacy,
-        };
-        match loadtest::sim::spawn_cluster(sc) {
-            Ok(c) => return c,
-            Err(e) => last = Some(e), // 32 draws of rank 0's port all had a neighbour taken
-        }
-    }
-    panic!("no free KV-event ports: {last:?}");
+    let cfg = KvEventsConfig::parse(
+        r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
+    )
+    .unwrap();
+    let mut sc = loadtest::sim::SimConfig {
+        ports: vec![0],
+        time_scale: 50.0,
+        tokenizer: loadtest::sim::TokenizerMode::Approx,
+        default_max_tokens: 8,
+        seed: 7,
+        page_size: 4,
+        dp_size: dp,
+        kv_events: Some(cfg),
+        ..Default::default()
+    };
+    sc.io_driver = match test_driver() {
+        None => loadtest::sim::IoDriver::Auto,
+        Some(TestDriver::Uring) => loadtest::sim::IoDriver::Uring,
+        Some(TestDriver::Epoll) => loadtest::sim::IoDriver::Legacy,
+    };
+    loadtest::sim::spawn_cluster(sc).expect("a DP server publishing KV events")
 }
 
 fn ids_body(ids: &[u32], rank: Option<u32>) -> Vec<u8> {

@@ -658,52 +658,60 @@ fn open_server(
     ctx: &zmq::Context,
     ranks: &[KvEventsConfig],
 ) -> io::Result<(Vec<WorkerSockets>, Vec<KvEventsConfig>)> {
-    let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
-    let ephemeral = |ep: &str| ep.starts_with("tcp://") && ep.ends_with(":*");
-    let Some(first) = ranks.first() else {
-        return Ok((Vec::new(), Vec::new()));
-    };
-    let derived_ranks = ranks.len() > 1 && ephemeral(&first.endpoint);
-    let attempts = if derived_ranks {
-        EPHEMERAL_SERVER_ATTEMPTS
-    } else {
-        1
-    };
-    let mut last_err = None;
-    'attempt: for _ in 0..attempts {
-        let (s0, base) = open_worker(ctx, first, false, 0)?;
-        let mut sockets = vec![s0];
-        let mut effective = vec![base.clone()];
-        for (rank, c) in ranks.iter().enumerate().skip(1) {
-            let opened = if derived_ranks {
-                // Rank 0's bound ports + rank, bound (not connected) like rank 0's.
-                let mut derived = c.clone();
-                derived.endpoint = offset_endpoint(&base.endpoint, rank).map_err(invalid)?;
+    let derived = ranks.len() > 1 && ranks.first().is_some_and(|r| is_ephemeral(&r.endpoint));
+    let mut attempt = 1;
+    loop {
+        match open_ranks(ctx, ranks, derived) {
+            // This attempt's sockets are dropped (linger 0), which releases their ports.
+            Err(e) if derived && e.kind() == io::ErrorKind::AddrInUse => {
+                if attempt == EPHEMERAL_SERVER_ATTEMPTS {
+                    return Err(e);
+                }
+                attempt += 1;
+            }
+            opened => return opened,
+        }
+    }
+}
+
+/// One try of [`open_server`]: rank 0 as configured, then each other rank on its own config or,
+/// when `derived`, on rank 0's bound ports + rank (bound, not connected, like rank 0's).
+fn open_ranks(
+    ctx: &zmq::Context,
+    ranks: &[KvEventsConfig],
+    derived: bool,
+) -> io::Result<(Vec<WorkerSockets>, Vec<KvEventsConfig>)> {
+    let mut sockets = Vec::with_capacity(ranks.len());
+    let mut effective: Vec<KvEventsConfig> = Vec::with_capacity(ranks.len());
+    for (rank, c) in ranks.iter().enumerate() {
+        let (s, e) = match effective.first() {
+            Some(base) if derived => {
+                let mut own = c.clone();
+                own.endpoint = offset_endpoint(&base.endpoint, rank).map_err(invalid_input)?;
                 if let (Some(r), Some(b)) = (&c.replay_endpoint, &base.replay_endpoint) {
-                    if ephemeral(r) {
-                        derived.replay_endpoint = Some(offset_endpoint(b, rank).map_err(invalid)?);
+                    if is_ephemeral(r) {
+                        own.replay_endpoint =
+                            Some(offset_endpoint(b, rank).map_err(invalid_input)?);
                     }
                 }
-                open_worker(ctx, &derived, true, rank as u32)
-            } else {
-                open_worker(ctx, c, false, rank as u32)
-            };
-            match opened {
-                Ok((s, e)) => {
-                    sockets.push(s);
-                    effective.push(e);
-                }
-                Err(e) if derived_ranks => {
-                    // Dropping this attempt's sockets (linger 0) releases its ports.
-                    last_err = Some(e);
-                    continue 'attempt;
-                }
-                Err(e) => return Err(e),
+                open_worker(ctx, &own, true, rank as u32)?
             }
-        }
-        return Ok((sockets, effective));
+            _ => open_worker(ctx, c, false, rank as u32)?,
+        };
+        sockets.push(s);
+        effective.push(e);
     }
-    Err(last_err.unwrap_or_else(|| io::Error::other("no attempt made")))
+    Ok((sockets, effective))
+}
+
+/// A tcp endpoint whose port is left to the kernel (`tcp://HOST:*`).
+fn is_ephemeral(ep: &str) -> bool {
+    ep.starts_with("tcp://") && ep.ends_with(":*")
+}
+
+/// A configuration the publisher cannot open, as an I/O error of its own kind (not retried).
+fn invalid_input(m: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, m)
 }
 
 /// Create, configure and bind (or connect) one worker's sockets; returns them with the
@@ -828,12 +836,11 @@ pub fn start_ranks(
     block_size: usize,
 ) -> io::Result<KvPublishers> {
     let dp = dp.max(1);
-    let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
     let configs = (0..workers)
         .map(|i| cfg.for_worker(i))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(invalid)?;
-    check_distinct(&configs).map_err(invalid)?;
+        .map_err(invalid_input)?;
+    check_distinct(&configs).map_err(invalid_input)?;
     let ctx = zmq::Context::new();
     let mut sockets = Vec::with_capacity(workers);
     let mut effective = Vec::with_capacity(workers);
