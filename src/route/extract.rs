@@ -425,8 +425,42 @@ impl<'de> Visitor<'de> for Messages<'_, 'de> {
         f.write_str("an array of chat messages")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element_seed(Message(&mut *self.0))?.is_some() {}
+        while !self.0.full() {
+            if seq.next_element_seed(Message(&mut *self.0))?.is_none() {
+                return Ok(());
+            }
+        }
+        // Past the text's cap (or when no text is kept) a message adds nothing: each is only
+        // held to being an object of valid JSON, in one pass of the parser's skip.
+        while seq.next_element::<OpaqueMessage>()?.is_some() {}
         Ok(())
+    }
+}
+
+/// A chat message that adds nothing to the routing text (past [`MAX_ROUTING_TEXT`]): checked
+/// as [`Message`] checks it (an object, valid JSON), its keys never matched one by one.
+struct OpaqueMessage;
+
+impl<'de> Deserialize<'de> for OpaqueMessage {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = OpaqueMessage;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a chat message object")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<OpaqueMessage, E> {
+                Ok(OpaqueMessage)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<OpaqueMessage, A::Error> {
+                while map
+                    .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(OpaqueMessage)
+            }
+        }
+        d.deserialize_struct(json::OPAQUE_OBJECT, &[], V)
     }
 }
 
@@ -900,6 +934,31 @@ mod tests {
         let t = extract(Api::Generate, ids.as_bytes()).unwrap().text;
         assert_eq!(t.len(), MAX_ROUTING_TEXT);
         assert!(t.starts_with("0 0 1 2 3"));
+    }
+
+    #[test]
+    fn messages_past_the_cap_are_still_checked() {
+        let long = "a".repeat(MAX_ROUTING_TEXT);
+        let first = format!(r#"{{"role":"user","content":"{long}"}}"#);
+        let chat = |rest: &str| format!(r#"{{"messages":[{first},{rest}]}}"#);
+        // Past the cap a message adds nothing, wherever its text would have gone.
+        let body = chat(r#"{"role":"assistant","content":"more","reasoning_content":"why"}"#);
+        let t = extract(Api::Chat, body.as_bytes()).unwrap().text;
+        assert_eq!(t, long.as_str());
+        // ...but is refused, as before the cap, when it is not an object or not valid JSON.
+        for (rest, want) in [
+            ("\"hi\"", "expected a chat message object"),
+            ("[1]", "expected a chat message object"),
+            (r#"{"content":"a\qb"}"#, "escape"),
+            (r#"{"content":"x",}"#, "invalid JSON"),
+            (r#"{"content" "x"}"#, "`:`"),
+            ("{\"content\":\"a\u{1}b\"}", "control character"),
+        ] {
+            for keep_text in [true, false] {
+                let e = extract_for(Api::Chat, chat(rest).as_bytes(), keep_text).unwrap_err();
+                assert!(e.0.contains(want), "{rest}: {e}");
+            }
+        }
     }
 
     use proptest::prelude::*;

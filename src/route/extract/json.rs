@@ -440,6 +440,11 @@ impl<'de> Deserializer<'de> {
     }
 }
 
+/// The struct name that asks this parser for an object read in one validating pass (no
+/// per-key visitor calls; the visitor hears `visit_unit`, or its type error when the value is
+/// not an object). Any other deserializer treats it as a struct, i.e. visits the map.
+pub(crate) const OPAQUE_OBJECT: &str = "$radixgate::opaque_object";
+
 /// Gives the error the parser's position when the visitor did not set one.
 macro_rules! located {
     ($self:ident, $e:expr) => {{
@@ -587,9 +592,31 @@ impl<'de> de::Deserializer<'de> for &mut Deserializer<'de> {
         v.visit_unit()
     }
 
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        fields: &'static [&'static str],
+        v: V,
+    ) -> Result<V::Value> {
+        if name != OPAQUE_OBJECT {
+            let _ = fields;
+            return self.deserialize_any(v);
+        }
+        match self.peek_value()? {
+            b'{' => {
+                self.skip_value()?;
+                v.visit_unit()
+            }
+            c => {
+                self.check_value_start(c)?;
+                Err(self.invalid_type(c, &v))
+            }
+        }
+    }
+
     serde::forward_to_deserialize_any! {
         i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char bytes byte_buf
-        unit_struct tuple tuple_struct struct enum
+        unit_struct tuple tuple_struct enum
     }
 }
 
