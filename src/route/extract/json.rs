@@ -442,7 +442,8 @@ impl<'de> Deserializer<'de> {
 
 /// The struct name that asks this parser for an object read in one validating pass (no
 /// per-key visitor calls; the visitor hears `visit_unit`, or its type error when the value is
-/// not an object). Any other deserializer treats it as a struct, i.e. visits the map.
+/// not an object). Any other deserializer (serde_json in `parser_agreement`) treats it as a
+/// struct, i.e. visits the map.
 pub(crate) const OPAQUE_OBJECT: &str = "$radixgate::opaque_object";
 
 /// Gives the error the parser's position when the visitor did not set one.
@@ -595,22 +596,17 @@ impl<'de> de::Deserializer<'de> for &mut Deserializer<'de> {
     fn deserialize_struct<V: Visitor<'de>>(
         self,
         name: &'static str,
-        fields: &'static [&'static str],
+        _fields: &'static [&'static str],
         v: V,
     ) -> Result<V::Value> {
-        if name != OPAQUE_OBJECT {
-            let _ = fields;
-            return self.deserialize_any(v);
-        }
         match self.peek_value()? {
-            b'{' => {
+            b'{' if name == OPAQUE_OBJECT => {
                 self.skip_value()?;
                 v.visit_unit()
             }
-            c => {
-                self.check_value_start(c)?;
-                Err(self.invalid_type(c, &v))
-            }
+            // Anything else is read as a map is: the same type error when it is not one.
+            _ if name == OPAQUE_OBJECT => self.deserialize_map(v),
+            _ => self.deserialize_any(v),
         }
     }
 
