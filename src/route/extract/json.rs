@@ -4,7 +4,9 @@
 //! pass when they do (the scan costs more than the copy); nesting depth is counted as it
 //! is entered (bounded by [`MAX_NESTING`], so the recursion is bounded on every core); UTF-8 is
 //! checked only for strings that hold a byte of 0x80 or above (outside strings such a byte is
-//! a syntax error anyway). Values nobody reads are validated without being built.
+//! a syntax error anyway). Values nobody reads are validated without being built, an array or
+//! object 64 bytes a step on bit masks ([`skim`]; the string-at-a-time skip is kept for the
+//! exact wording of a refusal).
 //!
 //! Verdicts are serde_json's (checked body for body by `parser_agreement.rs`): the RFC 8259
 //! grammar, integers as `u64`/`i64` when they fit and else `f64` (`-0` is the float -0.0),
@@ -12,6 +14,7 @@
 //! surrogates refused where a string is read and skipped strings held to four hex digits.
 
 pub(super) mod scan;
+mod skim;
 
 use self::scan::{StringEnd, StringError};
 use super::MAX_NESTING;
@@ -329,8 +332,23 @@ impl<'de> Deserializer<'de> {
         }
     }
 
-    /// Validates the value at `self.at` without building it.
+    /// Validates the value at `self.at` without building it: an array or object in one pass
+    /// of the block skip ([`skim`]), and when that refuses it, again by the exact skip, whose
+    /// error it is.
     fn skip_value(&mut self) -> Result<()> {
+        if let b'[' | b'{' = self.peek_value()? {
+            if let Some(end) = skim::skip_container(self.body, self.at, MAX_NESTING - self.depth) {
+                self.at = end;
+                return Ok(());
+            }
+        }
+        self.skip_exact()
+    }
+
+    /// The skip a value at a time: the verdict of [`Self::skip_value`] and its wording. What
+    /// it holds is skipped the same way, never by the block skip again (a value that failed
+    /// it would otherwise be scanned once for each level it is nested in).
+    fn skip_exact(&mut self) -> Result<()> {
         match self.peek_value()? {
             b'"' => self.string_bounds().map(|_| ()),
             b'[' => {
@@ -344,10 +362,10 @@ impl<'de> Deserializer<'de> {
                         }
                         Some(b',') if !first => {
                             self.at += 1;
-                            self.skip_value()?;
+                            self.skip_exact()?;
                         }
                         Some(_) if first => {
-                            self.skip_value()?;
+                            self.skip_exact()?;
                         }
                         Some(_) => return Err(self.expected("`,` or `]`")),
                         None => return Err(self.eof("a list")),
@@ -392,7 +410,7 @@ impl<'de> Deserializer<'de> {
         self.object_key_start()?;
         self.string_bounds()?;
         self.colon()?;
-        self.skip_value()
+        self.skip_exact()
     }
 
     /// The next byte must open a key.
