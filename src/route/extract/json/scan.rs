@@ -32,7 +32,7 @@ pub enum StringError {
     LoneSurrogate(usize),
 }
 
-/// Offset of the first byte at or after `from` that is `"`, `\\` or below 0x20, and whether a
+/// Offset of the first byte at or after `from` that is `"`, `\` or below 0x20, and whether a
 /// byte of 0x80 or above may lie before it.
 #[inline]
 pub fn find_special(b: &[u8], from: usize) -> (Option<usize>, bool) {
@@ -53,7 +53,7 @@ const NOT_FOUND: u64 = HIGH_SEEN - 1;
 
 #[inline(always)]
 fn packed(at: Option<usize>, high: bool) -> u64 {
-    at.map_or(NOT_FOUND, |at| at as u64) | (high as u64) << 63
+    at.map_or(NOT_FOUND, |at| at as u64) | if high { HIGH_SEEN } else { 0 }
 }
 
 #[inline]
@@ -168,7 +168,10 @@ unsafe fn find_special_avx2(b: &[u8], from: usize) -> u64 {
     }
     // SAFETY: SSE2 is part of the x86_64 baseline.
     let tail = unsafe { find_special_sse2(b, i) };
-    tail | ((high != 0) as u64) << 63
+    match high {
+        0 => tail,
+        _ => tail | HIGH_SEEN,
+    }
 }
 
 /// Scans the string whose opening quote is just before `start`: finds its closing quote and
@@ -219,7 +222,7 @@ fn walk_string(
 }
 
 /// Length of the escape whose backslash is at `at` (2, or 6 for `\u`), checked.
-fn escape_len(b: &[u8], at: usize) -> Result<usize, StringError> {
+pub(super) fn escape_len(b: &[u8], at: usize) -> Result<usize, StringError> {
     match b.get(at + 1) {
         None => Err(StringError::Eof),
         Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(2),

@@ -144,15 +144,12 @@ fn refused(base: usize, mask: u64, ok: impl Fn(usize) -> bool) -> u64 {
         .fold(0, |bad, i| bad | 1 << i)
 }
 
-/// The escaped bytes (bits of `escaped`) that start no escape. `\u` must be followed by four
-/// hex digits, as the exact skip holds it.
+/// The escaped bytes (bits of `escaped`) that start no escape, by the string scan's own rule
+/// (so `\u` needs four hex digits, as the exact skip holds it). An escaped byte's backslash is
+/// the byte before it.
 fn bad_escapes(b: &[u8], base: usize, escaped: u64) -> u64 {
-    refused(base, escaped, |at| match b.get(at) {
-        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => true,
-        Some(b'u') => b
-            .get(at + 1..at + 5)
-            .is_some_and(|d| d.iter().all(u8::is_ascii_hexdigit)),
-        _ => false,
+    refused(base, escaped, |at| {
+        super::scan::escape_len(b, at - 1).is_ok()
     })
 }
 
