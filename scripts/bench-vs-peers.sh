@@ -4,12 +4,17 @@
 #
 #   scripts/bench-vs-peers.sh [--duration S] [--rounds N] [--bodies 1k,16k,400k]
 #       [--candidates a,b,...] [--connections C] [--skip-build] [--radixgate-bin PATH]
-#       [--sim-bin PATH] [--no-sglang-router] [--upstream sim|static] [--out DIR] [--help]
+#       [--sim-bin PATH] [--no-sglang-router] [--upstream sim|static] [--busy-poll-us N]
+#       [--out DIR] [--help]
 #
 # Candidates (default: all):
 #   direct                     wrk straight to the upstream (no proxy)
 #   radixgate-cache_aware      radixgate --policy cache_aware --cpu-list 0
 #   radixgate-round_robin      radixgate --policy round_robin --cpu-list 0
+#   radixgate-cache_aware-busy_poll
+#                              radixgate cache_aware with --busy-poll-us N (--busy-poll-us, default
+#                              50): the core polls for I/O that long after each request event
+#                              instead of halting its CPU at once (not in the default list: name it)
 #   sglang-router-cache_aware  sglang-router 0.3.2 (PyPI, installed into .venv/ as
 #   sglang-router-round_robin  scripts/compare-policies.sh does), TOKIO_WORKER_THREADS=1
 #   nginx-round_robin          nginx, worker_processes 1, round robin to a keep-alive upstream group
@@ -60,6 +65,9 @@ DURATION=5
 ROUNDS=3
 BODIES="1k,16k,400k"
 CANDIDATES="$ALL_CANDIDATES"
+# Known beyond the default list (named with --candidates).
+EXTRA_CANDIDATES="radixgate-cache_aware-busy_poll"
+BUSY_POLL_US=50
 CONNECTIONS=32
 BUILD=1
 RG_BIN=""
@@ -85,6 +93,7 @@ while [[ $# -gt 0 ]]; do
         --sim-bin) SIM_BIN="$2"; shift 2 ;;
         --no-sglang-router) SGLANG=0; shift ;;
         --upstream) UPSTREAM_KIND="$2"; shift 2 ;;
+        --busy-poll-us) BUSY_POLL_US="$2"; shift 2 ;;
         --out) OUT="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
@@ -94,10 +103,11 @@ done
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "--rounds: a whole number >= 1" >&2; exit 2; }
 [[ "$CONNECTIONS" =~ ^[1-9][0-9]*$ ]] || { echo "--connections: a whole number >= 1" >&2; exit 2; }
 [[ "$UPSTREAM_KIND" == sim || "$UPSTREAM_KIND" == static ]] || { echo "--upstream sim|static" >&2; exit 2; }
+[[ "$BUSY_POLL_US" =~ ^[0-9]+$ ]] || { echo "--busy-poll-us: whole microseconds" >&2; exit 2; }
 
 IFS=',' read -r -a CAND_LIST <<<"$CANDIDATES"
 for c in "${CAND_LIST[@]}"; do
-    [[ ",$ALL_CANDIDATES," == *",$c,"* ]] || { echo "unknown candidate: $c (known: $ALL_CANDIDATES)" >&2; exit 2; }
+    [[ ",$ALL_CANDIDATES,$EXTRA_CANDIDATES," == *",$c,"* ]] || { echo "unknown candidate: $c (known: $ALL_CANDIDATES,$EXTRA_CANDIDATES)" >&2; exit 2; }
 done
 IFS=',' read -r -a BODY_LIST <<<"$BODIES"
 declare -A BODY_BYTES=()
@@ -208,7 +218,7 @@ fi
 RG_BIN="$(realpath "${RG_BIN:-target/release/radixgate}")"
 SIM_BIN="$(realpath "${SIM_BIN:-target/release/sim-worker}")"
 [[ -x "$SIM_BIN" ]] || { echo "missing $SIM_BIN (build it, or pass --sim-bin)" >&2; exit 1; }
-if has radixgate-cache_aware || has radixgate-round_robin; then
+if has radixgate-cache_aware || has radixgate-round_robin || has radixgate-cache_aware-busy_poll; then
     [[ -x "$RG_BIN" ]] || { echo "missing $RG_BIN (build it, or pass --radixgate-bin)" >&2; exit 1; }
 fi
 
@@ -383,9 +393,14 @@ start_candidate() {
     case "$c" in
         direct) PORT[$c]="$SIM_PORT"; PID_OF[$c]=""; return 0 ;;
         radixgate-*)
+            local policy="${c#radixgate-}" extra=()
+            if [[ "$policy" == *-busy_poll ]]; then
+                policy="${policy%-busy_poll}"
+                extra=(--busy-poll-us "$BUSY_POLL_US")
+            fi
             taskset -c "$PROXY_CPU" "$RG_BIN" --host 127.0.0.1 --port "$port" --prometheus-port 0 \
-                --cpu-list "$PROXY_CPU" --worker-urls "$UPSTREAM" --policy "${c#radixgate-}" --log-level warn \
-                >"$LOGS/$c.log" 2>&1 &
+                --cpu-list "$PROXY_CPU" --worker-urls "$UPSTREAM" --policy "$policy" --log-level warn \
+                "${extra[@]}" >"$LOGS/$c.log" 2>&1 &
             pid=$! ;;
         sglang-router-*)
             mport="$(free_port)"
@@ -580,10 +595,11 @@ PIDS=()
 MACHINE="$(nproc) CPUs, $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo), kernel $(uname -r)"
 VERSIONS="radixgate $("$RG_BIN" --version 2>/dev/null | awk '{print $NF}' || echo '?') ($RG_BIN, built $(date -u -r "$RG_BIN" +%Y-%m-%dT%H:%MZ)), $(wrk --version 2>&1 | head -1 | awk '{print $1, $2}'), $(nginx -v 2>&1 | sed 's/^nginx version: //' || true), sglang-router $("$SGL_PY" -c 'import importlib.metadata as m; print(m.version("sglang-router"))' 2>/dev/null || echo 'not installed')"
 CMDLINE="scripts/bench-vs-peers.sh --upstream $UPSTREAM_KIND --duration $DURATION --rounds $ROUNDS --bodies $BODIES --connections $CONNECTIONS --candidates $(IFS=,; echo "${CAND_LIST[*]}")"
+[[ ",$(IFS=,; echo "${CAND_LIST[*]}")," == *",radixgate-cache_aware-busy_poll,"* ]] && CMDLINE+=" --busy-poll-us $BUSY_POLL_US"
 NOTES_TEXT="$(printf '%s\n' "${NOTES[@]+"${NOTES[@]}"}" "${PLACEMENT[@]+"${PLACEMENT[@]}"}")"
 M_MACHINE="$MACHINE" M_VERSIONS="$VERSIONS" M_CMD="$CMDLINE" M_NOTES="$NOTES_TEXT" M_BODIES="$BODIES" \
 M_CANDS="$(IFS=,; echo "${CAND_LIST[*]}")" M_ROUNDS="$ROUNDS" M_DUR="$DURATION" M_CONNS="$CONNECTIONS" \
-M_PCPU="$PROXY_CPU" M_LCPU="$LOAD_CPU" M_STAMP="$STAMP" M_UPSTREAM="$UPSTREAM_DESC" \
+M_PCPU="$PROXY_CPU" M_LCPU="$LOAD_CPU" M_STAMP="$STAMP" M_BUSY_POLL_US="$BUSY_POLL_US" M_UPSTREAM="$UPSTREAM_DESC" \
 python3 - "$OUT" <<'PY'
 import csv, json, os, statistics, sys
 
@@ -630,6 +646,8 @@ for c in cands:
             "cpu_proxy_busy": med(num(r[f"cpu{pcpu}_busy"]) for r in pk),
             "cpu_load_busy": med(num(r[f"cpu{lcpu}_busy"]) for r in pk),
             "errors": sum(int(num(r["errors"]) or 0) for r in pk + lt),
+            "lat_proxy_busy": med(num(r["proxy_cpu_s"]) / num(r["wall_s"])
+                                  for r in lt if num(r["wall_s"])) if c != "direct" else None,
             "foreign_lat": med(max(0.0, num(r[f"cpu{pcpu}_busy"]) - num(r[f"cpu{pcpu}_irq"])
                                    - num(r["proxy_cpu_s"]) / num(r["wall_s"]))
                                for r in lt if num(r["wall_s"])),
@@ -646,6 +664,7 @@ def f_pct(v):
 
 names = {"direct": "direct", "radixgate-cache_aware": "radixgate cache_aware",
          "radixgate-round_robin": "radixgate round_robin",
+         "radixgate-cache_aware-busy_poll": f"radixgate cache_aware, busy poll {env['M_BUSY_POLL_US']} µs",
          "sglang-router-cache_aware": "sglang-router cache_aware",
          "sglang-router-round_robin": "sglang-router round_robin",
          "nginx-round_robin": "nginx round robin"}
@@ -686,6 +705,8 @@ if "direct" in cands and proxies:
 if proxies:
     table(f"Proxy CPU-seconds per 1,000 requests (at peak)", "cpu_s_per_1k",
           lambda v: "—" if v is None else f"{v:.3f}", proxies)
+    table(f"Proxy's share of CPU {pcpu} at one connection (what the latency runs cost it; busy polling "
+          "spends idle time here)", "lat_proxy_busy", f_pct, proxies)
 L.append("**What limited the peak runs: shares of each CPU, medians over rounds**")
 L.append("")
 L.append(f"Each cell: CPU {pcpu} as proxy / interrupts / other processes, then CPU {lcpu} as wrk + upstream / "

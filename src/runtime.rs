@@ -375,6 +375,18 @@ async fn core_main(gw: Arc<Gateway>, index: usize, listener: std::net::TcpListen
             }
         });
     }
+    {
+        let core = core.clone();
+        monoio::spawn(async move {
+            let gw = core.gw.clone();
+            crate::gateway::busy_poll::spin(
+                &core.busy,
+                || gw.life.is_shutting_down(),
+                Duration::from_millis(200),
+            )
+            .await;
+        });
+    }
     // One accept stays pending across shutdown checks: cancelling an in-flight accept can lose
     // a connection the kernel already handed over (monoio #318), so only the timer is dropped.
     {

@@ -559,3 +559,77 @@ fn wait_for_upstream_abort(worker: std::net::SocketAddr, limit: Duration) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// CPU ticks (user + system) a process has used so far.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields 14 and 15 (utime, stime), counted after the parenthesised name (field 3 first).
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split(' ').collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// `--busy-poll-us`: a core polls without sleeping only in the window after each request
+/// event. Requests paced 1 ms apart keep a 3 ms window open, so the gateway spends far more CPU
+/// on them than one that sleeps at once, and still answers every one; before and after the
+/// traffic the core sleeps (an idle gateway spends nothing).
+#[test]
+fn busy_polling_spends_cpu_only_in_its_window() {
+    let cluster = sim(1, |_| {});
+    let url = &cluster.urls()[0];
+    let clk = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let mut paced_share = Vec::new();
+    for window in ["3000", "0"] {
+        let port = free_port();
+        let child = spawn_binary_with(port, 1, url, &["--busy-poll-us", window]);
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        wait_ready(addr, Duration::from_secs(20));
+        let info = request(addr, "GET", "/get_server_info", &[], b"")
+            .unwrap()
+            .json();
+        assert_eq!(
+            info["config"]["busy_poll_us"].as_u64().unwrap().to_string(),
+            window
+        );
+        assert_eq!(chat(addr, "warm up", false, 1).status, 200);
+        let idle = |what: &str| {
+            std::thread::sleep(Duration::from_millis(100));
+            let t0 = cpu_ticks(child.id());
+            std::thread::sleep(Duration::from_millis(500));
+            let used = (cpu_ticks(child.id()) - t0) as f64 / clk;
+            assert!(
+                used < 0.1,
+                "--busy-poll-us {window}, {what}: {used:.2} CPU-s in 0.5 s of idleness"
+            );
+        };
+        idle("before the traffic");
+        let mut conn = Conn::open(addr);
+        let body = chat_body(&[("user", "paced")], false, 1);
+        let mut raw = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        raw.extend_from_slice(&body);
+        let t0 = cpu_ticks(child.id());
+        let started = Instant::now();
+        let mut answered = 0;
+        while started.elapsed() < Duration::from_millis(1500) {
+            conn.send(&raw);
+            let r = conn.read_response().expect("answer");
+            assert_eq!(r.status, 200, "{}", r.text());
+            answered += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let share = (cpu_ticks(child.id()) - t0) as f64 / clk / started.elapsed().as_secs_f64();
+        assert!(answered > 100, "{answered} paced requests answered");
+        paced_share.push(share);
+        idle("after the traffic");
+    }
+    let (polling, sleeping) = (paced_share[0], paced_share[1]);
+    assert!(
+        polling > 0.3 && polling > 2.0 * sleeping,
+        "paced traffic: {polling:.2} of a CPU with a 3 ms window, {sleeping:.2} without"
+    );
+}

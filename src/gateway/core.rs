@@ -22,18 +22,22 @@ pub struct Core {
     pub rng: RefCell<Rng>,
     /// This core's buffers for measuring prompts against the KV-event index.
     pub kv: RefCell<super::kv::KvScratch>,
+    /// This core's busy-poll window (`--busy-poll-us`).
+    pub busy: super::busy_poll::BusyPoll,
 }
 
 impl Core {
     /// A core bound to the shared gateway.
     pub fn new(gw: Arc<Gateway>, index: usize) -> Core {
         let pool = upstream_pool(&gw);
+        let busy = super::busy_poll::BusyPoll::new(Duration::from_micros(gw.cfg.busy_poll_us));
         Core {
             gw,
             index,
             pool,
             rng: RefCell::new(Rng::from_entropy()),
             kv: RefCell::default(),
+            busy,
         }
     }
 }

@@ -7,8 +7,10 @@
 //! settings derived from the flags. The
 //! operations that touch several of them at once (a worker leaving, a circuit opening) live in
 //! `membership`.
+//! `busy_poll` keeps a core polling for a short window after each request event.
 
 mod auth;
+pub mod busy_poll;
 mod core;
 pub mod dp;
 pub mod health;

@@ -85,6 +85,7 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream, slot: Slot) {
                 break;
             }
         };
+        core.busy.touch();
         let (handler, body_limit) = match decide(&gw, &head) {
             Ok(d) => d,
             Err(e) => {
@@ -106,6 +107,7 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream, slot: Slot) {
         };
         ahead = buffer::read_ahead(head.buf.len() + body.len());
         let outcome = dispatch(&core, &mut stream, &head, body, handler).await;
+        core.busy.touch();
         // An HTTP/1.0 client always gets the close as the end of an answer (it may not frame it).
         if !outcome.keep_alive || !head.keep_alive || head.is_http10() || gw.life.is_shutting_down()
         {

@@ -442,6 +442,7 @@ impl<'a> Exchange<'a> {
         let connect_timeout = Duration::from_secs(self.gw.cfg.connect_timeout_secs);
         let is_head = self.head.method_kind() == Method::Head;
         let pool = &self.core.pool;
+        self.core.busy.touch();
         let answer = monoio::select! {
             r = forward::roundtrip(pool, worker, &req, is_head, connect_timeout, self.deadline) => Some(r),
             _ = async {

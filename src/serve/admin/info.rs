@@ -125,5 +125,6 @@ fn config_json(gw: &Gateway) -> Value {
         "disable_health_check": c.disable_health_check,
         "api_key": c.api_key.as_ref().map(|_| "<redacted>"),
         "io_driver": gw.life.io_driver.as_str(), "cores": gw.life.cores,
+        "busy_poll_us": c.busy_poll_us,
     })
 }
