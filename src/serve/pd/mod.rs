@@ -319,6 +319,7 @@ impl<'a> PdExchange<'a> {
         let dreq = self.request_for(&pair.decode.worker, body);
         let retry =
             self.ex.attempts < self.ex.gw.retry.max_attempts && Instant::now() < self.ex.deadline;
+        self.ex.core.busy.touch();
         let both = both_heads(
             &self.ex.core.pool,
             [&pair.prefill.worker, &pair.decode.worker],
