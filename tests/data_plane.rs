@@ -560,15 +560,6 @@ fn wait_for_upstream_abort(worker: std::net::SocketAddr, limit: Duration) {
     }
 }
 
-/// CPU ticks (user + system) a process has used so far.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields 14 and 15 (utime, stime), counted after the parenthesised name (field 3 first).
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = after.split(' ').collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
 /// `--busy-poll-us`: a core polls without sleeping only in the window after each request
 /// event. Requests paced 1 ms apart keep a 3 ms window open, so the gateway spends far more CPU
 /// on them than one that sleeps at once, and still answers every one; before and after the

@@ -61,7 +61,7 @@ impl BusyPoll {
     /// An event happened on this core (a request arrived, went upstream, or was answered):
     /// poll without sleeping until `window` from now.
     pub fn touch(&self) {
-        if self.window.is_zero() {
+        if !self.enabled() {
             return;
         }
         self.until.set(Some(Instant::now() + self.window));
@@ -127,12 +127,10 @@ const TIMER_TURN: Duration = Duration::from_millis(1);
 /// The two wakers of the spinner and its relay task.
 #[derive(Default)]
 struct Relay {
-    /// The spinner, waiting to be queued again.
+    /// The spinner, once it has asked to be queued again.
     spinner: Cell<Option<Waker>>,
     /// The relay task, waiting for a spinner to queue.
     relay: Cell<Option<Waker>>,
-    /// The spinner has asked to be queued again.
-    asked: Cell<bool>,
     /// The spinner has ended: the relay ends too.
     done: Cell<bool>,
 }
@@ -153,7 +151,6 @@ impl Future for ToBack<'_> {
         self.queued = true;
         let relay = self.relay;
         relay.spinner.set(Some(cx.waker().clone()));
-        relay.asked.set(true);
         match relay.relay.take() {
             Some(r) => r.wake(),
             // The relay has not run yet: queue this task directly (at the front, once).
@@ -173,10 +170,8 @@ impl Future for RelayLoop {
         if relay.done.get() {
             return Poll::Ready(());
         }
-        if relay.asked.replace(false) {
-            if let Some(s) = relay.spinner.take() {
-                s.wake();
-            }
+        if let Some(s) = relay.spinner.take() {
+            s.wake();
         }
         relay.relay.set(Some(cx.waker().clone()));
         Poll::Pending

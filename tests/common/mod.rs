@@ -667,6 +667,19 @@ pub fn chat_messages(
     r
 }
 
+/// The fields of a `/proc/.../stat` line from field 3 (state) on: `fields[n - 3]` is field
+/// `n`. Split after the parenthesised name, which may itself hold spaces and parentheses.
+pub fn stat_fields(stat: &str) -> Vec<&str> {
+    stat[stat.rfind(')').unwrap() + 2..].split(' ').collect()
+}
+
+/// CPU ticks (user + system, fields 14 and 15) process `pid` has used so far.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f = stat_fields(&stat);
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
 /// (thread name, nice value, scheduling policy) of every thread of this process.
 pub fn thread_nices() -> Vec<(String, i32, u32)> {
     let mut out = Vec::new();
@@ -675,9 +688,8 @@ pub fn thread_nices() -> Vec<(String, i32, u32)> {
             continue; // the thread ended meanwhile
         };
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        // Field 19 (nice), counted after the parenthesised name: state is field 3.
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let fields: Vec<&str> = after.split(' ').collect();
+        // Field 19 (nice).
+        let fields = stat_fields(&stat);
         let nice: i32 = fields[16].parse().unwrap();
         // Field 41 (policy): 0 SCHED_OTHER, 5 SCHED_IDLE.
         let policy: u32 = fields[38].parse().unwrap();
