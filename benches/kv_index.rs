@@ -121,6 +121,8 @@ fn stored(
         block_size: BS as u32,
         lora_id: None,
         medium: None,
+        cache_salt: None,
+        lora_name: None,
     })
 }
 

@@ -26,6 +26,8 @@ fn stored(first: u64, blocks: u64, page: u32) -> KvEvent {
         block_size: page,
         lora_id: None,
         medium: None,
+        cache_salt: None,
+        lora_name: None,
     })
 }
 

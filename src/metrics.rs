@@ -81,6 +81,7 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("radixgate_kv_index_distinct_blocks", Kind::Gauge, "Distinct blocks in the KV-event index at its last publication."),
     ("radixgate_kv_index_sources", Kind::Gauge, "Worker ranks the KV-event index holds blocks of."),
     ("radixgate_kv_warm_workers", Kind::Gauge, "Workers whose KV events are complete (scored by the index, not the text tree)."),
+    ("radixgate_kv_source_state", Kind::Gauge, "State of each subscribed KV-event publisher (worker, DP rank): 1 for its current state, 0 for the others. live: routed by its events; replaying, partial, connecting: routed by the text tree."),
     ("radixgate_kv_index_dropped_total", Kind::Counter, "KV events the index dropped, by reason."),
     ("radixgate_worker_routing_load", Kind::Gauge, "Load the policies see for each worker: this gateway's in-flight requests plus the engine-reported requests it did not send."),
     ("radixgate_worker_cache_hit_ratio", Kind::Gauge, "Cache hit ratio each worker achieved: increase of sglang:cached_tokens_total over increase of sglang:prompt_tokens_total in the sliding window (0 without prompt tokens)."),
@@ -461,6 +462,17 @@ pub fn kv_index_dropped(reason: &'static str, total: u64) {
 /// `skipped_event` (inside a readable batch), `gap`, `reset` (a worker's event state dropped).
 pub fn kv_events(kind: &'static str, n: u64) {
     counter!("radixgate_kv_events_total", "kind" => kind).increment(n);
+}
+
+/// One subscribed publisher's state as a one-hot set over `all` (the states' names), refreshed
+/// at each scrape (a removed publisher's series leave with the idle sweep).
+pub fn kv_source_state(url: &str, rank: u32, current: &'static str, all: &[&'static str]) {
+    let rank = rank.to_string();
+    for &state in all {
+        let v = if state == current { 1.0 } else { 0.0 };
+        gauge!("radixgate_kv_source_state", "worker" => url.to_string(), "rank" => rank.clone(), "state" => state)
+            .set(v);
+    }
 }
 
 /// `v` escaped for a Prometheus label value (backslash, double quote, newline): the one

@@ -96,6 +96,12 @@ fn refresh(gw: &Gateway) {
             st.sources(),
             kv.exact_workers().len(),
         );
+        let names = crate::kv::intake::SourceState::ALL.map(|s| s.as_str());
+        for (source, state) in kv.source_states().iter() {
+            if let Some(w) = list.workers.iter().find(|w| w.id == source.worker) {
+                crate::metrics::kv_source_state(&w.url, source.dp_rank, state.as_str(), &names);
+            }
+        }
         for (reason, total) in [
             ("unknown_parent", st.dropped_unknown_parent()),
             ("block_size", st.dropped_block_size()),

@@ -515,12 +515,11 @@ fn a_copy_is_not_ready_while_it_takes_its_siblings_index() {
 }
 
 /// A worker publishing on a fixed live port whose replay endpoint (as the gateway is told it)
-/// never answers: the gateway stays cold for it until its first live batch.
-fn silent_replay_gateway(c: &SimCluster, live: u16, warm_timeout: &str) -> Running {
+/// is `replay`.
+fn silent_replay_gateway(c: &SimCluster, live: u16, replay: u16, warm_timeout: &str) -> Running {
     let url = urls(c)[0].clone();
-    let dead = free_port();
     let live_flag = format!("{url}=tcp://127.0.0.1:{live}");
-    let replay_flag = format!("{url}=tcp://127.0.0.1:{dead}");
+    let replay_flag = format!("{url}=tcp://127.0.0.1:{replay}");
     gateway(&[
         "--worker-urls",
         &url,
@@ -553,39 +552,58 @@ fn a_new_copy_is_not_ready_until_its_workers_replayed_or_the_warm_timeout_passed
             .unwrap(),
         );
     });
-    // Healthy, subscribed, but its replay is silent: warming, not ready.
-    let gw = silent_replay_gateway(&c, live, "60");
+    // Healthy, subscribed, but its replay socket accepts and never answers: warming, not
+    // ready, until the replay gives up (5 s without an answer); then the stream is taken as
+    // it comes: warm, ready.
+    let (silent, _held) = silent_listener();
+    let started = Instant::now();
+    let gw = silent_replay_gateway(&c, live, silent, "60");
     let (status, v) = wait_until("the worker healthy", LIMIT, || {
         let (s, v) = readiness(&gw);
         (v["healthy_workers"] == 1 && v["status"] == "warming").then_some((s, v))
     });
     assert_eq!(status, 503, "{v}");
-    // Its first live batch makes the stream complete from there: warm, ready. (Prefills
-    // until one is seen: a PUB socket drops batches sent before a new subscriber's handshake.)
     let kv = gw.gateway().kv.as_ref().expect("--kv-events on");
-    let mut seed = 77;
-    wait_until("warm after a live batch", LIMIT, || {
-        seed += 1;
-        prefill_directly(&c, 0, &prompt(seed, 64));
-        std::thread::sleep(Duration::from_millis(100));
-        (kv.exact_workers().len() == 1).then_some(())
-    });
-    wait_until("ready once warm", LIMIT, || {
+    wait_until("ready once the replay gave up", LIMIT, || {
         (readiness(&gw).0 == 200).then_some(())
     });
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(4), "{waited:?}");
+    assert_eq!(kv.exact_workers().len(), 1, "warm: routed by its events");
     drop(gw);
-    // With no traffic at all, the wait ends at --kv-warm-timeout-secs.
+    // With --kv-warm-timeout-secs under the replay's own deadline, the wait ends there.
     let started = Instant::now();
-    let gw = silent_replay_gateway(&c, live, "2");
+    let gw = silent_replay_gateway(&c, live, silent, "2");
     wait_until("warming first", LIMIT, || {
         (readiness(&gw).1["status"] == "warming").then_some(())
     });
     wait_until("ready after the warm timeout", LIMIT, || {
         (readiness(&gw).0 == 200).then_some(())
     });
-    assert!(started.elapsed() >= Duration::from_secs(2));
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(2), "{waited:?}");
     assert!(
-        gw.gateway().kv.as_ref().unwrap().exact_workers().is_empty(),
-        "still cold"
+        waited < Duration::from_secs(4)
+            && gw.gateway().kv.as_ref().unwrap().exact_workers().is_empty(),
+        "still replaying at {waited:?}: scored by the text tree"
     );
+}
+
+/// A port that accepts connections and never says a word (a replay socket that hangs); the
+/// connections stay open until the returned guard is dropped.
+fn silent_listener() -> (u16, std::sync::mpsc::Sender<()>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    l.set_nonblocking(true).unwrap();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while let Err(std::sync::mpsc::TryRecvError::Empty) = stopped.try_recv() {
+            if let Ok((c, _)) = l.accept() {
+                held.push(c);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    (port, stop)
 }

@@ -12,7 +12,7 @@ use crate::kv::index::{
     ChainMemo, IndexConfig, IndexReader, IndexStats, IndexWriter, MatchScratch, Source,
 };
 use crate::kv::intake::{
-    CommandError, EventSink, Intake, IntakeConfig, IntakeEvent, Publisher, ResetReason,
+    CommandError, EventSink, Intake, IntakeConfig, IntakeEvent, Publisher, ResetReason, SourceState,
 };
 use crate::proxy::forward;
 use crate::proxy::pool::Pool;
@@ -23,7 +23,7 @@ use crate::workers::registry::{Worker, WorkerList};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use crossbeam::channel::Sender;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,8 +48,11 @@ pub struct KvRouting {
     pub reader: IndexReader,
     /// What this copy routed and the servers have not confirmed yet.
     pub pending: PendingBlocks,
-    /// Workers with at least one warm publisher, sorted (republished by the sink).
+    /// Workers every one of whose publishers is live, sorted (republished by the sink): the
+    /// index speaks for them, the text tree for the others.
     exact_workers: Arc<ArcSwap<Vec<WorkerId>>>,
+    /// Every subscribed publisher's state (republished by the sink), for the per-source gauge.
+    source_states: Arc<ArcSwap<Vec<(Source, SourceState)>>>,
     models: Arc<ArcSwap<ModelMap>>,
     /// The index's counters.
     pub stats: Arc<IndexStats>,
@@ -68,6 +71,9 @@ pub struct KvRouting {
     /// Until when `/readiness` waits for the subscribed workers to be warm
     /// (`--kv-warm-timeout-secs` after start).
     warm_deadline: Instant,
+    /// The start-up wait is over (latched: later replays, gaps or silent publishers never make
+    /// a ready copy unready; their workers are scored by the text tree meanwhile).
+    warmed: AtomicBool,
 }
 
 impl KvRouting {
@@ -82,20 +88,18 @@ impl KvRouting {
         let reader = writer.reader();
         let stats = writer.stats();
         let exact_workers = Arc::new(ArcSwap::from_pointee(Vec::new()));
+        let source_states = Arc::new(ArcSwap::from_pointee(Vec::new()));
         let models: Arc<ArcSwap<ModelMap>> = Arc::default();
         let sink = IndexSink {
             writer,
             models: models.clone(),
-            warm: BTreeSet::new(),
-            published_warm: exact_workers.clone(),
+            states: BTreeMap::new(),
+            published_exact: exact_workers.clone(),
+            published_states: source_states.clone(),
             dirty: false,
-            warm_dirty: false,
+            states_dirty: false,
         };
-        let config = IntakeConfig {
-            warm_start: true,
-            ..IntakeConfig::default()
-        };
-        let intake = Intake::start(config, sink)?;
+        let intake = Intake::start(IntakeConfig::default(), sink)?;
         for f in Fallback::ALL {
             crate::metrics::kv_fallback(f.as_str(), 0);
         }
@@ -105,6 +109,7 @@ impl KvRouting {
             reader,
             pending: PendingBlocks::new(PENDING_TTL_MS),
             exact_workers,
+            source_states,
             models,
             stats,
             flagged,
@@ -113,6 +118,7 @@ impl KvRouting {
             replaying: ArcSwap::from_pointee(Vec::new()),
             discovered: AtomicBool::new(false),
             warm_deadline: Instant::now() + warm_timeout,
+            warmed: AtomicBool::new(false),
         })
     }
 
@@ -121,19 +127,28 @@ impl KvRouting {
     /// routed to, subscribed with a replay endpoint, has not completed its start-up replay (it
     /// would be scored by the text tree, which a new copy has empty). A publisher without a
     /// replay endpoint has nothing to catch up on, so it is not waited for. `/readiness`
-    /// answers 503 meanwhile.
+    /// answers 503 meanwhile. Once over, the wait never comes back.
     pub fn warming(&self, eligible: impl Fn(WorkerId) -> bool) -> bool {
-        if Instant::now() >= self.warm_deadline {
+        if self.warmed.load(Ordering::Acquire) {
             return false;
         }
-        if !self.discovered.load(Ordering::Acquire) {
-            return true;
+        let waiting = Instant::now() < self.warm_deadline
+            && (!self.discovered.load(Ordering::Acquire) || {
+                let warm = self.exact_workers.load();
+                self.replaying
+                    .load()
+                    .iter()
+                    .any(|&w| eligible(w) && warm.binary_search(&w).is_err())
+            });
+        if !waiting {
+            self.warmed.store(true, Ordering::Release);
         }
-        let warm = self.exact_workers.load();
-        self.replaying
-            .load()
-            .iter()
-            .any(|&w| eligible(w) && warm.binary_search(&w).is_err())
+        waiting
+    }
+
+    /// Every subscribed publisher's state, for `radixgate_kv_source_state`.
+    pub fn source_states(&self) -> arc_swap::Guard<Arc<Vec<(Source, SourceState)>>> {
+        self.source_states.load()
     }
 
     /// The `--kv-bootstrap-peer` copy is in, failed, or was never asked for.
@@ -455,15 +470,16 @@ impl KvRouting {
     }
 }
 
-/// The index's single writer, on the event thread: applies batches, resets and warm marks,
-/// and publishes once per round of the thread.
+/// The index's single writer, on the event thread: applies batches and resets, keeps each
+/// publisher's state, and publishes once per round of the thread.
 struct IndexSink {
     writer: IndexWriter,
     models: Arc<ArcSwap<ModelMap>>,
-    warm: BTreeSet<Source>,
-    published_warm: Arc<ArcSwap<Vec<WorkerId>>>,
+    states: BTreeMap<Source, SourceState>,
+    published_exact: Arc<ArcSwap<Vec<WorkerId>>>,
+    published_states: Arc<ArcSwap<Vec<(Source, SourceState)>>>,
     dirty: bool,
-    warm_dirty: bool,
+    states_dirty: bool,
 }
 
 impl EventSink for IndexSink {
@@ -480,25 +496,22 @@ impl EventSink for IndexSink {
                 }
                 self.dirty = true;
             }
-            IntakeEvent::Warm { key, .. } => {
-                self.warm_dirty |= self.warm.insert(key);
+            IntakeEvent::State { key, state } => {
+                self.states_dirty |= self.states.insert(key, state) != Some(state);
             }
             IntakeEvent::Reset { key, reason } => {
                 match reason {
                     ResetReason::Unsubscribed => {
-                        self.writer.remove_worker(key.worker);
-                        self.warm.retain(|s| s.worker != key.worker);
+                        self.writer.remove_source(key);
+                        self.states_dirty |= self.states.remove(&key).is_some();
                     }
-                    // A new server process: its cache is empty, exactly what the index holds.
-                    ResetReason::Restarted => self.writer.reset_source(key),
-                    // The index now knows less than the server: not exact until re-warmed.
-                    ResetReason::Gap | ResetReason::Unreadable => {
-                        self.writer.reset_source(key);
-                        self.warm.remove(&key);
+                    // The index now holds less than the server (or exactly a new process's
+                    // empty cache); the stream goes on from here.
+                    ResetReason::Restarted | ResetReason::Gap | ResetReason::Unreadable => {
+                        self.writer.reset_source(key)
                     }
                 }
                 self.dirty = true;
-                self.warm_dirty = true;
             }
         }
     }
@@ -560,13 +573,33 @@ impl EventSink for IndexSink {
             self.writer.publish();
             self.dirty = false;
         }
-        if self.warm_dirty {
-            let mut w: Vec<WorkerId> = self.warm.iter().map(|s| s.worker).collect();
-            w.dedup();
-            self.published_warm.store(Arc::new(w));
-            self.warm_dirty = false;
+        if self.states_dirty {
+            self.published_exact
+                .store(Arc::new(exact_workers(&self.states)));
+            self.published_states.store(Arc::new(
+                self.states.iter().map(|(k, v)| (*k, *v)).collect(),
+            ));
+            self.states_dirty = false;
         }
     }
+}
+
+/// Workers every one of whose publishers is live, sorted (`states` is sorted by worker).
+fn exact_workers(states: &BTreeMap<Source, SourceState>) -> Vec<WorkerId> {
+    let mut out: Vec<WorkerId> = Vec::new();
+    let mut spoilt: Option<WorkerId> = None;
+    for (source, state) in states {
+        let w = source.worker;
+        if *state != SourceState::Live {
+            spoilt = Some(w);
+            if out.last() == Some(&w) {
+                out.pop();
+            }
+        } else if spoilt != Some(w) && out.last() != Some(&w) {
+            out.push(w);
+        }
+    }
+    out
 }
 
 /// What a worker's `/get_server_info` says about its events.

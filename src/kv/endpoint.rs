@@ -80,12 +80,7 @@ impl TcpEndpoint {
         }
     }
 
-    /// Whether libzmq needs `ZMQ_IPV6` to reach this host.
-    pub fn is_ipv6(&self) -> bool {
-        self.host.starts_with('[')
-    }
-
-    /// The endpoint string libzmq connects to.
+    /// The endpoint as ZeroMQ spells it (`tcp://HOST:PORT`), for logs and flags.
     pub fn url(&self) -> String {
         format!("tcp://{}:{}", self.host, self.port)
     }
@@ -219,7 +214,6 @@ mod tests {
         assert_eq!((e.host.as_str(), e.port), ("10.0.0.5", 5557));
         assert_eq!(e.url(), "tcp://10.0.0.5:5557");
         let v6 = TcpEndpoint::parse("tcp://[::1]:5557").unwrap();
-        assert!(v6.is_ipv6());
         assert_eq!(v6.url(), "tcp://[::1]:5557");
         assert!(TcpEndpoint::parse("tcp://*:5557").unwrap().is_wildcard());
         for bad in [

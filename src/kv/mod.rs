@@ -13,4 +13,7 @@
 pub mod endpoint;
 pub mod index;
 pub mod intake;
+pub mod resolve;
+pub mod socket;
 pub mod wire;
+pub mod zmtp;

@@ -28,8 +28,9 @@
 use rmp::Marker;
 
 /// Largest payload frame decoded (bytes). A 1M-token `BlockStored` at page size 1 is about
-/// 14 MiB (9-byte hashes + 5-byte token ids); anything above 32 MiB is refused unread. The intake
-/// also sets it as libzmq's `ZMQ_MAXMSGSIZE`, so larger frames never reach memory.
+/// 14 MiB (9-byte hashes + 5-byte token ids); anything above 32 MiB is refused unread: the
+/// intake's ZMTP reader closes a connection whose frame header announces more, before the
+/// frame's bytes are read.
 pub const MAX_PAYLOAD_BYTES: usize = 32 << 20;
 /// Most events in one batch; SGLang emits one batch per scheduler step, far below this.
 pub const MAX_EVENTS_PER_BATCH: usize = 65_536;
@@ -39,8 +40,11 @@ pub const MAX_HASHES_PER_EVENT: usize = 1 << 20;
 pub const MAX_TOKENS_PER_EVENT: usize = 1 << 20;
 /// Longest byte-string block hash accepted (vLLM's are 32-byte SHA-256 digests).
 pub const MAX_HASH_BYTES: usize = 64;
-/// Longest `medium` string kept ("GPU", "CPU", tier names).
+/// Longest `medium` string kept ("GPU", "CPU_PINNED", tier names).
 pub const MAX_MEDIUM_BYTES: usize = 32;
+/// Longest `cache_salt` / `lora_name` accepted (a longer one makes the store unreadable, so the
+/// index knows less; it never files blocks under a truncated namespace).
+pub const MAX_NAMESPACE_BYTES: usize = 4096;
 /// The sequence number a replay server sends after its last buffered batch.
 pub const SEQ_END: i64 = -1;
 
@@ -81,10 +85,23 @@ pub struct BlockStored {
     pub token_ids: Vec<u32>,
     /// Tokens per block (the engine's page size).
     pub block_size: u32,
-    /// LoRA adapter id, when the blocks belong to one.
+    /// LoRA adapter id, when the blocks belong to one (vLLM; SGLang sends `lora_name`).
     pub lora_id: Option<i64>,
-    /// Storage tier ("GPU", "CPU", ...); `None` means the device cache.
+    /// Storage tier ("GPU", "CPU_PINNED", "DISK", "EXTERNAL"); `None` means the device cache.
     pub medium: Option<Box<str>>,
+    /// The salt of the request that stored the blocks (SGLang 0.5.23): the server reuses them
+    /// only for requests with the same salt.
+    pub cache_salt: Option<Box<str>>,
+    /// The LoRA adapter's public name (SGLang 0.5.23, vLLM): blocks of an adapter are reused
+    /// only by requests for that adapter.
+    pub lora_name: Option<Box<str>>,
+}
+
+impl BlockStored {
+    /// The storage tier the blocks were stored in.
+    pub fn tier(&self) -> Tier {
+        Tier::of(self.medium.as_deref())
+    }
 }
 
 /// Blocks the engine evicted.
@@ -94,6 +111,46 @@ pub struct BlockRemoved {
     pub block_hashes: Vec<EngineHash>,
     /// Storage tier they left (`None`: the device cache).
     pub medium: Option<Box<str>>,
+}
+
+impl BlockRemoved {
+    /// The storage tier the blocks left (only that copy is gone).
+    pub fn tier(&self) -> Tier {
+        Tier::of(self.medium.as_deref())
+    }
+}
+
+/// Where a copy of a block lives on its server. SGLang's hierarchical cache (HiCache) keeps a
+/// block on the GPU and/or in host memory and beyond; each store and removal concerns one tier,
+/// so a block leaves a server only when its last copy goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// GPU memory (`GPU`, or no `medium`): a hit costs nothing.
+    Device,
+    /// Host memory (`CPU_PINNED`, `CPU`): a hit is loaded back, cheaper than recomputing.
+    Host,
+    /// Disk, a shared/external pool, or a tier this decoder does not know (`DISK`, `EXTERNAL`):
+    /// tracked so its removals touch nothing else, not scored.
+    Storage,
+}
+
+impl Tier {
+    /// Every tier, in the order of their bits.
+    pub const ALL: [Tier; 3] = [Tier::Device, Tier::Host, Tier::Storage];
+
+    /// The tier a `medium` string names.
+    pub fn of(medium: Option<&str>) -> Tier {
+        match medium {
+            None | Some("GPU") => Tier::Device,
+            Some("CPU_PINNED" | "CPU") => Tier::Host,
+            Some(_) => Tier::Storage,
+        }
+    }
+
+    /// This tier's bit in a tier mask.
+    pub fn bit(self) -> u8 {
+        1 << self as u8
+    }
 }
 
 /// One cache change reported by an engine.
@@ -142,7 +199,7 @@ pub struct EventBatch {
 /// Why a message or payload was refused as a whole (the intake counts it as malformed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireError {
-    /// A live message must have 3 frames (topic, seq, payload); a replay reply 2 or 3.
+    /// A live message must have 3 frames (topic, seq, payload); a replay reply 2 to 4.
     Frames(usize),
     /// The sequence frame must be exactly 8 bytes.
     SeqLength(usize),
@@ -213,10 +270,14 @@ pub enum ReplayReply<'a> {
     End,
 }
 
-/// Split a replay reply as a DEALER sees it: `[b"", seq, payload]` (or `[seq, payload]` when a
-/// REQ socket already removed the empty delimiter).
+/// Split a replay reply as a DEALER sees it, by its frame count:
+/// - 4 frames, SGLang 0.5.23: `[b"", topic, seq, payload]` (a live message's frames after the
+///   delimiter), ending with `[b"", b"", -1, b""]`;
+/// - 3 frames, older SGLang and vLLM: `[b"", seq, payload]`, ending with `[b"", -1, b""]`;
+/// - 2 frames: the older form after a REQ socket removed the delimiter.
 pub fn split_replay<'a>(frames: &[&'a [u8]]) -> Result<ReplayReply<'a>, WireError> {
     let (seq, payload) = match frames {
+        [[], _topic, seq, payload] => (seq, payload),
         [[], seq, payload] => (seq, payload),
         [seq, payload] => (seq, payload),
         _ => return Err(WireError::Frames(frames.len())),
@@ -329,6 +390,8 @@ struct Fields {
     block_size: Option<u32>,
     lora_id: Option<i64>,
     medium: Option<Box<str>>,
+    cache_salt: Option<Box<str>>,
+    lora_name: Option<Box<str>>,
     /// A known field could not be read.
     bad: bool,
 }
@@ -351,6 +414,8 @@ impl Fields {
                         block_size,
                         lora_id: self.lora_id,
                         medium: self.medium,
+                        cache_salt: self.cache_salt,
+                        lora_name: self.lora_name,
                     })))
                 }
                 _ => Err(tag),
@@ -608,6 +673,23 @@ impl<'a> Reader<'a> {
             .map_err(|_| WireError::Invalid("medium is not utf-8"))
     }
 
+    /// An optional namespace string (`cache_salt`, `lora_name`), capped.
+    fn namespace(&mut self) -> Res<Option<Box<str>>> {
+        if self.is_nil()? {
+            return Ok(None);
+        }
+        let b = self.str_bytes()?;
+        if b.len() > MAX_NAMESPACE_BYTES {
+            return Err(WireError::TooLarge {
+                what: "namespace bytes",
+                len: b.len(),
+            });
+        }
+        std::str::from_utf8(b)
+            .map(|s| Some(s.into()))
+            .map_err(|_| WireError::Invalid("namespace is not utf-8"))
+    }
+
     /// Read one value with `f`; if it has another shape, skip it and return `None`. Only a
     /// truncated or invalid encoding (the skip fails too) is an error.
     fn tolerant<T>(&mut self, f: impl FnOnce(&mut Self) -> Res<T>) -> Res<Option<T>> {
@@ -739,6 +821,16 @@ impl<'a> Reader<'a> {
                 if next(self) {
                     f.medium = self.field(bad, Reader::medium)?.flatten();
                 }
+                // SGLang 0.5.23's declaration order: cache_salt, session_id, lora_name.
+                if next(self) {
+                    f.cache_salt = self.field(bad, Reader::namespace)?.flatten();
+                }
+                if next(self) {
+                    self.skip()?;
+                }
+                if next(self) {
+                    f.lora_name = self.field(bad, Reader::namespace)?.flatten();
+                }
             }
             Tag::Removed => {
                 if next(self) {
@@ -773,6 +865,8 @@ impl<'a> Reader<'a> {
                 b"block_size" => f.block_size = self.field(bad, Reader::block_size)?,
                 b"lora_id" => f.lora_id = self.opt_i64()?,
                 b"medium" => f.medium = self.field(bad, Reader::medium)?.flatten(),
+                b"cache_salt" => f.cache_salt = self.field(bad, Reader::namespace)?.flatten(),
+                b"lora_name" => f.lora_name = self.field(bad, Reader::namespace)?.flatten(),
                 _ => self.skip()?,
             }
         }
@@ -879,7 +973,7 @@ impl Encoder {
     fn event(&mut self, ev: &KvEvent, map: bool) {
         match ev {
             KvEvent::BlockStored(s) => {
-                self.header(map, "BlockStored", 6);
+                self.header(map, "BlockStored", 9);
                 self.key(map, "block_hashes");
                 self.hashes(&s.block_hashes);
                 self.key(map, "parent_block_hash");
@@ -900,6 +994,12 @@ impl Encoder {
                 }
                 self.key(map, "medium");
                 self.opt_str(s.medium.as_deref());
+                self.key(map, "cache_salt");
+                self.opt_str(s.cache_salt.as_deref());
+                self.key(map, "session_id");
+                self.nil();
+                self.key(map, "lora_name");
+                self.opt_str(s.lora_name.as_deref());
             }
             KvEvent::BlockRemoved(r) => {
                 self.header(map, "BlockRemoved", 2);

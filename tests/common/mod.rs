@@ -511,6 +511,11 @@ pub fn circuit(gw: SocketAddr, headers: &[(&str, &str)], url: &str) -> String {
 }
 
 /// A port nothing listens on right now (bound once, then released).
+/// A port nobody listens on (bound once and released): for "the peer is not there" cases.
+pub fn closed_port() -> u16 {
+    free_port()
+}
+
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()

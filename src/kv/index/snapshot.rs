@@ -210,6 +210,8 @@ mod chain_tests {
                 block_size: 4,
                 lora_id: None,
                 medium: None,
+                cache_salt: None,
+                lora_name: None,
             };
             let source = Source { worker, dp_rank: 0 };
             w.apply("m", source, &KvEvent::BlockStored(stored)).unwrap();

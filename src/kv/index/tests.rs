@@ -16,6 +16,8 @@ pub(super) fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: us
         block_size: bs as u32,
         lora_id: None,
         medium: None,
+        cache_salt: None,
+        lora_name: None,
     })
 }
 

@@ -403,10 +403,15 @@ impl IndexWriter {
     /// no source serves any more (with its learned block size).
     pub fn remove_worker(&mut self, worker: WorkerId) {
         for source in self.sources_of(worker) {
-            self.reset_source(source);
-            let Some(s) = self.sources.remove(&source) else {
-                continue;
-            };
+            self.remove_source(source);
+        }
+    }
+
+    /// Forgets one source (unsubscribed): its blocks, its number, and its model when no other
+    /// source serves it.
+    pub fn remove_source(&mut self, source: Source) {
+        self.reset_source(source);
+        if let Some(s) = self.sources.remove(&source) {
             self.ids[s.id as usize] = None;
             self.free_ids.push(s.id);
             self.ids_changed = true;

@@ -1,30 +1,6 @@
 use super::*;
-
-#[test]
-fn sequence_steps() {
-    let mut t = SeqTracker::default();
-    assert_eq!(t.step(7), SeqStep::First);
-    t.accept(7);
-    assert_eq!(t.step(8), SeqStep::Next);
-    assert_eq!(t.step(11), SeqStep::Gap { from: 8, to: 11 });
-    assert_eq!(t.step(7), SeqStep::Restart);
-    assert_eq!(t.step(0), SeqStep::Restart);
-    // Replayed ahead of the live queue: live 8..=10 are duplicates, 11 is next, and a
-    // number at or below the last live one is still a restart.
-    t.accept_replayed(8);
-    t.accept_replayed(9);
-    t.accept_replayed(10);
-    assert_eq!(t.step(8), SeqStep::Duplicate);
-    assert_eq!(t.step(10), SeqStep::Duplicate);
-    assert_eq!(t.step(11), SeqStep::Next);
-    assert_eq!(t.step(7), SeqStep::Restart);
-    assert_eq!(t.step(0), SeqStep::Restart);
-    t.accept(11);
-    assert_eq!(t.step(10), SeqStep::Restart);
-    t.accept(i64::MAX);
-    assert_eq!(t.step(0), SeqStep::Restart);
-    assert_eq!(t.last(), Some(i64::MAX));
-}
+use crate::kv::endpoint::TcpEndpoint;
+use std::time::{Duration, Instant};
 
 #[test]
 fn a_flood_of_commands_never_blocks_the_caller() {
@@ -54,13 +30,13 @@ fn a_flood_of_commands_never_blocks_the_caller() {
     assert!(taken >= COMMAND_QUEUE, "{taken}");
     intake.remove_worker(0).unwrap_or(());
     intake.stop();
-    // Only resets for replaced or removed subscriptions were delivered, nothing else.
+    // Only resets for replaced or removed subscriptions and state reports were delivered.
     assert!(rx.try_iter().all(|e| matches!(
         e,
         IntakeEvent::Reset {
             reason: ResetReason::Unsubscribed,
             ..
-        }
+        } | IntakeEvent::State { .. }
     )));
 }
 
@@ -70,6 +46,8 @@ fn counts_start_at_zero_and_add_up() {
     s.add(BATCH, 2);
     s.add(RESET, 1);
     s.add(GAP, 0);
+    s.add(CONNECT_FAILED, 3);
     let c = s.counts();
     assert_eq!((c.batches, c.resets, c.gaps), (2, 1, 0));
+    assert_eq!(c.connect_failures, 3);
 }

@@ -55,6 +55,8 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], bs: u32) -> KvEve
         block_size: bs,
         lora_id: None,
         medium: None,
+        cache_salt: None,
+        lora_name: None,
     })
 }
 
@@ -481,6 +483,8 @@ fn arb_event() -> impl Strategy<Value = KvEvent> {
                         block_size,
                         lora_id,
                         medium,
+                        cache_salt: None,
+                        lora_name: None,
                     })
                 }
             ),

@@ -1,0 +1,425 @@
+//! One ZMTP connection (`kv::zmtp`) over a nonblocking TCP socket, driven by the event thread's
+//! `poll(2)` loop: connect, greet, read whole messages, write requests. Nothing here blocks.
+//!
+//! **Memory held is bounded where the bytes arrive.** The decoder refuses a frame, a message or
+//! a command over its caps from the header alone (the connection is closed before the bytes it
+//! announces are read), and every connection's unfinished bytes count against one [`Budget`]
+//! shared by all of them: a connection is not read while the budget is spent, and a message
+//! that does not finish within its deadline closes its connection, so a slow peer cannot hold
+//! its share for ever. Bytes read ahead of a paused stream are at most one read (64 KiB).
+
+use super::zmtp::{self, Decoder, Item, Limits, SocketType, ZmtpError};
+use bytes::BytesMut;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+/// Largest single read (the scratch buffer the event thread lends every connection).
+pub const READ_CHUNK: usize = 64 << 10;
+/// Reads one connection gets per round before the next connection's turn.
+const READS_PER_ROUND: usize = 16;
+
+/// Bytes of unfinished messages all connections may hold together.
+#[derive(Debug)]
+pub struct Budget {
+    used: usize,
+    limit: usize,
+}
+
+impl Budget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Budget {
+        Budget { used: 0, limit }
+    }
+
+    /// Whether a connection may read more now.
+    pub fn has_room(&self) -> bool {
+        self.used < self.limit
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.used
+    }
+}
+
+/// Why a connection ended.
+#[derive(Debug)]
+pub enum ConnError {
+    /// The socket failed (refused, reset, unreachable).
+    Io(io::Error),
+    /// The peer closed the connection.
+    Closed,
+    /// The peer broke the protocol or a cap.
+    Zmtp(ZmtpError),
+    /// The handshake or a message took longer than allowed.
+    TooSlow(&'static str),
+}
+
+impl std::fmt::Display for ConnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnError::Io(e) => write!(f, "{e}"),
+            ConnError::Closed => f.write_str("closed by the peer"),
+            ConnError::Zmtp(e) => write!(f, "{e}"),
+            ConnError::TooSlow(what) => write!(f, "{what} took too long"),
+        }
+    }
+}
+
+impl From<io::Error> for ConnError {
+    fn from(e: io::Error) -> Self {
+        ConnError::Io(e)
+    }
+}
+
+/// Deadlines of one connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// From connect to the peer's READY.
+    pub handshake: Duration,
+    /// From the first byte of a message to its last.
+    pub message: Duration,
+}
+
+/// One connection (see the module doc). Dropping it closes the socket and returns its bytes to
+/// the budget only through [`Conn::close`]; the event thread always closes through it.
+pub struct Conn {
+    stream: TcpStream,
+    kind: SocketType,
+    connecting: bool,
+    decoder: Decoder,
+    rx: BytesMut,
+    tx: Vec<u8>,
+    /// Bytes this connection counts in the budget.
+    held: usize,
+    opened: Instant,
+    /// Since when an incomplete message has been waiting for its bytes.
+    incomplete_since: Option<Instant>,
+    timeouts: Timeouts,
+}
+
+impl Conn {
+    /// Start connecting to `addr` (the handshake follows once the socket is writable).
+    pub fn connect(
+        addr: SocketAddr,
+        kind: SocketType,
+        limits: Limits,
+        timeouts: Timeouts,
+        now: Instant,
+    ) -> io::Result<Conn> {
+        use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
+        let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        s.set_nonblocking(true)?;
+        s.set_nodelay(true)?;
+        // A peer that vanished without a FIN is noticed in about 25 s and redialled.
+        let keepalive = TcpKeepalive::new()
+            .with_time(Duration::from_secs(10))
+            .with_interval(Duration::from_secs(5))
+            .with_retries(3);
+        s.set_tcp_keepalive(&keepalive)?;
+        match s.connect(&SockAddr::from(addr)) {
+            Ok(()) => {}
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINPROGRESS)
+                    || e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        Ok(Conn {
+            stream: s.into(),
+            kind,
+            connecting: true,
+            decoder: Decoder::new(kind, limits),
+            rx: BytesMut::new(),
+            tx: zmtp::hello(kind),
+            held: 0,
+            opened: now,
+            incomplete_since: None,
+            timeouts,
+        })
+    }
+
+    /// The descriptor to poll.
+    pub fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    /// What to poll for: writable while connecting or with bytes to send; readable when
+    /// `read` (the caller wants messages and the budget has room).
+    pub fn events(&self, read: bool) -> i16 {
+        let mut ev = 0;
+        if self.connecting || !self.tx.is_empty() {
+            ev |= libc::POLLOUT;
+        }
+        if read && !self.connecting {
+            ev |= libc::POLLIN;
+        }
+        ev
+    }
+
+    /// Whether the handshake is done (messages may be sent).
+    pub fn is_ready(&self) -> bool {
+        self.decoder.is_ready()
+    }
+
+    /// The socket is writable: finish connecting, send what is queued.
+    pub fn writable(&mut self) -> Result<(), ConnError> {
+        if self.connecting {
+            if let Some(e) = self.stream.take_error()? {
+                return Err(ConnError::Io(e));
+            }
+            self.connecting = false;
+        }
+        self.flush()
+    }
+
+    /// Queue a message (sent as the socket takes it).
+    pub fn send(&mut self, frames: &[&[u8]]) -> Result<(), ConnError> {
+        zmtp::encode_message(frames, &mut self.tx);
+        self.flush()
+    }
+
+    fn flush(&mut self) -> Result<(), ConnError> {
+        if self.connecting {
+            return Ok(());
+        }
+        while !self.tx.is_empty() {
+            match self.stream.write(&self.tx) {
+                Ok(0) => return Err(ConnError::Closed),
+                Ok(n) => {
+                    self.tx.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// The socket is readable: take what it has (a bounded number of reads, while the budget
+    /// has room) into this connection's buffer.
+    pub fn fill(&mut self, budget: &mut Budget, scratch: &mut [u8]) -> Result<(), ConnError> {
+        for _ in 0..READS_PER_ROUND {
+            if !budget.has_room() {
+                break;
+            }
+            match self.stream.read(scratch) {
+                Ok(0) => return Err(ConnError::Closed),
+                Ok(n) => {
+                    self.rx.extend_from_slice(&scratch[..n]);
+                    self.account(budget);
+                    if n < scratch.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// The next whole item in what was read (`None`: it has not all arrived). PINGs are
+    /// answered here.
+    pub fn next(&mut self, budget: &mut Budget, now: Instant) -> Result<Option<Item>, ConnError> {
+        loop {
+            let item = self.decoder.decode(&mut self.rx).map_err(ConnError::Zmtp);
+            self.account(budget);
+            match item? {
+                Some(Item::Ping(ctx)) => {
+                    zmtp::pong(&ctx, &mut self.tx);
+                    self.flush()?;
+                }
+                Some(item) => {
+                    if item == Item::Ready && self.kind == SocketType::Sub {
+                        zmtp::subscribe_all(&mut self.tx);
+                        self.flush()?;
+                    }
+                    self.incomplete_since = None;
+                    return Ok(Some(item));
+                }
+                None => {
+                    if self.rx.is_empty() && !self.decoder.in_message() {
+                        self.incomplete_since = None;
+                    } else if self.incomplete_since.is_none() {
+                        self.incomplete_since = Some(now);
+                    }
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// The handshake and the message being received are within their deadlines (checked only
+    /// for connections the caller is reading: a paused one is not slow, its reader is).
+    pub fn check(&self, now: Instant) -> Result<(), ConnError> {
+        if !self.is_ready() && now.duration_since(self.opened) > self.timeouts.handshake {
+            return Err(ConnError::TooSlow("the ZMTP handshake"));
+        }
+        if self
+            .incomplete_since
+            .is_some_and(|t| now.duration_since(t) > self.timeouts.message)
+        {
+            return Err(ConnError::TooSlow("one message"));
+        }
+        Ok(())
+    }
+
+    fn account(&mut self, budget: &mut Budget) {
+        let now_held = self.rx.len() + self.decoder.held_bytes() as usize;
+        budget.used = budget.used + now_held - self.held;
+        self.held = now_held;
+    }
+
+    /// Close the socket and give its bytes back to the budget.
+    pub fn close(self, budget: &mut Budget) {
+        budget.used -= self.held;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    const LIMITS: Limits = Limits {
+        max_frames: 4,
+        max_message_bytes: 1 << 20,
+        max_command_bytes: 4096,
+    };
+    const TIMEOUTS: Timeouts = Timeouts {
+        handshake: Duration::from_secs(5),
+        message: Duration::from_millis(200),
+    };
+
+    /// A peer written out by hand: greeting and READY as a PUB, then `rest`.
+    fn publisher_bytes(rest: &[u8]) -> Vec<u8> {
+        let mut b = vec![0xFF, 0, 0, 0, 0, 0, 0, 0, 1, 0x7F, 3, 1];
+        b.extend_from_slice(b"NULL");
+        b.resize(64, 0);
+        let body = b"\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB";
+        b.extend_from_slice(&[0x04, body.len() as u8]);
+        b.extend_from_slice(body);
+        b.extend_from_slice(rest);
+        b
+    }
+
+    fn pump(c: &mut Conn, budget: &mut Budget, until: impl Fn(&[Item]) -> bool) -> Vec<Item> {
+        let mut scratch = vec![0u8; READ_CHUNK];
+        let mut items = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !until(&items) {
+            assert!(Instant::now() < deadline, "nothing arrived: {items:?}");
+            let mut fds = [libc::pollfd {
+                fd: c.fd(),
+                events: c.events(true),
+                revents: 0,
+            }];
+            // SAFETY: one valid pollfd for the duration of the call.
+            unsafe { libc::poll(fds.as_mut_ptr(), 1, 50) };
+            if fds[0].revents & libc::POLLOUT != 0 {
+                c.writable().unwrap();
+            }
+            if fds[0].revents & (libc::POLLIN | libc::POLLHUP) != 0 {
+                if let Err(e) = c.fill(budget, &mut scratch) {
+                    panic!("{e}");
+                }
+            }
+            while let Some(item) = c.next(budget, Instant::now()).unwrap() {
+                items.push(item);
+            }
+        }
+        items
+    }
+
+    #[test]
+    fn connects_greets_and_reads_a_message_with_the_budget_accounted() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut got = vec![0u8; zmtp::hello(SocketType::Sub).len()];
+            s.read_exact(&mut got).unwrap();
+            s.write_all(&publisher_bytes(
+                b"\x01\x00\x01\x08\x00\x00\x00\x00\x00\x00\x00\x05\x00\x03abc",
+            ))
+            .unwrap();
+            got
+        });
+        let mut budget = Budget::new(1 << 20);
+        let mut c = Conn::connect(addr, SocketType::Sub, LIMITS, TIMEOUTS, Instant::now()).unwrap();
+        let items = pump(&mut c, &mut budget, |i| i.len() == 2);
+        assert_eq!(items[0], Item::Ready);
+        let Item::Message(frames) = &items[1] else {
+            panic!("{items:?}")
+        };
+        assert_eq!(frames.len(), 3);
+        assert_eq!(&frames[2][..], b"abc");
+        assert_eq!(budget.used(), 0, "nothing left over");
+        let sent = server.join().unwrap();
+        assert_eq!(
+            sent,
+            zmtp::hello(SocketType::Sub),
+            "our hello, byte for byte"
+        );
+        c.close(&mut budget);
+    }
+
+    #[test]
+    fn a_message_that_never_finishes_is_too_slow_and_its_bytes_come_back() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            // A frame announcing 1000 bytes, of which 10 arrive.
+            let mut head = publisher_bytes(b"\x02");
+            head.extend_from_slice(&1000u64.to_be_bytes());
+            head.extend_from_slice(&[7u8; 10]);
+            s.write_all(&head).unwrap();
+            let _ = rx.recv();
+        });
+        let mut budget = Budget::new(1 << 20);
+        let mut c = Conn::connect(addr, SocketType::Sub, LIMITS, TIMEOUTS, Instant::now()).unwrap();
+        pump(&mut c, &mut budget, |i| i.len() == 1);
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut scratch = vec![0u8; READ_CHUNK];
+        // The 9-byte header and 10 body bytes, held.
+        while budget.used() < 19 {
+            assert!(Instant::now() < until, "{}", budget.used());
+            std::thread::sleep(Duration::from_millis(5));
+            c.fill(&mut budget, &mut scratch).unwrap();
+            assert_eq!(c.next(&mut budget, Instant::now()).unwrap(), None);
+        }
+        assert!(c.check(Instant::now()).is_ok());
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(matches!(
+            c.check(Instant::now()),
+            Err(ConnError::TooSlow("one message"))
+        ));
+        c.close(&mut budget);
+        assert_eq!(budget.used(), 0);
+        tx.send(()).unwrap();
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_refused_connection_fails_on_the_first_write_readiness() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let mut c =
+            Conn::connect(addr, SocketType::Dealer, LIMITS, TIMEOUTS, Instant::now()).unwrap();
+        let mut fds = [libc::pollfd {
+            fd: c.fd(),
+            events: c.events(false),
+            revents: 0,
+        }];
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(fds.as_mut_ptr(), 1, 2000) };
+        assert!(c.writable().is_err());
+    }
+}
