@@ -30,6 +30,7 @@ use criterion::{BatchSize, Criterion};
 use radixgate::base::rng::Rng;
 use radixgate::kv::index::{
     chain_hashes, ChainMemo, EngineHash, IndexConfig, IndexWriter, KvEvent, MatchScratch, Source,
+    ROOT_PARENT,
 };
 use radixgate::kv::wire::BlockStored;
 use std::alloc::{GlobalAlloc, Layout};
@@ -265,7 +266,7 @@ fn bench(c: &mut Criterion) {
     let reader = w.reader();
     let mut scratch = MatchScratch::default();
     let snap = reader.load();
-    let got = snap.match_prefix(MODEL, &prompt, &mut scratch);
+    let got = snap.match_prefix(MODEL, ROOT_PARENT, &prompt, &mut scratch);
     assert_eq!(got.iter().map(|m| m.blocks).max(), Some(blocks as u32));
     assert_eq!(got.len(), 5);
     drop(snap);
@@ -279,7 +280,7 @@ fn bench(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter(|| {
                 let snap = reader.load();
-                let got = snap.match_prefix(MODEL, black_box(tokens), &mut scratch);
+                let got = snap.match_prefix(MODEL, ROOT_PARENT, black_box(tokens), &mut scratch);
                 black_box(got.len())
             })
         });
@@ -288,7 +289,14 @@ fn bench(c: &mut Criterion) {
         let (mut chain, mut buf) = (Vec::new(), Vec::new());
         g.bench_function(format!("chain_{name}"), |b| {
             b.iter(|| {
-                chain_hashes(black_box(tokens), BS, usize::MAX, &mut chain, &mut buf);
+                chain_hashes(
+                    black_box(tokens),
+                    BS,
+                    ROOT_PARENT,
+                    usize::MAX,
+                    &mut chain,
+                    &mut buf,
+                );
                 let snap = reader.load();
                 let got = snap.match_chain(MODEL, &chain, &mut scratch);
                 black_box(got.len())
@@ -315,19 +323,26 @@ fn chain_memo(c: &mut Criterion) {
         b.iter_batched(
             || turn(&mut rng),
             |p| {
-                chain_hashes(black_box(&p), 1, usize::MAX, &mut chain, &mut buf);
+                chain_hashes(
+                    black_box(&p),
+                    1,
+                    ROOT_PARENT,
+                    usize::MAX,
+                    &mut chain,
+                    &mut buf,
+                );
                 chain.len()
             },
             BatchSize::SmallInput,
         )
     });
     let mut memo = ChainMemo::new();
-    memo.compute(&turn(&mut rng), 1, usize::MAX, &mut buf);
+    memo.compute(&turn(&mut rng), 1, ROOT_PARENT, usize::MAX, &mut buf);
     g.bench_function("turn10_4k_bs1/memo", |b| {
         b.iter_batched(
             || turn(&mut rng),
             |p| {
-                memo.compute(black_box(&p), 1, usize::MAX, &mut buf);
+                memo.compute(black_box(&p), 1, ROOT_PARENT, usize::MAX, &mut buf);
                 memo.chain().len()
             },
             BatchSize::SmallInput,

@@ -195,6 +195,17 @@ pub struct Config {
     /// new copy no turn it would route cold. 0: ready without waiting.
     #[arg(long = "kv-warm-timeout-secs", default_value_t = 30)]
     pub kv_warm_timeout_secs: u64,
+    /// With --kv-events: what a prompt block a server holds only in host memory (SGLang
+    /// HiCache, `medium` CPU_PINNED) counts for against one on its GPU (1): loading it back
+    /// costs less than computing it, more than a GPU hit. Blocks beyond host memory (disk,
+    /// external pools) count 0.
+    #[arg(long = "kv-host-tier-weight", default_value_t = 0.8, value_parser = parse_fraction)]
+    pub kv_host_tier_weight: f64,
+    /// With --kv-events: most KV-event publishers (DP ranks) one worker may announce; a worker
+    /// announcing more is not subscribed (scored by the text tree), so no worker can make the
+    /// gateway open hundreds of connections.
+    #[arg(long = "kv-max-dp-ranks", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub kv_max_dp_ranks: u32,
     /// manual: how a new routing key is placed: random, min_load, min_group.
     #[arg(long = "assignment-mode", default_value = "random", value_parser = parse_assignment)]
     pub assignment_mode: AssignmentMode,

@@ -391,7 +391,12 @@ fn kv_events_are_indexed_per_rank_and_route_to_the_rank_that_holds_the_prefix() 
                 let snap = kv.reader.load();
                 let mut scratch = Default::default();
                 let held = snap
-                    .match_prefix("meta-llama/Llama-3.1-8B-Instruct", &ids, &mut scratch)
+                    .match_prefix(
+                        "meta-llama/Llama-3.1-8B-Instruct",
+                        radixgate::kv::index::ROOT_PARENT,
+                        &ids,
+                        &mut scratch,
+                    )
                     .iter()
                     .any(|m| m.source.worker == rank_id(rank) && m.blocks == 16);
                 held.then_some(())

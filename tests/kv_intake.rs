@@ -635,7 +635,12 @@ fn the_gateway_routes_on_a_foreign_publisher_named_by_flags_and_fills_its_gap() 
     common::wait_until("all 16 blocks in the index", LIMIT, || {
         let snap = kv.reader.load();
         let mut scratch = Default::default();
-        let m = snap.match_prefix(model, &tokens, &mut scratch);
+        let m = snap.match_prefix(
+            model,
+            radixgate::kv::index::ROOT_PARENT,
+            &tokens,
+            &mut scratch,
+        );
         (m.len() == 1 && m[0].blocks == 16).then_some(())
     });
     assert!(kv.intake_counts().replayed_batches >= 1);

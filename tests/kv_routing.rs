@@ -86,7 +86,7 @@ fn indexed_blocks(gw: &Running, c: &SimCluster, port: u16, ids: &[u32]) -> u32 {
     };
     let snap = kv.reader.load();
     let mut scratch = Default::default();
-    snap.match_prefix(MODEL, ids, &mut scratch)
+    snap.match_prefix(MODEL, radixgate::kv::index::ROOT_PARENT, ids, &mut scratch)
         .iter()
         .filter(|m| m.source.worker == w.id)
         .map(|m| m.blocks)
@@ -304,7 +304,7 @@ fn workers_added_at_run_time_are_subscribed_and_removed_ones_dropped() {
     let snap = kv.reader.load();
     let mut scratch = Default::default();
     assert!(snap
-        .match_prefix(MODEL, &ids, &mut scratch)
+        .match_prefix(MODEL, radixgate::kv::index::ROOT_PARENT, &ids, &mut scratch)
         .iter()
         .all(|m| m.blocks == 0));
 }

@@ -9,14 +9,15 @@ use crate::base::WorkerId;
 use crate::http::Method;
 use crate::kv::endpoint::{KvEndpoints, TcpEndpoint};
 use crate::kv::index::{
-    ChainMemo, IndexConfig, IndexReader, IndexStats, IndexWriter, MatchScratch, Source,
+    namespace_root, ChainMemo, IndexConfig, IndexReader, IndexStats, IndexWriter, MatchScratch,
+    Source,
 };
 use crate::kv::intake::{
     CommandError, EventSink, Intake, IntakeConfig, IntakeEvent, Publisher, ResetReason, SourceState,
 };
 use crate::proxy::forward;
 use crate::proxy::pool::Pool;
-use crate::route::extract::{Api, MAX_ROUTING_TEXT};
+use crate::route::extract::{Api, Namespace, MAX_ROUTING_TEXT};
 use crate::route::pending::PendingBlocks;
 use crate::tokenize::{SegmentCache, Tokenizer};
 use crate::workers::registry::{Worker, WorkerList};
@@ -60,6 +61,11 @@ pub struct KvRouting {
     flagged: Vec<KvEndpoints>,
     /// `--tokenizer-path`, loaded once: chat and text prompts are measured in tokens.
     tokenizer: Option<Arc<Tokenizer>>,
+    /// `--kv-host-tier-weight`: what a block held only in host memory counts for against one
+    /// on the GPU.
+    host_weight: f64,
+    /// `--kv-max-dp-ranks`: a worker announcing more publishers is scored by the text tree.
+    max_ranks: u32,
     /// The copy from `--kv-bootstrap-peer` was taken (or failed, or none was asked for):
     /// subscriptions wait for it, so the stream resumes after its watermarks.
     bootstrapped: AtomicBool,
@@ -76,14 +82,33 @@ pub struct KvRouting {
     warmed: AtomicBool,
 }
 
+/// What `--kv-events` is started with (from the flags).
+pub struct KvSettings {
+    /// Endpoints given by `--kv-events-endpoints` / `--kv-events-replay-endpoints`.
+    pub flagged: Vec<KvEndpoints>,
+    /// `--kv-bootstrap-peer` is set: subscriptions wait for the sibling's copy.
+    pub bootstrap: bool,
+    /// `--tokenizer-path`, loaded.
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    /// `--kv-warm-timeout-secs`.
+    pub warm_timeout: Duration,
+    /// `--kv-host-tier-weight`.
+    pub host_weight: f64,
+    /// `--kv-max-dp-ranks`.
+    pub max_ranks: u32,
+}
+
 impl KvRouting {
-    /// Start the event thread with an empty index. `flagged`: endpoints from the flags.
-    pub fn start(
-        flagged: Vec<KvEndpoints>,
-        bootstrap: bool,
-        tokenizer: Option<Arc<Tokenizer>>,
-        warm_timeout: Duration,
-    ) -> std::io::Result<KvRouting> {
+    /// Start the event thread with an empty index.
+    pub fn start(settings: KvSettings) -> std::io::Result<KvRouting> {
+        let KvSettings {
+            flagged,
+            bootstrap,
+            tokenizer,
+            warm_timeout,
+            host_weight,
+            max_ranks,
+        } = settings;
         let writer = IndexWriter::new(IndexConfig::default());
         let reader = writer.reader();
         let stats = writer.stats();
@@ -114,6 +139,8 @@ impl KvRouting {
             stats,
             flagged,
             tokenizer,
+            host_weight,
+            max_ranks,
             bootstrapped: AtomicBool::new(!bootstrap),
             replaying: ArcSwap::from_pointee(Vec::new()),
             discovered: AtomicBool::new(false),
@@ -180,6 +207,24 @@ impl KvRouting {
         let mut all = snapshot.models();
         let first = all.next()?;
         all.next().is_none().then_some(first)
+    }
+
+    /// The LoRA adapter a request's `model` names as SGLang reads it (`base:adapter`): none
+    /// when it is a model the index knows by that exact name, the rest after a known model's
+    /// name and a colon, else the rest after the first colon.
+    pub fn model_adapter<'m>(
+        snapshot: &crate::kv::index::Snapshot,
+        model: Option<&'m str>,
+    ) -> Option<&'m str> {
+        let m = model?;
+        if !m.contains(':') || snapshot.models().any(|k| k == m) {
+            return None;
+        }
+        let rest = snapshot
+            .models()
+            .find_map(|k| m.strip_prefix(k)?.strip_prefix(':'))
+            .or_else(|| m.split_once(':').map(|(_, a)| a))?;
+        Some(rest.trim()).filter(|a| !a.is_empty())
     }
 
     /// Ask the event thread for a copy of the index (`GET /kv_index/snapshot`).
@@ -292,6 +337,8 @@ pub struct KvScratch {
     pub holders: std::cell::RefCell<Vec<WorkerId>>,
     buf: Vec<u8>,
     matches: MatchScratch,
+    /// Pending entries' blocks per worker, before they join `cached`.
+    pending: Vec<(WorkerId, usize)>,
 }
 
 /// Why a prompt was routed by the text tree although `--kv-events` is on (the label of
@@ -309,16 +356,20 @@ pub enum Fallback {
     /// An API whose prompt the servers do not prefill into their prefix cache the same way
     /// (embeddings, rerank).
     OtherApi,
+    /// A request with an `extra_key`: SGLang keeps its blocks apart, but its events do not say
+    /// which blocks were stored under which key.
+    Namespace,
 }
 
 impl Fallback {
     /// Every reason, for series that exist from the start.
-    pub const ALL: [Fallback; 5] = [
+    pub const ALL: [Fallback; 6] = [
         Fallback::NoTokenizer,
         Fallback::Tokenize,
         Fallback::BadTokenIds,
         Fallback::NoIndex,
         Fallback::OtherApi,
+        Fallback::Namespace,
     ];
 
     /// The metric label.
@@ -329,6 +380,7 @@ impl Fallback {
             Fallback::BadTokenIds => "bad_token_ids",
             Fallback::NoIndex => "no_index",
             Fallback::OtherApi => "other_api",
+            Fallback::Namespace => "namespace",
         }
     }
 }
@@ -425,20 +477,31 @@ impl KvRouting {
         })
     }
 
-    /// Measure the prompt in `s.tokens` for a request naming `model`: its block chain, and per
-    /// worker the tokens of its prefix the index and the pending entries put there. Returns the
-    /// prompt's token count, or why the text tree must decide instead.
+    /// Measure the prompt in `s.tokens` for a request naming `model` in cache namespace `ns`:
+    /// its block chain (from the namespace's root), and per worker the tokens of its prefix the
+    /// index and the pending entries put there, a block held only in host memory counting
+    /// `--kv-host-tier-weight` of one on the GPU. Returns the prompt's token count, or why the
+    /// text tree must decide instead.
     pub fn measure(
         &self,
         model: Option<&str>,
+        ns: &Namespace<'_>,
         s: &mut KvScratch,
         now_ms: u64,
     ) -> Result<usize, Fallback> {
         // Until this prompt's chain is computed, there is none (not the previous prompt's).
         s.memo.forget_current();
+        if ns.extra_key.is_some() {
+            return Err(Fallback::Namespace);
+        }
         let snap = self.reader.load();
         let m = Self::index_model(&snap, model).ok_or(Fallback::NoIndex)?;
         let bs = snap.block_size(m).ok_or(Fallback::NoIndex)?;
+        let adapter = ns
+            .lora_path
+            .as_deref()
+            .or_else(|| Self::model_adapter(&snap, model));
+        let root = namespace_root(ns.cache_salt.as_deref(), adapter);
         let KvScratch {
             tokens,
             memo,
@@ -447,23 +510,32 @@ impl KvRouting {
             block_size,
             buf,
             matches,
+            pending,
             ..
         } = s;
         *block_size = bs;
-        memo.compute(tokens, bs, MAX_MATCH_TOKENS / bs, buf);
+        memo.compute(tokens, bs, root, MAX_MATCH_TOKENS / bs, buf);
         let chain = memo.chain();
         cached.clear();
         for pm in snap.match_chain(m, chain, matches) {
-            let n = pm.blocks as usize;
+            // In tokens: the GPU's blocks whole, the ones only in host memory weighted.
+            let host_only = f64::from(pm.with_host - pm.blocks) * self.host_weight;
+            let n = ((f64::from(pm.blocks) + host_only) * bs as f64).round() as usize;
             match cached.iter_mut().find(|(w, _)| *w == pm.source.worker) {
                 Some((_, b)) => *b = (*b).max(n),
                 None => cached.push((pm.source.worker, n)),
             }
         }
         *model_hash = xxh3_64(m.as_bytes());
-        self.pending.raise(*model_hash, chain, now_ms, cached);
-        for (_, b) in cached.iter_mut() {
-            *b *= bs;
+        // Pending entries are prompts routed and not confirmed yet: counted as GPU blocks.
+        pending.clear();
+        self.pending.raise(*model_hash, chain, now_ms, pending);
+        for &(w, blocks) in pending.iter() {
+            let n = blocks * bs;
+            match cached.iter_mut().find(|(x, _)| *x == w) {
+                Some((_, b)) => *b = (*b).max(n),
+                None => cached.push((w, n)),
+            }
         }
         cached.retain(|&(_, n)| n > 0);
         Ok(tokens.len())
@@ -607,20 +679,23 @@ fn exact_workers(states: &BTreeMap<Source, SourceState>) -> Vec<WorkerId> {
 pub struct ServerKvInfo {
     /// The model its events are about (`served_model_name`, else `model_path`).
     pub model: Option<String>,
-    /// The rank-0 publisher, wildcard host replaced by the worker's (None: events off).
+    /// The rank-0 publisher, on the worker's own host (None: events off).
     pub live: Option<TcpEndpoint>,
-    /// The rank-0 replay socket.
+    /// The rank-0 replay socket, on the worker's own host.
     pub replay: Option<TcpEndpoint>,
-    /// Attention-DP ranks, each publishing on port + rank.
+    /// Publishers (DP ranks), each on port + rank.
     pub ranks: u32,
+    /// The block size the server hashes its events at (its page size), when it says.
+    pub block_size: Option<u32>,
 }
 
-/// Most attention-DP ranks subscribed per worker.
-const MAX_RANKS: u32 = 256;
-
-/// Read `/get_server_info` (SGLang reports `kv_events_config` as the server argument, a JSON
-/// string; an object is accepted too). Endpoints other than `tcp://` (ipc, inproc) cannot be
-/// reached from another host and count as "no events".
+/// Read `/get_server_info`. SGLang 0.5.23 describes its publisher under `kv_events`
+/// (`endpoint_port_base`, `replay_endpoint_port_base`, `dp_size` publishers, `block_size`);
+/// older servers only echo their `kv_events_config` argument (a JSON string, or an object),
+/// with one publisher per attention-DP rank. Endpoints other than `tcp://` (ipc, inproc)
+/// cannot be reached from another host and count as "no events". Whatever host a server names,
+/// its publishers are dialled on the worker's own host: a worker cannot point the gateway's
+/// connections elsewhere (only `--kv-events-endpoints` can).
 pub fn parse_server_info(body: &[u8], worker_url: &str) -> Result<ServerKvInfo, String> {
     let v: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| format!("server info is not JSON: {e}"))?;
@@ -628,13 +703,59 @@ pub fn parse_server_info(body: &[u8], worker_url: &str) -> Result<ServerKvInfo, 
         .iter()
         .find_map(|k| v.get(*k)?.as_str().filter(|s| !s.is_empty()))
         .map(str::to_owned);
+    let host = crate::kv::endpoint::url_host(worker_url)
+        .ok_or_else(|| format!("worker URL {worker_url} has no host"))?;
+    let at = |port: u16| TcpEndpoint {
+        host: host.to_string(),
+        port,
+    };
+    let port_of = |d: &serde_json::Value, k: &str| -> Result<Option<u16>, String> {
+        match d.get(k) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(p) => p
+                .as_u64()
+                .and_then(|p| u16::try_from(p).ok())
+                .filter(|&p| p > 0)
+                .map(Some)
+                .ok_or_else(|| format!("kv_events.{k} is not a port")),
+        }
+    };
+    if let Some(d) = v.get("kv_events").filter(|d| d.is_object()) {
+        let zmq = d.get("publisher").and_then(|p| p.as_str()) == Some("zmq");
+        let live = if zmq {
+            port_of(d, "endpoint_port_base")?.map(at)
+        } else {
+            None
+        };
+        let replay = match live {
+            Some(_) => port_of(d, "replay_endpoint_port_base")?.map(at),
+            None => None,
+        };
+        let ranks = d
+            .get("dp_size")
+            .and_then(|n| n.as_u64())
+            .unwrap_or(1)
+            .max(1);
+        let block_size = d
+            .get("block_size")
+            .and_then(|b| b.as_u64())
+            .and_then(|b| u32::try_from(b).ok())
+            .filter(|&b| b > 0);
+        return Ok(ServerKvInfo {
+            model,
+            live,
+            replay,
+            ranks: u32::try_from(ranks).unwrap_or(u32::MAX),
+            block_size,
+        });
+    }
     let dp_attention = v
         .get("enable_dp_attention")
         .and_then(|b| b.as_bool())
         .unwrap_or(false);
     let dp_size = v.get("dp_size").and_then(|d| d.as_u64()).unwrap_or(1);
     let ranks = if dp_attention {
-        dp_size.clamp(1, MAX_RANKS as u64) as u32
+        u32::try_from(dp_size.max(1)).unwrap_or(u32::MAX)
     } else {
         1
     };
@@ -647,9 +768,7 @@ pub fn parse_server_info(body: &[u8], worker_url: &str) -> Result<ServerKvInfo, 
     let publisher = cfg.get("publisher").and_then(|p| p.as_str()).unwrap_or("");
     let endpoint = |k: &str| -> Result<Option<TcpEndpoint>, String> {
         match cfg.get(k).and_then(|e| e.as_str()) {
-            Some(e) if e.starts_with("tcp://") => {
-                Ok(Some(TcpEndpoint::parse(e)?.with_host_of(worker_url)))
-            }
+            Some(e) if e.starts_with("tcp://") => Ok(Some(at(TcpEndpoint::parse(e)?.port))),
             _ => Ok(None),
         }
     };
@@ -664,11 +783,17 @@ pub fn parse_server_info(body: &[u8], worker_url: &str) -> Result<ServerKvInfo, 
     } else {
         (None, None)
     };
+    let block_size = v
+        .get("page_size")
+        .and_then(|b| b.as_u64())
+        .and_then(|b| u32::try_from(b).ok())
+        .filter(|&b| b > 0);
     Ok(ServerKvInfo {
         model,
         live,
         replay,
         ranks,
+        block_size,
     })
 }
 
@@ -823,6 +948,13 @@ impl Discovery {
             },
             (None, Err(e)) => return Err(e),
         };
+        if ranks > kv.max_ranks {
+            return Err(format!(
+                "announces {ranks} KV-event publishers (DP ranks), over --kv-max-dp-ranks {}; \
+                 scored by the text tree",
+                kv.max_ranks
+            ));
+        }
         let model: Arc<str> = Arc::from(model.unwrap_or_else(|| "default".into()).as_str());
         kv.set_model(w.id, Some((model, Arc::from(w.url.as_str()))));
         let has_replay = replay.is_some();
@@ -867,6 +999,60 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_model_name_can_carry_an_adapter_as_sglang_reads_it() {
+        let mut w = IndexWriter::new(IndexConfig::default());
+        let store = crate::kv::wire::KvEvent::BlockStored(crate::kv::wire::BlockStored {
+            block_hashes: vec![crate::kv::wire::EngineHash(1)],
+            parent: None,
+            token_ids: vec![1],
+            block_size: 1,
+            lora_id: None,
+            medium: None,
+            cache_salt: None,
+            lora_name: None,
+        });
+        for (i, m) in ["base", "org/model:v2"].iter().enumerate() {
+            let source = Source {
+                worker: i as WorkerId,
+                dp_rank: 0,
+            };
+            w.apply(m, source, &store).unwrap();
+        }
+        w.publish();
+        let snap = w.reader().load();
+        let adapter = |m| KvRouting::model_adapter(&snap, m);
+        assert_eq!(adapter(None), None);
+        assert_eq!(adapter(Some("base")), None);
+        assert_eq!(adapter(Some("base:sql")), Some("sql"));
+        assert_eq!(
+            adapter(Some("org/model:v2")),
+            None,
+            "a served name with a colon"
+        );
+        assert_eq!(adapter(Some("org/model:v2:sql")), Some("sql"));
+        assert_eq!(adapter(Some("unknown:x")), Some("x"));
+        assert_eq!(adapter(Some("base:")), None);
+    }
+
+    #[test]
+    fn a_worker_is_exact_only_while_every_rank_is_live() {
+        let k = |worker, dp_rank| Source { worker, dp_rank };
+        let states: BTreeMap<Source, SourceState> = [
+            (k(1, 0), SourceState::Live),
+            (k(1, 1), SourceState::Live),
+            (k(2, 0), SourceState::Live),
+            (k(2, 1), SourceState::Replaying),
+            (k(3, 0), SourceState::Partial),
+            (k(3, 1), SourceState::Live),
+            (k(4, 0), SourceState::Connecting),
+            (k(5, 0), SourceState::Live),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(exact_workers(&states), vec![1, 5]);
+    }
+
+    #[test]
     fn token_ids_from_the_extracted_text() {
         let mut out = Vec::new();
         parse_token_ids("1 20 300", 1000, &mut out).unwrap();
@@ -904,6 +1090,46 @@ mod tests {
         assert_eq!(i.ranks, 2);
         assert_eq!(i.live.unwrap().url(), "tcp://10.0.0.7:5557");
         assert_eq!(i.replay.unwrap().url(), "tcp://10.0.0.7:5558");
+        // A host the server names is not where the gateway dials: the worker's own host is.
+        let body = br#"{"page_size":16,"kv_events_config":{"publisher":"zmq",
+            "endpoint":"tcp://169.254.169.254:5557","replay_endpoint":"tcp://evil.example:5558"}}"#;
+        let i = parse_server_info(body, "http://gpu-3:30000").unwrap();
+        assert_eq!(i.live.unwrap().url(), "tcp://gpu-3:5557");
+        assert_eq!(i.replay.unwrap().url(), "tcp://gpu-3:5558");
+        assert_eq!(i.block_size, Some(16));
+    }
+
+    #[test]
+    fn server_info_as_sglang_0_5_23_describes_its_publisher() {
+        // `describe_kv_events_publisher`: a wildcard host, port bases, dp_size publishers (pure
+        // DP included), the block size.
+        let body = br#"{"served_model_name":"m","dp_size":4,"enable_dp_attention":false,
+            "kv_events_config":"{\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:6000\"}",
+            "kv_events":{"publisher":"zmq","endpoint_host":"*","endpoint_port_base":5557,
+            "topic":"","block_size":32,"dp_size":4,"replay_endpoint_port_base":5600}}"#;
+        let i = parse_server_info(body, "http://[fd00::7]:30000").unwrap();
+        assert_eq!(i.ranks, 4);
+        assert_eq!(i.block_size, Some(32));
+        assert_eq!(
+            i.live.unwrap().url(),
+            "tcp://[fd00::7]:5557",
+            "the descriptor wins"
+        );
+        assert_eq!(i.replay.unwrap().url(), "tcp://[fd00::7]:5600");
+        // No replay port: none; publishing off: nothing.
+        let body = br#"{"kv_events":{"publisher":"zmq","endpoint_port_base":5557,"dp_size":1}}"#;
+        let i = parse_server_info(body, "http://h:1").unwrap();
+        assert_eq!(
+            (i.live.is_some(), i.replay, i.block_size),
+            (true, None, None)
+        );
+        let i = parse_server_info(br#"{"kv_events":null}"#, "http://h:1").unwrap();
+        assert_eq!(i.live, None);
+        assert!(parse_server_info(
+            br#"{"kv_events":{"publisher":"zmq","endpoint_port_base":70000}}"#,
+            "http://h:1"
+        )
+        .is_err());
     }
 
     #[test]

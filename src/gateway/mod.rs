@@ -191,13 +191,14 @@ fn start_kv(cfg: &Config) -> Option<kv::KvRouting> {
             }
         },
     };
-    let warm_timeout = Duration::from_secs(cfg.kv_warm_timeout_secs);
-    match kv::KvRouting::start(
+    match kv::KvRouting::start(kv::KvSettings {
         flagged,
-        cfg.kv_bootstrap_peer.is_some(),
+        bootstrap: cfg.kv_bootstrap_peer.is_some(),
         tokenizer,
-        warm_timeout,
-    ) {
+        warm_timeout: Duration::from_secs(cfg.kv_warm_timeout_secs),
+        host_weight: cfg.kv_host_tier_weight,
+        max_ranks: cfg.kv_max_dp_ranks,
+    }) {
         Ok(k) => Some(k),
         Err(e) => {
             crate::log!(Error, "kv events off: cannot start the event thread: {e}");

@@ -821,15 +821,11 @@ impl<'a> Reader<'a> {
                 if next(self) {
                     f.medium = self.field(bad, Reader::medium)?.flatten();
                 }
-                // SGLang 0.5.23's declaration order: cache_salt, session_id, lora_name.
+                // vLLM's array form goes on with lora_name (then extra_keys, group_idx);
+                // SGLang 0.5.23 sends its optional fields (cache_salt, lora_name) in the map
+                // form only. Informational here: another shape is ignored, not an error.
                 if next(self) {
-                    f.cache_salt = self.field(bad, Reader::namespace)?.flatten();
-                }
-                if next(self) {
-                    self.skip()?;
-                }
-                if next(self) {
-                    f.lora_name = self.field(bad, Reader::namespace)?.flatten();
+                    f.lora_name = self.tolerant(Reader::namespace)?.flatten();
                 }
             }
             Tag::Removed => {
@@ -973,7 +969,7 @@ impl Encoder {
     fn event(&mut self, ev: &KvEvent, map: bool) {
         match ev {
             KvEvent::BlockStored(s) => {
-                self.header(map, "BlockStored", 9);
+                self.header(map, "BlockStored", if map { 8 } else { 7 });
                 self.key(map, "block_hashes");
                 self.hashes(&s.block_hashes);
                 self.key(map, "parent_block_hash");
@@ -994,12 +990,12 @@ impl Encoder {
                 }
                 self.key(map, "medium");
                 self.opt_str(s.medium.as_deref());
-                self.key(map, "cache_salt");
-                self.opt_str(s.cache_salt.as_deref());
-                self.key(map, "session_id");
-                self.nil();
                 self.key(map, "lora_name");
                 self.opt_str(s.lora_name.as_deref());
+                if map {
+                    self.key(map, "cache_salt");
+                    self.opt_str(s.cache_salt.as_deref());
+                }
             }
             KvEvent::BlockRemoved(r) => {
                 self.header(map, "BlockRemoved", 2);

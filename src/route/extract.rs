@@ -41,10 +41,60 @@ pub enum Api {
 pub struct RoutingInfo<'a> {
     pub model: Option<Cow<'a, str>>,
     pub stream: bool,
+    /// The routing text; for a request outside the default cache namespace it starts with the
+    /// namespace's marker ([`Namespace::marker`]), so the text tree never matches it against
+    /// another namespace's prompts.
     pub text: Cow<'a, str>,
     /// `text` holds `/generate`'s `input_ids` as decimals joined by spaces: the prompt's own
     /// tokens, matched in the KV-event index without a tokenizer.
     pub token_ids: bool,
+    /// The cache namespace the request's prompt is reused in.
+    pub namespace: Namespace<'a>,
+}
+
+/// The fields SGLang namespaces its prefix cache by: blocks are reused only between requests
+/// that agree on all of them (a salt isolates a tenant, an adapter's KV differs from the base
+/// model's, an extra key is the caller's own partition). Strings only (a batch's per-item list
+/// is not one namespace; it routes as the default one); empty strings count as none, as SGLang
+/// normalises them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Namespace<'a> {
+    /// `cache_salt`.
+    pub cache_salt: Option<Cow<'a, str>>,
+    /// `lora_path`: the LoRA adapter's name (a `model` of `base:adapter` names one too; the
+    /// KV-event path reads that against the served model names).
+    pub lora_path: Option<Cow<'a, str>>,
+    /// `extra_key`.
+    pub extra_key: Option<Cow<'a, str>>,
+}
+
+impl Namespace<'_> {
+    /// Whether this is the default namespace (none of the fields set).
+    pub fn is_default(&self) -> bool {
+        self.cache_salt.is_none() && self.lora_path.is_none() && self.extra_key.is_none()
+    }
+
+    /// The prefix a namespaced request's routing text gets: a control character, 16 hex
+    /// digits of a hash of the three fields (each with a presence byte and its length), and
+    /// the control character again. Prompts of the default namespace never start with it.
+    pub fn marker(&self) -> Option<String> {
+        if self.is_default() {
+            return None;
+        }
+        let mut bytes = Vec::new();
+        for part in [&self.cache_salt, &self.lora_path, &self.extra_key] {
+            match part {
+                None => bytes.push(0),
+                Some(p) => {
+                    bytes.push(1);
+                    bytes.extend_from_slice(&(p.len() as u64).to_le_bytes());
+                    bytes.extend_from_slice(p.as_bytes());
+                }
+            }
+        }
+        let h = xxhash_rust::xxh3::xxh3_64(&bytes);
+        Some(format!("\u{1}{h:016x}\u{1}"))
+    }
 }
 
 /// Why a body cannot be routed; answered with 400 and an OpenAI-style error.
@@ -223,6 +273,9 @@ enum Key {
     Instructions,
     System,
     Output,
+    CacheSalt,
+    LoraPath,
+    Extra,
     Other,
 }
 
@@ -251,6 +304,9 @@ impl<'de> Deserialize<'de> for Key {
                     "instructions" => Key::Instructions,
                     "system" => Key::System,
                     "output" => Key::Output,
+                    "cache_salt" => Key::CacheSalt,
+                    "lora_path" => Key::LoraPath,
+                    "extra_key" => Key::Extra,
                     _ => Key::Other,
                 })
             }
@@ -530,9 +586,55 @@ impl<'de, S: DeserializeSeed<'de, Value = ()>> Visitor<'de> for Optional<S> {
     }
 }
 
+/// A string, or anything else (validated, skipped: `None`), or null.
+struct MaybeStr<'a>(Option<Cow<'a, str>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for MaybeStr<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MaybeStr<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(MaybeStr((!v.is_empty()).then_some(Cow::Borrowed(v))))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(MaybeStr((!v.is_empty()).then(|| Cow::Owned(v.to_string()))))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(MaybeStr(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<Skip>()?.is_some() {}
+                Ok(MaybeStr(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                while map.next_entry::<Skip, Skip>()?.is_some() {}
+                Ok(MaybeStr(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// What the top-level object gave: the fields each API needs, the routing text already built.
 struct Parsed<'a> {
     model: Option<Cow<'a, str>>,
+    namespace: Namespace<'a>,
     stream: Option<bool>,
     /// The field the API routes on was present and not null.
     present: bool,
@@ -573,6 +675,7 @@ impl<'de> Visitor<'de> for Top {
         let api = self.api;
         let mut p = Parsed {
             model: None,
+            namespace: Namespace::default(),
             stream: None,
             present: false,
             ids_present: false,
@@ -629,6 +732,9 @@ impl<'de> Visitor<'de> for Top {
             };
             match k {
                 Key::Model => p.model = map.next_value::<Option<Str<'de>>>()?.map(|s| s.0),
+                Key::CacheSalt => p.namespace.cache_salt = map.next_value::<MaybeStr<'de>>()?.0,
+                Key::LoraPath => p.namespace.lora_path = map.next_value::<MaybeStr<'de>>()?.0,
+                Key::Extra => p.namespace.extra_key = map.next_value::<MaybeStr<'de>>()?.0,
                 Key::Stream => p.stream = map.next_value()?,
                 Key::Messages if api == Api::Messages => {
                     p.present |= map.next_value_seed(Optional(BlockList(sink)))?;
@@ -671,6 +777,9 @@ fn key_name(k: Key) -> &'static str {
         Key::Query => "query",
         Key::Instructions => "instructions",
         Key::System => "system",
+        Key::CacheSalt => "cache_salt",
+        Key::LoraPath => "lora_path",
+        Key::Extra => "extra_key",
         Key::Content | Key::ReasoningContent | Key::Type | Key::Output | Key::Other => "?",
     }
 }
@@ -757,18 +866,79 @@ fn finish(api: Api, parsed: Parsed<'_>) -> Result<RoutingInfo<'_>, ExtractError>
         Api::Responses | Api::Messages => joined(parsed.pre, parsed.text),
         _ => parsed.text.finish(),
     };
+    // Token ids stay bare (the KV-event index reads them as numbers and namespaces by itself).
+    let text = match parsed.namespace.marker() {
+        Some(mut m) if !token_ids && !text.is_empty() => {
+            m.push_str(capped(&text, MAX_ROUTING_TEXT.saturating_sub(m.len())));
+            Cow::Owned(m)
+        }
+        _ => text,
+    };
     Ok(RoutingInfo {
         // An empty model name means "no model": one default tree, as when the field is absent.
         model: parsed.model.filter(|m| !m.is_empty()),
         stream: parsed.stream.unwrap_or(false),
         text,
         token_ids,
+        namespace: parsed.namespace,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_namespace_fields_are_read_and_prefix_the_text() {
+        let plain = extract(
+            Api::Chat,
+            br#"{"messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
+        assert!(plain.namespace.is_default());
+        assert_eq!(plain.text, "hi");
+        let body = br#"{"cache_salt":"tenant-a","messages":[{"role":"user","content":"hi"}],
+            "lora_path":"sql","extra_key":"k"}"#;
+        let salted = extract(Api::Chat, body).unwrap();
+        assert_eq!(salted.namespace.cache_salt.as_deref(), Some("tenant-a"));
+        assert_eq!(salted.namespace.lora_path.as_deref(), Some("sql"));
+        assert_eq!(salted.namespace.extra_key.as_deref(), Some("k"));
+        let marker = salted.namespace.marker().unwrap();
+        assert_eq!(salted.text, format!("{marker}hi"));
+        assert_eq!(marker.len(), 18);
+        assert!(marker.starts_with('\u{1}') && marker.ends_with('\u{1}'));
+        // Another salt, another marker; empty strings, lists (a batch's per-item values) and
+        // other shapes are no namespace and are never refused.
+        let b = extract(
+            Api::Completions,
+            br#"{"prompt":"hi","cache_salt":"tenant-b"}"#,
+        )
+        .unwrap();
+        assert_ne!(b.namespace.marker(), Some(marker));
+        for body in [
+            &br#"{"prompt":"hi","cache_salt":"","lora_path":null}"#[..],
+            br#"{"prompt":"hi","lora_path":["a","b"],"extra_key":7}"#,
+            br#"{"prompt":"hi","cache_salt":{"x":[1]}}"#,
+        ] {
+            let info = extract(Api::Completions, body).unwrap();
+            assert!(
+                info.namespace.is_default(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+            assert_eq!(info.text, "hi");
+        }
+        // Token ids stay bare numbers (the KV index namespaces them itself).
+        let ids = extract(Api::Generate, br#"{"input_ids":[1,2],"cache_salt":"a"}"#).unwrap();
+        assert_eq!((ids.text.as_ref(), ids.token_ids), ("1 2", true));
+        assert!(!ids.namespace.is_default());
+        // A duplicate namespace field is refused like any known field.
+        assert!(extract(
+            Api::Completions,
+            br#"{"prompt":"a","cache_salt":"x","cache_salt":"y"}"#
+        )
+        .is_err());
+    }
 
     fn text(api: Api, body: &str) -> String {
         extract(api, body.as_bytes()).unwrap().text.into_owned()

@@ -247,6 +247,7 @@ impl<'a> Exchange<'a> {
                 stream: false,
                 text: Cow::Borrowed(""),
                 token_ids: false,
+                namespace: Default::default(),
             },
         };
         let rid = request_id(
@@ -407,7 +408,8 @@ impl<'a> Exchange<'a> {
     /// when the text tree decides alone (counted by reason).
     fn measure(&self, kv: &KvRouting, api: Api, s: &mut KvScratch, now_ms: u64) -> Option<usize> {
         let tokens = kv.tokenize(api, self.body, &self.info.text, self.info.token_ids, s);
-        let r = tokens.and_then(|()| kv.measure(self.info.model.as_deref(), s, now_ms));
+        let ns = &self.info.namespace;
+        let r = tokens.and_then(|()| kv.measure(self.info.model.as_deref(), ns, s, now_ms));
         match r {
             Ok(n) => {
                 let best = s.cached.iter().map(|&(_, c)| c).max().unwrap_or(0);

@@ -33,6 +33,8 @@ const MAX_SCANS: usize = 4;
 #[derive(Debug, Default)]
 struct Entry {
     block_size: usize,
+    /// The namespace root the chain starts from.
+    root: u64,
     tokens: Vec<u32>,
     chain: Vec<u64>,
 }
@@ -72,14 +74,16 @@ impl ChainMemo {
         }
     }
 
-    /// The chain of `tokens` at `block_size` (whole blocks, at most `max_blocks`), exactly what
-    /// [`super::chain_hashes`] computes, with the blocks of the longest prefix a remembered
-    /// prompt shares copied instead of hashed; then this prompt is remembered. Readable through
-    /// [`ChainMemo::chain`] until the next call. Returns the blocks reused.
+    /// The chain of `tokens` at `block_size` from `root` (whole blocks, at most `max_blocks`),
+    /// exactly what [`super::chain_hashes`] computes, with the blocks of the longest prefix a
+    /// remembered prompt of the same namespace shares copied instead of hashed; then this
+    /// prompt is remembered. Readable through [`ChainMemo::chain`] until the next call. Returns
+    /// the blocks reused.
     pub fn compute(
         &mut self,
         tokens: &[u32],
         block_size: usize,
+        root: u64,
         max_blocks: usize,
         buf: &mut Vec<u8>,
     ) -> usize {
@@ -92,7 +96,11 @@ impl ChainMemo {
         let head = tokens.len().min(HEAD);
         let best = self.entries.best(
             MAX_SCANS,
-            |e| e.block_size == block_size && e.tokens.get(..head) == Some(&tokens[..head]),
+            |e| {
+                e.block_size == block_size
+                    && e.root == root
+                    && e.tokens.get(..head) == Some(&tokens[..head])
+            },
             |slot, e| {
                 let common = common_prefix(&e.tokens, tokens);
                 let blocks = (common / block_size).min(e.chain.len()).min(max_blocks);
@@ -107,7 +115,7 @@ impl ChainMemo {
                     .extend_from_slice(&self.entries.get(slot).chain[..k]);
             }
             let k = self.long.len();
-            extend_chain(tokens, block_size, max_blocks, &mut self.long, buf);
+            extend_chain(tokens, block_size, root, max_blocks, &mut self.long, buf);
             self.current = Current::Long;
             return k;
         }
@@ -121,8 +129,9 @@ impl ChainMemo {
             _ => 0,
         };
         e.block_size = block_size;
+        e.root = root;
         e.chain.truncate(k);
-        extend_chain(tokens, block_size, max_blocks, &mut e.chain, buf);
+        extend_chain(tokens, block_size, root, max_blocks, &mut e.chain, buf);
         e.tokens.clear();
         e.tokens.extend_from_slice(tokens);
         self.current = Current::Front;
@@ -159,7 +168,7 @@ impl ChainMemo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::index::chain_hashes;
+    use crate::kv::index::{chain_hashes, ROOT_PARENT};
 
     /// A memo that counts blocks reused (returned by `compute`) and hashed (the rest).
     #[derive(Default)]
@@ -171,7 +180,7 @@ mod tests {
 
     impl Counted {
         fn compute(&mut self, tokens: &[u32], bs: usize, max: usize, buf: &mut Vec<u8>) -> usize {
-            let k = self.memo.compute(tokens, bs, max, buf);
+            let k = self.memo.compute(tokens, bs, ROOT_PARENT, max, buf);
             self.reused += k as u64;
             self.hashed += (self.memo.chain().len() - k) as u64;
             k
@@ -186,8 +195,31 @@ mod tests {
 
     fn reference(tokens: &[u32], bs: usize, max: usize) -> Vec<u64> {
         let (mut out, mut buf) = (Vec::new(), Vec::new());
-        chain_hashes(tokens, bs, max, &mut out, &mut buf);
+        chain_hashes(tokens, bs, ROOT_PARENT, max, &mut out, &mut buf);
         out
+    }
+
+    #[test]
+    fn prompts_of_another_namespace_share_nothing() {
+        let mut memo = ChainMemo::new();
+        let mut buf = Vec::new();
+        let tokens: Vec<u32> = (0..64).collect();
+        let salted = crate::kv::index::namespace_root(Some("tenant-a"), None);
+        assert_eq!(memo.compute(&tokens, 4, ROOT_PARENT, 100, &mut buf), 0);
+        assert_eq!(
+            memo.compute(&tokens, 4, salted, 100, &mut buf),
+            0,
+            "no reuse across roots"
+        );
+        let mut want = Vec::new();
+        chain_hashes(&tokens, 4, salted, 100, &mut want, &mut buf);
+        assert_eq!(memo.chain(), &want[..]);
+        assert_ne!(want, reference(&tokens, 4, 100));
+        assert_eq!(
+            memo.compute(&tokens, 4, salted, 100, &mut buf),
+            16,
+            "same root reuses"
+        );
     }
 
     /// A small deterministic generator (xorshift), so failures reproduce.
@@ -255,7 +287,7 @@ mod tests {
             }
             let bs = [1, 1, 3, 16][g.below(4) as usize];
             let max = [usize::MAX, 100, 7][g.below(3) as usize];
-            memo.compute(&p, bs, max, &mut buf);
+            memo.compute(&p, bs, ROOT_PARENT, max, &mut buf);
             assert_eq!(memo.chain(), &reference(&p, bs, max)[..]);
         }
     }
@@ -284,10 +316,10 @@ mod tests {
         let mut memo = ChainMemo::new();
         let mut buf = Vec::new();
         let p: Vec<u32> = (0..256).collect();
-        memo.compute(&p, 16, usize::MAX, &mut buf);
-        assert_eq!(memo.compute(&p, 1, usize::MAX, &mut buf), 0);
+        memo.compute(&p, 16, ROOT_PARENT, usize::MAX, &mut buf);
+        assert_eq!(memo.compute(&p, 1, ROOT_PARENT, usize::MAX, &mut buf), 0);
         assert_eq!(memo.chain(), &reference(&p, 1, usize::MAX)[..]);
-        assert_eq!(memo.compute(&p, 16, usize::MAX, &mut buf), 16);
+        assert_eq!(memo.compute(&p, 16, ROOT_PARENT, usize::MAX, &mut buf), 16);
     }
 
     #[test]
@@ -302,7 +334,7 @@ mod tests {
                 g.below(5000) as usize
             };
             let p: Vec<u32> = (0..len).map(|j| i.wrapping_mul(7919) ^ j as u32).collect();
-            memo.compute(&p, 1, usize::MAX, &mut buf);
+            memo.compute(&p, 1, ROOT_PARENT, usize::MAX, &mut buf);
             assert_eq!(memo.chain().len(), p.len());
             let (entries, tokens) = memo.held();
             assert!(entries <= MEMO_ENTRIES);
@@ -310,7 +342,7 @@ mod tests {
         }
         // The huge prompt's chain was right too, and was not remembered.
         let p: Vec<u32> = (0..MEMO_ENTRY_TOKENS as u32 + 5).collect();
-        memo.compute(&p, 1, usize::MAX, &mut buf);
+        memo.compute(&p, 1, ROOT_PARENT, usize::MAX, &mut buf);
         assert_eq!(memo.chain(), &reference(&p, 1, usize::MAX)[..]);
         assert!(memo.held().1 <= MEMO_ENTRIES * 5000);
     }
@@ -320,9 +352,9 @@ mod tests {
         let mut memo = ChainMemo::new();
         let mut buf = Vec::new();
         let p: Vec<u32> = (0..100).collect();
-        memo.compute(&p, 1, usize::MAX, &mut buf);
+        memo.compute(&p, 1, ROOT_PARENT, usize::MAX, &mut buf);
         memo.forget_current();
         assert!(memo.chain().is_empty());
-        assert_eq!(memo.compute(&p, 1, usize::MAX, &mut buf), 100);
+        assert_eq!(memo.compute(&p, 1, ROOT_PARENT, usize::MAX, &mut buf), 100);
     }
 }

@@ -11,6 +11,19 @@
 //! never reproduced, so the gateway hashes a prompt with the same function it applied to the
 //! events' token ids and needs nothing from the engine but those ids.
 //!
+//! **Namespaces.** SGLang reuses a cached block only for requests of the same cache salt and
+//! LoRA adapter, so the first block of a sequence chains from its namespace's root
+//! ([`namespace_root`] of the event's `cache_salt` and `lora_name`), and a prompt is hashed from
+//! its own request's root: salted blocks never match an unsalted prompt, an adapter's never the
+//! base model's.
+//!
+//! **Tiers.** With SGLang's hierarchical cache a block lives on the GPU, in host memory or
+//! beyond (disk, an external pool), and each store and removal names its tier (`medium`). A
+//! source's record of a block keeps the tiers it holds it in, the trie one holding per tier
+//! (`trie::holding`); a removal drops that tier's copy only, the block goes with its last copy.
+//! A match reports per source the blocks it holds on the GPU and on the GPU or in host memory
+//! ([`PrefixMatch`]); the caller weighs the second (`--kv-host-tier-weight`).
+//!
 //! **Unknown parents.** A `BlockStored` whose parent this source never stored (or already
 //! removed) is dropped and counted: its own hash cannot be computed without the parent's, and
 //! starting a new root chain would claim the blocks sit at the start of a prompt — false
@@ -88,8 +101,34 @@ pub struct Source {
     pub dp_rank: u32,
 }
 
-/// The own hash the first block of a sequence chains from.
+/// The own hash the first block of a sequence chains from (in the default namespace).
 pub const ROOT_PARENT: u64 = 0x7261_6469_7867_6174; // "radixgat"
+
+/// The own hash the first block of a sequence chains from in a namespace. SGLang shares cached
+/// blocks only between requests of the same cache salt and LoRA adapter, so a block's own hash
+/// names its namespace too: blocks stored under salt A never match a prompt without it. The
+/// default namespace (no salt, no adapter; empty strings count as none, as SGLang normalises
+/// them) chains from [`ROOT_PARENT`]; another from a hash of both parts, each with a presence
+/// byte and its length, so `("a", "bc")` and `("ab", "c")` differ.
+pub fn namespace_root(cache_salt: Option<&str>, adapter: Option<&str>) -> u64 {
+    let salt = cache_salt.filter(|s| !s.is_empty());
+    let adapter = adapter.filter(|s| !s.is_empty());
+    if salt.is_none() && adapter.is_none() {
+        return ROOT_PARENT;
+    }
+    let mut bytes = Vec::with_capacity(18 + salt.map_or(0, str::len) + adapter.map_or(0, str::len));
+    for part in [salt, adapter] {
+        match part {
+            None => bytes.push(0),
+            Some(p) => {
+                bytes.push(1);
+                bytes.extend_from_slice(&(p.len() as u64).to_le_bytes());
+                bytes.extend_from_slice(p.as_bytes());
+            }
+        }
+    }
+    xxh3_64_with_seed(&bytes, ROOT_PARENT)
+}
 
 /// radixgate's own hash of a block: XXH3-64 of `tokens` (little-endian bytes) seeded with
 /// `parent` (the previous block's own hash, or [`ROOT_PARENT`]); a one-token block (SGLang's
@@ -145,26 +184,28 @@ fn hash_on_stack<const BYTES: usize>(parent: u64, tokens: &[u32]) -> u64 {
 /// Largest block hashed from the stack (SGLang pages are 1 to 64 tokens).
 const STACK_BLOCK: usize = 64;
 
-/// The own hashes of every whole block of `tokens` at `block_size`, chained from
-/// [`ROOT_PARENT`], into `out` (cleared first); at most `max_blocks` of them. A final partial
-/// block is left out: it never matches (the engine caches whole pages).
+/// The own hashes of every whole block of `tokens` at `block_size`, chained from `root` (the
+/// namespace's, [`namespace_root`]), into `out` (cleared first); at most `max_blocks` of them.
+/// A final partial block is left out: it never matches (the engine caches whole pages).
 pub fn chain_hashes(
     tokens: &[u32],
     block_size: usize,
+    root: u64,
     max_blocks: usize,
     out: &mut Vec<u64>,
     buf: &mut Vec<u8>,
 ) {
     out.clear();
-    extend_chain(tokens, block_size, max_blocks, out, buf);
+    extend_chain(tokens, block_size, root, max_blocks, out, buf);
 }
 
 /// [`chain_hashes`] continued: `out` already holds the chain of the first `out.len()` blocks of
-/// `tokens` (a remembered prefix, see [`ChainMemo`]); the rest of the whole blocks, up to
-/// `max_blocks` in all, are hashed onto it.
+/// `tokens` from `root` (a remembered prefix, see [`ChainMemo`]); the rest of the whole blocks,
+/// up to `max_blocks` in all, are hashed onto it.
 pub fn extend_chain(
     tokens: &[u32],
     block_size: usize,
+    root: u64,
     max_blocks: usize,
     out: &mut Vec<u64>,
     buf: &mut Vec<u8>,
@@ -173,7 +214,7 @@ pub fn extend_chain(
         return;
     }
     let done = out.len();
-    let mut parent = out.last().copied().unwrap_or(ROOT_PARENT);
+    let mut parent = out.last().copied().unwrap_or(root);
     let Some(rest) = tokens.get(done * block_size..) else {
         return;
     };

@@ -35,7 +35,7 @@ pub(super) fn matches(w: &mut IndexWriter, model: &str, tokens: &[u32]) -> Vec<(
     let snap = w.reader().load();
     let mut scratch = MatchScratch::default();
     let mut v: Vec<_> = snap
-        .match_prefix(model, tokens, &mut scratch)
+        .match_prefix(model, crate::kv::index::ROOT_PARENT, tokens, &mut scratch)
         .iter()
         .map(|m| (m.source, m.blocks))
         .collect();
@@ -282,12 +282,15 @@ fn snapshots_are_isolated_from_later_writes() {
         .unwrap();
     w.publish();
     let mut s = MatchScratch::default();
-    let got: Vec<_> = old.match_prefix(M, &t, &mut s).to_vec();
+    let got: Vec<_> = old
+        .match_prefix(M, crate::kv::index::ROOT_PARENT, &t, &mut s)
+        .to_vec();
     assert_eq!(
         got,
         vec![PrefixMatch {
             source: src(1, 0),
-            blocks: 2
+            blocks: 2,
+            with_host: 2
         }]
     );
     assert!(w.reader().load().epoch() > old.epoch());
@@ -706,7 +709,7 @@ fn chain_hashes_is_the_block_by_block_chain() {
     let mut chain = vec![1, 2, 3];
     for bs in [1usize, 2, 16, 64] {
         for max in [0usize, 1, 7, usize::MAX] {
-            chain_hashes(&tokens, bs, max, &mut chain, &mut buf);
+            chain_hashes(&tokens, bs, ROOT_PARENT, max, &mut chain, &mut buf);
             let mut parent = ROOT_PARENT;
             let expected: Vec<u64> = tokens
                 .chunks_exact(bs)
@@ -719,4 +722,138 @@ fn chain_hashes_is_the_block_by_block_chain() {
             assert_eq!(chain, expected, "block size {bs}, at most {max}");
         }
     }
+}
+
+/// `e` concerning the storage tier `medium`.
+fn in_tier(mut e: KvEvent, medium: &str) -> KvEvent {
+    match &mut e {
+        KvEvent::BlockStored(s) => s.medium = Some(medium.into()),
+        KvEvent::BlockRemoved(r) => r.medium = Some(medium.into()),
+        KvEvent::AllBlocksCleared => {}
+    }
+    e
+}
+
+/// Publishes and matches with tiers: (source, blocks on the GPU, blocks on the GPU or host).
+fn tiered(w: &mut IndexWriter, root: u64, tokens: &[u32]) -> Vec<(Source, u32, u32)> {
+    w.publish();
+    w.check();
+    let snap = w.reader().load();
+    let mut scratch = MatchScratch::default();
+    let mut v: Vec<_> = snap
+        .match_prefix(M, root, tokens, &mut scratch)
+        .iter()
+        .map(|m| (m.source, m.blocks, m.with_host))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn each_tier_is_stored_and_removed_on_its_own() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let t = seq(16, 0);
+    let s = src(1, 0);
+    // On the GPU, then backed up to host memory.
+    w.apply(M, s, &stored(&[10, 11, 12, 13], None, &t, 4))
+        .unwrap();
+    w.apply(
+        M,
+        s,
+        &in_tier(stored(&[10, 11, 12, 13], None, &t, 4), "CPU_PINNED"),
+    )
+    .unwrap();
+    assert_eq!(tiered(&mut w, ROOT_PARENT, &t), vec![(s, 4, 4)]);
+    assert_eq!(w.held(), 4, "a block in two tiers is one block held");
+    // The host copy of the tail freed: the GPU's stays.
+    w.apply(M, s, &in_tier(removed(&[13]), "CPU_PINNED"))
+        .unwrap();
+    assert_eq!(tiered(&mut w, ROOT_PARENT, &t), vec![(s, 4, 4)]);
+    // The GPU evicts blocks 2 and 3: block 2's host copy remains, block 3 had none left.
+    w.apply(M, s, &in_tier(removed(&[12, 13]), "GPU")).unwrap();
+    assert_eq!(tiered(&mut w, ROOT_PARENT, &t), vec![(s, 2, 3)]);
+    assert_eq!(w.held(), 3);
+    // A removal from a tier that holds no copy changes nothing.
+    w.apply(M, s, &in_tier(removed(&[12]), "GPU")).unwrap();
+    assert_eq!(tiered(&mut w, ROOT_PARENT, &t), vec![(s, 2, 3)]);
+    // Stored in host memory only (written back after the GPU evicted): no GPU hit at all.
+    let u = seq(8, 100);
+    let other = src(2, 0);
+    w.apply(
+        M,
+        other,
+        &in_tier(stored(&[20, 21], None, &u, 4), "CPU_PINNED"),
+    )
+    .unwrap();
+    assert_eq!(tiered(&mut w, ROOT_PARENT, &u), vec![(other, 0, 2)]);
+    // Disk and external pools are tracked, not scored; their removal touches nothing else.
+    w.apply(M, other, &in_tier(stored(&[20, 21], None, &u, 4), "DISK"))
+        .unwrap();
+    w.apply(M, other, &in_tier(removed(&[20, 21]), "CPU_PINNED"))
+        .unwrap();
+    assert_eq!(tiered(&mut w, ROOT_PARENT, &u), vec![]);
+    assert_eq!(w.held_by(other), 2, "still held on disk");
+    w.apply(M, other, &in_tier(removed(&[20, 21]), "DISK"))
+        .unwrap();
+    assert_eq!(w.held_by(other), 0);
+    // Clearing drops every tier.
+    w.apply(M, s, &KvEvent::AllBlocksCleared).unwrap();
+    assert_eq!(tiered(&mut w, ROOT_PARENT, &t), vec![]);
+    w.check();
+}
+
+#[test]
+fn blocks_of_a_namespace_match_only_its_prompts() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let t = seq(8, 0);
+    let salted = |hashes: &[u64], salt: &str| {
+        let KvEvent::BlockStored(mut b) = stored(hashes, None, &t, 4) else {
+            unreachable!()
+        };
+        b.cache_salt = Some(salt.into());
+        KvEvent::BlockStored(b)
+    };
+    w.apply(M, src(1, 0), &salted(&[1, 2], "tenant-a")).unwrap();
+    let KvEvent::BlockStored(mut adapter) = stored(&[3, 4], None, &t, 4) else {
+        unreachable!()
+    };
+    adapter.lora_name = Some("sql".into());
+    w.apply(M, src(2, 0), &KvEvent::BlockStored(adapter))
+        .unwrap();
+    let KvEvent::BlockStored(mut by_id) = stored(&[5, 6], None, &t, 4) else {
+        unreachable!()
+    };
+    by_id.lora_id = Some(7);
+    w.apply(M, src(3, 0), &KvEvent::BlockStored(by_id)).unwrap();
+    // The same tokens in four namespaces: each prompt finds only its own.
+    assert_eq!(tiered(&mut w, ROOT_PARENT, &t), vec![]);
+    let a = namespace_root(Some("tenant-a"), None);
+    assert_eq!(tiered(&mut w, a, &t), vec![(src(1, 0), 2, 2)]);
+    assert_eq!(
+        tiered(&mut w, namespace_root(Some("tenant-b"), None), &t),
+        vec![]
+    );
+    let sql = namespace_root(None, Some("sql"));
+    assert_eq!(tiered(&mut w, sql, &t), vec![(src(2, 0), 2, 2)]);
+    assert_eq!(
+        tiered(&mut w, namespace_root(Some("tenant-a"), Some("sql")), &t),
+        vec![]
+    );
+    // A child stored under a salted parent stays in the parent's namespace.
+    let more = seq(4, 8);
+    let mut whole = t.clone();
+    whole.extend(&more);
+    w.apply(M, src(1, 0), &stored(&[9], Some(2), &more, 4))
+        .unwrap();
+    assert_eq!(tiered(&mut w, a, &whole), vec![(src(1, 0), 3, 3)]);
+    // Empty strings are no namespace, as SGLang normalises them; the parts are length-framed.
+    assert_eq!(namespace_root(Some(""), Some("")), ROOT_PARENT);
+    assert_ne!(
+        namespace_root(Some("ab"), Some("c")),
+        namespace_root(Some("a"), Some("bc"))
+    );
+    assert_ne!(
+        namespace_root(Some("x"), None),
+        namespace_root(None, Some("x"))
+    );
 }

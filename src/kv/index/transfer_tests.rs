@@ -127,7 +127,23 @@ impl Traffic {
                 }
                 (source, removed(&[tail]))
             }
-            900..=994 => {
+            900..=929 => {
+                // HiCache backs the conversation up to host memory...
+                let chat = &self.chats[c];
+                let e = with_medium(stored(&chat.hashes, None, &chat.tokens, BS), "CPU_PINNED");
+                (source, e)
+            }
+            930..=944 => {
+                // ...and frees one tier's copy of its tail.
+                let tail = *self.chats[c].hashes.last().unwrap_or(&0);
+                let medium = if self.rng.below(2) == 0 {
+                    "CPU_PINNED"
+                } else {
+                    "GPU"
+                };
+                (source, with_medium(removed(&[tail]), medium))
+            }
+            945..=994 => {
                 let i = self.rng.below(self.chats[c].hashes.len());
                 (source, removed(&[self.chats[c].hashes[i]]))
             }
@@ -157,6 +173,16 @@ impl Traffic {
 }
 
 /// A peer that applied `events` events of [`Traffic`] from `seed`, every source known.
+/// `e` concerning the storage tier `medium`.
+fn with_medium(mut e: KvEvent, medium: &str) -> KvEvent {
+    match &mut e {
+        KvEvent::BlockStored(s) => s.medium = Some(medium.into()),
+        KvEvent::BlockRemoved(r) => r.medium = Some(medium.into()),
+        KvEvent::AllBlocksCleared => {}
+    }
+    e
+}
+
 fn peer(seed: u64, events: usize) -> (IndexWriter, Traffic) {
     let mut a = IndexWriter::new(IndexConfig::default());
     let mut t = Traffic::new(seed);
@@ -173,15 +199,15 @@ fn assert_same(a: &mut IndexWriter, b: &mut IndexWriter, prompts: &[(&str, Vec<u
     let mut scratch = MatchScratch::default();
     for (model, p) in prompts {
         let mut want: Vec<_> = sa
-            .match_prefix(model, p, &mut scratch)
+            .match_prefix(model, crate::kv::index::ROOT_PARENT, p, &mut scratch)
             .iter()
-            .map(|m| (in_b(m.source), m.blocks))
+            .map(|m| (in_b(m.source), m.blocks, m.with_host))
             .collect();
         want.sort();
         let mut got: Vec<_> = sb
-            .match_prefix(model, p, &mut scratch)
+            .match_prefix(model, crate::kv::index::ROOT_PARENT, p, &mut scratch)
             .iter()
-            .map(|m| (m.source, m.blocks))
+            .map(|m| (m.source, m.blocks, m.with_host))
             .collect();
         got.sort();
         assert_eq!(got, want, "prompt {p:?}");
@@ -416,7 +442,7 @@ fn state(w: &mut IndexWriter) -> Vec<Vec<writer::RecordView>> {
         .flat_map(|wk| (0..2).map(move |r| src(wk + SHIFT, r)))
         .map(|s| w.records(s))
         .collect();
-    v.push(vec![(w.held() as u64, w.stats().sources(), None, 0, 0)]);
+    v.push(vec![(w.held() as u64, w.stats().sources(), None, 0, 0, 0)]);
     v
 }
 
@@ -439,8 +465,9 @@ fn malformed_payloads_are_refused_and_change_nothing() {
         bad(b"<html>502 Bad Gateway</html>"),
         ImportError::NotAnExport
     );
-    // Another version's export (formats 1 and 2: other own hashes) is refused, not misread.
-    for version in [1u8, 2, 4] {
+    // Another version's export (1 and 2: other own hashes; 3: no tiers) is refused, not
+    // misread.
+    for version in [1u8, 2, 3, 5] {
         let mut other = data.clone();
         other[8] = version;
         assert_eq!(bad(&other), ImportError::Version(u32::from(version)));
@@ -653,8 +680,10 @@ fn an_export_costs_about_17_bytes_a_block() {
     assert!((17.0..17.3).contains(&per_block), "{per_block}");
     let mut a = IndexWriter::new(IndexConfig::default());
     Traffic::new(7).run(5_000, &mut [(&mut a, 0)]);
+    // Short turns off a shared system prompt, a few blocks backed up to host memory (a tier
+    // byte each).
     let per_block = export(&a).len() as f64 / a.held() as f64;
-    assert!((18.4..19.0).contains(&per_block), "{per_block}");
+    assert!((18.9..19.6).contains(&per_block), "{per_block}");
 }
 
 /// The event thread takes the copy; encoding it runs on another thread.

@@ -8,37 +8,61 @@
 //! writer's next edit copies only the nodes on its path that a snapshot still shares
 //! (`Arc::make_mut`), so a batch of edits never copies the index.
 
+use crate::kv::wire::Tier;
 use std::sync::Arc;
 
-/// A source's dense number inside one index (see `writer`): 2 bytes per holder instead of 8.
+/// A source's dense number inside one index (see `writer`).
 pub(super) type SourceId = u16;
 
+/// One source's copy of a block in one storage tier, packed as `source << 2 | tier` so a holder
+/// list stays 2 bytes an entry (a block on the GPU and in host memory of one server is two
+/// holdings of one source).
+pub(super) type Holding = u16;
+
 /// Marks an unused inline holder slot.
-const NONE: SourceId = SourceId::MAX;
+const NONE: Holding = Holding::MAX;
 
-/// Largest number of sources an index can number (`NONE` is reserved).
-pub(super) const MAX_SOURCE_IDS: usize = NONE as usize;
+/// Largest number of sources an index can number (every holding stays below `NONE`).
+pub(super) const MAX_SOURCE_IDS: usize = (NONE >> 2) as usize;
 
-/// The sources holding one block, as a multiset: a source that stored the same tokens under two
-/// engine hashes (e.g. two LoRA adapters) appears twice, so removing one keeps the other. Up to
-/// four holders live inline (no allocation: most blocks are on one or two workers).
+/// The holding of source `s`'s copy in `tier`.
+#[inline]
+pub(super) fn holding(s: SourceId, tier: Tier) -> Holding {
+    s << 2 | tier as u16
+}
+
+/// The source a holding belongs to.
+#[inline]
+pub(super) fn source_of(h: Holding) -> SourceId {
+    h >> 2
+}
+
+/// A holding's tier bit ([`Tier::bit`]).
+#[inline]
+fn tier_bit(h: Holding) -> u8 {
+    1 << (h & 3)
+}
+
+/// The holdings of one block, as a multiset: a source that stored the same tokens under two
+/// engine hashes (e.g. two LoRA adapters) holds it twice, so removing one keeps the other. Up to
+/// four holdings live inline (no allocation: most blocks are on one or two workers).
 #[derive(Clone, Debug)]
 pub(super) enum Holders {
-    Inline([SourceId; 4]),
+    Inline([Holding; 4]),
     // A thin pointer keeps `Holders` at 16 bytes, so every trie slot stays small; the extra
     // allocation is paid only by blocks on more than four sources.
     #[allow(clippy::box_collection)]
-    Heap(Box<Vec<SourceId>>),
+    Heap(Box<Vec<Holding>>),
 }
 
 impl Holders {
-    fn one(s: SourceId) -> Self {
-        Holders::Inline([s, NONE, NONE, NONE])
+    fn one(h: Holding) -> Self {
+        Holders::Inline([h, NONE, NONE, NONE])
     }
 
-    /// Every holder (with repeats).
+    /// Every holding (with repeats).
     #[inline]
-    pub(super) fn as_slice(&self) -> &[SourceId] {
+    pub(super) fn as_slice(&self) -> &[Holding] {
         match self {
             Holders::Inline(a) => {
                 let n = a.iter().position(|&s| s == NONE).unwrap_or(4);
@@ -48,13 +72,22 @@ impl Holders {
         }
     }
 
-    /// Whether `s` holds the block.
+    /// Whether the holding `h` (a source's copy in one tier) is there.
     #[inline]
-    pub(super) fn contains(&self, s: SourceId) -> bool {
-        self.as_slice().contains(&s)
+    pub(super) fn contains(&self, h: Holding) -> bool {
+        self.as_slice().contains(&h)
     }
 
-    fn push(&mut self, s: SourceId) {
+    /// The tiers ([`Tier::bit`]s) source `s` holds the block in (0: none).
+    #[inline]
+    pub(super) fn tiers_of(&self, s: SourceId) -> u8 {
+        self.as_slice()
+            .iter()
+            .filter(|&&h| source_of(h) == s)
+            .fold(0, |m, &h| m | tier_bit(h))
+    }
+
+    fn push(&mut self, s: Holding) {
         match self {
             Holders::Inline(a) => match a.iter().position(|&x| x == NONE) {
                 Some(i) => a[i] = s,
@@ -69,7 +102,7 @@ impl Holders {
     }
 
     /// Removes one occurrence of `s`; false when `s` was not there.
-    fn remove_one(&mut self, s: SourceId) -> bool {
+    fn remove_one(&mut self, s: Holding) -> bool {
         match self {
             Holders::Inline(a) => {
                 let n = a.iter().position(|&x| x == NONE).unwrap_or(4);
@@ -181,16 +214,16 @@ impl Trie {
         }
     }
 
-    /// Adds one holding of `key` by `s`; true when `key` is new.
-    pub(super) fn add(&mut self, key: u64, s: SourceId) -> bool {
+    /// Adds the holding `s` of `key`; true when `key` is new.
+    pub(super) fn add(&mut self, key: u64, s: Holding) -> bool {
         let new = add(&mut self.root, key, s, 0);
         self.len += new as usize;
         new
     }
 
-    /// Removes one holding of `key` by `s` (the key goes when no holder is left); false when
-    /// `s` did not hold `key`. Copies no node when there is nothing to remove.
-    pub(super) fn remove(&mut self, key: u64, s: SourceId) -> bool {
+    /// Removes the holding `s` of `key` (the key goes when no holding is left); false when it
+    /// was not there. Copies no node when there is nothing to remove.
+    pub(super) fn remove(&mut self, key: u64, s: Holding) -> bool {
         if !self.get(key).is_some_and(|h| h.contains(s)) {
             return false;
         }
@@ -241,8 +274,8 @@ impl Trie {
 
     /// Every key with its holders, in no particular order (tests).
     #[cfg(test)]
-    pub(super) fn entries(&self) -> Vec<(u64, Vec<SourceId>)> {
-        fn walk(n: &Node, out: &mut Vec<(u64, Vec<SourceId>)>) {
+    pub(super) fn entries(&self) -> Vec<(u64, Vec<Holding>)> {
+        fn walk(n: &Node, out: &mut Vec<(u64, Vec<Holding>)>) {
             for s in &n.slots {
                 match s {
                     Slot::Leaf(k, h) => out.push((*k, h.as_slice().to_vec())),
@@ -256,7 +289,7 @@ impl Trie {
     }
 }
 
-fn add(node: &mut Arc<Node>, key: u64, s: SourceId, shift: u32) -> bool {
+fn add(node: &mut Arc<Node>, key: u64, s: Holding, shift: u32) -> bool {
     let n = Arc::make_mut(node);
     let bit = chunk(key, shift);
     let pos = n.pos(bit);
@@ -290,7 +323,7 @@ enum Removed {
 
 /// Removes one holding known to exist. Empty inner nodes are dropped and a node left with a
 /// single leaf is folded into its parent, so the shape depends only on the keys present.
-fn remove(node: &mut Arc<Node>, key: u64, s: SourceId, shift: u32) -> Removed {
+fn remove(node: &mut Arc<Node>, key: u64, s: Holding, shift: u32) -> Removed {
     let n = Arc::make_mut(node);
     let bit = chunk(key, shift);
     let pos = n.pos(bit);

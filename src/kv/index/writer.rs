@@ -2,9 +2,10 @@
 //! order, enforces the caps, and publishes snapshots.
 
 use super::snapshot::{IndexReader, ModelView, Snapshot};
-use super::trie::{SourceId, Trie, MAX_SOURCE_IDS};
-use super::{block_hash, EngineHash, IndexConfig, IndexStats, KvEvent, Source, ROOT_PARENT};
+use super::trie::{holding, SourceId, Trie, MAX_SOURCE_IDS};
+use super::{block_hash, namespace_root, EngineHash, IndexConfig, IndexStats, KvEvent, Source};
 use crate::base::WorkerId;
+use crate::kv::wire::{BlockStored, Tier};
 use arc_swap::ArcSwap;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -37,6 +38,9 @@ const RETAINED_SNAPSHOTS: usize = 4;
 #[derive(Debug, Clone, Copy)]
 struct Rec {
     own: u64,
+    /// The tiers ([`Tier::bit`]) the source holds it in; never 0 (the record goes with the last
+    /// copy).
+    tiers: u8,
     parent: Option<EngineHash>,
     /// Blocks of this source stored under this one and still held (may undercount after the
     /// server removed a parent before its children; never overcounts, so a leaf always exists).
@@ -168,27 +172,26 @@ impl IndexWriter {
         let mi = self.model_index(model)?;
         self.register(source, mi)?;
         match event {
-            KvEvent::BlockStored(b) => {
-                let block_size = b.block_size as usize;
-                self.store(
-                    mi,
-                    source,
-                    &b.block_hashes,
-                    b.parent,
-                    &b.token_ids,
-                    block_size,
-                )
-            }
+            KvEvent::BlockStored(b) => self.store(mi, source, b),
             KvEvent::BlockRemoved(r) => {
-                let engine_hashes = &r.block_hashes;
+                // A removal concerns one tier: the host copy freed leaves the GPU's, and the
+                // other way round; the block goes with its last copy.
+                let tier = r.tier();
                 let (m, s) = self.parts(mi, source);
-                let mut removed = 0;
-                for &eh in engine_hashes {
-                    removed += remove_block(s, &mut m.trie, eh) as u64;
+                let (mut gone, mut known) = (0, 0);
+                for &eh in &r.block_hashes {
+                    match remove_tier(s, &mut m.trie, eh, tier) {
+                        Removal::NotHeld => {}
+                        Removal::Tier => known += 1,
+                        Removal::Block => {
+                            known += 1;
+                            gone += 1;
+                        }
+                    }
                 }
-                self.held -= removed as usize;
-                IndexStats::add(&self.stats.blocks_removed, removed);
-                let unknown = engine_hashes.len() as u64 - removed;
+                self.held -= gone;
+                IndexStats::add(&self.stats.blocks_removed, known as u64);
+                let unknown = (r.block_hashes.len() - known) as u64;
                 IndexStats::add(&self.stats.removed_unknown, unknown);
                 Ok(())
             }
@@ -270,15 +273,9 @@ impl IndexWriter {
         (&mut self.models[mi], s)
     }
 
-    fn store(
-        &mut self,
-        mi: usize,
-        source: Source,
-        hashes: &[EngineHash],
-        parent: Option<EngineHash>,
-        tokens: &[u32],
-        block_size: usize,
-    ) -> Result<(), DropReason> {
+    fn store(&mut self, mi: usize, source: Source, b: &BlockStored) -> Result<(), DropReason> {
+        let (hashes, tokens) = (&b.block_hashes, &b.token_ids);
+        let block_size = b.block_size as usize;
         if block_size == 0 || Some(tokens.len()) != hashes.len().checked_mul(block_size) {
             return Err(DropReason::Malformed);
         }
@@ -288,30 +285,47 @@ impl IndexWriter {
         } else if m.block_size != block_size {
             return Err(DropReason::BlockSizeMismatch);
         }
+        let tier = b.tier();
         let mut buf = std::mem::take(&mut self.buf);
         let mut clock = self.clock;
         let (m, s) = self.parts(mi, source);
-        let mut parent_own = match parent {
-            None => ROOT_PARENT,
+        let mut parent_own = match b.parent {
+            // SGLang's adapters are named (`lora_name`); vLLM's may only carry an id, which no
+            // request can name: its blocks then never match one, as they must not match a
+            // request for the base model.
+            None => {
+                let adapter = b.lora_id.map(|id| format!("\u{0}lora-id:{id}"));
+                namespace_root(
+                    b.cache_salt.as_deref(),
+                    b.lora_name.as_deref().or(adapter.as_deref()),
+                )
+            }
             Some(p) => match s.blocks.get(&p) {
                 Some(r) => r.own,
                 None => return Err(DropReason::UnknownParent),
             },
         };
-        let (mut added, mut dup, mut replaced) = (0u64, 0u64, 0usize);
-        let mut parent_eh = parent;
+        let (mut added, mut dup, mut replaced, mut new) = (0u64, 0u64, 0usize, 0usize);
+        let mut parent_eh = b.parent;
         for (&eh, block) in hashes.iter().zip(tokens.chunks_exact(block_size)) {
             let own = block_hash(parent_own, block, &mut buf);
-            match s.blocks.get(&eh) {
-                Some(r) if r.own == own => dup += 1,
+            match s.blocks.get_mut(&eh) {
+                Some(r) if r.own == own && r.tiers & tier.bit() != 0 => dup += 1,
+                Some(r) if r.own == own => {
+                    // Another tier's copy of a block it holds (a GPU block backed up to host).
+                    r.tiers |= tier.bit();
+                    m.trie.add(own, holding(s.id, tier));
+                    added += 1;
+                }
                 existing => {
                     if existing.is_some() {
                         // The engine reused the id for other tokens: the new store wins.
                         replaced += remove_block(s, &mut m.trie, eh) as usize;
                     }
                     clock += 1;
-                    add_block(s, &mut m.trie, eh, own, parent_eh, clock);
+                    add_block(s, &mut m.trie, eh, own, parent_eh, clock, tier);
                     added += 1;
+                    new += 1;
                 }
             }
             parent_own = own;
@@ -319,7 +333,7 @@ impl IndexWriter {
         }
         self.clock = clock;
         self.buf = buf;
-        self.held = self.held + added as usize - replaced;
+        self.held = self.held + new - replaced;
         IndexStats::add(&self.stats.blocks_stored, added);
         IndexStats::add(&self.stats.duplicate_stores, dup);
         self.enforce_caps(source);
@@ -380,7 +394,7 @@ impl IndexWriter {
         if let Ok(mi) = self.models.binary_search_by(|m| m.name.cmp(&s.model)) {
             let trie = &mut self.models[mi].trie;
             for r in s.blocks.values() {
-                trie.remove(r.own, s.id);
+                remove_holdings(trie, s.id, r);
             }
         }
         self.held -= s.blocks.len();
@@ -473,6 +487,7 @@ impl IndexWriter {
     #[cfg(test)]
     pub(super) fn check(&self) {
         let mut held = 0;
+        let mut held_copies = 0;
         for (src, s) in &self.sources {
             assert_eq!(self.ids[s.id as usize], Some(*src));
             held += s.blocks.len();
@@ -490,7 +505,10 @@ impl IndexWriter {
                 .find(|m| m.name == s.model)
                 .expect("model");
             for r in s.blocks.values() {
-                assert!(m.trie.get(r.own).is_some_and(|h| h.contains(s.id)));
+                assert_ne!(r.tiers, 0, "a record without a copy");
+                let in_trie = m.trie.get(r.own).map_or(0, |h| h.tiers_of(s.id));
+                assert_eq!(in_trie & r.tiers, r.tiers, "{src:?}: tiers {:b}", r.tiers);
+                held_copies += r.tiers.count_ones() as usize;
             }
         }
         assert_eq!(held, self.held);
@@ -504,7 +522,7 @@ impl IndexWriter {
             let n = self.sources.values().filter(|s| s.model == m.name).count();
             assert_eq!(n, m.sources);
         }
-        assert_eq!(in_tries, held, "trie holdings vs records");
+        assert_eq!(in_tries, held_copies, "trie holdings vs records' copies");
     }
 
     /// The tries themselves (tests).
@@ -517,7 +535,8 @@ impl IndexWriter {
     }
 }
 
-/// Adds a record for a block not held under `eh`, under `parent` if the source holds it.
+/// Adds a record for a block not held under `eh` (its copy in `tier`), under `parent` if the
+/// source holds it.
 fn add_block(
     s: &mut SourceState,
     trie: &mut Trie,
@@ -525,6 +544,7 @@ fn add_block(
     own: u64,
     parent: Option<EngineHash>,
     stamp: u64,
+    tier: Tier,
 ) {
     if let Some(p) = parent {
         if let Some(pr) = s.blocks.get_mut(&p) {
@@ -538,13 +558,23 @@ fn add_block(
         eh,
         Rec {
             own,
+            tiers: tier.bit(),
             parent,
             children: 0,
             stamp,
         },
     );
     s.leaves.insert((stamp, eh));
-    trie.add(own, s.id);
+    trie.add(own, holding(s.id, tier));
+}
+
+/// Every trie holding of `r` (one per tier it is held in) by source `id`.
+fn remove_holdings(trie: &mut Trie, id: SourceId, r: &Rec) {
+    for t in Tier::ALL {
+        if r.tiers & t.bit() != 0 {
+            trie.remove(r.own, holding(id, t));
+        }
+    }
 }
 
 /// The block the caps evict next from `s`: its oldest leaf (shared with the export, which lists
@@ -557,7 +587,35 @@ fn next_victim(s: &SourceState) -> Option<EngineHash> {
     }
 }
 
-/// Removes `eh`'s record and its holding; false when the source does not hold `eh`. A parent
+/// What a one-tier removal did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Removal {
+    /// The source did not hold the block in that tier.
+    NotHeld,
+    /// That copy went; another tier's stays.
+    Tier,
+    /// That was the last copy: the block went.
+    Block,
+}
+
+/// Removes `eh`'s copy in `tier` (the whole record when it was the last copy).
+fn remove_tier(s: &mut SourceState, trie: &mut Trie, eh: EngineHash, tier: Tier) -> Removal {
+    let Some(r) = s.blocks.get_mut(&eh) else {
+        return Removal::NotHeld;
+    };
+    if r.tiers & tier.bit() == 0 {
+        return Removal::NotHeld;
+    }
+    if r.tiers != tier.bit() {
+        r.tiers &= !tier.bit();
+        trie.remove(r.own, holding(s.id, tier));
+        return Removal::Tier;
+    }
+    remove_block(s, trie, eh);
+    Removal::Block
+}
+
+/// Removes `eh`'s record and every copy; false when the source does not hold `eh`. A parent
 /// left without children becomes a leaf, as recent as the child it lost.
 fn remove_block(s: &mut SourceState, trie: &mut Trie, eh: EngineHash) -> bool {
     let Some(r) = s.blocks.remove(&eh) else {
@@ -566,7 +624,7 @@ fn remove_block(s: &mut SourceState, trie: &mut Trie, eh: EngineHash) -> bool {
     if r.children == 0 {
         s.leaves.remove(&(r.stamp, eh));
     }
-    trie.remove(r.own, s.id);
+    remove_holdings(trie, s.id, &r);
     if let Some(p) = r.parent {
         if let Some(pr) = s.blocks.get_mut(&p) {
             if pr.children > 0 {

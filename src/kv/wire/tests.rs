@@ -173,6 +173,7 @@ fn vllm_extra_fields_are_ignored_in_both_forms() {
         panic!()
     };
     assert_eq!(s.lora_id, Some(-1));
+    assert_eq!(s.lora_name.as_deref(), Some("adapter"));
     assert_eq!(
         b.events[1],
         KvEvent::BlockRemoved(BlockRemoved {
@@ -534,5 +535,70 @@ proptest! {
             let decoded = decode_batch(&encode_batch(&batch, form)).unwrap();
             prop_assert_eq!(&decoded, &batch, "{:?}", form);
         }
+    }
+}
+
+#[test]
+fn sglang_0_5_23_map_events_carry_tier_and_namespace() {
+    // What msgspec writes for SGLang 0.5.23 (tag=True, omit_defaults): events as maps, optional
+    // fields present only when set; the batch a 3-element array.
+    let p = B::default()
+        .arr(3)
+        .f(1.5)
+        .arr(3)
+        .map(8)
+        .s("type")
+        .s("BlockStored")
+        .s("block_hashes")
+        .ints(&[7])
+        .s("parent_block_hash")
+        .nil()
+        .s("token_ids")
+        .ints(&[1, 2])
+        .s("block_size")
+        .u(2)
+        .s("lora_id")
+        .nil()
+        .s("medium")
+        .s("CPU_PINNED")
+        .s("cache_salt")
+        .s("tenant-a")
+        .map(3)
+        .s("type")
+        .s("BlockRemoved")
+        .s("block_hashes")
+        .ints(&[7])
+        .s("medium")
+        .s("GPU")
+        .map(2)
+        .s("type")
+        .s("BlockStored")
+        .s("lora_name")
+        .s("sql-adapter")
+        .u(0);
+    let b = decode_batch(&p.0).unwrap();
+    assert_eq!(b.dp_rank, Some(0));
+    let KvEvent::BlockStored(s) = &b.events[0] else {
+        panic!("{b:?}")
+    };
+    assert_eq!(s.tier(), Tier::Host);
+    assert_eq!(s.cache_salt.as_deref(), Some("tenant-a"));
+    let KvEvent::BlockRemoved(r) = &b.events[1] else {
+        panic!("{b:?}")
+    };
+    assert_eq!(r.tier(), Tier::Device);
+    // A store missing its required fields is skipped (the index knows less), not lossy.
+    assert_eq!(b.events.len(), 2);
+    assert_eq!(b.skipped.stored, 1);
+    for (medium, tier) in [
+        (None, Tier::Device),
+        (Some("GPU"), Tier::Device),
+        (Some("CPU_PINNED"), Tier::Host),
+        (Some("CPU"), Tier::Host),
+        (Some("DISK"), Tier::Storage),
+        (Some("EXTERNAL"), Tier::Storage),
+        (Some("NVME_OF_THE_FUTURE"), Tier::Storage),
+    ] {
+        assert_eq!(Tier::of(medium), tier, "{medium:?}");
     }
 }

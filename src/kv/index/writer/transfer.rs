@@ -22,19 +22,23 @@
 //! them only a 4-byte stamp each, and keeps what its own eviction would have kept. The
 //! receiver's eviction stamps are the ranks, placed before its own clock.
 //!
-//! **Format, version 3** (own hashes seeded with their parent, one-token blocks by a multiply-fold;
-//! version 2 hashed those with XXH3 too, version 1 hashed parent and tokens together). Integers little-endian; `varint` is LEB128 (at most 10 bytes).
+//! **Format, version 4** (storage tiers; own hashes seeded with their parent and namespace,
+//! one-token blocks by a multiply-fold; a copy refuses another version's export and starts
+//! from the servers' replay buffers). Integers little-endian; `varint` is LEB128 (at most 10
+//! bytes).
 //!
 //! ```text
-//! payload  magic "rgkvidx\0"  version: u32 = 3  sources: u32  source × sources
+//! payload  magic "rgkvidx\0"  version: u32 = 4  sources: u32  source × sources
 //! source   url_len: u32  url: utf-8  dp_rank: u32  model_len: u32  model: utf-8
 //!          block_size: u32  watermark_tag: u8 (0 none, 1 some)  [watermark: i64]
 //!          blocks: u32  block × blocks
-//! block    head: varint  [more_children: varint]  engine_hash: u64  own_hash: u64
-//!          [parent_engine_hash: u64]
-//!          head = zigzag(stamp_rank − previous block's stamp_rank) << 4
+//! block    head: varint  [more_children: varint]  [tiers: u8]  engine_hash: u64
+//!          own_hash: u64  [parent_engine_hash: u64]
+//!          head = zigzag(stamp_rank − previous block's stamp_rank) << 5 | tiered << 4
 //!                 | min(children, 3) << 2 | parent_kind
 //!          more_children = children − 3, present when min(children, 3) = 3
+//!          tiers: the storage tiers' bits (device 1, host 2, beyond 4), present when
+//!          tiered = 1; absent means the device only
 //!          parent_kind 0: none (the block starts a sequence); 1: the previous block of this
 //!          source; 2: given (parent_engine_hash follows)
 //! ```
@@ -43,10 +47,12 @@
 //! its children); the receiver keeps it, but never more than the children it is sent, so a leaf
 //! always exists. A chain is listed contiguously, its stamps one rank apart and one child each,
 //! so a block usually costs 17 bytes: one head byte and the two hashes. A given parent (8 bytes
-//! more) is needed only where a chain branches off another. Measured: 17.1 bytes per block on the
-//! bench's traffic (16-block events, a conversation ending after 8 on average), 18.7 on short
-//! turns of 1–4 blocks branching off a shared system prompt (`transfer_tests`); a full default
-//! index (4 Mi blocks) is ~72 MB before any HTTP compression.
+//! more) is needed only where a chain branches off another, a tier byte only for a block held
+//! elsewhere than on the device alone. Measured: 17.1 bytes per block on the bench's traffic
+//! (16-block events, a conversation ending after 8 on average), 19.3 on short turns of 1–4
+//! blocks branching off a shared system prompt with some backed up to host memory
+//! (`transfer_tests`); a full default index (4 Mi blocks) is ~72 MB before any HTTP
+//! compression.
 //!
 //! **Untrusted input.** The payload is read twice: once to check every field, length and count
 //! (a count is checked against the bytes left before anything is allocated for it), then to
@@ -56,18 +62,22 @@
 
 use super::{next_victim, remove_block, IndexWriter, Rec, SourceState};
 use crate::base::WorkerId;
+use crate::kv::index::trie::holding;
 use crate::kv::index::trie::Trie;
 #[cfg(test)]
 use crate::kv::index::IndexConfig;
 use crate::kv::index::{DropReason, EngineHash, Source};
+use crate::kv::wire::Tier;
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 
 const MAGIC: [u8; 8] = *b"rgkvidx\0";
-/// 2: own hashes are XXH3 seeded with the parent (1 hashed parent and tokens together): a copy
-/// refuses the other version's export and starts cold.
-const VERSION: u32 = 3;
+/// 4: storage tiers (3 had none; 1 and 2 hashed blocks differently). A copy refuses another
+/// version's export and starts cold.
+const VERSION: u32 = 4;
+/// The device-only tier mask (what an untiered block means).
+const DEVICE_ONLY: u8 = 1;
 /// Fewest bytes a block takes (one head byte and two hashes).
 const MIN_BLOCK: usize = 17;
 /// Fewest bytes a source takes (empty strings, no watermark, no blocks).
@@ -305,8 +315,8 @@ impl IndexWriter {
         let mut kept: Vec<Kept> = Vec::with_capacity(budget);
         // The stamp rank of every block past the budget.
         let mut tail: Vec<u32> = Vec::new();
-        // Own hashes to hold, added to the trie at the end in its path order.
-        let mut owns: Vec<u64> = Vec::with_capacity(budget);
+        // Own hashes to hold (with their tiers), added to the trie at the end in its path order.
+        let mut owns: Vec<(u64, u8)> = Vec::with_capacity(budget);
         for i in 0..part.blocks {
             // Checked by `parse` already; stop rather than trust a second read blindly.
             let Ok(b) = blocks.next(&mut r) else {
@@ -329,6 +339,7 @@ impl IndexWriter {
             }
             let rec = Rec {
                 own: b.own,
+                tiers: b.tiers,
                 parent: b.parent,
                 children: 0,
                 stamp: kept.len() as u64,
@@ -340,14 +351,18 @@ impl IndexWriter {
                 rank: b.rank as u32,
             });
             s.blocks.insert(b.eh, rec);
-            owns.push(b.own);
+            owns.push((b.own, b.tiers));
         }
         // The trie takes 6 key bits a level, lowest first: in the order of the reversed bits,
         // consecutive keys share their path, so each insert walks nodes the last one left in
         // cache (the trie's shape depends only on its keys, not on their order).
-        owns.sort_unstable_by_key(|k| k.reverse_bits());
-        for own in owns {
-            trie.add(own, s.id);
+        owns.sort_unstable_by_key(|(k, _)| k.reverse_bits());
+        for (own, tiers) in owns {
+            for t in Tier::ALL {
+                if tiers & t.bit() != 0 {
+                    trie.add(own, holding(s.id, t));
+                }
+            }
         }
         // Newest stamp from each tail position on: what a block removed there carried up.
         for j in (0..tail.len().saturating_sub(1)).rev() {
@@ -456,12 +471,16 @@ fn put_blocks(out: &mut Vec<u8>, s: &SourceState) {
             Some(_) => GIVEN,
         };
         let children = u64::from(r.children);
+        let tiered = u64::from(r.tiers != DEVICE_ONLY);
         put_varint(
             out,
-            zigzag(i64::from(rank) - prev_rank) << 4 | children.min(3) << 2 | kind,
+            zigzag(i64::from(rank) - prev_rank) << 5 | tiered << 4 | children.min(3) << 2 | kind,
         );
         if children >= 3 {
             put_varint(out, children - 3);
+        }
+        if tiered == 1 {
+            out.push(r.tiers);
         }
         out.extend_from_slice(&eh.0.to_le_bytes());
         out.extend_from_slice(&r.own.to_le_bytes());
@@ -610,6 +629,7 @@ fn parse(data: &[u8]) -> Result<Vec<Part<'_>>, ImportError> {
 struct Block {
     eh: EngineHash,
     own: u64,
+    tiers: u8,
     parent: Option<EngineHash>,
     children: u32,
     rank: u64,
@@ -634,9 +654,10 @@ impl BlockReader {
     fn next(&mut self, r: &mut Reader<'_>) -> Result<Block, ImportError> {
         let at = r.pos;
         let head = r.varint()?;
+        let (rank_delta, has_tiers) = (head >> 5, head >> 4 & 1 == 1);
         let rank = i64::try_from(self.rank)
             .ok()
-            .and_then(|p| p.checked_add(unzigzag(head >> 4)))
+            .and_then(|p| p.checked_add(unzigzag(rank_delta)))
             .and_then(|v| u64::try_from(v).ok())
             .filter(|&v| v < self.blocks)
             .ok_or(r.corrupt(at, "stamp rank"))?;
@@ -649,6 +670,15 @@ impl BlockReader {
             .ok()
             .filter(|&c| u64::from(c) < self.blocks)
             .ok_or(r.corrupt(at, "children count"))?;
+        let tiers = if has_tiers {
+            let t = r.u8()?;
+            if t == 0 || t >= 1 << Tier::ALL.len() {
+                return Err(r.corrupt(at, "tiers"));
+            }
+            t
+        } else {
+            DEVICE_ONLY
+        };
         let eh = EngineHash(u64::from_le_bytes(r.array()?));
         let own = u64::from_le_bytes(r.array()?);
         let parent = match head & 3 {
@@ -662,6 +692,7 @@ impl BlockReader {
         Ok(Block {
             eh,
             own,
+            tiers,
             parent,
             children,
             rank,
@@ -739,9 +770,10 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// One record as tests compare it: `(engine hash, own hash, parent, children, stamp rank)`.
+/// One record as tests compare it: `(engine hash, own hash, parent, children, stamp rank,
+/// tiers)`.
 #[cfg(test)]
-pub(in crate::kv::index) type RecordView = (u64, u64, Option<u64>, u32, usize);
+pub(in crate::kv::index) type RecordView = (u64, u64, Option<u64>, u32, usize, u8);
 
 /// Test helpers: one source's records in a form two copies can be compared by, and eviction to
 /// a given size (what an importer with that cap should end up with).
@@ -761,7 +793,14 @@ impl IndexWriter {
             .enumerate()
             .map(|(rank, (_, eh))| {
                 let r = s.blocks[eh];
-                (eh.0, r.own, r.parent.map(|p| p.0), r.children, rank)
+                (
+                    eh.0,
+                    r.own,
+                    r.parent.map(|p| p.0),
+                    r.children,
+                    rank,
+                    r.tiers,
+                )
             })
             .collect();
         v.sort_unstable();
