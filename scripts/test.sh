@@ -11,32 +11,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# tests/kv_intake.rs runs a KV-event publisher that is not ours (tests/fixtures/kv_publisher.py,
-# pyzmq + msgpack). Its interpreter: RADIXGATE_TEST_PYTHON if set, else .venv/ when it already has
-# both modules, else .venv-test/ (created here, from PyPI, when missing). Under CI=true the test
-# fails without it. The Rust side needs only a C++ compiler: zmq-sys builds the bundled libzmq.
+# Counterparts we did not write run as Python fixtures: pyzmq + msgpack (a KV-event publisher
+# on libzmq, tests/kv_intake.rs), SGLang 0.5.23's own publisher and recorder
+# (tests/sglang_events.rs; installed with --no-deps), the official OpenAI and Anthropic SDKs
+# (tests/sdk.rs). All pinned in tests/requirements*.txt and installed into .venv-test/ (pip is
+# quick when they are there already). A failed install stops here: the tests never skip a
+# missing counterpart. RADIXGATE_TEST_PYTHON points at another interpreter that has them.
 if [[ -z "${RADIXGATE_TEST_PYTHON:-}" ]]; then
-    if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import zmq, msgpack' 2>/dev/null; then
-        RADIXGATE_TEST_PYTHON="$PWD/.venv/bin/python"
-    else
-        if ! .venv-test/bin/python -c 'import zmq, msgpack' 2>/dev/null; then
-            echo "== creating .venv-test/ (pyzmq, msgpack) for the KV-event publisher fixture =="
-            python3 -m venv .venv-test || { apt-get update -q && apt-get install -y -q python3-venv && python3 -m venv .venv-test; }
-            .venv-test/bin/pip install -q pyzmq msgpack
-        fi
-        RADIXGATE_TEST_PYTHON="$PWD/.venv-test/bin/python"
+    if [[ ! -x .venv-test/bin/python ]]; then
+        echo "== creating .venv-test/ for the Python test fixtures =="
+        python3 -m venv .venv-test || {
+            apt-get update -q && apt-get install -y -q python3-venv && python3 -m venv .venv-test
+        }
     fi
-    export RADIXGATE_TEST_PYTHON
-fi
-# tests/sdk.rs drives the gateway through the official OpenAI and Anthropic Python SDKs (PyPI
-# `openai`, `anthropic`): found in RADIXGATE_TEST_PYTHON's interpreter, else installed into
-# .venv-test/. Where they cannot be installed the test skips, loudly.
-if ! "$RADIXGATE_TEST_PYTHON" -c 'import openai, anthropic' 2>/dev/null \
-    && ! .venv-test/bin/python -c 'import openai, anthropic' 2>/dev/null; then
-    echo "== installing the openai and anthropic SDKs into .venv-test/ for tests/sdk.rs =="
-    { [[ -x .venv-test/bin/python ]] || python3 -m venv .venv-test; } \
-        && .venv-test/bin/pip install -q openai anthropic \
-        || echo "!! could not install openai + anthropic from PyPI: tests/sdk.rs will SKIP !!"
+    .venv-test/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
+    .venv-test/bin/pip install -q --disable-pip-version-check --no-deps -r tests/requirements-no-deps.txt
+    export RADIXGATE_TEST_PYTHON="$PWD/.venv-test/bin/python"
 fi
 if ! command -v c++ >/dev/null 2>&1; then
     echo "== installing g++ (zmq-sys compiles libzmq) =="

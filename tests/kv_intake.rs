@@ -8,9 +8,8 @@
 //! time; a flood beyond the publisher's queue loses nothing silently. (SGLang's own publisher
 //! code is driven by `tests/sglang_events.rs`.)
 //!
-//! The interpreter comes from RADIXGATE_TEST_PYTHON (scripts/test.sh creates `.venv-test` with
-//! pyzmq and msgpack), else `.venv-test/` or `.venv/` when they have both modules. Without one
-//! the tests skip, except under CI=true, where they fail.
+//! The interpreter: `common::test_python` (scripts/test.sh builds `.venv-test/` from the pinned
+//! tests/requirements.txt). Without pyzmq and msgpack the tests fail, they never skip.
 
 mod common;
 use crossbeam::channel::{self, Receiver};
@@ -32,26 +31,7 @@ fn python() -> Option<String> {
     if std::env::var("RADIXGATE_TEST_LOG").as_deref() == Ok("debug") {
         radixgate::log::set_level(radixgate::log::Level::Debug);
     }
-    if let Ok(p) = std::env::var("RADIXGATE_TEST_PYTHON") {
-        return Some(p);
-    }
-    for cand in [".venv-test/bin/python", ".venv/bin/python"] {
-        let p = format!("{ROOT}/{cand}");
-        let ok = Command::new(&p)
-            .args(["-c", "import zmq, msgpack"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return Some(p);
-        }
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "no Python with pyzmq and msgpack: scripts/test.sh sets RADIXGATE_TEST_PYTHON"
-    );
-    eprintln!("skipped: no Python with pyzmq + msgpack (run scripts/test.sh, which creates one)");
-    None
+    Some(common::test_python(&["zmq", "msgpack"]))
 }
 
 /// The Python publisher, driven line by line over stdin; killed (by PID) on drop.

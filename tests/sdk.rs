@@ -3,9 +3,8 @@
 //! two-turn conversations whose turn 2 must follow turn 1 to its worker; the SDKs' own stream
 //! helpers must accept the event streams (tests/fixtures/sdk_clients.py).
 //!
-//! The interpreter: RADIXGATE_TEST_PYTHON, else `.venv-test/` or `.venv/`, when it imports
-//! `openai` and `anthropic` (scripts/test.sh installs them from PyPI into `.venv-test`). When
-//! no interpreter has them (they could not be installed) the test says so loudly and skips.
+//! The interpreter: `common::test_python` (scripts/test.sh installs the SDKs, pinned in
+//! tests/requirements.txt, into `.venv-test/`). Without them the test fails, it never skips.
 
 mod common;
 use common::*;
@@ -14,26 +13,8 @@ use std::process::{Command, Stdio};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-fn has_sdks(python: &str) -> bool {
-    Command::new(python)
-        .args(["-c", "import openai, anthropic"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 fn python() -> Option<String> {
-    let env = std::env::var("RADIXGATE_TEST_PYTHON").ok();
-    let local = [".venv-test/bin/python", ".venv/bin/python"].map(|c| format!("{ROOT}/{c}"));
-    let found = env.into_iter().chain(local).find(|p| has_sdks(p));
-    if found.is_none() {
-        eprintln!(
-            "\n!!!!!!!! SKIPPED tests/sdk.rs: no Python with the `openai` and `anthropic` SDKs \
-             (scripts/test.sh installs them into .venv-test from PyPI; that failed or was not \
-             run) !!!!!!!!\n"
-        );
-    }
-    found
+    Some(test_python(&["openai", "anthropic"]))
 }
 
 #[test]

@@ -511,9 +511,51 @@ pub fn circuit(gw: SocketAddr, headers: &[(&str, &str)], url: &str) -> String {
 }
 
 /// A port nothing listens on right now (bound once, then released).
+/// The Python interpreter the counterpart fixtures run on, when it imports every module in
+/// `modules` (a dotted name is looked up without importing its package): RADIXGATE_TEST_PYTHON
+/// (scripts/test.sh points it at `.venv-test/`, built from the pinned tests/requirements*.txt),
+/// else `.venv-test/`. A missing counterpart fails the test, it never skips: the code we did
+/// not write is the only judge of the protocol.
+pub fn test_python(modules: &[&str]) -> String {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let p = std::env::var("RADIXGATE_TEST_PYTHON")
+        .unwrap_or_else(|_| format!("{root}/.venv-test/bin/python"));
+    let check = format!(
+        "import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in {modules:?}) else 1)"
+    );
+    let ok = std::process::Command::new(&p)
+        .args(["-c", &check])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "{p} cannot import {modules:?}: run scripts/test.sh, which installs \
+         tests/requirements*.txt into .venv-test/"
+    );
+    p
+}
+
 /// A port nobody listens on (bound once and released): for "the peer is not there" cases.
 pub fn closed_port() -> u16 {
     free_port()
+}
+
+/// The first of `n` consecutive ports that are free now (a server that derives one port per
+/// rank from a base, as SGLang's publishers do, binds them itself).
+pub fn free_port_run(n: u32) -> u16 {
+    for _ in 0..100 {
+        let base = free_port();
+        if u32::from(base) + n > 65_535 {
+            continue;
+        }
+        let all_free =
+            (0..n as u16).all(|r| std::net::TcpListener::bind(("127.0.0.1", base + r)).is_ok());
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no run of {n} free ports");
 }
 
 pub fn free_port() -> u16 {
