@@ -457,9 +457,10 @@ pub fn kv_index_dropped(reason: &'static str, total: u64) {
     counter!("radixgate_kv_index_dropped_total", "reason" => reason).absolute(total);
 }
 
-/// KV-event intake activity by `kind`: `batch` and `event` delivered, `replayed_batch` (a gap
-/// filled from a replay socket), `malformed` (a message or batch that could not be read),
-/// `skipped_event` (inside a readable batch), `gap`, `reset` (a worker's event state dropped).
+/// KV-event intake activity by `kind`: `batch` and `event` delivered, `replayed_batch` (from a
+/// replay socket), `malformed` (a message, reply or batch refused), `skipped_event` (inside a
+/// readable batch), `gap`, `reset` (a worker's event state dropped), `replay` (asked),
+/// `replay_failed`, `connect_failed` (a live socket that failed or dropped).
 pub fn kv_events(kind: &'static str, n: u64) {
     counter!("radixgate_kv_events_total", "kind" => kind).increment(n);
 }

@@ -634,3 +634,79 @@ fn the_gateway_routes_on_a_foreign_publisher_named_by_flags_and_fills_its_gap() 
         assert_eq!(common::served_by(&r), cluster.ports()[1]);
     }
 }
+
+/// One worker announcing 256 DP ranks whose replay socket accepts and never answers (or
+/// refuses): their replays wait their turn (8 at a time, 5 s each without an answer), and
+/// another worker's events keep arriving within a second throughout.
+#[test]
+fn replays_that_hang_never_hold_up_other_publishers() {
+    let Some(py) = python() else { return };
+    let mut normal = Fixture::start(&py);
+    let many = Fixture::start(&py);
+    let (tx, rx) = channel::bounded(1 << 16);
+    let intake = Intake::start(IntakeConfig::default(), tx).unwrap();
+    intake.subscribe(normal.publisher(1, true)).unwrap();
+    join(&mut normal, &rx);
+    // A listener that accepts every connection and says nothing.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    silent.set_nonblocking(true).unwrap();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while stopped.try_recv().is_err() {
+            if let Ok((c, _)) = silent.accept() {
+                held.push(c);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        held.len()
+    });
+    let closed = common::closed_port();
+    for rank in 0..256u32 {
+        // Half hang, half are refused.
+        let port = if rank % 2 == 0 { silent_port } else { closed };
+        let replay = TcpEndpoint::parse(&format!("tcp://127.0.0.1:{port}")).unwrap();
+        intake
+            .subscribe(Publisher {
+                key: PublisherKey {
+                    worker: 2,
+                    dp_rank: rank,
+                },
+                live: many.live.clone(),
+                replay: Some(replay),
+            })
+            .unwrap();
+    }
+    // For 8 s, a batch from the normal worker every 200 ms: each must arrive within 1 s.
+    let start = Instant::now();
+    let mut worst = Duration::ZERO;
+    while start.elapsed() < Duration::from_secs(8) {
+        let sent = Instant::now();
+        let seq = normal.publish(cleared(), "array", false);
+        loop {
+            match next_event_within(&rx, Duration::from_secs(1)) {
+                Some(IntakeEvent::Batch(b)) if b.key.worker == 1 && b.seq == seq => break,
+                Some(_) => {}
+                None => panic!("batch {seq} not applied within 1 s of being published"),
+            }
+            assert!(
+                sent.elapsed() < Duration::from_secs(1),
+                "batch {seq} later than 1 s"
+            );
+        }
+        worst = worst.max(sent.elapsed());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let c = intake.counts();
+    eprintln!(
+        "256 ranks with hanging or refused replays: worst delay of the other worker's batches \
+         {worst:?}; {} replays asked, {} failed so far",
+        c.replays, c.replay_failures
+    );
+    // Eight at a time: the hanging ones hold their places for 5 s each, the refused ones give
+    // theirs up at once.
+    assert!(c.replays >= 16 && c.replay_failures >= 8, "{c:?}");
+    stop.send(()).unwrap();
+    holder.join().unwrap();
+}
