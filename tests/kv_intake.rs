@@ -565,7 +565,9 @@ fn a_warm_start_replays_what_the_publisher_buffered_before_the_subscription() {
 fn the_gateway_routes_on_a_foreign_publisher_named_by_flags_and_fills_its_gap() {
     let Some(py) = python() else { return };
     let mut f = Fixture::start(&py);
-    let cluster = common::sim(2, |_| {});
+    // The worker reports the page size the publisher's events use (4): a size a server
+    // announces is the only one its events are believed in.
+    let cluster = common::sim(2, |cfg| cfg.page_size = 4);
     let urls: Vec<String> = cluster
         .ports()
         .iter()

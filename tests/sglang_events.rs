@@ -465,7 +465,8 @@ struct Fleet {
 
 impl Fleet {
     fn start(extra: &[&str]) -> Fleet {
-        let cluster = common::sim(2, |_| {});
+        // The workers report the page size the publishers hash at: the only one believed.
+        let cluster = common::sim(2, |cfg| cfg.page_size = PAGE);
         let urls: Vec<String> = cluster
             .ports()
             .iter()
@@ -614,7 +615,7 @@ fn host_tier_copies_count_below_gpu_copies_and_removals_touch_one_tier() {
 #[test]
 fn a_gateway_started_after_the_servers_is_warm_and_stays_ready_through_silence_and_restarts() {
     // The servers cache before the gateway exists.
-    let cluster = common::sim(1, |_| {});
+    let cluster = common::sim(1, |cfg| cfg.page_size = PAGE);
     let url = format!("http://127.0.0.1:{}", cluster.ports()[0]);
     let mut sg = Sglang::start();
     let prompt = tokens(64, 3000);

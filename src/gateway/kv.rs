@@ -38,9 +38,17 @@ pub const PENDING_TTL_MS: u64 = 5_000;
 /// Longest prompt hashed into blocks for a match (tokens past it are not matched): 1 Mi tokens.
 pub const MAX_MATCH_TOKENS: usize = 1 << 20;
 
-/// Worker → the model its events are filed under and its URL (its name in an index copy),
-/// set by discovery before it subscribes.
-type ModelMap = HashMap<WorkerId, (Arc<str>, Arc<str>)>;
+/// What discovery learnt of a worker before subscribing to it: the model its events are filed
+/// under, its URL (its name in an index copy), and the page size its server announced.
+#[derive(Debug, Clone)]
+struct WorkerKv {
+    model: Arc<str>,
+    url: Arc<str>,
+    block_size: Option<u32>,
+}
+
+/// Worker → what discovery learnt of it.
+type ModelMap = HashMap<WorkerId, WorkerKv>;
 
 /// The KV-event state the cores share.
 pub struct KvRouting {
@@ -237,7 +245,7 @@ impl KvRouting {
         self.intake.counts()
     }
 
-    fn set_model(&self, worker: WorkerId, model: Option<(Arc<str>, Arc<str>)>) {
+    fn set_model(&self, worker: WorkerId, model: Option<WorkerKv>) {
         let mut next = self.models.load().as_ref().clone();
         match model {
             Some(m) => next.insert(worker, m),
@@ -559,9 +567,14 @@ impl EventSink for IndexSink {
         match event {
             IntakeEvent::Batch(b) => {
                 let models = self.models.load();
-                let Some((model, _)) = models.get(&b.key.worker) else {
+                let Some(wk) = models.get(&b.key.worker) else {
                     return; // Unsubscribed meanwhile.
                 };
+                let model = &wk.model;
+                if let Some(bs) = wk.block_size {
+                    // The server's own page size: a store of another size is not believed.
+                    self.writer.announce_block_size(b.key, bs as usize);
+                }
                 for e in &b.events {
                     // Drops are counted by the writer (radixgate_kv_index_dropped_total).
                     let _ = self.writer.apply(model, b.key, e);
@@ -591,7 +604,7 @@ impl EventSink for IndexSink {
     fn export(&mut self, watermarks: &[(Source, i64)], reply: Sender<Option<Vec<u8>>>) {
         let models = self.models.load();
         let copy = self.writer.export_copy(
-            |w| models.get(&w).map(|(_, url)| url.to_string()),
+            |w| models.get(&w).map(|wk| wk.url.to_string()),
             |s| {
                 watermarks
                     .iter()
@@ -926,18 +939,24 @@ impl Discovery {
             Err(e) => Err(format!("/get_server_info: {e:?}")),
         };
         let flagged = kv.flagged.iter().find(|f| f.worker_url == w.server_url);
-        let (live, replay, ranks, model) = match (flagged, info) {
-            (Some(f), Ok(i)) => (f.live.clone(), f.replay.clone(), i.ranks, i.model),
+        let (live, replay, ranks, model, block_size) = match (flagged, info) {
+            (Some(f), Ok(i)) => (
+                f.live.clone(),
+                f.replay.clone(),
+                i.ranks,
+                i.model,
+                i.block_size,
+            ),
             // Flags need nothing from the server but its model (one rank, the served model).
             (Some(f), Err(_)) => {
                 let served = gw.models_of(w.id);
                 if served.is_none() {
                     return Err("waiting for the worker's model name".into());
                 }
-                (f.live.clone(), f.replay.clone(), 1, served)
+                (f.live.clone(), f.replay.clone(), 1, served, None)
             }
             (None, Ok(i)) => match i.live {
-                Some(live) => (live, i.replay, i.ranks, i.model),
+                Some(live) => (live, i.replay, i.ranks, i.model, i.block_size),
                 None => {
                     return Err(
                         "publishes no KV events (no zmq tcp endpoint in kv_events_config); \
@@ -956,7 +975,14 @@ impl Discovery {
             ));
         }
         let model: Arc<str> = Arc::from(model.unwrap_or_else(|| "default".into()).as_str());
-        kv.set_model(w.id, Some((model, Arc::from(w.url.as_str()))));
+        kv.set_model(
+            w.id,
+            Some(WorkerKv {
+                model,
+                url: Arc::from(w.url.as_str()),
+                block_size,
+            }),
+        );
         let has_replay = replay.is_some();
         let endpoints = KvEndpoints {
             worker_url: w.server_url.clone(),

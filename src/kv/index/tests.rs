@@ -135,25 +135,83 @@ fn remove_clear_and_reset() {
 }
 
 #[test]
-fn block_size_learned_mismatch_dropped_and_forgotten_with_the_last_source() {
+fn block_size_is_each_sources_own_and_the_model_goes_by_most_sources() {
     let mut w = IndexWriter::new(IndexConfig::default());
     let t = seq(16, 0);
     w.apply(M, src(1, 0), &stored(&[1], None, &t[..4], 4))
         .unwrap();
-    let r = w.apply(M, src(2, 0), &stored(&[5], None, &t[..8], 8));
-    assert_eq!(r, Err(DropReason::BlockSizeMismatch));
-    assert_eq!(matches(&mut w, M, &t), vec![(src(1, 0), 1)]);
-    // Another model learns its own size.
-    w.apply("n", src(3, 0), &stored(&[5], None, &t[..8], 8))
+    w.apply(M, src(3, 0), &stored(&[1], None, &t[..4], 4))
         .unwrap();
-    assert_eq!(matches(&mut w, "n", &t), vec![(src(3, 0), 1)]);
-    w.remove_worker(1);
-    w.remove_worker(2);
+    // A source that stores at another size (a lying or misconfigured one) keeps its own size
+    // and breaks nobody else's: the model goes by most sources.
+    w.apply(M, src(2, 0), &stored(&[5], None, &t[..8], 8))
+        .unwrap();
+    assert_eq!(
+        w.apply(M, src(2, 0), &stored(&[6], None, &t[..4], 4)),
+        Err(DropReason::BlockSizeMismatch)
+    );
+    assert_eq!(matches(&mut w, M, &t), vec![(src(1, 0), 1), (src(3, 0), 1)]);
+    assert_eq!(w.reader().load().block_size(M), Some(4));
+    // An empty store teaches nothing, not even a size.
+    let empty = stored(&[], None, &[], 7);
+    w.apply(M, src(4, 0), &empty).unwrap();
+    w.apply(M, src(4, 0), &stored(&[1], None, &t[..4], 4))
+        .unwrap();
+    assert_eq!(w.reader().load().block_size(M), Some(4));
+    // A size the server announced wins over what its events say.
+    w.announce_block_size(src(5, 0), 4);
+    assert_eq!(
+        w.apply(M, src(5, 0), &stored(&[1], None, &t, 16)),
+        Err(DropReason::BlockSizeMismatch)
+    );
+    w.apply(M, src(5, 0), &stored(&[1], None, &t[..4], 4))
+        .unwrap();
+    // Another model learns its own size.
+    w.apply("n", src(6, 0), &stored(&[5], None, &t[..8], 8))
+        .unwrap();
+    assert_eq!(matches(&mut w, "n", &t), vec![(src(6, 0), 1)]);
+    for worker in [1, 2, 3, 4, 5] {
+        w.remove_worker(worker);
+    }
     w.publish();
     assert_eq!(w.reader().load().block_size(M), None);
     w.apply(M, src(2, 0), &stored(&[5], None, &t[..8], 8))
         .unwrap();
     assert_eq!(matches(&mut w, M, &t), vec![(src(2, 0), 1)]);
+}
+
+#[test]
+fn one_source_storing_the_same_block_often_holds_it_once() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let t = seq(4, 0);
+    // The same tokens under 1,000 engine ids: one holding in the trie, the copies counted.
+    for id in 0..1_000u64 {
+        w.apply(M, src(1, 0), &stored(&[id], None, &t, 4)).unwrap();
+    }
+    w.publish();
+    w.check();
+    let snap = w.reader().load();
+    let chain = {
+        let (mut c, mut b) = (Vec::new(), Vec::new());
+        chain_hashes(&t, 4, ROOT_PARENT, usize::MAX, &mut c, &mut b);
+        c
+    };
+    let holders = snap.models[0]
+        .1
+        .trie
+        .get(chain[0])
+        .unwrap()
+        .as_slice()
+        .len();
+    assert_eq!(holders, 1);
+    assert_eq!(w.held_by(src(1, 0)), 1_000);
+    // It stays held until its last copy goes.
+    for id in 0..999u64 {
+        w.apply(M, src(1, 0), &removed(&[id])).unwrap();
+    }
+    assert_eq!(matches(&mut w, M, &t), vec![(src(1, 0), 1)]);
+    w.apply(M, src(1, 0), &removed(&[999])).unwrap();
+    assert_eq!(matches(&mut w, M, &t), vec![]);
 }
 
 #[test]
@@ -442,7 +500,8 @@ fn trie_matches_a_hash_map() {
 /// j < k, a block whose whole sequence is the prompt's first (j + 1) blocks.
 #[derive(Default)]
 struct Oracle {
-    block_size: Option<usize>,
+    /// Each source's block size, learned from its first non-empty store.
+    sizes: HashMap<Source, usize>,
     sources: HashMap<Source, HashMap<u64, Vec<u32>>>,
 }
 
@@ -456,7 +515,10 @@ impl Oracle {
                 if bs == 0 || token_ids.len() != engine_hashes.len() * bs {
                     return Err(DropReason::Malformed);
                 }
-                if *self.block_size.get_or_insert(bs) != bs {
+                if engine_hashes.is_empty() {
+                    return Ok(());
+                }
+                if *self.sizes.entry(s).or_insert(bs) != bs {
                     return Err(DropReason::BlockSizeMismatch);
                 }
                 let blocks = self.sources.get_mut(&s).unwrap();
@@ -482,17 +544,30 @@ impl Oracle {
 
     fn remove_worker(&mut self, worker: WorkerId) {
         self.sources.retain(|s, _| s.worker != worker);
-        if self.sources.is_empty() {
-            self.block_size = None;
+        self.sizes.retain(|s, _| s.worker != worker);
+    }
+
+    /// The size most sources use (ties: the smallest).
+    fn block_size(&self) -> Option<usize> {
+        let mut count: HashMap<usize, usize> = HashMap::new();
+        for &b in self.sizes.values() {
+            *count.entry(b).or_default() += 1;
         }
+        count
+            .into_iter()
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+            .map(|(b, _)| b)
     }
 
     fn matches(&self, tokens: &[u32]) -> Vec<(Source, u32)> {
-        let Some(bs) = self.block_size else {
+        let Some(bs) = self.block_size() else {
             return Vec::new();
         };
         let mut out = Vec::new();
         for (s, blocks) in &self.sources {
+            if self.sizes.get(s) != Some(&bs) {
+                continue;
+            }
             let held: HashSet<&[u32]> = blocks.values().map(|v| v.as_slice()).collect();
             let mut k = 0;
             while (k + 1) * bs <= tokens.len() && held.contains(&tokens[..(k + 1) * bs]) {

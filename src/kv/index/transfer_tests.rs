@@ -359,10 +359,14 @@ fn unknown_and_refused_sources_are_skipped_and_counted() {
     assert_eq!(got, vec![in_b(src(0, 0)), in_b(src(2, 0))]);
     assert_eq!(b.held(), a.held_by(src(0, 0)) + a.held_by(src(2, 0)));
     b.check();
-    // A block size other than the model's: refused like the events would be.
+    // A block size other than the one a source's server announced to this copy: refused like
+    // its events would be.
     let mut c = IndexWriter::new(IndexConfig::default());
-    c.apply(M, src(50, 0), &stored(&[1], None, &seq(8, 0), 8))
-        .unwrap();
+    for (s, model) in traffic_sources() {
+        if model == M {
+            c.announce_block_size(in_b(s), BS * 2);
+        }
+    }
     let summary = import(&mut c, &data).unwrap();
     let with_blocks = (0..3)
         .flat_map(|w| [src(w, 0), src(w, 1)])

@@ -7,7 +7,7 @@ use super::{block_hash, namespace_root, EngineHash, IndexConfig, IndexStats, KvE
 use crate::base::WorkerId;
 use crate::kv::wire::{BlockStored, Tier};
 use arc_swap::ArcSwap;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -55,18 +55,55 @@ struct Rec {
 struct SourceState {
     id: SourceId,
     model: Arc<str>,
+    /// Tokens per block of this source's events (its server's page size): announced by the
+    /// server, else learned from its first store of at least one block; 0 before either.
+    block_size: usize,
     blocks: HashMap<EngineHash, Rec>,
     /// Blocks without children, by stamp: the eviction order.
     leaves: BTreeSet<(u64, EngineHash)>,
+    /// Copies of a block (own hash, tier) this source holds under more than one engine hash,
+    /// beyond the first: the trie holds each (source, tier) of a block once, so its holder
+    /// lists stay bounded by the sources however often one of them stores the same tokens.
+    extra: HashMap<(u64, Tier), u32>,
 }
 
 /// One model's mutable state.
 #[derive(Debug)]
 struct ModelState {
     name: Arc<str>,
+    /// The block size most of its sources use (prompts are hashed at it): one lying source
+    /// cannot set it for the others.
     block_size: usize,
+    /// Sources per block size.
+    sizes: BTreeMap<usize, usize>,
     trie: Trie,
     sources: usize,
+}
+
+impl ModelState {
+    /// A source of this model now uses `new` instead of `old` (0: none).
+    fn resize(&mut self, old: usize, new: usize) {
+        if old == new {
+            return;
+        }
+        if old != 0 {
+            if let Some(n) = self.sizes.get_mut(&old) {
+                *n -= 1;
+                if *n == 0 {
+                    self.sizes.remove(&old);
+                }
+            }
+        }
+        if new != 0 {
+            *self.sizes.entry(new).or_insert(0) += 1;
+        }
+        // The most common size; ties to the smallest (deterministic).
+        self.block_size = self
+            .sizes
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+            .map_or(0, |(&size, _)| size);
+    }
 }
 
 /// Owns the index: the event thread applies every event here, then calls [`publish`] (after
@@ -79,6 +116,8 @@ pub struct IndexWriter {
     /// Sorted by name.
     models: Vec<ModelState>,
     sources: HashMap<Source, SourceState>,
+    /// Page sizes the servers announced (their `/get_server_info`), by source.
+    announced: HashMap<Source, usize>,
     ids: Vec<Option<Source>>,
     free_ids: Vec<SourceId>,
     published_ids: Arc<[Option<Source>]>,
@@ -99,6 +138,7 @@ impl IndexWriter {
             cfg,
             models: Vec::new(),
             sources: HashMap::new(),
+            announced: HashMap::new(),
             ids: Vec::new(),
             free_ids: Vec::new(),
             published_ids: Arc::from(Vec::new()),
@@ -213,6 +253,7 @@ impl IndexWriter {
                     ModelState {
                         name: Arc::from(model),
                         block_size: 0,
+                        sizes: BTreeMap::new(),
                         trie: Trie::default(),
                         sources: 0,
                     },
@@ -229,14 +270,16 @@ impl IndexWriter {
             if *s.model == *self.models[mi].name {
                 return Ok(());
             }
-            let old = s.model.clone();
+            let (old, size) = (s.model.clone(), s.block_size);
             self.reset_source(source);
             if let Some(s) = self.sources.get_mut(&source) {
                 s.model = self.models[mi].name.clone();
             }
             self.models[mi].sources += 1;
+            self.models[mi].resize(0, size);
             if let Ok(oi) = self.models.binary_search_by(|m| m.name.cmp(&old)) {
                 self.models[oi].sources -= 1;
+                self.models[oi].resize(size, 0);
             }
             return Ok(());
         }
@@ -253,14 +296,18 @@ impl IndexWriter {
         };
         self.ids[id as usize] = Some(source);
         self.ids_changed = true;
+        let block_size = self.announced.get(&source).copied().unwrap_or(0);
         self.models[mi].sources += 1;
+        self.models[mi].resize(0, block_size);
         self.sources.insert(
             source,
             SourceState {
                 id,
                 model: self.models[mi].name.clone(),
+                block_size,
                 blocks: HashMap::new(),
                 leaves: BTreeSet::new(),
+                extra: HashMap::new(),
             },
         );
         self.stats.sources.store(self.sources.len() as u64, Relaxed);
@@ -279,16 +326,23 @@ impl IndexWriter {
         if block_size == 0 || Some(tokens.len()) != hashes.len().checked_mul(block_size) {
             return Err(DropReason::Malformed);
         }
-        let m = &mut self.models[mi];
-        if m.block_size == 0 {
-            m.block_size = block_size;
-        } else if m.block_size != block_size {
-            return Err(DropReason::BlockSizeMismatch);
+        if hashes.is_empty() {
+            // Stores nothing, so it teaches nothing either (not even a block size).
+            return Ok(());
         }
         let tier = b.tier();
         let mut buf = std::mem::take(&mut self.buf);
         let mut clock = self.clock;
         let (m, s) = self.parts(mi, source);
+        // A source's block size is its own (announced by its server, else its first store's):
+        // a store of another size is dropped, and another source's sizes never matter.
+        if s.block_size == 0 {
+            s.block_size = block_size;
+            m.resize(0, block_size);
+        } else if s.block_size != block_size {
+            self.buf = buf;
+            return Err(DropReason::BlockSizeMismatch);
+        }
         let mut parent_own = match b.parent {
             // SGLang's adapters are named (`lora_name`); vLLM's may only carry an id, which no
             // request can name: its blocks then never match one, as they must not match a
@@ -314,7 +368,7 @@ impl IndexWriter {
                 Some(r) if r.own == own => {
                     // Another tier's copy of a block it holds (a GPU block backed up to host).
                     r.tiers |= tier.bit();
-                    m.trie.add(own, holding(s.id, tier));
+                    hold(&mut s.extra, s.id, &mut m.trie, own, tier);
                     added += 1;
                 }
                 existing => {
@@ -385,6 +439,31 @@ impl IndexWriter {
         n
     }
 
+    /// The page size `source`'s server announced (its `/get_server_info`): its events are
+    /// hashed at it, and a store of another size from it is dropped. Idempotent; a change
+    /// (the server reconfigured) resets the source.
+    pub fn announce_block_size(&mut self, source: Source, block_size: usize) {
+        if block_size == 0 || self.announced.insert(source, block_size) == Some(block_size) {
+            return;
+        }
+        let Some(s) = self.sources.get(&source) else {
+            return;
+        };
+        let (old, model) = (s.block_size, s.model.clone());
+        if old == block_size {
+            return;
+        }
+        if old != 0 {
+            self.reset_source(source);
+        }
+        if let Some(s) = self.sources.get_mut(&source) {
+            s.block_size = block_size;
+        }
+        if let Ok(mi) = self.models.binary_search_by(|m| m.name.cmp(&model)) {
+            self.models[mi].resize(old, block_size);
+        }
+    }
+
     /// Drops every block of `source` (`AllBlocksCleared`, or the server restarted); the source
     /// stays known.
     pub fn reset_source(&mut self, source: Source) {
@@ -394,9 +473,10 @@ impl IndexWriter {
         if let Ok(mi) = self.models.binary_search_by(|m| m.name.cmp(&s.model)) {
             let trie = &mut self.models[mi].trie;
             for r in s.blocks.values() {
-                remove_holdings(trie, s.id, r);
+                remove_holdings(&mut s.extra, s.id, trie, r);
             }
         }
+        s.extra = HashMap::new();
         self.held -= s.blocks.len();
         s.blocks = HashMap::new();
         s.leaves = BTreeSet::new();
@@ -421,15 +501,17 @@ impl IndexWriter {
         }
     }
 
-    /// Forgets one source (unsubscribed): its blocks, its number, and its model when no other
-    /// source serves it.
+    /// Forgets one source (unsubscribed): its blocks, its number, its announced block size,
+    /// and its model when no other source serves it.
     pub fn remove_source(&mut self, source: Source) {
         self.reset_source(source);
+        self.announced.remove(&source);
         if let Some(s) = self.sources.remove(&source) {
             self.ids[s.id as usize] = None;
             self.free_ids.push(s.id);
             self.ids_changed = true;
             if let Ok(mi) = self.models.binary_search_by(|m| m.name.cmp(&s.model)) {
+                self.models[mi].resize(s.block_size, 0);
                 self.models[mi].sources -= 1;
                 if self.models[mi].sources == 0 {
                     self.models.remove(mi);
@@ -510,6 +592,8 @@ impl IndexWriter {
                 assert_eq!(in_trie & r.tiers, r.tiers, "{src:?}: tiers {:b}", r.tiers);
                 held_copies += r.tiers.count_ones() as usize;
             }
+            held_copies -= s.extra.values().map(|&n| n as usize).sum::<usize>();
+            assert!(s.block_size == 0 || m.sizes.contains_key(&s.block_size));
         }
         assert_eq!(held, self.held);
         assert!(self.held <= self.cfg.max_blocks);
@@ -565,14 +649,49 @@ fn add_block(
         },
     );
     s.leaves.insert((stamp, eh));
-    trie.add(own, holding(s.id, tier));
+    hold(&mut s.extra, s.id, trie, own, tier);
 }
 
-/// Every trie holding of `r` (one per tier it is held in) by source `id`.
-fn remove_holdings(trie: &mut Trie, id: SourceId, r: &Rec) {
+/// Source `id` holds `own` in `tier` once more: the trie's holding at the first copy, a count
+/// in `extra` beyond it.
+fn hold(
+    extra: &mut HashMap<(u64, Tier), u32>,
+    id: SourceId,
+    trie: &mut Trie,
+    own: u64,
+    tier: Tier,
+) {
+    let h = holding(id, tier);
+    if trie.get(own).is_some_and(|hs| hs.contains(h)) {
+        *extra.entry((own, tier)).or_insert(0) += 1;
+    } else {
+        trie.add(own, h);
+    }
+}
+
+/// Source `id` holds `own` in `tier` once less (the trie's holding goes with the last copy).
+fn unhold(
+    extra: &mut HashMap<(u64, Tier), u32>,
+    id: SourceId,
+    trie: &mut Trie,
+    own: u64,
+    tier: Tier,
+) {
+    if let Some(n) = extra.get_mut(&(own, tier)) {
+        *n -= 1;
+        if *n == 0 {
+            extra.remove(&(own, tier));
+        }
+        return;
+    }
+    trie.remove(own, holding(id, tier));
+}
+
+/// Every copy of `r` (one per tier it is held in) by source `id`.
+fn remove_holdings(extra: &mut HashMap<(u64, Tier), u32>, id: SourceId, trie: &mut Trie, r: &Rec) {
     for t in Tier::ALL {
         if r.tiers & t.bit() != 0 {
-            trie.remove(r.own, holding(id, t));
+            unhold(extra, id, trie, r.own, t);
         }
     }
 }
@@ -608,7 +727,8 @@ fn remove_tier(s: &mut SourceState, trie: &mut Trie, eh: EngineHash, tier: Tier)
     }
     if r.tiers != tier.bit() {
         r.tiers &= !tier.bit();
-        trie.remove(r.own, holding(s.id, tier));
+        let own = r.own;
+        unhold(&mut s.extra, s.id, trie, own, tier);
         return Removal::Tier;
     }
     remove_block(s, trie, eh);
@@ -624,7 +744,7 @@ fn remove_block(s: &mut SourceState, trie: &mut Trie, eh: EngineHash) -> bool {
     if r.children == 0 {
         s.leaves.remove(&(r.stamp, eh));
     }
-    remove_holdings(trie, s.id, &r);
+    remove_holdings(&mut s.extra, s.id, trie, &r);
     if let Some(p) = r.parent {
         if let Some(pr) = s.blocks.get_mut(&p) {
             if pr.children > 0 {

@@ -60,9 +60,8 @@
 //! A well-formed payload can still name hashes the sender made up; it can never make this copy
 //! exceed [`IndexConfig`](super::IndexConfig)'s caps.
 
-use super::{next_victim, remove_block, IndexWriter, Rec, SourceState};
+use super::{hold, next_victim, remove_block, IndexWriter, Rec, SourceState};
 use crate::base::WorkerId;
-use crate::kv::index::trie::holding;
 use crate::kv::index::trie::Trie;
 #[cfg(test)]
 use crate::kv::index::IndexConfig;
@@ -201,10 +200,7 @@ impl IndexWriter {
             .filter_map(|source| {
                 let url = url_of(source.worker).filter(|u| u32::try_from(u.len()).is_ok())?;
                 let state = self.sources.get(&source)?.clone();
-                let block_size = self
-                    .models
-                    .binary_search_by(|m| m.name.cmp(&state.model))
-                    .map_or(0, |i| self.models[i].block_size);
+                let block_size = state.block_size;
                 Some(ExportedSource {
                     url,
                     dp_rank: source.dp_rank,
@@ -274,24 +270,29 @@ impl IndexWriter {
     }
 
     /// Makes `source` known under the part's model, as `apply` would for its first event (the
-    /// same caps), learns the block size, and empties the source.
+    /// same caps), takes its block size, and empties the source.
     fn admit(&mut self, part: &Part<'_>, source: Source) -> Result<(), DropReason> {
         if source.dp_rank >= self.cfg.max_dp_ranks {
             return Err(DropReason::Limits);
         }
         let mi = self.model_index(part.model)?;
         let block_size = part.block_size as usize;
-        let known = self.models[mi].block_size;
-        if part.blocks > 0 && known != 0 && known != block_size {
-            return Err(DropReason::BlockSizeMismatch);
+        // Its server announced another page size to this copy: the peer's blocks are not ours.
+        if let Some(&announced) = self.announced.get(&source) {
+            if part.blocks > 0 && announced != block_size {
+                return Err(DropReason::BlockSizeMismatch);
+            }
         }
         self.register(source, mi)?;
-        // Learned as the peer learned it (possibly from an event it then dropped).
-        if known == 0 {
-            self.models[mi].block_size = block_size;
-        }
         if self.held_by(source) > 0 {
             self.reset_source(source);
+        }
+        // Learned as the peer learned it (possibly from an event it then dropped).
+        if let Some(s) = self.sources.get_mut(&source) {
+            if s.block_size == 0 && block_size != 0 {
+                s.block_size = block_size;
+                self.models[mi].resize(0, block_size);
+            }
         }
         Ok(())
     }
@@ -360,7 +361,7 @@ impl IndexWriter {
         for (own, tiers) in owns {
             for t in Tier::ALL {
                 if tiers & t.bit() != 0 {
-                    trie.add(own, holding(s.id, t));
+                    hold(&mut s.extra, s.id, trie, own, t);
                 }
             }
         }
