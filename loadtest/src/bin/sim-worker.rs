@@ -69,6 +69,12 @@ struct Args {
     /// Radix cache page size, tokens.
     #[arg(long, default_value_t = 1)]
     page_size: usize,
+    /// Host memory for KV per worker (per DP rank), tokens: SGLang's hierarchical cache. Pages
+    /// the device evicts are backed up there (its least recent pages dropped to make room) and
+    /// loaded back, at the cost model's host load rate, when a request's prefix continues into
+    /// them; KV events report them with medium CPU_PINNED. 0 = no host tier.
+    #[arg(long, default_value_t = 0)]
+    host_cache_tokens: usize,
     /// Most new tokens per prefill forward.
     #[arg(long, default_value_t = 8192)]
     chunked_prefill_size: usize,
@@ -127,7 +133,8 @@ struct Args {
     io_driver: DriverArg,
     /// Publish KV-cache events as SGLang does, e.g.
     /// '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:6557"}'
-    /// (fields and defaults as SGLang's; sim-only "encoding": "array" | "map"). The worker at
+    /// (fields and defaults as SGLang's; sim-only "encoding": "map" (0.5.23, default) | "array"
+    /// and "replay_form": "topic" (0.5.23, default) | "plain"). The worker at
     /// index i of --ports publishes on endpoint port + i and replays on replay port + i.
     #[arg(long, value_parser = KvEventsConfig::parse)]
     kv_events_config: Option<KvEventsConfig>,
@@ -211,6 +218,7 @@ fn main() -> ExitCode {
         model_name: a.model_name,
         max_total_tokens: a.max_total_tokens,
         page_size: a.page_size,
+        host_cache_tokens: a.host_cache_tokens,
         chunked_prefill_size: a.chunked_prefill_size,
         max_running: a.max_running_requests,
         time_scale: a.time_scale,
@@ -311,6 +319,18 @@ mod tests {
             .unwrap()
             .kv_events_config
             .is_none());
+    }
+
+    #[test]
+    fn host_cache_flag_defaults_to_no_host_tier() {
+        assert_eq!(
+            Args::try_parse_from(["sim-worker"])
+                .unwrap()
+                .host_cache_tokens,
+            0
+        );
+        let a = Args::try_parse_from(["sim-worker", "--host-cache-tokens", "800000"]).unwrap();
+        assert_eq!(a.host_cache_tokens, 800_000);
     }
 
     #[test]

@@ -13,7 +13,10 @@ use serde_json::{json, Value};
 use super::engine::FinishInfo;
 use super::tokenizer::{ChatTurn, SimTokenizer};
 
+mod namespace;
 mod newer;
+
+pub use namespace::NsFields;
 
 /// Which inference endpoint a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +65,22 @@ pub struct Inference {
     pub model: Option<String>,
     /// `rid` for `/generate`.
     pub rid: Option<String>,
+    /// `extra_key`, `cache_salt`, `lora_path`: see [`namespaces`](Self::namespaces).
+    pub ns_fields: NsFields,
+}
+
+impl Inference {
+    /// The cache namespace of each prompt (SGLang shares prefixes only within one), given the
+    /// served model name (a `model` of `served:adapter` names a LoRA adapter).
+    pub fn namespaces(&self, served: &str) -> Result<Vec<crate::sim::radix::Namespace>, ApiError> {
+        namespace::resolve(
+            self.endpoint,
+            &self.ns_fields,
+            self.model.as_deref(),
+            served,
+            self.prompts.len(),
+        )
+    }
 }
 
 fn max_tokens_field(v: &Value, names: &[&str], default: usize) -> Result<usize, ApiError> {
@@ -173,6 +192,7 @@ pub fn parse_inference(
         include_usage,
         model,
         rid,
+        ns_fields: NsFields::read(&v),
     })
 }
 

@@ -27,6 +27,9 @@ pub struct CostModel {
     /// Context length at which attention doubles a token's cost (attention at ~half GEMM
     /// efficiency).
     pub attention_tokens: f64,
+    /// Host-tier load-back throughput, tokens per ms: a prefix page found only in host memory
+    /// (HiCache) is copied back to the GPU instead of recomputed.
+    pub host_load_tokens_per_ms: f64,
     /// Fixed cost of a decode step (weights read), ms.
     pub decode_base_ms: f64,
     /// Per running request, ms.
@@ -46,6 +49,14 @@ impl Default for CostModel {
             prefill_base_ms: 8.0,
             prefill_tokens_per_ms: 30.0,
             attention_tokens: 15000.0,
+            // Llama-3.1-8B keeps K and V for 32 layers × 8 KV heads × 128 dims in BF16:
+            // 2 × 32 × 8 × 128 × 2 B = 128 KiB per token. The H100 SXM's host link is PCIe Gen5
+            // x16, 64 GB/s raw; pinned host-to-device copies reach about 50 GB/s, so a token
+            // loads in 131 072 B / 50 GB/s ≈ 2.6 µs: ~380 tokens/ms, 12.7× the 30 tokens/ms of
+            // prefill GEMMs (before attention makes recomputing dearer still). SGLang overlaps
+            // the copy layer by layer with the forward; charging all of it is the conservative
+            // end.
+            host_load_tokens_per_ms: 380.0,
             decode_base_ms: 6.2,
             decode_per_req_ms: 0.02,
             decode_per_kctx_ms: 0.05,
@@ -69,6 +80,15 @@ impl CostModel {
             })
             .sum();
         self.prefill_base_ms + work / self.prefill_tokens_per_ms
+    }
+
+    /// Loading `tokens` back from host memory, ms, without jitter (added to the prefill forward
+    /// that needs them; nothing with `fixed_step_ms`, whose forwards take exactly that long).
+    pub fn host_load_ms(&self, tokens: usize) -> f64 {
+        if self.fixed_step_ms.is_some() || tokens == 0 {
+            return 0.0;
+        }
+        tokens as f64 / self.host_load_tokens_per_ms
     }
 
     /// `6.2 + 0.02·B + 0.05·Σctx/1000`, without jitter.
@@ -148,6 +168,25 @@ mod tests {
             6.2 + 5.12 + 26.2144,
             1e-9
         ));
+    }
+
+    #[test]
+    fn host_load_is_an_order_of_magnitude_cheaper_than_recomputing() {
+        let m = CostModel::default();
+        // 20k tokens from host ≈ 53 ms against ≈ 1.1 s to recompute them.
+        let load = m.host_load_ms(20_000);
+        assert!(close(load, 20_000.0 / 380.0, 1e-9));
+        let recompute = m.prefill_ms(&[PrefillItem {
+            uncached: 20_000,
+            context: 0,
+        }]) - m.prefill_base_ms;
+        assert!(recompute / load > 12.0, "{recompute} vs {load}");
+        assert_eq!(m.host_load_ms(0), 0.0);
+        let f = CostModel {
+            fixed_step_ms: Some(20.0),
+            ..CostModel::default()
+        };
+        assert_eq!(f.host_load_ms(20_000), 0.0);
     }
 
     #[test]

@@ -126,7 +126,8 @@ fn metric(port: u16, name: &str) -> f64 {
         .find(|l| {
             l.starts_with(name)
                 && l[name.len()..].starts_with('{')
-                && !l.contains("cache_source=\"device\"")
+                // The per-tier cached-token series are parts of the `total` one.
+                && (!l.contains("cache_source=") || l.contains("cache_source=\"total\""))
         })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())

@@ -8,8 +8,11 @@
 //!   runs (≤ `chunked_prefill_size` new tokens, several requests per forward, at most one of
 //!   them chunked and continued first in the next forward); otherwise one decode step for the
 //!   whole running batch. No mixed prefill+decode.
-//! - The hit is the longest cached prefix ≤ `len − 1`, page-floored, taken when the request is
-//!   first scheduled; it is what `cached_tokens` reports.
+//! - The hit is the longest cached prefix ≤ `len − 1`, page-floored, in the request's cache
+//!   namespace (`extra_key` incl. LoRA adapter, `cache_salt`), taken when the request is first
+//!   scheduled; it is what `cached_tokens` reports. With a host tier (HiCache), the part of it
+//!   only host memory holds is loaded back at admission, charged at the load cost in the
+//!   request's prefill forward, and counted as cached (`cache_source="host"` in the metrics).
 //! - After each prefill (chunk) forward the computed prefix is inserted and the request's lock
 //!   moves to it, so a prefix is visible to others only once its prefill has finished.
 //! - On finish `(prompt + output)[:-1]` is inserted and unlocked.
@@ -22,7 +25,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::cost::{CostModel, PrefillItem};
 use super::metrics::{Gauges, Metrics};
-use super::radix::{CacheEvent, NodeId, RadixCache, ROOT};
+use super::radix::{CacheEvent, Namespace, NodeId, RadixCache, ROOT};
 use crate::rng::{hash_tokens, Rng};
 
 /// Request handle inside one engine.
@@ -51,6 +54,8 @@ pub struct EngineConfig {
     /// Record KV-cache events (pages stored, evicted, flushed) for
     /// [`take_kv_events`](Engine::take_kv_events), as SGLang does under `--kv-events-config`.
     pub kv_events: bool,
+    /// Host memory for KV in tokens (SGLang's HiCache); 0 = no host tier.
+    pub host_cache_tokens: usize,
 }
 
 impl Default for EngineConfig {
@@ -64,6 +69,7 @@ impl Default for EngineConfig {
             seed: 0,
             output_vocab: (1000..1256).collect(),
             kv_events: false,
+            host_cache_tokens: 0,
         }
     }
 }
@@ -183,6 +189,10 @@ struct Req {
     last_token_ms: f64,
     admitted: bool,
     cached: usize,
+    /// The part of `cached` loaded back from host memory.
+    cached_host: usize,
+    /// The cache namespace the request's prefix lives in.
+    ns: Namespace,
     /// Locked tree node covering `tokens[..locked_len]`.
     node: NodeId,
     locked_len: usize,
@@ -202,6 +212,8 @@ struct PrefillBatch<'a> {
     budget: usize,
     new_tokens: usize,
     hit_tokens: usize,
+    /// Tokens loaded back from host memory for the batch's requests.
+    loaded: usize,
 }
 
 impl PrefillBatch<'_> {
@@ -268,7 +280,8 @@ impl Engine {
         } else {
             cfg.output_vocab
         };
-        let mut cache = RadixCache::new(cfg.max_total_tokens, cfg.page_size);
+        let mut cache = RadixCache::new(cfg.max_total_tokens, cfg.page_size)
+            .with_host_tier(cfg.host_cache_tokens);
         if cfg.kv_events {
             cache.enable_events();
         }
@@ -445,6 +458,8 @@ impl Engine {
                 last_token_ms: arrival_ms,
                 admitted: false,
                 cached: 0,
+                cached_host: 0,
+                ns: Namespace::default(),
                 node: ROOT,
                 locked_len: 0,
                 kv_len: 0,
@@ -461,6 +476,15 @@ impl Engine {
     pub fn mark_transferred(&mut self, id: ReqId) {
         if let Some(r) = self.reqs.get_mut(&id) {
             r.transferred = true;
+        }
+    }
+
+    /// Put a queued request in cache namespace `ns` (its `extra_key`, LoRA adapter and
+    /// `cache_salt`): it shares prefixes only with requests of the same namespace. Must come
+    /// before the request is scheduled, as it is when the server submits.
+    pub fn set_namespace(&mut self, id: ReqId, ns: Namespace) {
+        if let Some(r) = self.reqs.get_mut(&id).filter(|r| !r.admitted) {
+            r.ns = ns;
         }
     }
 
@@ -502,12 +526,13 @@ impl Engine {
             budget: self.chunk,
             new_tokens: 0,
             hit_tokens: 0,
+            loaded: 0,
         };
         self.continue_chunked(&mut batch);
         self.admit_waiting(&mut batch);
-        let (new_tokens, hit_tokens) = (batch.new_tokens, batch.hit_tokens);
+        let (new_tokens, hit_tokens, loaded) = (batch.new_tokens, batch.hit_tokens, batch.loaded);
         let info = if !items.is_empty() {
-            self.prefill_forward(&items, &costs, new_tokens, hit_tokens)
+            self.prefill_forward(&items, &costs, new_tokens, hit_tokens, loaded)
         } else if !self.running.is_empty() {
             self.decode_forward(&mut items)
         } else {
@@ -554,16 +579,30 @@ impl Engine {
                 self.waiting.pop_front();
                 continue;
             };
-            let (hit, node) = self.cache.match_prefix(&r.tokens[..r.prompt_len - 1]);
-            self.cache.inc_lock(node);
-            let need = r.prompt_len - hit + r.max_new.saturating_sub(1);
+            let m = self
+                .cache
+                .match_prefix_in(&r.ns, &r.tokens[..r.prompt_len - 1]);
+            self.cache.inc_lock(m.device_node);
+            // Loading host pages back takes as many device slots as recomputing them would.
+            let need = r.prompt_len - m.device_len + r.max_new.saturating_sub(1);
             if self.cache.available_tokens() < self.reserved + need {
-                self.cache.dec_lock(node);
+                self.cache.dec_lock(m.device_node);
                 break; // head-of-line: FCFS does not skip ahead
             }
+            let (hit, node, loaded) = if self.cache.load_back(&m) {
+                // The loaded pages are device tree pages now: the lock moves down onto them.
+                self.cache.inc_lock(m.node);
+                self.cache.dec_lock(m.device_node);
+                (m.device_len + m.host_len, m.node, m.host_len)
+            } else {
+                (m.device_len, m.device_node, 0)
+            };
+            let need = r.prompt_len - hit + r.max_new.saturating_sub(1);
             self.waiting.pop_front();
             r.admitted = true;
             r.cached = hit;
+            r.cached_host = loaded;
+            batch.loaded += loaded;
             r.node = node;
             r.locked_len = hit;
             r.kv_len = hit;
@@ -594,6 +633,7 @@ impl Engine {
         costs: &[PrefillItem],
         new_tokens: usize,
         hit_tokens: usize,
+        loaded: usize,
     ) -> ForwardInfo {
         for &(id, u) in items {
             self.allocate(id, u);
@@ -603,7 +643,9 @@ impl Engine {
         } else {
             hit_tokens as f64 / (new_tokens + hit_tokens) as f64
         };
-        let d = self.cost.jitter(self.cost.prefill_ms(costs), &mut self.rng);
+        // Host pages are copied back before (and overlapping) the forward that needs them.
+        let ms = self.cost.prefill_ms(costs) + self.cost.host_load_ms(loaded);
+        let d = self.cost.jitter(ms, &mut self.rng);
         ForwardInfo {
             kind: ForwardKind::Prefill,
             duration_ms: d,
@@ -666,9 +708,12 @@ impl Engine {
                     };
                     r.inflight_alloc = 0;
                     r.kv_len += u;
-                    let (node, len) =
-                        self.cache
-                            .cache_prefix(&r.tokens[..r.kv_len], r.node, r.locked_len);
+                    let (node, len) = self.cache.cache_prefix_in(
+                        &r.ns,
+                        &r.tokens[..r.kv_len],
+                        r.node,
+                        r.locked_len,
+                    );
                     r.node = node;
                     r.locked_len = len;
                     if r.kv_len < r.prompt_len {
@@ -768,7 +813,7 @@ impl Engine {
                 // (prompt + output)[:-1]: the last token was never fed back, it has no KV.
                 let keep = r.kv_len.min(r.tokens.len() - 1);
                 self.cache
-                    .cache_prefix(&r.tokens[..keep], r.node, r.locked_len)
+                    .cache_prefix_in(&r.ns, &r.tokens[..keep], r.node, r.locked_len)
             } else {
                 (r.node, r.locked_len)
             };
@@ -794,6 +839,7 @@ impl Engine {
                     m.prompt_tokens += info.prompt_tokens as u64;
                     m.generation_tokens += info.completion_tokens as u64;
                     m.cached_tokens += info.cached_tokens as u64;
+                    m.cached_tokens_host += r.cached_host as u64;
                     m.e2e.observe((info.finish_ms - info.arrival_ms) / 1000.0);
                 }
                 FinishReason::Abort => m.num_aborted += 1,

@@ -2,18 +2,21 @@
 //! radix cache's changes ([`CacheEvent`]) go out on SGLang's exact wire format, so the gateway's
 //! event intake can be tested against simulated clusters as against real servers.
 //!
-//! Wire format (SGLang 0.5.x `ZmqEventPublisher`):
+//! Wire format (SGLang 0.5.23 `ZmqEventPublisher`):
 //! - a ZeroMQ PUB socket per worker; each message is 3 frames: topic (utf-8, may be empty),
 //!   sequence (8-byte big-endian, from 0, +1 per batch), payload (msgpack `EventBatch`
 //!   `[ts: float, events: [...], attn_dp_rank: int]`);
-//! - events array-encoded, tagged by class name: `["BlockStored", [hash], parent|nil, token_ids,
-//!   block_size, lora_id|nil, medium]` (one per page, as SGLang's radix cache records them),
-//!   `["BlockRemoved", hashes, medium]` (one per evicted radix node), `["AllBlocksCleared"]`; or,
-//!   with the sim-only config key `"encoding": "map"`, the newer map form (`{"type":
-//!   "BlockStored", ...}`, `None` fields omitted) so consumers can be tested on both;
+//! - events as 0.5.23 sends them ([`encode`]): tagged maps (`{"type": "BlockStored", ...}`),
+//!   `medium` always set (`GPU`, or `CPU_PINNED` for the host tier), `cache_salt` and
+//!   `lora_name` for namespaced blocks, chained stores coalesced; or, with the sim-only config key
+//!   `"encoding": "array"`, the older array form (`["BlockStored", [hash], parent|nil,
+//!   token_ids, block_size, lora_id|nil, medium]` per page, `["BlockRemoved", hashes, medium]`
+//!   per node, `["AllBlocksCleared"]`), so consumers can be tested on both;
 //! - with `replay_endpoint`, a ROUTER socket keeping the last `buffer_steps` batches: a request
-//!   `[b"", start_seq (8-byte BE)]` is answered `[id, b"", seq, payload]` for every buffered
-//!   `seq ≥ start`, then `[id, b"", -1 (8-byte signed BE), b""]`.
+//!   `[b"", start_seq (8-byte BE)]` is answered, as 0.5.23 does, `[id, b"", topic, seq,
+//!   payload]` (a live message's frames) for every buffered `seq ≥ start`, then `[id, b"", b"",
+//!   -1 (8-byte signed BE), b""]`; the sim-only key `"replay_form": "plain"` answers as older
+//!   SGLang and vLLM do, `[id, b"", seq, payload]` and `[id, b"", -1, b""]`.
 //!
 //! Endpoints, as SGLang: a PUB endpoint containing `*` or `::` (or `ipc://`/`inproc://`) binds,
 //! any other connects; the replay endpoint always binds. A `*` port (`tcp://127.0.0.1:*`) binds
@@ -41,10 +44,13 @@ use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use rmp::encode;
 use serde_json::{json, Map, Value};
 
 use super::radix::CacheEvent;
+
+mod encode;
+
+pub use encode::encode_batch;
 
 /// SGLang's default PUB endpoint.
 pub const DEFAULT_ENDPOINT: &str = "tcp://*:5557";
@@ -67,8 +73,6 @@ const MAX_REPLAY_REQUEST: i64 = 64;
 const REPLAY_REQUESTS_PER_ROUND: usize = 16;
 /// The publisher thread re-checks for shutdown at least this often (ms).
 const POLL_TIMEOUT_MS: i64 = 500;
-/// `medium` of every event: the simulated cache is GPU memory.
-const MEDIUM: &str = "GPU";
 /// The replay terminator's sequence frame: -1 as 8-byte signed big-endian.
 pub const REPLAY_END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
 
@@ -84,14 +88,25 @@ pub enum PublisherKind {
 /// How events are encoded inside the batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum EventEncoding {
-    /// Tagged arrays, SGLang 0.5.x / older vLLM (`["BlockStored", ...]`).
+    /// Tagged maps, as SGLang 0.5.23 and vLLM send them (`{"type": "BlockStored", ...}`).
     #[default]
-    Array,
-    /// Tagged maps, newer SGLang and vLLM (`{"type": "BlockStored", ...}`, `None`s omitted).
     Map,
+    /// Tagged arrays, older SGLang / vLLM (`["BlockStored", ...]`), one store per page.
+    Array,
 }
 
-/// `--kv-events-config`: SGLang's fields and defaults, plus the sim-only `encoding`.
+/// How the replay socket frames its answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplayForm {
+    /// SGLang 0.5.23: `[id, b"", topic, seq, payload]`, ended by `[id, b"", b"", -1, b""]`.
+    #[default]
+    Topic,
+    /// Older SGLang and vLLM: `[id, b"", seq, payload]`, ended by `[id, b"", -1, b""]`.
+    Plain,
+}
+
+/// `--kv-events-config`: SGLang's fields and defaults, plus the sim-only `encoding` and
+/// `replay_form`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvEventsConfig {
     /// `publisher`: "zmq" or "null".
@@ -108,8 +123,10 @@ pub struct KvEventsConfig {
     pub max_queue_size: usize,
     /// `topic`: first frame of every message.
     pub topic: String,
-    /// `encoding` (sim only): array or map events.
+    /// `encoding` (sim only): map or array events.
     pub encoding: EventEncoding,
+    /// `replay_form` (sim only): how replay answers are framed.
+    pub replay_form: ReplayForm,
 }
 
 impl Default for KvEventsConfig {
@@ -122,7 +139,8 @@ impl Default for KvEventsConfig {
             hwm: DEFAULT_HWM,
             max_queue_size: DEFAULT_MAX_QUEUE_SIZE,
             topic: String::new(),
-            encoding: EventEncoding::Array,
+            encoding: EventEncoding::Map,
+            replay_form: ReplayForm::Topic,
         }
     }
 }
@@ -168,6 +186,13 @@ impl KvEventsConfig {
                         e => return Err(format!("unknown encoding {e:?} (array or map)")),
                     }
                 }
+                "replay_form" => {
+                    c.replay_form = match s()?.as_str() {
+                        "topic" => ReplayForm::Topic,
+                        "plain" => ReplayForm::Plain,
+                        f => return Err(format!("unknown replay_form {f:?} (topic or plain)")),
+                    }
+                }
                 other => return Err(format!("unknown kv-events-config key {other:?}")),
             }
         }
@@ -179,7 +204,8 @@ impl KvEventsConfig {
     }
 
     /// The config as SGLang's JSON (what `/get_server_info` reports as `kv_events_config`);
-    /// `encoding` appears only when it is not the default.
+    /// the sim-only `encoding` and `replay_form` appear only when they are not the default, so
+    /// a default config reads exactly as SGLang's.
     pub fn to_json(&self) -> Value {
         let mut m = Map::new();
         let publisher = match self.publisher {
@@ -193,8 +219,11 @@ impl KvEventsConfig {
         m.insert("hwm".into(), json!(self.hwm));
         m.insert("max_queue_size".into(), json!(self.max_queue_size));
         m.insert("topic".into(), json!(self.topic));
-        if self.encoding == EventEncoding::Map {
-            m.insert("encoding".into(), json!("map"));
+        if self.encoding == EventEncoding::Array {
+            m.insert("encoding".into(), json!("array"));
+        }
+        if self.replay_form == ReplayForm::Plain {
+            m.insert("replay_form".into(), json!("plain"));
         }
         Value::Object(m)
     }
@@ -261,156 +290,6 @@ fn with_bound_port(ep: &str, last: &str) -> String {
             None => ep.to_owned(),
         },
         _ => ep.to_owned(),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Encoding (pure).
-
-/// Appends msgpack values to a `Vec<u8>` (writes to a vector cannot fail).
-struct Writer<'a>(&'a mut Vec<u8>);
-
-impl Writer<'_> {
-    fn array(&mut self, n: usize) {
-        let _ = encode::write_array_len(self.0, n as u32);
-    }
-    fn map(&mut self, n: usize) {
-        let _ = encode::write_map_len(self.0, n as u32);
-    }
-    fn str(&mut self, s: &str) {
-        let _ = encode::write_str(self.0, s);
-    }
-    fn uint(&mut self, n: u64) {
-        let _ = encode::write_uint(self.0, n);
-    }
-    /// Block hashes go out as signed 64-bit integers, as SGLang's do.
-    fn hash(&mut self, h: u64) {
-        let _ = encode::write_sint(self.0, h as i64);
-    }
-    fn nil(&mut self) {
-        let _ = encode::write_nil(self.0);
-    }
-    fn hashes(&mut self, hs: &[u64]) {
-        self.array(hs.len());
-        for &h in hs {
-            self.hash(h);
-        }
-    }
-    fn tokens(&mut self, ts: &[u32]) {
-        self.array(ts.len());
-        for &t in ts {
-            self.uint(u64::from(t));
-        }
-    }
-}
-
-/// Wire events `ev` expands to: SGLang records one `BlockStored` per page, one `BlockRemoved`
-/// per evicted node.
-fn wire_count(ev: &CacheEvent) -> usize {
-    match ev {
-        CacheEvent::Stored { hashes, .. } => hashes.len(),
-        _ => 1,
-    }
-}
-
-/// Encode one `EventBatch` (`[ts, events, attn_dp_rank]`) into `out` (cleared first).
-/// `block_size` is the page size; a `Stored` run becomes one `BlockStored` per page, each
-/// naming the previous page as its parent.
-pub fn encode_batch(
-    out: &mut Vec<u8>,
-    ts: f64,
-    events: &[CacheEvent],
-    block_size: usize,
-    dp_rank: Option<u32>,
-    encoding: EventEncoding,
-) {
-    out.clear();
-    let mut w = Writer(out);
-    w.array(3);
-    let _ = encode::write_f64(w.0, ts);
-    w.array(events.iter().map(wire_count).sum());
-    let bs = block_size.max(1);
-    for ev in events {
-        match ev {
-            CacheEvent::Stored {
-                hashes,
-                parent,
-                tokens,
-            } => {
-                let mut parent = *parent;
-                for (&h, page) in hashes.iter().zip(tokens.chunks(bs)) {
-                    block_stored(&mut w, h, parent, page, encoding);
-                    parent = Some(h);
-                }
-            }
-            CacheEvent::Removed { hashes } => match encoding {
-                EventEncoding::Array => {
-                    w.array(3);
-                    w.str("BlockRemoved");
-                    w.hashes(hashes);
-                    w.str(MEDIUM);
-                }
-                EventEncoding::Map => {
-                    w.map(3);
-                    w.str("type");
-                    w.str("BlockRemoved");
-                    w.str("block_hashes");
-                    w.hashes(hashes);
-                    w.str("medium");
-                    w.str(MEDIUM);
-                }
-            },
-            CacheEvent::Cleared => match encoding {
-                EventEncoding::Array => {
-                    w.array(1);
-                    w.str("AllBlocksCleared");
-                }
-                EventEncoding::Map => {
-                    w.map(1);
-                    w.str("type");
-                    w.str("AllBlocksCleared");
-                }
-            },
-        }
-    }
-    match dp_rank {
-        Some(r) => w.uint(u64::from(r)),
-        None => w.nil(),
-    }
-}
-
-fn block_stored(w: &mut Writer<'_>, h: u64, parent: Option<u64>, page: &[u32], enc: EventEncoding) {
-    match enc {
-        EventEncoding::Array => {
-            w.array(7);
-            w.str("BlockStored");
-            w.hashes(&[h]);
-            match parent {
-                Some(p) => w.hash(p),
-                None => w.nil(),
-            }
-            w.tokens(page);
-            w.uint(page.len() as u64);
-            w.nil(); // lora_id
-            w.str(MEDIUM);
-        }
-        EventEncoding::Map => {
-            w.map(if parent.is_some() { 6 } else { 5 });
-            w.str("type");
-            w.str("BlockStored");
-            w.str("block_hashes");
-            w.hashes(&[h]);
-            if let Some(p) = parent {
-                w.str("parent_block_hash");
-                w.hash(p);
-            }
-            w.str("token_ids");
-            w.tokens(page);
-            w.str("block_size");
-            w.uint(page.len() as u64);
-            w.str("medium");
-            w.str(MEDIUM);
-        }
     }
 }
 
@@ -640,6 +519,7 @@ struct WorkerSockets {
     buffer: ReplayBuffer,
     topic: Vec<u8>,
     encoding: EventEncoding,
+    replay_form: ReplayForm,
     stats: Arc<KvStats>,
     /// The attention-DP rank this publisher speaks for (the batches' `attn_dp_rank`).
     dp_rank: u32,
@@ -775,6 +655,7 @@ fn open_worker(
             buffer: ReplayBuffer::new(cfg.buffer_steps, REPLAY_BUFFER_BYTES),
             topic: cfg.topic.as_bytes().to_vec(),
             encoding: cfg.encoding,
+            replay_form: cfg.replay_form,
             stats: Arc::new(KvStats::default()),
             dp_rank,
         },
@@ -928,7 +809,7 @@ fn publish(workers: &mut [WorkerSockets], m: Msg, block_size: usize, payload: &m
     let Some(w) = workers.get_mut(m.worker) else {
         return;
     };
-    encode_batch(
+    let events = encode_batch(
         payload,
         m.ts,
         &m.events,
@@ -942,8 +823,7 @@ fn publish(workers: &mut [WorkerSockets], m: Msg, block_size: usize, payload: &m
         match w.publisher.send_multipart(frames, zmq::DONTWAIT) {
             Ok(()) => {
                 w.stats.sent.fetch_add(1, Ordering::Relaxed);
-                let n: usize = m.events.iter().map(wire_count).sum();
-                w.stats.events.fetch_add(n as u64, Ordering::Relaxed);
+                w.stats.events.fetch_add(events as u64, Ordering::Relaxed);
             }
             Err(_) => {
                 w.stats.send_errors.fetch_add(1, Ordering::Relaxed);
@@ -970,13 +850,29 @@ fn serve_replay(w: &mut WorkerSockets) {
         w.stats.replay_requests.fetch_add(1, Ordering::Relaxed);
         for (seq, payload) in w.buffer.since(start) {
             let seq = seq.to_be_bytes();
-            let frames: [&[u8]; 4] = [id, b"", &seq, payload];
+            let frames = replay_frames(w.replay_form, id, &w.topic, &seq, payload);
             if r.send_multipart(frames, zmq::DONTWAIT).is_ok() {
                 w.stats.replayed.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let end: [&[u8]; 4] = [id, b"", &REPLAY_END_SEQ, b""];
+        let end = replay_frames(w.replay_form, id, b"", &REPLAY_END_SEQ, b"");
         let _ = r.send_multipart(end, zmq::DONTWAIT);
+    }
+}
+
+/// One replay answer message in `form`: after the identity and the empty delimiter, 0.5.23
+/// repeats a live message's frames (topic, seq, payload); older publishers leave the topic out.
+/// The terminator is the same with an empty topic, seq -1 and an empty payload.
+pub fn replay_frames<'a>(
+    form: ReplayForm,
+    id: &'a [u8],
+    topic: &'a [u8],
+    seq: &'a [u8],
+    payload: &'a [u8],
+) -> Vec<&'a [u8]> {
+    match form {
+        ReplayForm::Topic => vec![id, b"", topic, seq, payload],
+        ReplayForm::Plain => vec![id, b"", seq, payload],
     }
 }
 

@@ -16,6 +16,16 @@ const DEADLINE: Duration = Duration::from_secs(10);
 
 /// Bind both sockets of every worker on an ephemeral loopback port.
 fn kv_cluster(ports: usize, extra: &str, max_total_tokens: usize) -> SimCluster {
+    kv_cluster_with(ports, extra, max_total_tokens, 0)
+}
+
+/// [`kv_cluster`] with a host tier of `host_cache_tokens`.
+fn kv_cluster_with(
+    ports: usize,
+    extra: &str,
+    max_total_tokens: usize,
+    host_cache_tokens: usize,
+) -> SimCluster {
     let json = format!(
         r#"{{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"{extra}}}"#
     );
@@ -23,6 +33,7 @@ fn kv_cluster(ports: usize, extra: &str, max_total_tokens: usize) -> SimCluster 
         ports: vec![0; ports],
         page_size: 4,
         max_total_tokens,
+        host_cache_tokens,
         tokenizer: TokenizerMode::Approx,
         time_scale: 1000.0,
         kv_events: Some(KvEventsConfig::parse(&json).unwrap()),
@@ -92,10 +103,41 @@ fn kv_stats(port: u16) -> Value {
 }
 
 fn generate(port: u16, ids: impl Iterator<Item = u32>) {
+    generate_with(port, ids, serde_json::json!({}));
+}
+
+/// `/generate` of `ids` with the extra body fields in `extra`; returns its cached tokens.
+fn generate_with(port: u16, ids: impl Iterator<Item = u32>, extra: Value) -> u64 {
     let ids: Vec<u32> = ids.collect();
-    let body = serde_json::json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
+    let mut body = serde_json::json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
+    if let (Some(b), Some(x)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(x.clone());
+    }
     let r = call(port, "POST", "/generate", &body.to_string());
     assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["meta_info"]["cached_tokens"].as_u64().unwrap()
+}
+
+/// The raw events of a batch (maps in the default form), for fields [`Ev`] leaves out.
+fn raw_events(batch: &Mp) -> Vec<Mp> {
+    batch.as_array().unwrap()[1].as_array().unwrap().clone()
+}
+
+/// `(type, medium, hashes)` of a raw map event.
+fn kind(e: &Mp) -> (String, String, Vec<i64>) {
+    let s = |k: &str| field(e, k).and_then(Mp::as_str).unwrap_or("").to_owned();
+    let hs = field(e, "block_hashes").map(ints).unwrap_or_default();
+    (s("type"), s("medium"), hs)
+}
+
+/// One sample of `/metrics` (the first line of `name` whose labels contain `labels`).
+fn metric_with(port: u16, name: &str, labels: &str) -> f64 {
+    let text = call(port, "GET", "/metrics", "").text();
+    text.lines()
+        .find(|l| l.starts_with(name) && l.contains(labels))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} with {labels} missing"))
 }
 
 fn int(v: &Mp) -> i64 {
@@ -135,8 +177,8 @@ fn events(batch: &Mp) -> Vec<Ev> {
     b[1].as_array()
         .unwrap()
         .iter()
-        .map(|e| match e {
-            Mp::Array(a) => match a[0].as_str() {
+        .flat_map(|e| match e {
+            Mp::Array(a) => vec![match a[0].as_str() {
                 Some("BlockStored") => {
                     assert_eq!(a.len(), 7);
                     let hs = ints(&a[1]);
@@ -153,26 +195,62 @@ fn events(batch: &Mp) -> Vec<Ev> {
                 Some("BlockRemoved") => Ev::Removed(ints(&a[1])),
                 Some("AllBlocksCleared") => Ev::Cleared,
                 other => panic!("unknown event {other:?}"),
-            },
-            Mp::Map(_) => match field(e, "type").and_then(Mp::as_str) {
-                Some("BlockStored") => Ev::Stored {
-                    hash: ints(field(e, "block_hashes").unwrap())[0],
-                    parent: field(e, "parent_block_hash").map(int),
-                    tokens: ints(field(e, "token_ids").unwrap()),
-                    block_size: int(field(e, "block_size").unwrap()),
-                },
-                Some("BlockRemoved") => Ev::Removed(ints(field(e, "block_hashes").unwrap())),
-                Some("AllBlocksCleared") => Ev::Cleared,
-                other => panic!("unknown event {other:?}"),
-            },
+            }],
+            Mp::Map(_) => map_event(e),
             other => panic!("event neither array nor map: {other:?}"),
         })
         .collect()
 }
 
+/// A map event (SGLang 0.5.23) as one [`Ev`] per page: a `BlockStored` covers a run of pages,
+/// each the parent of the next.
+fn map_event(e: &Mp) -> Vec<Ev> {
+    match field(e, "type").and_then(Mp::as_str) {
+        Some("BlockStored") => {
+            assert!(
+                field(e, "lora_id").is_some_and(Mp::is_nil),
+                "lora_id is written"
+            );
+            assert_eq!(field(e, "medium").and_then(Mp::as_str), Some("GPU"));
+            let parent = field(e, "parent_block_hash").expect("parent_block_hash is written");
+            let mut parent = (!parent.is_nil()).then(|| int(parent));
+            let block_size = int(field(e, "block_size").unwrap());
+            let tokens = ints(field(e, "token_ids").unwrap());
+            let hashes = ints(field(e, "block_hashes").unwrap());
+            assert_eq!(tokens.len() as i64, hashes.len() as i64 * block_size);
+            hashes
+                .iter()
+                .zip(tokens.chunks(block_size as usize))
+                .map(|(&hash, page)| {
+                    let ev = Ev::Stored {
+                        hash,
+                        parent,
+                        tokens: page.to_vec(),
+                        block_size,
+                    };
+                    parent = Some(hash);
+                    ev
+                })
+                .collect()
+        }
+        Some("BlockRemoved") => {
+            assert_eq!(field(e, "medium").and_then(Mp::as_str), Some("GPU"));
+            vec![Ev::Removed(ints(field(e, "block_hashes").unwrap()))]
+        }
+        Some("AllBlocksCleared") => vec![Ev::Cleared],
+        other => panic!("unknown event {other:?}"),
+    }
+}
+
 /// Ask the replay socket for every buffered batch from `start`: `(seq, payload)` pairs up to
-/// the terminator, which is checked.
+/// the terminator, which is checked. The answers are in SGLang 0.5.23's form (`b""`, topic,
+/// seq, payload; the topic is empty by default).
 fn replay(endpoint: &str, start: u64) -> Vec<(u64, Vec<u8>)> {
+    replay_in(endpoint, start, true)
+}
+
+/// [`replay`] for either reply form: `topic` (0.5.23) or the older one without a topic frame.
+fn replay_in(endpoint: &str, start: u64, topic: bool) -> Vec<(u64, Vec<u8>)> {
     let ctx = zmq::Context::new();
     let d = ctx.socket(zmq::DEALER).unwrap();
     d.set_rcvtimeo(DEADLINE.as_millis() as i32).unwrap();
@@ -182,10 +260,15 @@ fn replay(endpoint: &str, start: u64) -> Vec<(u64, Vec<u8>)> {
         .unwrap();
     let mut out = Vec::new();
     loop {
-        let f = d
+        let mut f = d
             .recv_multipart(0)
             .expect("replay answer before the deadline");
-        assert_eq!(f.len(), 3, "[b\"\", seq, payload]");
+        if topic {
+            assert_eq!(f.len(), 4, "[b\"\", topic, seq, payload]");
+            assert!(f.remove(1).is_empty(), "the topic (empty, as configured)");
+        } else {
+            assert_eq!(f.len(), 3, "[b\"\", seq, payload]");
+        }
         assert!(f[0].is_empty());
         let seq = i64::from_be_bytes(f[1].as_slice().try_into().unwrap());
         if seq == -1 {
@@ -239,7 +322,21 @@ fn stored_removed_cleared_and_replayed() {
         kv.replay_endpoint.as_deref().unwrap()
     );
     assert_eq!(reported["publisher"], "zmq");
-    assert_eq!(info["kv_events"]["block_size"], 4);
+    assert!(
+        reported.get("encoding").is_none(),
+        "default config reads as SGLang's"
+    );
+    // SGLang 0.5.23's descriptor, exactly: the bound ports as bases, one publisher.
+    let port_of = |ep: &str| -> u16 { ep.rsplit_once(':').unwrap().1.parse().unwrap() };
+    assert_eq!(
+        info["kv_events"],
+        serde_json::json!({
+            "publisher": "zmq", "endpoint_host": "127.0.0.1",
+            "endpoint_port_base": port_of(&kv.endpoint), "topic": "", "block_size": 4,
+            "dp_size": 1,
+            "replay_endpoint_port_base": port_of(kv.replay_endpoint.as_deref().unwrap()),
+        })
+    );
     assert_ne!(kv.endpoint, "tcp://127.0.0.1:*", "ephemeral port resolved");
     let sub = Sub::warm(port, &kv.endpoint);
 
@@ -326,8 +423,8 @@ fn stored_removed_cleared_and_replayed() {
 }
 
 #[test]
-fn map_encoding_per_worker_endpoints_and_gap_knobs() {
-    let c = kv_cluster(2, r#","encoding":"map""#, 4096);
+fn array_encoding_plain_replay_per_worker_endpoints_and_gap_knobs() {
+    let c = kv_cluster(2, r#","encoding":"array","replay_form":"plain""#, 4096);
     let (p0, p1) = (c.ports()[0], c.ports()[1]);
     let (kv0, kv1) = (c.kv_events()[0].clone(), c.kv_events()[1].clone());
     assert_ne!(
@@ -338,15 +435,20 @@ fn map_encoding_per_worker_endpoints_and_gap_knobs() {
     let reported = call(p1, "GET", "/get_server_info", "").json()["kv_events_config"].clone();
     let reported: Value = serde_json::from_str(reported.as_str().unwrap()).unwrap();
     assert_eq!(reported["endpoint"], kv1.endpoint.as_str());
-    assert_eq!(reported["encoding"], "map");
+    assert_eq!(reported["encoding"], "array");
+    assert_eq!(reported["replay_form"], "plain");
     let sub = Sub::warm(p1, &kv1.endpoint);
     let replay_ep = kv1.replay_endpoint.clone().unwrap();
 
     generate(p1, 0..12);
     let (_, evs) = gather(&sub, |e| stored(e).len() >= 3);
     let pages = stored(&evs);
-    assert_eq!(pages.len(), 3, "12 prompt tokens → 3 full pages (map form)");
-    assert_eq!(pages[0].1, None, "map form omits the root's parent");
+    assert_eq!(
+        pages.len(),
+        3,
+        "12 prompt tokens → 3 full pages (array form)"
+    );
+    assert_eq!(pages[0].1, None, "the first page's parent is nil");
     assert_eq!(pages[2].1, Some(pages[1].0));
     // Worker 0 saw no request and no flush: it published nothing.
     assert_eq!(kv_stats(p0)["queued"], 0);
@@ -360,7 +462,7 @@ fn map_encoding_per_worker_endpoints_and_gap_knobs() {
     let (seq, _, batch) = sub.next();
     assert_eq!(seq, skipped + 1, "a gap at {skipped}");
     assert_eq!(stored(&events(&batch))[0].2, vec![300, 301, 302, 303]);
-    let filled = replay(&replay_ep, skipped);
+    let filled = replay_in(&replay_ep, skipped, false);
     assert_eq!(
         filled.iter().map(|b| b.0).collect::<Vec<_>>(),
         [skipped, skipped + 1]
@@ -375,7 +477,7 @@ fn map_encoding_per_worker_endpoints_and_gap_knobs() {
     generate(p1, 500..512);
     let (seq, _, _) = sub.next();
     assert_eq!(seq, lost + 1);
-    let after = replay(&replay_ep, lost);
+    let after = replay_in(&replay_ep, lost, false);
     assert_eq!(
         after.first().map(|b| b.0),
         Some(lost + 1),
@@ -407,12 +509,17 @@ fn null_publisher_and_overlapping_ports() {
         .as_str()
         .is_some_and(|s| s.contains("\"null\"")));
     assert!(kv_stats(port).is_null());
+    assert!(
+        info["kv_events"].is_null(),
+        "SGLang describes no null publisher"
+    );
     let r = call(port, "POST", "/debug/faults", r#"{"skip_kv_seq": true}"#);
     assert_eq!(r.status, 400, "no publisher to skip on");
     // Without --kv-events-config the field is null, as in SGLang.
     let plain = spawn_cluster(SimConfig::default()).unwrap();
     let info = call(plain.ports()[0], "GET", "/get_server_info", "").json();
     assert!(info["kv_events_config"].is_null());
+    assert!(info["kv_events"].is_null());
 
     // Two workers, endpoint base 5557 and replay base 5558: worker 1's PUB would take worker 0's
     // replay port. Refused before anything binds.
@@ -428,4 +535,156 @@ fn null_publisher_and_overlapping_ports() {
     })
     .unwrap_err();
     assert!(err.to_string().contains("further apart"), "{err}");
+}
+
+#[test]
+fn namespaces_keep_caches_apart_and_events_name_salt_and_adapter() {
+    let c = kv_cluster(1, "", 4096);
+    let port = c.ports()[0];
+    let sub = Sub::warm(port, &c.kv_events()[0].endpoint);
+    let salt = |s: &str| serde_json::json!({ "cache_salt": s });
+    // 13 tokens: the hit is capped at 12, whole pages of 4.
+    assert_eq!(generate_with(port, 0..13, salt("A")), 0);
+    assert_eq!(
+        generate_with(port, 0..13, salt("B")),
+        0,
+        "another salt misses"
+    );
+    assert_eq!(
+        generate_with(port, 0..13, serde_json::json!({})),
+        0,
+        "no salt misses"
+    );
+    assert_eq!(
+        generate_with(port, 0..13, salt("A")),
+        12,
+        "the same salt hits"
+    );
+    let key = serde_json::json!({ "extra_key": "k" });
+    assert_eq!(
+        generate_with(port, 0..13, key.clone()),
+        0,
+        "an extra key misses"
+    );
+    assert_eq!(generate_with(port, 0..13, key), 12);
+    // An adapter named by the model field, then by lora_path: the same namespace.
+    let model = format!("{}:my-adapter", SimConfig::default().model_name);
+    let body = serde_json::json!({"model": model, "prompt": (0..13).collect::<Vec<u32>>(), "max_tokens": 1});
+    let r = call(port, "POST", "/v1/completions", &body.to_string());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
+    let lora = serde_json::json!({ "lora_path": "my-adapter" });
+    assert_eq!(
+        generate_with(port, 0..13, lora),
+        12,
+        "lora_path names the same adapter"
+    );
+
+    // Five namespaces stored the same tokens: five chains, told apart by their hashes and
+    // fields (the extra key is not published).
+    let (batches, _) = gather(&sub, |e| stored(e).len() >= 5 * 3);
+    let evs: Vec<Mp> = batches.iter().flat_map(|b| raw_events(&b.2)).collect();
+    let firsts: Vec<&Mp> = evs
+        .iter()
+        .filter(|e| field(e, "parent_block_hash").is_some_and(Mp::is_nil))
+        .collect();
+    assert_eq!(firsts.len(), 5, "{evs:?}");
+    let tag = |e: &Mp, k: &str| field(e, k).and_then(Mp::as_str).map(str::to_owned);
+    let tags: Vec<(Option<String>, Option<String>)> = firsts
+        .iter()
+        .map(|e| (tag(e, "cache_salt"), tag(e, "lora_name")))
+        .collect();
+    let s = |x: &str| Some(x.to_owned());
+    assert_eq!(
+        tags,
+        vec![
+            (s("A"), None),
+            (s("B"), None),
+            (None, None),
+            (None, None),
+            (None, s("my-adapter")),
+        ]
+    );
+    let mut roots: Vec<i64> = firsts.iter().map(|e| kind(e).2[0]).collect();
+    roots.sort_unstable();
+    roots.dedup();
+    assert_eq!(roots.len(), 5, "same tokens, five different block hashes");
+}
+
+#[test]
+fn host_tier_backs_up_evictions_loads_them_back_and_counts_host_hits() {
+    // 64 device slots and 256 host slots: the second prompt pushes the first to host memory,
+    // and asking for the first again loads it back instead of recomputing it.
+    let c = kv_cluster_with(1, "", 64, 256);
+    let port = c.ports()[0];
+    let sub = Sub::warm(port, &c.kv_events()[0].endpoint);
+    assert_eq!(generate_with(port, 0..22, serde_json::json!({})), 0);
+    let (batches, _) = gather(&sub, |e| stored(e).len() >= 5);
+    let first: Vec<i64> = batches
+        .iter()
+        .flat_map(|b| raw_events(&b.2))
+        .flat_map(|e| kind(&e).2)
+        .collect();
+    assert_eq!(first.len(), 5);
+    assert_eq!(generate_with(port, 100..150, serde_json::json!({})), 0);
+    let mut seen: Vec<(String, String, Vec<i64>)> = Vec::new();
+    while !seen.iter().any(|k| k.0 == "BlockRemoved") {
+        seen.extend(raw_events(&sub.next().2).iter().map(kind));
+    }
+    let backup = seen
+        .iter()
+        .position(|k| k.0 == "BlockStored" && k.1 == "CPU_PINNED")
+        .expect("a host BlockStored");
+    let demote = seen
+        .iter()
+        .position(|k| k.0 == "BlockRemoved" && k.1 == "GPU")
+        .unwrap();
+    assert!(
+        backup < demote,
+        "host copy before the device copy goes: {seen:?}"
+    );
+    assert_eq!(
+        seen[backup].2, first,
+        "the evicted pages, under the same hashes"
+    );
+    assert_eq!(seen[demote].2, first);
+    assert_eq!(
+        metric_with(port, "sglang:cached_tokens_total", "\"host\""),
+        0.0
+    );
+
+    // The first prompt again: its 20 cached tokens come back from host memory.
+    assert_eq!(generate_with(port, 0..22, serde_json::json!({})), 20);
+    let mut seen: Vec<(String, String, Vec<i64>)> = Vec::new();
+    while !seen
+        .iter()
+        .any(|k| k.0 == "BlockStored" && k.1 == "GPU" && k.2 == first)
+    {
+        seen.extend(raw_events(&sub.next().2).iter().map(kind));
+    }
+    assert_eq!(
+        metric_with(port, "sglang:cached_tokens_total", "\"host\""),
+        20.0
+    );
+    assert_eq!(
+        metric_with(port, "sglang:cached_tokens_total", "\"device\""),
+        0.0
+    );
+    assert_eq!(
+        metric_with(port, "sglang:cached_tokens_total", "\"total\""),
+        20.0
+    );
+    // And once more: now a device hit.
+    assert_eq!(generate_with(port, 0..22, serde_json::json!({})), 20);
+    assert_eq!(
+        metric_with(port, "sglang:cached_tokens_total", "\"device\""),
+        20.0
+    );
+    assert_eq!(
+        metric_with(port, "sglang:cached_tokens_total", "\"total\""),
+        40.0
+    );
 }

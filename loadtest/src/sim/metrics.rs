@@ -86,8 +86,10 @@ pub struct Metrics {
     pub prompt_tokens: u64,
     /// Generated tokens of finished requests.
     pub generation_tokens: u64,
-    /// Cached prompt tokens of finished requests.
+    /// Cached prompt tokens of finished requests, from either tier.
     pub cached_tokens: u64,
+    /// The part of `cached_tokens` loaded back from host memory (HiCache).
+    pub cached_tokens_host: u64,
     /// Finished requests (including aborted ones).
     pub num_requests: u64,
     /// Requests aborted (client disconnect).
@@ -108,6 +110,7 @@ impl Default for Metrics {
             prompt_tokens: 0,
             generation_tokens: 0,
             cached_tokens: 0,
+            cached_tokens_host: 0,
             num_requests: 0,
             num_aborted: 0,
             ttft: Histogram::new(TTFT_BUCKETS),
@@ -167,12 +170,16 @@ impl Metrics {
             "Number of generation tokens processed.",
             self.generation_tokens,
         );
+        // SGLang splits the cached tokens by where they came from; `total` sums the tiers.
         let _ = writeln!(
             o,
             "# HELP sglang:cached_tokens_total Number of cached prompt tokens.\n# TYPE sglang:cached_tokens_total counter\n\
-             sglang:cached_tokens_total{{{l},cache_source=\"device\"}} {c}\n\
+             sglang:cached_tokens_total{{{l},cache_source=\"device\"}} {d}\n\
+             sglang:cached_tokens_total{{{l},cache_source=\"host\"}} {h}\n\
              sglang:cached_tokens_total{{{l},cache_source=\"total\"}} {c}",
-            c = self.cached_tokens
+            c = self.cached_tokens,
+            h = self.cached_tokens_host,
+            d = self.cached_tokens.saturating_sub(self.cached_tokens_host),
         );
         counter(
             o,
@@ -320,6 +327,7 @@ mod tests {
         let m = Metrics {
             prompt_tokens: 10,
             cached_tokens: 4,
+            cached_tokens_host: 1,
             ..Metrics::default()
         };
         let g = Gauges {
@@ -329,9 +337,14 @@ mod tests {
         };
         let s = m.render("m\"x", &g);
         assert!(s.contains("sglang:prompt_tokens_total{model_name=\"m\\\"x\"} 10\n"));
-        assert!(s.contains(
-            "sglang:cached_tokens_total{model_name=\"m\\\"x\",cache_source=\"total\"} 4\n"
-        ));
+        for (source, n) in [("device", 3), ("host", 1), ("total", 4)] {
+            assert!(
+                s.contains(&format!(
+                    "sglang:cached_tokens_total{{model_name=\"m\\\"x\",cache_source=\"{source}\"}} {n}\n"
+                )),
+                "{source}: {s}"
+            );
+        }
         assert!(s.contains("sglang:token_usage{model_name=\"m\\\"x\"} 0.25\n"));
         assert!(s.contains(
             "sglang:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.001\"} 0\n"

@@ -128,6 +128,10 @@ pub struct SimConfig {
     /// `--dp-size`: attention-DP ranks per port, each with its own scheduler, queue and radix
     /// cache (see [`server`]); a request's `data_parallel_rank` picks one, else round robin.
     pub dp_size: usize,
+    /// `--host-cache-tokens`: host memory for KV per scheduler, in tokens (SGLang's HiCache:
+    /// the device's evictions are backed up there and loaded back on a hit, see
+    /// [`radix`]); 0 = none.
+    pub host_cache_tokens: usize,
 }
 
 impl Default for SimConfig {
@@ -153,6 +157,7 @@ impl Default for SimConfig {
             disaggregation_mode: None,
             disaggregation_bootstrap_port: disagg::DEFAULT_BOOTSTRAP_PORT,
             dp_size: 1,
+            host_cache_tokens: 0,
         }
     }
 }

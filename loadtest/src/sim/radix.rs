@@ -7,11 +7,23 @@
 //! splits, lock refs (running requests pin their prefix) and the eviction order. The tree is an
 //! arena of nodes addressed by `NodeId`, so request handles stay valid across splits (a split keeps
 //! the lower half's id and inserts a new upper node).
+//!
+//! Two SGLang features routing depends on are modelled too: cache namespaces ([`Namespace`]:
+//! requests with different `(extra_key incl. LoRA adapter, cache_salt)` never share a prefix)
+//! and an optional host tier (HiCache, [`host`]: pages the device evicts are backed up to host
+//! memory and loaded back when a request's prefix continues into them).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 
 use crate::rng::hash_tokens;
+
+mod host;
+mod namespace;
+
+pub use host::PrefixMatch;
+pub use namespace::{Namespace, NsTags};
 
 /// Index of a node in the arena. `ROOT` is the empty prefix and is never evicted or locked.
 pub type NodeId = u32;
@@ -19,9 +31,24 @@ pub type NodeId = u32;
 /// The root node: the empty prefix.
 pub const ROOT: NodeId = 0;
 
-/// Seed of the page-hash chain (the "hash" of the empty prefix), so the first page's hash is not
-/// a plain hash of its tokens.
-const ROOT_HASH_SEED: u64 = 0x6b76_5f72_6f6f_7400;
+/// Where a run of pages is held, as SGLang's events name it (`medium`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Medium {
+    /// Device memory: a hit costs nothing.
+    Gpu,
+    /// Host memory (HiCache): a hit is loaded back over PCIe.
+    CpuPinned,
+}
+
+impl Medium {
+    /// The `medium` string SGLang puts in the event.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Medium::Gpu => "GPU",
+            Medium::CpuPinned => "CPU_PINNED",
+        }
+    }
+}
 
 /// A change to the set of cached pages, as SGLang's radix cache reports it for KV events
 /// (`BlockStored` / `BlockRemoved` / `AllBlocksCleared`). Pure data: the server batches these per
@@ -39,11 +66,17 @@ pub enum CacheEvent {
         parent: Option<u64>,
         /// The pages' tokens, `hashes.len() × page_size` of them.
         tokens: Vec<u32>,
+        /// The tier the pages entered.
+        medium: Medium,
+        /// The namespace's salt and adapter name, for a namespace that has them.
+        tags: Option<Arc<NsTags>>,
     },
-    /// A radix node was evicted: the hashes of all its pages.
+    /// A radix node left a tier: the hashes of all its pages.
     Removed {
         /// One hash per page.
         hashes: Vec<u64>,
+        /// The tier the pages left (a copy in another tier stays).
+        medium: Medium,
     },
     /// The whole cache was flushed.
     Cleared,
@@ -64,6 +97,39 @@ struct Node {
     /// Logical clock of the last match/insert through this node (LRU key).
     last_access: u64,
     live: bool,
+    /// The namespace's seed: the root's children are matched only within a namespace (deeper
+    /// nodes inherit their parent's).
+    ns: u64,
+    /// The namespace's event fields.
+    tags: Option<Arc<NsTags>>,
+    /// The pages are on the device (counted in `tree_tokens`). Device nodes are prefix-closed:
+    /// a device node's parent is a device node or the root.
+    device: bool,
+    /// The pages have a copy in host memory (counted in `host_tokens`).
+    host: bool,
+    /// A request is loading the node back: host eviction must not take it meanwhile.
+    loading: bool,
+}
+
+impl Node {
+    /// The namespace and tiers of this node, for a node split off it.
+    fn place(&self) -> Place {
+        Place {
+            ns: self.ns,
+            tags: self.tags.clone(),
+            device: self.device,
+            host: self.host,
+        }
+    }
+}
+
+/// Where a new node goes: its namespace and tiers.
+#[derive(Debug, Clone)]
+struct Place {
+    ns: u64,
+    tags: Option<Arc<NsTags>>,
+    device: bool,
+    host: bool,
 }
 
 /// Counters describing what the cache did, for metrics and reports.
@@ -73,6 +139,12 @@ pub struct CacheStats {
     pub evicted_tokens: u64,
     /// Number of eviction passes that had to run because an allocation did not fit.
     pub evictions: u64,
+    /// Tokens the device evicted that went to host memory instead of being dropped.
+    pub backed_up_tokens: u64,
+    /// Tokens dropped from host memory to make room there.
+    pub host_evicted_tokens: u64,
+    /// Tokens loaded back from host memory to the device.
+    pub loaded_tokens: u64,
 }
 
 /// Radix tree over token ids plus KV-pool accounting with a hard capacity.
@@ -99,6 +171,13 @@ pub struct RadixCache {
     /// Changes not yet taken by [`take_events`](Self::take_events); `None` while KV events are
     /// off (nothing is recorded).
     events: Option<Vec<CacheEvent>>,
+    /// Host memory in tokens (0: no host tier, the device drops what it evicts).
+    host_capacity: usize,
+    /// Tokens with a copy in host memory.
+    host_tokens: usize,
+    /// Host eviction candidates `(last_access, node)`, lazy like `candidates`
+    /// ([`is_host_candidate`](Self::is_host_candidate)).
+    host_candidates: BinaryHeap<Reverse<(u64, NodeId)>>,
 }
 
 impl RadixCache {
@@ -116,9 +195,19 @@ impl RadixCache {
             stats: CacheStats::default(),
             candidates: BinaryHeap::new(),
             events: None,
+            host_capacity: 0,
+            host_tokens: 0,
+            host_candidates: BinaryHeap::new(),
         };
         c.reset();
         c
+    }
+
+    /// Give the cache a host tier of `tokens` (SGLang's HiCache; 0 = none): what the device
+    /// evicts is backed up there while it fits, and a later hit is loaded back.
+    pub fn with_host_tier(mut self, tokens: usize) -> Self {
+        self.host_capacity = tokens;
+        self
     }
 
     fn reset(&mut self) {
@@ -132,10 +221,17 @@ impl RadixCache {
             lock_ref: 0,
             last_access: 0,
             live: true,
+            ns: 0,
+            tags: None,
+            device: true,
+            host: false,
+            loading: false,
         });
         self.tree_tokens = 0;
         self.evictable_tokens = 0;
         self.candidates.clear();
+        self.host_tokens = 0;
+        self.host_candidates.clear();
     }
 
     /// Start recording [`CacheEvent`]s (SGLang records them only with `--kv-events-config`).
@@ -165,7 +261,7 @@ impl RadixCache {
     pub fn capacity(&self) -> usize {
         self.capacity
     }
-    /// Tokens stored in the tree (locked or not).
+    /// Tokens stored in the tree on the device (locked or not).
     pub fn tree_tokens(&self) -> usize {
         self.tree_tokens
     }
@@ -192,6 +288,14 @@ impl RadixCache {
     /// Slots in use by live requests (SGLang's `num_used_tokens`: capacity − free − evictable).
     pub fn used_tokens(&self) -> usize {
         self.capacity - self.available_tokens()
+    }
+    /// Host memory in tokens (0: no host tier).
+    pub fn host_capacity(&self) -> usize {
+        self.host_capacity
+    }
+    /// Tokens with a copy in host memory.
+    pub fn host_tokens(&self) -> usize {
+        self.host_tokens
     }
     /// Eviction counters.
     pub fn stats(&self) -> CacheStats {
@@ -222,6 +326,7 @@ impl RadixCache {
         self.tick
     }
 
+    /// A new node at `place` (no children, not loading).
     fn alloc_node(
         &mut self,
         key: Vec<u32>,
@@ -229,6 +334,7 @@ impl RadixCache {
         parent: NodeId,
         lock_ref: u32,
         last_access: u64,
+        place: Place,
     ) -> NodeId {
         let node = Node {
             key,
@@ -238,6 +344,11 @@ impl RadixCache {
             lock_ref,
             last_access,
             live: true,
+            ns: place.ns,
+            tags: place.tags,
+            device: place.device,
+            host: place.host,
+            loading: false,
         };
         match self.free_ids.pop() {
             Some(id) => {
@@ -251,14 +362,15 @@ impl RadixCache {
         }
     }
 
-    /// The child of `node` whose edge starts with the page `page_key`.
-    fn child(&self, node: NodeId, page_key: &[u32]) -> Option<NodeId> {
+    /// The child of `node` in namespace `ns` whose edge starts with the page `page_key`.
+    fn child(&self, node: NodeId, ns: u64, page_key: &[u32]) -> Option<NodeId> {
         let first = page_key[0];
         self.nodes[node as usize]
             .children
             .iter()
             .find(|&&(f, c)| {
-                f == first && self.nodes[c as usize].key[..page_key.len()] == *page_key
+                let c = &self.nodes[c as usize];
+                f == first && c.ns == ns && c.key[..page_key.len()] == *page_key
             })
             .map(|&(_, c)| c)
     }
@@ -273,15 +385,30 @@ impl RadixCache {
     /// the first `at` tokens and `child` keeps its id with the rest, so handles stay valid.
     fn split(&mut self, child: NodeId, at: usize) -> NodeId {
         let page = self.page;
-        let (parent, lock_ref, last_access, upper_key, upper_hashes) = {
+        let (parent, lock_ref, last_access, upper_key, upper_hashes, place) = {
             let c = &mut self.nodes[child as usize];
             let upper: Vec<u32> = c.key.drain(..at).collect();
             let hashes: Vec<u64> = c.hashes.drain(..at / page).collect();
-            (c.parent, c.lock_ref, c.last_access, upper, hashes)
+            (
+                c.parent,
+                c.lock_ref,
+                c.last_access,
+                upper,
+                hashes,
+                c.place(),
+            )
         };
         let first_upper = upper_key[0];
         let lower_first = self.nodes[child as usize].key[0];
-        let upper = self.alloc_node(upper_key, upper_hashes, parent, lock_ref, last_access);
+        // Both halves keep the node's tiers: a tier holds or drops a node's pages together.
+        let upper = self.alloc_node(
+            upper_key,
+            upper_hashes,
+            parent,
+            lock_ref,
+            last_access,
+            place,
+        );
         self.nodes[upper as usize]
             .children
             .push((lower_first, child));
@@ -294,77 +421,128 @@ impl RadixCache {
         upper
     }
 
-    /// Longest cached prefix of `key` in whole pages. Touches the path (LRU) and splits the last
-    /// edge so that the returned node covers exactly the matched prefix. Returns `(len, node)`;
-    /// `(0, ROOT)` on a miss. Callers cap `key` (e.g. to `len − 1`) before calling.
+    /// Longest prefix of `key` cached on the device, in whole pages, in the default namespace.
+    /// Touches the path (LRU) and splits the last edge so that the returned node covers exactly
+    /// the matched prefix. Returns `(len, node)`; `(0, ROOT)` on a miss. Callers cap `key` (e.g.
+    /// to `len − 1`) before calling.
     pub fn match_prefix(&mut self, key: &[u32]) -> (usize, NodeId) {
-        let key = &key[..self.floor_page(key.len())];
-        let tick = self.next_tick();
-        self.walk_and_split(key, tick)
+        let m = self.match_prefix_in(&Namespace::default(), key);
+        (m.device_len, m.device_node)
     }
 
-    /// The shared walk of [`match_prefix`](Self::match_prefix) and [`insert`](Self::insert):
-    /// follow `key` (already page-floored) from the root, stamping every node on the path with
-    /// `tick` and splitting a partially matched edge so the returned node covers exactly the
-    /// matched prefix. Returns `(matched len, node)`.
-    fn walk_and_split(&mut self, key: &[u32], tick: u64) -> (usize, NodeId) {
+    /// Longest cached prefix of `key` in namespace `ns`, in whole pages and in either tier:
+    /// the device part, then the part only host memory holds (see [`PrefixMatch`]). Touches and
+    /// splits like [`match_prefix`](Self::match_prefix).
+    pub fn match_prefix_in(&mut self, ns: &Namespace, key: &[u32]) -> PrefixMatch {
+        let key = &key[..self.floor_page(key.len())];
+        let tick = self.next_tick();
+        let (len, node) = self.walk_and_split(ns.seed(), key, tick);
+        let (device_node, host_len) = self.device_ancestor(node);
+        PrefixMatch {
+            device_len: len - host_len,
+            device_node,
+            host_len,
+            node,
+        }
+    }
+
+    /// The nearest device node at or above `node` and the tokens between the two (the host-only
+    /// tail of a path: device nodes are prefix-closed).
+    fn device_ancestor(&self, mut node: NodeId) -> (NodeId, usize) {
+        let mut host_len = 0;
+        while !self.nodes[node as usize].device {
+            host_len += self.nodes[node as usize].key.len();
+            node = self.nodes[node as usize].parent;
+        }
+        (node, host_len)
+    }
+
+    /// The shared walk of [`match_prefix_in`](Self::match_prefix_in) and
+    /// [`insert_in`](Self::insert_in): follow `key` (already page-floored) from the root within
+    /// namespace `ns`, stamping every node on the path with `tick` and splitting a partially
+    /// matched edge so the returned node covers exactly the matched prefix. Returns
+    /// `(matched len, node)`.
+    fn walk_and_split(&mut self, ns: u64, key: &[u32], tick: u64) -> (usize, NodeId) {
         let mut node = ROOT;
         let mut pos = 0;
         while pos < key.len() {
-            let Some(c) = self.child(node, &key[pos..pos + self.page]) else {
+            let Some(c) = self.child(node, ns, &key[pos..pos + self.page]) else {
                 break;
             };
             let edge_len = self.nodes[c as usize].key.len();
             let common = self.common_pages(&self.nodes[c as usize].key, &key[pos..]);
+            let c = if common < edge_len {
+                self.split(c, common)
+            } else {
+                c
+            };
+            self.nodes[c as usize].last_access = tick;
+            // A host copy on the path is now more recent: its old heap entry went stale.
+            self.offer_host(c);
+            node = c;
+            pos += common;
             if common < edge_len {
-                let upper = self.split(c, common);
-                self.nodes[upper as usize].last_access = tick;
-                node = upper;
-                pos += common;
                 break;
             }
-            self.nodes[c as usize].last_access = tick;
-            node = c;
-            pos += edge_len;
         }
-        // Only the last node of the path can be a leaf (the rest have the path's next node
-        // as a child); its stamp just changed.
-        self.offer(node);
+        // Only the path's last device node can be a device leaf (the others have the path's
+        // next device node as a child); its stamp just changed.
+        let (device, _) = self.device_ancestor(node);
+        self.offer(device);
         (pos, node)
     }
 
-    /// Length of the cached prefix of `key` in whole pages, without touching or splitting.
+    /// Length of the prefix of `key` cached on the device in the default namespace, in whole
+    /// pages, without touching or splitting.
     pub fn peek_prefix(&self, key: &[u32]) -> usize {
+        self.peek_prefix_in(&Namespace::default(), key).0
+    }
+
+    /// `(device, host)` tokens of `key`'s cached prefix in namespace `ns`, in whole pages,
+    /// without touching or splitting: `device` on the device, then `host` in host memory only.
+    pub fn peek_prefix_in(&self, ns: &Namespace, key: &[u32]) -> (usize, usize) {
         let key = &key[..self.floor_page(key.len())];
-        let mut node = ROOT;
-        let mut pos = 0;
+        let (mut node, mut pos, mut device) = (ROOT, 0, 0);
         while pos < key.len() {
-            let Some(c) = self.child(node, &key[pos..pos + self.page]) else {
+            let Some(c) = self.child(node, ns.seed(), &key[pos..pos + self.page]) else {
                 break;
             };
             let common = self.common_pages(&self.nodes[c as usize].key, &key[pos..]);
             pos += common;
+            if self.nodes[c as usize].device {
+                device = pos;
+            }
             if common < self.nodes[c as usize].key.len() {
                 break;
             }
             node = c;
         }
-        pos
+        (device, pos - device)
     }
 
-    /// Insert `key` (floored to whole pages). Returns `(existing, node)`: how many leading tokens
-    /// were already cached, and the node covering the whole (floored) key. New tokens are counted
-    /// as tree tokens (evictable until locked); the caller accounts for where their KV came from.
+    /// Insert `key` (floored to whole pages) in the default namespace; see
+    /// [`insert_in`](Self::insert_in).
     pub fn insert(&mut self, key: &[u32]) -> (usize, NodeId) {
+        self.insert_in(&Namespace::default(), key)
+    }
+
+    /// Insert `key` (floored to whole pages) in namespace `ns`. Returns `(existing, node)`: how
+    /// many leading tokens were already cached, and the node covering the whole (floored) key.
+    /// New tokens are counted as device tree tokens (evictable until locked); the caller
+    /// accounts for where their KV came from. Nodes on the path held only in host memory take
+    /// the caller's freshly computed KV and are on the device again (SGLang reuses such nodes on
+    /// insert rather than recomputing twice).
+    pub fn insert_in(&mut self, ns: &Namespace, key: &[u32]) -> (usize, NodeId) {
         let key = &key[..self.floor_page(key.len())];
         let tick = self.next_tick();
-        let (existing, mut node) = self.walk_and_split(key, tick);
+        let (existing, mut node) = self.walk_and_split(ns.seed(), key, tick);
+        self.promote_path(node);
         if existing < key.len() {
             let rest = key[existing..].to_vec();
             let first = rest[0];
             // The node covering exactly `existing` tokens ends with the page before `rest`.
             let parent_hash = self.nodes[node as usize].hashes.last().copied();
-            let mut h = parent_hash.unwrap_or(ROOT_HASH_SEED);
+            let mut h = parent_hash.unwrap_or(ns.seed());
             let hashes: Vec<u64> = rest
                 .chunks(self.page)
                 .map(|p| {
@@ -377,9 +555,17 @@ impl RadixCache {
                     hashes: hashes.clone(),
                     parent: parent_hash,
                     tokens: rest.clone(),
+                    medium: Medium::Gpu,
+                    tags: ns.tags().cloned(),
                 });
             }
-            let leaf = self.alloc_node(rest, hashes, node, 0, tick);
+            let place = Place {
+                ns: ns.seed(),
+                tags: ns.tags().cloned(),
+                device: true,
+                host: false,
+            };
+            let leaf = self.alloc_node(rest, hashes, node, 0, tick, place);
             self.nodes[node as usize].children.push((first, leaf));
             self.offer(leaf);
             let added = key.len() - existing;
@@ -390,10 +576,58 @@ impl RadixCache {
         (existing, node)
     }
 
+    /// Put the host-only tail of the path ending at `node` back on the device, top down, as
+    /// unlocked tree tokens with a `BlockStored` (GPU) each. The caller has the slots.
+    fn promote_path(&mut self, node: NodeId) {
+        let (device, _) = self.device_ancestor(node);
+        if device == node {
+            return;
+        }
+        let mut path = Vec::new();
+        let mut n = node;
+        while n != device {
+            path.push(n);
+            n = self.nodes[n as usize].parent;
+        }
+        for &id in path.iter().rev() {
+            let len = self.nodes[id as usize].key.len();
+            self.nodes[id as usize].device = true;
+            self.tree_tokens += len;
+            self.evictable_tokens += len;
+            self.record_store(id, Medium::Gpu);
+        }
+        self.offer(node);
+    }
+
+    /// Record a `BlockStored` of node `id`'s pages in `medium`.
+    fn record_store(&mut self, id: NodeId, medium: Medium) {
+        if self.events.is_none() {
+            return;
+        }
+        let n = &self.nodes[id as usize];
+        let ev = CacheEvent::Stored {
+            hashes: n.hashes.clone(),
+            parent: self.nodes[n.parent as usize].hashes.last().copied(),
+            tokens: n.key.clone(),
+            medium,
+            tags: n.tags.clone(),
+        };
+        self.record(ev);
+    }
+
+    /// Record a `BlockRemoved` of node `id`'s pages from `medium`.
+    fn record_remove(&mut self, id: NodeId, medium: Medium) {
+        if self.events.is_some() {
+            let hashes = self.nodes[id as usize].hashes.clone();
+            self.record(CacheEvent::Removed { hashes, medium });
+        }
+    }
+
     /// Pin the path from `node` to the root (a running request uses it).
     pub fn inc_lock(&mut self, mut node: NodeId) {
         while node != ROOT {
             let n = &mut self.nodes[node as usize];
+            debug_assert!(n.device, "a lock on a node that is not on the device");
             if n.lock_ref == 0 {
                 self.evictable_tokens -= n.key.len();
             }
@@ -420,10 +654,18 @@ impl RadixCache {
         }
     }
 
-    /// Whether `id` may be evicted now: a live, unlocked leaf (never the root).
+    /// Whether `id` may be evicted from the device now: a live, unlocked device node none of
+    /// whose children is on the device (never the root). Without a host tier every live node is
+    /// on the device, so this is a plain leaf.
     fn is_evictable_leaf(&self, id: NodeId) -> bool {
         let n = &self.nodes[id as usize];
-        id != ROOT && n.live && n.children.is_empty() && n.lock_ref == 0
+        id != ROOT
+            && n.live
+            && n.device
+            && n.lock_ref == 0
+            && n.children
+                .iter()
+                .all(|&(_, c)| !self.nodes[c as usize].device)
     }
 
     /// Whether a candidate entry still stands for its node: an evictable leaf whose LRU stamp
@@ -478,7 +720,11 @@ impl RadixCache {
             }
             let id = entry.1;
             let parent = self.nodes[id as usize].parent;
-            freed += self.remove_leaf(id);
+            freed += if self.host_capacity > 0 {
+                self.demote(id)
+            } else {
+                self.remove_leaf(id)
+            };
             self.offer(parent);
         }
         // Every way a node becomes an evictable leaf offers it, so an empty heap means nothing
@@ -491,22 +737,35 @@ impl RadixCache {
         freed
     }
 
+    /// Drop a device leaf with nothing below it from the tree (no host tier to keep it).
     fn remove_leaf(&mut self, id: NodeId) -> usize {
-        let (parent, len, hashes) = {
+        self.record_remove(id, Medium::Gpu);
+        let len = self.unlink(id);
+        self.tree_tokens -= len;
+        self.evictable_tokens -= len;
+        len
+    }
+
+    /// Take a childless node out of the tree (its tier accounting is the caller's); returns its
+    /// token count. The parent may become a host eviction candidate.
+    fn unlink(&mut self, id: NodeId) -> usize {
+        let (parent, len) = {
             let n = &mut self.nodes[id as usize];
+            debug_assert!(n.children.is_empty(), "unlinking a node with children");
             n.live = false;
+            n.device = false;
+            n.host = false;
+            n.tags = None;
             let len = n.key.len();
             n.key = Vec::new();
-            let hashes = std::mem::take(&mut n.hashes);
-            (n.parent, len, hashes)
+            n.hashes = Vec::new();
+            (n.parent, len)
         };
-        self.record(CacheEvent::Removed { hashes });
         self.nodes[parent as usize]
             .children
             .retain(|&(_, c)| c != id);
         self.free_ids.push(id);
-        self.tree_tokens -= len;
-        self.evictable_tokens -= len;
+        self.offer_host(parent);
         len
     }
 
@@ -544,11 +803,22 @@ impl RadixCache {
     /// the handle moves to the new node. Returns the new handle `(node, locked_len)`; the
     /// unaligned tail stays private to the request.
     pub fn cache_prefix(&mut self, tokens: &[u32], old: NodeId, old_len: usize) -> (NodeId, usize) {
+        self.cache_prefix_in(&Namespace::default(), tokens, old, old_len)
+    }
+
+    /// [`cache_prefix`](Self::cache_prefix) for a request of namespace `ns`.
+    pub fn cache_prefix_in(
+        &mut self,
+        ns: &Namespace,
+        tokens: &[u32],
+        old: NodeId,
+        old_len: usize,
+    ) -> (NodeId, usize) {
         let aligned = self.floor_page(tokens.len());
         if aligned <= old_len {
             return (old, old_len);
         }
-        let (_, node) = self.insert(&tokens[..aligned]);
+        let (_, node) = self.insert_in(ns, &tokens[..aligned]);
         // Slots [old_len, aligned) were private; they are now either new tree nodes (insert
         // counted them) or duplicates of nodes someone else inserted (freed).
         self.free(aligned - old_len);
@@ -563,6 +833,7 @@ impl RadixCache {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut total = 0;
         let mut evictable = 0;
+        let mut host = 0;
         let mut stack = vec![ROOT];
         while let Some(id) = stack.pop() {
             let n = &self.nodes[id as usize];
@@ -576,13 +847,32 @@ impl RadixCache {
                 if n.hashes.len() * self.page != n.key.len() {
                     return Err(format!("node {id} has {} page hashes", n.hashes.len()));
                 }
-                total += n.key.len();
-                if n.lock_ref == 0 {
-                    evictable += n.key.len();
+                if !n.device && !n.host {
+                    return Err(format!("node {id} is in no tier"));
+                }
+                if n.loading {
+                    return Err(format!("node {id} left marked as loading"));
+                }
+                if n.device {
+                    total += n.key.len();
+                    if n.lock_ref == 0 {
+                        evictable += n.key.len();
+                    }
+                } else if n.lock_ref > 0 {
+                    return Err(format!("host-only node {id} is locked"));
+                }
+                if n.host {
+                    host += n.key.len();
                 }
                 let p = &self.nodes[n.parent as usize];
                 if n.parent != ROOT && p.lock_ref < n.lock_ref {
                     return Err(format!("parent of {id} has fewer locks than child"));
+                }
+                if n.device && !p.device {
+                    return Err(format!("device node {id} under a host-only parent"));
+                }
+                if n.parent != ROOT && p.ns != n.ns {
+                    return Err(format!("node {id} left its parent's namespace"));
                 }
             }
             for &(first, c) in &n.children {
@@ -602,437 +892,17 @@ impl RadixCache {
         if self.tree_tokens + self.private_tokens > self.capacity {
             return Err("capacity exceeded".into());
         }
+        if host != self.host_tokens || host > self.host_capacity {
+            return Err(format!(
+                "host accounting: walked {host}, counted {} of {}",
+                self.host_tokens, self.host_capacity
+            ));
+        }
         Ok(())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::rng::Rng;
-
-    fn ok(c: &RadixCache) {
-        c.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn match_insert_split() {
-        let mut c = RadixCache::new(1000, 1);
-        assert_eq!(c.match_prefix(&[1, 2, 3]), (0, ROOT));
-        let (existing, a) = c.insert(&[1, 2, 3, 4, 5]);
-        assert_eq!(existing, 0);
-        assert_eq!(c.tree_tokens(), 5);
-        ok(&c);
-        // Partial match splits the edge; the returned node covers exactly the match.
-        let (len, n) = c.match_prefix(&[1, 2, 3, 9]);
-        assert_eq!(len, 3);
-        assert_ne!(n, a);
-        assert_eq!(c.tree_tokens(), 5);
-        ok(&c);
-        // Diverging insert adds only the new suffix.
-        let (existing, _) = c.insert(&[1, 2, 3, 9, 9]);
-        assert_eq!(existing, 3);
-        assert_eq!(c.tree_tokens(), 7);
-        assert_eq!(c.peek_prefix(&[1, 2, 3, 4, 5, 6]), 5);
-        assert_eq!(c.peek_prefix(&[1, 2, 3, 9, 9]), 5);
-        assert_eq!(c.peek_prefix(&[1, 2, 7]), 2);
-        // Inserting a prefix of an existing key adds nothing.
-        assert_eq!(c.insert(&[1, 2]).0, 2);
-        assert_eq!(c.tree_tokens(), 7);
-        ok(&c);
-        // The original leaf handle is still the full path.
-        c.inc_lock(a);
-        assert_eq!(c.protected_tokens(), 5);
-        ok(&c);
-    }
-
-    #[test]
-    fn page_floor() {
-        let mut c = RadixCache::new(1000, 4);
-        let (existing, _) = c.insert(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
-        assert_eq!(existing, 0);
-        assert_eq!(c.tree_tokens(), 8, "key truncated to whole pages");
-        // Match diverging inside the second page floors to the first page.
-        assert_eq!(c.match_prefix(&[1, 2, 3, 4, 5, 6, 0, 0, 0]).0, 4);
-        // Same first token, different page: a distinct child.
-        assert_eq!(c.insert(&[1, 2, 3, 4, 5, 0, 0, 0]).0, 4);
-        assert_eq!(c.tree_tokens(), 12);
-        assert_eq!(c.peek_prefix(&[1, 2, 3, 4, 5, 0, 0, 0, 1]), 8);
-        assert_eq!(c.peek_prefix(&[1, 2, 3]), 0);
-        ok(&c);
-    }
-
-    #[test]
-    fn lock_prevents_eviction_and_capacity_holds() {
-        let mut c = RadixCache::new(10, 1);
-        let (_, a) = c.insert(&[1, 2, 3, 4]);
-        let (_, b) = c.insert(&[5, 6, 7, 8]);
-        c.inc_lock(a);
-        assert_eq!(c.evictable_tokens(), 4);
-        assert!(c.alloc(6), "2 free + 4 evictable from b");
-        assert_eq!(c.peek_prefix(&[5, 6, 7, 8]), 0, "b evicted");
-        assert_eq!(c.peek_prefix(&[1, 2, 3, 4]), 4, "a locked");
-        assert!(!c.alloc(1), "everything is locked or private");
-        ok(&c);
-        c.dec_lock(a);
-        assert!(c.alloc(4));
-        assert_eq!(c.tree_tokens(), 0);
-        assert_eq!(c.free_tokens(), 0);
-        ok(&c);
-        let _ = b;
-    }
-
-    #[test]
-    fn lru_order() {
-        let mut c = RadixCache::new(12, 1);
-        c.insert(&[1, 1, 1, 1]);
-        c.insert(&[2, 2, 2, 2]);
-        c.insert(&[3, 3, 3, 3]);
-        c.match_prefix(&[1, 1, 1, 1]); // 1 is now most recent; 2 is the LRU
-        assert!(c.alloc(4));
-        assert_eq!(c.peek_prefix(&[2, 2, 2, 2]), 0);
-        assert_eq!(c.peek_prefix(&[1, 1, 1, 1]), 4);
-        assert_eq!(c.peek_prefix(&[3, 3, 3, 3]), 4);
-        assert!(c.alloc(4));
-        assert_eq!(c.peek_prefix(&[3, 3, 3, 3]), 0);
-        assert_eq!(c.peek_prefix(&[1, 1, 1, 1]), 4);
-        ok(&c);
-    }
-
-    #[test]
-    fn eviction_climbs_to_parents() {
-        let mut c = RadixCache::new(8, 1);
-        c.insert(&[1, 2, 3, 4]);
-        c.insert(&[1, 2, 9, 9]);
-        assert_eq!(c.tree_tokens(), 6);
-        assert!(c.alloc(8), "both leaves then their shared parent go");
-        assert_eq!(c.tree_tokens(), 0);
-        ok(&c);
-    }
-
-    #[test]
-    fn cache_prefix_moves_and_dedups() {
-        let mut c = RadixCache::new(100, 1);
-        // Two requests with the same 10-token prompt each allocate privately.
-        assert!(c.alloc(10));
-        assert!(c.alloc(10));
-        let p: Vec<u32> = (0..10).collect();
-        let (n1, l1) = c.cache_prefix(&p, ROOT, 0);
-        assert_eq!((c.tree_tokens(), c.private_tokens(), l1), (10, 10, 10));
-        let (n2, l2) = c.cache_prefix(&p, ROOT, 0);
-        assert_eq!(
-            (c.tree_tokens(), c.private_tokens(), l2),
-            (10, 0, 10),
-            "duplicate freed"
-        );
-        assert_eq!(n1, n2);
-        assert_eq!(c.protected_tokens(), 10);
-        ok(&c);
-        c.dec_lock(n1);
-        c.dec_lock(n2);
-        assert!(c.is_idle());
-        assert!(c.flush());
-        assert_eq!(c.tree_tokens(), 0);
-    }
-
-    /// Applies recorded events to a consumer-side model (hash → (parent, page tokens)) and
-    /// checks what a KV-event subscriber relies on: parents are known when a page is stored,
-    /// removed pages were stored and have no stored children, and the model equals the tree.
-    #[derive(Default)]
-    struct Consumer {
-        pages: std::collections::HashMap<u64, (Option<u64>, Vec<u32>)>,
-    }
-
-    impl Consumer {
-        /// Apply `evs` as a subscriber would, asserting the stream is self-consistent.
-        fn apply(&mut self, evs: &[CacheEvent], page: usize) {
-            for ev in evs {
-                match ev {
-                    CacheEvent::Stored {
-                        hashes,
-                        parent,
-                        tokens,
-                    } => {
-                        assert_eq!(tokens.len(), hashes.len() * page);
-                        if let Some(p) = parent {
-                            assert!(self.pages.contains_key(p), "parent {p} not stored");
-                        }
-                        let mut prev = *parent;
-                        for (h, toks) in hashes.iter().zip(tokens.chunks(page)) {
-                            let old = self.pages.insert(*h, (prev, toks.to_vec()));
-                            assert!(old.is_none(), "page {h} stored twice");
-                            prev = Some(*h);
-                        }
-                    }
-                    CacheEvent::Removed { hashes } => {
-                        for h in hashes {
-                            assert!(self.pages.remove(h).is_some(), "unknown page {h} removed");
-                        }
-                        for (p, _) in self.pages.values() {
-                            assert!(!p.is_some_and(|p| hashes.contains(&p)), "orphaned child");
-                        }
-                    }
-                    CacheEvent::Cleared => self.pages.clear(),
-                }
-            }
-        }
-
-        /// The model holds exactly the tree's pages.
-        fn check(&self, c: &RadixCache) {
-            let mut live: Vec<u64> = c
-                .nodes
-                .iter()
-                .filter(|n| n.live)
-                .flat_map(|n| n.hashes.iter().copied())
-                .collect();
-            let mut model: Vec<u64> = self.pages.keys().copied().collect();
-            live.sort_unstable();
-            model.sort_unstable();
-            assert_eq!(live, model, "event stream and tree disagree");
-        }
-
-        /// Tokens of the whole prefix ending at page `h`, rebuilt from parents.
-        fn prefix(&self, mut h: u64) -> Vec<u32> {
-            let mut pages = Vec::new();
-            loop {
-                let (parent, toks) = &self.pages[&h];
-                pages.push(toks.clone());
-                match parent {
-                    Some(p) => h = *p,
-                    None => break,
-                }
-            }
-            pages.reverse();
-            pages.concat()
-        }
-    }
-
-    fn take(c: &mut RadixCache) -> Vec<CacheEvent> {
-        let mut evs = Vec::new();
-        c.take_events(&mut evs);
-        evs
-    }
-
-    #[test]
-    fn events_off_by_default() {
-        let mut c = RadixCache::new(100, 2);
-        c.insert(&[1, 2, 3, 4]);
-        assert!(take(&mut c).is_empty());
-    }
-
-    #[test]
-    fn events_store_split_evict_flush() {
-        let mut c = RadixCache::new(16, 2);
-        c.enable_events();
-        let mut m = Consumer::default();
-        c.insert(&[1, 2, 3, 4, 5, 6, 7]);
-        let evs = take(&mut c);
-        let [CacheEvent::Stored {
-            hashes,
-            parent: None,
-            tokens,
-        }] = &evs[..]
-        else {
-            panic!("{evs:?}")
-        };
-        assert_eq!(hashes.len(), 3, "full pages only");
-        assert_eq!(tokens, &[1, 2, 3, 4, 5, 6]);
-        let hashes = hashes.clone();
-        m.apply(&evs, 2);
-        m.check(&c);
-        // Same prefix, same hash (stable across caches); a different page, a different hash.
-        let mut other = RadixCache::new(16, 2);
-        other.enable_events();
-        other.insert(&[1, 2, 9, 9]);
-        let CacheEvent::Stored { hashes: oh, .. } = &take(&mut other)[0] else {
-            panic!()
-        };
-        assert_eq!(oh[0], hashes[0]);
-        assert_ne!(oh[1], hashes[1]);
-        // A diverging insert splits the edge (no event for the split) and chains to page 2.
-        c.insert(&[1, 2, 3, 4, 8, 8]);
-        let evs = take(&mut c);
-        let h88 = hash_tokens(hashes[1], &[8, 8]);
-        assert_eq!(
-            evs,
-            vec![CacheEvent::Stored {
-                hashes: vec![h88],
-                parent: Some(hashes[1]),
-                tokens: vec![8, 8],
-            }]
-        );
-        m.apply(&evs, 2);
-        m.check(&c);
-        assert_eq!(m.prefix(h88), vec![1, 2, 3, 4, 8, 8]);
-        // Evicting everything: the two leaves, then their shared parent, one event per node.
-        assert!(c.alloc(16));
-        let evs = take(&mut c);
-        assert_eq!(evs.len(), 3);
-        assert!(evs.iter().all(|e| matches!(e, CacheEvent::Removed { .. })));
-        m.apply(&evs, 2);
-        m.check(&c);
-        c.free(16);
-        c.insert(&[5, 5]);
-        assert!(c.flush());
-        let evs = take(&mut c);
-        assert_eq!(evs.last(), Some(&CacheEvent::Cleared));
-        m.apply(&evs, 2);
-        m.check(&c);
-    }
-
-    /// A key of 1..=`max_len` tokens from one of `bases` families of short periodic sequences
-    /// (period `period + base`), so random keys share prefixes, split edges and diverge.
-    fn random_key(rng: &mut Rng, max_len: usize, bases: usize, period: u32) -> Vec<u32> {
-        let len = 1 + rng.below(max_len);
-        let base = rng.below(bases) as u32;
-        (0..len as u32)
-            .map(|i| base * 100 + (i % (period + base)))
-            .collect()
-    }
-
-    #[test]
-    fn events_follow_random_ops() {
-        let mut rng = Rng::new(7);
-        for page in [1usize, 3] {
-            let mut c = RadixCache::new(300, page);
-            c.enable_events();
-            let mut m = Consumer::default();
-            let mut held: Vec<NodeId> = Vec::new();
-            for step in 0..2000 {
-                let key = random_key(&mut rng, 40, 5, 2);
-                match rng.below(5) {
-                    0 | 1 => {
-                        let (_, node) = c.insert(&key);
-                        if rng.chance(0.3) {
-                            c.inc_lock(node);
-                            held.push(node);
-                        }
-                    }
-                    2 => {
-                        if let Some(n) = held.pop() {
-                            c.dec_lock(n);
-                        }
-                    }
-                    3 => {
-                        let n = rng.below(120);
-                        if c.alloc(n) {
-                            c.free(n);
-                        }
-                    }
-                    _ => {
-                        if step % 97 == 0 && held.is_empty() {
-                            c.flush();
-                        } else {
-                            c.match_prefix(&key);
-                        }
-                    }
-                }
-                m.apply(&take(&mut c), page);
-                m.check(&c);
-                c.check_invariants().unwrap();
-            }
-            // Every stored page's chain rebuilds a prefix the tree really caches.
-            for &h in m.pages.keys() {
-                let p = m.prefix(h);
-                assert_eq!(c.peek_prefix(&p), p.len());
-            }
-        }
-    }
-
-    /// The kept candidate heap evicts exactly what a scan of the whole tree would: at every
-    /// eviction the least recently used evictable leaf, over random matches, locks, inserts,
-    /// splits and releases.
-    #[test]
-    fn eviction_takes_the_least_recent_leaf_a_full_scan_would() {
-        let mut rng = Rng::new(7);
-        for page in [1usize, 4] {
-            let mut c = RadixCache::new(400, page);
-            let mut held: Vec<NodeId> = Vec::new();
-            let mut checked = 0;
-            for _ in 0..4000 {
-                let key = random_key(&mut rng, 40, 6, 3);
-                match rng.below(5) {
-                    0 => {
-                        let (_, node) = c.match_prefix(&key);
-                        c.inc_lock(node);
-                        held.push(node);
-                    }
-                    1 => {
-                        if !held.is_empty() {
-                            let n = held.swap_remove(rng.below(held.len()));
-                            c.dec_lock(n);
-                        }
-                    }
-                    2 | 3 => {
-                        if c.free_tokens() >= key.len() {
-                            c.insert(&key);
-                        }
-                    }
-                    _ => {
-                        let scan = c
-                            .evictable_leaves()
-                            .min_by_key(|&id| (c.nodes[id as usize].last_access, id));
-                        let before = c.stats().evicted_tokens;
-                        c.evict(1);
-                        match scan {
-                            Some(id) => {
-                                assert!(!c.nodes[id as usize].live, "leaf {id} not evicted");
-                                checked += 1;
-                            }
-                            None => assert_eq!(
-                                c.stats().evicted_tokens,
-                                before,
-                                "nothing was evictable"
-                            ),
-                        }
-                    }
-                }
-                c.check_invariants().unwrap();
-            }
-            assert!(checked > 100, "only {checked} evictions checked");
-        }
-    }
-
-    #[test]
-    fn random_ops_never_exceed_capacity() {
-        let mut rng = Rng::new(42);
-        for page in [1usize, 4] {
-            let mut c = RadixCache::new(500, page);
-            let mut held: Vec<(NodeId, usize)> = Vec::new();
-            for _ in 0..3000 {
-                let key = random_key(&mut rng, 60, 6, 3);
-                let len = key.len();
-                match rng.below(4) {
-                    0 => {
-                        let (hit, node) = c.match_prefix(&key[..len - 1]);
-                        let need = len - hit;
-                        c.inc_lock(node);
-                        if c.alloc(need) {
-                            // cache_prefix moves the handle (lock) from `node` to `n`.
-                            let (n, l) = c.cache_prefix(&key, node, hit);
-                            c.free(len - l);
-                            held.push((n, l));
-                        } else {
-                            c.dec_lock(node);
-                        }
-                    }
-                    1 => {
-                        if let Some((n, _)) = held.pop() {
-                            c.dec_lock(n);
-                        }
-                    }
-                    2 => {
-                        c.insert(&key);
-                    }
-                    _ => {
-                        let n = rng.below(50);
-                        if c.alloc(n) {
-                            c.free(n);
-                        }
-                    }
-                }
-                c.check_invariants().unwrap();
-            }
-        }
-    }
-}
+mod tests;
+#[cfg(test)]
+mod tier_tests;

@@ -307,3 +307,107 @@ fn eviction_under_pressure_keeps_capacity() {
     e.cache().check_invariants().unwrap();
     assert!(e.cache().is_idle());
 }
+
+/// Submit one request (in `ns`), run everything, and return its finish record.
+fn run_one(e: &mut Engine, p: Vec<u32>, ns: Namespace) -> FinishInfo {
+    let id = e.submit(p, 1, e.now_ms(), false).unwrap();
+    e.set_namespace(id, ns);
+    let mut ev = Vec::new();
+    e.run_until_idle(&mut ev);
+    finished(&ev)
+        .into_iter()
+        .find(|(i, _)| *i == id)
+        .map(|(_, info)| info)
+        .unwrap()
+}
+
+#[test]
+fn host_hits_load_back_at_the_load_cost_and_count_as_host() {
+    let mut e = Engine::new(EngineConfig {
+        max_total_tokens: 1000,
+        host_cache_tokens: 4000,
+        ..cfg()
+    });
+    let d = Namespace::default;
+    run_one(&mut e, prompt(0, 600), d());
+    // The second prompt needs the slots: the first one's 600 tokens go to host memory.
+    run_one(&mut e, prompt(10_000, 600), d());
+    assert_eq!(e.cache().host_tokens(), 600);
+    assert_eq!(e.cache().stats().backed_up_tokens, 600);
+    // The first prompt again: 599 tokens (the hit stops before the last prompt token) come
+    // back over PCIe, one is computed over them.
+    let id = e.submit(prompt(0, 600), 1, e.now_ms(), false).unwrap();
+    let f = e.plan().unwrap();
+    let m = CostModel {
+        jitter: 0.0,
+        ..CostModel::default()
+    };
+    let want = m.prefill_ms(&[PrefillItem {
+        uncached: 1,
+        context: 599,
+    }]) + m.host_load_ms(599);
+    assert!(close(f.duration_ms, want), "{} vs {want}", f.duration_ms);
+    let recompute = m.prefill_ms(&[PrefillItem {
+        uncached: 600,
+        context: 0,
+    }]);
+    let base = m.prefill_base_ms;
+    assert!(
+        (f.duration_ms - base) * 10.0 < recompute - base,
+        "loading is an order of magnitude cheaper than recomputing"
+    );
+    let mut ev = Vec::new();
+    e.complete(&mut ev);
+    e.run_until_idle(&mut ev);
+    let info = finished(&ev).into_iter().find(|(i, _)| *i == id).unwrap().1;
+    assert_eq!(info.cached_tokens, 599);
+    assert_eq!(e.cache().stats().loaded_tokens, 599);
+    let met = e.metrics();
+    assert_eq!((met.cached_tokens, met.cached_tokens_host), (599, 599));
+    // Once more: a device hit, counted as such.
+    assert_eq!(run_one(&mut e, prompt(0, 600), d()).cached_tokens, 599);
+    let text = e.render_metrics("m", 0);
+    for (source, n) in [("device", 599), ("host", 599), ("total", 1198)] {
+        let line = format!(
+            "sglang:cached_tokens_total{{model_name=\"m\",cache_source=\"{source}\"}} {n}\n"
+        );
+        assert!(text.contains(&line), "{line}");
+    }
+    e.cache().check_invariants().unwrap();
+}
+
+#[test]
+fn without_a_host_tier_evicted_prefixes_are_recomputed() {
+    let mut e = Engine::new(EngineConfig {
+        max_total_tokens: 1000,
+        ..cfg()
+    });
+    let d = Namespace::default;
+    run_one(&mut e, prompt(0, 600), d());
+    run_one(&mut e, prompt(10_000, 600), d());
+    assert_eq!(run_one(&mut e, prompt(0, 600), d()).cached_tokens, 0);
+    assert_eq!(e.metrics().cached_tokens_host, 0);
+}
+
+#[test]
+fn namespaces_share_prefixes_only_within_themselves() {
+    let mut e = Engine::new(cfg());
+    let salt = |s: &str| Namespace::new(None, None, Some(s));
+    assert_eq!(run_one(&mut e, prompt(0, 300), salt("a")).cached_tokens, 0);
+    assert_eq!(run_one(&mut e, prompt(0, 300), salt("b")).cached_tokens, 0);
+    assert_eq!(
+        run_one(&mut e, prompt(0, 300), Namespace::default()).cached_tokens,
+        0
+    );
+    assert_eq!(
+        run_one(&mut e, prompt(0, 300), salt("a")).cached_tokens,
+        299
+    );
+    let lora = Namespace::new(None, Some("adapter"), None);
+    assert_eq!(
+        run_one(&mut e, prompt(0, 300), lora.clone()).cached_tokens,
+        0
+    );
+    assert_eq!(run_one(&mut e, prompt(0, 300), lora).cached_tokens, 299);
+    e.cache().check_invariants().unwrap();
+}

@@ -1,4 +1,5 @@
 use super::*;
+use crate::sim::radix::{Medium, Namespace};
 use rmpv::Value as Mp;
 
 fn decode(bytes: &[u8]) -> Mp {
@@ -33,15 +34,32 @@ fn config_defaults_and_fields() {
         (c.buffer_steps, c.hwm, c.topic.as_str()),
         (10_000, 100_000, "")
     );
+    assert_eq!(
+        (c.encoding, c.replay_form),
+        (EventEncoding::Map, ReplayForm::Topic),
+        "SGLang 0.5.23's forms by default"
+    );
+    // The default config reads as SGLang's: no sim-only keys.
+    let reported = c.to_json();
+    assert!(reported.get("encoding").is_none() && reported.get("replay_form").is_none());
+    let explicit = KvEventsConfig::parse(r#"{"encoding":"map","replay_form":"topic"}"#).unwrap();
+    assert_eq!(explicit, c);
     let c = KvEventsConfig::parse(
         r#"{"publisher":"zmq","endpoint":"tcp://*:7000","replay_endpoint":"tcp://*:8000",
-            "buffer_steps":5,"hwm":10,"max_queue_size":3,"topic":"kv","encoding":"map"}"#,
+            "buffer_steps":5,"hwm":10,"max_queue_size":3,"topic":"kv","encoding":"array",
+            "replay_form":"plain"}"#,
     )
     .unwrap();
     assert_eq!(c.publisher, PublisherKind::Zmq);
     assert_eq!(c.replay_endpoint.as_deref(), Some("tcp://*:8000"));
     assert_eq!((c.buffer_steps, c.hwm, c.max_queue_size), (5, 10, 3));
-    assert_eq!((c.topic.as_str(), c.encoding), ("kv", EventEncoding::Map));
+    assert_eq!((c.topic.as_str(), c.encoding), ("kv", EventEncoding::Array));
+    assert_eq!(c.replay_form, ReplayForm::Plain);
+    let reported = c.to_json();
+    assert_eq!(
+        (&reported["encoding"], &reported["replay_form"]),
+        (&Value::from("array"), &Value::from("plain"))
+    );
     // Round trip through the reported JSON.
     let back = KvEventsConfig::parse(&c.to_json().to_string()).unwrap();
     assert_eq!(back, c);
@@ -56,6 +74,7 @@ fn config_defaults_and_fields() {
         r#"{"buffer_steps":-1}"#,
         r#"{"buffer_steps":10000000}"#,
         r#"{"encoding":"cbor"}"#,
+        r#"{"replay_form":"framed"}"#,
         r#"{"endpiont":"tcp://*:1"}"#,
     ] {
         assert!(KvEventsConfig::parse(bad).is_err(), "{bad} accepted");
@@ -114,8 +133,13 @@ fn sample_events() -> Vec<CacheEvent> {
             hashes: vec![u64::MAX - 4, 7],
             parent: None,
             tokens: vec![1, 2, 3, 4],
+            medium: Medium::Gpu,
+            tags: None,
         },
-        CacheEvent::Removed { hashes: vec![7, 9] },
+        CacheEvent::Removed {
+            hashes: vec![7, 9],
+            medium: Medium::Gpu,
+        },
         CacheEvent::Cleared,
     ]
 }
@@ -123,7 +147,7 @@ fn sample_events() -> Vec<CacheEvent> {
 #[test]
 fn array_encoding_matches_sglang() {
     let mut out = Vec::new();
-    encode_batch(
+    let n = encode_batch(
         &mut out,
         12.5,
         &sample_events(),
@@ -131,6 +155,7 @@ fn array_encoding_matches_sglang() {
         Some(0),
         EventEncoding::Array,
     );
+    assert_eq!(n, 4);
     let v = decode(&out);
     let b = v.as_array().unwrap();
     assert_eq!(b.len(), 3);
@@ -167,34 +192,193 @@ fn array_encoding_matches_sglang() {
     assert_eq!(evs[3], Mp::Array(vec![Mp::from("AllBlocksCleared")]));
 }
 
+/// The keys of a map event, in order.
+fn keys(m: &Mp) -> Vec<&str> {
+    m.as_map()
+        .unwrap()
+        .iter()
+        .map(|(k, _)| k.as_str().unwrap())
+        .collect()
+}
+
 #[test]
-fn map_encoding_matches_newer_sglang() {
+fn map_encoding_matches_sglang_0_5_23() {
     let mut out = Vec::new();
-    encode_batch(&mut out, 1.0, &sample_events(), 2, None, EventEncoding::Map);
+    let n = encode_batch(&mut out, 1.0, &sample_events(), 2, None, EventEncoding::Map);
     let v = decode(&out);
     let b = v.as_array().expect("the batch stays an array");
     assert!(b[2].is_nil());
     let evs = b[1].as_array().unwrap();
-    assert_eq!(evs.len(), 4);
-    let s0 = &evs[0];
-    assert_eq!(field(s0, "type").and_then(Mp::as_str), Some("BlockStored"));
-    assert!(
-        field(s0, "parent_block_hash").is_none(),
-        "None fields are omitted"
-    );
-    assert!(field(s0, "lora_id").is_none());
-    assert_eq!(field(s0, "block_size").map(int), Some(2));
-    let h0 = int(&field(s0, "block_hashes").unwrap().as_array().unwrap()[0]);
-    assert_eq!(field(&evs[1], "parent_block_hash").map(int), Some(h0));
     assert_eq!(
-        field(&evs[2], "type").and_then(Mp::as_str),
+        (evs.len(), n),
+        (3, 3),
+        "one node's pages are one BlockStored"
+    );
+    let s0 = &evs[0];
+    // msgspec writes the fields without a default even when None; medium is always set; the
+    // optional namespace fields are omitted when None.
+    assert_eq!(
+        keys(s0),
+        [
+            "type",
+            "block_hashes",
+            "parent_block_hash",
+            "token_ids",
+            "block_size",
+            "lora_id",
+            "medium"
+        ]
+    );
+    assert_eq!(field(s0, "type").and_then(Mp::as_str), Some("BlockStored"));
+    assert!(field(s0, "parent_block_hash").unwrap().is_nil());
+    assert!(field(s0, "lora_id").unwrap().is_nil());
+    let hs: Vec<i64> = field(s0, "block_hashes")
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(int)
+        .collect();
+    assert_eq!(hs, [(u64::MAX - 4) as i64, 7]);
+    let toks: Vec<i64> = field(s0, "token_ids")
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(int)
+        .collect();
+    assert_eq!(toks, [1, 2, 3, 4]);
+    assert_eq!(field(s0, "block_size").map(int), Some(2), "one page");
+    assert_eq!(field(s0, "medium").and_then(Mp::as_str), Some("GPU"));
+    assert_eq!(keys(&evs[1]), ["type", "block_hashes", "medium"]);
+    assert_eq!(
+        field(&evs[1], "type").and_then(Mp::as_str),
         Some("BlockRemoved")
     );
-    assert_eq!(field(&evs[2], "medium").and_then(Mp::as_str), Some("GPU"));
+    assert_eq!(field(&evs[1], "medium").and_then(Mp::as_str), Some("GPU"));
+    assert_eq!(keys(&evs[2]), ["type"]);
     assert_eq!(
-        field(&evs[3], "type").and_then(Mp::as_str),
+        field(&evs[2], "type").and_then(Mp::as_str),
         Some("AllBlocksCleared")
     );
+}
+
+#[test]
+fn map_encoding_coalesces_chains_and_carries_tier_and_namespace() {
+    let ns = Namespace::new(Some("never-published"), Some("adapter"), Some("salt"));
+    let stored = |hashes: Vec<u64>, parent, medium, tags: bool| CacheEvent::Stored {
+        tokens: vec![0; hashes.len() * 2],
+        hashes,
+        parent,
+        medium,
+        tags: if tags { ns.tags().cloned() } else { None },
+    };
+    let events = vec![
+        stored(vec![1, 2], None, Medium::Gpu, true),
+        stored(vec![3], Some(2), Medium::Gpu, true), // chains on: same event
+        stored(vec![4], Some(2), Medium::Gpu, true), // a sibling: new event
+        stored(vec![5], Some(4), Medium::CpuPinned, true), // another medium: new event
+        stored(vec![6], Some(5), Medium::CpuPinned, false), // another namespace: new event
+        CacheEvent::Removed {
+            hashes: vec![6],
+            medium: Medium::CpuPinned,
+        },
+        CacheEvent::Removed {
+            hashes: vec![5],
+            medium: Medium::CpuPinned,
+        },
+        CacheEvent::Removed {
+            hashes: vec![4],
+            medium: Medium::Gpu,
+        },
+    ];
+    let mut out = Vec::new();
+    let n = encode_batch(&mut out, 1.0, &events, 2, Some(3), EventEncoding::Map);
+    let v = decode(&out);
+    let evs = v.as_array().unwrap()[1].as_array().unwrap().clone();
+    assert_eq!(n, evs.len());
+    let hashes = |e: &Mp| -> Vec<i64> {
+        field(e, "block_hashes")
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(int)
+            .collect()
+    };
+    let got: Vec<(Vec<i64>, &str)> = evs
+        .iter()
+        .map(|e| (hashes(e), field(e, "medium").and_then(Mp::as_str).unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (vec![1, 2, 3], "GPU"),
+            (vec![4], "GPU"),
+            (vec![5], "CPU_PINNED"),
+            (vec![6], "CPU_PINNED"),
+            (vec![6, 5], "CPU_PINNED"),
+            (vec![4], "GPU"),
+        ]
+    );
+    assert_eq!(
+        field(&evs[0], "token_ids")
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        6
+    );
+    assert_eq!(field(&evs[1], "parent_block_hash").map(int), Some(2));
+    // Salt and adapter name are published; a caller's extra_key is not.
+    let s0 = &evs[0];
+    assert_eq!(field(s0, "cache_salt").and_then(Mp::as_str), Some("salt"));
+    assert_eq!(field(s0, "lora_name").and_then(Mp::as_str), Some("adapter"));
+    assert!(!String::from_utf8_lossy(&out).contains("never-published"));
+    assert!(field(&evs[3], "cache_salt").is_none() && field(&evs[3], "lora_name").is_none());
+    // The array form stays one store per page and cannot carry the namespace.
+    encode_batch(&mut out, 1.0, &events, 2, Some(3), EventEncoding::Array);
+    let v = decode(&out);
+    let evs = v.as_array().unwrap()[1].as_array().unwrap().clone();
+    assert_eq!(evs.len(), 9);
+    let media: Vec<&str> = evs
+        .iter()
+        .map(|e| e.as_array().unwrap().last().and_then(Mp::as_str).unwrap())
+        .collect();
+    assert_eq!(
+        media,
+        [
+            "GPU",
+            "GPU",
+            "GPU",
+            "GPU",
+            "CPU_PINNED",
+            "CPU_PINNED",
+            "CPU_PINNED",
+            "CPU_PINNED",
+            "GPU"
+        ]
+    );
+}
+
+/// Replay answers as a client decodes them: after the identity and the empty delimiter, 0.5.23
+/// repeats a live message (topic, seq, payload) and ends with an empty topic, seq -1 and an empty
+/// payload; the older form has no topic frame.
+#[test]
+fn replay_frames_in_both_forms() {
+    let seq = 41u64.to_be_bytes();
+    let f = replay_frames(ReplayForm::Topic, b"id", b"kv", &seq, b"payload");
+    assert_eq!(f, [&b"id"[..], b"", b"kv", &seq, b"payload"]);
+    let end = replay_frames(ReplayForm::Topic, b"id", b"", &REPLAY_END_SEQ, b"");
+    assert_eq!(end.len(), 5);
+    assert!(end[1].is_empty() && end[2].is_empty() && end[4].is_empty());
+    assert_eq!(i64::from_be_bytes(end[3].try_into().unwrap()), -1);
+    let f = replay_frames(ReplayForm::Plain, b"id", b"kv", &seq, b"payload");
+    assert_eq!(f, [&b"id"[..], b"", &seq, b"payload"]);
+    let end = replay_frames(ReplayForm::Plain, b"id", b"", &REPLAY_END_SEQ, b"");
+    assert_eq!(end.len(), 4);
+    assert_eq!(i64::from_be_bytes(end[2].try_into().unwrap()), -1);
+    assert!(end[3].is_empty());
 }
 
 #[test]

@@ -11,6 +11,7 @@ use radixgate::http::RequestHead;
 use crate::sim::api::{self, Completed, Endpoint, RespMeta, StreamRenderer, TokenChunk, Usage};
 use crate::sim::disagg::{self, DisaggMode, RoomState};
 use crate::sim::engine::{FinishInfo, FinishReason};
+use crate::sim::radix::Namespace;
 
 use super::conn::{write, AbortGuard, Next, Reader, WriteHalf};
 use super::routes::{answered, respond, respond_error, stall};
@@ -42,6 +43,14 @@ pub(super) async fn inference(
             return next;
         }
     };
+    let namespaces = match req.namespaces(&sh.cfg.model_name) {
+        Ok(ns) => ns,
+        Err(e) => {
+            let next = respond_error(sh, wr, keep, 400, "BadRequestError", &e.message).await;
+            answered(sh);
+            return next;
+        }
+    };
     let rooms = match disaggregated(sh, body, req.prompts.len(), r).await {
         Ok(rooms) => rooms,
         Err((status, kind, msg)) => {
@@ -64,7 +73,7 @@ pub(super) async fn inference(
         guard,
         slots,
         prompt_lens,
-    } = match submit_all(sh, req.prompts, req.max_new_tokens, transferred) {
+    } = match submit_all(sh, req.prompts, namespaces, req.max_new_tokens, transferred) {
         Ok(x) => x,
         Err(msg) => {
             let next = respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await;
@@ -315,6 +324,7 @@ struct Submitted {
 fn submit_all(
     sh: &Rc<Server>,
     prompts: Vec<Vec<u32>>,
+    namespaces: Vec<Namespace>,
     max_new_tokens: usize,
     transferred: bool,
 ) -> Result<Submitted, String> {
@@ -324,9 +334,9 @@ fn submit_all(
     };
     let mut slots = Vec::with_capacity(prompts.len());
     let mut prompt_lens = Vec::with_capacity(prompts.len());
-    for p in prompts {
+    for (p, ns) in prompts.into_iter().zip(namespaces) {
         prompt_lens.push(p.len());
-        let (id, slot) = sh.submit_with(p, max_new_tokens, false, transferred)?;
+        let (id, slot) = sh.submit_with(p, ns, max_new_tokens, false, transferred)?;
         guard.ids.push(id);
         slots.push(slot);
     }

@@ -43,6 +43,7 @@ use radixgate::http::RequestHead;
 use super::cost::CostModel;
 use super::engine::{Engine, EngineConfig, Event, ReqId};
 use super::kv_events::{self, KvEventsConfig, KvPublisher, PublisherKind};
+use super::radix::Namespace;
 use super::tokenizer::SimTokenizer;
 use super::{IoDriver, SimConfig};
 use crate::rng::Rng;
@@ -162,6 +163,7 @@ impl Server {
             seed: cfg.seed,
             output_vocab: tok.output_vocab(),
             kv_events: kv.is_some(),
+            host_cache_tokens: cfg.host_cache_tokens,
         });
         let kv_config = match &kv {
             Some(p) => Some(p.config().clone()),
@@ -302,14 +304,15 @@ impl Server {
         max_new: usize,
         internal: bool,
     ) -> Result<(ReqId, Rc<Slot>), String> {
-        self.submit_with(prompt, max_new, internal, false)
+        self.submit_with(prompt, Namespace::default(), max_new, internal, false)
     }
 
-    /// [`Server::submit`]; `transferred`: the prompt's KV was handed over by a prefill server
-    /// (PD decode side), so only the decode cost is charged.
+    /// [`Server::submit`] in cache namespace `ns`; `transferred`: the prompt's KV was handed
+    /// over by a prefill server (PD decode side), so only the decode cost is charged.
     fn submit_with(
         &self,
         prompt: Vec<u32>,
+        ns: Namespace,
         max_new: usize,
         internal: bool,
         transferred: bool,
@@ -328,6 +331,9 @@ impl Server {
             .map_err(|err| err.to_string())?;
         if transferred {
             e.mark_transferred(id);
+        }
+        if !ns.is_default() {
+            e.set_namespace(id, ns);
         }
         drop(e);
         let slot = Rc::new(Slot::default());

@@ -8,7 +8,7 @@ use radixgate::http::RequestHead;
 use serde_json::{json, Value};
 
 use crate::sim::api::Endpoint;
-use crate::sim::kv_events::KvPublisher;
+use crate::sim::kv_events::{KvPublisher, PublisherKind};
 use crate::sim::tokenizer::TokenizerMode;
 
 use super::conn::{write, AbortGuard, Next, Reader, WriteHalf};
@@ -351,29 +351,40 @@ fn kv_events_config(sh: &Server) -> Value {
     }
 }
 
-/// The structured descriptor newer SGLang adds (`kv_events`): where to subscribe without
-/// parsing the config string.
+/// The publisher descriptor SGLang 0.5.23 adds as `kv_events` (`describe_kv_events_publisher`):
+/// where to subscribe without parsing the config string. Exactly its keys: `publisher`,
+/// `endpoint_host` (as configured, possibly a wildcard the consumer replaces with the worker's
+/// host), `endpoint_port_base` (rank r publishes on base + r), `topic`, `block_size` (the page
+/// size), `dp_size` (publishers), and `replay_endpoint_port_base` only for a tcp replay
+/// endpoint. Null when nothing is published: no config, publisher "null", or an endpoint that
+/// is not tcp://HOST:PORT.
 fn kv_events_descriptor(sh: &Server) -> Value {
-    let Some(c) = &sh.kv_config else {
+    let Some(c) = sh
+        .kv_config
+        .as_ref()
+        .filter(|c| c.publisher == PublisherKind::Zmq)
+    else {
         return Value::Null;
     };
-    let split = |ep: &str| -> (Value, Value) {
-        match ep.strip_prefix("tcp://").and_then(|r| r.rsplit_once(':')) {
-            Some((h, p)) => (json!(h), p.parse::<u16>().map_or(Value::Null, |p| json!(p))),
-            None => (json!(ep), Value::Null),
-        }
+    let Some((host, port)) = tcp_host_port(&c.endpoint) else {
+        return Value::Null;
     };
-    let (host, port) = split(&c.endpoint);
-    let replay_port = c
-        .replay_endpoint
-        .as_deref()
-        .map_or(Value::Null, |r| split(r).1);
-    json!({
-        "publisher": c.to_json()["publisher"], "endpoint": c.endpoint,
-        "replay_endpoint": c.replay_endpoint, "endpoint_host": host,
-        "endpoint_port_base": port, "replay_endpoint_port_base": replay_port,
+    let mut d = json!({
+        "publisher": "zmq", "endpoint_host": host, "endpoint_port_base": port,
         "topic": c.topic, "block_size": sh.cfg.page_size, "dp_size": sh.others.len() + 1,
-    })
+    });
+    if let Some((_, replay)) = c.replay_endpoint.as_deref().and_then(tcp_host_port) {
+        d["replay_endpoint_port_base"] = json!(replay);
+    }
+    d
+}
+
+/// `(host, port)` of a `tcp://HOST:PORT` endpoint with a real port (IPv6 hosts keep their
+/// brackets, so a consumer can splice `tcp://{host}:{port}`); `None` otherwise.
+fn tcp_host_port(ep: &str) -> Option<(&str, u16)> {
+    let (host, port) = ep.strip_prefix("tcp://")?.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok().filter(|&p| p > 0)?;
+    Some((host, port)).filter(|(h, _)| !h.is_empty())
 }
 
 fn get_load(sh: &Rc<Server>) -> Value {
@@ -565,7 +576,20 @@ pub(super) fn answered(sh: &Server) {
 
 #[cfg(test)]
 mod tests {
-    use super::with_dp_rank;
+    use super::{tcp_host_port, with_dp_rank};
+
+    #[test]
+    fn descriptor_endpoints_split_as_sglang_advertises_them() {
+        assert_eq!(tcp_host_port("tcp://*:5557"), Some(("*", 5557)));
+        assert_eq!(tcp_host_port("tcp://[::1]:5558"), Some(("[::1]", 5558)));
+        assert_eq!(
+            tcp_host_port("tcp://127.0.0.1:*"),
+            None,
+            "an unbound ephemeral port"
+        );
+        assert_eq!(tcp_host_port("ipc:///tmp/kv"), None);
+        assert_eq!(tcp_host_port("tcp://h:0"), None);
+    }
 
     #[test]
     fn a_sample_gets_dp_rank_as_its_first_label() {

@@ -1,0 +1,242 @@
+//! The `EventBatch` payload, pure: the simulated cache's [`CacheEvent`]s as SGLang's msgpack.
+//!
+//! Map form (the default, SGLang 0.5.23): msgspec tagged structs without `array_like`, so each
+//! event is a map with `"type"`; fields without a default are always written (`parent_block_hash`
+//! and `lora_id` as nil when absent), optional ones (`cache_salt`, `lora_name`) only when set,
+//! and `medium` always, as the recorder always sets it. Like 0.5.23's recorder, consecutive
+//! stores that chain (same medium and namespace, each starting where the previous ended) go out
+//! as one `BlockStored`, and consecutive removals from one medium as one `BlockRemoved`.
+//!
+//! Array form (older SGLang and vLLM): `["BlockStored", [hash], parent, token_ids, block_size,
+//! lora_id, medium]`, one per page, and `["BlockRemoved", hashes, medium]` per radix node.
+
+use rmp::encode;
+
+use super::EventEncoding;
+use crate::sim::radix::CacheEvent;
+
+/// Appends msgpack values to a `Vec<u8>` (writes to a vector cannot fail).
+struct Writer<'a>(&'a mut Vec<u8>);
+
+impl Writer<'_> {
+    fn array(&mut self, n: usize) {
+        let _ = encode::write_array_len(self.0, n as u32);
+    }
+    fn map(&mut self, n: usize) {
+        let _ = encode::write_map_len(self.0, n as u32);
+    }
+    fn str(&mut self, s: &str) {
+        let _ = encode::write_str(self.0, s);
+    }
+    fn uint(&mut self, n: u64) {
+        let _ = encode::write_uint(self.0, n);
+    }
+    /// Block hashes go out as signed 64-bit integers, as SGLang's do.
+    fn hash(&mut self, h: u64) {
+        let _ = encode::write_sint(self.0, h as i64);
+    }
+    fn nil(&mut self) {
+        let _ = encode::write_nil(self.0);
+    }
+    fn opt_hash(&mut self, h: Option<u64>) {
+        match h {
+            Some(h) => self.hash(h),
+            None => self.nil(),
+        }
+    }
+    fn hashes<'h>(&mut self, n: usize, hs: impl Iterator<Item = &'h u64>) {
+        self.array(n);
+        for &h in hs {
+            self.hash(h);
+        }
+    }
+    fn tokens<'t>(&mut self, n: usize, ts: impl Iterator<Item = &'t u32>) {
+        self.array(n);
+        for &t in ts {
+            self.uint(u64::from(t));
+        }
+    }
+}
+
+/// Encode one `EventBatch` (`[ts, events, attn_dp_rank]`) into `out` (cleared first) and
+/// return the number of wire events in it. `block_size` is the page size.
+pub fn encode_batch(
+    out: &mut Vec<u8>,
+    ts: f64,
+    events: &[CacheEvent],
+    block_size: usize,
+    dp_rank: Option<u32>,
+    encoding: EventEncoding,
+) -> usize {
+    // The events go to a buffer of their own first: the batch's array header needs their
+    // count, which coalescing decides.
+    let mut body = Vec::with_capacity(64 * events.len());
+    let bs = block_size.max(1);
+    let n = match encoding {
+        EventEncoding::Map => map_events(&mut Writer(&mut body), events, bs),
+        EventEncoding::Array => array_events(&mut Writer(&mut body), events, bs),
+    };
+    out.clear();
+    let mut w = Writer(out);
+    w.array(3);
+    let _ = encode::write_f64(w.0, ts);
+    w.array(n);
+    w.0.extend_from_slice(&body);
+    match dp_rank {
+        Some(r) => w.uint(u64::from(r)),
+        None => w.nil(),
+    }
+    n
+}
+
+/// The older array form: one `BlockStored` per page, one `BlockRemoved` per node.
+fn array_events(w: &mut Writer<'_>, events: &[CacheEvent], bs: usize) -> usize {
+    let mut n = 0;
+    for ev in events {
+        match ev {
+            CacheEvent::Stored {
+                hashes,
+                parent,
+                tokens,
+                medium,
+                ..
+            } => {
+                let mut parent = *parent;
+                for (h, page) in hashes.iter().zip(tokens.chunks(bs)) {
+                    w.array(7);
+                    w.str("BlockStored");
+                    w.hashes(1, [*h].iter());
+                    w.opt_hash(parent);
+                    w.tokens(page.len(), page.iter());
+                    w.uint(page.len() as u64);
+                    w.nil(); // lora_id
+                    w.str(medium.as_str());
+                    parent = Some(*h);
+                    n += 1;
+                }
+            }
+            CacheEvent::Removed { hashes, medium } => {
+                w.array(3);
+                w.str("BlockRemoved");
+                w.hashes(hashes.len(), hashes.iter());
+                w.str(medium.as_str());
+                n += 1;
+            }
+            CacheEvent::Cleared => {
+                w.array(1);
+                w.str("AllBlocksCleared");
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// Whether `next` goes out in the same wire event as `prev` (0.5.23's `enqueue` coalescing):
+/// removals from one medium; stores of one medium and namespace where `next` starts at
+/// `prev`'s last page.
+fn coalesces(prev: &CacheEvent, next: &CacheEvent) -> bool {
+    match (prev, next) {
+        (CacheEvent::Removed { medium: a, .. }, CacheEvent::Removed { medium: b, .. }) => a == b,
+        (
+            CacheEvent::Stored {
+                hashes,
+                medium: m1,
+                tags: t1,
+                ..
+            },
+            CacheEvent::Stored {
+                parent: Some(p),
+                medium: m2,
+                tags: t2,
+                ..
+            },
+        ) => m1 == m2 && t1 == t2 && hashes.last() == Some(p),
+        _ => false,
+    }
+}
+
+/// The map form, coalesced; returns the number of wire events.
+fn map_events(w: &mut Writer<'_>, events: &[CacheEvent], bs: usize) -> usize {
+    let mut n = 0;
+    let mut i = 0;
+    while i < events.len() {
+        let mut j = i + 1;
+        while j < events.len() && coalesces(&events[j - 1], &events[j]) {
+            j += 1;
+        }
+        map_event(w, &events[i..j], bs);
+        n += 1;
+        i = j;
+    }
+    n
+}
+
+/// One map event for a run of coalescing events (all `Stored`, all `Removed`, or one
+/// `Cleared`).
+fn map_event(w: &mut Writer<'_>, run: &[CacheEvent], bs: usize) {
+    match &run[0] {
+        CacheEvent::Stored {
+            parent,
+            medium,
+            tags,
+            ..
+        } => {
+            let parts = || {
+                run.iter().filter_map(|e| match e {
+                    CacheEvent::Stored { hashes, tokens, .. } => Some((hashes, tokens)),
+                    _ => None,
+                })
+            };
+            let nh: usize = parts().map(|(h, _)| h.len()).sum();
+            let nt: usize = parts().map(|(_, t)| t.len()).sum();
+            let salt = tags.as_ref().and_then(|t| t.cache_salt.as_deref());
+            let lora = tags.as_ref().and_then(|t| t.lora_name.as_deref());
+            w.map(7 + usize::from(salt.is_some()) + usize::from(lora.is_some()));
+            w.str("type");
+            w.str("BlockStored");
+            w.str("block_hashes");
+            w.hashes(nh, parts().flat_map(|(h, _)| h.iter()));
+            w.str("parent_block_hash");
+            w.opt_hash(*parent);
+            w.str("token_ids");
+            w.tokens(nt, parts().flat_map(|(_, t)| t.iter()));
+            // One page's tokens, as SGLang's `len(page_tokens)`: the simulator stores whole
+            // pages only.
+            w.str("block_size");
+            w.uint(bs as u64);
+            w.str("lora_id");
+            w.nil();
+            w.str("medium");
+            w.str(medium.as_str());
+            if let Some(s) = salt {
+                w.str("cache_salt");
+                w.str(s);
+            }
+            if let Some(l) = lora {
+                w.str("lora_name");
+                w.str(l);
+            }
+        }
+        CacheEvent::Removed { medium, .. } => {
+            let hashes = || {
+                run.iter().flat_map(|e| match e {
+                    CacheEvent::Removed { hashes, .. } => hashes.as_slice(),
+                    _ => &[],
+                })
+            };
+            w.map(3);
+            w.str("type");
+            w.str("BlockRemoved");
+            w.str("block_hashes");
+            w.hashes(hashes().count(), hashes());
+            w.str("medium");
+            w.str(medium.as_str());
+        }
+        CacheEvent::Cleared => {
+            w.map(1);
+            w.str("type");
+            w.str("AllBlocksCleared");
+        }
+    }
+}
