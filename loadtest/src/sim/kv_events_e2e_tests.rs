@@ -687,4 +687,10 @@ fn host_tier_backs_up_evictions_loads_them_back_and_counts_host_hits() {
         metric_with(port, "sglang:cached_tokens_total", "\"total\""),
         40.0
     );
+    let rank = call(port, "GET", "/debug/stats", "").json()["dp_ranks"][0].clone();
+    assert_eq!(rank["cached_tokens_host"], 20);
+    assert_eq!(rank["host_cache"]["loaded_tokens"], 20);
+    assert_eq!(rank["host_cache"]["capacity"], 256);
+    let info = call(port, "GET", "/get_server_info", "").json();
+    assert_eq!(info["enable_hierarchical_cache"], true);
 }

@@ -45,8 +45,9 @@ pub use tokenizer::TokenizerMode;
 /// engine aborted, client disconnects included; `abort_requests` and `aborted_by_rid`: calls to
 /// `POST /abort_request` and the requests they aborted; `running_rids`: the request ids
 /// (`x-request-id`, `/generate`'s `rid`) running now; `dp_size`, and `dp_ranks`: per DP rank
-/// `inference_received`, `inference_answered`, `prompt_tokens`, `cached_tokens`, so a test sees
-/// which rank served what and what its own cache held).
+/// `inference_received`, `inference_answered`, `prompt_tokens`, `cached_tokens` (and its
+/// `cached_tokens_host` part), `host_cache` (capacity, tokens held, backed up, loaded back,
+/// evicted), so a test sees which rank served what and what its own cache held).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Faults {
     /// Fraction of inference requests answered 500 with a JSON error (seeded RNG).

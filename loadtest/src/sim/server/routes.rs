@@ -326,6 +326,7 @@ fn server_info(sh: &Rc<Server>) -> Value {
         "max_prefill_tokens": 16384, "max_running_requests": c.max_running,
         "max_total_tokens": c.max_total_tokens, "schedule_policy": "fcfs",
         "radix_eviction_policy": "lru", "disable_radix_cache": false, "enable_metrics": true,
+        "enable_hierarchical_cache": c.host_cache_tokens > 0,
         "enable_cache_report": true, "context_length": CONTEXT_LEN, "stream_interval": 1,
         "random_seed": c.seed, "kv_cache_dtype": "auto", "dtype": "bfloat16",
         "max_total_num_tokens": c.max_total_tokens,
@@ -337,6 +338,7 @@ fn server_info(sh: &Rc<Server>) -> Value {
         "simulator": {
             "time_scale": c.time_scale, "tokenizer": tokenizer,
             "token_interval_ms": c.token_interval_ms, "default_max_tokens": c.default_max_tokens,
+            "host_cache_tokens": c.host_cache_tokens,
         },
     })
 }
@@ -431,14 +433,22 @@ fn debug_stats(sh: &Rc<Server>) -> Value {
     let ranks: Vec<Value> = sh
         .ranks()
         .map(|r| {
-            let m = r.engine.borrow().metrics().clone();
+            let e = r.engine.borrow();
+            let (m, cache) = (e.metrics(), e.cache());
+            let st = cache.stats();
             json!({
                 "dp_rank": r.dp_rank,
                 "inference_received": r.received.get(),
                 "inference_answered": r.answered.get(),
                 "prompt_tokens": m.prompt_tokens,
                 "cached_tokens": m.cached_tokens,
+                "cached_tokens_host": m.cached_tokens_host,
                 "num_requests": m.num_requests,
+                "host_cache": {
+                    "capacity": cache.host_capacity(), "tokens": cache.host_tokens(),
+                    "backed_up_tokens": st.backed_up_tokens, "loaded_tokens": st.loaded_tokens,
+                    "evicted_tokens": st.host_evicted_tokens,
+                },
             })
         })
         .collect();
