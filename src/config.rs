@@ -186,9 +186,10 @@ pub struct Config {
     #[arg(long = "tokenizer-path", visible_alias = "model-path")]
     pub tokenizer_path: Option<std::path::PathBuf>,
     /// With --kv-events: copy the KV block index of this running sibling copy
-    /// (http://HOST:PORT, its GET /kv_index/snapshot, sent --admin-api-key when set) before
-    /// subscribing, then apply live events after its watermarks: a new copy starts warm.
-    #[arg(long = "kv-bootstrap-peer", requires = "kv_events")]
+    /// (http://HOST:PORT, its GET /kv_index/snapshot) before subscribing, then apply live
+    /// events after its watermarks: a new copy starts warm. Needs --admin-api-key (the same
+    /// key on both copies: it is sent to this URL, and only to it; redirects are not followed).
+    #[arg(long = "kv-bootstrap-peer", requires_all = ["kv_events", "admin_api_key"])]
     pub kv_bootstrap_peer: Option<String>,
     /// With --kv-events: longest time after start that /readiness answers 503 (warming) while
     /// a worker that publishes events has not replayed them yet, so a load balancer sends a
@@ -349,13 +350,20 @@ pub struct Config {
     /// Require `Authorization: Bearer <key>` on every inference and admin endpoint.
     #[arg(long = "api-key", env = "RADIXGATE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Separate key for worker management and cache endpoints (default: --api-key).
+    /// Key for the control calls (worker add/remove, /flush_cache, abort_all) and the KV index
+    /// copy; also opens the admin reads (which take --api-key when no admin key is set).
     #[arg(
         long = "admin-api-key",
         env = "RADIXGATE_ADMIN_API_KEY",
         hide_env_values = true
     )]
     pub admin_api_key: Option<String>,
+    /// Without --admin-api-key, let clients on the gateway's own host (127.0.0.1 or ::1) add
+    /// and remove workers, flush caches and abort every request, when the request did not come
+    /// through a proxy (no Forwarded, X-Forwarded-For or X-Real-IP header). Off: without an
+    /// admin key these are refused (403).
+    #[arg(long = "keyless-local-admin", action = ArgAction::SetTrue)]
+    pub keyless_local_admin: bool,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long = "shutdown-grace-period-secs", default_value_t = 180)]
     pub shutdown_grace_period_secs: u64,
@@ -384,7 +392,7 @@ pub struct Config {
     /// Microseconds a serving core keeps polling for I/O without sleeping after each request
     /// event (0: sleep at once). Saves waking a halted CPU (tens of µs on virtual machines) on
     /// each hop; costs CPU while requests trickle in (up to a whole core), none when idle.
-    #[arg(long = "busy-poll-us", default_value_t = 0)]
+    #[arg(long = "busy-poll-us", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub busy_poll_us: u64,
     /// TOML file with the same keys as the flags; command-line flags override it.
     #[arg(long)]
@@ -662,6 +670,9 @@ mod tests {
             &["--no-such-flag"],
             &["--worker-urls", "ftp://x"],
             &["--io-driver", "kqueue"],
+            // A spinning core past a millisecond starves the helper threads.
+            &["--busy-poll-us", "1001"],
+            &["--kv-max-dp-ranks", "0"],
         ] {
             match parse(bad) {
                 Err(ConfigError::Clap(e)) => assert_eq!(e.exit_code(), 2, "{bad:?}"),
@@ -831,6 +842,8 @@ mod tests {
                 "http://a:1=tcp://a:5557",
                 "http://a:1=tcp://a:6557",
             ],
+            // a bootstrap peer without the admin key its snapshot needs
+            &["--kv-events", "--kv-bootstrap-peer", "http://a:1"],
         ] {
             match parse(bad) {
                 Err(ConfigError::Clap(e)) => assert_eq!(e.exit_code(), 2, "{bad:?}"),

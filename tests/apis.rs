@@ -236,8 +236,18 @@ fn slow_sim(n: usize) -> loadtest::sim::SimCluster {
 /// A long streamed chat with this `x-request-id` (none: the gateway assigns one), read up to
 /// its first token; returns the connection, the serving worker's port and the request id.
 fn long_stream(gw: SocketAddr, rid: Option<&str>) -> (Conn, u16, String) {
+    long_stream_with(gw, &[], rid)
+}
+
+/// [`long_stream`] with these extra headers.
+fn long_stream_with(
+    gw: SocketAddr,
+    extra: &[(&str, &str)],
+    rid: Option<&str>,
+) -> (Conn, u16, String) {
     let mut c = Conn::open(gw);
-    let headers: Vec<(&str, &str)> = rid.map(|r| ("x-request-id", r)).into_iter().collect();
+    let mut headers: Vec<(&str, &str)> = rid.map(|r| ("x-request-id", r)).into_iter().collect();
+    headers.extend_from_slice(extra);
     c.send(&raw_request(
         "POST",
         "/v1/chat/completions",
@@ -332,8 +342,8 @@ fn abort_request_reaches_the_worker_that_runs_the_request() {
 }
 
 #[test]
-fn abort_request_needs_the_inference_key() {
-    let cluster = sim(1, |_| {});
+fn aborting_everything_or_an_unknown_id_needs_the_admin_key() {
+    let cluster = slow_sim(1);
     let gw = gateway_for(
         &cluster.urls(),
         &["--api-key", "sk-inf", "--admin-api-key", "sk-adm"],
@@ -341,9 +351,84 @@ fn abort_request_needs_the_inference_key() {
     let body = br#"{"rid":"x"}"#;
     let r = request(gw.addr, "POST", "/abort_request", &[], body).unwrap();
     assert_eq!(r.status, 401);
-    let auth = [("authorization", "Bearer sk-inf")];
-    let r = request(gw.addr, "POST", "/abort_request", &auth, body).unwrap();
+    let inf = [("authorization", "Bearer sk-inf")];
+    let adm = [("authorization", "Bearer sk-adm")];
+    // An id the gateway does not hold for this caller is not fanned out on the inference key.
+    let r = request(gw.addr, "POST", "/abort_request", &inf, body).unwrap();
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(r.text().contains("\"error\""), "{}", r.text());
+    // Nor is SGLang's abort_all, which kills every running request.
+    let all = br#"{"rid":"","abort_all":true}"#;
+    let r = request(gw.addr, "POST", "/abort_request", &inf, all).unwrap();
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(
+        sim_count(&cluster, 0, "abort_requests"),
+        0,
+        "nothing reached the worker"
+    );
+    // The admin key may do both.
+    let r = request(gw.addr, "POST", "/abort_request", &adm, all).unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["sent_to"], "all", "{}", r.text());
+    let r = request(gw.addr, "POST", "/abort_request", &adm, body).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(sim_count(&cluster, 0, "abort_requests"), 2);
+    // The caller's own request, under the key it was sent with, is aborted on its holder.
+    let (_c, _port, rid) = long_stream_with(gw.addr, &inf, Some("trace-1"));
+    let r = request(
+        gw.addr,
+        "POST",
+        "/abort_request",
+        &inf,
+        json!({ "rid": rid }).to_string().as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["sent_to"], "holder", "{}", r.text());
+    assert_eq!(sim_count(&cluster, 0, "aborted_by_rid"), 1);
+}
+
+#[test]
+fn a_leaked_request_id_does_not_abort_another_clients_request() {
+    // No keys: the caller is its address. A second client host is 127.0.0.2 (the loopback
+    // network reaches the gateway's 127.0.0.1 from any 127/8 source).
+    let cluster = slow_sim(1);
+    let gw = gateway_for(&cluster.urls(), &[]);
+    let (_c, _port, rid) = long_stream(gw.addr, Some("leaked-trace-id"));
+    let other: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let abort = json!({ "rid": rid }).to_string();
+    let r = request_from(
+        other,
+        gw.addr,
+        "POST",
+        "/abort_request",
+        &[],
+        abort.as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(
+        sim_count(&cluster, 0, "abort_requests"),
+        0,
+        "never forwarded"
+    );
+    // abort_all from anyone but the gateway's own host under --keyless-local-admin: refused.
+    let r = request_from(
+        other,
+        gw.addr,
+        "POST",
+        "/abort_request",
+        &[],
+        br#"{"abort_all":true}"#,
+    )
+    .unwrap();
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(sim_count(&cluster, 0, "abort_requests"), 0);
+    // The client that sent it aborts it.
+    let r = request(gw.addr, "POST", "/abort_request", &[], abort.as_bytes()).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["sent_to"], "holder", "{}", r.text());
+    assert_eq!(sim_count(&cluster, 0, "aborted_by_rid"), 1);
 }
 
 /// The worker's engine aborted `n` requests (client disconnects included).

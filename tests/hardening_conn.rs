@@ -39,7 +39,10 @@ fn header<'a>(h: &'a radixgate::http::ResponseHead, name: &str) -> &'a str {
 #[test]
 fn refusals_are_decided_on_the_head_without_100_continue_or_reading_the_body() {
     let cluster = sim(1, |_| {});
-    let gw = gateway_for(&cluster.urls(), &["--api-key", "k"]);
+    let gw = gateway_for(
+        &cluster.urls(),
+        &["--api-key", "k", "--admin-api-key", "adm"],
+    );
     // (request head, expected status): each declares a 500 MB body and sends none of it.
     let cases: [(&str, u16); 5] = [
         (

@@ -337,29 +337,42 @@ fn request_from_other_host(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Response {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.bind(&SocketAddr::from(([127, 0, 0, 2], 0)).into())
-        .unwrap();
-    sock.connect(&addr.into()).unwrap();
-    let mut s: TcpStream = sock.into();
-    s.write_all(&raw_request(method, path, headers, body))
-        .unwrap();
-    let all = read_to_close(&mut s, Duration::from_secs(10)).expect("an answer");
-    let (head, body) = split_head(&all);
-    let status = head[9..12].parse().unwrap();
-    Response {
-        status,
-        headers: Vec::new(),
-        body,
-    }
+    let other = std::net::IpAddr::from([127, 0, 0, 2]);
+    request_from(other, addr, method, path, headers, body).expect("an answer")
 }
 
 #[test]
-fn only_the_host_itself_changes_workers_without_an_admin_key() {
+fn without_an_admin_key_control_is_refused_unless_keyless_local_mode_is_asked_for() {
     let cluster = sim(2, |_| {});
     let urls = cluster.urls();
-    let gw = gateway_for(&urls[..1], &[]);
     let add = serde_json::json!({ "url": urls[1] }).to_string();
+    // Default: no admin key, no flag: refused even from 127.0.0.1, with a message naming the
+    // way out; reads stay open.
+    let strict = gateway_for_exact(&urls[..1], &[]);
+    for (method, path, body) in [
+        ("POST", "/workers", add.as_bytes()),
+        ("POST", "/flush_cache", &b""[..]),
+        ("POST", "/abort_request", &br#"{"abort_all":true}"#[..]),
+        ("GET", "/kv_index/snapshot", &b""[..]),
+    ] {
+        let r = request(strict.addr, method, path, &[], body).unwrap();
+        assert_eq!(r.status, 403, "{method} {path}: {}", r.text());
+        assert!(r.text().contains("--admin-api-key"), "{}", r.text());
+    }
+    assert_eq!(workers_json(strict.addr)["total"], 1);
+    // --keyless-local-admin: the host itself, but never through a proxy on it.
+    let gw = gateway_for_exact(&urls[..1], &["--keyless-local-admin"]);
+    for proxy in [
+        ("x-forwarded-for", "203.0.113.9"),
+        ("forwarded", "for=203.0.113.9"),
+        ("x-real-ip", "203.0.113.9"),
+    ] {
+        let r = request(gw.addr, "POST", "/workers", &[proxy], add.as_bytes()).unwrap();
+        assert_eq!(r.status, 403, "{proxy:?}: {}", r.text());
+    }
+    // The index copy is never keyless.
+    let r = request(gw.addr, "GET", "/kv_index/snapshot", &[], b"").unwrap();
+    assert_eq!(r.status, 403, "{}", r.text());
     let close = [("connection", "close")];
     let r = request_from_other_host(gw.addr, "POST", "/workers", &close, add.as_bytes());
     assert_eq!(r.status, 403, "{}", r.text());
@@ -380,13 +393,20 @@ fn only_the_host_itself_changes_workers_without_an_admin_key() {
     let r = request(gw.addr, "POST", "/workers", &[], add.as_bytes()).unwrap();
     assert_eq!(r.status, 202, "{}", r.text());
 
-    // With an admin key, another host manages with it.
+    // With an admin key, another host manages with it (and the keyless mode is off).
     let gw = gateway_for(&urls[..1], &["--admin-api-key", "adm"]);
     let auth = [("authorization", "Bearer adm"), ("connection", "close")];
     let r = request_from_other_host(gw.addr, "POST", "/workers", &auth, add.as_bytes());
     assert_eq!(r.status, 202, "{}", r.text());
     let r = request_from_other_host(gw.addr, "POST", "/workers", &close, add.as_bytes());
     assert_eq!(r.status, 401, "{}", r.text());
+    let r = request(gw.addr, "POST", "/workers", &[], add.as_bytes()).unwrap();
+    assert_eq!(
+        r.status,
+        401,
+        "a key set wins over the local mode: {}",
+        r.text()
+    );
 }
 
 #[test]

@@ -421,7 +421,17 @@ fn a_new_copy_started_with_a_bootstrap_peer_copies_its_index_and_follows_live_ev
         cfg.kv_events = Some(events_config(r#","buffer_steps":2"#))
     });
     let ports = c.ports();
-    let first = gateway_for(&urls(&c), &["--kv-events", "--policy", "cache_aware"]);
+    // The snapshot needs the admin key; the new copy sends its own, the same.
+    let first = gateway_for(
+        &urls(&c),
+        &[
+            "--kv-events",
+            "--policy",
+            "cache_aware",
+            "--admin-api-key",
+            "adm",
+        ],
+    );
     wait_warm(&first, 2);
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(700 + i, 64)).collect();
     for (i, ids) in prompts.iter().enumerate() {
@@ -439,6 +449,8 @@ fn a_new_copy_started_with_a_bootstrap_peer_copies_its_index_and_follows_live_ev
             "cache_aware",
             "--kv-bootstrap-peer",
             &peer,
+            "--admin-api-key",
+            "adm",
         ],
     );
     wait_warm(&second, 2);
@@ -480,6 +492,21 @@ fn without_the_peer_a_new_copy_knows_only_what_the_replay_buffers_still_hold() {
     assert!(known < prompts.len(), "the replay buffers held everything");
 }
 
+/// A gateway over `c` that copies its index from `peer` first (not waiting for readiness).
+fn bootstrapping_gateway(c: &SimCluster, peer: &str) -> Running {
+    let mut args = vec!["--worker-urls"];
+    let all = urls(c);
+    args.extend(all.iter().map(String::as_str));
+    args.extend([
+        "--kv-events",
+        "--kv-bootstrap-peer",
+        peer,
+        "--admin-api-key",
+        "adm",
+    ]);
+    gateway(&args)
+}
+
 #[test]
 fn a_copy_is_not_ready_while_it_takes_its_siblings_index() {
     let c = kv_sim(1, 400_000);
@@ -492,11 +519,7 @@ fn a_copy_is_not_ready_while_it_takes_its_siblings_index() {
         let _ = held.recv();
         drop(conn); // The copy reads an end of stream: no index, start cold.
     });
-    let mut args = vec!["--worker-urls"];
-    let all = urls(&c);
-    args.extend(all.iter().map(String::as_str));
-    args.extend(["--kv-events", "--kv-bootstrap-peer", &peer_url]);
-    let gw = gateway(&args);
+    let gw = bootstrapping_gateway(&c, &peer_url);
     // The worker is healthy, yet the copy says it is bootstrapping.
     wait_until("the worker healthy", LIMIT, || {
         let r = request(gw.addr, "GET", "/readiness", &[], b"").unwrap();
@@ -512,6 +535,73 @@ fn a_copy_is_not_ready_while_it_takes_its_siblings_index() {
     server.join().unwrap();
     wait_ready(gw.addr, LIMIT);
     wait_warm(&gw, 1);
+}
+
+/// A sibling that answers every connection with `answer` after reading the request head; the
+/// heads it read come back on the channel.
+fn scripted_peer(answer: String) -> (String, std::sync::mpsc::Receiver<String>) {
+    use std::io::{Read, Write};
+    let peer = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", peer.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in peer.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut b).unwrap_or(0) == 1 {
+                head.push(b[0]);
+            }
+            if tx
+                .send(String::from_utf8_lossy(&head).into_owned())
+                .is_err()
+            {
+                return;
+            }
+            let _ = conn.write_all(answer.as_bytes());
+            // Held open: the copy must decide on the head alone.
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    });
+    (url, rx)
+}
+
+#[test]
+fn the_bootstrap_peer_gets_the_key_and_nobody_else_and_oversized_copies_are_refused_at_once() {
+    let c = kv_sim(1, 400_000);
+    // A redirect elsewhere is never followed: the key goes only to the URL the operator named.
+    let (elsewhere, elsewhere_heads) = scripted_peer("HTTP/1.1 200 OK\r\n\r\n".into());
+    let redirect = format!(
+        "HTTP/1.1 307 Temporary Redirect\r\nlocation: {elsewhere}/kv_index/snapshot\r\n\
+         content-length: 0\r\n\r\n"
+    );
+    // A copy over the cap (256 MiB) is refused on its Content-Length, before any byte of it.
+    let huge = "HTTP/1.1 200 OK\r\ncontent-length: 300000000\r\n\r\n".to_string();
+    for answer in [redirect, huge] {
+        let (peer, heads) = scripted_peer(answer.clone());
+        let started = Instant::now();
+        let gw = bootstrapping_gateway(&c, &peer);
+        let head = heads.recv_timeout(LIMIT).expect("the peer was asked");
+        assert!(
+            head.starts_with("GET /kv_index/snapshot HTTP/1.1\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("Authorization: Bearer adm\r\n"), "{head}");
+        // Given up on the answer's head: ready well before the peer lets the connection go.
+        wait_until("bootstrapped", LIMIT, || {
+            gw.gateway().kv.as_ref()?.is_bootstrapped().then_some(())
+        });
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{answer:?}: {:?}",
+            started.elapsed()
+        );
+        wait_ready(gw.addr, LIMIT);
+    }
+    assert!(
+        elsewhere_heads.try_recv().is_err(),
+        "the redirect target was contacted"
+    );
 }
 
 /// A worker publishing on a fixed live port whose replay endpoint (as the gateway is told it)

@@ -647,6 +647,17 @@ const ADMIN_ENDPOINTS: &[(&str, &str, &str)] = &[
     ("POST", "/flush_cache", ""),
     ("GET", "/flush_cache", ""),
     ("GET", "/get_loads", ""),
+    ("GET", "/kv_index/snapshot", ""),
+];
+
+/// Of [`ADMIN_ENDPOINTS`], those that only read: the API key opens them when no admin key is
+/// set (the reference's fallback). The rest change the worker set, flush caches or copy the KV
+/// index: the admin key itself, never the API key.
+const READ_ENDPOINTS: &[&str] = &[
+    "/workers",
+    "/workers/no-such-worker",
+    "/list_workers",
+    "/get_loads",
 ];
 
 /// Endpoints that stay open whatever keys are set.
@@ -719,23 +730,35 @@ fn every_admin_endpoint_needs_the_admin_key_and_public_ones_stay_open() {
 }
 
 #[test]
-fn without_an_admin_key_admin_endpoints_take_the_api_key() {
+fn without_an_admin_key_reads_take_the_api_key_and_control_is_refused() {
     let cluster = sim(1, |_| {});
-    let gw = gateway_for(&cluster.urls(), &["--api-key", "secret"]);
+    let gw = gateway_for_exact(&cluster.urls(), &["--api-key", "secret"]);
     for &(method, path, body) in ADMIN_ENDPOINTS {
-        for key in [None, Some("wrong"), Some("secre"), Some("secrett")] {
-            assert_eq!(
-                status_with_key(gw.addr, method, path, body, key),
-                401,
-                "{method} {path} with key {key:?}"
+        let read = method == "GET" && READ_ENDPOINTS.contains(&path);
+        if read {
+            for key in [None, Some("wrong"), Some("secre"), Some("secrett")] {
+                assert_eq!(
+                    status_with_key(gw.addr, method, path, body, key),
+                    401,
+                    "{method} {path} with key {key:?}"
+                );
+            }
+            let s = status_with_key(gw.addr, method, path, body, Some("secret"));
+            assert_ne!(
+                s, 401,
+                "{method} {path} refused the API key (the admin fallback)"
             );
+            assert!(s < 500, "{method} {path} with the API key: {s}");
+        } else {
+            // No key opens these without --admin-api-key, from this host or any other.
+            for key in [None, Some("secret"), Some("wrong")] {
+                assert_eq!(
+                    status_with_key(gw.addr, method, path, body, key),
+                    403,
+                    "{method} {path} with key {key:?} and no admin key configured"
+                );
+            }
         }
-        let s = status_with_key(gw.addr, method, path, body, Some("secret"));
-        assert_ne!(
-            s, 401,
-            "{method} {path} refused the API key (the admin fallback)"
-        );
-        assert!(s < 500, "{method} {path} with the API key: {s}");
     }
     for &(method, path) in PUBLIC_ENDPOINTS {
         assert_eq!(

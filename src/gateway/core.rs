@@ -20,6 +20,10 @@ pub struct Core {
     pub pool: Pool,
     /// This core's random source (ties, jitter, request ids).
     pub rng: RefCell<Rng>,
+    /// This core's kernel randomness, for what clients must not predict (request ids).
+    pub entropy: RefCell<crate::base::entropy::Entropy>,
+    /// This core's last `/v1/models` merge (the list answered) and when it was made.
+    pub models_cache: RefCell<Option<(std::time::Instant, serde_json::Value)>>,
     /// This core's buffers for measuring prompts against the KV-event index.
     pub kv: RefCell<super::kv::KvScratch>,
     /// This core's busy-poll window (`--busy-poll-us`).
@@ -36,6 +40,8 @@ impl Core {
             index,
             pool,
             rng: RefCell::new(Rng::from_entropy()),
+            entropy: RefCell::default(),
+            models_cache: RefCell::default(),
             kv: RefCell::default(),
             busy,
         }

@@ -9,8 +9,8 @@ use crate::base::WorkerId;
 use crate::http::Method;
 use crate::kv::endpoint::{KvEndpoints, TcpEndpoint};
 use crate::kv::index::{
-    namespace_root, ChainMemo, IndexConfig, IndexReader, IndexStats, IndexWriter, MatchScratch,
-    Source,
+    namespace_root, ChainMemo, IndexConfig, IndexExport, IndexReader, IndexStats, IndexWriter,
+    MatchScratch, Source,
 };
 use crate::kv::intake::{
     CommandError, EventSink, Intake, IntakeConfig, IntakeEvent, Publisher, ResetReason, SourceState,
@@ -23,7 +23,6 @@ use crate::tokenize::{SegmentCache, Tokenizer};
 use crate::workers::registry::{Worker, WorkerList};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use crossbeam::channel::Sender;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -88,6 +87,17 @@ pub struct KvRouting {
     /// The start-up wait is over (latched: later replays, gaps or silent publishers never make
     /// a ready copy unready; their workers are scored by the text tree meanwhile).
     warmed: AtomicBool,
+    /// An index copy is being made (one at a time).
+    exporting: AtomicBool,
+}
+
+/// The place of the one index copy being made; freed when dropped.
+pub struct ExportGuard<'a>(&'a AtomicBool);
+
+impl Drop for ExportGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// What `--kv-events` is started with (from the flags).
@@ -131,6 +141,7 @@ impl KvRouting {
             published_states: source_states.clone(),
             dirty: false,
             states_dirty: false,
+            export: None,
         };
         let intake = Intake::start(IntakeConfig::default(), sink)?;
         for f in Fallback::ALL {
@@ -154,6 +165,7 @@ impl KvRouting {
             discovered: AtomicBool::new(false),
             warm_deadline: Instant::now() + warm_timeout,
             warmed: AtomicBool::new(false),
+            exporting: AtomicBool::new(false),
         })
     }
 
@@ -235,9 +247,16 @@ impl KvRouting {
         Some(rest.trim()).filter(|a| !a.is_empty())
     }
 
-    /// Ask the event thread for a copy of the index (`GET /kv_index/snapshot`).
-    pub fn export(&self) -> Result<crossbeam::channel::Receiver<Option<Vec<u8>>>, CommandError> {
-        self.intake.export()
+    /// Ask the event thread for a copy of the index (`GET /kv_index/snapshot`): one at a time
+    /// (`None` while another is being made; the guard frees the place when dropped).
+    pub fn export(
+        &self,
+    ) -> Option<Result<(ExportGuard<'_>, crate::kv::intake::ExportAnswer), CommandError>> {
+        if self.exporting.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let guard = ExportGuard(&self.exporting);
+        Some(self.intake.export().map(|rx| (guard, rx)))
     }
 
     /// The intake's counters.
@@ -255,9 +274,9 @@ impl KvRouting {
     }
 }
 
-/// Largest index copy accepted from a sibling (about 28 bytes a block: tens of millions of
-/// blocks).
-const MAX_BOOTSTRAP_BYTES: usize = 1 << 30;
+/// Largest index copy accepted from a sibling: a full index (4 Mi blocks at about 18 bytes
+/// each, ~72 MiB) fits three times over; the download is held once, then read in place.
+const MAX_BOOTSTRAP_BYTES: usize = 256 << 20;
 /// Time allowed for downloading and applying a sibling's copy.
 const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -560,6 +579,8 @@ struct IndexSink {
     published_states: Arc<ArcSwap<Vec<(Source, SourceState)>>>,
     dirty: bool,
     states_dirty: bool,
+    /// The export under way (`GET /kv_index/snapshot`), a source at a time.
+    export: Option<IndexExport>,
 }
 
 impl EventSink for IndexSink {
@@ -601,17 +622,26 @@ impl EventSink for IndexSink {
         }
     }
 
-    fn export(&mut self, watermarks: &[(Source, i64)], reply: Sender<Option<Vec<u8>>>) {
+    fn export_begin(&mut self) -> Option<Vec<Source>> {
+        self.export = Some(IndexExport::default());
+        Some(self.writer.export_sources())
+    }
+
+    fn export_source(&mut self, key: Source, watermark: Option<i64>) {
         let models = self.models.load();
-        let copy = self.writer.export_copy(
-            |w| models.get(&w).map(|wk| wk.url.to_string()),
-            |s| {
-                watermarks
-                    .iter()
-                    .find(|(k, _)| *k == s)
-                    .map(|&(_, seq)| seq)
-            },
-        );
+        // Only workers this copy names by URL (a worker being removed has none any more).
+        let (Some(out), Some(wk)) = (self.export.as_mut(), models.get(&key.worker)) else {
+            return;
+        };
+        self.writer
+            .export_source(key, wk.url.to_string(), watermark, out);
+    }
+
+    fn export_finish(&mut self, reply: crate::kv::intake::ExportReply) {
+        let Some(copy) = self.export.take() else {
+            let _ = reply.try_send(None);
+            return;
+        };
         // Encoding costs ~15× taking the copy: off the event thread.
         let spawned = std::thread::Builder::new()
             .name("radixgate-kv-export".into())

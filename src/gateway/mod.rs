@@ -16,6 +16,7 @@ pub mod dp;
 pub mod health;
 pub mod kv;
 mod lifecycle;
+pub mod limit;
 mod membership;
 mod models;
 pub mod requests;
@@ -67,6 +68,10 @@ pub struct Gateway {
     pub telemetry: Telemetry,
     /// Which worker holds each in-flight request (`POST /abort_request` goes there).
     pub in_flight_ids: requests::InFlightIds,
+    /// `/v1/models` fan-outs in flight (each asks every worker).
+    pub model_fanouts: limit::CallLimit,
+    /// Pass-through calls in flight (`/health_generate` makes a worker generate).
+    pub pass_through: limit::CallLimit,
 }
 
 /// The nice value of the health thread (and of the tree writer and the KV-event thread): the
@@ -119,6 +124,12 @@ where
     }
 }
 
+/// `/v1/models` fan-outs at once (a cached answer serves the rest; see `serve::admin`).
+const MODEL_FANOUTS: usize = 4;
+/// Pass-through calls at once (`/get_model_info`, `/health_generate`): public, and each makes a
+/// worker work.
+const PASS_THROUGH_CALLS: usize = 16;
+
 impl Gateway {
     /// The routers and the role of the workers each one picks: the regular router alone, or in
     /// PD mode the prefill router (`router`) and the decode router.
@@ -151,7 +162,11 @@ impl Gateway {
             models: ServedModels::default(),
             router,
             decode,
-            auth: Auth::new(cfg.api_key.clone(), cfg.admin_api_key.clone()),
+            auth: Auth::new(
+                cfg.api_key.clone(),
+                cfg.admin_api_key.clone(),
+                cfg.keyless_local_admin,
+            ),
             admission,
             life: Lifecycle::new(io_driver, cores),
             breaker: cfg.breaker_config(),
@@ -159,6 +174,8 @@ impl Gateway {
             kv: start_kv(&cfg),
             telemetry: Telemetry::new(cfg.worker_metrics_interval_secs),
             in_flight_ids: requests::InFlightIds::new(requests::MAX_TRACKED),
+            model_fanouts: limit::CallLimit::new(MODEL_FANOUTS),
+            pass_through: limit::CallLimit::new(PASS_THROUGH_CALLS),
             cfg,
         };
         gw.membership_changed();

@@ -4,17 +4,21 @@
 //! rarely meet on a lock; bounded in entries (a request past the bound is simply not tracked
 //! and its abort goes to every worker); an entry leaves when its request ends.
 //!
-//! Keys are 64-bit hashes of the id under a per-process random key: nothing is allocated per
-//! request once the shards have grown, and a client cannot aim collisions. A key keeps its
+//! Keys are 64-bit hashes of the id and its caller under a per-process random key: nothing is
+//! allocated per request once the shards have grown, a client cannot aim collisions, and an id
+//! names a request only for the caller that sent it (the same `Authorization` header, or the
+//! same client address when there is none): a leaked or guessed id aborts nobody else's request. A key keeps its
 //! latest two workers: in prefill/decode mode both halves of a request run it at once (the
 //! prefill may still be computing a long prompt when the abort comes), and after a retry the
 //! older one is simply a worker that ignores the abort. A collision (or the same id in flight
 //! three times) sends the abort to the latest two holders only.
 
 use crate::base::WorkerId;
+use crate::http::RequestHead;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard};
 
 /// Default bound on tracked requests (all cores together).
@@ -72,9 +76,18 @@ impl InFlightIds {
         }
     }
 
-    /// The key of a request id (computed once per request).
+    /// The key of a request id sent by a caller (computed once per request): the caller is its
+    /// `Authorization` header when it has one, else its address.
+    pub fn key_for(&self, head: &RequestHead, peer: Option<IpAddr>, request_id: &str) -> IdKey {
+        match head.header("authorization") {
+            Some(auth) => IdKey(self.hasher.hash_one((0u8, auth, request_id))),
+            None => IdKey(self.hasher.hash_one((1u8, peer, request_id))),
+        }
+    }
+
+    /// The key of a request id for a caller named by a tag alone (tests, tools).
     pub fn key(&self, request_id: &str) -> IdKey {
-        IdKey(self.hasher.hash_one(request_id))
+        IdKey(self.hasher.hash_one((2u8, request_id)))
     }
 
     fn shard(&self, key: IdKey) -> MutexGuard<'_, Shard> {
@@ -124,8 +137,7 @@ impl InFlightIds {
     /// The worker holding this request id, if it is in flight and tracked, and the worker
     /// that held it before (the prefill half of a prefill/decode request, or the worker of an
     /// earlier attempt).
-    pub fn holder(&self, request_id: &str) -> Option<(WorkerId, Option<WorkerId>)> {
-        let key = self.key(request_id);
+    pub fn holder(&self, key: IdKey) -> Option<(WorkerId, Option<WorkerId>)> {
         self.shard(key).get(&key.0).map(|h| (h.worker, h.before))
     }
 
@@ -152,15 +164,15 @@ mod tests {
         let m = InFlightIds::new(100);
         let k = m.key("chatcmpl-1");
         assert!(m.insert(k, 3));
-        assert_eq!(m.holder("chatcmpl-1"), Some((3, None)));
-        assert_eq!(m.holder("chatcmpl-2"), None);
+        assert_eq!(m.holder(m.key("chatcmpl-1")), Some((3, None)));
+        assert_eq!(m.holder(m.key("chatcmpl-2")), None);
         // A retry moves it: the old attempt's entry goes, the new one stays (the old worker is
         // remembered as the one before, which ignores an abort it does not run).
         assert!(m.insert(k, 5));
         m.remove(k);
-        assert_eq!(m.holder("chatcmpl-1"), Some((5, Some(3))));
+        assert_eq!(m.holder(m.key("chatcmpl-1")), Some((5, Some(3))));
         m.remove(k);
-        assert_eq!(m.holder("chatcmpl-1"), None);
+        assert_eq!(m.holder(m.key("chatcmpl-1")), None);
         assert!(m.is_empty());
         m.remove(k); // not there: nothing happens
     }
@@ -171,14 +183,45 @@ mod tests {
         let k = m.key("pd-1");
         assert!(m.insert(k, 2)); // prefill
         assert!(m.insert(k, 7)); // decode
-        assert_eq!(m.holder("pd-1"), Some((7, Some(2))));
+        assert_eq!(m.holder(m.key("pd-1")), Some((7, Some(2))));
         // The same worker twice keeps the earlier one.
         assert!(m.insert(k, 7));
-        assert_eq!(m.holder("pd-1"), Some((7, Some(2))));
+        assert_eq!(m.holder(m.key("pd-1")), Some((7, Some(2))));
         for _ in 0..3 {
             m.remove(k);
         }
         assert!(m.is_empty());
+    }
+
+    #[test]
+    fn an_id_names_a_request_only_for_its_caller() {
+        use crate::http::{parse_request_head, HeadLimits};
+        let head = |auth: Option<&str>| {
+            let mut raw = String::from("POST /x HTTP/1.1\r\nhost: h\r\n");
+            if let Some(a) = auth {
+                raw.push_str(&format!("authorization: {a}\r\n"));
+            }
+            raw.push_str("\r\n");
+            let mut buf = bytes::BytesMut::from(raw.as_bytes());
+            parse_request_head(&mut buf, &HeadLimits::default())
+                .unwrap()
+                .unwrap()
+        };
+        let m = InFlightIds::new(100);
+        let a: Option<IpAddr> = Some("10.0.0.1".parse().unwrap());
+        let b: Option<IpAddr> = Some("10.0.0.2".parse().unwrap());
+        let alice = head(Some("Bearer alice"));
+        assert!(m.insert(m.key_for(&alice, a, "r1"), 4));
+        // The same key from another address is the same caller; another key is not.
+        assert_eq!(m.holder(m.key_for(&alice, b, "r1")), Some((4, None)));
+        assert_eq!(
+            m.holder(m.key_for(&head(Some("Bearer bob")), a, "r1")),
+            None
+        );
+        // Without a key, the address is the caller.
+        assert!(m.insert(m.key_for(&head(None), a, "r2"), 5));
+        assert_eq!(m.holder(m.key_for(&head(None), a, "r2")), Some((5, None)));
+        assert_eq!(m.holder(m.key_for(&head(None), b, "r2")), None);
     }
 
     #[test]

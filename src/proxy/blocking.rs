@@ -72,6 +72,9 @@ pub fn get(
             if n > max_body {
                 return Err(format!("body of {n} bytes is over {max_body}"));
             }
+            // Room for all of it at once: no doubling on the way (a copy near the cap would
+            // otherwise peak at twice its size).
+            buf.reserve(n.saturating_sub(buf.len()));
             while buf.len() < n {
                 if !read_some(&mut s, &mut buf, &mut chunk, deadline)? {
                     return Err("the connection closed inside the body".into());
@@ -102,7 +105,9 @@ pub fn get(
             }
         },
     }
-    Ok((head.status, body.to_vec()))
+    // A redirect is an answer like any other (never followed: the key goes only where the
+    // operator pointed it).
+    Ok((head.status, Vec::from(body)))
 }
 
 /// Read what is there into `buf`; false at end of stream.

@@ -6,9 +6,10 @@
 //! - DP-aware routing (`--dp-aware`): `data_parallel_rank`, the attention-DP rank the request
 //!   was routed to.
 //!
-//! The fields go in just before the object's closing brace, so they come *last*: servers that
-//! keep the last of duplicate keys (Python's `json`, serde_json's `Value`) take the gateway's
-//! values over any a client sent (the reference overwrites them too).
+//! The fields go in just before the object's closing brace. Members of the same names a client
+//! sent are taken out first (their bytes, with one comma), so the body carries the gateway's
+//! values only, whatever a server does with duplicate keys (Python's `json` keeps the last,
+//! others the first or refuse).
 
 use super::extract::Api;
 use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
@@ -381,9 +382,176 @@ pub fn splice_dp_rank(body: &[u8], rank: u32) -> Result<Vec<u8>, PdBodyError> {
     )
 }
 
-/// `body` (a JSON object) with the `added` fields spliced in before its closing brace: one
-/// allocation of the exact size, every original byte kept.
+/// The keys the gateway sets: a client's members of these names are replaced.
+const GATEWAY_KEYS: [&[u8]; 4] = [
+    b"bootstrap_host",
+    b"bootstrap_port",
+    b"bootstrap_room",
+    b"data_parallel_rank",
+];
+
+/// Byte ranges of the top-level members of `body` (a JSON object the extractor accepted) whose
+/// key is in `keys`, each with one adjacent comma, so removing them leaves valid JSON.
+fn member_spans(body: &[u8], keys: &[&[u8]]) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
+    let mut i = match body.iter().position(|&c| c == b'{') {
+        Some(p) => p + 1,
+        None => return spans,
+    };
+    let ws = |i: &mut usize| {
+        while body.get(*i).is_some_and(|c| c.is_ascii_whitespace()) {
+            *i += 1;
+        }
+    };
+    // (start, value end, next member's start or None at the end) of each member.
+    let mut members: Vec<(usize, usize, bool)> = Vec::new();
+    loop {
+        ws(&mut i);
+        if body.get(i) != Some(&b'"') {
+            break; // `}`: the end (or an empty object).
+        }
+        let start = i;
+        let key_end = skip_string(body, i);
+        let key = &body[start + 1..key_end.saturating_sub(1)];
+        i = key_end;
+        ws(&mut i);
+        i += 1; // ':'
+        ws(&mut i);
+        i = skip_value(body, i);
+        let value_end = i;
+        ws(&mut i);
+        let more = body.get(i) == Some(&b',');
+        if more {
+            i += 1;
+        }
+        if keys.contains(&key) {
+            members.push((start, value_end, more));
+        }
+        if !more {
+            break;
+        }
+    }
+    for (start, value_end, more) in members {
+        if more {
+            // Up to the next member's key: this member, its comma, the space after.
+            let mut end = value_end;
+            while body.get(end).is_some_and(|&c| c != b',') {
+                end += 1;
+            }
+            end += 1;
+            while body.get(end).is_some_and(|c| c.is_ascii_whitespace()) {
+                end += 1;
+            }
+            spans.push((start, end));
+        } else {
+            // The last member: from the end of the previous value (its comma included).
+            let mut from = start;
+            while from > 0 && body[from - 1] != b',' && body[from - 1] != b'{' {
+                from -= 1;
+            }
+            if from > 0 && body[from - 1] == b',' {
+                from -= 1;
+            }
+            spans.push((from, value_end));
+        }
+    }
+    // Overlaps can only come from two adjacent removals; merge them.
+    spans.sort_unstable();
+    let mut merged: Vec<(usize, usize)> = Vec::new();
+    for (a, b) in spans {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    merged
+}
+
+/// The end of the string starting at `i` (its opening quote): just past its closing quote.
+fn skip_string(body: &[u8], mut i: usize) -> usize {
+    i += 1;
+    while let Some(&c) = body.get(i) {
+        match c {
+            b'\\' => i += 2,
+            b'"' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    body.len()
+}
+
+/// The end of the value starting at `i`.
+fn skip_value(body: &[u8], mut i: usize) -> usize {
+    let mut depth = 0usize;
+    while let Some(&c) = body.get(i) {
+        match c {
+            b'"' => {
+                i = skip_string(body, i);
+                if depth == 0 {
+                    return i;
+                }
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                if depth == 0 {
+                    return i;
+                }
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            b',' if depth == 0 => return i,
+            c if depth == 0 && c.is_ascii_whitespace() => return i,
+            _ => {}
+        }
+        i += 1;
+    }
+    i
+}
+
+/// `body` (a JSON object) with the `added` fields spliced in before its closing brace, members
+/// of the same names the client sent taken out: one allocation of the exact size, every other
+/// byte kept.
 pub fn splice_fields(body: &[u8], added: &Added) -> Result<Vec<u8>, PdBodyError> {
+    // A client's own members of the gateway's keys (rare: scanned only when one is there).
+    if named_anywhere(body) {
+        let spans = member_spans(body, &GATEWAY_KEYS);
+        if !spans.is_empty() {
+            let mut kept = Vec::with_capacity(body.len());
+            let mut at = 0;
+            for (a, b) in spans {
+                kept.extend_from_slice(&body[at..a]);
+                at = b;
+            }
+            kept.extend_from_slice(&body[at..]);
+            return splice_checked(&kept, added);
+        }
+    }
+    splice_checked(body, added)
+}
+
+/// Whether one of the gateway's keys occurs anywhere in `body` as a quoted string (a quick
+/// test, at memory speed, before the member scan).
+fn named_anywhere(body: &[u8]) -> bool {
+    static KEYS: std::sync::OnceLock<Option<aho_corasick::AhoCorasick>> =
+        std::sync::OnceLock::new();
+    let found = KEYS.get_or_init(|| {
+        aho_corasick::AhoCorasick::new(GATEWAY_KEYS.map(|k| {
+            let mut q = Vec::with_capacity(k.len() + 2);
+            q.push(b'"');
+            q.extend_from_slice(k);
+            q.push(b'"');
+            q
+        }))
+        .ok()
+    });
+    // Without the automaton (it cannot fail for these keys), scan every time.
+    found.as_ref().is_none_or(|ac| ac.is_match(body))
+}
+
+fn splice_checked(body: &[u8], added: &Added) -> Result<Vec<u8>, PdBodyError> {
     let not_object = || PdBodyError("the request body must be a JSON object".into());
     let start = body
         .iter()

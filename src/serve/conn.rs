@@ -72,6 +72,8 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream, slot: Slot) {
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut linger = false;
     let mut ahead = 0;
+    // Read once: the keyless local mode asks where a control call comes from.
+    let peer = stream.peer_addr().ok().map(|a| a.ip());
     loop {
         let waits = Waits {
             header: header_timeout,
@@ -85,8 +87,7 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream, slot: Slot) {
                 break;
             }
         };
-        core.busy.touch();
-        let (handler, body_limit) = match decide(&gw, &head) {
+        let (handler, body_limit) = match decide(&gw, &head, peer) {
             Ok(d) => d,
             Err(e) => {
                 let outcome = send_error(&mut stream, Some(&head), &e, None).await;
@@ -98,6 +99,8 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream, slot: Slot) {
                 break;
             }
         };
+        // Only a request that passed its key check keeps the core spinning for it.
+        core.busy.touch();
         let body = match read_body(&mut stream, &mut buf, &head, body_limit, pace).await {
             Ok(b) => b,
             Err(fail) => {
@@ -144,10 +147,14 @@ pub async fn refuse_over_cap(mut stream: TcpStream) {
 }
 
 /// What the head alone decides: the route and the largest body it may carry, or the refusal
-/// (404, 405, 401) answered before any body byte is read. A refused request that declared a
+/// (404, 405, 401, 403) answered before any body byte is read. A refused request that declared a
 /// body closes the connection (the unread body is no request boundary), so no `100 Continue`
 /// is ever sent for it and nothing of its upload is buffered.
-fn decide(gw: &Gateway, head: &RequestHead) -> Result<(Handler, u64), GatewayError> {
+fn decide(
+    gw: &Gateway,
+    head: &RequestHead,
+    peer: Option<std::net::IpAddr>,
+) -> Result<(Handler, u64), GatewayError> {
     let refuse = |mut e: GatewayError| {
         e.close = !matches!(head.framing, BodyFraming::None | BodyFraming::Length(0));
         e
@@ -170,8 +177,8 @@ fn decide(gw: &Gateway, head: &RequestHead) -> Result<(Handler, u64), GatewayErr
         }
     };
     if let Some(scope) = r.scope() {
-        if let Err(msg) = gw.auth.authorize(head, scope) {
-            return Err(refuse(GatewayError::new(401, msg)));
+        if let Err(no) = gw.auth.authorize(head, scope, peer) {
+            return Err(refuse(GatewayError::new(no.status, no.message)));
         }
     }
     Ok((handler, r.body_limit(gw.cfg.max_payload_size)))

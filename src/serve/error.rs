@@ -69,6 +69,15 @@ impl GatewayError {
         )
     }
 
+    /// Too many calls of this kind are in flight across the gateway (a public endpoint that
+    /// makes workers work on a client's behalf): 503 at once, retry shortly.
+    pub fn busy(what: &'static str) -> GatewayError {
+        GatewayError::new(
+            503,
+            format!("too many {what} calls in flight on this gateway; retry shortly"),
+        )
+    }
+
     /// The OpenAI error `type` for this status: one table for every error the gateway writes.
     pub fn kind(&self) -> &'static str {
         error_type(self.status)

@@ -205,6 +205,8 @@ pub(super) struct Exchange<'a> {
     /// The client's address, appended to `X-Forwarded-For`.
     pub(super) client_ip: Option<IpAddr>,
     pub(super) _permit: Permit<'a>,
+    /// A pass-through call's place among those the gateway allows at once.
+    pub(super) _pass_slot: Option<crate::gateway::limit::CallSlot<'a>>,
 }
 
 impl<'a> Exchange<'a> {
@@ -254,8 +256,15 @@ impl<'a> Exchange<'a> {
             head,
             &gw.cfg.request_id_headers,
             head.path(),
-            &mut core.rng.borrow_mut(),
+            &mut core.entropy.borrow_mut(),
         );
+        let pass_slot = match forwarding {
+            Forwarding::PassThrough => match gw.pass_through.try_take() {
+                Some(s) => Some(s),
+                None => return Err(refuse(GatewayError::busy(head_path_label(head)), None)),
+            },
+            Forwarding::Routed(_) => None,
+        };
         let permit = match gw.admission.acquire().await {
             Ok(p) => p,
             Err(r) => return Err(refuse(r.into(), Some(rid))),
@@ -268,7 +277,7 @@ impl<'a> Exchange<'a> {
             body,
             forwarding,
             client_ip,
-            id_key: gw.in_flight_ids.key(&rid),
+            id_key: gw.in_flight_ids.key_for(head, client_ip, &rid),
             request_id: rid,
             started,
             deadline: started + gw.cfg.request_timeout(),
@@ -283,6 +292,7 @@ impl<'a> Exchange<'a> {
             attempts: 0,
             last_error: None,
             _permit: permit,
+            _pass_slot: pass_slot,
         })
     }
 
@@ -600,6 +610,14 @@ impl<'a> Exchange<'a> {
     /// Answer `e` with this request's id.
     pub(super) async fn fail(&self, client: &mut TcpStream, e: GatewayError) -> Outcome {
         send_error(client, Some(self.head), &e, Some(&self.request_id)).await
+    }
+}
+
+/// The pass-through endpoint a head names, for a "busy" answer (a fixed set of names).
+fn head_path_label(head: &RequestHead) -> &'static str {
+    match head.path() {
+        b"/health_generate" => "/health_generate",
+        _ => "/get_model_info",
     }
 }
 

@@ -31,8 +31,12 @@ impl Route {
     pub fn scope(self) -> Option<Scope> {
         match self {
             Route::Proxy(Forwarding::Routed(_)) => Some(Scope::Inference),
-            // Cancels inference: whoever may send a request may abort it.
-            Route::Local(Endpoint::AbortRequest) => Some(Scope::Inference),
+            // Cancels inference: whoever may send a request may abort their own, and the admin
+            // may abort any (aborting every request, or one the gateway does not know as the
+            // caller's, needs control: checked against the body).
+            Route::Local(Endpoint::AbortRequest) => Some(Scope::Cancel),
+            Route::Local(Endpoint::KvSnapshot) => Some(Scope::Secret),
+            Route::Local(ep) if ep.is_control() => Some(Scope::Control),
             Route::Local(ep) if ep.is_admin() => Some(Scope::Admin),
             _ => None,
         }
@@ -125,7 +129,16 @@ mod tests {
         assert_eq!(chat.scope(), Some(Scope::Inference));
         assert_eq!(chat.body_limit(1 << 29), 1 << 29);
         let add = route(Method::Post, b"/workers");
-        assert_eq!(add.scope(), Some(Scope::Admin));
+        assert_eq!(add.scope(), Some(Scope::Control));
+        assert_eq!(
+            route(Method::Post, b"/flush_cache").scope(),
+            Some(Scope::Control)
+        );
+        assert_eq!(route(Method::Get, b"/workers").scope(), Some(Scope::Admin));
+        assert_eq!(
+            route(Method::Get, b"/kv_index/snapshot").scope(),
+            Some(Scope::Secret)
+        );
         assert_eq!(add.body_limit(1 << 29), LOCAL_BODY_LIMIT);
         assert_eq!(add.body_limit(100), 100);
         let health = route(Method::Get, b"/health");
@@ -136,7 +149,7 @@ mod tests {
         assert_eq!(route(Method::Get, b"/nope").scope(), None);
         let abort = route(Method::Post, b"/abort_request");
         assert_eq!(abort, Route::Local(Endpoint::AbortRequest));
-        assert_eq!(abort.scope(), Some(Scope::Inference));
+        assert_eq!(abort.scope(), Some(Scope::Cancel));
         assert_eq!(abort.body_limit(1 << 29), LOCAL_BODY_LIMIT);
     }
 }

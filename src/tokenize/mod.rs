@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use minijinja::value::Value;
 use serde_json::Value as JsonValue;
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use memo::TextMemo;
 use split::{Added, Piece, Resume, Splitter};
@@ -377,7 +377,7 @@ impl Tokenizer {
         };
         let template = template_src
             .as_deref()
-            .map(|s| ChatTemplate::new(s, limits.template_fuel))
+            .map(|s| ChatTemplate::new(s, limits.template_fuel, limits.max_text_bytes))
             .transpose()
             .map_err(LoadError::Template)?;
         let content_parts = template_src
@@ -615,7 +615,10 @@ impl Tokenizer {
         let rendered =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| template.render(ctx)))
                 .map_err(|_| TokenizeError::Template("template engine panicked".into()))?
-                .map_err(TokenizeError::Template)?;
+                .map_err(|e| match e {
+                    template::RenderError::TooLarge => TokenizeError::TooLarge,
+                    template::RenderError::Failed(m) => TokenizeError::Template(m),
+                })?;
         let mut text = rendered;
         if let Some(s) = input.suffix {
             text.push_str(&s);
@@ -652,17 +655,28 @@ pub struct CacheStats {
     pub memo_bytes: u64,
 }
 
-/// Cache key: 64-bit xxh3 of a piece (or word) and its length.
+/// Cache key: 64-bit xxh3 of a piece (or word), seeded per process, and its length. The seed
+/// keeps clients from choosing texts whose keys fall into one bucket of the maps (the key is
+/// the map's hash as it is).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
     hash: u64,
     len: u32,
 }
 
+/// This process's key seed (from the kernel, once).
+fn key_seed() -> u64 {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| {
+        let mut e = crate::base::entropy::Entropy::default();
+        (0..8).fold(0u64, |s, _| s << 8 | u64::from(e.byte()))
+    })
+}
+
 impl Key {
     fn of(text: &str) -> Key {
         Key {
-            hash: xxh3_64(text.as_bytes()),
+            hash: xxh3_64_with_seed(text.as_bytes(), key_seed()),
             len: text.len() as u32,
         }
     }
@@ -691,24 +705,82 @@ impl Hasher for KeyHasher {
 
 struct Entry {
     ids: Box<[u32]>,
-    last_used: u64,
+    /// Used since the clock hand last passed it (its second chance).
+    used: bool,
 }
 
-/// Text → ids, keyed by [`Key`] (pieces, and words).
-type IdMap = HashMap<Key, Entry, BuildHasherDefault<KeyHasher>>;
+impl Entry {
+    /// What the entry counts against its cache's bound: its ids, and at least one (a piece
+    /// that encodes to no id still takes a slot, so a flood of them is bounded too).
+    fn weight(&self) -> usize {
+        self.ids.len().max(1)
+    }
+}
 
-/// Removes `map`'s entries least recently used first, for as long as `more` (told each entry
-/// before it goes) answers true: one sort per eviction round.
-fn drop_least_recent(map: &mut IdMap, mut more: impl FnMut(&Entry) -> bool) {
-    let mut by_age: Vec<(u64, Key)> = map.iter().map(|(k, e)| (e.last_used, *k)).collect();
-    by_age.sort_unstable_by_key(|&(t, _)| t);
-    for (_, k) in by_age {
-        match map.get(&k) {
-            Some(e) if more(e) => {
-                map.remove(&k);
-            }
-            _ => break,
+/// Text → ids, keyed by [`Key`] (pieces, and words), evicted by CLOCK (second chance): the
+/// keys in insertion order form the clock; the hand evicts the first entry not used since it
+/// last passed. Every step is O(1) and each insert moves the hand a bounded number of steps,
+/// so no request pays for a sort of the whole map (an LRU approximation, as kernels' page
+/// caches use).
+#[derive(Default)]
+struct IdCache {
+    map: HashMap<Key, Entry, BuildHasherDefault<KeyHasher>>,
+    clock: std::collections::VecDeque<Key>,
+    /// Sum of the entries' weights.
+    weight: usize,
+}
+
+/// Second chances one eviction step may give before it evicts regardless (a bound on a step).
+const SECOND_CHANCES: usize = 64;
+
+impl IdCache {
+    fn get(&mut self, key: &Key) -> Option<&[u32]> {
+        let e = self.map.get_mut(key)?;
+        e.used = true;
+        Some(&e.ids)
+    }
+
+    fn contains(&self, key: &Key) -> bool {
+        self.map.contains_key(key)
+    }
+
+    fn insert(&mut self, key: Key, ids: Box<[u32]>) {
+        let e = Entry { ids, used: false };
+        self.weight += e.weight();
+        if let Some(old) = self.map.insert(key, e) {
+            self.weight -= old.weight();
+        } else {
+            self.clock.push_back(key);
         }
+    }
+
+    /// Evicts until the weight is at most `target`; returns the entries evicted.
+    fn shrink_to(&mut self, target: usize) -> u64 {
+        let mut evicted = 0;
+        let mut chances = 0;
+        while self.weight > target {
+            let Some(key) = self.clock.pop_front() else {
+                break;
+            };
+            let Some(e) = self.map.get_mut(&key) else {
+                continue;
+            };
+            if e.used && chances < SECOND_CHANCES {
+                e.used = false;
+                chances += 1;
+                self.clock.push_back(key);
+                continue;
+            }
+            if let Some(e) = self.map.remove(&key) {
+                self.weight -= e.weight();
+                evicted += 1;
+            }
+        }
+        evicted
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
     }
 }
 
@@ -718,17 +790,16 @@ fn drop_least_recent(map: &mut IdMap, mut more: impl FnMut(&Entry) -> bool) {
 /// than an eighth of the bound are encoded but not kept. Not `Sync`: one per core.
 pub struct SegmentCache {
     tok: Arc<Tokenizer>,
-    map: IdMap,
+    map: IdCache,
     max_tokens: usize,
-    /// Words of pieces that missed (see [`word_cuts`]), at most [`MAX_WORDS`].
-    words: IdMap,
+    /// Words of pieces that missed (see [`word_cuts`]), at most [`MAX_WORDS`] weight.
+    words: IdCache,
     /// Word cuts of the piece being encoded, and each word's key (scratch).
     cuts: Vec<usize>,
     keys: Vec<Key>,
     /// Recent texts with their ids (see `memo`), and the cuts of the text being encoded.
     memo: TextMemo,
     text_cuts: Vec<(Resume, u32)>,
-    tick: u64,
     stats: CacheStats,
 }
 
@@ -753,14 +824,13 @@ impl SegmentCache {
     pub fn new(tokenizer: Arc<Tokenizer>, max_cached_tokens: usize) -> SegmentCache {
         SegmentCache {
             tok: tokenizer,
-            map: HashMap::default(),
+            map: IdCache::default(),
             max_tokens: max_cached_tokens,
-            words: HashMap::default(),
+            words: IdCache::default(),
             cuts: Vec::new(),
             keys: Vec::new(),
             memo: TextMemo::default(),
             text_cuts: Vec::new(),
-            tick: 0,
             stats: CacheStats::default(),
         }
     }
@@ -869,11 +939,9 @@ impl SegmentCache {
         piece: &str,
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizeError> {
-        self.tick += 1;
         let key = Key::of(piece);
-        if let Some(e) = self.map.get_mut(&key) {
-            e.last_used = self.tick;
-            out.extend_from_slice(&e.ids);
+        if let Some(ids) = self.map.get(&key) {
+            out.extend_from_slice(ids);
             self.stats.hits += 1;
             return Ok(());
         }
@@ -889,17 +957,11 @@ impl SegmentCache {
             ids
         };
         if ids.len() <= self.max_tokens / 8 {
-            self.stats.cached_tokens += ids.len();
-            self.map.insert(
-                key,
-                Entry {
-                    ids: ids.into_boxed_slice(),
-                    last_used: self.tick,
-                },
-            );
-            if self.stats.cached_tokens > self.max_tokens {
-                self.evict();
+            self.map.insert(key, ids.into_boxed_slice());
+            if self.map.weight > self.max_tokens {
+                self.stats.evicted += self.map.shrink_to(self.max_tokens / 4 * 3);
             }
+            self.stats.cached_tokens = self.map.weight;
         }
         Ok(())
     }
@@ -926,7 +988,7 @@ impl SegmentCache {
         let mut run_from: Option<usize> = None;
         let mut r = Ok(());
         for (w, key) in keys.iter().enumerate() {
-            if self.words.contains_key(key) {
+            if self.words.contains(key) {
                 if let Some(from) = run_from.take() {
                     r = self.encode_run(tok, piece, &cuts[from..=w], &keys[from..w], out);
                     if r.is_err() {
@@ -934,9 +996,8 @@ impl SegmentCache {
                     }
                 }
                 // (The run's words may have pushed this one out: then it is a miss after all.)
-                if let Some(e) = self.words.get_mut(key) {
-                    e.last_used = self.tick;
-                    out.extend_from_slice(&e.ids);
+                if let Some(ids) = self.words.get(key) {
+                    out.extend_from_slice(ids);
                     self.stats.word_hits += 1;
                     continue;
                 }
@@ -1000,35 +1061,10 @@ impl SegmentCache {
         if ids.is_empty() || ids.len() > MAX_WORD_TOKENS {
             return;
         }
-        self.words.insert(
-            key,
-            Entry {
-                ids: ids.into(),
-                last_used: self.tick,
-            },
-        );
+        self.words.insert(key, ids.into());
         if self.words.len() > MAX_WORDS {
-            let mut excess = self.words.len() - MAX_WORDS / 4 * 3;
-            drop_least_recent(&mut self.words, |_| {
-                let more = excess > 0;
-                excess = excess.saturating_sub(1);
-                more
-            });
+            self.words.shrink_to(self.words.weight / 4 * 3);
         }
-    }
-
-    /// Drops the least recently used pieces until at most three quarters of the bound is held.
-    fn evict(&mut self) {
-        let target = self.max_tokens / 4 * 3;
-        let stats = &mut self.stats;
-        drop_least_recent(&mut self.map, |e| {
-            if stats.cached_tokens <= target {
-                return false;
-            }
-            stats.cached_tokens -= e.ids.len();
-            stats.evicted += 1;
-            true
-        });
     }
 }
 

@@ -143,6 +143,10 @@ pub(super) struct DumpOptions {
     pub separators: Option<(String, String)>,
     pub sort_keys: bool,
     pub ensure_ascii: bool,
+    /// Longest output: past it the dump stops with an error. An indent multiplies what a deeply
+    /// nested value prints (each line repeats it once per level: ~120 levels of a 4 MiB body
+    /// printed ~1 GB), so the output is measured as it grows, not after.
+    pub max_len: usize,
 }
 
 /// Python's `json.dumps(value, ...)` of a template value. Undefined values and non-string keys
@@ -158,13 +162,22 @@ pub(super) fn dumps(value: &Value, opts: &DumpOptions) -> Result<String, String>
     Ok(out)
 }
 
-fn newline(opts: &DumpOptions, level: usize, out: &mut String) {
+fn newline(opts: &DumpOptions, level: usize, out: &mut String) -> Result<(), String> {
     if let Some(ind) = &opts.indent {
         out.push('\n');
         for _ in 0..level {
             out.push_str(ind);
         }
     }
+    within(opts, out)
+}
+
+/// The output so far is within `max_len`.
+fn within(opts: &DumpOptions, out: &str) -> Result<(), String> {
+    if out.len() > opts.max_len {
+        return Err(format!("tojson: output over {} bytes", opts.max_len));
+    }
+    Ok(())
 }
 
 fn dump(
@@ -200,7 +213,7 @@ fn dump(
                 if i > 0 {
                     out.push_str(item_sep);
                 }
-                newline(opts, level + 1, out);
+                newline(opts, level + 1, out)?;
                 match k.kind() {
                     ValueKind::String => {
                         write_json_str(k.as_str().unwrap_or(""), opts.ensure_ascii, out)
@@ -225,7 +238,7 @@ fn dump(
                 let item = v.get_item(k).map_err(|e| e.to_string())?;
                 dump(&item, opts, item_sep, key_sep, level + 1, out)?;
             }
-            newline(opts, level, out);
+            newline(opts, level, out)?;
             out.push('}');
         }
         ValueKind::Seq | ValueKind::Iterable => {
@@ -239,15 +252,15 @@ fn dump(
                 if i > 0 {
                     out.push_str(item_sep);
                 }
-                newline(opts, level + 1, out);
+                newline(opts, level + 1, out)?;
                 dump(item, opts, item_sep, key_sep, level + 1, out)?;
             }
-            newline(opts, level, out);
+            newline(opts, level, out)?;
             out.push(']');
         }
         other => return Err(format!("Object of type {other} is not JSON serializable")),
     }
-    Ok(())
+    within(opts, out)
 }
 
 /// A JSON string literal as Python's `json` encoder writes it.

@@ -10,7 +10,10 @@
 //! its body unchanged; it is rewritten to an always-true `if` before compiling.
 //!
 //! Rendering is bounded: the template runs on a fuel budget (minijinja counts executed
-//! instructions), so a template loop over a huge request cannot run away.
+//! instructions), so a template loop over a huge request cannot run away; and everything it
+//! prints, `tojson` output included, is measured as it is written, so a template cannot turn a
+//! request into more than `max_bytes` of prompt (an indented `tojson` of a deeply nested value
+//! multiplies it), however few instructions that takes.
 
 use minijinja::value::{Kwargs, Rest, Value};
 use minijinja::{Environment, Error, ErrorKind, State};
@@ -23,6 +26,8 @@ const NAME: &str = "chat";
 /// A compiled chat template.
 pub(super) struct ChatTemplate {
     env: Environment<'static>,
+    /// Longest rendered prompt (`Limits::max_text_bytes`).
+    max_bytes: usize,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -35,8 +40,9 @@ fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidOperation, msg.into())
 }
 
-/// HF's `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
-fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+/// HF's `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`, its
+/// output at most `max_len` bytes.
+fn tojson(value: Value, kwargs: Kwargs, max_len: usize) -> Result<Value, Error> {
     let indent: Option<Value> = kwargs.get("indent")?;
     let indent = match indent {
         None => None,
@@ -73,6 +79,7 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
         separators,
         sort_keys: sort_keys.unwrap_or(false),
         ensure_ascii: ensure_ascii.unwrap_or(false),
+        max_len,
     };
     pyjson::dumps(&value, &opts)
         .map(Value::from_safe_string)
@@ -277,8 +284,9 @@ fn rewrite_generation_blocks(src: &str) -> String {
 }
 
 impl ChatTemplate {
-    /// Compiles `source` in an HF-like environment; `fuel` bounds each render.
-    pub fn new(source: &str, fuel: u64) -> Result<ChatTemplate, String> {
+    /// Compiles `source` in an HF-like environment; `fuel` bounds each render's instructions,
+    /// `max_bytes` what it prints.
+    pub fn new(source: &str, fuel: u64, max_bytes: usize) -> Result<ChatTemplate, String> {
         let mut env = Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -298,7 +306,9 @@ impl ChatTemplate {
             pyjson::py_str(value, &mut s);
             out.write_str(&s).map_err(|_| invalid("write failed"))
         });
-        env.add_filter("tojson", tojson);
+        env.add_filter("tojson", move |v: Value, kw: Kwargs| {
+            tojson(v, kw, max_bytes)
+        });
         env.add_filter("trim", trim);
         env.add_filter("string", |v: Value| {
             let mut s = String::new();
@@ -318,21 +328,126 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(NAME, rewrite_generation_blocks(source))
             .map_err(|e| format!("chat template does not compile: {e}"))?;
-        Ok(ChatTemplate { env })
+        Ok(ChatTemplate { env, max_bytes })
     }
 
     /// Renders with `ctx` (a map: `messages`, `tools`, `add_generation_prompt`, special
     /// tokens, request kwargs). Errors carry the template's own message (`raise_exception`).
-    pub fn render(&self, ctx: Value) -> Result<String, String> {
-        let tmpl = self.env.get_template(NAME).map_err(|e| e.to_string())?;
-        tmpl.render(ctx).map_err(|e| match e.kind() {
-            ErrorKind::InvalidOperation => e.detail().unwrap_or("template error").to_string(),
-            ErrorKind::OutOfFuel => "chat template ran out of its time budget".to_string(),
+    pub fn render(&self, ctx: Value) -> Result<String, RenderError> {
+        let tmpl = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| RenderError::Failed(e.to_string()))?;
+        let mut out = Capped {
+            out: Vec::new(),
+            max: self.max_bytes,
+        };
+        let rendered = tmpl.render_captured_to(ctx, &mut out).map(drop);
+        if out.out.len() > self.max_bytes {
+            return Err(RenderError::TooLarge);
+        }
+        rendered.map_err(|e| match e.kind() {
+            ErrorKind::InvalidOperation => match e.detail() {
+                Some(d) if d.starts_with(TOJSON_OVER) => RenderError::TooLarge,
+                d => RenderError::Failed(d.unwrap_or("template error").to_string()),
+            },
+            ErrorKind::OutOfFuel => {
+                RenderError::Failed("chat template ran out of its time budget".to_string())
+            }
             _ => {
                 let mut s = e.to_string();
                 s.truncate(300);
-                s
+                RenderError::Failed(s)
             }
-        })
+        })?;
+        // Everything written is from the template's strings and values: UTF-8.
+        String::from_utf8(out.out)
+            .map_err(|_| RenderError::Failed("rendered prompt is not UTF-8".to_string()))
+    }
+}
+
+/// Why a render gave no prompt: over the size cap (the request then routes by text, like any
+/// prompt over the limits) or the template itself failed.
+#[derive(Debug, PartialEq)]
+pub enum RenderError {
+    /// The output (or one `tojson` inside it) passed the cap; rendering stopped there.
+    TooLarge,
+    /// The template raised, ran out of fuel or could not run.
+    Failed(String),
+}
+
+/// How [`pyjson::dumps`] says it stopped at its cap (told apart from a template's own errors).
+const TOJSON_OVER: &str = "tojson: output over";
+
+/// What a render writes, refused past `max` bytes (the render then stops with a write error).
+struct Capped {
+    out: Vec<u8>,
+    max: usize,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > self.max {
+            // Past the cap: keep the length over it (the caller tells this apart), drop bytes.
+            self.out.resize(self.max + 1, 0);
+            return Err(std::io::Error::other("rendered prompt over the cap"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod amplification_tests {
+    use super::*;
+
+    /// A render context of one name.
+    fn ctx(name: &str, v: Value) -> Value {
+        let mut m = std::collections::BTreeMap::new();
+        m.insert(name.to_string(), v);
+        Value::from(m)
+    }
+
+    /// `tools` nested `depth` levels deep around a list of `width` short strings.
+    fn nested(depth: usize, width: usize) -> Value {
+        let mut v: Value = Value::from((0..width).map(|i| format!("x{i}")).collect::<Vec<_>>());
+        for _ in 0..depth {
+            v = Value::from(vec![v]);
+        }
+        v
+    }
+
+    #[test]
+    fn an_indented_tojson_of_a_deep_body_stops_at_the_cap_quickly() {
+        // ~120 levels around ~400k items: printed with indent=4 each item's line repeats 480
+        // spaces (~200 MB); capped at 512 KiB it stops after writing about that.
+        let max = 512 << 10;
+        let t = ChatTemplate::new("{{ tools | tojson(indent=4) }}", 20_000_000, max).unwrap();
+        let start = std::time::Instant::now();
+        let r = t.render(ctx("tools", nested(120, 400_000)));
+        assert_eq!(r, Err(RenderError::TooLarge));
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        // What a template prints straight is capped too (a message printed over and over).
+        let t = ChatTemplate::new(
+            "{% for i in range(100000) %}{{ m }}{% endfor %}",
+            20_000_000,
+            max,
+        )
+        .unwrap();
+        let err = t
+            .render(ctx("m", Value::from("y".repeat(4096))))
+            .unwrap_err();
+        assert_eq!(err, RenderError::TooLarge);
+        // Under the cap, the same template renders.
+        let t = ChatTemplate::new("{{ tools | tojson(indent=4) }}", 20_000_000, max).unwrap();
+        let ok = t.render(ctx("tools", nested(3, 10))).unwrap();
+        assert!(ok.starts_with("[\n    [") && ok.len() < 2_000);
     }
 }

@@ -264,8 +264,9 @@ fn size_limits_refuse_before_encoding() {
         })
         .collect();
     t.render_chat(&chat(&msgs)).unwrap();
-    // The fuel budget stops a template that loops forever-ish.
-    let tpl = "{% for i in range(100000) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}";
+    // The fuel budget stops a template that loops forever-ish without printing (one that
+    // prints is stopped sooner by the output cap, asserted below).
+    let tpl = "{% for i in range(100000) %}{% for m in messages %}{% set x = m.content %}{% endfor %}{% endfor %}";
     let dir2 = folder_with(
         "fuel",
         &folder::small_llama3_tokenizer_json(),
@@ -274,6 +275,17 @@ fn size_limits_refuse_before_encoding() {
     let t2 = Tokenizer::from_path_with(&dir2, limits).unwrap();
     assert!(
         matches!(t2.render_chat(&chat(&[("user", "x")])), Err(TokenizeError::Template(m)) if m.contains("budget"))
+    );
+    let tpl = "{% for i in range(100000) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}";
+    let dir3 = folder_with(
+        "printing",
+        &folder::small_llama3_tokenizer_json(),
+        Some(&folder::llama3_config(tpl)),
+    );
+    let t3 = Tokenizer::from_path_with(&dir3, limits).unwrap();
+    assert_eq!(
+        t3.render_chat(&chat(&[("user", "x")])),
+        Err(TokenizeError::TooLarge)
     );
 }
 
@@ -902,4 +914,27 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn the_piece_cache_counts_empty_entries_and_evicts_in_bounded_steps() {
+    // Pieces that encode to no id at all still count (a flood of them stays bounded).
+    let mut c = IdCache::default();
+    for i in 0..100_000u32 {
+        c.insert(Key::of(&format!("p{i}")), Box::new([]));
+        if c.weight > 1_000 {
+            c.shrink_to(750);
+        }
+    }
+    assert!(c.len() <= 1_000 && c.weight <= 1_000, "{} entries", c.len());
+    // A used entry gets a second chance; an unused one goes first.
+    let mut c = IdCache::default();
+    let (a, b) = (Key::of("a"), Key::of("b"));
+    c.insert(a, Box::new([1, 2]));
+    c.insert(b, Box::new([3, 4]));
+    assert_eq!(c.get(&a), Some(&[1u32, 2][..]));
+    assert_eq!(c.shrink_to(2), 1);
+    assert!(c.contains(&a) && !c.contains(&b));
+    // Keys are seeded: not the plain XXH3 of the text (clients cannot aim at buckets).
+    assert_ne!(Key::of("a").hash, xxhash_rust::xxh3::xxh3_64(b"a"));
 }

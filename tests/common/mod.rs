@@ -58,10 +58,21 @@ pub fn test_driver() -> Option<TestDriver> {
 }
 
 /// Start a gateway with these extra flags (host 127.0.0.1, ephemeral port, metrics off,
-/// one core unless the flags say otherwise). With `RADIXGATE_TEST_IO_DRIVER` set, the gateway
+/// one core unless the flags say otherwise). Tests manage workers from 127.0.0.1 without a
+/// key, so `--keyless-local-admin` is added unless the flags set `--admin-api-key`; a test of
+/// the default refusal uses [`gateway_exact`]. With `RADIXGATE_TEST_IO_DRIVER` set, the gateway
 /// is started with the matching `--io-driver` (so it fails to start when that driver is
 /// unavailable) and must report that driver in `/get_server_info`.
 pub fn gateway(extra: &[&str]) -> Running {
+    let mut flags: Vec<&str> = extra.to_vec();
+    if !extra.contains(&"--admin-api-key") && !extra.contains(&"--keyless-local-admin") {
+        flags.push("--keyless-local-admin");
+    }
+    gateway_exact(&flags)
+}
+
+/// Start a gateway with exactly these extra flags (besides the test defaults of [`gateway`]).
+pub fn gateway_exact(extra: &[&str]) -> Running {
     let driver = test_driver();
     let mut args: Vec<String> = [
         "radixgate",
@@ -109,6 +120,16 @@ pub fn gateway_for(urls: &[String], extra: &[&str]) -> Running {
     args.extend(urls.iter().map(String::as_str));
     args.extend_from_slice(extra);
     let gw = gateway(&args);
+    wait_ready(gw.addr, Duration::from_secs(10));
+    gw
+}
+
+/// [`gateway_for`] with exactly these flags (no `--keyless-local-admin` added).
+pub fn gateway_for_exact(urls: &[String], extra: &[&str]) -> Running {
+    let mut args: Vec<&str> = vec!["--worker-urls"];
+    args.extend(urls.iter().map(String::as_str));
+    args.extend_from_slice(extra);
+    let gw = gateway_exact(&args);
     wait_ready(gw.addr, Duration::from_secs(10));
     gw
 }
@@ -183,7 +204,11 @@ pub struct Conn {
 
 impl Conn {
     pub fn open(addr: SocketAddr) -> Conn {
-        let stream = connect_retrying(addr).expect("connect");
+        Conn::over(connect_retrying(addr).expect("connect"))
+    }
+
+    /// A connection over `stream` (20 s read timeout, no Nagle).
+    fn over(stream: TcpStream) -> Conn {
         stream
             .set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
@@ -192,6 +217,21 @@ impl Conn {
             stream,
             buf: BytesMut::new(),
         }
+    }
+
+    /// A connection whose source address is `from` (any 127.0.0.0/8 address reaches a
+    /// listener on 127.0.0.1: a second "client host" without a second machine).
+    pub fn open_from(from: std::net::IpAddr, addr: SocketAddr) -> Conn {
+        let s = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            None,
+        )
+        .expect("socket");
+        s.bind(&SocketAddr::new(from, 0).into())
+            .expect("bind source");
+        s.connect(&addr.into()).expect("connect");
+        Conn::over(s.into())
     }
 
     pub fn send(&mut self, raw: &[u8]) {
@@ -390,6 +430,20 @@ pub fn request(
         stream,
         buf: BytesMut::new(),
     };
+    c.send(&raw_request(method, path, headers, body));
+    c.read_response()
+}
+
+/// One request on a fresh connection from source address `from`.
+pub fn request_from(
+    from: std::net::IpAddr,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Response> {
+    let mut c = Conn::open_from(from, addr);
     c.send(&raw_request(method, path, headers, body));
     c.read_response()
 }

@@ -153,12 +153,25 @@ pub trait EventSink: Send + 'static {
     /// and the last batch of a burst never waits for the next one).
     fn flush(&mut self) {}
 
-    /// A copy of everything held, for a sibling gateway starting up (`--kv-bootstrap-peer`),
-    /// with the last batch applied of each publisher, sent on `reply` (`None` when this sink
-    /// keeps no copy). The sink may finish it on another thread: only taking the copy has to
-    /// happen here, between two batches.
-    fn export(&mut self, watermarks: &[(PublisherKey, i64)], reply: Sender<Option<Vec<u8>>>) {
-        let _ = (watermarks, reply.try_send(None));
+    /// An export begins (a copy of everything held, for a sibling gateway starting with
+    /// `--kv-bootstrap-peer`): the publishers it will hold, in order (`None`: this sink keeps
+    /// no copy). The intake then copies one publisher per round of its thread
+    /// ([`EventSink::export_source`]), applying other events in between, and finishes with
+    /// [`EventSink::export_finish`].
+    fn export_begin(&mut self) -> Option<Vec<PublisherKey>> {
+        None
+    }
+
+    /// Copy one publisher's state into the export under way, with the last batch applied of
+    /// it (`None`: not subscribed): taken between two of its batches, so both agree.
+    fn export_source(&mut self, key: PublisherKey, watermark: Option<i64>) {
+        let _ = (key, watermark);
+    }
+
+    /// The export is complete: finish it (on another thread if it is long) and send it on
+    /// `reply`.
+    fn export_finish(&mut self, reply: ExportReply) {
+        let _ = reply.try_send(None);
     }
 
     /// Take a sibling's copy (before subscribing). `workers` names this gateway's workers by URL
@@ -182,6 +195,11 @@ impl EventSink for Sender<IntakeEvent> {
         let _ = self.send(event);
     }
 }
+
+/// Where an export's payload goes (`None`: the sink keeps no copy, or it failed).
+pub type ExportReply = Sender<Option<Vec<u8>>>;
+/// Where an export's payload arrives.
+pub type ExportAnswer = Receiver<Option<Vec<u8>>>;
 
 /// The intake's limits.
 #[derive(Debug, Clone)]
@@ -314,7 +332,7 @@ impl Stats {
 }
 
 enum Command {
-    Export(Sender<Option<Vec<u8>>>),
+    Export(ExportReply),
     Import {
         data: Vec<u8>,
         workers: Vec<(String, WorkerId)>,
@@ -391,7 +409,7 @@ impl Intake {
     /// Ask the sink for a copy of what it holds ([`EventSink::export`]), taken between two
     /// batches so the watermarks are exact. The answer comes on the returned channel (the
     /// caller decides how long to wait).
-    pub fn export(&self) -> Result<Receiver<Option<Vec<u8>>>, CommandError> {
+    pub fn export(&self) -> Result<ExportAnswer, CommandError> {
         let (tx, rx) = channel::bounded(1);
         self.command(Command::Export(tx))?;
         Ok(rx)

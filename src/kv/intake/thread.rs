@@ -115,6 +115,8 @@ pub(super) struct EventThread<S> {
     /// Warnings are rate-limited (a hostile publisher could otherwise flood the log).
     last_warn: Option<Instant>,
     steps: Vec<Step>,
+    /// An export under way: the publishers still to copy, and where the answer goes.
+    export: Option<(VecDeque<PublisherKey>, super::ExportReply)>,
 }
 
 /// Which socket of a source a poll entry is.
@@ -147,6 +149,7 @@ impl<S: EventSink> EventThread<S> {
             resume: HashMap::new(),
             last_warn: None,
             steps: Vec::new(),
+            export: None,
         }
     }
 
@@ -162,6 +165,7 @@ impl<S: EventSink> EventThread<S> {
             let busy = self.drain_buffered();
             self.poll_round(busy);
             self.report_states();
+            self.export_step();
             self.sink.flush();
             self.stats
                 .held
@@ -208,12 +212,17 @@ impl<S: EventSink> EventThread<S> {
                 }
             }
             Command::Export(reply) => {
-                let marks: Vec<(PublisherKey, i64)> = self
-                    .sources
-                    .iter()
-                    .filter_map(|s| Some((s.publisher.key, s.stream.last()?)))
-                    .collect();
-                self.sink.export(&marks, reply);
+                if self.export.is_some() {
+                    // One at a time (the caller also guards this).
+                    let _ = reply.try_send(None);
+                    return;
+                }
+                match self.sink.export_begin() {
+                    Some(keys) => self.export = Some((keys.into(), reply)),
+                    None => {
+                        let _ = reply.try_send(None);
+                    }
+                }
             }
             Command::Import {
                 data,
@@ -234,6 +243,28 @@ impl<S: EventSink> EventThread<S> {
                 let _ = reply.try_send(r);
             }
             Command::Shutdown => {}
+        }
+    }
+
+    /// Copy the next publisher of the export under way, or finish it.
+    fn export_step(&mut self) {
+        let Some((keys, _)) = &mut self.export else {
+            return;
+        };
+        match keys.pop_front() {
+            Some(key) => {
+                let watermark = self
+                    .sources
+                    .iter()
+                    .find(|s| s.publisher.key == key)
+                    .and_then(|s| s.stream.last());
+                self.sink.export_source(key, watermark);
+            }
+            None => {
+                if let Some((_, reply)) = self.export.take() {
+                    self.sink.export_finish(reply);
+                }
+            }
         }
     }
 

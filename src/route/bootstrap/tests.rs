@@ -200,17 +200,19 @@ proptest! {
 }
 
 #[test]
-fn the_dp_rank_is_spliced_last_and_wins_over_the_clients() {
-    let body = br#"{"text":"hi", "data_parallel_rank": 7 ,"stream":true}"#;
+fn the_dp_rank_is_spliced_last_and_replaces_the_clients() {
+    let body = br#"{"text":"hi", "stream":true}"#;
     let out = splice_dp_rank(body, 3).unwrap();
     assert_eq!(
         out.capacity(),
         out.len(),
         "one allocation of the exact size"
     );
+    let body = br#"{"text":"hi", "data_parallel_rank": 7 ,"stream":true}"#;
+    let out = splice_dp_rank(body, 3).unwrap();
     assert_eq!(
         out,
-        br#"{"text":"hi", "data_parallel_rank": 7 ,"stream":true,"data_parallel_rank":3}"#
+        br#"{"text":"hi", "stream":true,"data_parallel_rank":3}"#
     );
     let v: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["data_parallel_rank"], json!(3), "the last duplicate wins");
@@ -269,4 +271,59 @@ proptest! {
         let close = body.iter().rposition(|&c| c == b'}').unwrap();
         prop_assert_eq!(&out[..close], &body[..close]);
     }
+}
+
+#[test]
+fn a_clients_own_gateway_fields_are_replaced_not_duplicated() {
+    let added = Added {
+        bootstrap: None,
+        dp_rank: Some(3),
+    };
+    for (body, want) in [
+        (
+            r#"{"data_parallel_rank":9,"prompt":"a"}"#,
+            r#"{"prompt":"a","data_parallel_rank":3}"#,
+        ),
+        (
+            r#"{"prompt":"a", "data_parallel_rank" : [1, {"x":"}"}] }"#,
+            r#"{"prompt":"a" ,"data_parallel_rank":3}"#,
+        ),
+        (
+            r#"{ "data_parallel_rank":null }"#,
+            r#"{ "data_parallel_rank":3}"#,
+        ),
+        (
+            r#"{"a":"\"data_parallel_rank\"","data_parallel_rank":1,"b":2}"#,
+            r#"{"a":"\"data_parallel_rank\"","b":2,"data_parallel_rank":3}"#,
+        ),
+        (
+            r#"{"prompt":"data_parallel_rank"}"#,
+            r#"{"prompt":"data_parallel_rank","data_parallel_rank":3}"#,
+        ),
+        (
+            r#"{"nested":{"data_parallel_rank":1},"p":1}"#,
+            r#"{"nested":{"data_parallel_rank":1},"p":1,"data_parallel_rank":3}"#,
+        ),
+    ] {
+        let out = splice_fields(body.as_bytes(), &added).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(out, want, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["data_parallel_rank"], 3);
+    }
+    // All four PD fields at once, sent by the client in the middle of the object.
+    let b = Bootstrap {
+        host: "10.0.0.1",
+        port: Some(8998),
+        rooms: &[7],
+        batch: false,
+    };
+    let body = r#"{"bootstrap_room":1,"bootstrap_host":"evil","x":1,"bootstrap_port":2}"#;
+    let out = String::from_utf8(splice(body.as_bytes(), &b).unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["bootstrap_host"], "10.0.0.1");
+    assert_eq!(v["bootstrap_room"], 7);
+    assert_eq!(out.matches("bootstrap_host").count(), 1, "{out}");
+    assert_eq!(out.matches("bootstrap_room").count(), 1, "{out}");
+    assert_eq!(out.matches("bootstrap_port").count(), 1, "{out}");
 }

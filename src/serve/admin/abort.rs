@@ -1,15 +1,20 @@
 //! `POST /abort_request` (SGLang's endpoint, body `{"rid": "..."}`): the reference answers 404
 //! here (sglang #6531) and the orphaned request keeps its KV cache. radixgate forwards the body
 //! to the worker that holds the request (the gateway's in-flight id map, keyed by the id it
-//! echoed in `x-request-id`) and answers with that worker's answer; in prefill/decode mode the
-//! prefill half gets it too (it may still be computing the prompt). An id it does not hold (it
-//! finished, was never seen, came in the body of a `/generate` only, or was not tracked) or
-//! `"abort_all": true` goes to every worker: SGLang ignores ids it does not run. The answer says
-//! where it went (`sent_to`: `holder` or `all`) and the workers' statuses, never their addresses.
+//! echoed in `x-request-id` and by its caller: the same `Authorization` header, or the same
+//! client address without one) and answers with that worker's answer; in prefill/decode mode
+//! the prefill half gets it too (it may still be computing the prompt).
+//!
+//! SGLang's `abort_all` kills every running request, and an id the gateway does not hold for
+//! this caller (it finished, was never seen, belongs to another caller, came in a `/generate`
+//! body only, or was not tracked) could only be sent to every worker: both are control calls
+//! (the admin key, see `gateway::auth`). Anyone else asking for an id the gateway does not hold
+//! for them gets 404. The answer says where it went (`sent_to`: `holder` or `all`) and the
+//! workers' statuses, never their addresses.
 
 use super::fanout;
-use crate::gateway::Core;
-use crate::http::Method;
+use crate::gateway::{Core, Scope};
+use crate::http::{Method, RequestHead};
 use crate::proxy::forward::{self, UpstreamError};
 use crate::serve::error::GatewayError;
 use crate::serve::reply::Reply;
@@ -18,6 +23,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
 use std::borrow::Cow;
+use std::net::IpAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -33,8 +39,13 @@ struct AbortBody<'a> {
     abort_all: bool,
 }
 
-/// Forward an abort to the holder of its request, or to every worker.
-pub async fn abort(core: &Rc<Core>, body: &Bytes) -> Result<Reply, GatewayError> {
+/// Forward an abort to the holder of its request, or (control calls only) to every worker.
+pub async fn abort(
+    core: &Rc<Core>,
+    head: &RequestHead,
+    body: &Bytes,
+    peer: Option<IpAddr>,
+) -> Result<Reply, GatewayError> {
     let req: AbortBody = serde_json::from_slice(body)
         .map_err(|e| GatewayError::new(400, format!("invalid abort_request body: {e}")))?;
     let rid = req.rid.as_deref().filter(|r| !r.is_empty());
@@ -47,7 +58,9 @@ pub async fn abort(core: &Rc<Core>, body: &Bytes) -> Result<Reply, GatewayError>
     let gw = &core.gw;
     let list = gw.registry.load();
     let holder = match (req.abort_all, rid) {
-        (false, Some(rid)) => gw.in_flight_ids.holder(rid),
+        (false, Some(rid)) => gw
+            .in_flight_ids
+            .holder(gw.in_flight_ids.key_for(head, peer, rid)),
         _ => None,
     };
     if let Some((latest, before)) = holder {
@@ -72,6 +85,21 @@ pub async fn abort(core: &Rc<Core>, body: &Bytes) -> Result<Reply, GatewayError>
                 &json!({"rid": rid, "sent_to": "holder", "status": status}),
             ));
         }
+    }
+    // Every worker: a control call.
+    if let Err(no) = gw.auth.authorize(head, Scope::Control, peer) {
+        if req.abort_all {
+            // The caller passed the route's check: known, but not allowed this.
+            crate::log!(Debug, "abort_all refused: {}", no.message);
+            return Err(GatewayError::new(
+                403,
+                "aborting every request needs the admin key (--admin-api-key)",
+            ));
+        }
+        return Err(GatewayError::new(
+            404,
+            "no request with this rid is in flight for this caller",
+        ));
     }
     let workers = list.workers.clone();
     if workers.is_empty() {

@@ -61,8 +61,32 @@ pub(super) async fn fan_out_with(
     out
 }
 
+/// How long a core answers `/v1/models` from its last merge (the cards change only with the
+/// worker set): a client looping on the public endpoint costs the workers one fan-out a second
+/// per core, and at most `Gateway::model_fanouts` run at once.
+const MODELS_FRESH: Duration = Duration::from_secs(1);
+
 /// `GET /v1/models`: the selectable workers' model cards, merged by id.
 pub async fn models(core: &Rc<Core>) -> Result<Reply, GatewayError> {
+    let cached = core.models_cache.borrow().clone();
+    if let Some((at, list)) = &cached {
+        if at.elapsed() < MODELS_FRESH {
+            return Ok(Reply::json(200, list));
+        }
+    }
+    let Some(_slot) = core.gw.model_fanouts.try_take() else {
+        return cached
+            .map(|(_, list)| Reply::json(200, &list))
+            .ok_or_else(|| GatewayError::busy("/v1/models"));
+    };
+    let list = merge_models(core).await?;
+    let reply = Reply::json(200, &list);
+    *core.models_cache.borrow_mut() = Some((std::time::Instant::now(), list));
+    Ok(reply)
+}
+
+/// Ask every selectable worker for its model cards and merge them by id.
+async fn merge_models(core: &Rc<Core>) -> Result<Value, GatewayError> {
     let gw = &core.gw;
     let workers: Vec<Arc<Worker>> = gw
         .registry
@@ -96,7 +120,7 @@ pub async fn models(core: &Rc<Core>) -> Result<Reply, GatewayError> {
     if answered == 0 && !gw.registry.load().is_empty() {
         return Err(GatewayError::new(503, "no worker answered /v1/models"));
     }
-    Ok(Reply::json(200, &json!({"object": "list", "data": data})))
+    Ok(json!({"object": "list", "data": data}))
 }
 
 /// `POST /flush_cache`: flush every worker's cache; 206 when some did not answer 200.

@@ -1,6 +1,7 @@
 //! `GET /kv_index/snapshot`: this copy's KV-event index, for a sibling copy starting with
 //! `--kv-bootstrap-peer` (binary, `kv::index` export format, with each publisher's watermark).
-//! Admin scope: it lists the block hashes every worker holds.
+//! Only the admin key opens it (it tells which prompts every worker holds); one copy is made at
+//! a time (503 meanwhile), taken a publisher per round of the event thread so intake goes on.
 
 use super::super::error::GatewayError;
 use super::super::reply::Reply;
@@ -19,7 +20,10 @@ pub async fn snapshot(gw: &Gateway) -> Result<Reply, GatewayError> {
         return Err(GatewayError::new(404, "KV events are off (--kv-events)"));
     };
     let busy = || GatewayError::new(503, "the KV event thread is busy; try again");
-    let rx = kv.export().map_err(|_| busy())?;
+    let Some(started) = kv.export() else {
+        return Err(GatewayError::busy("/kv_index/snapshot"));
+    };
+    let (_one_at_a_time, rx) = started.map_err(|_| busy())?;
     let until = Instant::now() + EXPORT_TIMEOUT;
     loop {
         match rx.try_recv() {

@@ -72,6 +72,12 @@ impl Endpoint {
         )
     }
 
+    /// Changes where traffic goes or drops what the servers cached: the admin key itself (see
+    /// `gateway::auth`).
+    pub fn is_control(self) -> bool {
+        self.changes_workers() || self == Endpoint::FlushCache
+    }
+
     /// Worker management, cache control, and the reads that name workers (need the admin key
     /// when one is set).
     pub fn is_admin(self) -> bool {
@@ -146,17 +152,8 @@ async fn answer(
     peer: Option<std::net::IpAddr>,
 ) -> Result<Reply, GatewayError> {
     let gw = &core.gw;
-    // Safe by default: without an admin key only the host itself may change the worker set.
-    if ep.changes_workers()
-        && gw.cfg.admin_api_key.is_none()
-        && !workers::may_manage_without_key(peer)
-    {
-        return Err(GatewayError::new(
-            403,
-            "adding or removing workers from another host needs --admin-api-key on the gateway",
-        ));
-    }
-    // The admin key was checked on the head (`conn::decide`, `Route::scope`).
+    // Keys (and the keyless local mode) were checked on the head (`conn::decide`,
+    // `Route::scope`).
     match ep {
         Endpoint::Health => Ok(info::health()),
         Endpoint::Readiness => Ok(info::readiness(gw)),
@@ -166,7 +163,7 @@ async fn answer(
         Endpoint::GetLoads => Ok(fanout::loads(core).await),
         Endpoint::KvSnapshot => kv::snapshot(gw).await,
         Endpoint::EngineMetrics => info::engine_metrics(gw),
-        Endpoint::AbortRequest => abort::abort(core, body).await,
+        Endpoint::AbortRequest => abort::abort(core, head, body, peer).await,
         Endpoint::ListWorkers => Ok(workers::list(gw)),
         Endpoint::LegacyList => Ok(workers::legacy_list(gw)),
         Endpoint::GetWorker => workers::get(gw, head),

@@ -9,7 +9,7 @@ use crate::workers::registry::{self, RegistryError, Worker, WorkerUrl};
 use crate::workers::role::Role;
 use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,20 +17,6 @@ use std::time::Duration;
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the serving core looks whether the resolver thread is done.
 const RESOLVE_POLL: Duration = Duration::from_millis(2);
-
-/// Whether `peer` may change the worker set without an admin key: only the host itself
-/// (127.0.0.1 or ::1 exactly). On a default install (no `--admin-api-key`) no network client
-/// can point the gateway's traffic at a host of its choosing.
-pub fn may_manage_without_key(peer: Option<IpAddr>) -> bool {
-    match peer {
-        Some(IpAddr::V4(a)) => a == std::net::Ipv4Addr::LOCALHOST,
-        Some(IpAddr::V6(a)) => {
-            a == std::net::Ipv6Addr::LOCALHOST
-                || a.to_ipv4_mapped() == Some(std::net::Ipv4Addr::LOCALHOST)
-        }
-        None => false,
-    }
-}
 
 /// Describe a worker for the management API.
 pub fn worker_json(gw: &Gateway, w: &Worker) -> Value {
@@ -296,18 +282,6 @@ fn percent_decode(v: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_the_host_itself_manages_without_a_key() {
-        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
-        assert!(may_manage_without_key(ip("127.0.0.1")));
-        assert!(may_manage_without_key(ip("::1")));
-        assert!(may_manage_without_key(ip("::ffff:127.0.0.1")));
-        for other in ["127.0.0.2", "10.0.0.1", "::2", "192.168.1.1"] {
-            assert!(!may_manage_without_key(ip(other)), "{other}");
-        }
-        assert!(!may_manage_without_key(None));
-    }
 
     #[test]
     fn percent_decoding() {

@@ -155,9 +155,10 @@ pub struct ImportedSource {
 
 /// What an export copies out of the writer: every named source's records, its names and its
 /// watermark. Taking it is the only part that needs the writer (a copy of the records: 25–36 ms
-/// for 1M blocks in `benches/kv_index.rs`); [`encode`](IndexExport::encode), 0.5–1 s for 1M,
-/// runs on any thread so the event thread does not stall for it.
-#[derive(Debug)]
+/// for 1M blocks in `benches/kv_index.rs`), and it can be taken a source at a time
+/// ([`IndexWriter::export_source`]) so the writer's owner applies other events in between;
+/// [`encode`](IndexExport::encode), 0.5–1 s for 1M, runs on any thread.
+#[derive(Debug, Default)]
 pub struct IndexExport {
     sources: Vec<ExportedSource>,
 }
@@ -193,26 +194,61 @@ impl IndexWriter {
         mut url_of: impl FnMut(WorkerId) -> Option<String>,
         mut watermark_of: impl FnMut(Source) -> Option<i64>,
     ) -> IndexExport {
-        let mut keys: Vec<Source> = self.sources.keys().copied().collect();
-        keys.sort_unstable();
-        let sources = keys
-            .into_iter()
-            .filter_map(|source| {
-                let url = url_of(source.worker).filter(|u| u32::try_from(u.len()).is_ok())?;
-                let state = self.sources.get(&source)?.clone();
-                let block_size = state.block_size;
-                Some(ExportedSource {
-                    url,
-                    dp_rank: source.dp_rank,
-                    block_size: u32::try_from(block_size).unwrap_or(0),
-                    watermark: watermark_of(source),
-                    state,
-                })
-            })
-            .collect();
-        IndexExport { sources }
+        let mut out = IndexExport::default();
+        for source in self.export_sources() {
+            if let Some(url) = url_of(source.worker) {
+                self.export_source(source, url, watermark_of(source), &mut out);
+            }
+        }
+        out
     }
 
+    /// The sources an export lists, in its order.
+    pub fn export_sources(&self) -> Vec<Source> {
+        let mut keys: Vec<Source> = self.sources.keys().copied().collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    /// Copy one source into `out` (named `url`, its last applied batch `watermark`): the writer
+    /// may apply other sources' events before the next one is copied, as long as this source's
+    /// copy and watermark agree.
+    pub fn export_source(
+        &self,
+        source: Source,
+        url: String,
+        watermark: Option<i64>,
+        out: &mut IndexExport,
+    ) {
+        if u32::try_from(url.len()).is_err() {
+            return;
+        }
+        let Some(state) = self.sources.get(&source) else {
+            return;
+        };
+        out.sources.push(ExportedSource {
+            url,
+            dp_rank: source.dp_rank,
+            block_size: u32::try_from(state.block_size).unwrap_or(0),
+            watermark,
+            state: state.clone(),
+        });
+    }
+}
+
+impl IndexExport {
+    /// Sources copied so far.
+    pub fn len(&self) -> usize {
+        self.sources.len()
+    }
+
+    /// Nothing copied yet.
+    pub fn is_empty(&self) -> bool {
+        self.sources.is_empty()
+    }
+}
+
+impl IndexWriter {
     /// Rebuilds the sources of a sibling's [`export`] (start-up with `--kv-bootstrap-peer`), each
     /// under the worker `worker_of` gives for its URL (sources of unknown URLs are skipped and
     /// counted). A source that already holds blocks is reset first; sources absent from the
