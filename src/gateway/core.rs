@@ -26,6 +26,9 @@ pub struct Core {
     pub models_cache: RefCell<Option<(std::time::Instant, serde_json::Value)>>,
     /// This core's buffers for measuring prompts against the KV-event index.
     pub kv: RefCell<super::kv::KvScratch>,
+    /// Prompts of this core's requests the tokenizer helpers hold now (bounded: see
+    /// `gateway::tokenizing`).
+    pub kv_helper_jobs: std::cell::Cell<usize>,
     /// This core's busy-poll window (`--busy-poll-us`).
     pub busy: super::busy_poll::BusyPoll,
 }
@@ -43,6 +46,7 @@ impl Core {
             entropy: RefCell::default(),
             models_cache: RefCell::default(),
             kv: RefCell::default(),
+            kv_helper_jobs: std::cell::Cell::new(0),
             busy,
         }
     }

@@ -17,7 +17,7 @@ use crate::kv::intake::{
 };
 use crate::proxy::forward;
 use crate::proxy::pool::Pool;
-use crate::route::extract::{Api, Namespace, MAX_ROUTING_TEXT};
+use crate::route::extract::Namespace;
 use crate::route::pending::PendingBlocks;
 use crate::tokenize::{SegmentCache, Tokenizer};
 use crate::workers::registry::{Worker, WorkerList};
@@ -68,6 +68,8 @@ pub struct KvRouting {
     flagged: Vec<KvEndpoints>,
     /// `--tokenizer-path`, loaded once: chat and text prompts are measured in tokens.
     tokenizer: Option<Arc<Tokenizer>>,
+    /// The helper threads that encode prompts too large for a serving core (with a tokenizer).
+    tokenizer_pool: Option<super::tokenizing::TokenizerPool>,
     /// `--kv-host-tier-weight`: what a block held only in host memory counts for against one
     /// on the GPU.
     host_weight: f64,
@@ -148,6 +150,12 @@ impl KvRouting {
             crate::metrics::kv_fallback(f.as_str(), 0);
         }
         crate::metrics::kv_measured(0, 0);
+        // Half the CPUs: the helpers take what the serving cores leave (they run at a lower
+        // priority), and only prompts over the inline size get there.
+        let helpers = std::thread::available_parallelism().map_or(1, |n| n.get() / 2);
+        let tokenizer_pool = tokenizer
+            .as_ref()
+            .map(|t| super::tokenizing::TokenizerPool::start(t, helpers));
         Ok(KvRouting {
             intake,
             reader,
@@ -158,6 +166,7 @@ impl KvRouting {
             stats,
             flagged,
             tokenizer,
+            tokenizer_pool,
             host_weight,
             max_ranks,
             bootstrapped: AtomicBool::new(!bootstrap),
@@ -206,6 +215,11 @@ impl KvRouting {
     /// The tokenizer, when `--tokenizer-path` gave one.
     pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
         self.tokenizer.as_ref()
+    }
+
+    /// The tokenizer helper threads, when `--tokenizer-path` gave a tokenizer.
+    pub fn tokenizer_pool(&self) -> Option<&super::tokenizing::TokenizerPool> {
+        self.tokenizer_pool.as_ref()
     }
 
     /// Workers whose events are complete, sorted (cheap: one `Arc` load).
@@ -347,8 +361,6 @@ fn bootstrap(gw: &Gateway, kv: &KvRouting, peer: &str) -> Result<usize, String> 
 /// so a match allocates nothing once they have grown.
 #[derive(Debug, Default)]
 pub struct KvScratch {
-    /// The prompt's token ids.
-    pub tokens: Vec<u32>,
     /// The prompt's block chain at the model's block size (see [`KvScratch::chain`]), with
     /// this core's recent prompts to take a shared prefix's chain from.
     memo: ChainMemo,
@@ -386,17 +398,23 @@ pub enum Fallback {
     /// A request with an `extra_key`: SGLang keeps its blocks apart, but its events do not say
     /// which blocks were stored under which key.
     Namespace,
+    /// The prompt was not encoded within its time budget (see `gateway::tokenizing`).
+    TokenizeBudget,
+    /// The tokenizer helpers had no room for the prompt (this core's share, or their queue).
+    TokenizerBusy,
 }
 
 impl Fallback {
     /// Every reason, for series that exist from the start.
-    pub const ALL: [Fallback; 6] = [
+    pub const ALL: [Fallback; 8] = [
         Fallback::NoTokenizer,
         Fallback::Tokenize,
         Fallback::BadTokenIds,
         Fallback::NoIndex,
         Fallback::OtherApi,
         Fallback::Namespace,
+        Fallback::TokenizeBudget,
+        Fallback::TokenizerBusy,
     ];
 
     /// The metric label.
@@ -408,6 +426,8 @@ impl Fallback {
             Fallback::NoIndex => "no_index",
             Fallback::OtherApi => "other_api",
             Fallback::Namespace => "namespace",
+            Fallback::TokenizeBudget => "tokenize_budget",
+            Fallback::TokenizerBusy => "tokenizer_busy",
         }
     }
 }
@@ -467,44 +487,7 @@ impl KvScratch {
 }
 
 impl KvRouting {
-    /// The prompt's token ids into `s.tokens`: `/generate`'s `input_ids` as given (no tokenizer
-    /// needed), a chat rendered through the model's template, a completions or `/generate`
-    /// text prompt as the server encodes it. `text` is the routing text the extractor built
-    /// (capped: a longer text prompt is measured on its first `MAX_ROUTING_TEXT` bytes).
-    pub fn tokenize(
-        &self,
-        api: Api,
-        body: &[u8],
-        text: &str,
-        token_ids: bool,
-        s: &mut KvScratch,
-    ) -> Result<(), Fallback> {
-        if token_ids {
-            return parse_token_ids(text, MAX_ROUTING_TEXT, &mut s.tokens);
-        }
-        let Some(tok) = &self.tokenizer else {
-            return Err(Fallback::NoTokenizer);
-        };
-        let cache = s
-            .segments
-            .get_or_insert_with(|| SegmentCache::new(tok.clone(), SEGMENT_CACHE_TOKENS));
-        s.tokens.clear();
-        let r = match api {
-            Api::Chat => cache.chat_ids(body, &mut s.tokens),
-            Api::Completions | Api::Generate => cache.text_ids(text, &mut s.tokens),
-            // Their prompts are the worker's chat template over converted items: the text
-            // tree decides.
-            Api::Embeddings | Api::Rerank | Api::Responses | Api::Messages => {
-                return Err(Fallback::OtherApi)
-            }
-        };
-        r.map_err(|e| {
-            crate::log!(Debug, "kv events: prompt not tokenized ({e}); text tree");
-            Fallback::Tokenize
-        })
-    }
-
-    /// Measure the prompt in `s.tokens` for a request naming `model` in cache namespace `ns`:
+    /// Measure the prompt `tokens` for a request naming `model` in cache namespace `ns`:
     /// its block chain (from the namespace's root), and per worker the tokens of its prefix the
     /// index and the pending entries put there, a block held only in host memory counting
     /// `--kv-host-tier-weight` of one on the GPU. Returns the prompt's token count, or why the
@@ -513,6 +496,7 @@ impl KvRouting {
         &self,
         model: Option<&str>,
         ns: &Namespace<'_>,
+        tokens: &[u32],
         s: &mut KvScratch,
         now_ms: u64,
     ) -> Result<usize, Fallback> {
@@ -530,7 +514,6 @@ impl KvRouting {
             .or_else(|| Self::model_adapter(&snap, model));
         let root = namespace_root(ns.cache_salt.as_deref(), adapter);
         let KvScratch {
-            tokens,
             memo,
             cached,
             model_hash,

@@ -22,6 +22,7 @@ mod models;
 pub mod requests;
 mod router;
 pub mod telemetry;
+pub mod tokenizing;
 
 pub use self::auth::{constant_time_eq, Auth, Scope};
 pub use self::core::Core;

@@ -1,6 +1,7 @@
 //! One proxied request as named phases on an [`Exchange`], in the order a request lives them:
 //!
 //! - **admit**: auth, routing inputs from the body, request id, admission permit;
+//! - **tokenize**: with KV-event routing, the prompt in the servers' token ids, once;
 //! - **pick**: a policy decision, the worker's circuit, the in-flight count, the tree insert;
 //! - **attempt**: one upstream round trip raced against the client leaving;
 //! - **retry_after**: a failed attempt's bookkeeping, and whether another worker gets a try;
@@ -15,7 +16,7 @@ use super::reply::send_error;
 use super::Outcome;
 use crate::admission::Permit;
 use crate::base::WorkerId;
-use crate::gateway::kv::{KvRouting, KvScratch};
+use crate::gateway::kv::{Fallback, KvRouting, KvScratch};
 use crate::gateway::requests::IdKey;
 use crate::gateway::{Core, Gateway, Router};
 use crate::http::{BodyFraming, Method, RequestHead};
@@ -69,6 +70,7 @@ pub async fn handle(
             return send_error(client, Some(head), &refused.error, id).await;
         }
     };
+    ex.tokenize().await;
     loop {
         let picked = match ex.pick() {
             Ok(p) => p,
@@ -207,6 +209,9 @@ pub(super) struct Exchange<'a> {
     pub(super) _permit: Permit<'a>,
     /// A pass-through call's place among those the gateway allows at once.
     pub(super) _pass_slot: Option<crate::gateway::limit::CallSlot<'a>>,
+    /// The prompt's token ids for KV-event routing (phase *tokenize*), or why the text tree
+    /// decides; `None` when the request is not measured against the index at all.
+    pub(super) prompt: Option<Result<Vec<u32>, Fallback>>,
 }
 
 impl<'a> Exchange<'a> {
@@ -293,7 +298,30 @@ impl<'a> Exchange<'a> {
             last_error: None,
             _permit: permit,
             _pass_slot: pass_slot,
+            prompt: None,
         })
+    }
+
+    /// Phase *tokenize*: with `--kv-events` and the cache-aware policy, the prompt's token ids,
+    /// once for every pick this request will need (encoded on this core when small, else by the
+    /// tokenizer helpers within a budget; see `gateway::tokenizing`).
+    pub(super) async fn tokenize(&mut self) {
+        let (Forwarding::Routed(api), Some(kv)) = (self.forwarding, &self.gw.kv) else {
+            return;
+        };
+        if self.gw.router.policy.kind() != PolicyKind::CacheAware {
+            return;
+        }
+        let tokens = crate::gateway::tokenizing::prompt_tokens(
+            self.core,
+            kv,
+            api,
+            self.body,
+            &self.info.text,
+            self.info.token_ids,
+        )
+        .await;
+        self.prompt = Some(tokens);
     }
 
     /// Phase *pick*: a worker the policy chose, whose circuit admits the request, counted in
@@ -381,13 +409,11 @@ impl<'a> Exchange<'a> {
                     .pick_random_eligible(workers, &self.excluded, rng);
                 (w.map(|w| Decision::plain(w, Branch::Random)), 0, None)
             }
-            Forwarding::Routed(api) => {
+            Forwarding::Routed(_) => {
                 let mut scratch = self.core.kv.borrow_mut();
                 let exact_workers = gw.kv.as_ref().map(|kv| kv.exact_workers());
-                let measured = match &gw.kv {
-                    Some(kv) if gw.router.policy.kind() == PolicyKind::CacheAware => {
-                        self.measure(kv, api, &mut scratch, now_ms)
-                    }
+                let measured = match (&gw.kv, &self.prompt) {
+                    (Some(kv), Some(tokens)) => self.measure(kv, tokens, &mut scratch, now_ms),
                     _ => None,
                 };
                 let exact = measured.map(|prompt_tokens| ExactInput {
@@ -415,11 +441,20 @@ impl<'a> Exchange<'a> {
     }
 
     /// This prompt's tokens against the KV-event index (into `s`): its token count, or `None`
-    /// when the text tree decides alone (counted by reason).
-    fn measure(&self, kv: &KvRouting, api: Api, s: &mut KvScratch, now_ms: u64) -> Option<usize> {
-        let tokens = kv.tokenize(api, self.body, &self.info.text, self.info.token_ids, s);
+    /// when the text tree decides alone (counted by reason, per pick).
+    fn measure(
+        &self,
+        kv: &KvRouting,
+        tokens: &Result<Vec<u32>, Fallback>,
+        s: &mut KvScratch,
+        now_ms: u64,
+    ) -> Option<usize> {
         let ns = &self.info.namespace;
-        let r = tokens.and_then(|()| kv.measure(self.info.model.as_deref(), ns, s, now_ms));
+        let model = self.info.model.as_deref();
+        let r = match tokens {
+            Ok(t) => kv.measure(model, ns, t, s, now_ms),
+            Err(f) => Err(*f),
+        };
         match r {
             Ok(n) => {
                 let best = s.cached.iter().map(|&(_, c)| c).max().unwrap_or(0);

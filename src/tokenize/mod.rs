@@ -128,6 +128,9 @@ pub enum TokenizeError {
     BadRequest(String),
     /// `tokenizers` failed on the text.
     Encode(String),
+    /// The time budget set with [`SegmentCache::set_deadline`] passed before the prompt was
+    /// encoded (what was encoded so far stays cached).
+    TooSlow,
 }
 
 impl TokenizeError {
@@ -139,6 +142,7 @@ impl TokenizeError {
             TokenizeError::Template(_) => "template",
             TokenizeError::BadRequest(_) => "bad_request",
             TokenizeError::Encode(_) => "encode",
+            TokenizeError::TooSlow => "too_slow",
         }
     }
 }
@@ -151,6 +155,7 @@ impl std::fmt::Display for TokenizeError {
             TokenizeError::Template(e) => write!(f, "chat template: {e}"),
             TokenizeError::BadRequest(e) => write!(f, "not a chat request: {e}"),
             TokenizeError::Encode(e) => write!(f, "encoding failed: {e}"),
+            TokenizeError::TooSlow => f.write_str("prompt not encoded within its time budget"),
         }
     }
 }
@@ -801,7 +806,13 @@ pub struct SegmentCache {
     memo: TextMemo,
     text_cuts: Vec<(Resume, u32)>,
     stats: CacheStats,
+    /// When the prompt being encoded must be given up (see [`SegmentCache::set_deadline`]).
+    deadline: Option<std::time::Instant>,
 }
+
+/// Most bytes of unseen words encoded in one call: the deadline is looked at between calls, so
+/// this bounds how far past it an encode runs (~1–2 ms of a core at the measured worst).
+const MAX_RUN_BYTES: usize = 1 << 10;
 
 /// Words a core's cache keeps (~70 bytes each with their ids: ~4.5 MiB); English prose needs a
 /// few tens of thousands for nearly every word of a new message to be a hit.
@@ -832,6 +843,24 @@ impl SegmentCache {
             memo: TextMemo::default(),
             text_cuts: Vec::new(),
             stats: CacheStats::default(),
+            deadline: None,
+        }
+    }
+
+    /// Give up encoding (with [`TokenizeError::TooSlow`]) once `deadline` passes; `None`: no
+    /// time bound beyond the size [`Limits`]. Looked at before each unseen piece and between
+    /// runs of at most [`MAX_RUN_BYTES`] of unseen words, so a prompt made of cached pieces
+    /// never pays for the clock. A piece the tokenizer cannot cut into words (and a tokenizer
+    /// without a reproducible split) is encoded in one call, bounded by the size limits alone.
+    pub fn set_deadline(&mut self, deadline: Option<std::time::Instant>) {
+        self.deadline = deadline;
+    }
+
+    /// Past the deadline: stop.
+    fn check_time(&self) -> Result<(), TokenizeError> {
+        match self.deadline {
+            Some(d) if std::time::Instant::now() >= d => Err(TokenizeError::TooSlow),
+            _ => Ok(()),
         }
     }
 
@@ -946,6 +975,7 @@ impl SegmentCache {
             return Ok(());
         }
         tok.check_words(piece)?;
+        self.check_time()?;
         self.stats.misses += 1;
         let ids = if tok.word_cut {
             let start = out.len();
@@ -1003,7 +1033,17 @@ impl SegmentCache {
                 }
             }
             self.stats.word_misses += 1;
-            run_from.get_or_insert(w);
+            let from = *run_from.get_or_insert(w);
+            // A long run of unseen words goes in parts, the clock looked at between them.
+            if cuts[w + 1] - cuts[from] >= MAX_RUN_BYTES {
+                r = self
+                    .encode_run(tok, piece, &cuts[from..=w + 1], &keys[from..=w], out)
+                    .and_then(|()| self.check_time());
+                run_from = None;
+                if r.is_err() {
+                    break;
+                }
+            }
         }
         if let (Ok(()), Some(from)) = (&r, run_from) {
             r = self.encode_run(tok, piece, &cuts[from..], &keys[from..], out);

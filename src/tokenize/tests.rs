@@ -938,3 +938,31 @@ fn the_piece_cache_counts_empty_entries_and_evicts_in_bounded_steps() {
     // Keys are seeded: not the plain XXH3 of the text (clients cannot aim at buckets).
     assert_ne!(Key::of("a").hash, xxhash_rust::xxh3::xxh3_64(b"a"));
 }
+
+#[test]
+fn a_deadline_stops_unseen_text_but_never_cached_pieces() {
+    let t = small();
+    let mut warm = SegmentCache::new(t.clone(), 1 << 20);
+    // Many distinct words: runs of unseen words are encoded in parts, the clock between them.
+    let long: String = (0..3000).map(|i| format!("w{i}x ")).collect();
+    let body = chat(&[("user", &long)]);
+    let want = chat_ids(&mut warm, &body).unwrap();
+    // Encoded in parts, exactly as in one call.
+    let whole = t.encode_raw(&t.render_chat(&body).unwrap(), false).unwrap();
+    assert_eq!(want, whole);
+    assert!(long.len() > 10 * MAX_RUN_BYTES);
+    // Past its deadline, a cold cache gives up on the unseen text, leaving `out` untouched...
+    let mut cold = SegmentCache::new(t.clone(), 1 << 20);
+    cold.set_deadline(Some(std::time::Instant::now()));
+    let mut out = vec![7];
+    assert_eq!(cold.chat_ids(&body, &mut out), Err(TokenizeError::TooSlow));
+    assert_eq!(out, [7]);
+    // ...and the warm one answers from its pieces without looking at the clock.
+    warm.set_deadline(Some(std::time::Instant::now()));
+    assert_eq!(chat_ids(&mut warm, &body).unwrap(), want);
+    // A deadline in the future changes nothing; after a give-up, the cache still encodes right.
+    cold.set_deadline(Some(
+        std::time::Instant::now() + std::time::Duration::from_secs(60),
+    ));
+    assert_eq!(chat_ids(&mut cold, &body).unwrap(), want);
+}
