@@ -656,3 +656,54 @@ fn a_removed_workers_series_leave_metrics() {
     let again = scrape();
     assert!(again.contains(&kept) && again.contains("smg_http_connections_active"));
 }
+
+// ---- round 2, item 15: public calls that make the gateway call workers are bounded ------------
+
+#[test]
+fn public_calls_that_reach_workers_are_bounded_and_the_rest_refused_at_once() {
+    // A worker that takes half a second over every answer.
+    let slow = scripted(|_| {
+        std::thread::sleep(Duration::from_millis(500));
+        answer(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"data\":[]}")
+    });
+    let gw = gateway_scripted(std::slice::from_ref(&slow.url), &[]);
+    let before = slow.requests();
+    // (path, calls fired at once, most that may reach the worker)
+    for (path, calls, bound) in [("/get_model_info", 40, 16), ("/v1/models", 20, 4)] {
+        let started = Instant::now();
+        let answers: Vec<(u16, Duration)> = (0..calls)
+            .map(|_| {
+                let addr = gw.addr;
+                std::thread::spawn(move || {
+                    let t = Instant::now();
+                    (
+                        request(addr, "GET", path, &[], b"").unwrap().status,
+                        t.elapsed(),
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        let refused: Vec<_> = answers.iter().filter(|(s, _)| *s == 503).collect();
+        let served = answers.iter().filter(|(s, _)| *s == 200).count();
+        assert_eq!(refused.len() + served, calls, "{path}: {answers:?}");
+        assert!(
+            served <= bound,
+            "{path}: {served} calls reached the worker at once"
+        );
+        assert!(refused.len() >= calls - bound, "{path}: {answers:?}");
+        // Refused at once, not queued behind the slow ones.
+        assert!(
+            refused.iter().all(|(_, t)| *t < Duration::from_millis(400)),
+            "{path}: {refused:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5), "{path}");
+    }
+    assert!(
+        slow.requests() - before <= 16 + 4,
+        "{} calls reached it",
+        slow.requests() - before
+    );
+}
