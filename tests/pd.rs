@@ -682,3 +682,267 @@ fn the_simulated_decode_server_refuses_requests_without_a_live_bootstrap_room() 
     .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// A worker on 127.0.0.1 that answers each `POST /generate` with the bytes `answer` makes of
+/// the request's body (anything else gets an empty 404). With `hold`, the connection is kept
+/// open after the bytes, without another byte, until the gateway closes it; the time it did
+/// is sent on the returned channel. For answers no simulated server would give: an oversized
+/// one, or exact bytes to compare the merge against.
+struct ScriptedWorker {
+    url: String,
+    closed: std::sync::mpsc::Receiver<Instant>,
+}
+
+fn scripted_worker(
+    answer: impl Fn(&str) -> (Vec<u8>, bool) + Send + Sync + 'static,
+) -> ScriptedWorker {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, closed) = std::sync::mpsc::channel();
+    let answer = std::sync::Arc::new(answer);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let (answer, tx) = (answer.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 16384];
+                loop {
+                    // One request: head, then its Content-Length body.
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match conn.read(&mut tmp) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if buf.len() < end + 4 + len {
+                        match conn.read(&mut tmp) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                        }
+                        continue;
+                    }
+                    let req: Vec<u8> = buf.drain(..end + 4 + len).collect();
+                    let body = String::from_utf8_lossy(&req[end + 4..]).into_owned();
+                    let (bytes, hold) = if head.starts_with("post /generate ") {
+                        answer(&body)
+                    } else {
+                        (
+                            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_vec(),
+                            false,
+                        )
+                    };
+                    if conn.write_all(&bytes).is_err() {
+                        return;
+                    }
+                    if hold {
+                        // Until the gateway closes (read sees EOF or a reset).
+                        while matches!(conn.read(&mut tmp), Ok(n) if n > 0) {}
+                        let _ = tx.send(Instant::now());
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    ScriptedWorker { url, closed }
+}
+
+/// A JSON answer with a Content-Length.
+fn json_answer(body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// An event stream, each event one chunk, then the last chunk.
+fn sse_answer(events: &[&str]) -> Vec<u8> {
+    let mut out =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec();
+    for e in events {
+        out.extend_from_slice(format!("{:x}\r\n{e}\r\n", e.len()).as_bytes());
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+/// A PD gateway in front of scripted workers (no health endpoint to probe).
+fn scripted_pd_gateway(prefill: &ScriptedWorker, decode: &ScriptedWorker) -> Running {
+    pd_gateway_urls(&prefill.url, &decode.url)
+}
+
+fn pd_gateway_urls(prefill: &str, decode: &str) -> Running {
+    let gw = gateway(&[
+        "--pd-disaggregation",
+        "--prefill",
+        prefill,
+        "none",
+        "--decode",
+        decode,
+        "--disable-health-check",
+        "--worker-metrics-interval-secs",
+        "0",
+        "--request-timeout-secs",
+        "8",
+        "--disable-retries",
+    ]);
+    wait_ready(gw.addr, Duration::from_secs(10));
+    gw
+}
+
+#[test]
+fn merged_answers_are_decode_s_bytes_with_prefill_s_list_spliced_in() {
+    // Spacing, key order, number forms and escapes that a parse-and-render merge would change.
+    let prefill = scripted_worker(|body| {
+        if body.contains(r#""stream":true"#) {
+            (
+                sse_answer(&[
+                    "data: {\"text\":\"\",\"meta_info\":{\"input_token_logprobs\":[[-1.5,5,null]]}}\n\n",
+                    "data: {\"text\":\"a\",\"meta_info\":{\"input_token_logprobs\":[[-1.5,5,null], [-2.25E-3, 6, null]]}}\n\n",
+                    "data: [DONE]\n\n",
+                ]),
+                false,
+            )
+        } else {
+            (
+                json_answer(
+                    r#"{"text":"a","meta_info":{"input_token_logprobs":[[-1.5,5,null], [-2.25E-3, 6, null]]}}"#,
+                ),
+                false,
+            )
+        }
+    });
+    let decode = scripted_worker(|body| {
+        if body.contains(r#""stream":true"#) {
+            (
+                sse_answer(&[
+                    "data: {\"text\": \"h\\u00e9\", \"meta_info\": {\"id\": \"r\", \"input_token_logprobs\": [], \"z\": 1.0e0}}\n\n",
+                    "data: {\"text\": \"h\\u00e9!\", \"meta_info\": {\"id\": \"r\", \"input_token_logprobs\": [], \"z\": 1.0e0}}\n\n",
+                    "data: [DONE]\n\n",
+                ]),
+                false,
+            )
+        } else {
+            (
+                json_answer(
+                    r#"{"text": "h\u00e9!", "meta_info": {"z": 1.0e0, "input_token_logprobs": [ [-3.0, 7, null] ], "id": "r"}}"#,
+                ),
+                false,
+            )
+        }
+    });
+    let gw = scripted_pd_gateway(&prefill, &decode);
+    let r = generate(
+        gw.addr,
+        br#"{"input_ids":[5,6,7],"return_logprob":true,"logprob_start_len":0,"sampling_params":{"max_new_tokens":2}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.text(),
+        r#"{"text": "h\u00e9!", "meta_info": {"z": 1.0e0, "input_token_logprobs": [[-1.5,5,null], [-2.25E-3, 6, null],[-3.0, 7, null]], "id": "r"}}"#
+    );
+    let r = generate(
+        gw.addr,
+        br#"{"input_ids":[5,6,7],"return_logprob":true,"logprob_start_len":0,"stream":true,"sampling_params":{"max_new_tokens":2}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.text(),
+        "data: {\"text\": \"h\\u00e9\", \"meta_info\": {\"id\": \"r\", \"input_token_logprobs\": [[-1.5,5,null], [-2.25E-3, 6, null]], \"z\": 1.0e0}}\n\n\
+         data: {\"text\": \"h\\u00e9!\", \"meta_info\": {\"id\": \"r\", \"input_token_logprobs\": [[-1.5,5,null], [-2.25E-3, 6, null]], \"z\": 1.0e0}}\n\n\
+         data: [DONE]\n\n"
+    );
+}
+
+#[test]
+fn an_answer_past_its_prompt_s_bound_is_refused_without_being_read_whole() {
+    // 50 MB announced (under the flat 256 MiB cap) for a three-token prompt, then nothing:
+    // a gateway that read up to the cap would wait here until the request's deadline.
+    const HUGE: usize = 50_000_000;
+    let prefill = scripted_worker(|body| {
+        if body.contains("big-decode") {
+            return (
+                json_answer(r#"{"text":"a","meta_info":{"input_token_logprobs":[[-1,5,null]]}}"#),
+                false,
+            );
+        }
+        if body.contains(r#""stream":true"#) {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{HUGE:x}\r\ndata: {{"
+            );
+            return (head.into_bytes(), true);
+        }
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {HUGE}\r\n\r\n{{\"meta_info\":{{\"input_token_logprobs\":["
+        );
+        (head.into_bytes(), true)
+    });
+    let decode = scripted_worker(|body| {
+        if body.contains("big-decode") {
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {HUGE}\r\n\r\n{{\"text\":\""
+            );
+            return (head.into_bytes(), true);
+        }
+        if body.contains(r#""stream":true"#) {
+            return (
+                sse_answer(&[
+                    "data: {\"text\":\"x\",\"meta_info\":{}}\n\n",
+                    "data: [DONE]\n\n",
+                ]),
+                false,
+            );
+        }
+        (json_answer(r#"{"text":"x","meta_info":{}}"#), false)
+    });
+    let gw = scripted_pd_gateway(&prefill, &decode);
+    let cases: [(&[u8], &str, &ScriptedWorker); 3] = [
+        (
+            br#"{"input_ids":[5,6,7],"return_logprob":true,"sampling_params":{"max_new_tokens":4}}"#,
+            "prefill",
+            &prefill,
+        ),
+        (
+            br#"{"input_ids":[5,6,7],"return_logprob":true,"stream":true,"sampling_params":{"max_new_tokens":4}}"#,
+            "prefill",
+            &prefill,
+        ),
+        (
+            br#"{"input_ids":[5,6,7],"return_logprob":true,"rid":"big-decode","sampling_params":{"max_new_tokens":4}}"#,
+            "decode",
+            &decode,
+        ),
+    ];
+    for (body, side, worker) in cases {
+        let started = Instant::now();
+        let r = generate(gw.addr, body);
+        let took = started.elapsed();
+        assert_eq!(r.status, 502, "{side}: {}", r.text());
+        assert!(
+            took < Duration::from_secs(3),
+            "{side}: answered at once, not after {took:?}"
+        );
+        let err = &r.json()["error"];
+        assert_eq!(err["code"], 502, "{err}");
+        let msg = err["message"].as_str().unwrap();
+        assert!(msg.contains(side) && msg.contains("larger than"), "{msg}");
+        // The oversized answer's connection was closed, not read on.
+        let closed = worker
+            .closed
+            .recv_timeout(Duration::from_secs(3))
+            .expect("the gateway closes the oversized answer's connection");
+        assert!(closed.duration_since(started) < Duration::from_secs(3));
+    }
+}

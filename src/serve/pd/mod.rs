@@ -48,9 +48,16 @@ const CLIENT_WATCH_DELAY: Duration = Duration::from_millis(20);
 /// decode worker (a prefill that is down is refused within this).
 const PREFILL_BLAME_GRACE: Duration = Duration::from_millis(500);
 
-/// Largest prefill answer read to its end (it is discarded, or merged for logprobs), and the
-/// largest decode answer buffered for a logprob merge.
+/// Largest answer ever buffered for a logprob merge (prefill's, and decode's when not
+/// streamed). Each request's own bound ([`merge::AnswerBound`]: what a correct answer to *it*
+/// can weigh, from its prompt and logprob options) is usually far lower, and is what holds;
+/// this cap covers requests that bound cannot see through.
 const MAX_BUFFERED_ANSWER: u64 = 256 << 20;
+
+/// The most bytes of an answer read for a merge: its request's bound, never above the cap.
+fn buffer_limit(bound: Option<u64>) -> u64 {
+    bound.map_or(MAX_BUFFERED_ANSWER, |b| b.min(MAX_BUFFERED_ANSWER))
+}
 
 /// Handle a routed request in PD mode, from its head and body to the last byte relayed.
 pub async fn handle(
@@ -476,11 +483,21 @@ impl<'a> PdExchange<'a> {
         dup: UpstreamResponse,
     ) -> (u16, bool, bool, bool) {
         let pool = &self.ex.core.pool;
-        let p = read_whole(pool, &prefill.worker, pup, self.ex.deadline).await;
-        let lists = p
-            .as_ref()
-            .map(|(_, body)| merge::prefill_input_logprobs(body))
-            .unwrap_or_default();
+        let bound = merge::AnswerBound::of(self.ex.body);
+        let limit = buffer_limit(bound.as_ref().map(|b| b.prefill(true)));
+        let p = read_whole(pool, &prefill.worker, pup, self.ex.deadline, limit).await;
+        let lists = match &p {
+            Ok((_, body)) => merge::prefill_input_logprobs(body),
+            // Nothing has reached the client yet: the decode request is dropped (aborted on
+            // its server) and the client gets the error, as for any failure before the head.
+            Err(Unread::Refused) => {
+                drop(dup);
+                let (status, keep) = self.refuse_merge(client, PairSide::Prefill, limit).await;
+                return (status, keep, false, true);
+            }
+            // A prefill that broke off: decode's stream goes out without prompt logprobs.
+            Err(Unread::Broke) => merge::PrefillLists::default(),
+        };
         let status = dup.head.status;
         let how = RelayTo {
             worker: &decode.worker,
@@ -498,7 +515,7 @@ impl<'a> PdExchange<'a> {
             crate::metrics::ttft(t.duration_since(self.ex.started));
         }
         let d_ok = !is_worker_failure(status) && !relayed.upstream_broke;
-        (status, relayed.client_keep_alive, p.is_some(), d_ok)
+        (status, relayed.client_keep_alive, p.is_ok(), d_ok)
     }
 
     async fn relay(
@@ -518,8 +535,10 @@ impl<'a> PdExchange<'a> {
         relay::relay(&self.ex.core.pool, client, up, how, None).await
     }
 
-    /// Both answers read whole, prefill's input logprobs put in front of decode's, the result
-    /// written as one JSON answer. Returns (status, keep-alive, prefill ok, decode ok).
+    /// Both answers read whole (each no larger than a correct answer to this request can be),
+    /// prefill's input logprobs put in front of decode's as bytes, the result written as one
+    /// JSON answer. An answer past its bound is not read on: the client gets a 502 at once and
+    /// the other side's request is dropped. Returns (status, keep-alive, prefill ok, decode ok).
     async fn merged(
         &self,
         client: &mut TcpStream,
@@ -530,26 +549,85 @@ impl<'a> PdExchange<'a> {
     ) -> (u16, bool, bool, bool) {
         let pool = &self.ex.core.pool;
         let deadline = self.ex.deadline;
-        let (p, d) = monoio::join!(
-            read_whole(pool, &prefill.worker, pup, deadline),
-            read_whole(pool, &decode.worker, dup, deadline)
-        );
+        let bound = merge::AnswerBound::of(self.ex.body);
+        let p_limit = buffer_limit(bound.as_ref().map(|b| b.prefill(false)));
+        let d_limit = buffer_limit(bound.as_ref().and_then(merge::AnswerBound::decode));
+        let p = read_whole(pool, &prefill.worker, pup, deadline, p_limit);
+        let d = read_whole(pool, &decode.worker, dup, deadline, d_limit);
+        let mut p = std::pin::pin!(p);
+        let mut d = std::pin::pin!(d);
+        // Whichever side is refused first ends the merge without waiting for the other.
+        let (p, d) = monoio::select! {
+            pr = &mut p => {
+                if matches!(pr, Err(Unread::Refused)) {
+                    let (status, keep) = self.refuse_merge(client, PairSide::Prefill, p_limit).await;
+                    return (status, keep, false, true);
+                }
+                (pr, d.await)
+            }
+            dr = &mut d => {
+                if matches!(dr, Err(Unread::Refused)) {
+                    let (status, keep) = self.refuse_merge(client, PairSide::Decode, d_limit).await;
+                    return (status, keep, true, false);
+                }
+                (p.await, dr)
+            }
+        };
+        if matches!(p, Err(Unread::Refused)) {
+            let (status, keep) = self.refuse_merge(client, PairSide::Prefill, p_limit).await;
+            return (status, keep, false, true);
+        }
         let id = Some(self.ex.request_id.as_str());
         let keep = self.ex.head.keep_alive;
-        let Some((d_status, d_body)) = d else {
-            let e = GatewayError::new(502, "the decode worker's answer broke off");
-            let out = send(client, &Reply::error(&e), id, keep, false).await;
-            return (out.status, out.keep_alive, p.is_some(), false);
+        let (d_status, d_body) = match d {
+            Ok(d) => d,
+            Err(Unread::Refused) => {
+                let (status, keep) = self.refuse_merge(client, PairSide::Decode, d_limit).await;
+                return (status, keep, p.is_ok(), false);
+            }
+            Err(Unread::Broke) => {
+                let e = GatewayError::new(502, "the decode worker's answer broke off");
+                let out = send(client, &Reply::error(&e), id, keep, false).await;
+                return (out.status, out.keep_alive, p.is_ok(), false);
+            }
         };
+        // A prefill that broke off: decode's answer goes out without prompt logprobs.
         let merged = p
             .as_ref()
+            .ok()
             .and_then(|(_, pb)| merge::merge_input_logprobs(pb, &d_body));
-        let reply = match merged {
-            Some(v) => Reply::json(d_status, &v),
-            None => Reply::raw_json(d_status, d_body.to_vec()),
-        };
-        let out = send(client, &reply, id, keep, false).await;
-        (out.status, out.keep_alive, p.is_some(), true)
+        let body = merged.unwrap_or_else(|| d_body.to_vec());
+        let out = send(client, &Reply::raw_json(d_status, body), id, keep, false).await;
+        (out.status, out.keep_alive, p.is_ok(), true)
+    }
+
+    /// A merge refused because `side`'s answer is larger than any correct answer to this
+    /// request (more than `limit` bytes) or not framed: a 502 in the OpenAI error shape.
+    /// Returns (status, keep-alive).
+    async fn refuse_merge(
+        &self,
+        client: &mut TcpStream,
+        side: PairSide,
+        limit: u64,
+    ) -> (u16, bool) {
+        let e = GatewayError::new(
+            502,
+            format!(
+                "the {} worker's answer is malformed or larger than any answer to this request \
+                 can be ({limit} bytes)",
+                side_name(side)
+            ),
+        );
+        let id = Some(self.ex.request_id.as_str());
+        let out = send(
+            client,
+            &Reply::error(&e),
+            id,
+            self.ex.head.keep_alive,
+            false,
+        )
+        .await;
+        (out.status, out.keep_alive)
     }
 }
 
@@ -710,25 +788,45 @@ async fn drain(pool: &Pool, worker: &Worker, up: UpstreamResponse, deadline: Ins
     }
 }
 
-/// A whole answer (status, body); its connection back to `pool` when reusable. `None` when it
-/// broke off, was too large or timed out.
+/// Why an answer read for a merge is not there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unread {
+    /// It broke off or timed out.
+    Broke,
+    /// It is larger than the limit (refused as soon as its length or a chunk size says so,
+    /// without reading it) or its framing is malformed.
+    Refused,
+}
+
+/// A whole answer (status, body) of at most `max` bytes; its connection back to `pool` when
+/// reusable.
 async fn read_whole(
     pool: &Pool,
     worker: &Worker,
     up: UpstreamResponse,
     deadline: Instant,
-) -> Option<(u16, Bytes)> {
+    max: u64,
+) -> Result<(u16, Bytes), Unread> {
     let reusable = up.head.keep_alive && !matches!(up.head.framing, BodyFraming::Close);
-    match forward::read_full_body(up, deadline, MAX_BUFFERED_ANSWER).await {
+    match forward::read_full_body(up, deadline, max).await {
         Ok(full) => {
             if reusable && !full.stray {
                 pool.put(worker, full.stream);
             }
-            Some((full.head.status, full.body))
+            Ok((full.head.status, full.body))
+        }
+        // `read_full_body` says InvalidData for a body past `max` and for broken chunk framing.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            crate::log!(
+                Debug,
+                "worker {}: answer refused for a merge (limit {max} bytes): {e}",
+                worker.url
+            );
+            Err(Unread::Refused)
         }
         Err(e) => {
             crate::log!(Debug, "worker {}: answer broke off: {e}", worker.url);
-            None
+            Err(Unread::Broke)
         }
     }
 }
