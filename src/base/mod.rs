@@ -2,6 +2,7 @@
 //! proxy) can share one implementation instead of growing its own copy.
 
 pub mod entropy;
+pub mod json_span;
 pub mod priority;
 pub mod recent;
 pub mod rng;

@@ -12,6 +12,7 @@
 //! others the first or refuse).
 
 use super::extract::Api;
+use crate::base::json_span::{members, Member};
 use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
@@ -391,124 +392,36 @@ const GATEWAY_KEYS: [&[u8]; 4] = [
 ];
 
 /// Byte ranges of the top-level members of `body` (a JSON object the extractor accepted) whose
-/// key is in `keys`, each with one adjacent comma, so removing them leaves valid JSON.
+/// key is in `keys`, with their commas, so removing them leaves valid JSON.
 fn member_spans(body: &[u8], keys: &[&[u8]]) -> Vec<(usize, usize)> {
+    let Some(open) = body.iter().position(|&c| c == b'{') else {
+        return Vec::new();
+    };
+    let all: Vec<Member<'_>> = members(body, open).collect();
     let mut spans = Vec::new();
-    let mut i = match body.iter().position(|&c| c == b'{') {
-        Some(p) => p + 1,
-        None => return spans,
-    };
-    let ws = |i: &mut usize| {
-        while body.get(*i).is_some_and(|c| c.is_ascii_whitespace()) {
-            *i += 1;
-        }
-    };
-    // (start, value end, next member's start or None at the end) of each member.
-    let mut members: Vec<(usize, usize, bool)> = Vec::new();
-    loop {
-        ws(&mut i);
-        if body.get(i) != Some(&b'"') {
-            break; // `}`: the end (or an empty object).
-        }
-        let start = i;
-        let key_end = skip_string(body, i);
-        let key = &body[start + 1..key_end.saturating_sub(1)];
-        i = key_end;
-        ws(&mut i);
-        i += 1; // ':'
-        ws(&mut i);
-        i = skip_value(body, i);
-        let value_end = i;
-        ws(&mut i);
-        let more = body.get(i) == Some(&b',');
-        if more {
+    let mut i = 0;
+    while i < all.len() {
+        if !keys.contains(&all[i].key) {
             i += 1;
+            continue;
         }
-        if keys.contains(&key) {
-            members.push((start, value_end, more));
+        // A run of removed members, all[i..j].
+        let mut j = i + 1;
+        while j < all.len() && keys.contains(&all[j].key) {
+            j += 1;
         }
-        if !more {
-            break;
-        }
+        spans.push(
+            match (all.get(j), i.checked_sub(1).and_then(|p| all.get(p))) {
+                // Up to the next kept member's key: the run, its commas, the space after.
+                (Some(next), _) => (all[i].at, next.at),
+                // The run ends the object: from the end of the previous kept value (its comma).
+                (None, Some(prev)) => (prev.end, all[j - 1].end),
+                (None, None) => (all[i].at, all[j - 1].end),
+            },
+        );
+        i = j;
     }
-    for (start, value_end, more) in members {
-        if more {
-            // Up to the next member's key: this member, its comma, the space after.
-            let mut end = value_end;
-            while body.get(end).is_some_and(|&c| c != b',') {
-                end += 1;
-            }
-            end += 1;
-            while body.get(end).is_some_and(|c| c.is_ascii_whitespace()) {
-                end += 1;
-            }
-            spans.push((start, end));
-        } else {
-            // The last member: from the end of the previous value (its comma included).
-            let mut from = start;
-            while from > 0 && body[from - 1] != b',' && body[from - 1] != b'{' {
-                from -= 1;
-            }
-            if from > 0 && body[from - 1] == b',' {
-                from -= 1;
-            }
-            spans.push((from, value_end));
-        }
-    }
-    // Overlaps can only come from two adjacent removals; merge them.
-    spans.sort_unstable();
-    let mut merged: Vec<(usize, usize)> = Vec::new();
-    for (a, b) in spans {
-        match merged.last_mut() {
-            Some(last) if a <= last.1 => last.1 = last.1.max(b),
-            _ => merged.push((a, b)),
-        }
-    }
-    merged
-}
-
-/// The end of the string starting at `i` (its opening quote): just past its closing quote.
-fn skip_string(body: &[u8], mut i: usize) -> usize {
-    i += 1;
-    while let Some(&c) = body.get(i) {
-        match c {
-            b'\\' => i += 2,
-            b'"' => return i + 1,
-            _ => i += 1,
-        }
-    }
-    body.len()
-}
-
-/// The end of the value starting at `i`.
-fn skip_value(body: &[u8], mut i: usize) -> usize {
-    let mut depth = 0usize;
-    while let Some(&c) = body.get(i) {
-        match c {
-            b'"' => {
-                i = skip_string(body, i);
-                if depth == 0 {
-                    return i;
-                }
-                continue;
-            }
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                if depth == 0 {
-                    return i;
-                }
-                depth -= 1;
-                if depth == 0 {
-                    return i + 1;
-                }
-            }
-            b',' if depth == 0 => return i,
-            c if depth == 0 && c.is_ascii_whitespace() => return i,
-            _ => {}
-        }
-        i += 1;
-    }
-    i
+    spans
 }
 
 /// `body` (a JSON object) with the `added` fields spliced in before its closing brace, members

@@ -290,7 +290,7 @@ fn a_clients_own_gateway_fields_are_replaced_not_duplicated() {
         ),
         (
             r#"{ "data_parallel_rank":null }"#,
-            r#"{ "data_parallel_rank":3}"#,
+            r#"{  "data_parallel_rank":3}"#,
         ),
         (
             r#"{"a":"\"data_parallel_rank\"","data_parallel_rank":1,"b":2}"#,
@@ -303,6 +303,19 @@ fn a_clients_own_gateway_fields_are_replaced_not_duplicated() {
         (
             r#"{"nested":{"data_parallel_rank":1},"p":1}"#,
             r#"{"nested":{"data_parallel_rank":1},"p":1,"data_parallel_rank":3}"#,
+        ),
+        // A run of the gateway's keys ending the object: the comma before the run goes too.
+        (
+            r#"{"p":1, "data_parallel_rank":1,"bootstrap_room":2 }"#,
+            r#"{"p":1 ,"data_parallel_rank":3}"#,
+        ),
+        (
+            r#"{"data_parallel_rank":1, "bootstrap_host":"h","p":1}"#,
+            r#"{"p":1,"data_parallel_rank":3}"#,
+        ),
+        (
+            r#"{"bootstrap_port":1,"data_parallel_rank":2}"#,
+            r#"{"data_parallel_rank":3}"#,
         ),
     ] {
         let out = splice_fields(body.as_bytes(), &added).unwrap();

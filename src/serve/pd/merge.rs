@@ -15,6 +15,7 @@
 //! How much of each answer the gateway buffers is bounded by what a correct answer to *this*
 //! request can weigh ([`AnswerBound`]), not only by the flat `MAX_BUFFERED_ANSWER`.
 
+use crate::base::json_span::{elements, members, skip_ws, Member};
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -632,130 +633,6 @@ impl<'de> Deserialize<'de> for Sampling {
 /// span functions below rely on it).
 fn is_json(doc: &[u8]) -> bool {
     std::str::from_utf8(doc).is_ok_and(|s| serde_json::from_str::<IgnoredAny>(s).is_ok())
-}
-
-/// The first byte at or after `i` that is not JSON whitespace.
-fn skip_ws(doc: &[u8], mut i: usize) -> usize {
-    while doc.get(i).is_some_and(u8::is_ascii_whitespace) {
-        i += 1;
-    }
-    i
-}
-
-/// Just past the closing quote of the string whose opening quote is at `i`.
-fn string_end(doc: &[u8], mut i: usize) -> usize {
-    i += 1;
-    while let Some(&c) = doc.get(i) {
-        match c {
-            b'\\' => i += 2,
-            b'"' => return i + 1,
-            _ => i += 1,
-        }
-    }
-    doc.len()
-}
-
-/// Just past the value that starts at `i` (a valid document's value).
-fn value_end(doc: &[u8], mut i: usize) -> usize {
-    match doc.get(i) {
-        Some(b'"') => string_end(doc, i),
-        Some(b'{' | b'[') => {
-            let mut depth = 0usize;
-            while let Some(&c) = doc.get(i) {
-                match c {
-                    b'"' => {
-                        i = string_end(doc, i);
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth = depth.saturating_sub(1);
-                        if depth == 0 {
-                            return i + 1;
-                        }
-                    }
-                    _ => {}
-                }
-                i += 1;
-            }
-            doc.len()
-        }
-        _ => {
-            while doc
-                .get(i)
-                .is_some_and(|&c| !matches!(c, b',' | b']' | b'}') && !c.is_ascii_whitespace())
-            {
-                i += 1;
-            }
-            i
-        }
-    }
-}
-
-/// One member of an object: its key's bytes (as written, without quotes) and its value's span.
-struct Member<'a> {
-    key: &'a [u8],
-    start: usize,
-    end: usize,
-}
-
-/// The members of the object at `open` (its `{`), in order; nothing when it is not an object.
-fn members(doc: &[u8], open: usize) -> Members<'_> {
-    Members {
-        doc,
-        i: open + 1,
-        done: doc.get(open) != Some(&b'{'),
-    }
-}
-
-struct Members<'a> {
-    doc: &'a [u8],
-    i: usize,
-    done: bool,
-}
-
-impl<'a> Iterator for Members<'a> {
-    type Item = Member<'a>;
-    fn next(&mut self) -> Option<Member<'a>> {
-        if self.done {
-            return None;
-        }
-        let doc = self.doc;
-        let k = skip_ws(doc, self.i);
-        if doc.get(k) != Some(&b'"') {
-            self.done = true;
-            return None;
-        }
-        let key_end = string_end(doc, k);
-        let key = doc
-            .get(k + 1..key_end.saturating_sub(1))
-            .unwrap_or_default();
-        let colon = skip_ws(doc, key_end);
-        let start = skip_ws(doc, colon + 1);
-        let end = value_end(doc, start);
-        let after = skip_ws(doc, end);
-        if doc.get(after) == Some(&b',') {
-            self.i = after + 1;
-        } else {
-            self.done = true;
-        }
-        Some(Member { key, start, end })
-    }
-}
-
-/// The start of each element of the list at `open` (its `[`).
-fn elements(doc: &[u8], open: usize) -> Vec<usize> {
-    let mut starts = Vec::new();
-    let mut i = skip_ws(doc, open + 1);
-    while doc.get(i).is_some_and(|&c| c != b']') {
-        starts.push(i);
-        i = skip_ws(doc, value_end(doc, i));
-        if doc.get(i) != Some(&b',') {
-            break;
-        }
-        i = skip_ws(doc, i + 1);
-    }
-    starts
 }
 
 /// The last member named `key` of the object at `open` (a JSON parser keeps the last of
