@@ -978,9 +978,13 @@ impl Discovery {
                     )
                 }
             },
-            (None, Err(e)) => return Err(e),
+            (None, Err(e)) => {
+                kv.intake.count_discovery_failed();
+                return Err(e);
+            }
         };
         if ranks > kv.max_ranks {
+            kv.intake.count_refused();
             return Err(format!(
                 "announces {ranks} KV-event publishers (DP ranks), over --kv-max-dp-ranks {}; \
                  scored by the text tree",
@@ -1008,15 +1012,27 @@ impl Discovery {
             None => 0..ranks,
             Some(d) if d.rank < ranks => d.rank..d.rank + 1,
             Some(d) => {
+                kv.intake.count_refused();
                 return Err(format!(
                     "DP rank {} has no publisher of its own (the server reports {ranks}); \
                      scored by the text tree",
                     d.rank
-                ))
+                ));
             }
         };
+        // Every rank's ports first: a worker is subscribed whole or not at all (never some
+        // ranks, then an error retried for ever).
+        let mut sockets = Vec::with_capacity(mine.len());
         for rank in mine {
-            let (live, replay) = endpoints.for_rank(rank)?;
+            match endpoints.for_rank(rank) {
+                Ok(s) => sockets.push((rank, s)),
+                Err(e) => {
+                    kv.intake.count_refused();
+                    return Err(format!("{e}; scored by the text tree"));
+                }
+            }
+        }
+        for (rank, (live, replay)) in sockets {
             let publisher = Publisher {
                 key: Source {
                     worker: w.id,

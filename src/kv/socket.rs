@@ -4,9 +4,19 @@
 //! **Memory held is bounded where the bytes arrive.** The decoder refuses a frame, a message or
 //! a command over its caps from the header alone (the connection is closed before the bytes it
 //! announces are read), and every connection's unfinished bytes count against one [`Budget`]
-//! shared by all of them: a connection is not read while the budget is spent, and a message
-//! that does not finish within its deadline closes its connection, so a slow peer cannot hold
-//! its share for ever. Bytes read ahead of a paused stream are at most one read (64 KiB).
+//! shared by all of them. A connection is read while all of them together hold less than the
+//! budget, or while it holds less than [`FLOOR`] itself: peers that spend the budget on
+//! unfinished messages pause only themselves, never a publisher whose batches are small. A
+//! message that does not finish within its deadline closes its connection, so a slow peer
+//! cannot hold its share for ever. Together they hold at most the budget plus, per connection,
+//! [`FLOOR`] and one read ([`READ_CHUNK`]).
+//!
+//! What is counted is what is resident: a frame announced larger than the buffer gets room for
+//! all of it at once (one allocation of its size, whose pages become resident only as its bytes
+//! arrive; not a doubling chain whose copies and freed blocks cost a multiple of it), and a
+//! buffer grown for a large message is given back once that message is taken, so a connection
+//! between messages holds what it has read, not the largest message it ever had. Bytes read ahead of a stream that waits (behind its replay) are
+//! at most one round of reads ([`READS_PER_ROUND`] × [`READ_CHUNK`], 1 MiB), and counted.
 
 use super::zmtp::{self, Decoder, Item, Limits, SocketType, ZmtpError};
 use bytes::BytesMut;
@@ -18,7 +28,13 @@ use std::time::{Duration, Instant};
 /// Largest single read (the scratch buffer the event thread lends every connection).
 pub const READ_CHUNK: usize = 64 << 10;
 /// Reads one connection gets per round before the next connection's turn.
-const READS_PER_ROUND: usize = 16;
+pub const READS_PER_ROUND: usize = 16;
+/// Bytes of an unfinished message any connection may hold whatever the others hold: an honest
+/// publisher's batches (kilobytes; a long prefill's, a few hundred) fit, so peers that spend the
+/// shared budget never stall it.
+pub const FLOOR: usize = 1 << 20;
+/// A buffer grown past this for a large message is given back once the message is taken.
+const SHED_ABOVE: usize = 4 * READ_CHUNK;
 
 /// Bytes of unfinished messages all connections may hold together.
 #[derive(Debug)]
@@ -33,9 +49,11 @@ impl Budget {
         Budget { used: 0, limit }
     }
 
-    /// Whether a connection may read more now.
-    pub fn has_room(&self) -> bool {
-        self.used < self.limit
+    /// Whether a connection holding `held` bytes may read more now: while all of them together
+    /// hold less than the limit, or while it holds less than [`FLOOR`] itself (a peer that
+    /// hogs the budget then pauses only itself).
+    pub fn may_read(&self, held: usize) -> bool {
+        self.used < self.limit || held < FLOOR
     }
 
     /// Bytes held now.
@@ -91,6 +109,8 @@ pub struct Conn {
     connecting: bool,
     decoder: Decoder,
     rx: BytesMut,
+    /// `rx` was given room for a large frame (it is replaced once that message is taken).
+    grown: bool,
     tx: Vec<u8>,
     /// Bytes this connection counts in the budget.
     held: usize,
@@ -132,6 +152,7 @@ impl Conn {
             connecting: true,
             decoder: Decoder::new(kind, limits),
             rx: BytesMut::new(),
+            grown: false,
             tx: zmtp::hello(kind),
             held: 0,
             opened: now,
@@ -198,12 +219,26 @@ impl Conn {
         Ok(())
     }
 
+    /// Whether this connection may be read now (see [`Budget::may_read`]).
+    pub fn may_read(&self, budget: &Budget) -> bool {
+        budget.may_read(self.held)
+    }
+
     /// The socket is readable: take what it has (a bounded number of reads, while the budget
-    /// has room) into this connection's buffer.
+    /// lets this connection read) into this connection's buffer.
     pub fn fill(&mut self, budget: &mut Budget, scratch: &mut [u8]) -> Result<(), ConnError> {
         for _ in 0..READS_PER_ROUND {
-            if !budget.has_room() {
+            if !budget.may_read(self.held) {
                 break;
+            }
+            // A large frame announced (within the caps) but not all here: room for all of it
+            // and the rest of this round's reads past it, at once.
+            if let Some(need) = self.decoder.awaiting(&self.rx) {
+                let room = need + READS_PER_ROUND * READ_CHUNK;
+                if need > SHED_ABOVE && room > self.rx.capacity() {
+                    self.rx.reserve(room - self.rx.len());
+                    self.grown = true;
+                }
             }
             match self.stream.read(scratch) {
                 Ok(0) => return Err(ConnError::Closed),
@@ -238,6 +273,9 @@ impl Conn {
                         zmtp::subscribe_all(&mut self.tx);
                         self.flush()?;
                     }
+                    if matches!(item, Item::Message(_)) {
+                        self.shed();
+                    }
                     self.incomplete_since = None;
                     return Ok(Some(item));
                 }
@@ -253,8 +291,10 @@ impl Conn {
         }
     }
 
-    /// The handshake and the message being received are within their deadlines (checked only
-    /// for connections the caller is reading: a paused one is not slow, its reader is).
+    /// The handshake and the message being received are within their deadlines. The caller
+    /// skips a stream it does not read on purpose (one waiting behind its replay: not slow, its
+    /// reader is); one the budget pauses is checked (it holds at least [`FLOOR`] of an
+    /// unfinished message, and its deadline is how that share comes back).
     pub fn check(&self, now: Instant) -> Result<(), ConnError> {
         if !self.is_ready() && now.duration_since(self.opened) > self.timeouts.handshake {
             return Err(ConnError::TooSlow("the ZMTP handshake"));
@@ -266,6 +306,16 @@ impl Conn {
             return Err(ConnError::TooSlow("one message"));
         }
         Ok(())
+    }
+
+    /// After a message: a buffer grown for a large frame keeps only what it still holds (at most
+    /// a round of reads), in a buffer of that size; the large one is freed with the message.
+    fn shed(&mut self) {
+        let oversized = self.rx.capacity() > SHED_ABOVE && self.rx.len() <= self.rx.capacity() / 4;
+        if self.grown || oversized {
+            self.rx = BytesMut::from(&self.rx[..]);
+            self.grown = false;
+        }
     }
 
     fn account(&mut self, budget: &mut Budget) {
@@ -403,6 +453,80 @@ mod tests {
         c.close(&mut budget);
         assert_eq!(budget.used(), 0);
         tx.send(()).unwrap();
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_connection_holding_little_reads_while_others_spend_the_budget() {
+        let mut budget = Budget::new(4 * FLOOR);
+        assert!(budget.may_read(0) && budget.may_read(3 * FLOOR));
+        budget.used = 4 * FLOOR;
+        // The budget is spent: those holding a floor's worth wait, the others read on.
+        assert!(!budget.may_read(FLOOR) && !budget.may_read(3 * FLOOR));
+        assert!(budget.may_read(0) && budget.may_read(FLOOR - 1));
+    }
+
+    #[test]
+    fn a_large_frame_is_read_into_one_buffer_of_its_size_given_back_after_its_message() {
+        const LARGE: Limits = Limits {
+            max_frames: 4,
+            max_message_bytes: 16 << 20,
+            max_command_bytes: 4096,
+        };
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        // Not a power of two: a buffer doubling its way there would overshoot by megabytes.
+        let size = (4usize << 20) + (512 << 10);
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut got = vec![0u8; zmtp::hello(SocketType::Sub).len()];
+            s.read_exact(&mut got).unwrap();
+            let mut msg = Vec::new();
+            zmtp::encode_message(&[b"", &7i64.to_be_bytes(), &vec![9u8; size]], &mut msg);
+            s.write_all(&publisher_bytes(&msg)).unwrap();
+            // Keep the connection open until the reader is done.
+            let _ = s.read(&mut [0u8; 16]);
+        });
+        let mut budget = Budget::new(64 << 20);
+        let mut c = Conn::connect(addr, SocketType::Sub, LARGE, TIMEOUTS, Instant::now()).unwrap();
+        let mut scratch = vec![0u8; READ_CHUNK];
+        let mut largest = 0;
+        let mut items = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while items.len() < 2 {
+            assert!(Instant::now() < deadline, "{items:?}");
+            let mut fds = [libc::pollfd {
+                fd: c.fd(),
+                events: c.events(true),
+                revents: 0,
+            }];
+            // SAFETY: one valid pollfd for the duration of the call.
+            unsafe { libc::poll(fds.as_mut_ptr(), 1, 50) };
+            if fds[0].revents & libc::POLLOUT != 0 {
+                c.writable().unwrap();
+            }
+            if fds[0].revents & libc::POLLIN != 0 {
+                c.fill(&mut budget, &mut scratch).unwrap();
+                largest = largest.max(c.rx.capacity());
+            }
+            while let Some(item) = c.next(&mut budget, Instant::now()).unwrap() {
+                items.push(item);
+            }
+        }
+        let Item::Message(frames) = &items[1] else {
+            panic!("{items:?}")
+        };
+        assert_eq!(frames[2].len(), size);
+        // One buffer for the frame and a round of reads past it: never a doubling to 8 MiB.
+        assert!(largest >= size, "{largest}");
+        assert!(
+            largest <= size + 9 + (READS_PER_ROUND + 1) * READ_CHUNK,
+            "the buffer grew to {largest} bytes for a {size}-byte frame"
+        );
+        // Once the message is taken the buffer is small again.
+        assert!(c.rx.capacity() <= SHED_ABOVE, "{}", c.rx.capacity());
+        assert_eq!(budget.used(), 0);
+        c.close(&mut budget);
         server.join().unwrap();
     }
 

@@ -247,6 +247,22 @@ impl Decoder {
         self.message_bytes
     }
 
+    /// The bytes `buf` must hold for the message frame it starts with to be taken whole (its
+    /// header included), once that header is here and within the caps; `None` otherwise. The
+    /// reader makes room for all of it at once instead of growing its buffer read by read.
+    pub fn awaiting(&self, buf: &[u8]) -> Option<usize> {
+        if self.phase != Phase::Traffic {
+            return None;
+        }
+        let h = header(buf)?;
+        let max = self.limits.max_message_bytes as u64;
+        if h.flags & COMMAND != 0 || h.size > max || self.message_bytes.saturating_add(h.size) > max
+        {
+            return None;
+        }
+        Some(h.len + h.size as usize)
+    }
+
     /// Take the next item out of `buf` (consuming its bytes), `Ok(None)` when `buf` does not
     /// hold one whole item yet. Checks every size before the bytes it announces are awaited,
     /// so a refused frame never has to arrive.

@@ -223,7 +223,8 @@ pub struct IntakeConfig {
     pub handshake_timeout: Duration,
     /// From a message's first byte to its last.
     pub message_timeout: Duration,
-    /// Bytes of unfinished messages all connections may hold together.
+    /// Bytes of unfinished messages all connections may hold together (beyond it, each still
+    /// reads while it holds under `kv::socket::FLOOR`, so one that hogs it stalls no other).
     pub budget_bytes: usize,
     /// Longest a host name lookup may take.
     pub resolve_timeout: Duration,
@@ -257,7 +258,9 @@ pub struct IntakeCounts {
     pub events: u64,
     /// Batches delivered from a replay socket.
     pub replayed_batches: u64,
-    /// Messages, replies or batches that could not be read or were refused.
+    /// Messages, replies or batches that could not be read or were refused, and connections
+    /// dropped for breaking the protocol or a cap (a frame, message or command too large, too
+    /// many frames).
     pub malformed: u64,
     /// Events skipped inside readable batches.
     pub skipped_events: u64,
@@ -271,10 +274,15 @@ pub struct IntakeCounts {
     pub replay_failures: u64,
     /// Connections to a live socket that failed or dropped.
     pub connect_failures: u64,
+    /// Workers not subscribed (counted per discovery attempt): more DP ranks than allowed, or
+    /// ranks whose ports do not exist.
+    pub refused: u64,
+    /// Attempts to read a worker's publishers that failed (its `/get_server_info`); retried.
+    pub discovery_failures: u64,
 }
 
 /// The counter kinds, as the metric labels them.
-const KINDS: [&str; 10] = [
+const KINDS: [&str; 12] = [
     "batch",
     "event",
     "replayed_batch",
@@ -285,6 +293,8 @@ const KINDS: [&str; 10] = [
     "replay",
     "replay_failed",
     "connect_failed",
+    "refused",
+    "discovery_failed",
 ];
 
 const BATCH: usize = 0;
@@ -297,10 +307,12 @@ const RESET: usize = 6;
 const REPLAY: usize = 7;
 const REPLAY_FAILED: usize = 8;
 const CONNECT_FAILED: usize = 9;
+const REFUSED: usize = 10;
+const DISCOVERY_FAILED: usize = 11;
 
 #[derive(Default)]
 struct Stats {
-    counts: [AtomicU64; 10],
+    counts: [AtomicU64; 12],
     /// Bytes of unfinished messages held now.
     held: AtomicU64,
     /// Rounds of the event loop (a stalled thread stops counting).
@@ -327,6 +339,8 @@ impl Stats {
             replays: g(REPLAY),
             replay_failures: g(REPLAY_FAILED),
             connect_failures: g(CONNECT_FAILED),
+            refused: g(REFUSED),
+            discovery_failures: g(DISCOVERY_FAILED),
         }
     }
 }
@@ -432,13 +446,26 @@ impl Intake {
         Ok(rx)
     }
 
+    /// Count a worker whose publishers discovery would not subscribe (more DP ranks than
+    /// allowed, or ranks whose ports do not exist): `radixgate_kv_events_total{kind="refused"}`,
+    /// so an operator sees a worker scored by the text tree for that reason.
+    pub fn count_refused(&self) {
+        self.stats.add(REFUSED, 1);
+    }
+
+    /// Count a failed attempt to read a worker's publishers (it is retried with a backoff):
+    /// `radixgate_kv_events_total{kind="discovery_failed"}`.
+    pub fn count_discovery_failed(&self) {
+        self.stats.add(DISCOVERY_FAILED, 1);
+    }
+
     /// What the intake has done so far.
     pub fn counts(&self) -> IntakeCounts {
         self.stats.counts()
     }
 
     /// Bytes of unfinished messages the connections hold now (bounded by
-    /// [`IntakeConfig::budget_bytes`] plus one read per connection).
+    /// [`IntakeConfig::budget_bytes`] plus, per connection, `kv::socket::FLOOR` and one read).
     pub fn held_bytes(&self) -> u64 {
         self.stats.held.load(Ordering::Relaxed)
     }

@@ -67,7 +67,8 @@ struct Source {
     token: u64,
     stream: Stream,
     live: Link,
-    /// Live connection failures in a row (the reconnect backoff).
+    /// Live connection failures since the last batch delivered (the reconnect backoff: a
+    /// handshake alone does not restart it).
     failures: u32,
     replay: Option<ReplayLink>,
     /// Waiting in the replay queue.
@@ -424,6 +425,15 @@ impl<S: EventSink> EventThread<S> {
         }
     }
 
+    /// A connection of source `i` failed; a peer that broke the protocol or a cap is also
+    /// counted as malformed (an operator tells a hostile publisher from one that is down).
+    fn conn_failed(&mut self, i: usize, which: Which, e: &ConnError, now: Instant) {
+        if let ConnError::Zmtp(_) = e {
+            self.stats.add(MALFORMED, 1);
+        }
+        self.link_failed(i, which, describe(e), now);
+    }
+
     /// A socket of source `i` failed: the live one is retried after a backoff, a replay fails.
     fn link_failed(&mut self, i: usize, which: Which, why: String, now: Instant) {
         match which {
@@ -554,10 +564,10 @@ impl<S: EventSink> EventThread<S> {
     fn poll_round(&mut self, busy: bool) {
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.sources.len() * 2);
         let mut who: Vec<(u64, Which)> = Vec::with_capacity(self.sources.len() * 2);
-        let room = self.budget.has_room();
+        let budget = &self.budget;
         for s in &self.sources {
             if let Link::Open(c) = &s.live {
-                let ev = c.events(room && !s.stream.is_replaying());
+                let ev = c.events(c.may_read(budget) && !s.stream.is_replaying());
                 if ev != 0 {
                     fds.push(libc::pollfd {
                         fd: c.fd(),
@@ -574,7 +584,7 @@ impl<S: EventSink> EventThread<S> {
             {
                 fds.push(libc::pollfd {
                     fd: c.fd(),
-                    events: c.events(room),
+                    events: c.events(c.may_read(budget)),
                     revents: 0,
                 });
                 who.push((s.token, Which::Replay));
@@ -647,7 +657,7 @@ impl<S: EventSink> EventThread<S> {
                 ),
             };
             if still_open {
-                self.link_failed(i, which, describe(&e), now);
+                self.conn_failed(i, which, &e, now);
             }
         }
     }
@@ -666,8 +676,9 @@ impl<S: EventSink> EventThread<S> {
             match c.next(&mut self.budget, now) {
                 Ok(Some(Item::Ready)) => {
                     // Subscribed: the start-up or reconnect replay follows, once the
-                    // subscription has had time to reach the publisher.
-                    s.failures = 0;
+                    // subscription has had time to reach the publisher. (The reconnect backoff
+                    // starts again only with a batch that reads: a peer that greets and then
+                    // breaks the protocol is redialled ever more slowly, not every 100 ms.)
                     s.stream.subscribed();
                     s.replay_after = now + SUBSCRIPTION_SETTLE;
                     self.queue_if_wanted(i);
@@ -675,7 +686,7 @@ impl<S: EventSink> EventThread<S> {
                 Ok(Some(Item::Message(frames))) => self.on_live(i, frames),
                 Ok(Some(Item::Ping(_))) | Ok(None) => return false,
                 Err(e) => {
-                    self.link_failed(i, Which::Live, describe(&e), now);
+                    self.conn_failed(i, Which::Live, &e, now);
                     return false;
                 }
             }
@@ -708,7 +719,7 @@ impl<S: EventSink> EventThread<S> {
             let item = match c.next(&mut self.budget, now) {
                 Ok(Some(item)) => item,
                 Ok(None) => return,
-                Err(e) => return self.link_failed(i, Which::Replay, describe(&e), now),
+                Err(e) => return self.conn_failed(i, Which::Replay, &e, now),
             };
             *deadline = now + self.config.replay_timeout;
             let mut steps = std::mem::take(&mut self.steps);
@@ -723,7 +734,7 @@ impl<S: EventSink> EventThread<S> {
                         Some(Ok(())) => self.sources[i].stream.sent(),
                         Some(Err(e)) => {
                             self.steps = steps;
-                            return self.link_failed(i, Which::Replay, describe(&e), now);
+                            return self.conn_failed(i, Which::Replay, &e, now);
                         }
                         None => {}
                     }
@@ -756,6 +767,7 @@ impl<S: EventSink> EventThread<S> {
                     batch,
                     replayed,
                 } => {
+                    self.sources[i].failures = 0;
                     self.stats.add(SKIPPED, u64::from(batch.skipped.total()));
                     self.stats.add(BATCH, 1);
                     self.stats.add(EVENT, batch.events.len() as u64);

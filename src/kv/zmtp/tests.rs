@@ -251,6 +251,34 @@ fn encoded_messages_use_short_and_long_frames() {
     assert_eq!(out.len(), 21 + 256);
 }
 
+#[test]
+fn awaiting_names_a_message_frames_size_only_once_its_header_passed_the_caps() {
+    let mut d = Decoder::new(SocketType::Sub, LIMITS);
+    // Before the handshake: nothing is awaited.
+    assert_eq!(d.awaiting(&long(0, &[0; 300])[..9]), None);
+    let mut buf = BytesMut::from(&[peer_greeting(), peer_ready("PUB")].concat()[..]);
+    assert_eq!(drain(&mut d, &mut buf).unwrap(), vec![Item::Ready]);
+    // A header alone: its frame is awaited whole, header included; half a header: not yet.
+    let frame = long(0x01, &[7; 40_000]);
+    assert_eq!(d.awaiting(&frame[..9]), Some(9 + 40_000));
+    assert_eq!(d.awaiting(&frame[..5]), None);
+    assert_eq!(d.awaiting(&short(0, b"ab")[..2]), Some(4));
+    // Commands are small and capped apart: not awaited.
+    assert_eq!(d.awaiting(&[0x04, 10]), None);
+    // A frame over the message cap, or one the message so far leaves no room for: not awaited
+    // (decoding refuses it).
+    let over = (LIMITS.max_message_bytes as u64 + 1).to_be_bytes();
+    assert_eq!(d.awaiting(&[&[0x02][..], &over].concat()), None);
+    let mut buf = BytesMut::from(&frame[..]);
+    assert_eq!(d.decode(&mut buf), Ok(None));
+    let rest = (LIMITS.max_message_bytes as u64 - 40_000 + 1).to_be_bytes();
+    assert_eq!(d.awaiting(&[&[0x02][..], &rest].concat()), None);
+    assert_eq!(
+        d.awaiting(&[&[0x02][..], &(1000u64).to_be_bytes()].concat()),
+        Some(1009)
+    );
+}
+
 proptest! {
     /// Any split of a valid stream yields the same items; arbitrary bytes never panic and never
     /// make the decoder hold more than the caps allow.
