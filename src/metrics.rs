@@ -458,9 +458,12 @@ pub fn kv_index_dropped(reason: &'static str, total: u64) {
 }
 
 /// KV-event intake activity by `kind`: `batch` and `event` delivered, `replayed_batch` (from a
-/// replay socket), `malformed` (a message, reply or batch refused), `skipped_event` (inside a
-/// readable batch), `gap`, `reset` (a worker's event state dropped), `replay` (asked),
-/// `replay_failed`, `connect_failed` (a live socket that failed or dropped).
+/// replay socket), `malformed` (a message, reply or batch refused, or a connection dropped for
+/// breaking the protocol), `skipped_event` (inside a readable batch), `gap`, `reset` (a
+/// worker's event state dropped), `replay` (asked), `replay_failed`, `connect_failed` (a live
+/// socket that failed or dropped), `refused` (a worker announcing more publishers than
+/// `--kv-max-dp-ranks`, or rank ports past 65535), `discovery_failed` (its `/get_server_info`
+/// could not be read).
 pub fn kv_events(kind: &'static str, n: u64) {
     counter!("radixgate_kv_events_total", "kind" => kind).increment(n);
 }
