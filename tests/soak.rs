@@ -1,13 +1,23 @@
-//! A bounded soak: hostile traffic of every kind the hardening work closed, beside normal
-//! traffic at a steady rate, against real gateways and simulated workers on 127.0.0.1.
+//! Bounded soaks: hostile traffic of every kind the hardening work closed, beside normal
+//! traffic at a steady rate, against real gateways and simulated workers on 127.0.0.0/8.
 //!
-//! Hostile clients send distinct `model` names with large prompts (the model forest), distinct
-//! routing keys to a `manual` gateway (the key map), bodies trickled a byte at a time, HTTP/1.0
-//! requests, and huge declared bodies without a key. Meanwhile a normal client sends chat
-//! requests at a steady rate: every one must succeed, and the process's resident memory must
-//! stay within [`RSS_GROWTH_BOUND_MB`] of what it was after warm-up.
+//! Round 1: hostile clients send distinct `model` names with large prompts (the model forest),
+//! distinct routing keys to a `manual` gateway (the key map), bodies trickled a byte at a time,
+//! HTTP/1.0 requests, and huge declared bodies without a key. Meanwhile a normal client sends
+//! chat requests at a steady rate: every one must succeed, and the process's resident memory
+//! must stay within [`RSS_GROWTH_BOUND_MB`] of what it was after warm-up.
 //!
-//! Duration: `RADIXGATE_SOAK_SECS` (default 60). Every loop stops by itself at the deadline.
+//! Round 2 (the surface added for exact routing, PD and the new APIs), against the binary with
+//! `--kv-events --tokenizer-path`: aborts of everything and of guessed ids, `tools` nested to
+//! amplify the chat template, a publisher that lies, floods and breaks the protocol by turns
+//! with its replay port closed, index copies asked with and without keys, worker registration
+//! through a proxy, huge chats of unseen words, workers announcing 100,000 ranks or another
+//! host, and a prefill/decode gateway merging input logprobs. Every normal chat is answered
+//! within a second, the event thread applies batches every second, and resident memory stops
+//! growing.
+//!
+//! Duration: `RADIXGATE_SOAK_SECS` (default 60) each; the soaks run one after the other. Every
+//! loop stops by itself at the deadline.
 
 mod common;
 use common::*;
@@ -176,6 +186,8 @@ fn oversized_unauthenticated(addr: SocketAddr, stop: &AtomicBool, failures: &Ato
 
 #[test]
 fn hostile_traffic_leaves_memory_bounded_and_normal_requests_served() {
+    // The two soaks measure memory and delays: one at a time.
+    let _serial = common::hostile::one_at_a_time();
     let secs: u64 = std::env::var("RADIXGATE_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -286,4 +298,445 @@ fn hostile_traffic_leaves_memory_bounded_and_normal_requests_served() {
         let r = request(addr, "POST", "/generate", &[(k, &v)], body).unwrap();
         assert_eq!(r.status, 200, "the gateway stopped serving: {}", r.text());
     }
+}
+
+// ---- hardening round 2: the surface added for exact routing, PD and the new APIs ---------------
+
+/// A chat template that prints the client's `tools` with `tojson(indent=4)` (as Llama 3.1's
+/// does): the amplification a deeply nested `tools` body aims at.
+const TOOLS_TEMPLATE: &str = "{% if tools %}{{ tools | tojson(indent=4) }}{% endif %}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+/// Resident memory the hostile soak's gateway may reach above its size after warm-up (the
+/// index of the lying publisher's blocks, floods held within their budget, index copies).
+const ROUND2_PEAK_GROWTH_MB: u64 = 320;
+/// ...and may still gain over the soak's last third (a structure without a bound keeps growing).
+const ROUND2_LATE_GROWTH_MB: u64 = 64;
+
+/// A chat body with `tools` nested `depth` deep around `width` short strings.
+fn nested_tools_chat(depth: usize, width: usize) -> Vec<u8> {
+    let mut tools = serde_json::json!((0..width).map(|i| format!("t{i}")).collect::<Vec<_>>());
+    for _ in 0..depth {
+        tools = serde_json::json!([tools]);
+    }
+    serde_json::to_vec(&serde_json::json!({
+        "messages": [{"role": "user", "content": "use the tools"}],
+        "tools": tools,
+        "max_tokens": 1,
+    }))
+    .unwrap()
+}
+
+/// One hostile client: `f` every `period` until `stop`; `f` says whether the gateway answered
+/// as it must (a wrong answer is counted in `wrong`, with the first few kept in `seen`).
+fn hostile(
+    period: Duration,
+    stop: Arc<AtomicBool>,
+    wrong: Arc<AtomicU64>,
+    seen: Arc<std::sync::Mutex<Vec<String>>>,
+    mut f: impl FnMut(u64) -> Result<(), String> + Send + 'static,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut n = 0u64;
+        every(period, &stop, || {
+            if let Err(e) = f(n) {
+                wrong.fetch_add(1, Ordering::Relaxed);
+                let mut s = seen.lock().unwrap();
+                if s.len() < 8 {
+                    s.push(e);
+                }
+            }
+            n += 1;
+        });
+        n
+    })
+}
+
+/// `Ok` when `r` answered with one of `want`.
+fn status_in(what: &str, r: std::io::Result<Response>, want: &[u16]) -> Result<(), String> {
+    match r {
+        Ok(r) if want.contains(&r.status) => Ok(()),
+        Ok(r) => Err(format!(
+            "{what}: {} {}",
+            r.status,
+            r.text().chars().take(200).collect::<String>()
+        )),
+        Err(e) => Err(format!("{what}: {e}")),
+    }
+}
+
+#[test]
+fn round_two_hostile_soak_answers_every_normal_request_with_memory_bounded_and_no_stall() {
+    use common::hostile::*;
+    use loadtest::sim::kv_events::KvEventsConfig;
+    let _serial = one_at_a_time();
+    let secs: u64 = std::env::var("RADIXGATE_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    // The gateway's tokenizer renders the tools template; the simulated workers count tokens
+    // the cheap way (their cost is not what is measured).
+    let dir = std::env::temp_dir().join(format!("radixgate-soak2-tok-{}", std::process::id()));
+    radixgate::tokenize::folder::write_folder(
+        &dir,
+        &radixgate::tokenize::folder::small_llama3_tokenizer_json(),
+        &radixgate::tokenize::folder::llama3_config(TOOLS_TEMPLATE),
+    )
+    .unwrap();
+    let events = || {
+        KvEventsConfig::parse(
+            r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
+        )
+        .unwrap()
+    };
+    let honest = sim(2, |c| {
+        c.page_size = 4;
+        c.kv_events = Some(events());
+        c.tokenizer = loadtest::sim::TokenizerMode::Approx;
+        c.max_total_tokens = 400_000;
+    });
+    // A worker whose events (as the gateway is told) come from a hostile publisher, whose
+    // replay port refuses (item 3): floods (item 4) and lies (item 9), by turns.
+    let lied_about = sim(1, |c| {
+        c.tokenizer = loadtest::sim::TokenizerMode::Approx;
+        c.max_total_tokens = 400_000;
+    });
+    let acts = [
+        Act::Lying,
+        Act::EndlessFrames,
+        Act::Lying,
+        Act::HugeFrame,
+        Act::Lying,
+        Act::MaxMessages,
+        Act::Gappy,
+    ];
+    let zpub = Zpub::bind([127, 0, 0, 1], 0, move |n| acts[n % acts.len()]);
+    let lied_url = lied_about.urls()[0].clone();
+    let live_flag = format!("{lied_url}=tcp://127.0.0.1:{}", zpub.port);
+    let replay_flag = format!("{lied_url}=tcp://127.0.0.1:{}", closed_port());
+    let tok = dir.display().to_string();
+    let mut workers: Vec<String> = honest.urls();
+    workers.push(lied_url.clone());
+    let worker_refs: Vec<&str> = workers.iter().map(String::as_str).collect();
+    let gw = spawn_gateway(
+        &worker_refs,
+        &[
+            "--policy",
+            "cache_aware",
+            "--tokenizer-path",
+            &tok,
+            "--api-key",
+            "k",
+            "--admin-api-key",
+            "adm",
+            "--kv-events-endpoints",
+            &live_flag,
+            "--kv-events-replay-endpoints",
+            &replay_flag,
+            "--cb-failure-threshold",
+            "100000",
+        ],
+        &[],
+    );
+    // Workers whose /get_server_info describes hostile publishers (item 8): 100,000 ranks, and
+    // another host (a listener there must never be dialled). Added with the admin key.
+    let elsewhere = counter([127, 0, 0, 3], 0);
+    let f_ranks = fake_worker(descriptor("127.0.0.1", free_port(), 100_000, None));
+    let f_host = fake_worker(descriptor("127.0.0.3", elsewhere.port, 1, None));
+    for f in [&f_ranks, &f_host] {
+        let body = serde_json::json!({ "url": f.url }).to_string();
+        let r = request(
+            gw.addr,
+            "POST",
+            "/workers",
+            &[("authorization", "Bearer adm")],
+            body.as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    // Prefill/decode (item 10): a second gateway whose normal clients ask for input logprobs.
+    let prefill = sim(1, |c| {
+        c.disaggregation_mode = Some(loadtest::sim::disagg::DisaggMode::Prefill);
+        c.disaggregation_bootstrap_port = 0;
+    });
+    let decode = sim(1, |c| {
+        c.disaggregation_mode = Some(loadtest::sim::disagg::DisaggMode::Decode)
+    });
+    let bport = prefill.bootstrap_ports()[0].to_string();
+    let pd = spawn_gateway(
+        &[],
+        &[
+            "--pd-disaggregation",
+            "--prefill",
+            &prefill.urls()[0],
+            &bport,
+            "--decode",
+            &decode.urls()[0],
+        ],
+        &[],
+    );
+    wait_until("the PD gateway ready", LIMIT, || {
+        (request(pd.addr, "GET", "/readiness", &[], b"").ok()?.status == 200).then_some(())
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let wrong = Arc::new(AtomicU64::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let inf = || [("authorization", "Bearer k")];
+    let (addr, pd_addr) = (gw.addr, pd.addr);
+    let mut hostiles = Vec::new();
+    let mut spawn = |period_ms: u64, f: Box<dyn FnMut(u64) -> Result<(), String> + Send>| {
+        hostiles.push(hostile(
+            Duration::from_millis(period_ms),
+            stop.clone(),
+            wrong.clone(),
+            seen.clone(),
+            f,
+        ));
+    };
+    // Item 1: abort everything, abort guessed ids, with the inference key.
+    spawn(
+        20,
+        Box::new(move |n| {
+            let body = if n % 2 == 0 {
+                r#"{"abort_all":true}"#.to_string()
+            } else {
+                format!(r#"{{"rid":"chatcmpl-{n:032x}"}}"#)
+            };
+            let r = request(addr, "POST", "/abort_request", &inf(), body.as_bytes());
+            status_in("abort", r, &[403, 404])
+        }),
+    );
+    // Item 2: tools nested 120 deep around 60,000 names (~0.6 MiB; ~200 MB printed).
+    let amplifier = nested_tools_chat(120, 60_000);
+    spawn(
+        300,
+        Box::new(move |_| {
+            let r = request(addr, "POST", "/v1/chat/completions", &inf(), &amplifier);
+            status_in("nested tools", r, &[200, 400])
+        }),
+    );
+    // Item 5: the index copy, without a key, with the inference key, with the admin key.
+    spawn(
+        400,
+        Box::new(move |n| {
+            let (headers, want): (Vec<(&str, &str)>, &[u16]) = match n % 3 {
+                0 => (vec![], &[401]),
+                1 => (vec![("authorization", "Bearer k")], &[401]),
+                _ => (vec![("authorization", "Bearer adm")], &[200, 503]),
+            };
+            status_in(
+                "snapshot",
+                request(addr, "GET", "/kv_index/snapshot", &headers, b""),
+                want,
+            )
+        }),
+    );
+    // Item 6: registering a worker through a proxy, keyless or with the inference key.
+    spawn(
+        50,
+        Box::new(move |n| {
+            let body = br#"{"url":"http://127.0.0.1:9"}"#;
+            let mut headers = vec![("x-forwarded-for", "203.0.113.7")];
+            if n % 2 == 1 {
+                headers.push(("authorization", "Bearer k"));
+            }
+            status_in(
+                "control",
+                request(addr, "POST", "/workers", &headers, body),
+                &[401, 403],
+            )
+        }),
+    );
+    // Item 7: a 160 KiB chat of words no cache has seen, every second.
+    spawn(
+        1000,
+        Box::new(move |n| {
+            let mut x = (n + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut text = String::with_capacity(170 << 10);
+            while text.len() < 160 << 10 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                text.push_str(&format!("q{:x} ", x >> 20));
+            }
+            let body = chat_body(&[("user", &text)], false, 1);
+            status_in(
+                "huge chat",
+                request(addr, "POST", "/v1/chat/completions", &inf(), &body),
+                &[200],
+            )
+        }),
+    );
+    // Item 10: PD requests asking for input logprobs, streamed and not, with long prompts.
+    spawn(
+        100,
+        Box::new(move |n| {
+            let ids: Vec<u32> = (0..2000).map(|i| (i * 7 + n as u32) % 30000).collect();
+            let body = serde_json::json!({
+                "input_ids": ids, "return_logprob": true, "logprob_start_len": 0,
+                "top_logprobs_num": 5, "stream": n % 2 == 0,
+                "sampling_params": {"max_new_tokens": 4},
+            });
+            let r = request(
+                pd_addr,
+                "POST",
+                "/generate",
+                &[],
+                body.to_string().as_bytes(),
+            );
+            status_in("pd logprobs", r, &[200])
+        }),
+    );
+
+    // The honest workers store new blocks every 100 ms (prompts sent to them directly): their
+    // batches reach the event thread every second unless it stalls or they are starved.
+    let honest_urls: Vec<std::net::SocketAddr> = (0..2).map(|i| worker_addr(&honest, i)).collect();
+    spawn(
+        100,
+        Box::new(move |n| {
+            let ids: Vec<u64> = (0..64).map(|i| 1000 + n * 64 + i).collect();
+            let body =
+                serde_json::json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
+            let to = honest_urls[(n % 2) as usize];
+            status_in(
+                "direct prefill",
+                request(to, "POST", "/generate", &[], body.to_string().as_bytes()),
+                &[200],
+            )
+        }),
+    );
+    // Normal chats at a steady rate; the event thread's batches counted every second; the
+    // gateway's resident memory sampled.
+    let batches = |gw: &Gw| {
+        sample(&gw.scrape(), "radixgate_kv_events_total{kind=\"batch\"}").unwrap_or(0.0) as u64
+    };
+    let started = Instant::now();
+    let warm_up = Duration::from_secs((secs / 6).max(2));
+    let late = Duration::from_secs(secs * 2 / 3);
+    let (mut rss_warm, mut rss_late, mut rss_peak, mut pd_warm, mut pd_peak) =
+        (None, None, 0, None, 0);
+    let (mut normal, mut failed, mut slowest) = (0u64, Vec::new(), Duration::ZERO);
+    let mut stalled_seconds = Vec::new();
+    let (mut last_second, mut last_batches) = (Instant::now(), batches(&gw));
+    while started.elapsed() < Duration::from_secs(secs) {
+        let t = Instant::now();
+        // A new prompt each time: the honest workers store blocks, so their event batches
+        // arrive every second unless the event thread stalls.
+        let body = chat_body(
+            &[(
+                "user",
+                &format!("normal turn {normal}: tell me about the weather today"),
+            )],
+            normal % 2 == 0,
+            2,
+        );
+        match request(addr, "POST", "/v1/chat/completions", &inf(), &body) {
+            Ok(r) if r.status == 200 && !r.text().contains("\"abort\"") => {}
+            other => failed.push(format!(
+                "{normal}: {:?}",
+                other.map(|r| (r.status, r.text()))
+            )),
+        }
+        slowest = slowest.max(t.elapsed());
+        normal += 1;
+        if last_second.elapsed() >= Duration::from_secs(1) {
+            let now = batches(&gw);
+            if now == last_batches {
+                stalled_seconds.push(started.elapsed().as_secs());
+            }
+            (last_second, last_batches) = (Instant::now(), now);
+            let rss = gw.status_bytes("VmRSS");
+            rss_peak = rss_peak.max(rss);
+            pd_peak = pd_peak.max(pd.status_bytes("VmRSS"));
+            if rss_warm.is_none() && started.elapsed() >= warm_up {
+                rss_warm = Some(rss);
+                pd_warm = Some(pd.status_bytes("VmRSS"));
+            }
+            if rss_late.is_none() && started.elapsed() >= late {
+                rss_late = Some(rss);
+            }
+        }
+        if let Some(rest) = Duration::from_millis(50).checked_sub(t.elapsed()) {
+            std::thread::sleep(rest);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let sent: Vec<u64> = hostiles.into_iter().map(|h| h.join().unwrap()).collect();
+    let text = gw.scrape();
+    let kind = |k: &str| {
+        sample(&text, &format!("radixgate_kv_events_total{{kind=\"{k}\"}}")).unwrap_or(0.0)
+    };
+    let (warm, end) = (rss_warm.unwrap_or(0), gw.status_bytes("VmRSS"));
+    let late_rss = rss_late.unwrap_or(end);
+    eprintln!(
+        "round-2 soak {secs}s: {normal} normal chats (slowest {slowest:?}), hostile calls {sent:?}, \
+         hostile publisher connections {}, wrong answers {}; gateway RSS after warm-up {} MiB, peak {} MiB, at 2/3 {} MiB, end {} MiB; \
+         PD gateway RSS after warm-up {} MiB, peak {} MiB; kv events malformed {} connect_failed {} \
+         refused {} replay_failed {}; seconds without an event batch: {stalled_seconds:?}",
+        zpub.accepted(),
+        wrong.load(Ordering::Relaxed),
+        warm / MIB,
+        rss_peak / MIB,
+        late_rss / MIB,
+        end / MIB,
+        pd_warm.unwrap_or(0) / MIB,
+        pd_peak / MIB,
+        kind("malformed"),
+        kind("connect_failed"),
+        kind("refused"),
+        kind("replay_failed"),
+    );
+    assert!(
+        failed.is_empty(),
+        "normal requests failed: {:?}",
+        &failed[..failed.len().min(5)]
+    );
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a normal chat took {slowest:?}"
+    );
+    assert!(
+        stalled_seconds.is_empty(),
+        "the event thread applied nothing in seconds {stalled_seconds:?}"
+    );
+    assert_eq!(
+        wrong.load(Ordering::Relaxed),
+        0,
+        "{:?}",
+        seen.lock().unwrap()
+    );
+    assert!(
+        sent.iter().all(|&n| n > 0),
+        "every hostile client ran: {sent:?}"
+    );
+    assert!(
+        rss_peak.saturating_sub(warm) / MIB <= ROUND2_PEAK_GROWTH_MB,
+        "peak {} MiB over {} MiB",
+        rss_peak / MIB,
+        warm / MIB
+    );
+    assert!(
+        end.saturating_sub(late_rss) / MIB <= ROUND2_LATE_GROWTH_MB,
+        "still growing: {} → {} MiB",
+        late_rss / MIB,
+        end / MIB
+    );
+    assert!(
+        pd_peak.saturating_sub(pd_warm.unwrap_or(0)) / MIB <= 64,
+        "PD gateway peak {} MiB",
+        pd_peak / MIB
+    );
+    // Counted where an operator sees them; never dialled elsewhere.
+    assert!(kind("malformed") > 0.0 && kind("refused") > 0.0, "{text}");
+    assert_eq!(
+        elsewhere.count(),
+        0,
+        "the gateway dialled the host a worker named"
+    );
+    // The honest workers are still routed by their events.
+    for url in honest.urls() {
+        assert_eq!(gw.state(&url, 0).as_deref(), Some("live"), "{url}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,6 +3,8 @@
 //! that shows exactly what came over the wire.
 #![allow(dead_code)]
 
+pub mod hostile;
+
 use bytes::BytesMut;
 use loadtest::sim::{spawn_cluster, IoDriver, SimCluster, SimConfig};
 use radixgate::config::Config;

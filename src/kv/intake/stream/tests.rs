@@ -535,3 +535,27 @@ proptest! {
         prop_assert!(s.wanted().is_none(), "still wanting after {rounds} answers");
     }
 }
+
+#[test]
+fn fingerprints_tell_batches_apart_in_constant_time() {
+    let big = vec![7u8; 32 << 20];
+    let mut other = big.clone();
+    other[3] = 8; // another timestamp
+    let mut longer = big.clone();
+    longer.push(7);
+    assert_eq!(fingerprint(&big), fingerprint(&big.clone()));
+    assert_ne!(fingerprint(&big), fingerprint(&other));
+    assert_ne!(fingerprint(&big), fingerprint(&longer));
+    assert_ne!(fingerprint(b"small a"), fingerprint(b"small b"));
+    // 32 MiB fingerprinted a thousand times in well under the time one hash of it all would
+    // take per call (a hostile publisher's max-size messages cost their reading only).
+    let t = std::time::Instant::now();
+    for _ in 0..1000 {
+        std::hint::black_box(fingerprint(std::hint::black_box(&big)));
+    }
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        t.elapsed()
+    );
+}
