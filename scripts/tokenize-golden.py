@@ -19,7 +19,9 @@ import transformers
 from transformers import AutoTokenizer
 
 tools_req = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "the city ü"}}, "required": ["city"]}}}]
-tools_dump = [{"type": "function", "function": {"description": "Weather for a city", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "the city ü"}}, "required": ["city"]}, "strict": False}, "defer_loading": None}]
+# SGLang 0.5.23's dump of that tool: the function's keys in the client's order, no `strict`
+# unless sent (tests/tokenizer_golden.rs checks this shape against SGLang's own models).
+tools_dump = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "the city ü"}}, "required": ["city"]}}, "defer_loading": None}]
 cases = []
 m1 = [{"role": "system", "content": "  You are helpful.\n"}, {"role": "user", "content": "What's the weather in Paris?  "}]
 cases.append({"body": {"messages": m1, "tools": tools_req, "chat_template_kwargs": {"extra_flag": True}}, "py_messages": m1, "py_tools": tools_dump, "py_kwargs": {"extra_flag": True}})

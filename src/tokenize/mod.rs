@@ -179,6 +179,8 @@ pub struct Tokenizer {
     content_parts: bool,
     /// `bos_token`, `eos_token`, … as the template sees them.
     special_vars: Vec<(String, String)>,
+    /// The id of `bos_token` (SGLang drops it from the front of a continued final message).
+    bos_id: Option<u32>,
     limits: Limits,
 }
 
@@ -449,6 +451,10 @@ impl Tokenizer {
             None
         };
         let word_cut = splitter.is_some() && !normalized_added && word_cut_safe(&raw);
+        let bos_id = special_vars
+            .iter()
+            .find(|(k, _)| k == "bos_token")
+            .and_then(|(_, v)| hf.token_to_id(v));
         let mut tok = Tokenizer {
             hf,
             splitter,
@@ -457,6 +463,7 @@ impl Tokenizer {
             template,
             content_parts,
             special_vars,
+            bos_id,
             limits,
         };
         if raw
@@ -600,9 +607,15 @@ impl Tokenizer {
         Ok(())
     }
 
-    /// The text a chat body renders to (template output plus any continued final message),
-    /// exactly what gets encoded.
+    /// The text a chat body renders to: the template's output, then the continued final
+    /// message if the request asks for one (`continue_final_message`).
     pub fn render_chat(&self, body: &[u8]) -> Result<String, TokenizeError> {
+        self.render_chat_split(body).map(|(text, _)| text)
+    }
+
+    /// [`Tokenizer::render_chat`], and where in the text the continued final message starts
+    /// (the text's length when there is none): SGLang encodes the two parts apart.
+    fn render_chat_split(&self, body: &[u8]) -> Result<(String, usize), TokenizeError> {
         if body.len() > self.limits.max_body_bytes {
             return Err(TokenizeError::TooLarge);
         }
@@ -625,13 +638,14 @@ impl Tokenizer {
                     template::RenderError::Failed(m) => TokenizeError::Template(m),
                 })?;
         let mut text = rendered;
+        let split = text.len();
         if let Some(s) = input.suffix {
             text.push_str(&s);
         }
         if text.len() > self.limits.max_text_bytes {
             return Err(TokenizeError::TooLarge);
         }
-        Ok(text)
+        Ok((text, split))
     }
 }
 
@@ -870,10 +884,26 @@ impl SegmentCache {
     }
 
     /// /v1/chat/completions body (the raw JSON bytes) → prompt token ids appended to `out`.
-    /// On error `out` is left as it was.
+    /// On error `out` is left as it was. A continued final message (`continue_final_message`)
+    /// is encoded on its own, as a plain prompt less a leading BOS, its ids after the
+    /// template's: SGLang 0.5.23 does so (`_append_assistant_prefix_to_prompt_ids`), and the
+    /// ids differ from one encode of the joined text where the message starts with whitespace
+    /// the template's last piece would take (a newline after `assistant\n`).
     pub fn chat_ids(&mut self, body: &[u8], out: &mut Vec<u32>) -> Result<(), TokenizeError> {
-        let text = self.tok.render_chat(body)?;
-        self.encode_pieces(&text, out)
+        let (text, split) = self.tok.render_chat_split(body)?;
+        let start = out.len();
+        self.encode_pieces(&text[..split], out)?;
+        if split < text.len() {
+            let from = out.len();
+            if let Err(e) = self.text_ids(&text[split..], out) {
+                out.truncate(start);
+                return Err(e);
+            }
+            if self.tok.bos_id.is_some() && out.get(from).copied() == self.tok.bos_id {
+                out.remove(from);
+            }
+        }
+        Ok(())
     }
 
     /// A plain prompt (completions `prompt` string, generate `text`) → ids appended to `out`,

@@ -1,20 +1,23 @@
 //! A `/v1/chat/completions` body → what SGLang hands the chat template, following its
-//! `serving_chat` (`_apply_jinja_template`, protocol models as of SGLang main, late 2026):
+//! `serving_chat` (`_apply_jinja_template` and the protocol models of SGLang 0.5.23, checked
+//! against that release's own code by `tests/tokenizer_golden.rs`):
 //!
 //! - each message keeps the fields its pydantic model declares (a `user` message: `role`,
-//!   `content`; any other role: `role`, `content`, `tool_call_id`, `name`, `reasoning_content`,
-//!   `tool_calls`, `tools`), in that order, with null fields dropped and a missing or null
-//!   `content` as `""`; non-user roles are lower-cased;
+//!   `content`; any other role: `role`, `content`, `tool_call_id`, `name`, `phase`,
+//!   `reasoning_content`, `tool_calls`, `tools`, `prefix`), in that order, with null fields
+//!   dropped and a missing or null `content` as `""`; non-user roles are lower-cased;
 //! - content-part arrays: a template that loops over `message['content']` (or mentions images,
 //!   audio, video) gets the parts (`{"type":"text","text":…}`, media as `{"type":"image"}`…);
 //!   any other template gets the text parts joined with a space; a `tool` message whose parts are
 //!   all text is joined the same way;
 //! - assistant `tool_calls[].function.arguments` given as a JSON string is parsed to an object;
 //! - a final `assistant` message with string content is the prefix to continue when
-//!   `continue_final_message` is set (removed from the messages, its text appended after the
-//!   rendered prompt) and otherwise becomes a `user` message;
+//!   `continue_final_message` is set (removed from the messages; SGLang encodes its text on its
+//!   own and appends those ids, see `SegmentCache::chat_ids`) and otherwise becomes a `user`
+//!   message;
 //! - `tools` (dropped when `tool_choice` is `"none"`, narrowed to the named function when it is
-//!   an object) in pydantic's dump shape; `reasoning_effort`, then `chat_template_kwargs`, as
+//!   an object, none when no tool is left) in pydantic's dump shape, each function's fields in
+//!   the client's order (see [`tool`]); `reasoning_effort`, then `chat_template_kwargs`, as
 //!   extra template variables; `add_generation_prompt` is always true (SGLang continues a final
 //!   message by appending its text, not by leaving the generation prompt out).
 
@@ -27,7 +30,8 @@ use super::TokenizeError;
 pub(super) struct ChatInput {
     /// Template variables besides the tokenizer's special tokens.
     pub vars: Vec<(String, Value)>,
-    /// Text appended after the rendered template (`continue_final_message`).
+    /// The continued final message (`continue_final_message`), encoded after the rendered
+    /// template on its own.
     pub suffix: Option<String>,
 }
 
@@ -42,14 +46,17 @@ const GENERIC_ROLES: &[&str] = &[
     "function",
     "developer",
     "latest_reminder",
+    "root",
 ];
 const GENERIC_FIELDS: &[&str] = &[
     "content",
     "tool_call_id",
     "name",
+    "phase",
     "reasoning_content",
     "tool_calls",
     "tools",
+    "prefix",
 ];
 
 /// Whether a template wants content-part arrays (SGLang's "openai" content format): it
@@ -187,38 +194,52 @@ fn tool_calls(v: &Json) -> Result<Json, TokenizeError> {
     Ok(Json::Arr(out))
 }
 
-/// One request tool as pydantic dumps `Tool`: `{type, function: {description, name,
-/// parameters, strict[, defer_loading]}, defer_loading}`.
+/// One request tool as SGLang 0.5.23's pydantic `Tool` dumps it: `{type, function,
+/// defer_loading}`, the function's fields `description`, `name`, `parameters` (null when
+/// absent), then `strict` and `defer_loading` only when set (a tool-level `defer_loading` is
+/// copied into a function that has none), all in the order the client wrote them, the fields it
+/// left out after (its `Function` model keeps the client's key order so that a template prints
+/// the schema as sent).
 fn tool(t: &Json) -> Result<(Option<String>, Json), TokenizeError> {
     let f = Json::non_null(t.get("function")).ok_or_else(|| bad("each tool needs a function"))?;
+    let Json::Obj(sent) = f else {
+        return Err(bad("a tool function must be an object"));
+    };
     let name = f
         .get("name")
         .and_then(Json::as_str)
         .ok_or_else(|| bad("a tool function needs a string name"))?;
     let tool_defer = Json::non_null(t.get("defer_loading")).cloned();
-    let mut func = vec![
+    let mut fields: Vec<(&str, Json)> = vec![
         (
-            "description".into(),
+            "description",
             f.get("description").cloned().unwrap_or(Json::Null),
         ),
-        ("name".into(), Json::Str(name.into())),
+        ("name", Json::Str(name.into())),
         (
-            "parameters".into(),
+            "parameters",
             f.get("parameters").cloned().unwrap_or(Json::Null),
         ),
-        (
-            "strict".into(),
-            Json::non_null(f.get("strict"))
-                .cloned()
-                .unwrap_or(Json::Bool(false)),
-        ),
     ];
+    if let Some(s) = Json::non_null(f.get("strict")) {
+        fields.push(("strict", s.clone()));
+    }
     if let Some(d) = Json::non_null(f.get("defer_loading"))
         .cloned()
         .or(tool_defer.clone())
     {
-        func.push(("defer_loading".into(), d));
+        fields.push(("defer_loading", d));
     }
+    // The client's order first (a repeated key counts where it first appears, as in a Python
+    // dict), then the fields it did not send.
+    let mut func = Vec::with_capacity(fields.len());
+    for (k, _) in sent {
+        if let Some(i) = fields.iter().position(|(f, _)| f == k) {
+            let (k, v) = fields.remove(i);
+            func.push((k.to_string(), v));
+        }
+    }
+    func.extend(fields.into_iter().map(|(k, v)| (k.to_string(), v)));
     Ok((
         Some(name.to_string()),
         Json::Obj(vec![
@@ -262,7 +283,8 @@ fn tools(req: &Json) -> Result<Option<Json>, TokenizeError> {
             out.push(dumped);
         }
     }
-    Ok(Some(Json::Arr(out)))
+    // No tool left (none sent, or none of the chosen name): the template's `tools` is none.
+    Ok((!out.is_empty()).then_some(Json::Arr(out)))
 }
 
 /// One message as SGLang passes it to the template.

@@ -477,9 +477,11 @@ fn template_speaks_python() {
                    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": [1.5, 1e20, "é\"<"]}}}],
                    "chat_template_kwargs": {"flag": true, "n": null}}"#;
     // tojson is json.dumps(ensure_ascii=False): key order kept, Python float repr, no HTML escapes.
+    // (The function as SGLang 0.5.23 dumps it: the client's keys first, then the description it
+    // left out; no `strict` unless sent.)
     assert_eq!(
         render_with("{{ tools[0].function | tojson }}", body).unwrap(),
-        r#"{"description": null, "name": "f", "parameters": {"z": 1, "a": [1.5, 1e+20, "é\"<"]}, "strict": false}"#
+        r#"{"name": "f", "parameters": {"z": 1, "a": [1.5, 1e+20, "é\"<"]}, "description": null}"#
     );
     assert_eq!(
         render_with(
@@ -965,4 +967,91 @@ fn a_deadline_stops_unseen_text_but_never_cached_pieces() {
         std::time::Instant::now() + std::time::Duration::from_secs(60),
     ));
     assert_eq!(chat_ids(&mut cold, &body).unwrap(), want);
+}
+
+/// Tools reach the template as SGLang 0.5.23's pydantic models dump them (checked against
+/// SGLang's own code in tests/tokenizer_golden.rs): each function's keys in the order the client
+/// sent them, the fields it left out after them, `strict` only when sent, a tool-level
+/// `defer_loading` copied into the function; no tool left means `tools` is none.
+#[test]
+fn tools_are_dumped_as_sglang_0_5_23_dumps_them() {
+    let body = r#"{"messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"function": {"parameters": {"b": 1, "a": 2}, "name": "f", "extra": 0}, "type": "function"},
+        {"type": "function", "defer_loading": true,
+         "function": {"description": "d", "strict": true, "name": "g", "strict": null}},
+        {"type": "function", "function": {"strict": false, "name": "h", "description": null}}]}"#;
+    assert_eq!(
+        render_with("{% for t in tools %}{{ t | tojson }}\n{% endfor %}", body).unwrap(),
+        concat!(
+            r#"{"type": "function", "function": {"parameters": {"b": 1, "a": 2}, "name": "f", "description": null}, "defer_loading": null}"#,
+            "\n",
+            r#"{"type": "function", "function": {"description": "d", "name": "g", "parameters": null, "defer_loading": true}, "defer_loading": true}"#,
+            "\n",
+            r#"{"type": "function", "function": {"strict": false, "name": "h", "description": null, "parameters": null}, "defer_loading": null}"#,
+            "\n",
+        )
+    );
+    // No tool left: none, as SGLang passes `tools=None`.
+    let none = |extra: &str| {
+        render_with(
+            "{{ tools is none }}",
+            format!(r#"{{"messages": [{{"role": "user", "content": "hi"}}]{extra}}}"#),
+        )
+        .unwrap()
+    };
+    assert_eq!(none(r#", "tools": []"#), "True");
+    assert_eq!(
+        none(
+            r#", "tools": [{"type": "function", "function": {"name": "f"}}],
+               "tool_choice": {"type": "function", "function": {"name": "other"}}"#
+        ),
+        "True"
+    );
+    assert_eq!(
+        none(r#", "tools": [{"type": "function", "function": {"name": "f"}}]"#),
+        "False"
+    );
+    // The fields SGLang 0.5.23 declares for a non-user message, `phase` and `prefix` among them,
+    // and its `root` role.
+    assert_eq!(
+        render_with(
+            "{% for m in messages %}{{ m | tojson }}{% endfor %}",
+            r#"{"messages": [{"role": "Root", "prefix": true, "phase": "commentary", "content": "x", "bogus": 1}, {"role": "user", "content": "y"}]}"#
+        )
+        .unwrap(),
+        r#"{"role": "root", "content": "x", "phase": "commentary", "prefix": true}{"role": "user", "content": "y"}"#
+    );
+}
+
+/// A continued final message is encoded on its own, as SGLang 0.5.23 does
+/// (`_append_assistant_prefix_to_prompt_ids`): the template's ids, then the message's as a
+/// plain prompt with its leading BOS dropped. (One encode of the joined text differs where the
+/// message starts with whitespace the template's last piece would take: a newline after
+/// `assistant\n` in Qwen's vocabulary, tests/tokenizer_golden.rs.)
+#[test]
+fn a_continued_final_message_is_encoded_on_its_own() {
+    let t = small();
+    let body = br#"{"messages": [{"role": "user", "content": "Say hi"},
+                   {"role": "assistant", "content": "\n\nHello there"}], "continue_final_message": true}"#;
+    let text = t.render_chat(body).unwrap();
+    let (head, tail) = text.split_at(text.len() - "\n\nHello there".len());
+    assert_eq!(tail, "\n\nHello there");
+    let tail_ids = t.encode(tail, true).unwrap();
+    assert_eq!(
+        tail_ids[0], BOS,
+        "the small tokenizer adds BOS to a plain prompt"
+    );
+    let mut want = t.encode(head, false).unwrap();
+    want.extend_from_slice(&tail_ids[1..]);
+    let mut c = SegmentCache::new(t.clone(), 1 << 16);
+    assert_eq!(chat_ids(&mut c, body).unwrap(), want);
+    assert_eq!(chat_ids(&mut c, body).unwrap(), want, "cached");
+    // An empty continued message adds nothing.
+    let empty = br#"{"messages": [{"role": "user", "content": "Say hi"},
+                   {"role": "assistant", "content": ""}], "continue_final_message": true}"#;
+    let rendered = t.render_chat(empty).unwrap();
+    assert_eq!(
+        chat_ids(&mut c, empty).unwrap(),
+        t.encode(&rendered, false).unwrap()
+    );
 }
