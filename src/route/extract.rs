@@ -50,6 +50,27 @@ pub struct RoutingInfo<'a> {
     pub token_ids: bool,
     /// The cache namespace the request's prompt is reused in.
     pub namespace: Namespace<'a>,
+    /// What pairing the request for prefill/decode needs (read in the same pass).
+    pub shape: BodyShape,
+}
+
+/// The top-level fields that decide how many prompts a body holds and whether it asks for
+/// input logprobs: what pairing a request for prefill/decode needs (one bootstrap room per
+/// prompt), read in the same pass as the routing text. Types SGLang would refuse are left to
+/// it (they read as absent here).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BodyShape {
+    /// `text` is a list of this many items.
+    pub text_list: Option<usize>,
+    /// `input_ids` is a list of this many items, the first of them a list (a batch of token
+    /// lists, not one prompt's tokens).
+    pub ids_lists: Option<usize>,
+    /// `prompt` is a list of this many prompts (its first item a string or a list).
+    pub prompts: Option<usize>,
+    /// `n` (an unsigned integer).
+    pub n: Option<u64>,
+    /// `return_logprob` is `true`.
+    pub return_logprob: bool,
 }
 
 /// The fields SGLang namespaces its prefix cache by: blocks are reused only between requests
@@ -276,6 +297,8 @@ enum Key {
     CacheSalt,
     LoraPath,
     Extra,
+    N,
+    ReturnLogprob,
     Other,
 }
 
@@ -307,6 +330,8 @@ impl<'de> Deserialize<'de> for Key {
                     "cache_salt" => Key::CacheSalt,
                     "lora_path" => Key::LoraPath,
                     "extra_key" => Key::Extra,
+                    "n" => Key::N,
+                    "return_logprob" => Key::ReturnLogprob,
                     _ => Key::Other,
                 })
             }
@@ -461,6 +486,220 @@ impl<'de> Visitor<'de> for Pieces<'_, 'de> {
             self.0.piece(t);
         }
         Ok(())
+    }
+}
+
+/// A top-level list's shape: how many items it holds (`None`: not a list) and the first one's
+/// kind.
+#[derive(Debug, Clone, Copy, Default)]
+struct ListShape {
+    len: Option<usize>,
+    first: Kind,
+}
+
+/// What a value is, as far as telling a batch from one prompt goes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Kind {
+    #[default]
+    Other,
+    List,
+    Str,
+}
+
+/// A value read as [`Pieces`] reads it, its list shape noted (see [`BodyShape`]).
+struct Shaped<'s, 'a> {
+    sink: &'s mut Sink<'a>,
+    shape: &'s mut ListShape,
+}
+
+impl<'de> DeserializeSeed<'de> for Shaped<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Shaped<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string, a number or an array")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
+        Pieces(self.sink).visit_borrowed_str(v)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        Pieces(self.sink).visit_str(v)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        Pieces(self.sink).visit_u64(v)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        Pieces(self.sink).visit_i64(v)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        Pieces(self.sink).visit_f64(v)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        Pieces(self.sink).visit_map(map)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut len = 0usize;
+        let mut first = Kind::Other;
+        if seq
+            .next_element_seed(FirstItem {
+                sink: &mut *self.sink,
+                kind: &mut first,
+            })?
+            .is_some()
+        {
+            len = 1;
+            while seq.next_element_seed(Pieces(&mut *self.sink))?.is_some() {
+                len += 1;
+            }
+        }
+        *self.shape = ListShape {
+            len: Some(len),
+            first,
+        };
+        Ok(())
+    }
+}
+
+/// A list's first item: read as [`Pieces`] reads it, its [`Kind`] noted.
+struct FirstItem<'s, 'a> {
+    sink: &'s mut Sink<'a>,
+    kind: &'s mut Kind,
+}
+
+impl<'de> DeserializeSeed<'de> for FirstItem<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FirstItem<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string, a number, an array or a content part")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
+        *self.kind = Kind::Str;
+        Pieces(self.sink).visit_borrowed_str(v)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        *self.kind = Kind::Str;
+        Pieces(self.sink).visit_str(v)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        Pieces(self.sink).visit_u64(v)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        Pieces(self.sink).visit_i64(v)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        Pieces(self.sink).visit_f64(v)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        *self.kind = Kind::List;
+        Pieces(self.sink).visit_seq(seq)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        Pieces(self.sink).visit_map(map)
+    }
+}
+
+/// A value of type `T` when it is one, else `None` (validated and skipped): fields the gateway
+/// only consults, whose type SGLang judges.
+struct Lenient<T>(Option<T>);
+
+impl<'de> Deserialize<'de> for Lenient<u64> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Lenient<u64>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(Lenient(Some(v)))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<Skip>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                while map.next_entry::<Skip, Skip>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for Lenient<bool> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Lenient<bool>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(Lenient(Some(v)))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<Skip>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                while map.next_entry::<Skip, Skip>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -646,6 +885,7 @@ struct Parsed<'a> {
     /// Responses' `instructions`, Messages' `system`: first in the routing text wherever
     /// they appear in the body.
     pre: Sink<'a>,
+    shape: BodyShape,
 }
 
 /// The top-level object. Every known field is validated as before whatever the API; only the
@@ -683,6 +923,7 @@ impl<'de> Visitor<'de> for Top {
             text: Sink::new(self.keep_text, self.body_len),
             ids: Sink::new(self.keep_text && api == Api::Generate, self.body_len),
             pre: Sink::new(self.keep_text, 0),
+            shape: BodyShape::default(),
         };
         let mut discard = Sink::new(false, 0);
         let mut seen: u32 = 0;
@@ -709,7 +950,12 @@ impl<'de> Visitor<'de> for Top {
             // Known top-level fields may appear once (as serde's derive insisted); others repeat.
             let tracked = !matches!(
                 k,
-                Key::Other | Key::Content | Key::ReasoningContent | Key::Type
+                Key::Other
+                    | Key::Content
+                    | Key::ReasoningContent
+                    | Key::Type
+                    | Key::N
+                    | Key::ReturnLogprob
             );
             if tracked {
                 let bit = 1u32 << (k as u32);
@@ -749,10 +995,32 @@ impl<'de> Visitor<'de> for Top {
                     let there = map.next_value_seed(Optional(Messages(sink)))?;
                     p.present |= there && k == routes_on;
                 }
-                Key::Prompt | Key::Text | Key::InputIds | Key::Input | Key::Query => {
-                    let there = map.next_value_seed(Optional(Pieces(sink)))?;
+                Key::Prompt | Key::Text | Key::InputIds => {
+                    let mut list = ListShape::default();
+                    let there = map.next_value_seed(Optional(Shaped {
+                        sink,
+                        shape: &mut list,
+                    }))?;
                     p.present |= there && k == routes_on;
                     p.ids_present |= there && k == Key::InputIds;
+                    if let Some(len) = list.len {
+                        match k {
+                            Key::Text => p.shape.text_list = Some(len),
+                            Key::InputIds if list.first == Kind::List => {
+                                p.shape.ids_lists = Some(len)
+                            }
+                            Key::Prompt if list.first != Kind::Other => p.shape.prompts = Some(len),
+                            _ => {}
+                        }
+                    }
+                }
+                Key::Input | Key::Query => {
+                    let there = map.next_value_seed(Optional(Pieces(sink)))?;
+                    p.present |= there && k == routes_on;
+                }
+                Key::N => p.shape.n = map.next_value::<Lenient<u64>>()?.0,
+                Key::ReturnLogprob => {
+                    p.shape.return_logprob = map.next_value::<Lenient<bool>>()?.0 == Some(true)
                 }
                 Key::InputEmbeds => p.embeds_present = map.next_value::<Option<Skip>>()?.is_some(),
                 _ => {
@@ -780,6 +1048,8 @@ fn key_name(k: Key) -> &'static str {
         Key::CacheSalt => "cache_salt",
         Key::LoraPath => "lora_path",
         Key::Extra => "extra_key",
+        Key::N => "n",
+        Key::ReturnLogprob => "return_logprob",
         Key::Content | Key::ReasoningContent | Key::Type | Key::Output | Key::Other => "?",
     }
 }
@@ -881,6 +1151,7 @@ fn finish(api: Api, parsed: Parsed<'_>) -> Result<RoutingInfo<'_>, ExtractError>
         text,
         token_ids,
         namespace: parsed.namespace,
+        shape: parsed.shape,
     })
 }
 

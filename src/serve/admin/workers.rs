@@ -128,7 +128,9 @@ async fn register(core: &Core, url: &str, role: Role) -> Result<Vec<Arc<Worker>>
         Some(a) => a,
         None => resolve_off_core(&parsed).await?,
     };
-    let dp_size = if gw.cfg.dp_aware && role == Role::Regular && !gw.cfg.pd_disaggregation {
+    // Every role: in PD mode each side's ranks are targets of their own (the decode body also
+    // names its prefill twin's rank).
+    let dp_size = if gw.cfg.dp_aware {
         let probe = Worker::detached(url, parsed.clone(), addrs.clone());
         let n = crate::gateway::dp::fetch_dp_size(&core.pool, &probe)
             .await
