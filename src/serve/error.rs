@@ -106,6 +106,22 @@ impl GatewayError {
         GatewayError::new(502, message)
     }
 
+    /// 503: the gateway cannot take this now (a helper thread busy, nothing to answer from);
+    /// retry shortly.
+    pub fn unavailable(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError::new(503, message)
+    }
+
+    /// 409: the thing to create exists already.
+    pub fn conflict(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError::new(409, message)
+    }
+
+    /// 405: the path exists, the method does not.
+    pub fn method_not_allowed(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError::new(405, message)
+    }
+
     /// 500: the gateway itself is misconfigured or broke an invariant.
     pub fn internal(message: impl Into<Cow<'static, str>>) -> GatewayError {
         GatewayError::new(500, message)

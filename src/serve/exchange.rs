@@ -242,13 +242,13 @@ impl<'a> Exchange<'a> {
                 // The key was checked on the head (`conn::decide`), before the body was read.
                 let keep_text = gw.routers().any(|(r, _)| r.policy.reads_text());
                 let info = extract_for(api, body, keep_text)
-                    .map_err(|e| refuse(GatewayError::new(400, e.0), None))?;
+                    .map_err(|e| refuse(GatewayError::bad_request(e.0), None))?;
                 // manual remembers keys: a hostile key length is refused, not hashed.
                 if let Some(key) = routing_key.filter(|k| {
                     k.len() > MAX_ROUTING_KEY_LEN && gw.router.policy.kind() == PolicyKind::Manual
                 }) {
                     return Err(refuse(
-                        GatewayError::new(400, key_too_long(key.len())),
+                        GatewayError::bad_request(key_too_long(key.len())),
                         None,
                     ));
                 }
@@ -592,7 +592,7 @@ impl<'a> Exchange<'a> {
                 .map(Bytes::from)
                 .map_err(|e| {
                     Failure::Worker(WorkerFailure {
-                        error: GatewayError::new(400, e.0),
+                        error: GatewayError::bad_request(e.0),
                         connect: false,
                         local: true,
                         breaker_success: true,

@@ -469,14 +469,11 @@ impl<'a> PdExchange<'a> {
         side: PairSide,
         limit: u64,
     ) -> (u16, bool) {
-        let e = GatewayError::new(
-            502,
-            format!(
-                "the {} worker's answer is malformed or larger than any answer to this request \
+        let e = GatewayError::bad_gateway(format!(
+            "the {} worker's answer is malformed or larger than any answer to this request \
                  can be ({limit} bytes)",
-                side_name(side)
-            ),
-        );
+            side_name(side)
+        ));
         let out = self.ex.send_reply(client, &Reply::error(&e)).await;
         (out.status, out.keep_alive)
     }
