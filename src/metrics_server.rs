@@ -171,7 +171,7 @@ fn serve(gw: &Gateway, mut s: TcpStream) -> std::io::Result<()> {
             .unwrap_or_default();
         http::response::render(200, "text/plain; version=0.0.4", &[], body.as_bytes(), true)
     } else {
-        let e = GatewayError::new(404, "only GET /metrics here");
+        let e = GatewayError::not_found("only GET /metrics here");
         Reply::error(&e).render(None, true)
     };
     write_by(&mut s, &resp, Instant::now() + REPLY_WRITE_TIMEOUT)

@@ -212,19 +212,12 @@ fn register_workers(cfg: &Config, registry: &Registry) -> Result<(), String> {
         };
         for (i, url) in cfg.worker_urls.iter().enumerate() {
             let added = match dp_sizes.get(i) {
-                Some(&n) => add_dp_server(registry, url, healthy, n),
+                Some(&n) => add_dp_server(registry, url, healthy, Role::Regular, n),
                 None => registry.add(url, healthy).map(|_| ()),
             };
             added.map_err(|e| format!("--worker-urls {url}: {e}"))?;
         }
         return Ok(());
-    }
-    if cfg.dp_aware {
-        crate::log!(
-            Warn,
-            "--dp-aware applies to regular workers only: PD requests carry no data_parallel_rank \
-             (as in the reference; SGLang pairs the ranks by bootstrap_room % dp_size)"
-        );
     }
     if !cfg.worker_urls.is_empty() {
         crate::log!(
@@ -232,15 +225,29 @@ fn register_workers(cfg: &Config, registry: &Registry) -> Result<(), String> {
             "--worker-urls is ignored with --pd-disaggregation (use --prefill and --decode)"
         );
     }
-    for (url, bootstrap_port) in cfg.prefill_workers()? {
-        registry
-            .add_with_role(&url, healthy, Role::Prefill { bootstrap_port })
-            .map_err(|e| format!("--prefill {url}: {e}"))?;
-    }
-    for url in &cfg.decode {
-        registry
-            .add_with_role(url, healthy, Role::Decode)
-            .map_err(|e| format!("--decode {url}: {e}"))?;
+    let prefill = cfg.prefill_workers()?;
+    let mut servers: Vec<(String, Role, &str)> = prefill
+        .into_iter()
+        .map(|(url, bootstrap_port)| (url, Role::Prefill { bootstrap_port }, "--prefill"))
+        .collect();
+    servers.extend(
+        cfg.decode
+            .iter()
+            .map(|u| (u.clone(), Role::Decode, "--decode")),
+    );
+    // With --dp-aware each side's ranks are targets of their own, as regular servers' are.
+    let dp_sizes = if cfg.dp_aware {
+        let urls: Vec<String> = servers.iter().map(|(u, _, _)| u.clone()).collect();
+        crate::gateway::dp::dp_sizes_at_start(cfg, &urls)?
+    } else {
+        Vec::new()
+    };
+    for (i, (url, role, flag)) in servers.iter().enumerate() {
+        let added = match dp_sizes.get(i) {
+            Some(&n) => add_dp_server(registry, url, healthy, *role, n),
+            None => registry.add_with_role(url, healthy, *role).map(|_| ()),
+        };
+        added.map_err(|e| format!("{flag} {url}: {e}"))?;
     }
     Ok(())
 }
@@ -250,12 +257,12 @@ fn add_dp_server(
     registry: &Registry,
     url: &str,
     healthy: bool,
+    role: crate::workers::role::Role,
     dp_size: u32,
 ) -> Result<(), crate::workers::registry::RegistryError> {
     use crate::workers::registry::{self, RegistryError};
     let parsed = registry::parse_worker_url(url).map_err(|e| RegistryError::BadUrl(e.0))?;
     let addrs = registry::resolve(&parsed)?;
-    let role = crate::workers::role::Role::Regular;
     registry
         .add_server(url, parsed, addrs, healthy, role, Some(dp_size))
         .map(|_| ())

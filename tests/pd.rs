@@ -946,3 +946,208 @@ fn an_answer_past_its_prompt_s_bound_is_refused_without_being_read_whole() {
         assert!(closed.duration_since(started) < Duration::from_secs(3));
     }
 }
+
+// ---- one pipeline: what the regular exchange does, PD mode does too -----------------------------
+
+/// Prefill servers publishing KV events (pages of 4 tokens, a replay socket each).
+fn prefill_with_events(n: usize) -> SimCluster {
+    sim(n, |c| {
+        c.disaggregation_mode = Some(DisaggMode::Prefill);
+        c.disaggregation_bootstrap_port = 0;
+        c.page_size = 4;
+        c.kv_events = Some(
+            loadtest::sim::kv_events::KvEventsConfig::parse(
+                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
+            )
+            .unwrap(),
+        );
+    })
+}
+
+/// Wait until `gw` routes by every prefill server's events (each publisher live).
+fn wait_events_live(gw: &Running, n: usize) {
+    let kv = gw.gateway().kv.as_ref().expect("--kv-events on");
+    wait_until(
+        "the prefill servers' events live",
+        Duration::from_secs(20),
+        || (kv.exact_workers().len() >= n).then_some(()),
+    );
+}
+
+#[test]
+fn kv_events_route_the_prefill_side_in_pd_mode() {
+    // A first gateway prefills prompts somewhere; a second one, started afterwards with an
+    // empty text tree, finds each prompt's prefill server from that server's events alone.
+    let prefill = prefill_with_events(2);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    let first = pd_gateway(&[&prefill], &[&decode], &["--kv-events"]);
+    wait_events_live(&first, 2);
+    let prompts: Vec<String> = (0..6)
+        .map(|i| {
+            let ids: Vec<String> = (0..64).map(|t| (5000 + i * 100 + t).to_string()).collect();
+            format!(
+                r#"{{"input_ids":[{}],"sampling_params":{{"max_new_tokens":1}}}}"#,
+                ids.join(",")
+            )
+        })
+        .collect();
+    let mut holders = Vec::new();
+    for p in &prompts {
+        let before = received(&prefill);
+        assert_eq!(generate(first.addr, p.as_bytes()).status, 200);
+        holders.push(moved(&before, &received(&prefill)));
+    }
+    assert!(
+        holders.contains(&0) && holders.contains(&1),
+        "the prompts landed on one prefill server only ({holders:?}): nothing to tell apart"
+    );
+    let second = pd_gateway(&[&prefill], &[&decode], &["--kv-events"]);
+    wait_events_live(&second, 2);
+    let kv = second.gateway().kv.as_ref().unwrap();
+    wait_until(
+        "the second copy indexed the prompts",
+        Duration::from_secs(20),
+        || {
+            let snap = kv.reader.load();
+            (snap.models().map(|m| snap.blocks(m)).sum::<usize>() >= 6 * 16).then_some(())
+        },
+    );
+    for (p, &holder) in prompts.iter().zip(&holders) {
+        let before = received(&prefill);
+        assert_eq!(generate(second.addr, p.as_bytes()).status, 200);
+        assert_eq!(moved(&before, &received(&prefill)), holder, "{p}");
+    }
+}
+
+/// The index of the one counter that moved between `before` and `after`.
+fn moved(before: &[u64], after: &[u64]) -> usize {
+    let moved: Vec<usize> = (0..before.len())
+        .filter(|&i| after[i] != before[i])
+        .collect();
+    assert_eq!(moved.len(), 1, "{before:?} → {after:?}");
+    moved[0]
+}
+
+#[test]
+fn insert_response_text_learns_the_reply_for_the_prefill_worker() {
+    let prefill = role(2, DisaggMode::Prefill, 0.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    for (flag, expect) in [(true, true), (false, false)] {
+        let extra: &[&str] = if flag {
+            &["--insert-response-text"]
+        } else {
+            &[]
+        };
+        let gw = pd_gateway(&[&prefill], &[&decode], extra);
+        let prompt = words(40 + u64::from(flag), 50);
+        let r = chat(gw.addr, &prompt, false, 6);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let reply = r.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let full = format!("{prompt} {reply}");
+        let tree = gw.gateway().router.tree.as_ref().unwrap();
+        let until = Instant::now() + Duration::from_millis(if expect { 3000 } else { 300 });
+        let learned = loop {
+            tree.sync();
+            let forest = tree.load();
+            let m = forest
+                .tree(radixgate::tree::TreeKey::Served(
+                    "meta-llama/Llama-3.1-8B-Instruct",
+                ))
+                .longest_match(&full)
+                .matched_chars;
+            let learned = m == full.chars().count();
+            if learned || Instant::now() > until {
+                break learned;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(learned, expect, "--insert-response-text {flag}");
+    }
+}
+
+#[test]
+fn the_target_worker_header_picks_the_prefill_worker_in_pd_mode() {
+    let prefill = role(3, DisaggMode::Prefill, 0.0);
+    let decode = role(1, DisaggMode::Decode, 0.0);
+    let gw = pd_gateway(
+        &[&prefill],
+        &[&decode],
+        &[
+            "--prefill-policy",
+            "consistent_hashing",
+            "--decode-policy",
+            "round_robin",
+        ],
+    );
+    for target in [2usize, 0, 1, 2] {
+        let before = received(&prefill);
+        let t = target.to_string();
+        let r = request(
+            gw.addr,
+            "POST",
+            "/generate",
+            &[("x-smg-target-worker", t.as_str())],
+            br#"{"text":"pick me","sampling_params":{"max_new_tokens":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(moved(&before, &received(&prefill)), target);
+    }
+}
+
+#[test]
+fn dp_ranks_are_spliced_for_both_sides_and_the_decode_side_learns_its_twins() {
+    let prefill = sim(1, |c| {
+        c.disaggregation_mode = Some(DisaggMode::Prefill);
+        c.disaggregation_bootstrap_port = 0;
+        c.dp_size = 2;
+    });
+    let decode = sim(1, |c| {
+        c.disaggregation_mode = Some(DisaggMode::Decode);
+        c.dp_size = 2;
+    });
+    let gw = pd_gateway(
+        &[&prefill],
+        &[&decode],
+        &[
+            "--dp-aware",
+            "--prefill-policy",
+            "round_robin",
+            "--decode-policy",
+            "round_robin",
+        ],
+    );
+    let ranks = |c: &SimCluster| -> Vec<u64> {
+        sim_stats(c, 0)["dp_ranks"]
+            .as_array()
+            .expect("dp_ranks in /debug/stats")
+            .iter()
+            .map(|r| r["inference_received"].as_u64().unwrap_or(0))
+            .collect()
+    };
+    for _ in 0..4 {
+        let t = Instant::now();
+        let r = generate(
+            gw.addr,
+            br#"{"text":"ranks","sampling_params":{"max_new_tokens":1}}"#,
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        // A pair whose decode rank could not find its prefill rank's room would wait it out.
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+    // Each side's requests went to both of its ranks (round robin over the rank targets).
+    assert_eq!(ranks(&prefill), vec![2, 2]);
+    assert_eq!(ranks(&decode), vec![2, 2]);
+    // The last request's two bodies (each port records what its ranks received): each side's
+    // own rank, and on the decode side its prefill twin's.
+    let p: Value = serde_json::from_str(&sim_last_body(&prefill, 0, "/generate")).unwrap();
+    let d: Value = serde_json::from_str(&sim_last_body(&decode, 0, "/generate")).unwrap();
+    assert!(p["data_parallel_rank"].is_u64(), "{p}");
+    assert!(d["data_parallel_rank"].is_u64(), "{d}");
+    assert!(p.get("disagg_prefill_dp_rank").is_none(), "{p}");
+    assert_eq!(d["disagg_prefill_dp_rank"], p["data_parallel_rank"], "{d}");
+    assert_eq!(p["bootstrap_room"], d["bootstrap_room"]);
+}

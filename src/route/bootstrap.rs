@@ -11,11 +11,8 @@
 //! values only, whatever a server does with duplicate keys (Python's `json` keeps the last,
 //! others the first or refuse).
 
-use super::extract::Api;
+use super::extract::{Api, BodyShape};
 use crate::base::json_span::{members, Member};
-use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
-use serde::Deserialize;
-use std::fmt;
 use std::io::Write as _;
 
 /// Most items one batched request may pair (one room each): a larger batch or `n` is refused
@@ -37,190 +34,17 @@ pub struct PdShape {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PdBodyError(pub String);
 
-/// The kind of a list's first element (all a batch test needs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum First {
-    List,
-    Other,
-}
-
-/// A JSON value seen only as "a list of `len` items whose first is `first`", or not a list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Items {
-    List { len: usize, first: Option<First> },
-    NotList,
-}
-
-struct ItemsVisitor;
-
-impl<'de> Visitor<'de> for ItemsVisitor {
-    type Value = Items;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Items, A::Error> {
-        let first = seq.next_element::<FirstKind>()?.map(|k| k.0);
-        let mut len = usize::from(first.is_some());
-        while seq.next_element::<IgnoredAny>()?.is_some() {
-            len += 1;
-        }
-        Ok(Items::List { len, first })
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Items, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Items::NotList)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Items, E> {
-        Ok(Items::NotList)
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Items, E> {
-        Ok(Items::NotList)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Items, E> {
-        Ok(Items::NotList)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Items, E> {
-        Ok(Items::NotList)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Items, E> {
-        Ok(Items::NotList)
-    }
-    fn visit_unit<E>(self) -> Result<Items, E> {
-        Ok(Items::NotList)
-    }
-}
-
-impl<'de> Deserialize<'de> for Items {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Items, D::Error> {
-        d.deserialize_any(ItemsVisitor)
-    }
-}
-
-/// The kind of one value, its contents skipped.
-struct FirstKind(First);
-
-impl<'de> Deserialize<'de> for FirstKind {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<FirstKind, D::Error> {
-        Ok(FirstKind(match d.deserialize_any(ItemsVisitor) {
-            Ok(Items::List { .. }) => First::List,
-            Ok(Items::NotList) => First::Other,
-            Err(e) => return Err(e),
-        }))
-    }
-}
-
-/// A `prompt` list: its length and whether it holds prompts (strings or token lists) rather
-/// than the tokens of one prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PromptList {
-    len: usize,
-    of_prompts: bool,
-}
-
-impl<'de> Deserialize<'de> for PromptList {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PromptList, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = PromptList;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PromptList, A::Error> {
-                let mut len = 0;
-                let mut of_prompts = false;
-                while let Some(is_prompt) = seq.next_element::<PromptItem>()? {
-                    of_prompts |= len == 0 && is_prompt.0;
-                    len += 1;
-                }
-                Ok(PromptList { len, of_prompts })
-            }
-            fn visit_str<E>(self, _: &str) -> Result<PromptList, E> {
-                Ok(PromptList {
-                    len: 1,
-                    of_prompts: false,
-                })
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// One `prompt` list item: a string or a list is a prompt of its own.
-struct PromptItem(bool);
-
-impl<'de> Deserialize<'de> for PromptItem {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PromptItem, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = bool;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(true)
-            }
-            fn visit_str<E>(self, _: &str) -> Result<bool, E> {
-                Ok(true)
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
-                Ok(false)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
-                Ok(false)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
-                Ok(false)
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
-                Ok(false)
-            }
-            fn visit_unit<E>(self) -> Result<bool, E> {
-                Ok(false)
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(false)
-            }
-        }
-        Ok(PromptItem(d.deserialize_any(V)?))
-    }
-}
-
-/// The fields of a body that decide its pairing (everything else is skipped unread).
-#[derive(Deserialize)]
-struct Fields {
-    text: Option<Items>,
-    input_ids: Option<Items>,
-    prompt: Option<PromptList>,
-    n: Option<serde_json::Number>,
-    return_logprob: Option<bool>,
-}
-
-/// How many rooms a body of `api` needs, and whether it asks for input logprobs. A body whose
-/// fields have unexpected types is one request (the servers judge it).
-pub fn pd_shape(api: Api, body: &[u8]) -> Result<PdShape, PdBodyError> {
-    let Ok(f) = serde_json::from_slice::<Fields>(body) else {
-        return Ok(PdShape::default());
-    };
+/// How many rooms a body of `api` needs, and whether it asks for input logprobs, from the shape
+/// the extractor read in its one pass over the body. A body whose fields have unexpected types
+/// is one request (the servers judge it).
+pub fn pd_shape(api: Api, body: &BodyShape) -> Result<PdShape, PdBodyError> {
     let batch = match api {
-        Api::Generate => match (f.text, f.input_ids) {
-            (Some(Items::List { len, .. }), _) => Some(len),
-            (
-                _,
-                Some(Items::List {
-                    len,
-                    first: Some(First::List),
-                }),
-            ) => Some(len),
-            _ => None,
-        },
-        Api::Completions => f.prompt.filter(|p| p.of_prompts).map(|p| p.len),
-        Api::Chat => {
-            f.n.and_then(|n| n.as_u64())
-                .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
-                .filter(|&n| n > 1)
-        }
+        Api::Generate => body.text_list.or(body.ids_lists),
+        Api::Completions => body.prompts,
+        Api::Chat => body
+            .n
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+            .filter(|&n| n > 1),
         Api::Embeddings | Api::Rerank | Api::Responses | Api::Messages => None,
     };
     if batch.is_some_and(|n| n > MAX_BATCH) {
@@ -230,7 +54,7 @@ pub fn pd_shape(api: Api, body: &[u8]) -> Result<PdShape, PdBodyError> {
     }
     Ok(PdShape {
         batch,
-        return_logprob: api == Api::Generate && f.return_logprob == Some(true),
+        return_logprob: api == Api::Generate && body.return_logprob,
     })
 }
 
@@ -334,29 +158,47 @@ pub struct Added<'a> {
     pub bootstrap: Option<Bootstrap<'a>>,
     /// The attention-DP rank the request goes to (`data_parallel_rank`).
     pub dp_rank: Option<u32>,
+    /// PD with DP ranks, on the decode side: the rank its prefill twin runs on
+    /// (`disagg_prefill_dp_rank`), so the decode server pairs with that rank's KV.
+    pub prefill_dp_rank: Option<u32>,
 }
 
 const DP_RANK_KEY: &[u8] = br#""data_parallel_rank":"#;
+const PREFILL_DP_RANK_KEY: &[u8] = br#""disagg_prefill_dp_rank":"#;
 
 /// The added members' exact length (without a leading comma).
 fn added_len(a: &Added) -> usize {
     let boot = a.bootstrap.as_ref().map_or(0, members_len);
-    let rank = a
-        .dp_rank
-        .map_or(0, |r| DP_RANK_KEY.len() + digits(u64::from(r)));
-    boot + rank + usize::from(boot > 0 && rank > 0)
+    let rank = |key: &[u8], r: Option<u32>| r.map_or(0, |r| key.len() + digits(u64::from(r)));
+    let parts = [
+        boot,
+        rank(DP_RANK_KEY, a.dp_rank),
+        rank(PREFILL_DP_RANK_KEY, a.prefill_dp_rank),
+    ];
+    let present = parts.iter().filter(|&&n| n > 0).count();
+    parts.iter().sum::<usize>() + present.saturating_sub(1)
 }
 
 fn write_added(out: &mut Vec<u8>, a: &Added) {
-    if let Some(b) = &a.bootstrap {
-        write_members(out, b);
-    }
-    if let Some(r) = a.dp_rank {
-        if a.bootstrap.is_some() {
+    let mut first = true;
+    let mut sep = |out: &mut Vec<u8>| {
+        if !std::mem::replace(&mut first, false) {
             out.push(b',');
         }
-        out.extend_from_slice(DP_RANK_KEY);
-        let _ = write!(out, "{r}");
+    };
+    if let Some(b) = &a.bootstrap {
+        sep(out);
+        write_members(out, b);
+    }
+    for (key, r) in [
+        (DP_RANK_KEY, a.dp_rank),
+        (PREFILL_DP_RANK_KEY, a.prefill_dp_rank),
+    ] {
+        if let Some(r) = r {
+            sep(out);
+            out.extend_from_slice(key);
+            let _ = write!(out, "{r}");
+        }
     }
 }
 
@@ -367,7 +209,7 @@ pub fn splice(body: &[u8], b: &Bootstrap) -> Result<Vec<u8>, PdBodyError> {
         body,
         &Added {
             bootstrap: Some(*b),
-            dp_rank: None,
+            ..Added::default()
         },
     )
 }
@@ -377,18 +219,19 @@ pub fn splice_dp_rank(body: &[u8], rank: u32) -> Result<Vec<u8>, PdBodyError> {
     splice_fields(
         body,
         &Added {
-            bootstrap: None,
             dp_rank: Some(rank),
+            ..Added::default()
         },
     )
 }
 
 /// The keys the gateway sets: a client's members of these names are replaced.
-const GATEWAY_KEYS: [&[u8]; 4] = [
+const GATEWAY_KEYS: [&[u8]; 5] = [
     b"bootstrap_host",
     b"bootstrap_port",
     b"bootstrap_room",
     b"data_parallel_rank",
+    b"disagg_prefill_dp_rank",
 ];
 
 /// Byte ranges of the top-level members of `body` (a JSON object the extractor accepted) whose

@@ -50,6 +50,27 @@ pub struct RoutingInfo<'a> {
     pub token_ids: bool,
     /// The cache namespace the request's prompt is reused in.
     pub namespace: Namespace<'a>,
+    /// What pairing the request for prefill/decode needs (read in the same pass).
+    pub shape: BodyShape,
+}
+
+/// The top-level fields that decide how many prompts a body holds and whether it asks for
+/// input logprobs: what pairing a request for prefill/decode needs (one bootstrap room per
+/// prompt), read in the same pass as the routing text. Types SGLang would refuse are left to
+/// it (they read as absent here).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BodyShape {
+    /// `text` is a list of this many items.
+    pub text_list: Option<usize>,
+    /// `input_ids` is a list of this many items, the first of them a list (a batch of token
+    /// lists, not one prompt's tokens).
+    pub ids_lists: Option<usize>,
+    /// `prompt` is a list of this many prompts (its first item a string or a list).
+    pub prompts: Option<usize>,
+    /// `n` (an unsigned integer).
+    pub n: Option<u64>,
+    /// `return_logprob` is `true`.
+    pub return_logprob: bool,
 }
 
 /// The fields SGLang namespaces its prefix cache by: blocks are reused only between requests
@@ -276,6 +297,8 @@ enum Key {
     CacheSalt,
     LoraPath,
     Extra,
+    N,
+    ReturnLogprob,
     Other,
 }
 
@@ -307,6 +330,8 @@ impl<'de> Deserialize<'de> for Key {
                     "cache_salt" => Key::CacheSalt,
                     "lora_path" => Key::LoraPath,
                     "extra_key" => Key::Extra,
+                    "n" => Key::N,
+                    "return_logprob" => Key::ReturnLogprob,
                     _ => Key::Other,
                 })
             }
@@ -461,6 +486,220 @@ impl<'de> Visitor<'de> for Pieces<'_, 'de> {
             self.0.piece(t);
         }
         Ok(())
+    }
+}
+
+/// A top-level list's shape: how many items it holds (`None`: not a list) and the first one's
+/// kind.
+#[derive(Debug, Clone, Copy, Default)]
+struct ListShape {
+    len: Option<usize>,
+    first: Kind,
+}
+
+/// What a value is, as far as telling a batch from one prompt goes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Kind {
+    #[default]
+    Other,
+    List,
+    Str,
+}
+
+/// A value read as [`Pieces`] reads it, its list shape noted (see [`BodyShape`]).
+struct Shaped<'s, 'a> {
+    sink: &'s mut Sink<'a>,
+    shape: &'s mut ListShape,
+}
+
+impl<'de> DeserializeSeed<'de> for Shaped<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Shaped<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string, a number or an array")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
+        Pieces(self.sink).visit_borrowed_str(v)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        Pieces(self.sink).visit_str(v)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        Pieces(self.sink).visit_u64(v)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        Pieces(self.sink).visit_i64(v)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        Pieces(self.sink).visit_f64(v)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        Pieces(self.sink).visit_map(map)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut len = 0usize;
+        let mut first = Kind::Other;
+        if seq
+            .next_element_seed(FirstItem {
+                sink: &mut *self.sink,
+                kind: &mut first,
+            })?
+            .is_some()
+        {
+            len = 1;
+            while seq.next_element_seed(Pieces(&mut *self.sink))?.is_some() {
+                len += 1;
+            }
+        }
+        *self.shape = ListShape {
+            len: Some(len),
+            first,
+        };
+        Ok(())
+    }
+}
+
+/// A list's first item: read as [`Pieces`] reads it, its [`Kind`] noted.
+struct FirstItem<'s, 'a> {
+    sink: &'s mut Sink<'a>,
+    kind: &'s mut Kind,
+}
+
+impl<'de> DeserializeSeed<'de> for FirstItem<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FirstItem<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string, a number, an array or a content part")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
+        *self.kind = Kind::Str;
+        Pieces(self.sink).visit_borrowed_str(v)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        *self.kind = Kind::Str;
+        Pieces(self.sink).visit_str(v)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        Pieces(self.sink).visit_u64(v)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        Pieces(self.sink).visit_i64(v)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        Pieces(self.sink).visit_f64(v)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        *self.kind = Kind::List;
+        Pieces(self.sink).visit_seq(seq)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        Pieces(self.sink).visit_map(map)
+    }
+}
+
+/// A value of type `T` when it is one, else `None` (validated and skipped): fields the gateway
+/// only consults, whose type SGLang judges.
+struct Lenient<T>(Option<T>);
+
+impl<'de> Deserialize<'de> for Lenient<u64> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Lenient<u64>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(Lenient(Some(v)))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<Skip>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                while map.next_entry::<Skip, Skip>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for Lenient<bool> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Lenient<bool>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(Lenient(Some(v)))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<Skip>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                while map.next_entry::<Skip, Skip>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -646,6 +885,7 @@ struct Parsed<'a> {
     /// Responses' `instructions`, Messages' `system`: first in the routing text wherever
     /// they appear in the body.
     pre: Sink<'a>,
+    shape: BodyShape,
 }
 
 /// The top-level object. Every known field is validated as before whatever the API; only the
@@ -683,6 +923,7 @@ impl<'de> Visitor<'de> for Top {
             text: Sink::new(self.keep_text, self.body_len),
             ids: Sink::new(self.keep_text && api == Api::Generate, self.body_len),
             pre: Sink::new(self.keep_text, 0),
+            shape: BodyShape::default(),
         };
         let mut discard = Sink::new(false, 0);
         let mut seen: u32 = 0;
@@ -709,7 +950,12 @@ impl<'de> Visitor<'de> for Top {
             // Known top-level fields may appear once (as serde's derive insisted); others repeat.
             let tracked = !matches!(
                 k,
-                Key::Other | Key::Content | Key::ReasoningContent | Key::Type
+                Key::Other
+                    | Key::Content
+                    | Key::ReasoningContent
+                    | Key::Type
+                    | Key::N
+                    | Key::ReturnLogprob
             );
             if tracked {
                 let bit = 1u32 << (k as u32);
@@ -749,10 +995,32 @@ impl<'de> Visitor<'de> for Top {
                     let there = map.next_value_seed(Optional(Messages(sink)))?;
                     p.present |= there && k == routes_on;
                 }
-                Key::Prompt | Key::Text | Key::InputIds | Key::Input | Key::Query => {
-                    let there = map.next_value_seed(Optional(Pieces(sink)))?;
+                Key::Prompt | Key::Text | Key::InputIds => {
+                    let mut list = ListShape::default();
+                    let there = map.next_value_seed(Optional(Shaped {
+                        sink,
+                        shape: &mut list,
+                    }))?;
                     p.present |= there && k == routes_on;
                     p.ids_present |= there && k == Key::InputIds;
+                    if let Some(len) = list.len {
+                        match k {
+                            Key::Text => p.shape.text_list = Some(len),
+                            Key::InputIds if list.first == Kind::List => {
+                                p.shape.ids_lists = Some(len)
+                            }
+                            Key::Prompt if list.first != Kind::Other => p.shape.prompts = Some(len),
+                            _ => {}
+                        }
+                    }
+                }
+                Key::Input | Key::Query => {
+                    let there = map.next_value_seed(Optional(Pieces(sink)))?;
+                    p.present |= there && k == routes_on;
+                }
+                Key::N => p.shape.n = map.next_value::<Lenient<u64>>()?.0,
+                Key::ReturnLogprob => {
+                    p.shape.return_logprob = map.next_value::<Lenient<bool>>()?.0 == Some(true)
                 }
                 Key::InputEmbeds => p.embeds_present = map.next_value::<Option<Skip>>()?.is_some(),
                 _ => {
@@ -780,6 +1048,8 @@ fn key_name(k: Key) -> &'static str {
         Key::CacheSalt => "cache_salt",
         Key::LoraPath => "lora_path",
         Key::Extra => "extra_key",
+        Key::N => "n",
+        Key::ReturnLogprob => "return_logprob",
         Key::Content | Key::ReasoningContent | Key::Type | Key::Output | Key::Other => "?",
     }
 }
@@ -881,286 +1151,12 @@ fn finish(api: Api, parsed: Parsed<'_>) -> Result<RoutingInfo<'_>, ExtractError>
         text,
         token_ids,
         namespace: parsed.namespace,
+        shape: parsed.shape,
     })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cache_namespace_fields_are_read_and_prefix_the_text() {
-        let plain = extract(
-            Api::Chat,
-            br#"{"messages":[{"role":"user","content":"hi"}]}"#,
-        )
-        .unwrap();
-        assert!(plain.namespace.is_default());
-        assert_eq!(plain.text, "hi");
-        let body = br#"{"cache_salt":"tenant-a","messages":[{"role":"user","content":"hi"}],
-            "lora_path":"sql","extra_key":"k"}"#;
-        let salted = extract(Api::Chat, body).unwrap();
-        assert_eq!(salted.namespace.cache_salt.as_deref(), Some("tenant-a"));
-        assert_eq!(salted.namespace.lora_path.as_deref(), Some("sql"));
-        assert_eq!(salted.namespace.extra_key.as_deref(), Some("k"));
-        let marker = salted.namespace.marker().unwrap();
-        assert_eq!(salted.text, format!("{marker}hi"));
-        assert_eq!(marker.len(), 18);
-        assert!(marker.starts_with('\u{1}') && marker.ends_with('\u{1}'));
-        // Another salt, another marker; empty strings, lists (a batch's per-item values) and
-        // other shapes are no namespace and are never refused.
-        let b = extract(
-            Api::Completions,
-            br#"{"prompt":"hi","cache_salt":"tenant-b"}"#,
-        )
-        .unwrap();
-        assert_ne!(b.namespace.marker(), Some(marker));
-        for body in [
-            &br#"{"prompt":"hi","cache_salt":"","lora_path":null}"#[..],
-            br#"{"prompt":"hi","lora_path":["a","b"],"extra_key":7}"#,
-            br#"{"prompt":"hi","cache_salt":{"x":[1]}}"#,
-        ] {
-            let info = extract(Api::Completions, body).unwrap();
-            assert!(
-                info.namespace.is_default(),
-                "{}",
-                String::from_utf8_lossy(body)
-            );
-            assert_eq!(info.text, "hi");
-        }
-        // Token ids stay bare numbers (the KV index namespaces them itself).
-        let ids = extract(Api::Generate, br#"{"input_ids":[1,2],"cache_salt":"a"}"#).unwrap();
-        assert_eq!((ids.text.as_ref(), ids.token_ids), ("1 2", true));
-        assert!(!ids.namespace.is_default());
-        // A duplicate namespace field is refused like any known field.
-        assert!(extract(
-            Api::Completions,
-            br#"{"prompt":"a","cache_salt":"x","cache_salt":"y"}"#
-        )
-        .is_err());
-    }
-
-    fn text(api: Api, body: &str) -> String {
-        extract(api, body.as_bytes()).unwrap().text.into_owned()
-    }
-
-    /// UTF-8 is checked only for bodies that are not all ASCII, and still for every byte of
-    /// them, skipped fields included; a body with a UTF-8 fault and a structural one gets the
-    /// UTF-8 error, as when UTF-8 was checked first.
-    #[test]
-    fn utf8_is_checked_once_where_a_byte_is_not_ascii() {
-        for keep in [true, false] {
-            let ok = "{\"messages\":[{\"role\":\"user\",\"content\":\"caf\u{e9} \u{1f600}\"}],\"x\":\"\u{fc}\"}";
-            let info = extract_for(Api::Chat, ok.as_bytes(), keep).unwrap();
-            assert_eq!(info.text, if keep { "caf\u{e9} \u{1f600}" } else { "" });
-            let mut bad = br#"{"messages":[{"role":"user","content":"hi"}],"x":"ab"}"#.to_vec();
-            let at = bad.len() - 3;
-            bad[at] = 0xff;
-            let e = extract_for(Api::Chat, &bad, keep).unwrap_err();
-            assert_eq!(
-                e.0,
-                format!("invalid JSON in request body: not UTF-8 at byte {at}")
-            );
-            let mut both = bad.clone();
-            both.splice(1..1, b"\"deep\":".iter().copied().chain([b'['; 200]));
-            let e = extract_for(Api::Chat, &both, keep).unwrap_err();
-            assert!(e.0.contains("not UTF-8"), "{e}");
-        }
-    }
-
-    #[test]
-    fn chat_contents_join_with_single_spaces() {
-        let b = r#"{"model":"m","messages":[{"role":"system","content":"You are terse."},
-            {"role":"user","content":[{"type":"text","text":"Hi"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"there"}]},
-            {"role":"assistant","content":"Hello","reasoning_content":"think"},{"role":"user","content":null}],
-            "stream":true,"my_unknown_field":{"a":[1,2]}}"#;
-        let info = extract(Api::Chat, b.as_bytes()).unwrap();
-        assert_eq!(info.text, "You are terse. Hi there Hello think");
-        assert_eq!(info.model.as_deref(), Some("m"));
-        assert!(info.stream);
-    }
-
-    #[test]
-    fn single_plain_string_is_borrowed_from_the_body() {
-        let b = br#"{"messages":[{"role":"user","content":"plain text"}]}"#;
-        let info = extract(Api::Chat, b).unwrap();
-        assert!(matches!(info.text, Cow::Borrowed(_)));
-        assert!(info.model.is_none());
-        let b = br#"{"prompt":"abc","model":"x"}"#;
-        assert!(matches!(
-            extract(Api::Completions, b).unwrap().text,
-            Cow::Borrowed(_)
-        ));
-    }
-
-    #[test]
-    fn escapes_are_decoded() {
-        assert_eq!(
-            text(Api::Completions, r#"{"prompt":"a\nb \u00e9"}"#),
-            "a\nb é"
-        );
-    }
-
-    #[test]
-    fn completions_generate_embeddings_rerank() {
-        assert_eq!(text(Api::Completions, r#"{"prompt":["a","b"]}"#), "a b");
-        assert_eq!(text(Api::Generate, r#"{"text":"hello"}"#), "hello");
-        assert_eq!(
-            text(Api::Generate, r#"{"input_ids":[1,20,300]}"#),
-            "1 20 300"
-        );
-        assert_eq!(text(Api::Embeddings, r#"{"input":["x","y"]}"#), "x y");
-        assert_eq!(text(Api::Rerank, r#"{"query":"q","documents":["d"]}"#), "q");
-    }
-
-    /// Integers are written through `itoa`, not `core::fmt`: the same digits as `to_string`
-    /// at every edge.
-    #[test]
-    fn integers_are_written_as_to_string_writes_them() {
-        let values: [i128; 9] = [
-            0,
-            7,
-            10,
-            4_294_967_295,
-            -1,
-            -10,
-            i64::MIN as i128,
-            i64::MAX as i128,
-            u64::MAX as i128,
-        ];
-        let list: Vec<String> = values.iter().map(|v| v.to_string()).collect();
-        let body = format!(r#"{{"input_ids":[{}]}}"#, list.join(","));
-        assert_eq!(text(Api::Generate, &body), list.join(" "));
-        assert_eq!(
-            text(Api::Completions, r#"{"prompt":[1.5,-0.25]}"#),
-            "1.5 -0.25"
-        );
-    }
-
-    #[test]
-    fn bad_bodies_are_refused() {
-        assert!(extract(Api::Chat, b"{not json").is_err());
-        assert!(extract(Api::Chat, br#"{"model":"m"}"#)
-            .unwrap_err()
-            .0
-            .contains("messages"));
-        assert!(extract(Api::Completions, br#"{}"#).is_err());
-        assert!(extract(Api::Generate, br#"{"sampling_params":{}}"#).is_err());
-        assert!(extract(Api::Chat, br#"{"messages":"nope"}"#).is_err());
-        assert!(extract(Api::Chat, br#"[1,2]"#).is_err());
-        assert!(extract(Api::Generate, br#"{"input_embeds":[[0.1]]}"#).is_ok());
-        assert!(extract(Api::Completions, br#"{"prompt":null}"#).is_err());
-        assert!(extract(Api::Completions, br#"{"prompt":"a","prompt":"b"}"#)
-            .unwrap_err()
-            .0
-            .contains("duplicate field `prompt`"));
-        assert!(extract(Api::Completions, br#"{"prompt":"a"} x"#).is_err());
-        // Fields the API does not route on are still validated.
-        assert!(extract(Api::Completions, br#"{"prompt":"a","messages":"x"}"#).is_err());
-        assert!(extract(Api::Chat, br#"{"messages":[1]}"#).is_err());
-        // Unknown fields may repeat.
-        assert!(extract(Api::Completions, br#"{"prompt":"a","type":1,"type":2}"#).is_ok());
-    }
-
-    #[test]
-    fn order_inside_objects_does_not_matter() {
-        // `text` wins over `input_ids` wherever they appear.
-        assert_eq!(
-            text(Api::Generate, r#"{"input_ids":[1,2],"text":"t"}"#),
-            "t"
-        );
-        // A part's type may follow its text; reasoning follows the content.
-        assert_eq!(
-            text(
-                Api::Chat,
-                r#"{"messages":[{"reasoning_content":"r","content":[{"text":"a","type":"text"},
-                {"text":"img","type":"image_url"}]},{"content":"b"}]}"#
-            ),
-            "a r b"
-        );
-        assert_eq!(text(Api::Completions, r#"{"prompt":["","b"]}"#), " b");
-        assert_eq!(
-            text(Api::Completions, r#"{"prompt":[1.5,-2,[3,"x\"y"]]}"#),
-            "1.5 -2 3 x\"y"
-        );
-    }
-
-    #[test]
-    fn text_is_capped_on_a_character_boundary() {
-        let long = "é".repeat(MAX_ROUTING_TEXT); // two bytes each
-        let body = format!(r#"{{"prompt":"{long}"}}"#);
-        let t = extract(Api::Completions, body.as_bytes()).unwrap().text;
-        assert!(matches!(t, Cow::Borrowed(_)));
-        assert_eq!(t.len(), MAX_ROUTING_TEXT);
-        let body = format!(r#"{{"prompt":["ab","{long}"]}}"#);
-        let t = extract(Api::Completions, body.as_bytes()).unwrap().text;
-        assert_eq!(t.len(), MAX_ROUTING_TEXT - 1, "'ab', ' ', then whole 'é's");
-        assert!(t.starts_with("ab é"));
-        let mut ids = String::from(r#"{"input_ids":[0"#);
-        for i in 0..100_000 {
-            ids.push_str(&format!(",{i}"));
-        }
-        ids.push_str("]}");
-        let t = extract(Api::Generate, ids.as_bytes()).unwrap().text;
-        assert_eq!(t.len(), MAX_ROUTING_TEXT);
-        assert!(t.starts_with("0 0 1 2 3"));
-    }
-
-    #[test]
-    fn messages_past_the_cap_are_still_checked() {
-        let long = "a".repeat(MAX_ROUTING_TEXT);
-        let first = format!(r#"{{"role":"user","content":"{long}"}}"#);
-        let chat = |rest: &str| format!(r#"{{"messages":[{first},{rest}]}}"#);
-        // Past the cap a message adds nothing, wherever its text would have gone.
-        let body = chat(r#"{"role":"assistant","content":"more","reasoning_content":"why"}"#);
-        let t = extract(Api::Chat, body.as_bytes()).unwrap().text;
-        assert_eq!(t, long.as_str());
-        // ...but is refused, as before the cap, when it is not an object or not valid JSON.
-        for (rest, want) in [
-            ("\"hi\"", "expected a chat message object"),
-            ("[1]", "expected a chat message object"),
-            (r#"{"content":"a\qb"}"#, "escape"),
-            (r#"{"content":"x",}"#, "invalid JSON"),
-            (r#"{"content" "x"}"#, "`:`"),
-            ("{\"content\":\"a\u{1}b\"}", "control character"),
-        ] {
-            for keep_text in [true, false] {
-                let e = extract_for(Api::Chat, chat(rest).as_bytes(), keep_text).unwrap_err();
-                assert!(e.0.contains(want), "{rest}: {e}");
-            }
-        }
-    }
-
-    use proptest::prelude::*;
-
-    proptest! {
-        /// Same text as a plain reading of the parsed JSON value (the reference's rules), cut
-        /// at the cap.
-        #[test]
-        fn matches_a_plain_reading_of_the_value(
-            parts in proptest::collection::vec(
-                prop_oneof![
-                    "[a-zé\\\"]{0,6}".prop_map(serde_json::Value::from),
-                    proptest::num::i64::ANY.prop_map(serde_json::Value::from),
-                    proptest::strategy::Just(serde_json::Value::Null),
-                ],
-                0..6,
-            )
-        ) {
-            let body = serde_json::json!({"prompt": parts}).to_string();
-            let want: Vec<String> = parts
-                .iter()
-                .filter_map(|v| match v {
-                    serde_json::Value::String(s) => Some(s.clone()),
-                    serde_json::Value::Number(n) => Some(n.to_string()),
-                    _ => None,
-                })
-                .collect();
-            let got = extract(Api::Completions, body.as_bytes()).unwrap().text;
-            prop_assert_eq!(got.as_ref(), want.join(" "));
-        }
-    }
-}
+mod tests;
 
 /// The same extraction on serde_json's parser: the oracle the body parser ([`json`]) is checked
 /// against, body for body.

@@ -165,7 +165,7 @@ fn decide(
         Route::Local(ep) => Handler::Local(ep),
         Route::NotFound => {
             let msg = format!("no route for {}", String::from_utf8_lossy(head.path()));
-            return Err(refuse(GatewayError::new(404, msg)));
+            return Err(refuse(GatewayError::not_found(msg)));
         }
         Route::MethodNotAllowed => {
             let msg = format!(
@@ -173,7 +173,7 @@ fn decide(
                 String::from_utf8_lossy(head.method()),
                 String::from_utf8_lossy(head.path())
             );
-            return Err(refuse(GatewayError::new(405, msg)));
+            return Err(refuse(GatewayError::method_not_allowed(msg)));
         }
     };
     if let Some(scope) = r.scope() {

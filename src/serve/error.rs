@@ -69,6 +69,64 @@ impl GatewayError {
         )
     }
 
+    /// PD mode: no worker of one side (`prefill` or `decode`) can take the request.
+    pub fn no_workers_on(side: &str, none_registered: bool) -> GatewayError {
+        GatewayError::new(
+            503,
+            if none_registered {
+                format!("no {side} workers are registered")
+            } else {
+                format!("no available {side} workers (all unhealthy or circuits open)")
+            },
+        )
+    }
+
+    /// 400: the request itself is wrong (a body the API does not accept, a field out of range).
+    pub fn bad_request(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError::new(400, message)
+    }
+
+    /// 404: nothing answers at this path, or the thing named does not exist.
+    pub fn not_found(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError::new(404, message)
+    }
+
+    /// 403: the caller is known but may not do this.
+    pub fn forbidden(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError::new(403, message)
+    }
+
+    /// 501: a request this mode does not serve.
+    pub fn not_implemented(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError::new(501, message)
+    }
+
+    /// 502: a worker's answer cannot be relayed as a success.
+    pub fn bad_gateway(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError::new(502, message)
+    }
+
+    /// 503: the gateway cannot take this now (a helper thread busy, nothing to answer from);
+    /// retry shortly.
+    pub fn unavailable(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError::new(503, message)
+    }
+
+    /// 409: the thing to create exists already.
+    pub fn conflict(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError::new(409, message)
+    }
+
+    /// 405: the path exists, the method does not.
+    pub fn method_not_allowed(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError::new(405, message)
+    }
+
+    /// 500: the gateway itself is misconfigured or broke an invariant.
+    pub fn internal(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError::new(500, message)
+    }
+
     /// Too many calls of this kind are in flight across the gateway (a public endpoint that
     /// makes workers work on a client's behalf): 503 at once, retry shortly.
     pub fn busy(what: &'static str) -> GatewayError {

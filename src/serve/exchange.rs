@@ -10,9 +10,15 @@
 //! As in Pingora's `proxy_to_upstream`, a failed attempt carries its own retry decision, so the
 //! loop in [`handle`] reads as the lifecycle: pick → attempt → commit, or retry_after → pick.
 //! Plain methods, no trait objects: this is the hot path.
+//!
+//! Prefill/decode mode (`serve::pd`) is this exchange with a pair as its target: it picks each
+//! side through [`Exchange::pick_on`] (the same policy call, KV-event measurement, target-worker
+//! header and tree inserts), retries through [`Exchange::retry_after_on`], and relays through the
+//! exchange's own relay settings; only pairing, the bootstrap fields and the logprob merge are
+//! its own. The exchange's fields are private to this module.
 
 use super::error::GatewayError;
-use super::reply::send_error;
+use super::reply::{send_error, Reply};
 use super::Outcome;
 use crate::admission::Permit;
 use crate::base::WorkerId;
@@ -33,6 +39,7 @@ use crate::route::types::{Branch, Decision, ExactInput, PolicyKind, RouteInput};
 use crate::tree::TreeKey;
 use crate::workers::breaker::is_worker_failure;
 use crate::workers::registry::{CircuitSlot, Worker};
+use crate::workers::role::Side;
 use bytes::Bytes;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
@@ -183,35 +190,38 @@ impl Drop for InFlight<'_> {
 
 /// One request's state across its attempts.
 pub(super) struct Exchange<'a> {
-    pub(super) core: &'a Core,
-    pub(super) gw: &'a Gateway,
-    pub(super) head: &'a RequestHead,
-    pub(super) body: &'a Bytes,
-    pub(super) forwarding: Forwarding,
-    pub(super) info: RoutingInfo<'a>,
-    pub(super) request_id: String,
+    core: &'a Core,
+    gw: &'a Gateway,
+    head: &'a RequestHead,
+    body: &'a Bytes,
+    forwarding: Forwarding,
+    info: RoutingInfo<'a>,
+    request_id: String,
     /// `request_id`'s key in the gateway's in-flight id map.
-    pub(super) id_key: IdKey,
-    pub(super) started: Instant,
-    pub(super) deadline: Instant,
-    pub(super) routing_key: Option<&'a [u8]>,
-    pub(super) hash_key: Option<&'a [u8]>,
+    id_key: IdKey,
+    started: Instant,
+    deadline: Instant,
+    routing_key: Option<&'a [u8]>,
+    hash_key: Option<&'a [u8]>,
     /// The tree the request's model reads and feeds (served models only; see `TreeKey`).
-    pub(super) tree: TreeKey,
+    tree: TreeKey,
     /// Workers that already failed this request: every retry goes elsewhere (the reference
-    /// retries the worker its tree points at, i.e. the failing one).
-    pub(super) excluded: Vec<WorkerId>,
-    pub(super) attempts: u32,
+    /// retries the worker its tree points at, i.e. the failing one). In PD mode, the prefill
+    /// side's.
+    excluded: Vec<WorkerId>,
+    /// PD mode: the decode workers that already failed this request.
+    excluded_decode: Vec<WorkerId>,
+    attempts: u32,
     /// What the client gets when no worker is left.
-    pub(super) last_error: Option<GatewayError>,
+    last_error: Option<GatewayError>,
     /// The client's address, appended to `X-Forwarded-For`.
-    pub(super) client_ip: Option<IpAddr>,
-    pub(super) _permit: Permit<'a>,
+    client_ip: Option<IpAddr>,
+    _permit: Permit<'a>,
     /// A pass-through call's place among those the gateway allows at once.
-    pub(super) _pass_slot: Option<crate::gateway::limit::CallSlot<'a>>,
+    _pass_slot: Option<crate::gateway::limit::CallSlot<'a>>,
     /// The prompt's token ids for KV-event routing (phase *tokenize*), or why the text tree
     /// decides; `None` when the request is not measured against the index at all.
-    pub(super) prompt: Option<Result<Vec<u32>, Fallback>>,
+    prompt: Option<Result<Vec<u32>, Fallback>>,
 }
 
 impl<'a> Exchange<'a> {
@@ -232,13 +242,13 @@ impl<'a> Exchange<'a> {
                 // The key was checked on the head (`conn::decide`), before the body was read.
                 let keep_text = gw.routers().any(|(r, _)| r.policy.reads_text());
                 let info = extract_for(api, body, keep_text)
-                    .map_err(|e| refuse(GatewayError::new(400, e.0), None))?;
+                    .map_err(|e| refuse(GatewayError::bad_request(e.0), None))?;
                 // manual remembers keys: a hostile key length is refused, not hashed.
                 if let Some(key) = routing_key.filter(|k| {
                     k.len() > MAX_ROUTING_KEY_LEN && gw.router.policy.kind() == PolicyKind::Manual
                 }) {
                     return Err(refuse(
-                        GatewayError::new(400, key_too_long(key.len())),
+                        GatewayError::bad_request(key_too_long(key.len())),
                         None,
                     ));
                 }
@@ -255,6 +265,7 @@ impl<'a> Exchange<'a> {
                 text: Cow::Borrowed(""),
                 token_ids: false,
                 namespace: Default::default(),
+                shape: Default::default(),
             },
         };
         let rid = request_id(
@@ -294,6 +305,7 @@ impl<'a> Exchange<'a> {
             tree,
             info,
             excluded: Vec::new(),
+            excluded_decode: Vec::new(),
             attempts: 0,
             last_error: None,
             _permit: permit,
@@ -309,6 +321,8 @@ impl<'a> Exchange<'a> {
         let (Forwarding::Routed(api), Some(kv)) = (self.forwarding, &self.gw.kv) else {
             return;
         };
+        // The prompt is measured on the side that computes it (`gw.router`: the regular or,
+        // in PD mode, the prefill side's).
         if self.gw.router.policy.kind() != PolicyKind::CacheAware {
             return;
         }
@@ -325,43 +339,72 @@ impl<'a> Exchange<'a> {
     }
 
     /// Phase *pick*: a worker the policy chose, whose circuit admits the request, counted in
-    /// flight; the routing text is learned now, as the reference does, so requests arriving
-    /// while this one is in prefill (a burst sharing a system prompt) already follow it.
+    /// flight, the attempt counted.
     fn pick(&mut self) -> Result<Picked<'a>, GatewayError> {
+        let picked = self.pick_on(Side::Any)?;
+        self.attempts += 1;
+        Ok(picked)
+    }
+
+    /// One worker of `side` (every worker outside PD mode; PD mode picks a prefill worker and a
+    /// decode worker here, each by its own side's router): the policy's choice among that
+    /// side's workers not yet failed by this request, its circuit admitting, counted in flight.
+    /// The routing text is learned now, as the reference does, so requests arriving while this
+    /// one is in prefill (a burst sharing a system prompt) already follow it. With KV events,
+    /// the side that computes the prompt (not decode) is chosen on the measured prompt.
+    pub(super) fn pick_on(&mut self, side: Side) -> Result<Picked<'a>, GatewayError> {
         let gw = self.gw;
+        let router: &'a Router = match (side, gw.decode.as_ref()) {
+            (Side::Decode, Some(r)) => r,
+            (Side::Decode, None) => {
+                return Err(GatewayError::internal(
+                    "prefill/decode mode is not configured",
+                ))
+            }
+            _ => &gw.router,
+        };
         let mut recycled = false;
         loop {
             let list = gw.registry.load_full();
+            let ids = match side {
+                Side::Any => &list.ids,
+                Side::Prefill => &list.prefill_ids,
+                Side::Decode => &list.decode_ids,
+            };
             let now_ms = gw.life.now_ms();
-            let (decision, epoch, measured) = self.choose(&list.ids, now_ms);
+            let (decision, epoch, measured) = self.choose(router, side, ids, now_ms);
             let Some(decision) = decision else {
-                if recycle_exclusions(&mut self.excluded, self.last_error.is_some(), &mut recycled)
-                {
+                let after_a_failure = self.last_error.is_some();
+                if recycle_exclusions(self.excluded_on(side), after_a_failure, &mut recycled) {
                     continue;
                 }
-                return Err(self
-                    .last_error
-                    .take()
-                    .unwrap_or_else(|| GatewayError::no_workers(list.is_empty())));
+                let none = ids.is_empty();
+                return Err(self.last_error.take().unwrap_or_else(|| match side {
+                    Side::Any => GatewayError::no_workers(list.is_empty()),
+                    _ => GatewayError::no_workers_on(side.name(), none),
+                }));
             };
             // Gone since the snapshot, or half-open with its probe slots taken: try another.
-            let slot = list.get(decision.worker).and_then(|w| w.admit(&gw.breaker));
+            let slot = list
+                .get(decision.worker)
+                .filter(|w| side.takes(w.role))
+                .and_then(|w| w.admit(&gw.breaker));
             let Some(slot) = slot else {
-                gw.router
+                router
                     .policy
                     .request_finished(self.routing_key, decision.worker, now_ms);
-                self.excluded.push(decision.worker);
+                self.excluded_on(side).push(decision.worker);
                 continue;
             };
             let worker = slot.worker().clone();
-            self.attempts += 1;
-            crate::metrics::selection(gw.router.policy.kind().as_str(), decision.branch.as_str());
-            let in_flight = InFlight::new(gw, &gw.router, worker.id, self.routing_key, self.id_key);
+            crate::metrics::selection(router.policy.kind().as_str(), decision.branch.as_str());
+            let in_flight = InFlight::new(gw, router, worker.id, self.routing_key, self.id_key);
             if decision.insert_text {
-                if self.attempts == 1 {
-                    // The prediction beside the hit ratio the engines report (first try only),
-                    // in the decision's own unit: tokens when the prompt was measured against
-                    // the KV-event index, else characters (counted once, by the match).
+                if self.attempts == 0 && side != Side::Decode {
+                    // The prediction beside the hit ratio the engines report (first try only,
+                    // where the prompt is computed), in the decision's own unit: tokens when the
+                    // prompt was measured against the KV-event index, else characters (counted
+                    // once, by the match).
                     let size = match (decision.request_size, measured) {
                         (0, Some(tokens)) => tokens,
                         (0, None) => crate::base::text::char_count(self.info.text.as_bytes()),
@@ -376,7 +419,7 @@ impl<'a> Exchange<'a> {
                     crate::metrics::insert_skipped();
                 } else {
                     let text = learned_text(self.body, &self.info.text);
-                    gw.router.learn(self.tree, text, worker.id, epoch, now_ms);
+                    router.learn(self.tree, text, worker.id, epoch, now_ms);
                 }
                 if let (true, Some(kv)) = (measured, &gw.kv) {
                     // The prompt's chain is still in this core's scratch: nothing awaited since.
@@ -395,25 +438,49 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    /// The policy's decision (routed) or any selectable worker (pass-through), with the
-    /// snapshot epoch it saw and, when the prompt was measured against the KV-event index, its
-    /// token count (its block chain is then in this core's scratch).
-    fn choose(&self, workers: &[WorkerId], now_ms: u64) -> (Option<Decision>, u64, Option<usize>) {
+    /// The workers of `side` this request already failed on.
+    fn excluded_on(&mut self, side: Side) -> &mut Vec<WorkerId> {
+        match side {
+            Side::Decode => &mut self.excluded_decode,
+            _ => &mut self.excluded,
+        }
+    }
+
+    /// `router`'s decision among `workers` (routed) or any selectable worker (pass-through),
+    /// with the snapshot epoch it saw and, when the prompt was measured against the KV-event
+    /// index, its token count (its block chain is then in this core's scratch).
+    fn choose(
+        &self,
+        router: &Router,
+        side: Side,
+        workers: &[WorkerId],
+        now_ms: u64,
+    ) -> (Option<Decision>, u64, Option<usize>) {
         let gw = self.gw;
         let rng = &mut self.core.rng.borrow_mut();
+        let exclude = match side {
+            Side::Decode => &self.excluded_decode,
+            _ => &self.excluded,
+        };
         match self.forwarding {
             Forwarding::PassThrough => {
                 let w = gw
                     .registry
                     .loads
-                    .pick_random_eligible(workers, &self.excluded, rng);
+                    .pick_random_eligible(workers, exclude, rng);
                 (w.map(|w| Decision::plain(w, Branch::Random)), 0, None)
             }
             Forwarding::Routed(_) => {
                 let mut scratch = self.core.kv.borrow_mut();
                 let exact_workers = gw.kv.as_ref().map(|kv| kv.exact_workers());
+                // The prompt is computed on this side: measure it (decode gets it handed over).
+                let computes = side != Side::Decode;
                 let measured = match (&gw.kv, &self.prompt) {
-                    (Some(kv), Some(tokens)) => self.measure(kv, tokens, &mut scratch, now_ms),
+                    (Some(kv), Some(tokens))
+                        if computes && router.policy.kind() == PolicyKind::CacheAware =>
+                    {
+                        self.measure(kv, tokens, &mut scratch, now_ms)
+                    }
                     _ => None,
                 };
                 let exact = measured.map(|prompt_tokens| ExactInput {
@@ -425,16 +492,18 @@ impl<'a> Exchange<'a> {
                 let input = RouteInput {
                     text: &self.info.text,
                     routing_key: self.routing_key,
-                    target_worker: self.head.header("x-smg-target-worker"),
+                    target_worker: if computes {
+                        self.head.header("x-smg-target-worker")
+                    } else {
+                        None
+                    },
                     hash_key: self.hash_key,
-                    exclude: &self.excluded,
+                    exclude,
                     now_ms,
                     recent: None,
                     exact,
                 };
-                let (d, epoch) =
-                    gw.router
-                        .choose(self.tree, input, workers, &gw.registry.loads, rng);
+                let (d, epoch) = router.choose(self.tree, input, workers, &gw.registry.loads, rng);
                 (d, epoch, measured)
             }
         }
@@ -476,17 +545,9 @@ impl<'a> Exchange<'a> {
         picked: &Picked<'_>,
     ) -> Result<UpstreamResponse, Failure> {
         let worker = &picked.worker;
-        let retry = self.attempts < self.gw.retry.max_attempts && Instant::now() < self.deadline;
-        let req = UpstreamRequest::build(
-            self.head.method(),
-            self.head.target(),
-            Some(self.head),
-            self.client_ip,
-            &worker.authority,
-            &self.request_id,
-            self.body_for(worker)?,
-        );
-        let connect_timeout = Duration::from_secs(self.gw.cfg.connect_timeout_secs);
+        let retry = self.may_retry();
+        let req = self.upstream_request(worker, self.body_for(worker)?);
+        let connect_timeout = self.connect_timeout();
         let is_head = self.head.method_kind() == Method::Head;
         let pool = &self.core.pool;
         self.core.busy.touch();
@@ -531,7 +592,7 @@ impl<'a> Exchange<'a> {
                 .map(Bytes::from)
                 .map_err(|e| {
                     Failure::Worker(WorkerFailure {
-                        error: GatewayError::new(400, e.0),
+                        error: GatewayError::bad_request(e.0),
                         connect: false,
                         local: true,
                         breaker_success: true,
@@ -546,6 +607,17 @@ impl<'a> Exchange<'a> {
     /// let the next `pick` exclude that worker, or give up with the error the client gets.
     async fn retry_after(
         &mut self,
+        picked: Picked<'a>,
+        failure: WorkerFailure,
+    ) -> Result<(), GatewayError> {
+        self.retry_after_on(Side::Any, picked, failure).await
+    }
+
+    /// [`Exchange::retry_after`] for the worker of `side` that failed (PD mode: the pair's other
+    /// worker was released by the caller, unrecorded: its request was dropped, not failed).
+    pub(super) async fn retry_after_on(
+        &mut self,
+        side: Side,
         mut picked: Picked<'a>,
         failure: WorkerFailure,
     ) -> Result<(), GatewayError> {
@@ -563,13 +635,13 @@ impl<'a> Exchange<'a> {
             return Err(failure.error);
         }
         self.last_error = Some(failure.error);
-        self.excluded.push(worker.id);
+        self.excluded_on(side).push(worker.id);
         crate::metrics::retry();
         self.backoff().await;
         Ok(())
     }
 
-    pub(super) async fn backoff(&self) {
+    async fn backoff(&self) {
         let u = self.core.rng.borrow_mut().unit();
         let retry = &self.gw.retry;
         let delay = Duration::from_millis(retry.delay_ms(self.attempts.saturating_sub(1), u));
@@ -585,43 +657,20 @@ impl<'a> Exchange<'a> {
         picked: Picked<'a>,
         up: UpstreamResponse,
     ) -> Outcome {
-        let gw = self.gw;
         let mut picked = picked;
         let worker = picked.worker.clone();
         let status = up.head.status;
         let chunked = matches!(up.head.framing, BodyFraming::Chunked);
-        let mut capture = match self.forwarding {
-            Forwarding::Routed(api)
-                if gw.cfg.insert_response_text && picked.decision.insert_text =>
-            {
-                Some(Capture::new(api, chunked))
-            }
-            _ => None,
-        };
-        let how = RelayTo {
-            worker: &worker,
-            request_id: &self.request_id,
-            client_keep_alive: self.head.keep_alive,
-            client_http10: self.head.is_http10(),
-            deadline: self.deadline,
-            shutting_down: gw.life.is_shutting_down(),
-        };
+        let mut capture = self.capture_for(&picked, chunked);
+        let how = self.relay_to(&worker);
         let relayed = relay::relay(&self.core.pool, client, up, how, capture.as_mut()).await;
         // One outcome per request, once the answer is over (a probe holds its slot until then).
         let success = !is_worker_failure(status) && !relayed.upstream_broke;
-        gw.record_outcome(&mut picked.slot, success);
+        self.record(&mut picked, success);
+        self.completed(&picked);
         drop(picked);
-        worker
-            .completed
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = relayed.first_body_at {
-            crate::metrics::ttft(t.duration_since(self.started));
-        }
-        if relayed.complete && (200..300).contains(&status) {
-            if let Some(reply) = capture.and_then(|c| c.reply()) {
-                self.learn_reply(&reply, worker.id);
-            }
-        }
+        self.first_byte(relayed.first_body_at);
+        self.learn_captured(capture, relayed.complete, status, worker.id);
         Outcome {
             status,
             keep_alive: relayed.client_keep_alive,
@@ -640,6 +689,143 @@ impl<'a> Exchange<'a> {
         let router = &self.gw.router;
         let now = self.gw.life.now_ms();
         router.learn(self.tree, Bytes::from(full), worker, router.epoch(), now);
+    }
+
+    /// The request to `worker` with `body`: the client's method, target and end-to-end headers,
+    /// this request's id, the client appended to `X-Forwarded-For`.
+    pub(super) fn upstream_request(&self, worker: &Worker, body: Bytes) -> UpstreamRequest {
+        UpstreamRequest::build(
+            self.head.method(),
+            self.head.target(),
+            Some(self.head),
+            self.client_ip,
+            &worker.authority,
+            &self.request_id,
+            body,
+        )
+    }
+
+    /// Whether a failed attempt may be followed by another (attempts and time remain).
+    pub(super) fn may_retry(&self) -> bool {
+        self.attempts < self.gw.retry.max_attempts && Instant::now() < self.deadline
+    }
+
+    /// Count one attempt (PD mode: one per pair).
+    pub(super) fn count_attempt(&mut self) {
+        self.attempts += 1;
+    }
+
+    /// How an answer from `worker` is relayed to this client.
+    pub(super) fn relay_to<'w>(&'w self, worker: &'w Worker) -> RelayTo<'w> {
+        RelayTo {
+            worker,
+            request_id: &self.request_id,
+            client_keep_alive: self.head.keep_alive,
+            client_http10: self.head.is_http10(),
+            deadline: self.deadline,
+            shutting_down: self.gw.life.is_shutting_down(),
+        }
+    }
+
+    /// This core's upstream connections.
+    pub(super) fn pool(&self) -> &'a crate::proxy::pool::Pool {
+        &self.core.pool
+    }
+
+    /// The client's body as it came.
+    pub(super) fn body(&self) -> &'a Bytes {
+        self.body
+    }
+
+    /// When the whole request must be over.
+    pub(super) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// What pairing needs of the body (read with the routing text, in the same pass).
+    pub(super) fn body_shape(&self) -> &crate::route::extract::BodyShape {
+        &self.info.shape
+    }
+
+    /// The client asked for a streamed answer.
+    pub(super) fn streamed(&self) -> bool {
+        self.info.stream
+    }
+
+    /// How long connecting to a worker may take.
+    pub(super) fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(self.gw.cfg.connect_timeout_secs)
+    }
+
+    /// A random number from this core's generator (bootstrap rooms).
+    pub(super) fn random_u64(&self) -> u64 {
+        self.core.rng.borrow_mut().next_u64()
+    }
+
+    /// Requests are about to go to workers: this core's busy-poll window opens.
+    pub(super) fn touch(&self) {
+        self.core.busy.touch();
+    }
+
+    /// The outcome of `picked`'s attempt, for its circuit.
+    pub(super) fn record(&self, picked: &mut Picked<'_>, success: bool) {
+        self.gw.record_outcome(&mut picked.slot, success);
+    }
+
+    /// `picked` served the request to its end.
+    pub(super) fn completed(&self, picked: &Picked<'_>) {
+        picked
+            .worker
+            .completed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The first answer byte left for the client at `at`.
+    pub(super) fn first_byte(&self, at: Option<Instant>) {
+        if let Some(t) = at {
+            crate::metrics::ttft(t.duration_since(self.started));
+        }
+    }
+
+    /// With `--insert-response-text`, what records the reply from `picked` (`chunked`: its
+    /// framing) so the next turn matches this one's whole history.
+    pub(super) fn capture_for(&self, picked: &Picked<'_>, chunked: bool) -> Option<Capture> {
+        match self.forwarding {
+            Forwarding::Routed(api)
+                if self.gw.cfg.insert_response_text && picked.decision.insert_text =>
+            {
+                Some(Capture::new(api, chunked))
+            }
+            _ => None,
+        }
+    }
+
+    /// Learn the captured reply of a complete 2xx answer for `worker` (the side whose cache
+    /// will hold the next turn's prefix: the regular worker, or PD's prefill worker).
+    pub(super) fn learn_captured(
+        &self,
+        capture: Option<Capture>,
+        complete: bool,
+        status: u16,
+        worker: WorkerId,
+    ) {
+        if complete && (200..300).contains(&status) {
+            if let Some(reply) = capture.and_then(|c| c.reply()) {
+                self.learn_reply(&reply, worker);
+            }
+        }
+    }
+
+    /// Write `reply` (a whole answer the gateway composed) with this request's id.
+    pub(super) async fn send_reply(&self, client: &mut TcpStream, reply: &Reply) -> Outcome {
+        super::reply::send(
+            client,
+            reply,
+            Some(&self.request_id),
+            self.head.keep_alive,
+            false,
+        )
+        .await
     }
 
     /// Answer `e` with this request's id.

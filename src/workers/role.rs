@@ -65,6 +65,15 @@ pub enum Side {
 }
 
 impl Side {
+    /// The side's name in messages (`any` outside PD mode).
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::Any => "any",
+            Side::Prefill => "prefill",
+            Side::Decode => "decode",
+        }
+    }
+
     /// Whether a worker of `role` is picked from this side.
     pub fn takes(self, role: Role) -> bool {
         match self {

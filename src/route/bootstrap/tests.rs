@@ -1,4 +1,5 @@
 use super::*;
+use crate::route::extract::extract;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -96,7 +97,8 @@ fn batches_get_one_room_per_item_and_client_values_lose() {
 
 #[test]
 fn batch_shapes_follow_the_api() {
-    let shape = |api, body: &str| pd_shape(api, body.as_bytes()).unwrap().batch;
+    let of = |api, body: &str| pd_shape(api, &extract(api, body.as_bytes()).unwrap().shape);
+    let shape = |api, body: &str| of(api, body).unwrap().batch;
     assert_eq!(shape(Api::Generate, r#"{"text":"a"}"#), None);
     assert_eq!(shape(Api::Generate, r#"{"text":["a","b"]}"#), Some(2));
     assert_eq!(shape(Api::Generate, r#"{"input_ids":[1,2,3]}"#), None);
@@ -115,12 +117,24 @@ fn batch_shapes_follow_the_api() {
         None,
         "lenient"
     );
-    assert!(pd_shape(Api::Chat, br#"{"n":100000}"#).is_err());
-    let lp = |body: &str| {
-        pd_shape(Api::Generate, body.as_bytes())
-            .unwrap()
-            .return_logprob
-    };
+    assert!(of(Api::Chat, r#"{"messages":[],"n":100000}"#).is_err());
+    assert_eq!(shape(Api::Generate, r#"{"text":[]}"#), Some(0));
+    assert_eq!(
+        shape(Api::Generate, r#"{"text":"a","input_ids":[[1],[2]]}"#),
+        Some(2),
+        "a batch of token lists beside one text"
+    );
+    // A batch past the routing text's cap is still counted whole.
+    let many: Vec<String> = (0..3000)
+        .map(|i| format!("\"prompt number {i} {}\"", "x".repeat(60)))
+        .collect();
+    let body = format!(r#"{{"prompt":[{}]}}"#, many.join(","));
+    assert_eq!(shape(Api::Completions, &body), Some(3000));
+    let lp = |body: &str| of(Api::Generate, body).unwrap().return_logprob;
+    assert!(
+        !lp(r#"{"text":"a","return_logprob":1}"#),
+        "lenient: not a bool"
+    );
     assert!(lp(
         r#"{"text":"a","return_logprob":true,"logprob_start_len":0}"#
     ));
@@ -237,6 +251,7 @@ fn bootstrap_fields_and_the_dp_rank_go_in_together() {
     let added = Added {
         bootstrap: Some(b),
         dp_rank: Some(1),
+        prefill_dp_rank: None,
     };
     let out = splice_fields(br#"{"a":1}"#, &added).unwrap();
     assert_eq!(out.capacity(), out.len());
@@ -278,6 +293,7 @@ fn a_clients_own_gateway_fields_are_replaced_not_duplicated() {
     let added = Added {
         bootstrap: None,
         dp_rank: Some(3),
+        prefill_dp_rank: None,
     };
     for (body, want) in [
         (
@@ -339,4 +355,39 @@ fn a_clients_own_gateway_fields_are_replaced_not_duplicated() {
     assert_eq!(out.matches("bootstrap_host").count(), 1, "{out}");
     assert_eq!(out.matches("bootstrap_room").count(), 1, "{out}");
     assert_eq!(out.matches("bootstrap_port").count(), 1, "{out}");
+}
+
+#[test]
+fn the_decode_side_learns_its_prefill_twins_rank() {
+    let b = Bootstrap {
+        host: "10.0.0.1",
+        port: Some(8998),
+        rooms: &[5],
+        batch: false,
+    };
+    let added = Added {
+        bootstrap: Some(b),
+        dp_rank: Some(2),
+        prefill_dp_rank: Some(7),
+    };
+    let body = br#"{"text":"hi","disagg_prefill_dp_rank":1,"data_parallel_rank":0}"#;
+    let out = splice_fields(body, &added).unwrap();
+    assert_eq!(
+        out.capacity(),
+        out.len(),
+        "one allocation of the exact size"
+    );
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["data_parallel_rank"], 2);
+    assert_eq!(v["disagg_prefill_dp_rank"], 7);
+    assert_eq!(v["bootstrap_room"], 5);
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(text.matches("disagg_prefill_dp_rank").count(), 1, "{text}");
+    // Only the prefill twin's rank, without a bootstrap (never sent so, but well formed).
+    let only = Added {
+        prefill_dp_rank: Some(3),
+        ..Added::default()
+    };
+    let out = splice_fields(br#"{}"#, &only).unwrap();
+    assert_eq!(out, br#"{"disagg_prefill_dp_rank":3}"#);
 }

@@ -47,11 +47,10 @@ pub async fn abort(
     peer: Option<IpAddr>,
 ) -> Result<Reply, GatewayError> {
     let req: AbortBody = serde_json::from_slice(body)
-        .map_err(|e| GatewayError::new(400, format!("invalid abort_request body: {e}")))?;
+        .map_err(|e| GatewayError::bad_request(format!("invalid abort_request body: {e}")))?;
     let rid = req.rid.as_deref().filter(|r| !r.is_empty());
     if rid.is_none() && !req.abort_all {
-        return Err(GatewayError::new(
-            400,
+        return Err(GatewayError::bad_request(
             "`rid` (or `\"abort_all\": true`) is required",
         ));
     }
@@ -91,13 +90,11 @@ pub async fn abort(
         if req.abort_all {
             // The caller passed the route's check: known, but not allowed this.
             crate::log!(Debug, "abort_all refused: {}", no.message);
-            return Err(GatewayError::new(
-                403,
+            return Err(GatewayError::forbidden(
                 "aborting every request needs the admin key (--admin-api-key)",
             ));
         }
-        return Err(GatewayError::new(
-            404,
+        return Err(GatewayError::not_found(
             "no request with this rid is in flight for this caller",
         ));
     }

@@ -118,7 +118,7 @@ async fn merge_models(core: &Rc<Core>) -> Result<Value, GatewayError> {
         }
     }
     if answered == 0 && !gw.registry.load().is_empty() {
-        return Err(GatewayError::new(503, "no worker answered /v1/models"));
+        return Err(GatewayError::unavailable("no worker answered /v1/models"));
     }
     Ok(json!({"object": "list", "data": data}))
 }

@@ -94,8 +94,7 @@ pub fn server_info(gw: &Gateway) -> Reply {
 /// the thread is off (`--worker-metrics-interval-secs 0`).
 pub fn engine_metrics(gw: &Gateway) -> Result<Reply, GatewayError> {
     if !gw.telemetry.enabled() {
-        return Err(GatewayError::new(
-            503,
+        return Err(GatewayError::unavailable(
             "engine metrics are not collected (--worker-metrics-interval-secs 0)",
         ));
     }

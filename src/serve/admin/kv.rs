@@ -17,9 +17,9 @@ const EXPORT_POLL: Duration = Duration::from_millis(2);
 /// The index as the event thread exports it.
 pub async fn snapshot(gw: &Gateway) -> Result<Reply, GatewayError> {
     let Some(kv) = &gw.kv else {
-        return Err(GatewayError::new(404, "KV events are off (--kv-events)"));
+        return Err(GatewayError::not_found("KV events are off (--kv-events)"));
     };
-    let busy = || GatewayError::new(503, "the KV event thread is busy; try again");
+    let busy = || GatewayError::unavailable("the KV event thread is busy; try again");
     let Some(started) = kv.export() else {
         return Err(GatewayError::busy("/kv_index/snapshot"));
     };
@@ -28,7 +28,7 @@ pub async fn snapshot(gw: &Gateway) -> Result<Reply, GatewayError> {
     loop {
         match rx.try_recv() {
             Ok(Some(bytes)) => return Ok(Reply::bytes(200, bytes)),
-            Ok(None) => return Err(GatewayError::new(404, "no KV index to export")),
+            Ok(None) => return Err(GatewayError::not_found("no KV index to export")),
             Err(TryRecvError::Disconnected) => return Err(busy()),
             Err(TryRecvError::Empty) if Instant::now() >= until => return Err(busy()),
             Err(TryRecvError::Empty) => monoio::time::sleep(EXPORT_POLL).await,

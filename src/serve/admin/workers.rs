@@ -64,7 +64,7 @@ pub fn get(gw: &Gateway, head: &RequestHead) -> Result<Reply, GatewayError> {
         .find(|w| w.id.to_string() == id || w.url == id);
     match found {
         Some(w) => Ok(Reply::json(200, &worker_json(gw, w))),
-        None => Err(GatewayError::new(404, format!("no worker {id}"))),
+        None => Err(GatewayError::not_found(format!("no worker {id}"))),
     }
 }
 
@@ -81,12 +81,12 @@ pub struct AddRequest {
 pub async fn add(core: &Core, req: AddRequest, created: u16) -> Result<Reply, GatewayError> {
     let url = req
         .url
-        .ok_or_else(|| GatewayError::new(400, "a worker `url` is required"))?;
-    let role = req.role.map_err(|e| GatewayError::new(400, e))?;
+        .ok_or_else(|| GatewayError::bad_request("a worker `url` is required"))?;
+    let role = req.role.map_err(GatewayError::bad_request)?;
     match register(core, &url, role).await {
         Ok(added) => {
             let Some(w) = added.first() else {
-                return Err(GatewayError::new(500, "no worker was added"));
+                return Err(GatewayError::internal("no worker was added"));
             };
             let mut body = worker_json(&core.gw, w);
             if w.dp.is_some() {
@@ -94,11 +94,10 @@ pub async fn add(core: &Core, req: AddRequest, created: u16) -> Result<Reply, Ga
             }
             Ok(Reply::json(created, &body))
         }
-        Err(RegistryError::Duplicate(u)) => Err(GatewayError::new(
-            409,
-            format!("worker {u} is already registered"),
-        )),
-        Err(e) => Err(GatewayError::new(400, e.to_string())),
+        Err(RegistryError::Duplicate(u)) => Err(GatewayError::conflict(format!(
+            "worker {u} is already registered"
+        ))),
+        Err(e) => Err(GatewayError::bad_request(e.to_string())),
     }
 }
 
@@ -106,9 +105,9 @@ pub async fn add(core: &Core, req: AddRequest, created: u16) -> Result<Reply, Ga
 pub fn remove(gw: &Gateway, key: &str, removed: u16) -> Result<Reply, GatewayError> {
     let gone = gw
         .remove_worker(key)
-        .map_err(|e| GatewayError::new(404, e.to_string()))?;
+        .map_err(|e| GatewayError::not_found(e.to_string()))?;
     let Some(w) = gone.first() else {
-        return Err(GatewayError::new(404, format!("no worker {key}")));
+        return Err(GatewayError::not_found(format!("no worker {key}")));
     };
     let in_flight: u32 = gone.iter().map(|w| gw.registry.loads.in_flight(w.id)).sum();
     let mut body = json!({"removed": w.server_url, "id": w.id.to_string(), "in_flight": in_flight});
@@ -128,7 +127,9 @@ async fn register(core: &Core, url: &str, role: Role) -> Result<Vec<Arc<Worker>>
         Some(a) => a,
         None => resolve_off_core(&parsed).await?,
     };
-    let dp_size = if gw.cfg.dp_aware && role == Role::Regular && !gw.cfg.pd_disaggregation {
+    // Every role: in PD mode each side's ranks are targets of their own (the decode body also
+    // names its prefill twin's rank).
+    let dp_size = if gw.cfg.dp_aware {
         let probe = Worker::detached(url, parsed.clone(), addrs.clone());
         let n = crate::gateway::dp::fetch_dp_size(&core.pool, &probe)
             .await

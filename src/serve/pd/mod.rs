@@ -1,38 +1,35 @@
-//! One request in prefill/decode disaggregation (`--pd-disaggregation`), as the regular
-//! exchange's phases for a *pair* of workers:
+//! One request in prefill/decode disaggregation (`--pd-disaggregation`): the regular
+//! [`Exchange`] with a *pair* of workers as its target. What is shared (admission, the
+//! tokenize phase, each side's pick with KV-event measurement and tree inserts, retries and
+//! their exclusions, relay settings) is the exchange's; what is PD's own lives here:
 //!
-//! - **admit**: the regular [`Exchange::admit`], then the body's shape (batch size, logprobs);
-//! - **pick**: the prefill side's policy picks a prefill worker (cache_aware by default: the
-//!   prompt's cache lives there), the decode side's policy a decode worker; each circuit admits,
-//!   each is counted in flight, each side's tree learns the text;
-//! - **attempt**: the bootstrap fields spliced into the body ([`crate::route::bootstrap`]), the
-//!   same bytes sent to both at once; a failure on either side ends the attempt at once (the
-//!   other request is dropped, which aborts it on its worker);
+//! - **pick**: a prefill worker, then a decode worker, each by its own side's policy;
+//! - **attempt**: the bootstrap fields (and with `--dp-aware` each side's rank, decode also its
+//!   twin's) spliced into the body ([`crate::route::bootstrap`]), sent to both at once; a
+//!   failure on either side ends the attempt at once (the other request is dropped, which aborts
+//!   it on its worker);
 //! - **retry_after**: the failing side's circuit and health, that worker excluded, a new pair;
 //! - **commit**: the decode answer relayed as it arrives while the prefill answer is read to its
-//!   end; both workers stay counted in flight until both are done. A non-streaming `/generate`
-//!   that asked for logprobs gets prefill's input logprobs merged in ([`merge`]).
+//!   end; both workers stay counted in flight until both are done. A `/generate` that asked for
+//!   logprobs gets prefill's input logprobs merged in ([`merge`]); with
+//!   `--insert-response-text` the reply is learned for the prefill worker.
 
 mod merge;
 
 use super::error::GatewayError;
-use super::exchange::{
-    learned_text, recycle_exclusions, Exchange, Forwarding, InFlight, Picked, WorkerFailure,
-};
-use super::reply::{send, Reply};
+use super::exchange::{Exchange, Forwarding, Picked, WorkerFailure};
+use super::reply::Reply;
 use super::Outcome;
-use crate::base::WorkerId;
-use crate::gateway::{Core, Router};
+use crate::gateway::Core;
 use crate::http::{BodyFraming, RequestHead};
 use crate::proxy::discard::discard_body;
 use crate::proxy::forward::{self, UpstreamError, UpstreamRequest, UpstreamResponse};
 use crate::proxy::io::closed_by_peer;
 use crate::proxy::pool::Pool;
-use crate::proxy::relay::{self, RelayTo};
+use crate::proxy::relay;
 use crate::proxy::retry::is_retryable_status;
-use crate::route::bootstrap::{self, Bootstrap, PdShape};
+use crate::route::bootstrap::{self, Added, Bootstrap, PdShape};
 use crate::route::extract::Api;
-use crate::route::types::RouteInput;
 use crate::workers::breaker::is_worker_failure;
 use crate::workers::registry::Worker;
 use crate::workers::role::{Role, Side};
@@ -68,31 +65,26 @@ pub async fn handle(
     api: Api,
 ) -> Outcome {
     if !matches!(api, Api::Generate | Api::Chat | Api::Completions) {
-        let e = GatewayError::new(
-            501,
+        let e = GatewayError::not_implemented(
             "this endpoint is not served in prefill/decode disaggregation mode",
         );
         return super::reply::send_error(client, Some(head), &e, None).await;
     }
     let client_ip = client.peer_addr().ok().map(|a| a.ip());
     let forwarding = Forwarding::Routed(api);
-    let ex = match Exchange::admit(core, head, &body, forwarding, client_ip).await {
+    let mut ex = match Exchange::admit(core, head, &body, forwarding, client_ip).await {
         Ok(ex) => ex,
         Err(refused) => {
             let id = refused.request_id.as_deref();
             return super::reply::send_error(client, Some(head), &refused.error, id).await;
         }
     };
-    let shape = match bootstrap::pd_shape(api, &body) {
+    let shape = match bootstrap::pd_shape(api, ex.body_shape()) {
         Ok(s) => s,
-        Err(e) => return ex.fail(client, GatewayError::new(400, e.0)).await,
+        Err(e) => return ex.fail(client, GatewayError::bad_request(e.0)).await,
     };
-    let mut pd = PdExchange {
-        ex,
-        api,
-        shape,
-        excluded_decode: Vec::new(),
-    };
+    ex.tokenize().await;
+    let mut pd = PdExchange { ex, api, shape };
     loop {
         let pair = match pd.pick() {
             Ok(p) => p,
@@ -149,134 +141,45 @@ enum Answer {
     Only(PairSide, UpstreamResponse),
 }
 
-/// One PD request's state across its attempts: the regular exchange (its `excluded` list holds
-/// the failed prefill workers) plus the decode side's exclusions.
+/// One PD request's state across its attempts: the regular exchange (which keeps each side's
+/// failed workers) and what pairing needs of the body.
 struct PdExchange<'a> {
     ex: Exchange<'a>,
     api: Api,
     shape: PdShape,
-    excluded_decode: Vec<WorkerId>,
 }
 
 impl<'a> PdExchange<'a> {
-    /// Phase *pick*: a prefill worker, then a decode worker, each by its own side's policy.
+    /// Phase *pick*: a prefill worker, then a decode worker, each by its own side's policy
+    /// (the exchange's own pick: KV-event measurement, target-worker header, tree inserts).
     fn pick(&mut self) -> Result<Pair<'a>, GatewayError> {
-        let gw = self.ex.gw;
-        let Some(decode_router) = gw.decode.as_ref() else {
-            return Err(GatewayError::new(
-                500,
-                "prefill/decode mode is not configured",
-            ));
-        };
-        let prefill = self.pick_side(&gw.router, Side::Prefill)?;
-        let decode = self.pick_side(decode_router, Side::Decode)?;
-        self.ex.attempts += 1;
+        let prefill = self.ex.pick_on(Side::Prefill)?;
+        let decode = self.ex.pick_on(Side::Decode)?;
+        self.ex.count_attempt();
         Ok(Pair { prefill, decode })
     }
 
-    /// One side's worker: the policy's choice among that side's workers, its circuit admitting,
-    /// counted in flight, the text learned on that side's tree.
-    fn pick_side(&mut self, router: &'a Router, side: Side) -> Result<Picked<'a>, GatewayError> {
-        let gw = self.ex.gw;
-        let mut recycled = false;
-        loop {
-            let list = gw.registry.load_full();
-            let ids = match side {
-                Side::Decode => &list.decode_ids,
-                _ => &list.prefill_ids,
-            };
-            let now_ms = gw.life.now_ms();
-            let exclude = match side {
-                Side::Decode => &self.excluded_decode,
-                _ => &self.ex.excluded,
-            };
-            let input = RouteInput {
-                text: &self.ex.info.text,
-                routing_key: self.ex.routing_key,
-                target_worker: None,
-                hash_key: self.ex.hash_key,
-                exclude,
-                now_ms,
-                recent: None,
-                exact: None,
-            };
-            let (decision, epoch) = {
-                let rng = &mut self.ex.core.rng.borrow_mut();
-                router.choose(self.ex.tree, input, ids, &gw.registry.loads, rng)
-            };
-            let Some(decision) = decision else {
-                let after_a_failure = self.ex.last_error.is_some();
-                let excluded = match side {
-                    Side::Decode => &mut self.excluded_decode,
-                    _ => &mut self.ex.excluded,
-                };
-                if recycle_exclusions(excluded, after_a_failure, &mut recycled) {
-                    continue;
-                }
-                return Err(self.ex.last_error.take().unwrap_or_else(|| {
-                    let which = if side == Side::Decode {
-                        "decode"
-                    } else {
-                        "prefill"
-                    };
-                    GatewayError::new(
-                        503,
-                        if ids.is_empty() {
-                            format!("no {which} workers are registered")
-                        } else {
-                            format!("no available {which} workers (all unhealthy or circuits open)")
-                        },
-                    )
-                }));
-            };
-            let slot = list
-                .get(decision.worker)
-                .filter(|w| side.takes(w.role))
-                .and_then(|w| w.admit(&gw.breaker));
-            let Some(slot) = slot else {
-                router
-                    .policy
-                    .request_finished(self.ex.routing_key, decision.worker, now_ms);
-                match side {
-                    Side::Decode => self.excluded_decode.push(decision.worker),
-                    _ => self.ex.excluded.push(decision.worker),
-                }
-                continue;
-            };
-            let worker = slot.worker().clone();
-            crate::metrics::selection(router.policy.kind().as_str(), decision.branch.as_str());
-            let in_flight =
-                InFlight::new(gw, router, worker.id, self.ex.routing_key, self.ex.id_key);
-            if decision.insert_text {
-                let text = learned_text(self.ex.body, &self.ex.info.text);
-                router.learn(self.ex.tree, text, worker.id, epoch, now_ms);
-            }
-            return Ok(Picked {
-                _in_flight: in_flight,
-                worker,
-                slot,
-                decision,
-            });
-        }
-    }
-
-    /// The body for this pair: the client's bytes with the prefill worker's bootstrap fields and
-    /// fresh rooms spliced in (one allocation; a batch's rooms take one more).
-    fn paired_body(&self, prefill: &Worker) -> Result<Bytes, GatewayError> {
+    /// The bodies for this pair: the client's bytes with the prefill worker's bootstrap fields
+    /// and fresh rooms spliced in, and with `--dp-aware` each side's rank (decode also learns
+    /// its twin's, `disagg_prefill_dp_rank`, so the two ranks pair up). One body for both when
+    /// no rank differs.
+    fn paired_bodies(&self, pair: &Pair<'_>) -> Result<(Bytes, Bytes), GatewayError> {
+        let prefill = &pair.prefill.worker;
         let port = match prefill.role {
             Role::Prefill { bootstrap_port } => bootstrap_port,
             _ => None,
         };
-        let mut rng = self.ex.core.rng.borrow_mut();
         let mut one = [0u64; 1];
         let many: Vec<u64>;
         let rooms: &[u64] = match self.shape.batch {
             Some(n) => {
-                many = (0..n).map(|_| bootstrap::room(rng.next_u64())).collect();
+                many = (0..n)
+                    .map(|_| bootstrap::room(self.ex.random_u64()))
+                    .collect();
                 &many
             }
             None => {
-                one[0] = bootstrap::room(rng.next_u64());
+                one[0] = bootstrap::room(self.ex.random_u64());
                 &one
             }
         };
@@ -286,28 +189,31 @@ impl<'a> PdExchange<'a> {
             rooms,
             batch: self.shape.batch.is_some(),
         };
-        bootstrap::splice(self.ex.body, &b)
-            .map(Bytes::from)
-            .map_err(|e| GatewayError::new(400, e.0))
+        let p_rank = prefill.dp.map(|d| d.rank);
+        let d_rank = pair.decode.worker.dp.map(|d| d.rank);
+        let splice = |dp_rank, prefill_dp_rank| {
+            let added = Added {
+                bootstrap: Some(b),
+                dp_rank,
+                prefill_dp_rank,
+            };
+            bootstrap::splice_fields(self.ex.body(), &added)
+                .map(Bytes::from)
+                .map_err(|e| GatewayError::bad_request(e.0))
+        };
+        let p_body = splice(p_rank, None)?;
+        let d_body = if p_rank.is_none() && d_rank.is_none() {
+            p_body.clone()
+        } else {
+            splice(d_rank, p_rank)?
+        };
+        Ok((p_body, d_body))
     }
 
-    fn request_for(&self, worker: &Worker, body: Bytes) -> UpstreamRequest {
-        let head = self.ex.head;
-        UpstreamRequest::build(
-            head.method(),
-            head.target(),
-            Some(head),
-            self.ex.client_ip,
-            &worker.authority,
-            &self.ex.request_id,
-            body,
-        )
-    }
-
-    /// Phase *attempt*: the paired body to both workers at once, raced against the client
+    /// Phase *attempt*: the paired bodies to both workers at once, raced against the client
     /// leaving. Either side failing ends the attempt without waiting for the other.
     async fn attempt(&self, client: &TcpStream, pair: &Pair<'_>) -> Result<Answer, PdFailure> {
-        let body = match self.paired_body(&pair.prefill.worker) {
+        let (p_body, d_body) = match self.paired_bodies(pair) {
             Ok(b) => b,
             Err(e) => {
                 return Err(PdFailure::Worker(
@@ -322,18 +228,16 @@ impl<'a> PdExchange<'a> {
                 ))
             }
         };
-        let preq = self.request_for(&pair.prefill.worker, body.clone());
-        let dreq = self.request_for(&pair.decode.worker, body);
-        let retry =
-            self.ex.attempts < self.ex.gw.retry.max_attempts && Instant::now() < self.ex.deadline;
-        self.ex.core.busy.touch();
+        let preq = self.ex.upstream_request(&pair.prefill.worker, p_body);
+        let dreq = self.ex.upstream_request(&pair.decode.worker, d_body);
+        self.ex.touch();
         let both = both_heads(
-            &self.ex.core.pool,
+            self.ex.pool(),
             [&pair.prefill.worker, &pair.decode.worker],
             [&preq, &dreq],
-            Duration::from_secs(self.ex.gw.cfg.connect_timeout_secs),
-            self.ex.deadline,
-            retry,
+            self.ex.connect_timeout(),
+            self.ex.deadline(),
+            self.ex.may_retry(),
         );
         monoio::select! {
             r = both => r,
@@ -353,42 +257,21 @@ impl<'a> PdExchange<'a> {
         side: PairSide,
         failure: WorkerFailure,
     ) -> Result<(), GatewayError> {
-        let Pair {
-            mut prefill,
-            mut decode,
-        } = pair;
-        let failed = match side {
-            PairSide::Prefill => &mut prefill,
-            PairSide::Decode => &mut decode,
+        let Pair { prefill, decode } = pair;
+        let (failed, other, side) = match side {
+            PairSide::Prefill => (prefill, decode, Side::Prefill),
+            PairSide::Decode => (decode, prefill, Side::Decode),
         };
-        let worker = failed.worker.clone();
-        if failure.connect {
-            self.ex.gw.on_connect_failure(&worker);
-        }
-        if !failure.local {
-            self.ex
-                .gw
-                .record_outcome(&mut failed.slot, failure.breaker_success);
-        }
-        drop(prefill);
-        drop(decode);
-        if !failure.retry {
-            return Err(failure.error);
-        }
-        self.ex.last_error = Some(failure.error);
-        match side {
-            PairSide::Prefill => self.ex.excluded.push(worker.id),
-            PairSide::Decode => self.excluded_decode.push(worker.id),
-        }
-        crate::metrics::retry();
-        self.ex.backoff().await;
-        Ok(())
+        drop(other);
+        self.ex.retry_after_on(side, failed, failure).await
     }
 
     /// Phase *commit*: bytes reach the client from here on. Both workers stay in flight until
-    /// both answers are over; each circuit records its own outcome.
+    /// both answers are over; each circuit records its own outcome. With
+    /// `--insert-response-text` the reply is learned for the prefill worker (where the next
+    /// turn's prompt is computed).
     async fn commit(self, client: &mut TcpStream, pair: Pair<'a>, answer: Answer) -> Outcome {
-        let gw = self.ex.gw;
+        let ex = &self.ex;
         let Pair {
             mut prefill,
             mut decode,
@@ -400,12 +283,13 @@ impl<'a> PdExchange<'a> {
                     PairSide::Decode => &mut decode,
                 };
                 let status = up.head.status;
-                let relayed = self.relay(client, &picked.worker, up).await;
-                let success = !is_worker_failure(status) && !relayed.upstream_broke;
-                gw.record_outcome(&mut picked.slot, success);
-                if let Some(t) = relayed.first_body_at {
-                    crate::metrics::ttft(t.duration_since(self.ex.started));
-                }
+                let how = ex.relay_to(&picked.worker);
+                let relayed = relay::relay(ex.pool(), client, up, how, None).await;
+                ex.record(
+                    picked,
+                    !is_worker_failure(status) && !relayed.upstream_broke,
+                );
+                ex.first_byte(relayed.first_body_at);
                 (status, relayed.client_keep_alive)
             }
             Answer::Both {
@@ -415,8 +299,8 @@ impl<'a> PdExchange<'a> {
                 let (status, keep, p_ok, d_ok) = self
                     .stream_merged(client, &prefill, &decode, pup, dup)
                     .await;
-                gw.record_outcome(&mut prefill.slot, p_ok);
-                gw.record_outcome(&mut decode.slot, d_ok);
+                ex.record(&mut prefill, p_ok);
+                ex.record(&mut decode, d_ok);
                 (status, keep)
             }
             Answer::Both {
@@ -425,8 +309,8 @@ impl<'a> PdExchange<'a> {
             } if self.wants_merge() => {
                 let (status, keep, p_ok, d_ok) =
                     self.merged(client, &prefill, &decode, pup, dup).await;
-                gw.record_outcome(&mut prefill.slot, p_ok);
-                gw.record_outcome(&mut decode.slot, d_ok);
+                ex.record(&mut prefill, p_ok);
+                ex.record(&mut decode, d_ok);
                 (status, keep)
             }
             Answer::Both {
@@ -434,25 +318,25 @@ impl<'a> PdExchange<'a> {
                 decode: dup,
             } => {
                 let status = dup.head.status;
-                let pool = &self.ex.core.pool;
+                let chunked = matches!(dup.head.framing, BodyFraming::Chunked);
+                let mut capture = ex.capture_for(&prefill, chunked);
+                let how = ex.relay_to(&decode.worker);
                 let (relayed, p_ok) = monoio::join!(
-                    self.relay(client, &decode.worker, dup),
-                    drain(pool, &prefill.worker, pup, self.ex.deadline)
+                    relay::relay(ex.pool(), client, dup, how, capture.as_mut()),
+                    drain(ex.pool(), &prefill.worker, pup, ex.deadline())
                 );
-                gw.record_outcome(&mut prefill.slot, p_ok);
-                let d_ok = !is_worker_failure(status) && !relayed.upstream_broke;
-                gw.record_outcome(&mut decode.slot, d_ok);
-                if let Some(t) = relayed.first_body_at {
-                    crate::metrics::ttft(t.duration_since(self.ex.started));
-                }
+                ex.record(&mut prefill, p_ok);
+                ex.record(
+                    &mut decode,
+                    !is_worker_failure(status) && !relayed.upstream_broke,
+                );
+                ex.first_byte(relayed.first_body_at);
+                ex.learn_captured(capture, relayed.complete, status, prefill.worker.id);
                 (status, relayed.client_keep_alive)
             }
         };
-        for p in [&prefill, &decode] {
-            p.worker
-                .completed
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+        ex.completed(&prefill);
+        ex.completed(&decode);
         drop(prefill);
         drop(decode);
         Outcome { status, keep_alive }
@@ -461,13 +345,13 @@ impl<'a> PdExchange<'a> {
     /// Whether this answer gets prefill's input logprobs merged in whole: a non-streaming
     /// `/generate` with `return_logprob`.
     fn wants_merge(&self) -> bool {
-        self.api == Api::Generate && self.shape.return_logprob && !self.ex.info.stream
+        self.api == Api::Generate && self.shape.return_logprob && !self.ex.streamed()
     }
 
     /// Whether each event of this streamed answer gets prefill's input logprobs merged in: a
     /// streaming `/generate` with `return_logprob`.
     fn wants_stream_merge(&self) -> bool {
-        self.api == Api::Generate && self.shape.return_logprob && self.ex.info.stream
+        self.api == Api::Generate && self.shape.return_logprob && self.ex.streamed()
     }
 
     /// A streamed `/generate` with input logprobs: prefill's answer is read first (it is over
@@ -482,10 +366,10 @@ impl<'a> PdExchange<'a> {
         pup: UpstreamResponse,
         dup: UpstreamResponse,
     ) -> (u16, bool, bool, bool) {
-        let pool = &self.ex.core.pool;
-        let bound = merge::AnswerBound::of(self.ex.body);
+        let pool = self.ex.pool();
+        let bound = merge::AnswerBound::of(self.ex.body());
         let limit = buffer_limit(bound.as_ref().map(|b| b.prefill(true)));
-        let p = read_whole(pool, &prefill.worker, pup, self.ex.deadline, limit).await;
+        let p = read_whole(pool, &prefill.worker, pup, self.ex.deadline(), limit).await;
         let lists = match &p {
             Ok((_, body)) => merge::prefill_input_logprobs(body),
             // Nothing has reached the client yet: the decode request is dropped (aborted on
@@ -499,40 +383,14 @@ impl<'a> PdExchange<'a> {
             Err(Unread::Broke) => merge::PrefillLists::default(),
         };
         let status = dup.head.status;
-        let how = RelayTo {
-            worker: &decode.worker,
-            request_id: &self.ex.request_id,
-            client_keep_alive: self.ex.head.keep_alive,
-            client_http10: self.ex.head.is_http10(),
-            deadline: self.ex.deadline,
-            shutting_down: self.ex.gw.life.is_shutting_down(),
-        };
+        let how = self.ex.relay_to(&decode.worker);
         let mut rewrite = |event: &[u8], out: &mut bytes::BytesMut| {
             merge::merge_event(&lists, event, out);
         };
         let relayed = relay::relay_rewriting_events(pool, client, dup, how, &mut rewrite).await;
-        if let Some(t) = relayed.first_body_at {
-            crate::metrics::ttft(t.duration_since(self.ex.started));
-        }
+        self.ex.first_byte(relayed.first_body_at);
         let d_ok = !is_worker_failure(status) && !relayed.upstream_broke;
         (status, relayed.client_keep_alive, p.is_ok(), d_ok)
-    }
-
-    async fn relay(
-        &self,
-        client: &mut TcpStream,
-        worker: &Worker,
-        up: UpstreamResponse,
-    ) -> relay::Relayed {
-        let how = RelayTo {
-            worker,
-            request_id: &self.ex.request_id,
-            client_keep_alive: self.ex.head.keep_alive,
-            client_http10: self.ex.head.is_http10(),
-            deadline: self.ex.deadline,
-            shutting_down: self.ex.gw.life.is_shutting_down(),
-        };
-        relay::relay(&self.ex.core.pool, client, up, how, None).await
     }
 
     /// Both answers read whole (each no larger than a correct answer to this request can be),
@@ -547,9 +405,9 @@ impl<'a> PdExchange<'a> {
         pup: UpstreamResponse,
         dup: UpstreamResponse,
     ) -> (u16, bool, bool, bool) {
-        let pool = &self.ex.core.pool;
-        let deadline = self.ex.deadline;
-        let bound = merge::AnswerBound::of(self.ex.body);
+        let pool = self.ex.pool();
+        let deadline = self.ex.deadline();
+        let bound = merge::AnswerBound::of(self.ex.body());
         let p_limit = buffer_limit(bound.as_ref().map(|b| b.prefill(false)));
         let d_limit = buffer_limit(bound.as_ref().and_then(merge::AnswerBound::decode));
         let p = read_whole(pool, &prefill.worker, pup, deadline, p_limit);
@@ -577,8 +435,6 @@ impl<'a> PdExchange<'a> {
             let (status, keep) = self.refuse_merge(client, PairSide::Prefill, p_limit).await;
             return (status, keep, false, true);
         }
-        let id = Some(self.ex.request_id.as_str());
-        let keep = self.ex.head.keep_alive;
         let (d_status, d_body) = match d {
             Ok(d) => d,
             Err(Unread::Refused) => {
@@ -586,8 +442,8 @@ impl<'a> PdExchange<'a> {
                 return (status, keep, p.is_ok(), false);
             }
             Err(Unread::Broke) => {
-                let e = GatewayError::new(502, "the decode worker's answer broke off");
-                let out = send(client, &Reply::error(&e), id, keep, false).await;
+                let e = GatewayError::bad_gateway("the decode worker's answer broke off");
+                let out = self.ex.send_reply(client, &Reply::error(&e)).await;
                 return (out.status, out.keep_alive, p.is_ok(), false);
             }
         };
@@ -597,7 +453,10 @@ impl<'a> PdExchange<'a> {
             .ok()
             .and_then(|(_, pb)| merge::merge_input_logprobs(pb, &d_body));
         let body = merged.unwrap_or_else(|| d_body.to_vec());
-        let out = send(client, &Reply::raw_json(d_status, body), id, keep, false).await;
+        let out = self
+            .ex
+            .send_reply(client, &Reply::raw_json(d_status, body))
+            .await;
         (out.status, out.keep_alive, p.is_ok(), true)
     }
 
@@ -610,23 +469,12 @@ impl<'a> PdExchange<'a> {
         side: PairSide,
         limit: u64,
     ) -> (u16, bool) {
-        let e = GatewayError::new(
-            502,
-            format!(
-                "the {} worker's answer is malformed or larger than any answer to this request \
+        let e = GatewayError::bad_gateway(format!(
+            "the {} worker's answer is malformed or larger than any answer to this request \
                  can be ({limit} bytes)",
-                side_name(side)
-            ),
-        );
-        let id = Some(self.ex.request_id.as_str());
-        let out = send(
-            client,
-            &Reply::error(&e),
-            id,
-            self.ex.head.keep_alive,
-            false,
-        )
-        .await;
+            side_name(side)
+        ));
+        let out = self.ex.send_reply(client, &Reply::error(&e)).await;
         (out.status, out.keep_alive)
     }
 }

@@ -108,8 +108,10 @@ struct Server {
     kv_config: Option<KvEventsConfig>,
     /// Scratch for one step's KV events.
     kv_scratch: RefCell<Vec<super::radix::CacheEvent>>,
-    /// PD prefill mode: the bootstrap rooms of the requests it received.
-    rooms: RefCell<super::disagg::RoomBook>,
+    /// PD prefill mode: the bootstrap rooms of the requests the port's ranks received. One book
+    /// per port, shared by its DP ranks, as SGLang's one bootstrap server per prefill server
+    /// knows every rank's rooms (a decode request names its prefill twin's rank).
+    rooms: Rc<RefCell<super::disagg::RoomBook>>,
     /// The bootstrap fields of the last PD request (`/debug/stats` `last_bootstrap`).
     last_bootstrap: RefCell<Option<super::disagg::BootstrapFields>>,
     /// PD prefill mode: the port of this server's bootstrap listener.
@@ -200,7 +202,7 @@ impl Server {
             kv,
             kv_config,
             kv_scratch: RefCell::new(Vec::new()),
-            rooms: RefCell::default(),
+            rooms: Rc::default(),
             last_bootstrap: RefCell::new(None),
             bootstrap_port: None,
             dp_rank: 0,
@@ -530,6 +532,7 @@ async fn serve(
         for r in 1..dp {
             let mut rank = Server::new(port, i * dp + r, cfg.clone(), tok.clone(), kv.next());
             rank.dp_rank = r;
+            rank.rooms = server.rooms.clone();
             let rank = Rc::new(rank);
             monoio::spawn(gpu_loop(rank.clone()));
             server.others.push(rank);
