@@ -30,6 +30,7 @@
 //! tree; nothing here panics on request input.
 
 pub mod folder;
+mod load;
 mod memo;
 mod pyjson;
 mod request;
@@ -46,7 +47,7 @@ use serde_json::Value as JsonValue;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use memo::TextMemo;
-use split::{Added, Piece, Resume, Splitter};
+use split::{Piece, Resume, Splitter};
 use template::ChatTemplate;
 
 /// Size and time bounds of one tokenization. Measured cost of `tokenizers` with a 100k
@@ -195,36 +196,6 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
-    std::fs::read(path).map_err(|e| LoadError::Io(path.to_path_buf(), e))
-}
-
-/// A special token in `tokenizer_config.json`: a string, or an added-token object.
-fn token_text(v: &JsonValue) -> Option<String> {
-    match v {
-        JsonValue::String(s) => Some(s.clone()),
-        JsonValue::Object(o) => o
-            .get("content")
-            .and_then(JsonValue::as_str)
-            .map(str::to_string),
-        _ => None,
-    }
-}
-
-/// Whether any pre-tokenizer in `v` is a `Metaspace` that prepends only to the first piece
-/// (it looks at the piece's offset in the whole text, which a piece encoded alone lacks).
-fn has_first_only_metaspace(v: &JsonValue) -> bool {
-    match v {
-        JsonValue::Object(o) => {
-            let first = o.get("type").and_then(JsonValue::as_str) == Some("Metaspace")
-                && o.get("prepend_scheme").and_then(JsonValue::as_str) == Some("first");
-            first || o.values().any(has_first_only_metaspace)
-        }
-        JsonValue::Array(a) => a.iter().any(has_first_only_metaspace),
-        _ => false,
-    }
-}
-
 /// Whether the post-processor only puts fixed ids around a single sequence.
 fn affix_only(v: &JsonValue) -> bool {
     match v.get("type").and_then(JsonValue::as_str) {
@@ -333,55 +304,10 @@ impl Tokenizer {
 
     /// [`Tokenizer::from_path`] with other bounds.
     pub fn from_path_with(path: &Path, limits: Limits) -> Result<Tokenizer, LoadError> {
-        let (file, dir) = if path.is_dir() {
-            let f = path.join("tokenizer.json");
-            if !f.is_file() {
-                return Err(LoadError::NoTokenizerJson(path.to_path_buf()));
-            }
-            (f, path.to_path_buf())
-        } else {
-            let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-            (path.to_path_buf(), dir)
-        };
-        let bytes = read(&file)?;
-        let raw: JsonValue =
-            serde_json::from_slice(&bytes).map_err(|e| LoadError::Tokenizer(e.to_string()))?;
-        let mut hf = tokenizers::Tokenizer::from_bytes(&bytes)
-            .map_err(|e| LoadError::Tokenizer(e.to_string()))?;
-        // SGLang (transformers) never truncates or pads a prompt it is asked to encode.
-        hf.with_truncation(None)
-            .map_err(|e| LoadError::Tokenizer(e.to_string()))?;
-        hf.with_padding(None);
-
-        let config: JsonValue = match read(&dir.join("tokenizer_config.json")) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| LoadError::Config(e.to_string()))?,
-            Err(LoadError::Io(_, e)) if e.kind() == std::io::ErrorKind::NotFound => JsonValue::Null,
-            Err(e) => return Err(e),
-        };
-        let template_src = match read(&dir.join("chat_template.jinja")) {
-            Ok(b) => Some(
-                String::from_utf8(b)
-                    .map_err(|_| LoadError::Template("chat_template.jinja is not UTF-8".into()))?,
-            ),
-            Err(LoadError::Io(_, e)) if e.kind() == std::io::ErrorKind::NotFound => {
-                match config.get("chat_template") {
-                    None | Some(JsonValue::Null) => None,
-                    Some(JsonValue::String(s)) => Some(s.clone()),
-                    Some(JsonValue::Array(list)) => list
-                        .iter()
-                        .find(|t| t.get("name").and_then(JsonValue::as_str) == Some("default"))
-                        .and_then(|t| t.get("template"))
-                        .and_then(JsonValue::as_str)
-                        .map(str::to_string),
-                    Some(_) => {
-                        return Err(LoadError::Config(
-                            "chat_template must be a string or a list".into(),
-                        ))
-                    }
-                }
-            }
-            Err(e) => return Err(e),
-        };
+        let (file, dir) = load::locate(path)?;
+        let (raw, hf) = load::hf_tokenizer(&file)?;
+        let config = load::json_file(&dir.join("tokenizer_config.json"))?;
+        let template_src = load::template_source(&dir, &config)?;
         let template = template_src
             .as_deref()
             .map(|s| ChatTemplate::new(s, limits.template_fuel, limits.max_text_bytes))
@@ -390,66 +316,8 @@ impl Tokenizer {
         let content_parts = template_src
             .as_deref()
             .is_some_and(request::wants_content_parts);
-
-        let special_map: JsonValue = match read(&dir.join("special_tokens_map.json")) {
-            Ok(b) => serde_json::from_slice(&b).unwrap_or(JsonValue::Null),
-            Err(_) => JsonValue::Null,
-        };
-        let mut special_vars = Vec::new();
-        for name in [
-            "bos_token",
-            "eos_token",
-            "unk_token",
-            "sep_token",
-            "pad_token",
-            "cls_token",
-            "mask_token",
-        ] {
-            let v = config
-                .get(name)
-                .and_then(token_text)
-                .or_else(|| special_map.get(name).and_then(token_text));
-            if let Some(v) = v {
-                special_vars.push((name.to_string(), v));
-            }
-        }
-
-        // The added-token cut (see `split`): reproducible unless a non-normalized added token
-        // uses `single_word`, a Metaspace prepends to the first piece only, or BPE drops out.
-        let encode_specials = hf.get_encode_special_tokens();
-        let mut added = Vec::new();
-        let mut reproducible =
-            !has_first_only_metaspace(raw.get("pre_tokenizer").unwrap_or(&JsonValue::Null))
-                && raw
-                    .get("model")
-                    .and_then(|m| m.get("dropout"))
-                    .is_none_or(|d| d.is_null() || d.as_f64() == Some(0.0));
-        let mut decoder: Vec<(u32, tokenizers::AddedToken)> =
-            hf.get_added_tokens_decoder().into_iter().collect();
-        decoder.sort_by_key(|(id, _)| *id);
-        let mut normalized_added = false;
-        for (id, t) in decoder {
-            if t.normalized {
-                // Matched by `tokenizers` inside the normalized pieces: one could span a word cut.
-                normalized_added = true;
-                continue;
-            }
-            if t.single_word {
-                reproducible = false;
-            }
-            added.push(Added {
-                content: t.content,
-                id,
-                lstrip: t.lstrip,
-                rstrip: t.rstrip,
-                skip: encode_specials && t.special,
-            });
-        }
-        let splitter = if reproducible {
-            Some(Splitter::new(added).map_err(LoadError::Tokenizer)?)
-        } else {
-            None
-        };
+        let special_vars = load::special_vars(&dir, &config);
+        let (splitter, normalized_added) = load::added_token_cut(&hf, &raw)?;
         let word_cut = splitter.is_some() && !normalized_added && word_cut_safe(&raw);
         let bos_id = special_vars
             .iter()
