@@ -3,6 +3,7 @@
 
 pub mod entropy;
 pub mod json_span;
+pub mod memory;
 pub mod priority;
 pub mod recent;
 pub mod rng;

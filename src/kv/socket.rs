@@ -41,12 +41,26 @@ const SHED_ABOVE: usize = 4 * READ_CHUNK;
 pub struct Budget {
     used: usize,
     limit: usize,
+    /// A buffer grown for a large message was let go since the last [`Budget::take_released`].
+    released: bool,
 }
 
 impl Budget {
     /// A budget of `limit` bytes.
     pub fn new(limit: usize) -> Budget {
-        Budget { used: 0, limit }
+        Budget {
+            used: 0,
+            limit,
+            released: false,
+        }
+    }
+
+    /// Whether a buffer grown for a large message was let go since the last call: the event
+    /// thread then hands the freed pages back to the OS at the end of its round, so a stream of
+    /// maximum-size messages holds one of them in memory, not as many as the allocator would
+    /// keep for reuse.
+    pub fn take_released(&mut self) -> bool {
+        std::mem::take(&mut self.released)
     }
 
     /// Whether a connection holding `held` bytes may read more now: while all of them together
@@ -274,7 +288,7 @@ impl Conn {
                         self.flush()?;
                     }
                     if matches!(item, Item::Message(_)) {
-                        self.shed();
+                        self.shed(budget);
                     }
                     self.incomplete_since = None;
                     return Ok(Some(item));
@@ -310,11 +324,12 @@ impl Conn {
 
     /// After a message: a buffer grown for a large frame keeps only what it still holds (at most
     /// a round of reads), in a buffer of that size; the large one is freed with the message.
-    fn shed(&mut self) {
+    fn shed(&mut self, budget: &mut Budget) {
         let oversized = self.rx.capacity() > SHED_ABOVE && self.rx.len() <= self.rx.capacity() / 4;
         if self.grown || oversized {
             self.rx = BytesMut::from(&self.rx[..]);
             self.grown = false;
+            budget.released = true;
         }
     }
 
@@ -327,6 +342,7 @@ impl Conn {
     /// Close the socket and give its bytes back to the budget.
     pub fn close(self, budget: &mut Budget) {
         budget.used -= self.held;
+        budget.released |= self.rx.capacity() > SHED_ABOVE;
     }
 }
 

@@ -168,6 +168,9 @@ impl<S: EventSink> EventThread<S> {
             self.report_states();
             self.export_step();
             self.sink.flush();
+            if self.budget.take_released() {
+                crate::base::memory::return_freed_pages();
+            }
             self.stats
                 .held
                 .store(self.budget.used() as u64, Ordering::Relaxed);
