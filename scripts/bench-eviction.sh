@@ -4,7 +4,8 @@
 # the same traffic through a radixgate that never evicts.
 #
 #   scripts/bench-eviction.sh [--duration S] [--rounds N] [--workers W] [--max-tree-size C]
-#       [--prompt-chars C] [--filler-delay-ms MS] [--skip-build] [--out DIR] [--help]
+#       [--prompt-chars C] [--filler-delay-ms MS] [--skip-build] [--out DIR]
+#       [--write-docs [--docs-section NAME]] [--help]
 #
 #   --duration S          probe window per condition and round, seconds (default 8)
 #   --rounds N            interleaved rounds, the order of the two conditions alternating (default 5)
@@ -33,7 +34,8 @@
 # window: the report shows what the tree held and how many characters were evicted during it.
 # Figures are medians over rounds; ratio = (b) / (a).
 #
-# Writes results/bench-eviction-<stamp>/report.md (printed at the end) and raw.tsv. Defaults
+# Writes results/bench-eviction-<stamp>/report.md (printed at the end) and raw.tsv; --write-docs
+# also puts the report's table into docs/benchmarks.md (section eviction, or NAME). Defaults
 # take about 3 minutes. Only 127.0.0.1; every process started here is stopped by PID on exit.
 set -euo pipefail
 
@@ -48,6 +50,8 @@ PROMPT_CHARS=8192
 FILLER_DELAY=3
 BUILD=1
 OUT=""
+WRITE_DOCS=0
+DOCS_SECTION=eviction
 PROXY_CPU=0
 LOAD_CPU=1
 
@@ -62,6 +66,8 @@ while [[ $# -gt 0 ]]; do
         --filler-delay-ms) FILLER_DELAY="$2"; shift 2 ;;
         --skip-build) BUILD=0; shift ;;
         --out) OUT="$2"; shift 2 ;;
+        --write-docs) WRITE_DOCS=1; shift ;;
+        --docs-section) DOCS_SECTION="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -286,6 +292,7 @@ fmt() { awk -v x="$1" 'BEGIN { printf "%.1f", x / 1e6 }'; }
     echo "Each gateway pinned whole to CPU $PROXY_CPU (its tree writer too); sim-worker ($WORKERS ports), filler and probe on CPU $LOAD_CPU."
     echo "Medians of $ROUNDS interleaved rounds; probe: wrk -c1, ${DURATION} s, one fixed 1 KiB /generate body; filler: wrk -c2, distinct ${PROMPT_CHARS}-character prompts."
     echo
+    echo "<!-- docs -->"
     echo "| condition | p50 (µs) | p99 (µs) | probe req/s | filler req/s | tree chars (M) during the window | tree nodes | chars evicted in the window (M) | eviction runs in the window | inserts applied in the window | tree writer CPU in the window (ms) |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|"
     echo "| (a) no eviction (--max-tree-size 10^12) | ${M[a,3]} | ${M[a,4]} | ${M[a,5]} | ${M[a,6]} | $(fmt "${M[a,7]}") → $(fmt "${M[a,8]}") | ${M[a,9]} | $(fmt "${M[a,10]}") | ${M[a,11]} | ${M[a,12]} | ${M[a,13]} |"
@@ -294,6 +301,7 @@ fmt() { awk -v x="$1" 'BEGIN { printf "%.1f", x / 1e6 }'; }
     echo "p99 ratio (b)/(a): **$(ratio "${M[a,4]}" "${M[b,4]}")×** (target ≤ 1.2×); p50 ratio $(ratio "${M[a,3]}" "${M[b,3]}")×."
     echo "Per-round ratios of p99 (b)/(a), each pair measured back to back: $(awk -F'\t' 'NR > 1 { p[$1, $2] = $4 } END { for (r = 1; (r, "a") in p; r++) printf "%s%.2f", (r > 1 ? ", " : ""), p[r, "b"] / p[r, "a"] }' "$OUT/raw.tsv")."
     echo "Eviction runs count the writer's periodic passes (one a second) plus its immediate evictions of a worker 10 % over the limit."
+    echo "<!-- /docs -->"
     echo
     echo "Per round (raw.tsv):"
     echo
@@ -302,3 +310,6 @@ fmt() { awk -v x="$1" 'BEGIN { printf "%.1f", x / 1e6 }'; }
     echo '```'
 } >"$OUT/report.md"
 cat "$OUT/report.md"
+if [[ "$WRITE_DOCS" == 1 ]]; then
+    python3 scripts/bench-docs.py write "$DOCS_SECTION" "$OUT/report.md" --command "scripts/bench-eviction.sh --duration $DURATION --rounds $ROUNDS --workers $WORKERS --max-tree-size $MAX_TREE --prompt-chars $PROMPT_CHARS --filler-delay-ms $FILLER_DELAY"
+fi

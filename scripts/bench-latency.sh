@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
 # Latency radixgate adds over a direct connection to one worker, and peak requests/s through it.
 #
-#   scripts/bench-latency.sh [DURATION_SECS] [RUNS]
+#   scripts/bench-latency.sh [DURATION_SECS] [RUNS] [--write-docs]
 #
 # Method (rust-stack.md §7): one simulated worker answering at once (--token-interval-ms 0,
 # one output token) and wrk on CPU 1, the gateway pinned to CPU 0. Each run measures direct
 # and proxied back to back at one connection (wrk -c1, closed loop), so the ratio comes from
 # the same conditions; the medians over RUNS are reported. Then peak throughput at 64
 # connections. Only 127.0.0.1; every process started here is stopped by PID on exit.
+# --write-docs puts the table into docs/benchmarks.md (section latency) with the command and the
+# machine (scripts/bench-docs.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DURATION=${1:-10}
-RUNS=${2:-5}
+COMMAND="scripts/bench-latency.sh$(printf ' %q' "$@")"
+WRITE_DOCS=0
+pos=()
+for a in "$@"; do
+  case "$a" in
+    --write-docs) WRITE_DOCS=1 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) pos+=("$a") ;;
+  esac
+done
+DURATION=${pos[0]:-10}
+RUNS=${pos[1]:-5}
 command -v wrk >/dev/null || { echo "installing wrk (Debian package)"; apt-get install -y wrk >/dev/null; }
 cargo build --release -q -p radixgate -p loadtest
 pids=()
@@ -61,11 +73,18 @@ mp50=$(med "${p50[@]}"); mp99=$(med "${p99[@]}")
 add() { awk -v a="$1" -v b="$2" 'BEGIN{print a-b}'; }
 peak=$(taskset -c 1 wrk -t1 -c64 -d"${DURATION}s" -s "$LUA" "http://127.0.0.1:$GW/generate" | rps)
 direct_peak=$(taskset -c 1 wrk -t1 -c64 -d"${DURATION}s" -s "$LUA" "http://127.0.0.1:$SIM/generate" | rps)
-echo
+TABLE="$(mktemp)"; trap 'rm -f "$LUA" "$TABLE"; cleanup' EXIT
+{
 echo "| one connection, medians of $RUNS runs × ${DURATION}s | p50 (µs) | p99 (µs) | added p50 | added p99 |"
 echo "|---|---|---|---|---|"
 echo "| direct to the worker | $md50 | $md99 | | |"
 echo "| radixgate on the worker's CPU | $ms50 | $ms99 | $(add "$ms50" "$md50") | $(add "$ms99" "$md99") |"
 echo "| radixgate on its own CPU | $mp50 | $mp99 | $(add "$mp50" "$md50") | $(add "$mp99" "$md99") |"
 echo
-echo "peak at 64 connections (wrk and the worker on CPU 1): through radixgate (CPU 0) $peak req/s; direct to the worker $direct_peak req/s"
+echo "Peak at 64 connections (wrk and the worker on CPU 1): through radixgate (CPU 0) $peak req/s; direct to the worker $direct_peak req/s."
+} >"$TABLE"
+echo
+cat "$TABLE"
+if [[ "$WRITE_DOCS" == 1 ]]; then
+  python3 scripts/bench-docs.py write latency "$TABLE" --command "$COMMAND"
+fi

@@ -15,16 +15,18 @@
 # The trace is compressed in time (--time-scale, default 0.04: the hour-long conversation trace in
 # ~2.5 minutes per gateway, ~85 requests/s of ~48 KB prompts). Traces are found like loadgen's
 # --trace (a path, or a name looked up in $RADIXGATE_TRACES and ../shared/traces).
-# Writes results/bench-memory-<stamp>/report.md (a Markdown table, also printed).
+# Writes results/bench-memory-<stamp>/report.md (a Markdown table, also printed); --write-docs
+# also puts it into docs/benchmarks.md (section memory-TRACE, or --docs-section NAME).
 # Only 127.0.0.1; every process started here is stopped by its PID on exit.
 #
 # Usage: scripts/bench-memory.sh [--trace conversation|synthetic|PATH] [--workers N]
 #          [--time-scale X] [--num-requests N] [--gateways radixgate,sglang-router]
-#          [--skip-build] [--out DIR]
+#          [--skip-build] [--out DIR] [--write-docs [--docs-section NAME]]
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+COMMAND="scripts/bench-memory.sh$(printf ' %q' "$@")"
 
 TRACE=conversation
 WORKERS=8
@@ -33,6 +35,8 @@ NUM_REQUESTS=""
 GATEWAYS="radixgate,sglang-router"
 BUILD=1
 OUT=""
+WRITE_DOCS=0
+DOCS_SECTION=""
 SGLANG_ROUTER_VERSION=0.3.2
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
@@ -46,11 +50,15 @@ while [[ $# -gt 0 ]]; do
         --gateways) GATEWAYS="$2"; shift 2 ;;
         --skip-build) BUILD=0; shift ;;
         --out) OUT="$2"; shift 2 ;;
+        --write-docs) WRITE_DOCS=1; shift ;;
+        --docs-section) DOCS_SECTION="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 [[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || { echo "--workers takes a positive integer" >&2; exit 2; }
+case "$TRACE" in conversation|synthetic) DOCS_SECTION="${DOCS_SECTION:-memory-$TRACE}" ;; esac
+[[ "$WRITE_DOCS" == 0 || -n "$DOCS_SECTION" ]] || { echo "--write-docs with a trace path needs --docs-section NAME" >&2; exit 2; }
 for g in ${GATEWAYS//,/ }; do
     case "$g" in
         radixgate|sglang-router) ;;
@@ -257,6 +265,7 @@ for g in ${GATEWAYS//,/ }; do run_gateway "$g"; done
     echo "$(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $WORKERS simulated workers (one sim-worker, --token-interval-ms 0),"
     echo "loadgen ${LG[*]}"
     echo
+    echo "<!-- docs -->"
     echo "| gateway | VmRSS before (MiB) | VmHWM before (MiB) | VmRSS after (MiB) | VmHWM after (MiB) | tree nodes | tree chars | tree evicted chars | ok/sent | client hit rate |"
     echo "|---|---|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${ROWS[@]}"
@@ -265,6 +274,10 @@ for g in ${GATEWAYS//,/ }; do run_gateway "$g"; done
     echo "radixgate's radixgate_tree_nodes / radixgate_tree_chars (characters summed over workers) /"
     echo "radixgate_tree_evicted_chars; sglang-router exports no tree size. The client hit rate is the"
     echo "workers' cached tokens over prompt tokens (their KV is far smaller than the trace's text)."
+    echo "<!-- /docs -->"
 } >"$OUT/report.md"
 cat "$OUT/report.md"
 log "report: $OUT/report.md"
+if [[ "$WRITE_DOCS" == 1 ]]; then
+    python3 scripts/bench-docs.py write "$DOCS_SECTION" "$OUT/report.md" --command "$COMMAND"
+fi

@@ -4,7 +4,7 @@
 # tokenizer folder exists; segment cache warm) against text-tree mode, side by side in one run.
 #
 #   scripts/bench-turn-latency.sh [DURATION_SECS] [RUNS] [--page-size N] [--tokenizer-path DIR]
-#                                 [--make-tokenizer CMD] [--no-criterion]
+#                                 [--make-tokenizer CMD] [--no-criterion] [--write-docs]
 #
 # Method (as scripts/bench-latency.sh): one simulated worker answering at once
 # (--token-interval-ms 0, one output token) publishing KV events, wrk on CPU 1 with the worker,
@@ -30,6 +30,8 @@
 # mode, printed as PASS/FAIL. Beside it, from `cargo bench --bench tokenize` (criterion, same
 # tokenizer folder): a cold 4k-token chat's tokenizing time and the tokenizer's throughput on
 # one core (tokens/s); --no-criterion skips that part.
+# --write-docs puts the table, the verdict and the tokenizer lines into docs/benchmarks.md
+# (section turn-latency) with the command and the machine (scripts/bench-docs.py).
 # Only 127.0.0.1; every process started here is stopped by PID on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +42,8 @@ MAKE_TOKENIZER=""
 PAGE_SIZE=1
 CRITERION=1
 LIMIT_US=150
+WRITE_DOCS=0
+COMMAND="scripts/bench-turn-latency.sh$(printf ' %q' "$@")"
 pos=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -47,6 +51,7 @@ while [[ $# -gt 0 ]]; do
         --make-tokenizer) MAKE_TOKENIZER="$2"; shift 2 ;;
         --page-size) PAGE_SIZE="$2"; shift 2 ;;
         --no-criterion) CRITERION=0; shift ;;
+        --write-docs) WRITE_DOCS=1; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) pos+=("$1"); shift ;;
     esac
@@ -186,6 +191,7 @@ KP1=$(curl -s "http://127.0.0.1:$GEM/metrics" | awk '$1 == "radixgate_kv_prompt_
 echo
 echo "worker page size $PAGE_SIZE; $TOK_NOTE; build $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo +dirty); $(nproc) CPUs"
 echo
+{
 echo "| body (one connection, medians of $RUNS runs × ${DURATION}s) | prompt tokens | direct p50 µs | text-tree added p50 / p99 µs | event-mode added p50 / p99 µs | events − text, p50 µs (median of the runs' own differences) |"
 echo "|---|---|---|---|---|---|"
 for body in chat ids; do
@@ -215,14 +221,17 @@ elif awk -v e="$extra" -v l="$LIMIT_US" 'BEGIN { exit !(e <= l) }'; then
 else
     echo "verdict: FAIL — turn 10 in event mode adds ${extra} µs p50 over text-tree mode (limit ${LIMIT_US} µs)"
 fi
+} | tee "$WORK/docs.md"
 
 if [[ "$CRITERION" == 1 ]]; then
     # The tokenizer's own figures, beside the latency: criterion on the same machine (the gateways
     # are stopped first so they do not share its CPU).
     cleanup_gateways() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
     cleanup_gateways
+    {
     echo
-    echo "tokenizer (cargo bench --bench tokenize, medians; the simulator's cl100k vocabulary as a HF folder, as scripts/tokenizer-folder.sh writes it)"
+    echo "Tokenizer (cargo bench --bench tokenize, medians; the simulator's cl100k vocabulary as a HF folder, as scripts/tokenizer-folder.sh writes it):"
+    echo
     out=$(timeout 900 cargo bench -q --bench tokenize -- \
         --warm-up-time 1 --measurement-time 3 'chat/cold_4k|chat/warm_turn10_4k|encode/prose_4k$' 2>&1 || true)
     awk '
@@ -231,4 +240,8 @@ if [[ "$CRITERION" == 1 ]]; then
         name && /thrpt:/ { sub(/.*thrpt: *\[/, ""); split($0, t, " "); printf "  %s %s\n", t[3], t[4]; name = "" }
     ' <<<"$out"
     echo "(thrpt in elements/s = tokens/s on one core: chat/cold_4k renders the template and encodes the whole 4k-token chat; chat/warm_turn10_4k encodes turn 10 with turns 1-9 in the segment cache; encode/prose_4k is 4k tokens of plain text.)"
+    } | tee -a "$WORK/docs.md"
+fi
+if [[ "$WRITE_DOCS" == 1 ]]; then
+    python3 scripts/bench-docs.py write turn-latency "$WORK/docs.md" --command "$COMMAND"
 fi

@@ -5,7 +5,7 @@
 #   scripts/bench-vs-peers.sh [--duration S] [--rounds N] [--bodies 1k,16k,400k]
 #       [--candidates a,b,...] [--connections C] [--skip-build] [--radixgate-bin PATH]
 #       [--sim-bin PATH] [--no-sglang-router] [--upstream sim|static] [--busy-poll-us N]
-#       [--out DIR] [--help]
+#       [--out DIR] [--write-docs [--docs-section NAME]] [--help]
 #
 # Candidates (default: all):
 #   direct                     wrk straight to the upstream (no proxy)
@@ -52,7 +52,8 @@
 # round_robin, nginx, direct and sglang-router cache_aware; added p99 = p99 - direct's p99.
 #
 # Writes results/bench-vs-peers-<stamp>/report.md (printed at the end), raw.json (every run and
-# the medians) and raw.tsv. Defaults (5 s, 3 rounds, 6 candidates, 3 bodies) take about 10
+# the medians), raw.tsv and docs.md (the short table; --write-docs puts it into
+# docs/benchmarks.md, section vs-peers-sim or vs-peers-static, or --docs-section NAME). Defaults (5 s, 3 rounds, 6 candidates, 3 bodies) take about 10
 # minutes; every step has a time bound and the script stops by itself. Only 127.0.0.1; every
 # process started here is stopped by PID on exit.
 set -euo pipefail
@@ -78,6 +79,8 @@ OUT=""
 SGLANG_ROUTER_VERSION=0.3.2
 PROXY_CPU=0
 LOAD_CPU=1
+WRITE_DOCS=0
+DOCS_SECTION=""
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 
@@ -95,6 +98,8 @@ while [[ $# -gt 0 ]]; do
         --upstream) UPSTREAM_KIND="$2"; shift 2 ;;
         --busy-poll-us) BUSY_POLL_US="$2"; shift 2 ;;
         --out) OUT="$2"; shift 2 ;;
+        --write-docs) WRITE_DOCS=1; shift ;;
+        --docs-section) DOCS_SECTION="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -788,6 +793,40 @@ if notes:
     L.extend(f"- {n}" for n in notes)
     L.append("")
 open(f"{out}/report.md", "w").write("\n".join(L))
+# The short version docs/benchmarks.md shows: one row per measure, the bodies in each cell.
+D = ["| body " + " / ".join(bodies) + " | " + " | ".join(names[c] for c in cands) + " |",
+     "|---" * (len(cands) + 1) + "|"]
+def cells(fmt):
+    return " | ".join(fmt(c) for c in cands)
+D.append("| peak req/s | " + cells(lambda c: " / ".join(f_rps(agg[(c, b)]["peak_rps"]) for b in bodies)) + " |")
+D.append("| p50 at one connection (µs) | " + cells(lambda c: " / ".join(f_us(agg[(c, b)]["p50_us"]) for b in bodies)) + " |")
+if "direct" in cands:
+    def added(c):
+        if c == "direct":
+            return "—"
+        return " / ".join("—" if agg[(c, b)]["p99_us"] is None or agg[("direct", b)]["p99_us"] is None
+                          else f"{agg[(c, b)]['p99_us'] - agg[('direct', b)]['p99_us']:+,.0f}" for b in bodies)
+    D.append("| added p99 at one connection (µs) | " + cells(added) + " |")
+else:
+    D.append("| p99 at one connection (µs) | " + cells(lambda c: " / ".join(f_us(agg[(c, b)]["p99_us"]) for b in bodies)) + " |")
+D.append("| CPU-s per 1,000 requests | " + cells(lambda c: "—" if c == "direct" else " / ".join(
+    "—" if agg[(c, b)]["cpu_s_per_1k"] is None else f"{agg[(c, b)]['cpu_s_per_1k']:.3f}" for b in bodies)) + " |")
+def resident(c):
+    m = mem.get(c)
+    if c == "direct" or not m:
+        return "—"
+    return f"{int(m['vmrss_kb']) / 1024:.1f} ({int(m['vmhwm_kb']) / 1024:.1f})"
+D.append("| resident MiB after (peak) | " + cells(resident) + " |")
+if ca in cands and ratio_cols:
+    D.append("")
+    D.append("Peak ratios: " + "; ".join(
+        f"{t} " + " / ".join(f_x(agg[(num_c.get(t, ca), b)]["peak_rps"], agg[(d, b)]["peak_rps"]).rstrip("×")
+                             for b in bodies) + "×" for t, d in ratio_cols) + ".")
+limits = [n for n in notes if ": wrk + upstream filled" in n]
+if limits:
+    D.append("")
+    D.extend(f"- {n}" for n in limits)
+open(f"{out}/docs.md", "w").write("\n".join(D) + "\n")
 json.dump({"command": env["M_CMD"], "machine": env["M_MACHINE"], "versions": env["M_VERSIONS"],
            "rounds": int(env["M_ROUNDS"]), "duration_s": int(env["M_DUR"]),
            "connections": int(env["M_CONNS"]), "proxy_cpu": int(pcpu), "load_cpu": int(lcpu),
@@ -797,3 +836,6 @@ json.dump({"command": env["M_CMD"], "machine": env["M_MACHINE"], "versions": env
 PY
 cat "$OUT/report.md"
 log "report: $OUT/report.md (raw numbers: raw.json, raw.tsv; wrk outputs and logs: logs/)"
+if [[ "$WRITE_DOCS" == 1 ]]; then
+    python3 scripts/bench-docs.py write "${DOCS_SECTION:-vs-peers-$UPSTREAM_KIND}" "$OUT/docs.md" --command "$CMDLINE"
+fi

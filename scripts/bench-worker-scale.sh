@@ -4,7 +4,7 @@
 #
 #   scripts/bench-worker-scale.sh [--sizes 8,64,512,4096] [--duration S] [--rounds N]
 #       [--warmup S] [--connections C] [--delay-ms MS] [--start-timeout S] [--no-sglang-router]
-#       [--skip-build] [--out DIR] [--help]
+#       [--skip-build] [--out DIR] [--write-docs [--docs-section NAME]] [--help]
 #
 #   --sizes LIST        worker counts (default 8,64,512,4096)
 #   --duration S        one measurement, seconds (default 6)
@@ -37,7 +37,8 @@
 # starts once per size and runs its rounds then. Reports p50/p99 per size and gateway (medians
 # over rounds), achieved req/s, start-up time, and p99(N)/p99(first size).
 #
-# Writes results/bench-worker-scale-<stamp>/report.md (printed at the end) and raw.tsv. The
+# Writes results/bench-worker-scale-<stamp>/report.md (printed at the end) and raw.tsv; --write-docs
+# also puts the report's table into docs/benchmarks.md (section worker-scale, or NAME). The
 # open-file limit is raised to 4 x N + 1024 for the processes (the hard limit must allow it).
 # Defaults take about 5-10 minutes. Only 127.0.0.1; every process started here is stopped by
 # PID on exit.
@@ -56,6 +57,8 @@ START_TIMEOUT=300
 SGLANG=1
 BUILD=1
 OUT=""
+WRITE_DOCS=0
+DOCS_SECTION=worker-scale
 SGLANG_ROUTER_VERSION=0.3.2
 PROXY_CPU=0
 LOAD_CPU=1
@@ -73,6 +76,8 @@ while [[ $# -gt 0 ]]; do
         --no-sglang-router) SGLANG=0; shift ;;
         --skip-build) BUILD=0; shift ;;
         --out) OUT="$2"; shift 2 ;;
+        --write-docs) WRITE_DOCS=1; shift ;;
+        --docs-section) DOCS_SECTION="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -372,6 +377,7 @@ first="${SIZE_LIST[0]}"
     echo
     echo "radixgate-no-telemetry: the same gateway with --worker-metrics-interval-secs 0 (no scrape of every worker's /metrics every 5 s)."
     echo
+    echo "<!-- docs -->"
     echo "| workers | gateway (cache_aware) | start-up until all healthy (s) | p50 (µs) | p99 (µs) | req/s | p99 / p99 at $first |"
     echo "|---|---|---|---|---|---|---|"
     for n in "${SIZE_LIST[@]}"; do
@@ -386,6 +392,7 @@ first="${SIZE_LIST[0]}"
     done
     echo
     for note in "${NOTES[@]}"; do echo "- $note"; done
+    echo "<!-- /docs -->"
     echo
     echo "Per round (raw.tsv):"
     echo
@@ -394,3 +401,6 @@ first="${SIZE_LIST[0]}"
     echo '```'
 } >"$OUT/report.md"
 cat "$OUT/report.md"
+if [[ "$WRITE_DOCS" == 1 ]]; then
+    python3 scripts/bench-docs.py write "$DOCS_SECTION" "$OUT/report.md" --command "scripts/bench-worker-scale.sh --sizes $SIZES --duration $DURATION --rounds $ROUNDS --warmup $WARMUP --connections $CONNECTIONS --delay-ms $DELAY$([[ "$SGLANG" == 1 ]] || echo ' --no-sglang-router')"
+fi

@@ -13,7 +13,9 @@
 #
 # Writes results/<timestamp>/report.md (hit rate from the workers' counters, TTFT p50/p99,
 # throughput, per-worker load spread, acceptance checks) and chart.png (matplotlib in .venv/;
-# skipped with a message when it cannot be installed).
+# skipped with a message when it cannot be installed). --write-docs also puts the run's short
+# table (docs.md beside the report) into docs/benchmarks.md, section policies-WORKLOAD
+# (policies-pd with --pd; --docs-section NAME for another), with the command and the machine.
 #
 # Time compression: the chat and mrqa workloads run think times and arrivals at --time-scale
 # (loadgen) and the simulated GPUs 1/--time-scale faster (sim-worker --time-scale), so the whole
@@ -45,6 +47,7 @@
 #          [--api chat|completions|generate|generate-ids] [--tokenizer-path DIR] [--make-tokenizer CMD]
 #          [--sim-args "..."] [--loadgen-args "..."] [--gateway-args "..."]
 #          [--pd [--prefill-workers N] [--decode-workers M] [--decode-policy P]]
+#          [--write-docs [--docs-section NAME]]
 # Policy names: round_robin random power_of_two cache_aware cache_aware+insert_response_text
 #               cache_aware+affinity_window cache_aware+kv_events manual+session_header sglang-router
 #               (--pd: round_robin random power_of_two cache_aware sglang-router)
@@ -52,6 +55,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+COMMAND="scripts/compare-policies.sh$(printf ' %q' "$@")"
 
 WORKLOAD=chat
 WORKERS=""
@@ -77,6 +81,8 @@ DECODE_WORKERS=2
 DECODE_POLICY=round_robin
 POLICIES_GIVEN=0
 NO_SGLANG_ROUTER=0
+WRITE_DOCS=0
+DOCS_SECTION=""
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 
@@ -104,6 +110,8 @@ while [[ $# -gt 0 ]]; do
         --api) API="$2"; shift 2 ;;
         --tokenizer-path) TOKENIZER_PATH="$2"; shift 2 ;;
         --make-tokenizer) MAKE_TOKENIZER="$2"; shift 2 ;;
+        --write-docs) WRITE_DOCS=1; shift ;;
+        --docs-section) DOCS_SECTION="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -545,3 +553,7 @@ REPORT_PY="$PY"
 if [[ "$CHART" == 0 ]]; then export RADIXGATE_NO_CHART=1; fi
 "$REPORT_PY" scripts/report.py "$OUT"
 log "report: $OUT/report.md"
+if [[ "$WRITE_DOCS" == 1 ]]; then
+    [[ "$PD" == 1 ]] && section=policies-pd || section="policies-$WORKLOAD"
+    python3 scripts/bench-docs.py write "${DOCS_SECTION:-$section}" "$OUT/docs.md" --command "$COMMAND"
+fi

@@ -30,7 +30,9 @@
 # the workers tokenize), which event mode measures in tokens with no tokenizer at all.
 #
 # Writes results/<timestamp>-multi-gateway/multi-gateway.md (the table, acceptance lines, the
-# probe tables and the exact command). Every process started here is stopped by its PID on exit,
+# probe tables and the exact command) and docs.md (the short table and acceptance lines;
+# --write-docs puts them into docs/benchmarks.md, section multi-gateway, or --docs-section NAME).
+# Every process started here is stopped by its PID on exit,
 # failure or Ctrl-C; only 127.0.0.1 is used.
 #
 # Usage: scripts/multi-gateway.sh N [--mode text|events|both] [--front nginx|haproxy]
@@ -38,6 +40,7 @@
 #          [--api chat|generate-ids] [--tokenizer approx|bpe] [--tokenizer-path DIR]
 #          [--make-tokenizer CMD] [--no-new-copy] [--probes K] [--skip-build] [--out DIR]
 #          [--sim-args "..."] [--loadgen-args "..."] [--gateway-args "..."]
+#          [--write-docs [--docs-section NAME]]
 # Defaults: --mode both, --front nginx, compare-policies' chat workload (4 workers, 100k KV tokens
 # each so the servers evict, 40 s at --time-scale 0.05, 0.5 sessions/s unscaled, approx tokenizer).
 set -euo pipefail
@@ -72,6 +75,8 @@ SIM_ARGS=""
 LOADGEN_ARGS=""
 GATEWAY_ARGS=""
 DRAIN=60
+WRITE_DOCS=0
+DOCS_SECTION=multi-gateway
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -93,6 +98,8 @@ while [[ $# -gt 0 ]]; do
         --sim-args) SIM_ARGS="$2"; shift 2 ;;
         --loadgen-args) LOADGEN_ARGS="$2"; shift 2 ;;
         --gateway-args) GATEWAY_ARGS="$2"; shift 2 ;;
+        --write-docs) WRITE_DOCS=1; shift ;;
+        --docs-section) DOCS_SECTION="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -684,6 +691,26 @@ for r in runs:
             out.append("\n`--kv-bootstrap-peer` is not in this build: only the replay-only copy was checked.\n")
 text = "\n".join(out) + "\n"
 open(os.path.join(root, "multi-gateway.md"), "w").write(text)
+# The short version docs/benchmarks.md shows: the servers' hit rate per mode and copies.
+docs = ["| mode | copies | servers' hit rate | vs 1 copy | TTFT p50 / p99 ms | ok / sent |",
+        "|---|---|---|---|---|---|"]
+for r in runs:
+    lg = r["lg"]
+    label = f"{r['copies']}{' + new copy mid-run' if r.get('probe') else ''}"
+    if r["status"] != "ok" or not lg:
+        docs.append(f"| {r['mode']} | {label} | failed: {r['status']} | | | |")
+        continue
+    base = one.get(r["mode"])
+    rel = (r["hit"] / base["hit"]) if base and base["hit"] and r["hit"] is not None else None
+    docs.append(f"| {r['mode']} | {label} | {pct(r['hit'])} | {'' if rel is None else f'{100 * rel:.1f} %'} "
+                f"| {lg['ttft']['p50_ms']:.1f} / {lg['ttft']['p99_ms']:.1f} | {lg['ok']} / {lg['sent']} |")
+docs.append(f"\nFront: {meta['front']}; {meta['workers']} simulated workers of {meta['kv_tokens_per_worker']} KV tokens.")
+if acc:
+    docs += [""] + acc
+open(os.path.join(root, "docs.md"), "w").write("\n".join(docs) + "\n")
 print(text)
 PY
 log "report: $OUT/multi-gateway.md"
+if [[ "$WRITE_DOCS" == 1 ]]; then
+    python3 scripts/bench-docs.py write "$DOCS_SECTION" "$OUT/docs.md" --command "$COMMAND"
+fi

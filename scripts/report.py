@@ -9,6 +9,9 @@ Layout read (written by scripts/compare-policies.sh):
   runs/<NN>-<slug>/gateway-before.prom, gateway-after.prom   radixgate's /metrics around the run
   runs/<NN>-<slug>/decode-before-<j>.prom, decode-after-<j>.prom   --pd: each decode server's
 
+Beside report.md it writes docs.md: the short table docs/benchmarks.md shows (policy, the servers'
+hit rate, TTFT, ok / sent), which scripts/compare-policies.sh --write-docs puts there.
+
 With --pd (meta.json "pd": true) the before-/after- workers are the prefill servers, so the hit
 rate is the prefill side's; the report gets the PD table, its own acceptance lines, and for a
 failing or erroring gateway the lines it printed (gateway.log, warmup.log).
@@ -319,6 +322,8 @@ def main():
     except (OSError, ValueError):
         meta = {}
     runs = load_runs(root)
+    with open(os.path.join(root, "docs.md"), "w") as f:
+        f.write(docs_table(meta, runs))
     pd = bool(meta.get("pd"))
     out = []
     if pd:
@@ -399,6 +404,38 @@ def pd_report(out, root, meta, runs):
                 out.append(f"- {r['label']}:")
                 for n, line in r["printed"]:
                     out.append(f"  - ×{n} `{line.replace('`', chr(39))}`")
+
+
+def docs_table(meta, runs):
+    """The table docs/benchmarks.md shows for this run: one row per policy."""
+    pd = bool(meta.get("pd"))
+    probe = pd and any(r["probe_reqs"] for r in runs)
+    head = ("| prefill policy | gateway | prefill servers' hit rate | TTFT p50 / p99 ms | ok / sent"
+            + (" | one prompt ×N, per prefill server |" if probe else " |")) if pd else \
+        "| policy | gateway | servers' hit rate | TTFT p50 / p99 ms | ok / sent |"
+    out = [head, "|---" * (head.count("|") - 1) + "|"]
+    for r in runs:
+        lg = r["lg"]
+        if r.get("status") != "ok" or not lg:
+            out.append(f"| {r['label']} | {r['gateway']} | failed: {r.get('status', '?')} | | |" + (" |" if probe else ""))
+            continue
+        ttft = f"{fmt_ms(lg['ttft']['p50_ms'])} / {fmt_ms(lg['ttft']['p99_ms'])}" if lg["ok"] else "n/a"
+        row = f"| {r['label']} | {r['gateway']} | {fmt_pct(r['hit'])} | {ttft} | {lg['ok']} / {lg['sent']} |"
+        if probe:
+            row += f" {' '.join(str(int(x)) for x in r['probe_reqs']) or 'n/a'} |"
+        out.append(row)
+    if pd:
+        out.append(f"\n{meta.get('prefill_workers', '?')} prefill + {meta.get('decode_workers', '?')} decode servers, "
+                   f"decode policy `{meta.get('decode_policy', '?')}`, workload `{meta.get('workload', '?')}`, "
+                   f"{meta.get('duration_s', '?')} s.")
+    else:
+        evicted = sum(r.get("evicted", 0) for r in runs if r.get("status") == "ok")
+        prompt = sum(r.get("prompt_tokens", 0) for r in runs if r.get("status") == "ok")
+        out.append(f"\nWorkload `{meta.get('workload', '?')}`, {meta.get('workers', '?')} workers of "
+                   f"{meta.get('kv_tokens_per_worker', '?')} KV tokens, {meta.get('duration_s', '?')} s"
+                   + (f"; the servers evicted {int(evicted):,} of {int(prompt):,} prompt tokens over the runs."
+                      if evicted else "; nothing evicted."))
+    return "\n".join(out) + "\n"
 
 
 def write_report(root, out):

@@ -2,8 +2,8 @@
 //! `runtime` (cores, listeners) → `serve::conn` (HTTP/1.1 keep-alive loop over the pure `http`
 //! framing) → `serve::exchange` (admit, pick, attempt, commit) → `gateway::Router` →
 //! `route` (extract, policies) against `tree` snapshots and `workers` loads → `proxy`
-//! (pooled upstream, streamed relay) → `metrics`. The README's architecture section lists the
-//! layers; `tests/layers.rs` keeps imports pointing downward.
+//! (pooled upstream, streamed relay) → `metrics`. docs/architecture.md lists the layers;
+//! `tests/layers.rs` keeps imports pointing downward.
 
 pub mod admission;
 pub mod base;

@@ -2,8 +2,8 @@
 //! `/metrics` served from our own tiny listener on `--prometheus-port`. Names follow the
 //! reference's `smg_*` families where one exists, plus what the reference dropped (tree size,
 //! cache-aware branches) under `radixgate_*`. Every series the gateway exports is emitted by a
-//! function here and nowhere else, so this file is the list `tests/docs.rs` checks the README
-//! against.
+//! function here and nowhere else, so this file is the list `tests/docs.rs` checks
+//! docs/metrics.md against.
 //!
 //! Every family is registered with its HELP text at start-up ([`FAMILIES`]), and the retry,
 //! circuit and scrape counters start at zero, so dashboards and alerts never see "no data"

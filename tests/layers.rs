@@ -1,17 +1,23 @@
-//! The module graph has no cycles: the README's architecture section lists the layers, and every
-//! `crate::…` path in `src/` may only name a module of a lower layer (or its own). A new import
-//! that points upward fails here, with the file and the path that broke the order.
+//! The module graph has no cycles: docs/architecture.md lists the layers, and every `crate::…`
+//! path in `src/` may only name a module of a lower layer (or its own). A new import that points
+//! upward fails here, with the file and the path that broke the order. The same page's source
+//! tree names every file, and every `mod.rs` that lists its submodules in its doc lists them all.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Layers as the README lists them: lines `layer N: module module … | what they do` inside the
-/// architecture section's code block.
-fn layers_from_readme() -> HashMap<String, u32> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+const ARCHITECTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/architecture.md");
+
+fn architecture() -> String {
+    std::fs::read_to_string(ARCHITECTURE).expect("docs/architecture.md")
+}
+
+/// Layers as docs/architecture.md lists them: lines `layer N: module module … | what they do`
+/// inside its code block.
+fn layers_from_docs() -> HashMap<String, u32> {
+    let doc = architecture();
     let mut out = HashMap::new();
-    for line in readme.lines() {
+    for line in doc.lines() {
         let Some(rest) = line.trim().strip_prefix("layer ") else {
             continue;
         };
@@ -23,11 +29,14 @@ fn layers_from_readme() -> HashMap<String, u32> {
         for m in modules.split_whitespace() {
             assert!(
                 out.insert(m.to_string(), n).is_none(),
-                "{m} listed twice in README layers"
+                "{m} listed twice in the layers of docs/architecture.md"
             );
         }
     }
-    assert!(out.len() >= 10, "README lists no layers: {out:?}");
+    assert!(
+        out.len() >= 10,
+        "docs/architecture.md lists no layers: {out:?}"
+    );
     out
 }
 
@@ -76,7 +85,7 @@ fn crate_paths(text: &str) -> Vec<String> {
 
 #[test]
 fn every_import_points_to_a_lower_layer() {
-    let layers = layers_from_readme();
+    let layers = layers_from_docs();
     let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
     let mut files = Vec::new();
     rust_files(src, &mut files);
@@ -90,7 +99,7 @@ fn every_import_points_to_a_lower_layer() {
         seen_modules.insert(from.clone());
         let Some(&from_layer) = layers.get(&from) else {
             violations.push(format!(
-                "{}: module `{from}` is not in the README layers",
+                "{}: module `{from}` is not in the layers of docs/architecture.md",
                 f.display()
             ));
             continue;
@@ -107,7 +116,7 @@ fn every_import_points_to_a_lower_layer() {
                     f.display()
                 )),
                 None => violations.push(format!(
-                    "{}: crate::{to} is not in the README layers",
+                    "{}: crate::{to} is not in the layers of docs/architecture.md",
                     f.display()
                 )),
             }
@@ -116,7 +125,7 @@ fn every_import_points_to_a_lower_layer() {
     for m in layers.keys() {
         assert!(
             seen_modules.contains(m),
-            "README lists layer module `{m}` that src/ does not have"
+            "docs/architecture.md lists layer module `{m}` that src/ does not have"
         );
     }
     assert!(violations.is_empty(), "{}", violations.join("\n"));
@@ -130,12 +139,11 @@ fn the_checker_sees_upward_imports() {
     );
 }
 
-/// The README's `src/` tree names every source file (tests aside), so the map a newcomer reads
-/// cannot drift from the code.
+/// The `src/` tree of docs/architecture.md names every source file (tests aside), so the map a
+/// newcomer reads cannot drift from the code.
 #[test]
-fn the_readme_source_tree_names_every_file() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+fn the_architecture_source_tree_names_every_file() {
+    let readme = architecture();
     let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
     let mut files = Vec::new();
     rust_files(src, &mut files);
@@ -143,7 +151,9 @@ fn the_readme_source_tree_names_every_file() {
         readme
             .lines()
             .find(|l| l.starts_with(&format!("  {dir}")))
-            .unwrap_or_else(|| panic!("README's src/ tree has no line for {dir}"))
+            .unwrap_or_else(|| {
+                panic!("the src/ tree of docs/architecture.md has no line for {dir}")
+            })
             .to_string()
     };
     let mut missing = Vec::new();
@@ -185,5 +195,97 @@ fn the_readme_source_tree_names_every_file() {
             missing.push(rel.display().to_string());
         }
     }
-    assert!(missing.is_empty(), "README's src/ tree misses: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "the src/ tree of docs/architecture.md misses: {missing:?}"
+    );
+}
+
+/// The submodules a module file declares (`mod x;`, `pub mod x;`, `pub(crate) mod x;`), test
+/// modules aside.
+fn declared_submodules(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let rest = line
+            .strip_prefix("pub(crate) mod ")
+            .or_else(|| line.strip_prefix("pub(super) mod "))
+            .or_else(|| line.strip_prefix("pub mod "))
+            .or_else(|| line.strip_prefix("mod "));
+        let Some(name) = rest.and_then(|r| r.strip_suffix(';')) else {
+            continue;
+        };
+        if name == "tests" || name.ends_with("_tests") {
+            continue;
+        }
+        out.push(name.to_string());
+    }
+    out
+}
+
+/// The spans a module doc (`//!` lines) quotes in backticks.
+fn quoted_in_module_doc(text: &str) -> Vec<String> {
+    let doc: String = text
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("//!"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    doc.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether a doc's quoted spans name module `m`: `m` itself, a path into it (`m::x`, `m/x.rs`),
+/// or a path ending in it (`kv::m`).
+fn names_module(quoted: &[String], m: &str) -> bool {
+    quoted.iter().any(|q| {
+        q == m
+            || q.starts_with(&format!("{m}::"))
+            || q.starts_with(&format!("{m}/"))
+            || q.ends_with(&format!("::{m}"))
+    })
+}
+
+/// A `mod.rs` whose doc lists its submodules (names at least one in backticks) lists them all,
+/// so the list a reader trusts cannot fall behind a new module.
+#[test]
+fn every_mod_rs_doc_list_names_every_submodule() {
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut lists = 0;
+    let mut missing = Vec::new();
+    for f in files.iter().filter(|f| f.ends_with("mod.rs")) {
+        let text = std::fs::read_to_string(f).unwrap();
+        let subs = declared_submodules(&text);
+        let quoted = quoted_in_module_doc(&text);
+        if !subs.iter().any(|m| names_module(&quoted, m)) {
+            continue;
+        }
+        lists += 1;
+        for m in subs.iter().filter(|m| !names_module(&quoted, m)) {
+            missing.push(format!("{}: `{m}`", f.strip_prefix(src).unwrap().display()));
+        }
+    }
+    assert!(lists >= 10, "found only {lists} mod.rs doc lists");
+    assert!(
+        missing.is_empty(),
+        "mod.rs docs that list their submodules miss these (name each in backticks): {missing:?}"
+    );
+}
+
+#[test]
+fn the_doc_list_check_reads_paths_and_skips_tests() {
+    let text =
+        "//! The parts: `wire`, `kv::zmtp` and [`trie::holding`].\npub mod wire;\nmod zmtp;\n\
+                mod trie;\nmod memo;\n#[cfg(test)]\nmod tests;\nmod transfer_tests;\n";
+    assert_eq!(
+        declared_submodules(text),
+        vec!["wire", "zmtp", "trie", "memo"]
+    );
+    let quoted = quoted_in_module_doc(text);
+    assert!(names_module(&quoted, "wire") && names_module(&quoted, "zmtp"));
+    assert!(names_module(&quoted, "trie") && !names_module(&quoted, "memo"));
 }

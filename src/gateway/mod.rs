@@ -8,6 +8,12 @@
 //! operations that touch several of them at once (a worker leaving, a circuit opening) live in
 //! `membership`.
 //! `busy_poll` keeps a core polling for a short window after each request event.
+//!
+//! Modules: `core` (one core's own state), `auth`, `models`, `router`, `membership`,
+//! `lifecycle` (the clock, shutdown and in-flight count), `requests` (in-flight ids → workers,
+//! for aborts), `limit` (bounded fan-outs), `health` (the health thread), `telemetry` (the
+//! telemetry thread), `kv` (exact routing state from KV events), `tokenizing` (where and how long
+//! a prompt is tokenized), `dp` (`--dp-aware`: each server's DP ranks), `busy_poll`.
 
 mod auth;
 pub mod busy_poll;

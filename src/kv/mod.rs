@@ -9,6 +9,8 @@
 //!   sockets, sequence tracking, gap fill, resets; it hands decoded batches to an `EventSink`.
 //! - `index`: the token-block index those events feed (single writer, lock-free snapshot readers
 //!   on every core).
+//! - `zmtp`: ZeroMQ's wire protocol (ZMTP 3.0), pure; `socket`: one nonblocking ZMTP connection
+//!   driven by the event thread; `resolve`: host names resolved off the event thread.
 
 pub mod endpoint;
 pub mod index;

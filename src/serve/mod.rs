@@ -1,8 +1,8 @@
 //! Serving clients: the keep-alive loop of one connection (`conn`) and its read buffer's sizing
 //! (`buffer`), which handler answers a
 //! method and path (`routes`), a proxied request as named phases (`exchange`; its prefill/decode twin, `pd`), the endpoints the
-//! gateway answers itself (`admin`), and the one error type and writer they share (`error`,
-//! `reply`). Built on `gateway` (shared state) and `proxy` (upstream mechanics); nothing below
+//! gateway answers itself (`admin`), one core's table of open connections (`connections`), and
+//! the one error type and writer they share (`error`, `reply`). Built on `gateway` (shared state) and `proxy` (upstream mechanics); nothing below
 //! imports it.
 
 pub mod admin;

@@ -2,7 +2,9 @@
 //! what each server actually caches (KV events carry token ids, never text).
 //!
 //! [`Tokenizer`] loads a HF `tokenizer.json` (+ `tokenizer_config.json` / `chat_template.jinja`
-//! of a model folder, as `--tokenizer-path` names them) once and is shared by every core.
+//! of a model folder, as `--tokenizer-path` names them) once (`load`) and is shared by every
+//! core. Python's view of JSON, which chat templates print, is `pyjson`; writing a tokenizer
+//! folder offline (for tests and the simulator) is `folder`.
 //! [`SegmentCache`] (one per core, no locks) turns a request into ids:
 //!
 //! - `/v1/chat/completions`: the body's messages through the model's chat template, rendered as

@@ -13,7 +13,8 @@
 //!   then drops to its own in-flight count only.
 //! * **The achieved cache hit ratio**, per worker and for the fleet, from the increases of
 //!   `sglang:cached_tokens_total` and `sglang:prompt_tokens_total` over a sliding window
-//!   ([`window`]), beside the ratio the gateway predicted from its routing decisions.
+//!   ([`window`]), beside the ratio the gateway predicted from its routing decisions. The
+//!   engines' text format is read (and merged) by `expo`.
 //! * **`GET /engine_metrics`**: the workers' expositions merged, each sample labelled with its
 //!   worker, built once per round (requests serve the last one, no fan-out per request).
 //!

@@ -37,10 +37,13 @@
 //! **Publication.** One writer ([`IndexWriter`], owned by the event thread) mutates the index;
 //! [`IndexWriter::publish`] makes everything applied so far visible to readers ([`IndexReader`],
 //! on every core) as an immutable [`Snapshot`] through `ArcSwap`: readers never lock and never
-//! wait. The per-model block map is a persistent hash trie (`trie`), so publishing costs one
-//! `Arc` clone per model and the writer then copies only the trie nodes on the paths it edits
-//! (≤ 11 levels, ~4 at a million blocks) — never the whole index. The engine-hash maps and the
-//! eviction order are the writer's alone and are never published.
+//! wait (`snapshot`). The per-model block map is a persistent hash trie (`trie`), so publishing
+//! costs one `Arc` clone per model and the writer (`writer`) then copies only the trie nodes on
+//! the paths it edits (≤ 11 levels, ~4 at a million blocks) — never the whole index. The
+//! engine-hash maps and the eviction order are the writer's alone and are never published.
+//!
+//! **Hashing a prompt.** Each core keeps the block chains of its recent prompts (`memo`), so
+//! turn k+1 of a conversation hashes only the tokens past turn k's prompt.
 //!
 //! **Bounded memory.** At most [`IndexConfig::max_blocks`] blocks held over all sources (a block
 //! on two sources counts twice), at most [`IndexConfig::max_blocks_per_source`] per source, at

@@ -16,7 +16,7 @@
 //! speaks for a worker only while every one of its publishers is [`SourceState::Live`].
 //!
 //! Subscriptions change at run time through [`Intake::subscribe`] / [`Intake::unsubscribe`]
-//! (a bounded command channel that never blocks the caller).
+//! (a bounded command channel that never blocks the caller). The thread's loop is `thread`.
 
 mod thread;
 
