@@ -96,6 +96,9 @@ impl ChunkedDecoder {
 #[derive(Debug)]
 pub struct ChunkTracker {
     machine: Machine,
+    /// The last two data bytes seen (a blank line before any data: a stream that has sent
+    /// nothing is between events).
+    tail: [u8; 2],
 }
 
 impl ChunkTracker {
@@ -104,6 +107,7 @@ impl ChunkTracker {
     pub fn new() -> Self {
         ChunkTracker {
             machine: Machine::new(u64::MAX),
+            tail: *b"\n\n",
         }
     }
 
@@ -111,7 +115,12 @@ impl ChunkTracker {
     /// first `n` bytes of `input` (bytes past `n` are not part of this response), `Ok(None)` when
     /// more is needed. After the end, further calls return `Ok(Some(0))`.
     pub fn feed(&mut self, input: &[u8]) -> Result<Option<usize>, ChunkError> {
-        let consumed = self.machine.run(input, |_| {})?;
+        let tail = &mut self.tail;
+        let consumed = self.machine.run(input, |data| match data {
+            [] => {}
+            [b] => *tail = [tail[1], *b],
+            [.., a, b] => *tail = [*a, *b],
+        })?;
         Ok(self.is_done().then_some(consumed))
     }
 
@@ -119,6 +128,14 @@ impl ChunkTracker {
     /// chunk here, e.g. an error event when the upstream breaks off.
     pub fn at_chunk_boundary(&self) -> bool {
         self.machine.state == State::SizeStart
+    }
+
+    /// The data so far ends with a blank line (or there is none yet): in a server-sent event
+    /// stream, between two events. A chunk boundary alone is not one: a server may split an
+    /// event over two chunks (aiohttp frames every write as a chunk), and an event appended
+    /// after half of one would fuse with it.
+    pub fn at_event_boundary(&self) -> bool {
+        self.tail == *b"\n\n"
     }
 
     /// The terminating chunk and trailers have been seen.

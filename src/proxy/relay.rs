@@ -429,10 +429,11 @@ impl Relay<'_, '_> {
         }
     }
 
-    /// The worker broke the body off: an event stream that broke between chunks (events, for
-    /// a de-chunked one) gets an SSE error event (and, when chunked, a proper last chunk), so
-    /// clients see an explicit error and a clean end, never a hang or a torn frame. Any other
-    /// body only ends (an event in it would be garbage).
+    /// The worker broke the body off: an event stream that broke between events (and, when
+    /// chunked, between chunks) gets an SSE error event (and, when chunked, a proper last
+    /// chunk), so clients see an explicit error and a clean end, never a hang or a torn frame.
+    /// Any other body only ends (an event in it would be garbage, or fuse with the half event
+    /// before it).
     async fn upstream_broke(&mut self) -> Stopped {
         self.relayed.upstream_broke = true;
         self.relayed.client_keep_alive = false;
@@ -449,7 +450,7 @@ impl Relay<'_, '_> {
             return Stopped;
         }
         match &self.end {
-            BodyEnd::Chunked(t) if t.at_chunk_boundary() => {
+            BodyEnd::Chunked(t) if t.at_chunk_boundary() && t.at_event_boundary() => {
                 let _ = write!(out, "{:x}\r\n", BROKEN_STREAM_EVENT.len());
                 out.extend_from_slice(BROKEN_STREAM_EVENT);
                 out.extend_from_slice(b"\r\n0\r\n\r\n");

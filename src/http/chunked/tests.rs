@@ -254,6 +254,22 @@ fn tracker_follows_an_sse_stream_one_read_at_a_time() {
 }
 
 #[test]
+fn tracker_knows_whether_the_data_so_far_ends_between_events() {
+    let mut t = ChunkTracker::new();
+    assert!(t.at_event_boundary(), "nothing sent yet");
+    // One event split over two chunks, the blank line itself split over two reads.
+    assert_eq!(t.feed(b"9\r\ndata: {\"a\r\n"), Ok(None));
+    assert!(t.at_chunk_boundary() && !t.at_event_boundary());
+    assert_eq!(t.feed(b"4\r\n\":1}\r\n2\r\n\n"), Ok(None));
+    assert!(!t.at_event_boundary(), "one newline of the two");
+    assert_eq!(t.feed(b"\n\r\n"), Ok(None));
+    assert!(t.at_chunk_boundary() && t.at_event_boundary());
+    // A one-byte chunk keeps the byte before it in view.
+    assert_eq!(t.feed(b"1\r\nx\r\n"), Ok(None));
+    assert!(!t.at_event_boundary());
+}
+
+#[test]
 fn error_status_and_messages() {
     assert_eq!(ChunkError::TooLarge.status(), 413);
     assert_eq!(ChunkError::Malformed("x").status(), 400);
