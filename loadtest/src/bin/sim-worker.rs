@@ -153,6 +153,11 @@ struct Args {
     /// this + i; 0 = ephemeral). Decode: the port asked when a request's bootstrap_port is null.
     #[arg(long, default_value_t = DEFAULT_BOOTSTRAP_PORT)]
     disaggregation_bootstrap_port: u16,
+    /// SGLang's priority scheduling: each scheduler orders its waiting queue by the requests'
+    /// `priority` field, higher first, FCFS within a priority (a request without one ranks
+    /// last). Off, the field is ignored, as SGLang ignores it.
+    #[arg(long)]
+    enable_priority_scheduling: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -248,6 +253,7 @@ fn main() -> ExitCode {
         disaggregation_mode: a.disaggregation_mode.0,
         dp_size: usize::from(a.dp_size),
         disaggregation_bootstrap_port: a.disaggregation_bootstrap_port,
+        priority_scheduling: a.enable_priority_scheduling,
     };
     let set = block_signals();
     let host = cfg.host.clone();

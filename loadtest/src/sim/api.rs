@@ -67,6 +67,9 @@ pub struct Inference {
     pub rid: Option<String>,
     /// `extra_key`, `cache_salt`, `lora_path`: see [`namespaces`](Self::namespaces).
     pub ns_fields: NsFields,
+    /// `priority` (every endpoint's top-level field, as SGLang reads it): the request's class
+    /// under `--enable-priority-scheduling`; ignored otherwise.
+    pub priority: Option<i64>,
 }
 
 impl Inference {
@@ -151,6 +154,13 @@ pub fn parse_inference(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let model = v.get("model").and_then(Value::as_str).map(str::to_owned);
+    let priority = match v.get("priority") {
+        None | Some(Value::Null) => None,
+        Some(p) => Some(
+            p.as_i64()
+                .ok_or_else(|| ApiError::new("priority must be an integer"))?,
+        ),
+    };
     let mut rid = None;
     let (prompts, max_new_tokens) = match endpoint {
         Endpoint::Generate => {
@@ -193,6 +203,7 @@ pub fn parse_inference(
         model,
         rid,
         ns_fields: NsFields::read(&v),
+        priority,
     })
 }
 

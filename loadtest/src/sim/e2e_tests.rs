@@ -620,3 +620,54 @@ fn tokenizer_path_agrees_with_the_gateway() {
     assert!(missing.is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn priority_scheduling_over_http_and_the_idle_counter() {
+    // 100 virtual ms per forward at 10x: 10 ms real; one request runs at a time.
+    let c = cluster(SimConfig {
+        tokenizer: TokenizerMode::Approx,
+        token_interval_ms: Some(100.0),
+        time_scale: 10.0,
+        max_running: 1,
+        priority_scheduling: true,
+        ..SimConfig::default()
+    });
+    let port = c.ports()[0];
+    let info = call(port, "GET", "/get_server_info", "").json();
+    assert_eq!(info["enable_priority_scheduling"], true);
+    // Idle since start: 30 ms real is 0.3 virtual s at least.
+    std::thread::sleep(Duration::from_millis(30));
+    let idle = metric(port, "sglang:gpu_idle_seconds_total");
+    assert!(idle >= 0.3, "{idle}");
+    let waiting = || call(port, "GET", "/get_load", "").json()[0]["num_waiting_reqs"].as_u64();
+    let send = |body: &'static str| {
+        std::thread::spawn(move || {
+            let r = call(port, "POST", "/generate", body);
+            assert_eq!(r.status, 200, "{}", r.text());
+            Instant::now()
+        })
+    };
+    let blocker = send(r#"{"input_ids":[1,2],"sampling_params":{"max_new_tokens":30}}"#);
+    wait_for("the blocker to run", || {
+        call(port, "GET", "/get_load", "").json()[0]["num_reqs"].as_u64() == Some(1)
+            && waiting() == Some(0)
+    });
+    let low = send(r#"{"input_ids":[3,4],"sampling_params":{"max_new_tokens":2},"priority":0}"#);
+    wait_for("the low-priority request to queue", || waiting() == Some(1));
+    let high = send(r#"{"input_ids":[5,6],"sampling_params":{"max_new_tokens":2},"priority":10}"#);
+    wait_for("both to queue", || waiting() == Some(2));
+    let (high_done, low_done) = (high.join().unwrap(), low.join().unwrap());
+    blocker.join().unwrap();
+    assert!(
+        high_done < low_done,
+        "the later, higher-priority request ran first"
+    );
+    // A priority that is not an integer is refused, as SGLang's request model refuses it.
+    let r = call(
+        port,
+        "POST",
+        "/generate",
+        r#"{"input_ids":[1],"priority":"high"}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+}

@@ -20,6 +20,17 @@
 //!   so decode never runs out of KV and nothing is ever retracted. SGLang reserves optimistically
 //!   (ratio 0.7 → 0.1) and retracts on decode OOM; this model admits somewhat fewer requests with
 //!   very large `max_new_tokens` but never produces retraction storms.
+//! - Saturation: the running batch is bounded by KV (the reservations above) and
+//!   `max_running`; everything else waits, and a waiting request's TTFT includes its time in the
+//!   queue, so TTFT grows with the queue as on a real overloaded server.
+//! - `--enable-priority-scheduling` ([`EngineConfig::priority_scheduling`]): the waiting queue
+//!   is ordered by the request's `priority`, higher first (SGLang's default direction), FCFS
+//!   within a priority; a request without one ranks below every explicit priority, as SGLang
+//!   gives it the lowest value. Admission stays head-of-line. SGLang's preemption of running
+//!   lower-priority requests (`--priority-scheduling-preemption-threshold`) is not modelled:
+//!   nothing is ever retracted here.
+//! - Idle time: the seconds the virtual GPU had no forward to run are counted
+//!   ([`Engine::idle_seconds`]), so a load test can tell a starved fleet from a saturated one.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -33,6 +44,10 @@ pub type ReqId = u64;
 
 /// Decode steps per throughput sample (SGLang's `decode_log_interval`).
 const GEN_LOG_INTERVAL: u32 = 40;
+
+/// The priority of a request that names none, under priority scheduling: below every explicit
+/// one, as SGLang sets it to `-sys.maxsize - 1` when higher values go first.
+pub const NO_PRIORITY: i64 = i64::MIN;
 
 /// Static configuration of one engine.
 #[derive(Debug, Clone)]
@@ -56,6 +71,9 @@ pub struct EngineConfig {
     pub kv_events: bool,
     /// Host memory for KV in tokens (SGLang's HiCache); 0 = no host tier.
     pub host_cache_tokens: usize,
+    /// SGLang's `--enable-priority-scheduling`: the waiting queue ordered by priority (higher
+    /// first), FCFS within one. Off: priorities are ignored, as SGLang ignores them then.
+    pub priority_scheduling: bool,
 }
 
 impl Default for EngineConfig {
@@ -70,6 +88,7 @@ impl Default for EngineConfig {
             output_vocab: (1000..1256).collect(),
             kv_events: false,
             host_cache_tokens: 0,
+            priority_scheduling: false,
         }
     }
 }
@@ -193,6 +212,8 @@ struct Req {
     cached_host: usize,
     /// The cache namespace the request's prefix lives in.
     ns: Namespace,
+    /// Its priority class under priority scheduling ([`NO_PRIORITY`] when it gave none).
+    priority: i64,
     /// Locked tree node covering `tokens[..locked_len]`.
     node: NodeId,
     locked_len: usize,
@@ -259,6 +280,10 @@ pub struct Engine {
     /// A request whose prompt is partly computed and continues first in the next prefill.
     chunked: Option<ReqId>,
     running: Vec<ReqId>,
+    /// Order the waiting queue by priority (see [`EngineConfig::priority_scheduling`]).
+    priority_scheduling: bool,
+    /// Virtual ms during which the GPU had nothing to run (see [`Engine::idle_seconds`]).
+    idle_ms: f64,
     admitted: usize,
     reserved: usize,
     inflight: Option<InFlight>,
@@ -299,6 +324,8 @@ impl Engine {
             waiting: VecDeque::new(),
             chunked: None,
             running: Vec::new(),
+            priority_scheduling: cfg.priority_scheduling,
+            idle_ms: 0.0,
             admitted: 0,
             reserved: 0,
             inflight: None,
@@ -319,11 +346,26 @@ impl Engine {
     }
 
     /// Move the virtual clock forward to `t` (never backwards; ignored while a forward runs).
-    /// Used when the GPU was idle and real time passed.
+    /// Used when the GPU was idle and real time passed: the gap is idle time, since a driver
+    /// plans the next forward as soon as one completes and only waits when there is none.
     pub fn advance_to(&mut self, t: f64) {
         if self.inflight.is_none() && t > self.now_ms {
+            self.idle_ms += t - self.now_ms;
             self.now_ms = t;
         }
+    }
+
+    /// Virtual seconds the GPU had no forward to run, up to virtual time `now_ms` (a driver's
+    /// clock, which runs ahead of the engine's while it idles; the gap counts as idle then).
+    /// A load test reads its growth to tell GPUs starved by an over-cautious gateway from
+    /// saturated ones.
+    pub fn idle_seconds(&self, now_ms: f64) -> f64 {
+        let pending = if self.inflight.is_none() {
+            (now_ms - self.now_ms).max(0.0)
+        } else {
+            0.0
+        };
+        (self.idle_ms + pending) / 1000.0
     }
 
     /// Duration of the forward in flight, if any.
@@ -398,14 +440,17 @@ impl Engine {
             cache_hit_rate: self.last_hit_rate,
             gen_throughput: self.gen_throughput,
             evicted_tokens: self.cache.stats().evicted_tokens,
+            idle_seconds: self.idle_ms / 1000.0,
         }
     }
 
-    /// Render `/metrics`; `held` requests the server holds before the engine (the `hold`
-    /// fault) count as waiting, as a stalled scheduler's queue would.
-    pub fn render_metrics(&self, model: &str, held: usize) -> String {
+    /// Render `/metrics` at virtual time `now_ms` (the driver's clock, for the idle counter);
+    /// `held` requests the server holds before the engine (the `hold` fault) count as waiting,
+    /// as a stalled scheduler's queue would.
+    pub fn render_metrics(&self, model: &str, held: usize, now_ms: f64) -> String {
         let mut g = self.gauges();
         g.queued += held;
+        g.idle_seconds = self.idle_seconds(now_ms);
         self.metrics.render(model, &g)
     }
 
@@ -460,6 +505,7 @@ impl Engine {
                 cached: 0,
                 cached_host: 0,
                 ns: Namespace::default(),
+                priority: NO_PRIORITY,
                 node: ROOT,
                 locked_len: 0,
                 kv_len: 0,
@@ -486,6 +532,35 @@ impl Engine {
         if let Some(r) = self.reqs.get_mut(&id).filter(|r| !r.admitted) {
             r.ns = ns;
         }
+    }
+
+    /// Give a queued request its `priority` (the body's field; `None`: it named none). Under
+    /// priority scheduling it moves to its place in the waiting queue: behind every request of
+    /// its priority or higher, ahead of lower ones (FCFS within a priority, as SGLang sorts by
+    /// priority, then queue entry time). Without priority scheduling nothing changes. Must come
+    /// before the request is scheduled, as it is when the server submits.
+    pub fn set_priority(&mut self, id: ReqId, priority: Option<i64>) {
+        let p = priority.unwrap_or(NO_PRIORITY);
+        let Some(r) = self.reqs.get_mut(&id).filter(|r| !r.admitted) else {
+            return;
+        };
+        r.priority = p;
+        if !self.priority_scheduling {
+            return;
+        }
+        let Some(pos) = self.waiting.iter().position(|&w| w == id) else {
+            return;
+        };
+        self.waiting.remove(pos);
+        let reqs = &self.reqs;
+        let prio = |w: &ReqId| reqs.get(w).map_or(NO_PRIORITY, |r| r.priority);
+        // After the last request that ranks at least as high (arrival order within a class).
+        let at = self
+            .waiting
+            .iter()
+            .rposition(|w| prio(w) >= p)
+            .map_or(0, |i| i + 1);
+        self.waiting.insert(at, id);
     }
 
     /// Abort a request (client disconnected): it leaves the queue or batch at once and its locks

@@ -140,6 +140,8 @@ pub struct Gauges {
     pub gen_throughput: f64,
     /// Tokens evicted since start (simulator extra).
     pub evicted_tokens: u64,
+    /// Virtual seconds the GPU had no forward to run (simulator extra).
+    pub idle_seconds: f64,
 }
 
 impl Metrics {
@@ -200,6 +202,14 @@ impl Metrics {
             "# HELP sglang:evicted_tokens_total Tokens evicted from the radix cache (simulator extra).\n\
              # TYPE sglang:evicted_tokens_total counter\nsglang:evicted_tokens_total{{{l}}} {}",
             g.evicted_tokens
+        );
+        // No SGLang series says how long a GPU sat idle; a load test needs it to tell a fleet
+        // starved by its gateway from a saturated one.
+        let _ = writeln!(
+            o,
+            "# HELP sglang:gpu_idle_seconds_total Seconds the GPU had no forward to run (simulator extra).\n\
+             # TYPE sglang:gpu_idle_seconds_total counter\nsglang:gpu_idle_seconds_total{{{l}}} {}",
+            g.idle_seconds
         );
     }
 

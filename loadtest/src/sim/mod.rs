@@ -133,6 +133,9 @@ pub struct SimConfig {
     /// the device's evictions are backed up there and loaded back on a hit, see
     /// [`radix`]); 0 = none.
     pub host_cache_tokens: usize,
+    /// `--enable-priority-scheduling`: each scheduler orders its waiting queue by the
+    /// requests' `priority` field, higher first, FCFS within one (see [`engine`]).
+    pub priority_scheduling: bool,
 }
 
 impl Default for SimConfig {
@@ -159,6 +162,7 @@ impl Default for SimConfig {
             disaggregation_bootstrap_port: disagg::DEFAULT_BOOTSTRAP_PORT,
             dp_size: 1,
             host_cache_tokens: 0,
+            priority_scheduling: false,
         }
     }
 }

@@ -355,3 +355,43 @@ fn responses_and_messages_render_their_shapes() {
         ]
     );
 }
+
+#[test]
+fn priority_is_read_from_every_endpoint_and_must_be_an_integer() {
+    let t = tok();
+    let bodies = [
+        (Endpoint::Generate, r#"{"text":"hi","priority":10}"#),
+        (
+            Endpoint::Chat,
+            r#"{"messages":[{"role":"user","content":"hi"}],"priority":10}"#,
+        ),
+        (Endpoint::Completions, r#"{"prompt":"hi","priority":10}"#),
+    ];
+    for (ep, body) in bodies {
+        let r = parse_inference(ep, body.as_bytes(), &t, 8).unwrap();
+        assert_eq!(r.priority, Some(10), "{body}");
+    }
+    let none = parse_inference(Endpoint::Completions, br#"{"prompt":"hi"}"#, &t, 8).unwrap();
+    assert_eq!(none.priority, None);
+    let null = parse_inference(
+        Endpoint::Completions,
+        br#"{"prompt":"hi","priority":null}"#,
+        &t,
+        8,
+    )
+    .unwrap();
+    assert_eq!(null.priority, None);
+    let neg = parse_inference(
+        Endpoint::Completions,
+        br#"{"prompt":"hi","priority":-3}"#,
+        &t,
+        8,
+    )
+    .unwrap();
+    assert_eq!(neg.priority, Some(-3));
+    for bad in [r#""high""#, "1.5"] {
+        let body = format!(r#"{{"prompt":"hi","priority":{bad}}}"#);
+        let e = parse_inference(Endpoint::Completions, body.as_bytes(), &t, 8).unwrap_err();
+        assert!(e.message.contains("priority"), "{}", e.message);
+    }
+}

@@ -366,7 +366,7 @@ fn host_hits_load_back_at_the_load_cost_and_count_as_host() {
     assert_eq!((met.cached_tokens, met.cached_tokens_host), (599, 599));
     // Once more: a device hit, counted as such.
     assert_eq!(run_one(&mut e, prompt(0, 600), d()).cached_tokens, 599);
-    let text = e.render_metrics("m", 0);
+    let text = e.render_metrics("m", 0, e.now_ms());
     for (source, n) in [("device", 599), ("host", 599), ("total", 1198)] {
         let line = format!(
             "sglang:cached_tokens_total{{model_name=\"m\",cache_source=\"{source}\"}} {n}\n"
@@ -410,4 +410,178 @@ fn namespaces_share_prefixes_only_within_themselves() {
     );
     assert_eq!(run_one(&mut e, prompt(0, 300), lora).cached_tokens, 299);
     e.cache().check_invariants().unwrap();
+}
+
+/// The ids in the order their first token came out (the order they were scheduled).
+fn first_token_order(events: &[Event]) -> Vec<ReqId> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Token {
+                id, first: true, ..
+            } => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A metric sample's value in a rendered `/metrics` text.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
+}
+
+#[test]
+fn overload_bounds_the_batch_by_kv_queues_the_rest_and_ttft_grows_with_the_queue() {
+    // 10k tokens of KV; each request needs 1000 + 99 reserved: 9 run at once, 11 wait.
+    let mut e = Engine::new(EngineConfig {
+        max_total_tokens: 10_000,
+        ..cfg()
+    });
+    let ids: Vec<ReqId> = (0..20)
+        .map(|i| e.submit(prompt(i * 10_000, 1000), 100, 0.0, false).unwrap())
+        .collect();
+    let mut ev = Vec::new();
+    // Prefill forwards until the head of the queue no longer fits: then the first decode.
+    loop {
+        let f = e.plan().unwrap();
+        e.complete(&mut ev);
+        if f.kind == ForwardKind::Decode {
+            break;
+        }
+    }
+    assert_eq!((e.num_running(), e.num_waiting()), (9, 11));
+    let text = e.render_metrics("m", 0, e.now_ms());
+    assert_eq!(sample(&text, "sglang:num_running_reqs"), 9.0);
+    assert_eq!(sample(&text, "sglang:num_queue_reqs"), 11.0);
+    let usage = sample(&text, "sglang:token_usage");
+    assert!((0.85..=1.0).contains(&usage), "KV nearly full: {usage}");
+    e.run_until_idle(&mut ev);
+    // FCFS: scheduled in arrival order, and every later request waited at least as long.
+    assert_eq!(first_token_order(&ev), ids);
+    let fin = finished(&ev);
+    let ttft = |id: ReqId| {
+        let info = fin.iter().find(|(i, _)| *i == id).unwrap().1;
+        info.first_token_ms.unwrap() - info.arrival_ms
+    };
+    for w in ids.windows(2) {
+        assert!(ttft(w[1]) >= ttft(w[0]), "TTFT grows along the queue");
+    }
+    // The last one waited for two waves of nine to decode their 99 tokens (each step at least
+    // the decode base cost), on top of what the first one waited.
+    let two_waves = 2.0 * 99.0 * CostModel::default().decode_base_ms;
+    assert!(
+        ttft(ids[19]) > ttft(ids[0]) + two_waves,
+        "{} vs {}",
+        ttft(ids[19]),
+        ttft(ids[0])
+    );
+    assert!(e.metrics().queue.sum() > 0.0, "queue time is recorded");
+}
+
+/// Submits a blocker that runs alone (`max_running` 1), then requests with the given priorities,
+/// and returns the order the queued ones were scheduled in (indices into `priorities`).
+fn scheduled_order(priority_scheduling: bool, priorities: &[Option<i64>]) -> Vec<usize> {
+    let mut e = Engine::new(EngineConfig {
+        max_running: 1,
+        priority_scheduling,
+        ..cfg()
+    });
+    let blocker = e.submit(prompt(0, 100), 5, 0.0, false).unwrap();
+    let mut ev = Vec::new();
+    e.plan().unwrap();
+    e.complete(&mut ev);
+    let ids: Vec<ReqId> = priorities
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            let id = e
+                .submit(prompt(1000 * (i as u32 + 1), 50), 2, e.now_ms(), false)
+                .unwrap();
+            e.set_priority(id, p);
+            id
+        })
+        .collect();
+    e.run_until_idle(&mut ev);
+    let order = first_token_order(&ev);
+    assert_eq!(order[0], blocker);
+    order[1..]
+        .iter()
+        .map(|id| ids.iter().position(|x| x == id).unwrap())
+        .collect()
+}
+
+#[test]
+fn priority_scheduling_runs_higher_priorities_first_and_fcfs_within_one() {
+    let prios = [
+        Some(0),
+        Some(10),
+        None,
+        Some(10),
+        Some(0),
+        Some(-5),
+        Some(i64::MAX),
+    ];
+    // Highest first; equal priorities in arrival order; no priority after every explicit one.
+    assert_eq!(scheduled_order(true, &prios), vec![6, 1, 3, 0, 4, 5, 2]);
+}
+
+#[test]
+fn priorities_are_ignored_without_priority_scheduling() {
+    let prios = [Some(0), Some(10), None, Some(10), Some(-5)];
+    assert_eq!(scheduled_order(false, &prios), vec![0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn priority_is_fixed_once_scheduled_and_aborts_leave_the_order_intact() {
+    let mut e = Engine::new(EngineConfig {
+        max_running: 1,
+        priority_scheduling: true,
+        ..cfg()
+    });
+    let a = e.submit(prompt(0, 100), 3, 0.0, false).unwrap();
+    e.set_priority(a, Some(1));
+    let mut ev = Vec::new();
+    e.plan().unwrap();
+    e.complete(&mut ev);
+    // Running now: a later priority cannot move it back into the queue.
+    e.set_priority(a, Some(-100));
+    assert_eq!((e.num_running(), e.num_waiting()), (1, 0));
+    let b = e.submit(prompt(1000, 50), 2, 0.0, false).unwrap();
+    let c = e.submit(prompt(2000, 50), 2, 0.0, false).unwrap();
+    let d = e.submit(prompt(3000, 50), 2, 0.0, false).unwrap();
+    e.set_priority(c, Some(5));
+    e.set_priority(d, Some(5));
+    e.abort(c);
+    e.run_until_idle(&mut ev);
+    assert_eq!(first_token_order(&ev), vec![a, d, b]);
+}
+
+#[test]
+fn idle_time_counts_the_gaps_with_no_forward_to_run() {
+    let mut e = Engine::new(cfg());
+    assert_eq!(e.idle_seconds(0.0), 0.0);
+    // Nothing to run for 1.5 s, seen before and after the clock is moved.
+    assert!(close(e.idle_seconds(1500.0), 1.5));
+    e.advance_to(1500.0);
+    assert!(close(e.idle_seconds(1500.0), 1.5));
+    e.submit(prompt(0, 3000), 4, 1500.0, false).unwrap();
+    let f = e.plan().unwrap();
+    // A forward in flight is busy time, whatever the driver's clock says.
+    e.advance_to(1600.0);
+    assert!(close(e.idle_seconds(1500.0 + f.duration_ms), 1.5));
+    let mut ev = Vec::new();
+    e.complete(&mut ev);
+    e.run_until_idle(&mut ev);
+    let busy_until = e.now_ms();
+    assert!(close(e.idle_seconds(busy_until), 1.5));
+    // Idle again: 250 ms more until the next arrival.
+    e.advance_to(busy_until + 250.0);
+    assert!(close(e.idle_seconds(busy_until + 250.0), 1.75));
+    let text = e.render_metrics("m", 0, busy_until + 1250.0);
+    assert!(close(sample(&text, "sglang:gpu_idle_seconds_total"), 2.75));
+    assert!(text.contains("# TYPE sglang:gpu_idle_seconds_total counter"));
 }

@@ -73,7 +73,17 @@ pub(super) async fn inference(
         guard,
         slots,
         prompt_lens,
-    } = match submit_all(sh, req.prompts, namespaces, req.max_new_tokens, transferred) {
+    } = match submit_all(
+        sh,
+        req.prompts,
+        namespaces,
+        req.max_new_tokens,
+        super::Admit {
+            internal: false,
+            transferred,
+            priority: req.priority,
+        },
+    ) {
         Ok(x) => x,
         Err(msg) => {
             let next = respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await;
@@ -326,7 +336,7 @@ fn submit_all(
     prompts: Vec<Vec<u32>>,
     namespaces: Vec<Namespace>,
     max_new_tokens: usize,
-    transferred: bool,
+    admit: super::Admit,
 ) -> Result<Submitted, String> {
     let mut guard = AbortGuard {
         sh: sh.clone(),
@@ -336,7 +346,7 @@ fn submit_all(
     let mut prompt_lens = Vec::with_capacity(prompts.len());
     for (p, ns) in prompts.into_iter().zip(namespaces) {
         prompt_lens.push(p.len());
-        let (id, slot) = sh.submit_with(p, ns, max_new_tokens, false, transferred)?;
+        let (id, slot) = sh.submit_with(p, ns, max_new_tokens, admit)?;
         guard.ids.push(id);
         slots.push(slot);
     }

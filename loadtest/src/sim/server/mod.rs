@@ -125,6 +125,18 @@ struct Server {
     next_rank: Cell<usize>,
 }
 
+/// How the engine takes a submitted prompt.
+#[derive(Debug, Clone, Copy, Default)]
+struct Admit {
+    /// A health probe: kept out of the metrics.
+    internal: bool,
+    /// PD decode side: the prompt's KV was handed over by a prefill server, so only the decode
+    /// cost is charged.
+    transferred: bool,
+    /// The body's `priority` (used under `--enable-priority-scheduling`).
+    priority: Option<i64>,
+}
+
 /// Counts an inference request as in progress while it lives.
 struct InProgress<'a>(&'a Cell<u64>);
 
@@ -166,6 +178,7 @@ impl Server {
             output_vocab: tok.output_vocab(),
             kv_events: kv.is_some(),
             host_cache_tokens: cfg.host_cache_tokens,
+            priority_scheduling: cfg.priority_scheduling,
         });
         let kv_config = match &kv {
             Some(p) => Some(p.config().clone()),
@@ -306,19 +319,30 @@ impl Server {
         max_new: usize,
         internal: bool,
     ) -> Result<(ReqId, Rc<Slot>), String> {
-        self.submit_with(prompt, Namespace::default(), max_new, internal, false)
+        self.submit_with(
+            prompt,
+            Namespace::default(),
+            max_new,
+            Admit {
+                internal,
+                ..Admit::default()
+            },
+        )
     }
 
-    /// [`Server::submit`] in cache namespace `ns`; `transferred`: the prompt's KV was handed
-    /// over by a prefill server (PD decode side), so only the decode cost is charged.
+    /// [`Server::submit`] in cache namespace `ns`, with the request's scheduling fields.
     fn submit_with(
         &self,
         prompt: Vec<u32>,
         ns: Namespace,
         max_new: usize,
-        internal: bool,
-        transferred: bool,
+        admit: Admit,
     ) -> Result<(ReqId, Rc<Slot>), String> {
+        let Admit {
+            internal,
+            transferred,
+            priority,
+        } = admit;
         let mut e = self.engine.borrow_mut();
         let v = self.virt_now();
         let arrival = match e.inflight_ms() {
@@ -336,6 +360,9 @@ impl Server {
         }
         if !ns.is_default() {
             e.set_namespace(id, ns);
+        }
+        if priority.is_some() {
+            e.set_priority(id, priority);
         }
         drop(e);
         let slot = Rc::new(Slot::default());

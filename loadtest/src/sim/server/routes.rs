@@ -204,7 +204,7 @@ fn metrics(sh: &Rc<Server>) -> String {
     let render = |r: &Server| {
         r.engine
             .borrow()
-            .render_metrics(&r.cfg.model_name, r.held.get())
+            .render_metrics(&r.cfg.model_name, r.held.get(), r.virt_now())
     };
     if sh.others.is_empty() {
         return render(sh);
@@ -325,6 +325,7 @@ fn server_info(sh: &Rc<Server>) -> Value {
         "page_size": c.page_size, "chunked_prefill_size": c.chunked_prefill_size,
         "max_prefill_tokens": 16384, "max_running_requests": c.max_running,
         "max_total_tokens": c.max_total_tokens, "schedule_policy": "fcfs",
+        "enable_priority_scheduling": c.priority_scheduling, "schedule_low_priority_values_first": false,
         "radix_eviction_policy": "lru", "disable_radix_cache": false, "enable_metrics": true,
         "enable_hierarchical_cache": c.host_cache_tokens > 0,
         "enable_cache_report": true, "context_length": CONTEXT_LEN, "stream_interval": 1,
