@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
+use loadtest::loadgen::overload::cli::{Common, OverloadArgs};
 use loadtest::loadgen::{
     self, Api, Arrival, ChatParams, GspParams, InputIds, LoadConfig, MrqaParams, WorkloadKind,
 };
@@ -16,6 +17,8 @@ enum WorkloadArg {
     Chat,
     Trace,
     Rate,
+    /// Two tenants, interactive and batch, on an overloaded fleet (see the overload flags).
+    Overload,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -172,6 +175,9 @@ struct Cli {
     #[arg(long, default_value_t = ChatParams::default().think_median_s, help_heading = "chat")]
     think_median: f64,
 
+    #[command(flatten)]
+    overload: OverloadArgs,
+
     /// Write the JSON report here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -193,6 +199,7 @@ impl Cli {
                 WorkloadArg::Chat => WorkloadKind::Chat,
                 WorkloadArg::Trace => WorkloadKind::Trace,
                 WorkloadArg::Rate => WorkloadKind::Rate,
+                WorkloadArg::Overload => unreachable!("run by run_overload"),
             },
             api: match self.api {
                 ApiArg::Chat => Api::Chat,
@@ -263,6 +270,9 @@ impl Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.workload, WorkloadArg::Overload) {
+        return run_overload(&cli);
+    }
     let (json, markdown, quiet) = (cli.json.clone(), cli.markdown.clone(), cli.quiet);
     let cfg = cli.config();
     let report = match loadgen::run(&cfg) {
@@ -300,6 +310,46 @@ fn main() -> ExitCode {
             "loadgen: no request succeeded (errors: {:?})",
             report.error_examples
         );
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
+}
+
+/// `--workload overload`: its own run and report (per tenant), written like the others.
+fn run_overload(cli: &Cli) -> ExitCode {
+    let cfg = cli.overload.config(Common {
+        target: cli.target.clone(),
+        model: cli.model.clone(),
+        duration_s: cli.duration,
+        drain_s: cli.drain,
+        seed: cli.seed,
+        max_inflight: cli.max_inflight,
+    });
+    let report = match loadgen::overload::run(&cfg) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let md = report.to_markdown();
+    if !cli.quiet {
+        println!("{md}");
+    }
+    let json = serde_json::to_string_pretty(&report).map(|t| t + "\n");
+    let writes = [
+        (cli.json.as_ref(), json.map_err(|e| e.to_string())),
+        (cli.markdown.as_ref(), Ok(md)),
+    ];
+    for (path, text) in writes {
+        let Some(p) = path else { continue };
+        if let Err(e) = text.and_then(|t| std::fs::write(p, t).map_err(|e| e.to_string())) {
+            eprintln!("loadgen: cannot write {}: {e}", p.display());
+            return ExitCode::from(2);
+        }
+    }
+    if report.interactive.ok + report.batch.ok == 0 {
+        eprintln!("loadgen: no request succeeded");
         return ExitCode::from(1);
     }
     ExitCode::SUCCESS

@@ -2,7 +2,8 @@
 //! cache-aware router cares about — time to first token, inter-token latency, end-to-end latency,
 //! throughput and the prompt-cache hit rate the servers report — under realistic workloads
 //! (SGLang's generated-shared-prefix, multi-round QA, chat sessions with think times, Mooncake
-//! trace replay, tiny fixed-rate requests).
+//! trace replay, tiny fixed-rate requests), and two tenants on one overloaded fleet
+//! ([`overload`]: an interactive tenant beside a batch tenant offered past capacity).
 //!
 //! Open loop by default: every request has an *intended* send time fixed by the workload (a
 //! Poisson or fixed arrival, a trace timestamp, or a think time after the previous answer), and
@@ -17,6 +18,7 @@
 mod client;
 mod engine;
 pub mod hist;
+pub mod overload;
 pub mod report;
 pub mod response;
 pub mod text;
