@@ -19,8 +19,6 @@
 //! request the reference refuses (SGLang answers 400) must be refused too (the gateway then
 //! routes it by text). A missing counterpart fails the test; it never skips.
 
-mod common;
-
 use std::sync::Arc;
 
 use loadtest::sim::tokenizer::{SimTokenizer, TokenizerMode};
@@ -47,7 +45,7 @@ fn fixture() -> String {
 /// Runs the fixture with `arg`, `stdin` as its input; its stdout as JSON.
 fn run_fixture(arg: &str, stdin: &Value) -> Value {
     use std::io::Write;
-    let py = common::test_python(&MODULES);
+    let py = crate::common::test_python(&MODULES);
     let mut child = std::process::Command::new(py)
         .arg(fixture())
         .arg(arg)

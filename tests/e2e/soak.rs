@@ -5,7 +5,8 @@
 //! distinct routing keys to a `manual` gateway (the key map), bodies trickled a byte at a time,
 //! HTTP/1.0 requests, and huge declared bodies without a key. Meanwhile a normal client sends
 //! chat requests at a steady rate: every one must succeed, and the process's resident memory
-//! must stay within [`RSS_GROWTH_BOUND_MB`] of what it was after warm-up.
+//! must stay within [`RSS_GROWTH_BOUND_MB`] of what it was after warm-up (the round runs in a
+//! child process of the test binary by itself, so that memory is the round's alone).
 //!
 //! Round 2 (the surface added for exact routing, PD and the new APIs), against the binary with
 //! `--kv-events --tokenizer-path`: aborts of everything and of guessed ids, `tools` nested to
@@ -19,8 +20,7 @@
 //! Duration: `RADIXGATE_SOAK_SECS` (default 60) each; the soaks run one after the other. Every
 //! loop stops by itself at the deadline.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -186,8 +186,18 @@ fn oversized_unauthenticated(addr: SocketAddr, stop: &AtomicBool, failures: &Ato
 
 #[test]
 fn hostile_traffic_leaves_memory_bounded_and_normal_requests_served() {
-    // The two soaks measure memory and delays: one at a time.
-    let _serial = common::hostile::one_at_a_time();
+    // Serial: the soaks measure memory and delays under load they make themselves; another
+    // timing test beside them would read their load as its stall, and theirs as its. Held by
+    // the parent while the soak runs in its child process.
+    let _serial = serial();
+    // Alone in a process: the figure is this process's resident memory, which any other test's
+    // gateways and workers in it would grow too.
+    if !alone_in_a_process(
+        module_path!(),
+        "hostile_traffic_leaves_memory_bounded_and_normal_requests_served",
+    ) {
+        return;
+    }
     let secs: u64 = std::env::var("RADIXGATE_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -366,9 +376,12 @@ fn status_in(what: &str, r: std::io::Result<Response>, want: &[u16]) -> Result<(
 
 #[test]
 fn round_two_hostile_soak_answers_every_normal_request_with_memory_bounded_and_no_stall() {
-    use common::hostile::*;
+    use crate::common::hostile::*;
     use loadtest::sim::kv_events::KvEventsConfig;
-    let _serial = one_at_a_time();
+    // Serial: every normal chat within a second and an event batch every second, under the
+    // load the soak makes itself: delays another timing test's load must not add to (the
+    // gateways are child processes, so their memory is theirs alone).
+    let _serial = serial();
     let secs: u64 = std::env::var("RADIXGATE_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -412,7 +425,8 @@ fn round_two_hostile_soak_answers_every_normal_request_with_memory_bounded_and_n
     let zpub = Zpub::bind([127, 0, 0, 1], 0, move |n| acts[n % acts.len()]);
     let lied_url = lied_about.urls()[0].clone();
     let live_flag = format!("{lied_url}=tcp://127.0.0.1:{}", zpub.port);
-    let replay_flag = format!("{lied_url}=tcp://127.0.0.1:{}", closed_port());
+    let replay_port = closed_port();
+    let replay_flag = format!("{lied_url}=tcp://127.0.0.1:{}", replay_port.port);
     let tok = dir.display().to_string();
     let mut workers: Vec<String> = honest.urls();
     workers.push(lied_url.clone());
@@ -440,7 +454,8 @@ fn round_two_hostile_soak_answers_every_normal_request_with_memory_bounded_and_n
     // Workers whose /get_server_info describes hostile publishers (item 8): 100,000 ranks, and
     // another host (a listener there must never be dialled). Added with the admin key.
     let elsewhere = counter([127, 0, 0, 3], 0);
-    let f_ranks = fake_worker(descriptor("127.0.0.1", free_port(), 100_000, None));
+    let ranks_base = closed_port();
+    let f_ranks = fake_worker(descriptor("127.0.0.1", ranks_base.port, 100_000, None));
     let f_host = fake_worker(descriptor("127.0.0.3", elsewhere.port, 1, None));
     for f in [&f_ranks, &f_host] {
         let body = serde_json::json!({ "url": f.url }).to_string();

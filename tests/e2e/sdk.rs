@@ -6,8 +6,7 @@
 //! The interpreter: `common::test_python` (scripts/test.sh installs the SDKs, pinned in
 //! tests/requirements.txt, into `.venv-test/`). Without them the test fails, it never skips.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
 

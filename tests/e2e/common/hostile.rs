@@ -31,65 +31,52 @@ pub struct Gw {
 /// Prometheus port on 127.0.0.1, worker management allowed from this host), `extra` flags and
 /// `env`, and wait until it answers `/health` and `/metrics`.
 pub fn spawn_gateway(workers: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Gw {
-    let (port, mport) = (free_port(), free_port());
-    let mut args: Vec<String> = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--prometheus-port",
-        &mport.to_string(),
-        "--prometheus-host",
-        "127.0.0.1",
-        "--cores",
-        "1",
-        "--log-level",
-        "warn",
-        "--keyless-local-admin",
-        "--policy",
-        "round_robin",
-        "--kv-events",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    if let Some(d) = test_driver() {
-        args.extend(["--io-driver".to_string(), d.flag().to_string()]);
-    }
-    if !workers.is_empty() {
-        args.push("--worker-urls".into());
-        args.extend(workers.iter().map(|s| s.to_string()));
-    }
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let child = Command::new(env!("CARGO_BIN_EXE_radixgate"))
-        .args(&args)
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start radixgate");
-    let gw = Gw {
-        child: ChildGuard(Some(child)),
-        addr: SocketAddr::from(([127, 0, 0, 1], port)),
-        metrics: SocketAddr::from(([127, 0, 0, 1], mport)),
+    let command = |ports: &[u16]| {
+        let mut args: Vec<String> = [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &ports[0].to_string(),
+            "--prometheus-port",
+            &ports[1].to_string(),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--cores",
+            "1",
+            "--log-level",
+            "warn",
+            "--keyless-local-admin",
+            "--policy",
+            "round_robin",
+            "--kv-events",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if let Some(d) = test_driver() {
+            args.extend(["--io-driver".to_string(), d.flag().to_string()]);
+        }
+        if !workers.is_empty() {
+            args.push("--worker-urls".into());
+            args.extend(workers.iter().map(|s| s.to_string()));
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_radixgate"));
+        cmd.args(&args)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null());
+        cmd
     };
-    for (what, addr, path) in [
-        ("the gateway answers /health", gw.addr, "/health"),
-        ("the gateway answers /metrics", gw.metrics, "/metrics"),
-    ] {
-        wait_until(what, LIMIT, || {
-            request(addr, "GET", path, &[], b"")
-                .ok()
-                .filter(|r| r.status == 200)
-        });
+    let answers = |port: u16, path: &str| {
+        request(local(port), "GET", path, &[], b"").is_ok_and(|r| r.status == 200)
+    };
+    let ready = |ports: &[u16]| answers(ports[0], "/health") && answers(ports[1], "/metrics");
+    let (child, ports) = spawn_on_ports(2, LIMIT, command, ready);
+    Gw {
+        child,
+        addr: local(ports[0]),
+        metrics: local(ports[1]),
     }
-    gw
-}
-
-/// The tests here measure delays of a second and counts of retries over seconds on a shared
-/// 2-core machine: they run one at a time (each holds this while it runs).
-pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Gw {
@@ -398,6 +385,11 @@ pub struct Zpub {
 impl Zpub {
     pub fn bind(ip: [u8; 4], port: u16, act: impl Fn(usize) -> Act + Send + 'static) -> Zpub {
         let listener = TcpListener::bind(SocketAddr::from((ip, port))).expect("bind a publisher");
+        Zpub::on(listener, act)
+    }
+
+    /// A publisher on a listener bound by the caller (a port of a run, or of a pair).
+    pub fn on(listener: TcpListener, act: impl Fn(usize) -> Act + Send + 'static) -> Zpub {
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         let accepted = Arc::new(Mutex::new(Vec::new()));
@@ -602,10 +594,10 @@ pub fn serve_pub(
 
 /// `n` publishers on consecutive ports of `ip` (a DP-rank run), each acting as `act`.
 pub fn zpub_run(ip: [u8; 4], n: u16, act: Act, armed: bool) -> Vec<Zpub> {
-    let base = free_port_run(u32::from(n));
-    (0..n)
-        .map(|r| {
-            let z = Zpub::bind(ip, base + r, move |_| act);
+    listener_run(ip, n)
+        .into_iter()
+        .map(|l| {
+            let z = Zpub::on(l, move |_| act);
             if !armed {
                 z.go.store(false, Ordering::Relaxed);
             }
@@ -623,7 +615,11 @@ pub struct Counter {
 }
 
 pub fn counter(ip: [u8; 4], port: u16) -> Counter {
-    let l = TcpListener::bind(SocketAddr::from((ip, port))).expect("bind a counting listener");
+    counter_on(TcpListener::bind(SocketAddr::from((ip, port))).expect("bind a counting listener"))
+}
+
+/// [`counter`] on a listener bound by the caller.
+pub fn counter_on(l: TcpListener) -> Counter {
     l.set_nonblocking(true).unwrap();
     let port = l.local_addr().unwrap().port();
     let count = Arc::new(AtomicUsize::new(0));

@@ -3,8 +3,7 @@
 //! with its own queue and radix cache, so where a request went and what its rank's cache held
 //! can be read back from the servers (`/debug/stats` `dp_ranks`).
 
-mod common;
-use common::*;
+use crate::common::*;
 use loadtest::sim::SimCluster;
 use serde_json::json;
 use std::collections::HashSet;

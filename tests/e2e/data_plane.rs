@@ -1,10 +1,10 @@
 //! End-to-end tests of the HTTP/1.1 data plane over real sockets on 127.0.0.1: a gateway
-//! in-process in front of simulated SGLang workers. scripts/test.sh runs this file twice:
-//! with `RADIXGATE_TEST_IO_DRIVER=uring` and with `RADIXGATE_TEST_IO_DRIVER=epoll` (see
-//! tests/common: every gateway then runs on, and is checked to report, that driver).
+//! in-process in front of simulated SGLang workers. scripts/test.sh runs it, with the rest of
+//! the e2e binary, twice: with `RADIXGATE_TEST_IO_DRIVER=uring` and with
+//! `RADIXGATE_TEST_IO_DRIVER=epoll` (see `common`: every gateway then runs on, and is checked
+//! to report, that driver).
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::time::{Duration, Instant};
 
 #[test]
@@ -383,10 +383,8 @@ fn the_gateway_process_runs_on_the_io_driver_it_reports() {
     // The in-process gateways share one process with the sims; a child process shows its own
     // driver through its file descriptors: io_uring instances are `anon_inode:[io_uring]`.
     let cluster = sim(1, |_| {});
-    let port = free_port();
-    let child = spawn_binary(port, 2, &cluster.urls()[0]);
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    wait_ready(addr, Duration::from_secs(20));
+    let child = spawn_binary(2, &cluster.urls()[0]);
+    let addr = child.addr;
     let info = request(addr, "GET", "/get_server_info", &[], b"")
         .unwrap()
         .json();
@@ -566,15 +564,17 @@ fn wait_for_upstream_abort(worker: std::net::SocketAddr, limit: Duration) {
 /// traffic the core sleeps (an idle gateway spends nothing).
 #[test]
 fn busy_polling_spends_cpu_only_in_its_window() {
+    // Serial: the figures are CPU shares of the child gateway (idle under 0.1 CPU-s, polling
+    // over 0.3 of a CPU); a timing test beside it on the 2 CPUs would take the CPU the polling
+    // core needs, and add wake-ups to the idle one.
+    let _serial = serial();
     let cluster = sim(1, |_| {});
     let url = &cluster.urls()[0];
     let clk = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let mut paced_share = Vec::new();
     for window in ["1000", "0"] {
-        let port = free_port();
-        let child = spawn_binary_with(port, 1, url, &["--busy-poll-us", window]);
-        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        wait_ready(addr, Duration::from_secs(20));
+        let child = spawn_binary_with(1, url, &["--busy-poll-us", window]);
+        let addr = child.addr;
         let info = request(addr, "GET", "/get_server_info", &[], b"")
             .unwrap()
             .json();

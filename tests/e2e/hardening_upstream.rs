@@ -7,8 +7,7 @@
 //! bytes after a 204, a 101, a malformed first chunk) come from a scripted worker: a plain
 //! `std` listener on 127.0.0.1 that answers each request with fixed bytes.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -240,7 +239,6 @@ fn set_fd_limit(pid: u32, soft: &str) {
 fn a_gateway_out_of_file_descriptors_does_not_blame_the_worker() {
     let worker = sim(1, |_| {});
     let url = worker.urls()[0].clone();
-    let port = free_port();
     let extra = [
         "--cb-failure-threshold",
         "1",
@@ -248,9 +246,8 @@ fn a_gateway_out_of_file_descriptors_does_not_blame_the_worker() {
         "300",
         "--disable-retries",
     ];
-    let child = spawn_binary_with(port, 1, &url, &extra);
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    wait_ready(addr, Duration::from_secs(10));
+    let child = spawn_binary_with(1, &url, &extra);
+    let addr = child.addr;
     // A kept-alive client connection, accepted while descriptors were plentiful.
     let mut c = Conn::open(addr);
     c.send(&raw_request("GET", "/health", &[], b""));
@@ -608,7 +605,8 @@ fn client_errors_never_name_a_worker() {
     assert_eq!(r.status, 502, "{}", r.text());
     assert!(!r.text().contains(port), "worker address in {}", r.text());
 
-    let dead = format!("http://127.0.0.1:{}", free_port());
+    let nobody = closed_port();
+    let dead = format!("http://127.0.0.1:{}", nobody.port);
     let gw = gateway_scripted(std::slice::from_ref(&dead), &["--disable-retries"]);
     let r = generate(gw.addr, &gen_body(0));
     assert_eq!(r.status, 502, "{}", r.text());
@@ -623,11 +621,7 @@ fn client_errors_never_name_a_worker() {
 fn a_removed_workers_series_leave_metrics() {
     let cluster = sim(2, |_| {});
     let urls = cluster.urls();
-    let port = free_port().to_string();
-    let gw = gateway_for(
-        &urls[..1],
-        &["--prometheus-port", &port, "--prometheus-host", "127.0.0.1"],
-    );
+    let gw = gateway_with_metrics(&urls[..1], &[]);
     let metrics = gw.metrics_addr.expect("metrics listener");
     let scrape = || {
         request(metrics, "GET", "/metrics", &[], b"")
@@ -661,6 +655,9 @@ fn a_removed_workers_series_leave_metrics() {
 
 #[test]
 fn public_calls_that_reach_workers_are_bounded_and_the_rest_refused_at_once() {
+    // Serial: "refused at once" is a bound (400 ms, against the worker's 500 ms) on 60 calls
+    // fired together; a timing test's load beside them could push a refusal past it.
+    let _serial = serial();
     // A worker that takes half a second over every answer.
     let slow = scripted(|_| {
         std::thread::sleep(Duration::from_millis(500));

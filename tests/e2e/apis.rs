@@ -4,8 +4,7 @@
 //! `POST /abort_request` reaching the worker that runs the request; a client that leaves
 //! aborting its request on the worker.
 
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::net::SocketAddr;

@@ -12,7 +12,7 @@
 //! scripts/test.sh from the pinned requirements). Without SGLang there the tests fail: a missing
 //! counterpart is a failure, never a skip.
 
-mod common;
+use crate::common::{reserve_run, ReservedRun};
 use crossbeam::channel::{self, Receiver};
 use radixgate::kv::endpoint::TcpEndpoint;
 use radixgate::kv::index::{namespace_root, MatchScratch, ROOT_PARENT};
@@ -32,7 +32,7 @@ const PAGE: usize = 4;
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
 fn python() -> String {
-    common::test_python(&["msgspec", "zmq", "pydantic", "psutil", "sglang"])
+    crate::common::test_python(&["msgspec", "zmq", "pydantic", "psutil", "sglang"])
 }
 
 /// SGLang's publisher for `ranks` DP ranks, driven over stdin; killed (by PID) on drop.
@@ -42,7 +42,14 @@ struct Sglang {
     lines: Receiver<String>,
     live: TcpEndpoint,
     replay: TcpEndpoint,
+    /// The live and replay port runs, held for the publisher's life: it binds them itself, and
+    /// binds them again when restarted.
+    _ports: (ReservedRun, ReservedRun),
 }
+
+/// Starts of SGLang's publisher before a test gives up (one whose ports were taken before it
+/// bound them exits, and is started again on other ports).
+const PUBLISHER_TRIES: usize = 5;
 
 impl Sglang {
     /// One rank.
@@ -53,14 +60,28 @@ impl Sglang {
     /// `ranks` ranks on the ports SGLang derives from the bases (base + rank), as a DP server,
     /// bound on loopback (fixed ports: a restarted publisher binds the same ones again).
     fn with_ranks(ranks: u32) -> Sglang {
-        let (live, replay) = (common::free_port_run(ranks), common::free_port_run(ranks));
-        let cfg = format!(
-            r#"{{"publisher":"zmq","endpoint":"tcp://127.0.0.1:{live}","bind":true,"replay_endpoint":"tcp://127.0.0.1:{replay}"}}"#
-        );
-        Sglang::with_config(&cfg, ranks)
+        let n = u16::try_from(ranks).expect("a few ranks");
+        let mut failures = Vec::new();
+        for _ in 0..PUBLISHER_TRIES {
+            let (live, replay) = (reserve_run(n), reserve_run(n));
+            let cfg = format!(
+                r#"{{"publisher":"zmq","endpoint":"tcp://127.0.0.1:{}","bind":true,"replay_endpoint":"tcp://127.0.0.1:{}"}}"#,
+                live.base, replay.base
+            );
+            match Sglang::with_config(&cfg, ranks, (live, replay)) {
+                Ok(sg) => return sg,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("SGLang's publisher did not start, {PUBLISHER_TRIES} times: {failures:?}");
     }
 
-    fn with_config(config: &str, ranks: u32) -> Sglang {
+    /// The publisher on `config`; Err when it ends (or stays silent) before saying it is ready.
+    fn with_config(
+        config: &str,
+        ranks: u32,
+        ports: (ReservedRun, ReservedRun),
+    ) -> Result<Sglang, String> {
         let mut child = Command::new(python())
             .arg(format!("{ROOT}/tests/fixtures/sglang_publisher.py"))
             .args(["--config", config, "--ranks", &ranks.to_string()])
@@ -80,10 +101,15 @@ impl Sglang {
                 }
             }
         });
-        let ready = lines
-            .recv_timeout(Duration::from_secs(60))
-            .expect("SGLang's publisher starts");
-        let ports: Vec<u16> = ready
+        let ready = match lines.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => line,
+            Err(e) => {
+                let _ = child.kill();
+                let status = child.wait();
+                return Err(format!("{config}: no ready line ({e}); {status:?}"));
+            }
+        };
+        let ports_said: Vec<u16> = ready
             .strip_prefix("ready ")
             .unwrap_or_else(|| panic!("publisher said {ready}"))
             .split(' ')
@@ -93,13 +119,14 @@ impl Sglang {
             host: "127.0.0.1".into(),
             port,
         };
-        Sglang {
+        Ok(Sglang {
             child,
             stdin,
             lines,
-            live: ep(ports[0]),
-            replay: ep(ports[1]),
-        }
+            live: ep(ports_said[0]),
+            replay: ep(ports_said[1]),
+            _ports: ports,
+        })
     }
 
     /// Run one command; returns what follows "ok" (the batch's sequence number, if one went out).
@@ -430,7 +457,7 @@ fn garbage_on_either_socket_is_counted_and_costs_no_blocks() {
     assert!(!b.events.is_empty());
     // (The far-ahead number is judged when the replay that proves it ends, which may come
     // after the batch above was delivered from it.)
-    let c = common::wait_until("three messages refused", LIMIT, || {
+    let c = crate::common::wait_until("three messages refused", LIMIT, || {
         let c = i.counts();
         (c.malformed >= 3).then_some(c)
     });
@@ -466,7 +493,7 @@ struct Fleet {
 impl Fleet {
     fn start(extra: &[&str]) -> Fleet {
         // The workers report the page size the publishers hash at: the only one believed.
-        let cluster = common::sim(2, |cfg| cfg.page_size = PAGE);
+        let cluster = crate::common::sim(2, |cfg| cfg.page_size = PAGE);
         let urls: Vec<String> = cluster
             .ports()
             .iter()
@@ -492,9 +519,9 @@ impl Fleet {
         );
         args.extend(extra.iter().map(|s| s.to_string()));
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let gw = common::gateway_for(&urls, &refs);
+        let gw = crate::common::gateway_for(&urls, &refs);
         let kv = gw.gateway().kv.as_ref().unwrap();
-        common::wait_until("both workers routed by their events", LIMIT, || {
+        crate::common::wait_until("both workers routed by their events", LIMIT, || {
             (kv.exact_workers().len() == 2).then_some(())
         });
         Fleet {
@@ -535,7 +562,7 @@ impl Fleet {
     }
 
     fn wait_held(&self, root: u64, prompt: &[u32], want: &[(usize, u32, u32)]) {
-        common::wait_until("the index holds what was published", LIMIT, || {
+        crate::common::wait_until("the index holds what was published", LIMIT, || {
             (self.held(root, prompt) == want).then_some(())
         });
     }
@@ -546,9 +573,9 @@ impl Fleet {
         if let serde_json::Value::Object(m) = extra {
             body.as_object_mut().unwrap().extend(m);
         }
-        let r = common::generate(self.gw.addr, &serde_json::to_vec(&body).unwrap());
+        let r = crate::common::generate(self.gw.addr, &serde_json::to_vec(&body).unwrap());
         assert_eq!(r.status, 200, "{}", r.text());
-        let port = common::served_by(&r);
+        let port = crate::common::served_by(&r);
         self.cluster
             .ports()
             .iter()
@@ -615,14 +642,14 @@ fn host_tier_copies_count_below_gpu_copies_and_removals_touch_one_tier() {
 #[test]
 fn a_gateway_started_after_the_servers_is_warm_and_stays_ready_through_silence_and_restarts() {
     // The servers cache before the gateway exists.
-    let cluster = common::sim(1, |cfg| cfg.page_size = PAGE);
+    let cluster = crate::common::sim(1, |cfg| cfg.page_size = PAGE);
     let url = format!("http://127.0.0.1:{}", cluster.ports()[0]);
     let mut sg = Sglang::start();
     let prompt = tokens(64, 3000);
     sg.store(1, None, &prompt, json!({}));
     let live = format!("{url}={}", sg.live.url());
     let replay = format!("{url}={}", sg.replay.url());
-    let gw = common::gateway_for(
+    let gw = crate::common::gateway_for(
         std::slice::from_ref(&url),
         &[
             "--kv-events",
@@ -640,11 +667,11 @@ fn a_gateway_started_after_the_servers_is_warm_and_stays_ready_through_silence_a
             .first()
             .map_or(0, |m| m.blocks)
     };
-    common::wait_until("the buffered prompt replayed", LIMIT, || {
+    crate::common::wait_until("the buffered prompt replayed", LIMIT, || {
         (held() == 16).then_some(())
     });
     let ready = || {
-        common::request(gw.addr, "GET", "/readiness", &[], b"")
+        crate::common::request(gw.addr, "GET", "/readiness", &[], b"")
             .map(|r| r.status)
             .unwrap_or(0)
     };

@@ -16,12 +16,12 @@
 //!   host name whose lookup never ends (another worker's lookups and events unaffected) (item 8).
 //!
 //! Every gateway here is the `radixgate` binary in a child process: its `/proc` entry shows its
-//! own memory and descriptors, its Prometheus port its own counters. The tests run one at a
-//! time (their figures are delays and retry counts on a shared machine).
+//! own memory and descriptors, its Prometheus port its own counters. The tests whose figures are
+//! delays, rates and retry counts hold `common::serial`, so no other such test shares the
+//! machine with them.
 
-mod common;
-use common::hostile::*;
-use common::*;
+use crate::common::hostile::*;
+use crate::common::*;
 use loadtest::sim::kv_events::KvEventsConfig;
 use loadtest::sim::SimCluster;
 use serde_json::json;
@@ -169,7 +169,9 @@ fn flood(
 
 #[test]
 fn an_endless_message_a_huge_frame_and_max_size_messages_are_dropped_counted_and_bounded() {
-    let _serial = one_at_a_time();
+    // Serial: the honest batches must apply within a second while the flood runs, and the peak
+    // read from the gateway's /proc must be the flood's, not a neighbour test's load.
+    let _serial = serial();
     let honest = kv_sim();
     let hostile = fake_worker(json!({"served_model_name": MODEL}));
     // Its first connection gets an endless message, its second a frame announcing 2^40 bytes,
@@ -230,7 +232,9 @@ fn an_endless_message_a_huge_frame_and_max_size_messages_are_dropped_counted_and
 
 #[test]
 fn sixteen_ranks_holding_unfinished_messages_never_starve_an_honest_publisher() {
-    let _serial = one_at_a_time();
+    // Serial: honest batches within a second while 16 ranks hold 32 MiB messages: a delay
+    // figure, which another timing test's load would inflate.
+    let _serial = serial();
     let honest = kv_sim();
     let zpubs = zpub_run([127, 0, 0, 1], 16, Act::HoldUnfinished, false);
     let hostile = fake_worker(descriptor("*", zpubs[0].port, 16, None));
@@ -267,7 +271,9 @@ fn sixteen_ranks_holding_unfinished_messages_never_starve_an_honest_publisher() 
 
 #[test]
 fn a_publisher_that_breaks_the_protocol_after_its_greeting_is_redialled_ever_more_slowly() {
-    let _serial = one_at_a_time();
+    // Serial: counts redials within 4 s; a starved event thread would redial less often and
+    // pass or fail for the wrong reason.
+    let _serial = serial();
     // Every connection: greeted, then an endless message (refused at its fifth frame).
     let zpub = Zpub::bind([127, 0, 0, 1], 0, |_| Act::EndlessFrames);
     let w = fake_worker(descriptor("*", zpub.port, 1, None));
@@ -314,13 +320,15 @@ fn a_publisher_that_breaks_the_protocol_after_its_greeting_is_redialled_ever_mor
 
 #[test]
 fn sixty_four_ranks_whose_replays_are_refused_at_every_gap_never_delay_another_worker() {
-    let _serial = one_at_a_time();
+    // Serial: refused replays counted per second (at least 100/s) and the other worker's
+    // batches within a second: both rates, which need the CPU they were stated for.
+    let _serial = serial();
     let honest = kv_sim();
     // 64 ranks publishing a batch every 100 ms, each skipping a sequence number: every batch
     // is a gap, so its replay socket is asked, and refuses (nothing listens there).
     let zpubs = zpub_run([127, 0, 0, 1], 64, Act::Gappy, true);
-    let replay_base = free_port_run(64);
-    let w = fake_worker(descriptor("*", zpubs[0].port, 64, Some(replay_base)));
+    let replays = closed_run(64);
+    let w = fake_worker(descriptor("*", zpubs[0].port, 64, Some(replays.base)));
     let honest_url = honest.urls()[0].clone();
     let gw = spawn_gateway(&[&honest_url, &w.url], &[], &[]);
     wait_live(&gw, &honest_url, 0, LIMIT);
@@ -356,22 +364,24 @@ fn sixty_four_ranks_whose_replays_are_refused_at_every_gap_never_delay_another_w
 
 #[test]
 fn a_workers_endpoint_host_is_never_dialled_only_its_own_host_or_a_flag() {
-    let _serial = one_at_a_time();
     // SGLang 0.5.23's descriptor naming 127.0.0.3, the older config naming 127.0.0.3: both
     // workers are on 127.0.0.1, and only 127.0.0.1 may be dialled. A listener on 127.0.0.3 at
     // the same port counts what it is offered.
-    let (pa, pb, pc) = (free_port(), free_port(), free_port());
-    let on_own_a = Zpub::bind([127, 0, 0, 1], pa, |_| Act::Honest);
-    let elsewhere_a = counter([127, 0, 0, 3], pa);
+    let (here, there) = (listener_pair(HERE, THERE), listener_pair(HERE, THERE));
+    let (pa, pb) = (port_of(&here.0), port_of(&there.0));
+    let on_own_a = Zpub::on(here.0, |_| Act::Honest);
+    let elsewhere_a = counter_on(here.1);
     let a = fake_worker(descriptor("127.0.0.3", pa, 1, None));
-    let on_own_b = Zpub::bind([127, 0, 0, 1], pb, |_| Act::Honest);
-    let elsewhere_b = counter([127, 0, 0, 3], pb);
+    let on_own_b = Zpub::on(there.0, |_| Act::Honest);
+    let elsewhere_b = counter_on(there.1);
     let config = json!({"publisher": "zmq", "endpoint": format!("tcp://127.0.0.3:{pb}")});
     let b =
         fake_worker(json!({"served_model_name": MODEL, "kv_events_config": config.to_string()}));
     // The control: --kv-events-endpoints may name another host, and it is dialled there.
-    let flagged_there = Zpub::bind([127, 0, 0, 3], pc, |_| Act::Honest);
-    let not_here = counter([127, 0, 0, 1], pc);
+    let (flagged, unflagged) = listener_pair(THERE, HERE);
+    let pc = port_of(&flagged);
+    let flagged_there = Zpub::on(flagged, |_| Act::Honest);
+    let not_here = counter_on(unflagged);
     let c = fake_worker(json!({"served_model_name": MODEL}));
     let flag = format!("{}=tcp://127.0.0.3:{pc}", c.url);
     let gw = spawn_gateway(
@@ -408,17 +418,20 @@ fn a_workers_endpoint_host_is_never_dialled_only_its_own_host_or_a_flag() {
     }
 }
 
-/// A free port whose run of `n` ports goes past 65535 (none of the run exists).
-fn free_port_near_the_top(n: u16) -> u16 {
-    (65536 - u32::from(n) + 1..=65535)
-        .map(|p| p as u16)
-        .find(|&p| TcpListener::bind(("127.0.0.1", p)).is_ok())
-        .expect("a free port near 65535")
+/// The addresses of the endpoint-host test: the workers' own host, and another one.
+const HERE: [u8; 4] = [127, 0, 0, 1];
+const THERE: [u8; 4] = [127, 0, 0, 3];
+
+/// The port a listener is bound to.
+fn port_of(l: &TcpListener) -> u16 {
+    l.local_addr().expect("a bound listener").port()
 }
 
 #[test]
 fn a_worker_announcing_100000_ranks_is_refused_counted_and_holds_no_socket() {
-    let _serial = one_at_a_time();
+    // Serial: counts the child gateway's sockets before and after (+64 at most), and waits
+    // on discovery's retry timing (1 s, then 2 s) within a limit.
+    let _serial = serial();
     let honest = kv_sim();
     let honest_url = honest.urls()[0].clone();
     let gw = spawn_gateway(&[&honest_url], &[], &[]);
@@ -429,15 +442,13 @@ fn a_worker_announcing_100000_ranks_is_refused_counted_and_holds_no_socket() {
     // 100,000 ranks; 65 ranks (one over the default --kv-max-dp-ranks, 64); 64 ranks from a
     // port whose run passes 65535; 64 ranks exactly, quiet publishers holding their
     // connections.
-    let big_port = free_port();
-    let big_probe = counter([127, 0, 0, 1], big_port);
-    let big = fake_worker(descriptor("*", big_port, 100_000, None));
-    let over_port = free_port_run(65);
-    let over_probe = counter([127, 0, 0, 1], over_port);
-    let over = fake_worker(descriptor("*", over_port, 65, None));
-    let top_port = free_port_near_the_top(64);
-    let top_probe = counter([127, 0, 0, 1], top_port);
-    let top = fake_worker(descriptor("*", top_port, 64, None));
+    // Each probe listens on the first port of its run (the rest are never dialled either).
+    let big_probe = counter([127, 0, 0, 1], 0);
+    let big = fake_worker(descriptor("*", big_probe.port, 100_000, None));
+    let over_probe = counter([127, 0, 0, 1], 0);
+    let over = fake_worker(descriptor("*", over_probe.port, 65, None));
+    let top_probe = counter_on(listener_near_the_top(64));
+    let top = fake_worker(descriptor("*", top_probe.port, 64, None));
     let at_cap = zpub_run([127, 0, 0, 1], 64, Act::Quiet, true);
     let cap = fake_worker(descriptor("*", at_cap[0].port, 64, None));
     for w in [&big, &over, &top, &cap] {
@@ -489,8 +500,11 @@ fn a_worker_announcing_100000_ranks_is_refused_counted_and_holds_no_socket() {
 
 #[test]
 fn a_publisher_port_that_refuses_at_first_is_retried_with_backoff_until_it_opens() {
-    let _serial = one_at_a_time();
-    let port = free_port();
+    // Serial: refusals counted against the backoff's schedule (0, 0.1, 0.3, 0.7, 1.5, 3.1 s).
+    let _serial = serial();
+    // Refused (nothing listens) yet held, so the publisher below can bind it later.
+    let reserved = reserve();
+    let port = reserved.port;
     let w = fake_worker(descriptor("*", port, 1, None));
     let gw = spawn_gateway(&[&w.url], &[], &[]);
     // Nothing listens yet: note when each refusal is counted.
@@ -588,7 +602,8 @@ int getaddrinfo(const char *node, const char *service, const struct addrinfo *hi
 
 #[test]
 fn a_host_name_whose_lookup_never_ends_does_not_hold_up_another_workers_events() {
-    let _serial = one_at_a_time();
+    // Serial: the other worker's batches within a second while 16 lookups hang.
+    let _serial = serial();
     let lib = hanging_dns_library();
     // A worker with 16 ranks whose publisher is named (by flag) on a host whose lookup never
     // ends: 16 lookups of that name at once, and a retry of each after its 5 s deadline.

@@ -2,8 +2,7 @@
 //! the other policies, per-model trees and eviction. Deterministic seeds; workers are the
 //! simulated SGLang servers, identified by the `x-worker-port` header they set.
 
-mod common;
-use common::*;
+use crate::common::*;
 use radixgate::tree::TreeKey;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -72,7 +71,7 @@ fn imbalance_sends_to_the_least_loaded_worker() {
         ],
     );
     let prompt = words(7, 200);
-    let r = common::chat(gw.addr, &prompt, false, 1);
+    let r = crate::common::chat(gw.addr, &prompt, false, 1);
     let home = served_by(&r);
     gw.gateway().router.tree.as_ref().unwrap().sync();
     // Hold 4 slow streams with the same prefix: they all stick to `home` (balanced so far:
@@ -372,7 +371,7 @@ fn insert_response_text_teaches_the_tree_the_reply() {
         for stream in [false, true] {
             // A fresh prompt per case, so the streamed case cannot pass on what the other learned.
             let prompt = words(11 + stream as u64, 60);
-            let r = common::chat(gw.addr, &prompt, stream, 6);
+            let r = crate::common::chat(gw.addr, &prompt, stream, 6);
             assert_eq!(r.status, 200);
             let reply: String = if stream {
                 r.text()

@@ -3,16 +3,12 @@
 //! queue) has a bound, and each test here floods one of them over a real socket.
 //!
 //! Peak-memory checks read `VmHWM` from `/proc/self/status`, which is per process: they re-run
-//! this test binary on one test (`RADIXGATE_MEMORY_CHILD` set) so nothing else shares the peak.
+//! this test binary on one test (`common::run_in_child`) so nothing else shares the peak.
 
-mod common;
-use common::*;
+use crate::common::*;
 use radixgate::tree::TreeKey;
 use std::io::{Read, Write};
 use std::time::Duration;
-
-/// Set in the child process that runs one peak-memory measurement.
-const CHILD: &str = "RADIXGATE_MEMORY_CHILD";
 
 /// A `/proc/self/status` field in bytes (`VmHWM`, `VmRSS`); 0 when unavailable.
 fn status_bytes(field: &str) -> u64 {
@@ -24,23 +20,11 @@ fn status_bytes(field: &str) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Runs test `name` of this binary alone in a child process and returns the figure it printed
+/// Runs test `name` of this module alone in a child process and returns the figure it printed
 /// as `FIGURE=<n>` (the child's peak-memory growth in bytes).
 fn run_child(name: &str) -> u64 {
-    let exe = std::env::current_exe().expect("test binary path");
-    let out = std::process::Command::new(exe)
-        .args([name, "--exact", "--nocapture", "--test-threads", "1"])
-        .env(CHILD, "1")
-        .output()
-        .expect("run the child test");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "child {name} failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-        .lines()
+    let out = run_in_child(module_path!(), name);
+    out.lines()
         .find_map(|l| {
             l.split("FIGURE=")
                 .nth(1)?
@@ -49,7 +33,7 @@ fn run_child(name: &str) -> u64 {
                 .parse()
                 .ok()
         })
-        .unwrap_or_else(|| panic!("child {name} printed no figure: {stdout}"))
+        .unwrap_or_else(|| panic!("child {name} printed no figure: {out}"))
 }
 
 /// Body of the extraction flood: `{"prompt":[0,0,…]}` of about `bytes` bytes.
@@ -79,7 +63,7 @@ fn extraction_of_a_50_mb_number_array_peaks_under_4x_the_body() {
 /// 503), one 50 MB body sent over a socket, the growth of the peak printed.
 #[test]
 fn child_extracts_a_50_mb_number_array() {
-    if std::env::var_os(CHILD).is_none() {
+    if !is_the_child(module_path!(), "child_extracts_a_50_mb_number_array") {
         return;
     }
     let gw = gateway(&["--policy", "cache_aware"]);
@@ -201,7 +185,7 @@ fn learned_text_does_not_pin_request_bodies() {
 /// growth once the requests are done.
 #[test]
 fn child_sends_big_bodies_with_short_prompts() {
-    if std::env::var_os(CHILD).is_none() {
+    if !is_the_child(module_path!(), "child_sends_big_bodies_with_short_prompts") {
         return;
     }
     let cluster = sim(1, |c| c.record_requests = 0);

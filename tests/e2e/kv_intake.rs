@@ -6,12 +6,11 @@
 //! forms; a gap that cannot be filled, a restart (sequence back to 0) and an unreadable batch
 //! each reset the worker; garbage frames are counted and skipped; subscriptions change at run
 //! time; a flood beyond the publisher's queue loses nothing silently. (SGLang's own publisher
-//! code is driven by `tests/sglang_events.rs`.)
+//! code is driven by `sglang_events`.)
 //!
 //! The interpreter: `common::test_python` (scripts/test.sh builds `.venv-test/` from the pinned
 //! tests/requirements.txt). Without pyzmq and msgpack the tests fail, they never skip.
 
-mod common;
 use crossbeam::channel::{self, Receiver};
 use radixgate::kv::endpoint::TcpEndpoint;
 use radixgate::kv::intake::{
@@ -31,7 +30,7 @@ fn python() -> Option<String> {
     if std::env::var("RADIXGATE_TEST_LOG").as_deref() == Ok("debug") {
         radixgate::log::set_level(radixgate::log::Level::Debug);
     }
-    Some(common::test_python(&["zmq", "msgpack"]))
+    Some(crate::common::test_python(&["zmq", "msgpack"]))
 }
 
 /// The Python publisher, driven line by line over stdin; killed (by PID) on drop.
@@ -391,9 +390,9 @@ fn gaps_that_cannot_be_filled_reset_the_worker() {
     assert_eq!((b.seq, b.replayed), (live, false));
 
     // A replay endpoint nobody listens on: refused at once, reset, the stream goes on.
+    let nobody = crate::common::closed_port();
     let mut closed = f.publisher(1, true);
-    closed.replay =
-        Some(TcpEndpoint::parse(&format!("tcp://127.0.0.1:{}", common::closed_port())).unwrap());
+    closed.replay = Some(TcpEndpoint::parse(&format!("tcp://127.0.0.1:{}", nobody.port)).unwrap());
     intake.subscribe(closed).unwrap();
     assert_eq!(next_event(&rx), reset(1, ResetReason::Unsubscribed));
     join(&mut f, &rx);
@@ -567,7 +566,7 @@ fn the_gateway_routes_on_a_foreign_publisher_named_by_flags_and_fills_its_gap() 
     let mut f = Fixture::start(&py);
     // The worker reports the page size the publisher's events use (4): a size a server
     // announces is the only one its events are believed in.
-    let cluster = common::sim(2, |cfg| cfg.page_size = 4);
+    let cluster = crate::common::sim(2, |cfg| cfg.page_size = 4);
     let urls: Vec<String> = cluster
         .ports()
         .iter()
@@ -575,7 +574,7 @@ fn the_gateway_routes_on_a_foreign_publisher_named_by_flags_and_fills_its_gap() 
         .collect();
     let live = format!("{}={}", urls[1], f.live.url());
     let replay = format!("{}={}", urls[1], f.replay.url());
-    let gw = common::gateway_for(
+    let gw = crate::common::gateway_for(
         &urls,
         &[
             "--kv-events",
@@ -588,7 +587,7 @@ fn the_gateway_routes_on_a_foreign_publisher_named_by_flags_and_fills_its_gap() 
         ],
     );
     let kv = gw.gateway().kv.as_ref().unwrap();
-    common::wait_until("the publisher subscribed and warm", LIMIT, || {
+    crate::common::wait_until("the publisher subscribed and warm", LIMIT, || {
         (kv.exact_workers().len() == 1).then_some(())
     });
     // The live subscription may still be joining: probe until a batch is applied.
@@ -614,7 +613,7 @@ fn the_gateway_routes_on_a_foreign_publisher_named_by_flags_and_fills_its_gap() 
         false,
     );
     let model = "meta-llama/Llama-3.1-8B-Instruct";
-    common::wait_until("all 16 blocks in the index", LIMIT, || {
+    crate::common::wait_until("all 16 blocks in the index", LIMIT, || {
         let snap = kv.reader.load();
         let mut scratch = Default::default();
         let m = snap.match_prefix(
@@ -631,9 +630,9 @@ fn the_gateway_routes_on_a_foreign_publisher_named_by_flags_and_fills_its_gap() 
     }))
     .unwrap();
     for _ in 0..5 {
-        let r = common::generate(gw.addr, &body);
+        let r = crate::common::generate(gw.addr, &body);
         assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(common::served_by(&r), cluster.ports()[1]);
+        assert_eq!(crate::common::served_by(&r), cluster.ports()[1]);
     }
 }
 
@@ -642,6 +641,9 @@ fn the_gateway_routes_on_a_foreign_publisher_named_by_flags_and_fills_its_gap() 
 /// another worker's events keep arriving within a second throughout.
 #[test]
 fn replays_that_hang_never_hold_up_other_publishers() {
+    // Serial: every batch of the normal worker within a second for 8 s while 256 replays wait:
+    // a delay figure, which a timing test's load beside it would add to.
+    let _serial = crate::common::serial();
     let Some(py) = python() else { return };
     let mut normal = Fixture::start(&py);
     let many = Fixture::start(&py);
@@ -664,10 +666,14 @@ fn replays_that_hang_never_hold_up_other_publishers() {
         }
         held.len()
     });
-    let closed = common::closed_port();
+    let closed = crate::common::closed_port();
     for rank in 0..256u32 {
         // Half hang, half are refused.
-        let port = if rank % 2 == 0 { silent_port } else { closed };
+        let port = if rank % 2 == 0 {
+            silent_port
+        } else {
+            closed.port
+        };
         let replay = TcpEndpoint::parse(&format!("tcp://127.0.0.1:{port}")).unwrap();
         intake
             .subscribe(Publisher {

@@ -3,8 +3,7 @@
 //! decode role (`--disaggregation-mode`), which really check each other's bootstrap rooms over
 //! the prefill's bootstrap port.
 
-mod common;
-use common::*;
+use crate::common::*;
 use loadtest::sim::disagg::DisaggMode;
 use loadtest::sim::SimCluster;
 use radixgate::runtime::Running;
@@ -513,7 +512,8 @@ fn a_decode_error_caused_by_its_prefill_is_blamed_on_the_prefill() {
     });
     let good = role(1, DisaggMode::Prefill, 0.0);
     let decode = role(1, DisaggMode::Decode, 0.0);
-    let dead = free_port().to_string();
+    let nobody = closed_port();
+    let dead = nobody.port.to_string();
     let good_port = good.bootstrap_ports()[0].to_string();
     let gw = gateway(&[
         "--pd-disaggregation",
@@ -663,9 +663,10 @@ fn the_simulated_decode_server_refuses_requests_without_a_live_bootstrap_room() 
         "an unknown room gets its grace to appear first"
     );
     // A bootstrap server that is not there.
+    let nobody = closed_port();
     let r = generate(
         json!({"text": "hello", "sampling_params": {"max_new_tokens": 2},
-        "bootstrap_host": "127.0.0.1", "bootstrap_port": free_port(), "bootstrap_room": 7}),
+        "bootstrap_host": "127.0.0.1", "bootstrap_port": nobody.port, "bootstrap_room": 7}),
     );
     assert!(r.status >= 400, "dead bootstrap port: {}", r.status);
     assert!(r.text().contains("unreachable"), "{}", r.text());

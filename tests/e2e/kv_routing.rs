@@ -4,8 +4,7 @@
 //! routes `/generate` prompts given as `input_ids` by what the servers hold — including
 //! prompts this gateway never routed, which no text tree can know about.
 
-mod common;
-use common::*;
+use crate::common::*;
 use loadtest::sim::kv_events::KvEventsConfig;
 use loadtest::sim::{SimCluster, SimConfig};
 use radixgate::runtime::Running;
@@ -406,6 +405,9 @@ fn fresh_words(seed: u64, bytes: usize) -> String {
 
 #[test]
 fn a_huge_chat_is_tokenized_off_the_serving_core_and_small_requests_do_not_wait() {
+    // Serial: the bounds (the core never stalls 50 ms, a small chat never waits 250 ms) are
+    // stated for this test's own load on the 2 CPUs; a timing test beside it could add its own.
+    let _serial = serial();
     // One serving core. A 160 KiB chat of words nobody has seen (~60k tokens) takes the
     // tokenizer over its helper budget in this (debug) build; on the serving core it would
     // hold every other connection for that long.
@@ -725,17 +727,24 @@ fn readiness(gw: &Running) -> (u16, serde_json::Value) {
 
 #[test]
 fn a_new_copy_is_not_ready_until_its_workers_replayed_or_the_warm_timeout_passed() {
-    let live = free_port();
     let c = sim(1, |cfg| {
         cfg.page_size = PAGE;
         cfg.kv_events = Some(
-            KvEventsConfig::parse(&format!(
-                // `*`: the publisher binds (a host would make it connect, as SGLang's does).
-                r#"{{"publisher":"zmq","endpoint":"tcp://*:{live}","replay_endpoint":"tcp://127.0.0.1:*"}}"#
-            ))
+            KvEventsConfig::parse(
+                // `*` host: the publisher binds (a host would make it connect, as SGLang's
+                // does); `*` port: on a port of its own, read back below (two gateways are
+                // told it).
+                r#"{"publisher":"zmq","endpoint":"tcp://*:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
+            )
             .unwrap(),
         );
     });
+    let live: u16 = c.kv_events()[0]
+        .endpoint
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no bound port in {:?}", c.kv_events()[0].endpoint));
     // Healthy, subscribed, but its replay socket accepts and never answers: warming, not
     // ready, until the replay gives up (5 s without an answer); then the stream is taken as
     // it comes: warm, ready.

@@ -4,9 +4,7 @@
 //! errors logged at a bounded rate, a `/metrics` listener one client cannot block, and a
 //! lingering close that lets an error reply reach a client still sending its body.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -235,21 +233,27 @@ fn at_the_connection_cap_idle_connections_are_shed_first_then_new_ones_refused()
 #[test]
 fn accept_errors_are_logged_at_a_bounded_rate() {
     let cluster = sim(1, |_| {});
-    let port = free_port();
     // Few descriptors: the gateway runs out after a handful of clients, and every accept
     // of the rest fails with EMFILE (retried every 10 ms).
     let driver = test_driver().map_or("auto", |d| d.flag());
-    let mut cmd = std::process::Command::new("sh");
-    cmd.arg("-c")
-        .arg(format!(
-            "ulimit -n 40 && exec {} --host 127.0.0.1 --port {port} --prometheus-port 0 \
-             --cores 1 --log-level warn --disable-health-check --io-driver {driver} \
-             --worker-urls {}",
-            env!("CARGO_BIN_EXE_radixgate"),
-            cluster.urls()[0]
-        ))
-        .stderr(std::process::Stdio::piped());
-    let mut child = ChildGuard(Some(cmd.spawn().expect("start radixgate")));
+    let command = |ports: &[u16]| {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!(
+                "ulimit -n 40 && exec {} --host 127.0.0.1 --port {} --prometheus-port 0 \
+                 --cores 1 --log-level warn --disable-health-check --io-driver {driver} \
+                 --worker-urls {}",
+                env!("CARGO_BIN_EXE_radixgate"),
+                ports[0],
+                cluster.urls()[0]
+            ))
+            .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    let ready = |ports: &[u16]| {
+        request(local(ports[0]), "GET", "/readiness", &[], b"").is_ok_and(|r| r.status == 200)
+    };
+    let (mut child, ports) = spawn_on_ports(1, Duration::from_secs(10), command, ready);
     let stderr = child.0.as_mut().unwrap().stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<(Instant, String)>();
     std::thread::spawn(move || {
@@ -259,8 +263,7 @@ fn accept_errors_are_logged_at_a_bounded_rate() {
             }
         }
     });
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    wait_ready(addr, Duration::from_secs(10));
+    let addr = local(ports[0]);
     // Busy clients (a started head each), so there is no idle connection to shed.
     let mut clients = Vec::new();
     for _ in 0..60 {
@@ -297,19 +300,11 @@ fn accept_errors_are_logged_at_a_bounded_rate() {
 
 #[test]
 fn a_slow_client_cannot_block_the_metrics_listener() {
+    // Serial: a scrape under 900 ms is what tells "not blocked" from "waited out the slow
+    // client's 1 s deadline"; a timing test's load beside it could blur the two.
+    let _serial = serial();
     let cluster = sim(1, |_| {});
-    let port = free_port().to_string();
-    let gw = gateway_for(
-        &cluster.urls(),
-        &[
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            &port,
-            "--header-timeout-secs",
-            "1",
-        ],
-    );
+    let gw = gateway_with_metrics(&cluster.urls(), &["--header-timeout-secs", "1"]);
     let metrics = gw.metrics_addr.expect("metrics listener");
     // One client that never finishes its head (a byte every 100 ms, under any per-read
     // timeout), one that connects and sends nothing.

@@ -2,8 +2,7 @@
 //! end-to-end check of the whole system: nothing fails, and cache_aware keeps clearly more of the
 //! prompt cached on the workers than round_robin on the same seed.
 
-mod common;
-use common::*;
+use crate::common::*;
 use loadtest::loadgen::{run, LoadConfig};
 
 fn run_policy(policy: &str) -> loadtest::loadgen::Report {

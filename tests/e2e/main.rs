@@ -1,0 +1,33 @@
+//! Every end-to-end suite in one test binary: real sockets on 127.0.0.1, gateways in-process or
+//! as the `radixgate` binary in a child process, simulated SGLang workers and the Python
+//! counterparts. One binary compiles `common` once instead of once per suite, and
+//! `cargo test --test e2e` (what scripts/test.sh runs again on epoll) runs a suite added here
+//! without any list to keep. `tests/docs.rs`, `tests/layers.rs` and `tests/fuzz_corpus.rs` stay
+//! binaries of their own: they check files, not a running gateway.
+//!
+//! The suites share one process and run two at a time. What that could disturb is handled in
+//! `common`: tests whose figures are delays, CPU shares or memory take [`common::serial`];
+//! tests that read the process's own memory or process-wide metrics run in a child process of
+//! this binary ([`common::alone_in_a_process`]); and no test picks a port number someone else
+//! can take meanwhile (`common::ports`).
+
+mod common;
+
+mod apis;
+mod data_plane;
+mod dp;
+mod hardening_conn;
+mod hardening_events;
+mod hardening_memory;
+mod hardening_upstream;
+mod kv_intake;
+mod kv_routing;
+mod pd;
+mod reliability;
+mod routing;
+mod sdk;
+mod sglang_events;
+mod soak;
+mod telemetry;
+mod tokenizer_golden;
+mod workload;
