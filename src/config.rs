@@ -310,6 +310,36 @@ pub struct Config {
     /// --max-concurrent-requests per second when that is set, as the reference does).
     #[arg(long = "rate-limit-tokens-per-second")]
     pub rate_limit_tokens_per_second: Option<u64>,
+    /// Admit by the workers' measured saturation instead of a fixed cap: requests go straight
+    /// through while some worker is below the saturation thresholds, and wait in the gateway
+    /// (at most --queue-size, each at most --queue-timeout-secs) only while every worker is at
+    /// them, let in by priority class (X-SMG-Priority, or the body's priority), then by
+    /// token-weighted fairness across tenants ([tenants] in the config file), then arrival.
+    #[arg(long = "saturation-admission", action = ArgAction::SetTrue)]
+    pub saturation_admission: bool,
+    /// Requests waiting in a worker's own queue (sglang:num_queue_reqs, with the requests this
+    /// gateway sent since the last reading) at which it counts as saturated.
+    #[arg(long = "saturation-queue-reqs", default_value_t = 2)]
+    pub saturation_queue_reqs: u32,
+    /// KV-cache use (sglang:token_usage, 0 to 1) at which a worker counts as saturated.
+    #[arg(long = "saturation-kv-usage", default_value_t = 0.95)]
+    pub saturation_kv_usage: f64,
+    /// Milliseconds between readings of the workers' load with --saturation-admission (the
+    /// telemetry rounds run this often instead of every --worker-metrics-interval-secs).
+    #[arg(long = "saturation-poll-ms", default_value_t = 100)]
+    pub saturation_poll_ms: u64,
+    /// Milliseconds a sheddable request (priority below 0) may expect to wait; past it, it is
+    /// refused at once with 429 and Retry-After instead of queued.
+    #[arg(long = "sheddable-max-wait-ms", default_value_t = 1000)]
+    pub sheddable_max_wait_ms: u64,
+    /// Take the tenant from this request header instead of the API key (only behind a trusted
+    /// front that authenticates clients and sets it; unknown names are the default tenant).
+    #[arg(long = "tenant-header")]
+    pub tenant_header: Option<String>,
+    /// Tenants from the config file's [tenants.NAME] tables (keys, weight, max_priority,
+    /// requests_per_minute, tokens_per_minute); not a flag.
+    #[arg(skip)]
+    pub tenants: Vec<(String, crate::admission::tenants::TenantSpec)>,
 
     // ---- health ----
     /// Seconds between active health checks of each worker.
@@ -419,17 +449,24 @@ impl Config {
         let file = find_config_path(args);
         let mut argv: Vec<String> = Vec::with_capacity(args.len() + 16);
         argv.push(args.first().cloned().unwrap_or_else(|| "radixgate".into()));
+        let mut tenants = Vec::new();
         if let Some(path) = file {
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| ConfigError::File(format!("cannot read config file {path}: {e}")))?;
             argv.extend(
                 toml_to_args(&text).map_err(|e| ConfigError::File(format!("{path}: {e}")))?,
             );
+            tenants = tenants_of(&text).map_err(|e| ConfigError::File(format!("{path}: {e}")))?;
         }
         argv.extend(args.iter().skip(1).cloned());
-        let config = Config::try_parse_from(argv).map_err(ConfigError::Clap)?;
+        let mut config = Config::try_parse_from(argv).map_err(ConfigError::Clap)?;
+        config.tenants = tenants;
         // Checks across flags (clap checks one value at a time), with clap's exit code 2.
-        if let Err(msg) = config.kv_endpoints().and(config.pd_checks()) {
+        if let Err(msg) = config
+            .kv_endpoints()
+            .and(config.pd_checks())
+            .and(config.admission_checks())
+        {
             let mut cmd = <Config as clap::CommandFactory>::command();
             return Err(ConfigError::Clap(
                 cmd.error(clap::error::ErrorKind::ValueValidation, msg),
@@ -458,6 +495,45 @@ impl Config {
 
     /// The PD flags agree with each other: valid prefill values, and no bucket on the decode
     /// side (the reference offers it for prefill only).
+    /// The saturation admission's settings make sense together.
+    fn admission_checks(&self) -> Result<(), String> {
+        if !(self.saturation_kv_usage > 0.0 && self.saturation_kv_usage <= 1.0) {
+            return Err(
+                "--saturation-kv-usage: a share of the KV cache, above 0 and at most 1".into(),
+            );
+        }
+        if self.saturation_queue_reqs == 0 {
+            return Err(
+                "--saturation-queue-reqs: at least 1 (0 would call every worker saturated)".into(),
+            );
+        }
+        if self.saturation_admission {
+            if self.saturation_poll_ms == 0 {
+                return Err("--saturation-admission needs --saturation-poll-ms above 0".into());
+            }
+            if self.max_concurrent_requests >= 0 {
+                return Err(
+                    "--saturation-admission replaces --max-concurrent-requests: give one of them"
+                        .into(),
+                );
+            }
+        }
+        crate::admission::tenants::Tenants::new(&self.tenants).map(|_| ())
+    }
+
+    /// How often the telemetry thread reads the workers (None: never): every
+    /// --worker-metrics-interval-secs, or every --saturation-poll-ms with
+    /// --saturation-admission (its readings are what admission decides on).
+    pub fn telemetry_interval(&self) -> Option<Duration> {
+        let regular = (self.worker_metrics_interval_secs > 0)
+            .then(|| Duration::from_secs(self.worker_metrics_interval_secs));
+        if self.saturation_admission {
+            let fast = Duration::from_millis(self.saturation_poll_ms);
+            return Some(regular.map_or(fast, |r| r.min(fast)));
+        }
+        regular
+    }
+
     fn pd_checks(&self) -> Result<(), String> {
         self.prefill_workers()?;
         if self.decode_policy == Some(PolicyKind::Bucket) {
@@ -571,12 +647,21 @@ fn find_config_path(args: &[String]) -> Option<String> {
     found
 }
 
+/// The `[tenants]` tables of a config file (not flags: a table per tenant).
+fn tenants_of(text: &str) -> Result<Vec<(String, crate::admission::tenants::TenantSpec)>, String> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+    crate::admission::tenants::from_toml(&table)
+}
+
 /// Turn a TOML table into `--flag value` arguments (arrays become several values; `true`
 /// becomes a bare flag; `false` is omitted).
 pub fn toml_to_args(text: &str) -> Result<Vec<String>, String> {
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
     let mut out = Vec::new();
     for (key, value) in table {
+        if key == "tenants" {
+            continue; // tables of their own (`tenants_of`)
+        }
         let flag = format!("--{}", key.replace('_', "-"));
         if flag == "--config" {
             return Err("a config file cannot name another config file".into());

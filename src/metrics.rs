@@ -92,6 +92,10 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("radixgate_engine_token_usage", Kind::Gauge, "KV-cache token usage each worker reports (sglang:token_usage)."),
     ("radixgate_engine_scrape_up", Kind::Gauge, "1 when the last scrape of the worker's /metrics or /get_load gave its load, else 0."),
     ("radixgate_engine_scrapes_total", Kind::Counter, "Scrapes of worker /metrics, by result."),
+    ("radixgate_admission_queue_depth", Kind::Gauge, "Requests waiting in the gateway for a worker to leave saturation (--saturation-admission), by priority class."),
+    ("radixgate_admission_wait_seconds", Kind::Histogram, "Time requests waited in the gateway's admission queue, by priority class."),
+    ("radixgate_admission_total", Kind::Counter, "Requests that met the saturation admission, by tenant, priority class and outcome (direct, admitted after waiting, shed, rejected, tenant_limit, timed_out, client_gone)."),
+    ("radixgate_worker_saturated", Kind::Gauge, "1 when the worker counts as saturated for admission (its engine queue or KV use at the thresholds, with this gateway's requests since the last reading), else 0."),
 ];
 
 /// Register the HELP text of every family in [`FAMILIES`] and start the counters dashboards
@@ -383,6 +387,58 @@ pub fn predicted_totals() -> (u64, u64) {
     )
 }
 
+/// Priority classes as metric labels: -10..=10 by value, the rest folded into the ends, so a
+/// client cannot grow the label set.
+fn class_label(class: i32) -> &'static str {
+    const LABELS: [&str; 21] = [
+        "-10", "-9", "-8", "-7", "-6", "-5", "-4", "-3", "-2", "-1", "0", "1", "2", "3", "4", "5",
+        "6", "7", "8", "9", "10",
+    ];
+    LABELS[(class.clamp(-10, 10) + 10) as usize]
+}
+
+/// Waiters per class at the last change (re-set at every scrape).
+static ADMISSION_DEPTHS: Mutex<Vec<(&'static str, f64)>> = Mutex::new(Vec::new());
+
+/// The admission queue's depth per class changed to `depths`.
+pub fn admission_depths(depths: &[(i32, usize)]) {
+    let mut d = ADMISSION_DEPTHS.lock().unwrap_or_else(|p| p.into_inner());
+    for (_, n) in d.iter_mut() {
+        *n = 0.0;
+    }
+    for &(class, n) in depths {
+        let label = class_label(class);
+        match d.iter_mut().find(|(l, _)| *l == label) {
+            Some(e) => e.1 += n as f64,
+            None => d.push((label, n as f64)),
+        }
+    }
+    for &(label, n) in d.iter() {
+        gauge!("radixgate_admission_queue_depth", "class" => label).set(n);
+    }
+}
+
+/// A request left the admission queue after `waited`.
+pub fn admission_wait(class: i32, waited: Duration) {
+    histogram!("radixgate_admission_wait_seconds", "class" => class_label(class))
+        .record(waited.as_secs_f64());
+}
+
+/// One admission outcome of tenant `tenant` (a configured tenant's name: a bounded set).
+pub fn admission_outcome(tenant: &'static str, class: i32, outcome: &'static str) {
+    counter!("radixgate_admission_total", "tenant" => tenant, "class" => class_label(class), "outcome" => outcome)
+        .increment(1);
+}
+
+/// Whether worker `url` counts as saturated now (refreshed at each scrape).
+pub fn worker_saturated(url: &str, saturated: bool) {
+    gauge!("radixgate_worker_saturated", "worker" => url.to_string()).set(if saturated {
+        1.0
+    } else {
+        0.0
+    });
+}
+
 /// The gauges that belong to the whole process (registered workers, open connections, the io
 /// driver), set again at the start of every scrape so the idle sweep only ever removes removed
 /// workers' series (see the module doc).
@@ -392,6 +448,13 @@ pub fn refresh_process_gauges(workers: usize) {
     gauge!("smg_http_connections_active").set(conns as f64);
     if let Some(kind) = *IO_DRIVER.lock().unwrap_or_else(|p| p.into_inner()) {
         gauge!("radixgate_io_driver", "kind" => kind).set(1.0);
+    }
+    for &(label, n) in ADMISSION_DEPTHS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+    {
+        gauge!("radixgate_admission_queue_depth", "class" => label).set(n);
     }
 }
 

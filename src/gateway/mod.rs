@@ -37,7 +37,7 @@ pub use self::models::{ServedModels, MAX_KNOWN_MODELS};
 pub use self::router::Router;
 pub use self::telemetry::Telemetry;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, FlowControl};
 use crate::config::Config;
 use crate::proxy::retry::RetryPolicy;
 use crate::workers::breaker::BreakerConfig;
@@ -63,6 +63,9 @@ pub struct Gateway {
     pub auth: Auth,
     /// Concurrency limit and queue (off by default).
     pub admission: Admission,
+    /// Admission by measured saturation (`--saturation-admission`), with priority classes and
+    /// tenants; `None` when off.
+    pub flow: Option<FlowControl>,
     /// Start time, shutdown flag, requests in flight, io driver.
     pub life: Lifecycle,
     /// Circuit breaker settings (from `--cb-*`).
@@ -179,7 +182,8 @@ impl Gateway {
             breaker: cfg.breaker_config(),
             retry: cfg.retry_policy(),
             kv: start_kv(&cfg),
-            telemetry: Telemetry::new(cfg.worker_metrics_interval_secs),
+            telemetry: Telemetry::new(cfg.telemetry_interval()),
+            flow: flow_control(&cfg),
             in_flight_ids: requests::InFlightIds::new(requests::MAX_TRACKED),
             model_fanouts: limit::CallLimit::new(MODEL_FANOUTS),
             pass_through: limit::CallLimit::new(PASS_THROUGH_CALLS),
@@ -188,6 +192,42 @@ impl Gateway {
         gw.membership_changed();
         gw
     }
+}
+
+/// The saturation admission when `--saturation-admission` is on (its settings, tenants included,
+/// were checked when the configuration was parsed).
+fn flow_control(cfg: &Config) -> Option<FlowControl> {
+    use crate::admission::{flow, saturation, tenants::Tenants};
+    if !cfg.saturation_admission {
+        return None;
+    }
+    let tenants = match Tenants::new(&cfg.tenants) {
+        Ok(t) => t,
+        Err(e) => {
+            crate::log!(
+                Error,
+                "--saturation-admission is off: the tenant table is refused: {e}"
+            );
+            return None;
+        }
+    };
+    let config = flow::FlowConfig {
+        queue_size: cfg.queue_size as usize,
+        queue_timeout: Duration::from_secs(cfg.queue_timeout_secs),
+        sheddable_wait: Duration::from_millis(cfg.sheddable_max_wait_ms),
+    };
+    let thresholds = saturation::Thresholds {
+        queue_reqs: cfg.saturation_queue_reqs,
+        kv_usage: cfg.saturation_kv_usage,
+    };
+    Some(FlowControl {
+        flow: flow::Flow::new(config, tenants),
+        saturation: saturation::Saturation::new(
+            crate::workers::registry::MAX_WORKER_IDS,
+            thresholds,
+        ),
+        tenant_header: cfg.tenant_header.clone(),
+    })
 }
 
 /// The KV-event subsystem when `--kv-events` is on (the flags' endpoints were validated when the

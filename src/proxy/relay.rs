@@ -32,6 +32,9 @@ pub struct Relayed {
     pub first_body_at: Option<Instant>,
     /// Body bytes relayed.
     pub body_bytes: u64,
+    /// Server-sent events relayed (`data:` lines of an event stream; a token each, or a few,
+    /// for an LLM stream): what a tenant's output is counted in.
+    pub events: u64,
     /// The worker broke the response off (error, EOF or timeout mid-body): counts against it.
     pub upstream_broke: bool,
 }
@@ -51,6 +54,12 @@ pub struct RelayTo<'a> {
     pub deadline: Instant,
     /// The gateway is shutting down: close the client connection after this response.
     pub shutting_down: bool,
+}
+
+/// `data:` fields in a piece of an event stream (one split over two pieces is missed: an
+/// estimate, and a close one).
+fn count_data_lines(piece: &[u8]) -> u64 {
+    piece.windows(5).filter(|w| *w == b"data:").count() as u64
 }
 
 /// Render the client-facing response head from the worker's. `dechunk`: the body goes out
@@ -283,6 +292,7 @@ async fn relay_with<'k>(
             complete: false,
             first_body_at: None,
             body_bytes: 0,
+            events: 0,
             upstream_broke: false,
         },
         upstream_clean: true,
@@ -420,6 +430,9 @@ impl Relay<'_, '_> {
             c.feed(&data[..n]);
         }
         self.relayed.body_bytes += n as u64;
+        if self.event_stream {
+            self.relayed.events += count_data_lines(&data[..n]);
+        }
     }
 
     /// Remember whether the decoded body written so far ends between two events.

@@ -71,6 +71,9 @@ pub struct BodyShape {
     pub n: Option<u64>,
     /// `return_logprob` is `true`.
     pub return_logprob: bool,
+    /// `priority` (an integer): SGLang's priority scheduling reads it, and so does the
+    /// gateway's admission when no `X-SMG-Priority` header is given. Forwarded unchanged.
+    pub priority: Option<i64>,
 }
 
 /// The fields SGLang namespaces its prefix cache by: blocks are reused only between requests
@@ -299,6 +302,7 @@ enum Key {
     Extra,
     N,
     ReturnLogprob,
+    Priority,
     Other,
 }
 
@@ -332,6 +336,7 @@ impl<'de> Deserialize<'de> for Key {
                     "extra_key" => Key::Extra,
                     "n" => Key::N,
                     "return_logprob" => Key::ReturnLogprob,
+                    "priority" => Key::Priority,
                     _ => Key::Other,
                 })
             }
@@ -664,6 +669,63 @@ impl<'de> Deserialize<'de> for Lenient<u64> {
     }
 }
 
+impl<'de> Deserialize<'de> for Lenient<i64> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Any other value is validated and skipped, as for `Lenient<u64>`.
+        Ok(Lenient(match Lenient::<u64>::deserialize_signed(d)? {
+            Signed::Pos(v) => Some(i64::try_from(v).unwrap_or(i64::MAX)),
+            Signed::Neg(v) => Some(v),
+            Signed::Not => None,
+        }))
+    }
+}
+
+/// An integer of either sign, or something else.
+enum Signed {
+    Pos(u64),
+    Neg(i64),
+    Not,
+}
+
+impl Lenient<u64> {
+    fn deserialize_signed<'de, D: Deserializer<'de>>(d: D) -> Result<Signed, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Signed;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Signed, E> {
+                Ok(Signed::Pos(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Signed, E> {
+                Ok(Signed::Neg(v))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Signed, E> {
+                Ok(Signed::Not)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Signed, E> {
+                Ok(Signed::Not)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Signed, E> {
+                Ok(Signed::Not)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Signed, E> {
+                Ok(Signed::Not)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Signed, A::Error> {
+                while seq.next_element::<Skip>()?.is_some() {}
+                Ok(Signed::Not)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Signed, A::Error> {
+                while map.next_entry::<Skip, Skip>()?.is_some() {}
+                Ok(Signed::Not)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 impl<'de> Deserialize<'de> for Lenient<bool> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
@@ -956,6 +1018,7 @@ impl<'de> Visitor<'de> for Top {
                     | Key::Type
                     | Key::N
                     | Key::ReturnLogprob
+                    | Key::Priority
             );
             if tracked {
                 let bit = 1u32 << (k as u32);
@@ -1019,6 +1082,7 @@ impl<'de> Visitor<'de> for Top {
                     p.present |= there && k == routes_on;
                 }
                 Key::N => p.shape.n = map.next_value::<Lenient<u64>>()?.0,
+                Key::Priority => p.shape.priority = map.next_value::<Lenient<i64>>()?.0,
                 Key::ReturnLogprob => {
                     p.shape.return_logprob = map.next_value::<Lenient<bool>>()?.0 == Some(true)
                 }
@@ -1050,6 +1114,7 @@ fn key_name(k: Key) -> &'static str {
         Key::Extra => "extra_key",
         Key::N => "n",
         Key::ReturnLogprob => "return_logprob",
+        Key::Priority => "priority",
         Key::Content | Key::ReasoningContent | Key::Type | Key::Output | Key::Other => "?",
     }
 }

@@ -2,6 +2,7 @@
 //! OpenAI `type`, whether another worker could do better, and whether the connection must close
 //! are decided in one place and written by one writer (`reply::send_error`).
 
+use crate::admission::flow::Denied;
 use crate::admission::Refusal;
 use crate::proxy::forward::UpstreamError;
 use crate::proxy::retry::is_retryable_status;
@@ -18,6 +19,9 @@ pub struct GatewayError {
     pub retryable: bool,
     /// The connection cannot serve another request after this (broken framing, unread body).
     pub close: bool,
+    /// Seconds after which the client may sensibly try again (`Retry-After`), for refusals
+    /// under overload.
+    pub retry_after: Option<u32>,
 }
 
 impl GatewayError {
@@ -28,6 +32,7 @@ impl GatewayError {
             message: message.into(),
             retryable: false,
             close: false,
+            retry_after: None,
         }
     }
 
@@ -139,6 +144,36 @@ impl GatewayError {
     /// The OpenAI error `type` for this status: one table for every error the gateway writes.
     pub fn kind(&self) -> &'static str {
         error_type(self.status)
+    }
+}
+
+impl From<Denied> for GatewayError {
+    fn from(d: Denied) -> GatewayError {
+        let too_many = |why: &'static str, retry_after: u32| GatewayError {
+            retry_after: Some(retry_after),
+            ..GatewayError::new(429, why)
+        };
+        match d {
+            Denied::Full { retry_after } => too_many(
+                "too many requests: every worker is saturated and the admission queue is full of requests of this priority or higher",
+                retry_after,
+            ),
+            Denied::Shed { retry_after } => too_many(
+                "too many requests: shed from the admission queue for a request of higher priority",
+                retry_after,
+            ),
+            Denied::Overloaded { retry_after } => too_many(
+                "too many requests: every worker is saturated and a sheddable request would wait longer than it may",
+                retry_after,
+            ),
+            Denied::TenantLimit { retry_after } => too_many(
+                "too many requests: this tenant's requests or tokens per minute are used up",
+                retry_after,
+            ),
+            Denied::Timeout => GatewayError::new(408, "timed out waiting in the admission queue"),
+            // Never answered (the client is gone); a status for the logs.
+            Denied::ClientGone => GatewayError::new(499, "the client left while its request waited"),
+        }
     }
 }
 

@@ -60,6 +60,8 @@ pub enum Forwarding {
     PassThrough,
 }
 
+mod turn;
+
 /// Handle a proxied request from its head and body to the last byte relayed.
 pub async fn handle(
     core: &Core,
@@ -78,6 +80,9 @@ pub async fn handle(
         }
     };
     ex.tokenize().await;
+    if let Some(out) = ex.wait_turn_or_answer(client).await {
+        return out;
+    }
     loop {
         let picked = match ex.pick() {
             Ok(p) => p,
@@ -222,6 +227,8 @@ pub(super) struct Exchange<'a> {
     /// The prompt's token ids for KV-event routing (phase *tokenize*), or why the text tree
     /// decides; `None` when the request is not measured against the index at all.
     prompt: Option<Result<Vec<u32>, Fallback>>,
+    /// Its tenant, once the saturation admission let it in (its output is charged to it).
+    tenant: Option<crate::admission::TenantId>,
 }
 
 impl<'a> Exchange<'a> {
@@ -311,6 +318,7 @@ impl<'a> Exchange<'a> {
             _permit: permit,
             _pass_slot: pass_slot,
             prompt: None,
+            tenant: None,
         })
     }
 
@@ -669,7 +677,7 @@ impl<'a> Exchange<'a> {
         self.record(&mut picked, success);
         self.completed(&picked);
         drop(picked);
-        self.first_byte(relayed.first_body_at);
+        self.relayed(&relayed);
         self.learn_captured(capture, relayed.complete, status, worker.id);
         Outcome {
             status,
@@ -780,8 +788,14 @@ impl<'a> Exchange<'a> {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// An answer was relayed: its time to first byte, and its output charged to its tenant.
+    pub(super) fn relayed(&self, r: &relay::Relayed) {
+        self.first_byte(r.first_body_at);
+        self.charge_output(r.events, r.body_bytes);
+    }
+
     /// The first answer byte left for the client at `at`.
-    pub(super) fn first_byte(&self, at: Option<Instant>) {
+    fn first_byte(&self, at: Option<Instant>) {
         if let Some(t) = at {
             crate::metrics::ttft(t.duration_since(self.started));
         }

@@ -20,6 +20,8 @@ pub struct Reply {
     pub status: u16,
     content_type: &'static str,
     body: Vec<u8>,
+    /// `Retry-After` seconds (refusals under overload).
+    retry_after: Option<u32>,
 }
 
 impl Reply {
@@ -30,6 +32,7 @@ impl Reply {
             content_type: "application/json",
             // Serialising a `Value` cannot fail (its map keys are strings).
             body: serde_json::to_vec(body).unwrap_or_default(),
+            retry_after: None,
         }
     }
 
@@ -39,6 +42,7 @@ impl Reply {
             status,
             content_type: "application/json",
             body,
+            retry_after: None,
         }
     }
 
@@ -48,6 +52,7 @@ impl Reply {
             status,
             content_type: "text/plain",
             body: body.as_bytes().to_vec(),
+            retry_after: None,
         }
     }
 
@@ -57,6 +62,7 @@ impl Reply {
             status,
             content_type: "application/octet-stream",
             body,
+            retry_after: None,
         }
     }
 
@@ -66,21 +72,30 @@ impl Reply {
             status: 200,
             content_type: "text/plain; version=0.0.4; charset=utf-8",
             body: body.to_vec(),
+            retry_after: None,
         }
     }
 
     /// The response bytes, with `x-request-id` when known and `connection: close` when `close`.
     pub fn render(&self, request_id: Option<&str>, close: bool) -> bytes::Bytes {
-        match request_id {
-            Some(id) => render(
-                self.status,
-                self.content_type,
-                &[("x-request-id", id)],
-                &self.body,
-                close,
-            ),
-            None => render(self.status, self.content_type, &[], &self.body, close),
+        let mut seconds = itoa::Buffer::new();
+        let mut headers: [(&str, &str); 2] = [("", ""); 2];
+        let mut n = 0;
+        if let Some(id) = request_id {
+            headers[n] = ("x-request-id", id);
+            n += 1;
         }
+        if let Some(s) = self.retry_after {
+            headers[n] = ("retry-after", seconds.format(s));
+            n += 1;
+        }
+        render(
+            self.status,
+            self.content_type,
+            &headers[..n],
+            &self.body,
+            close,
+        )
     }
 
     /// The OpenAI-style body of `e`.
@@ -89,6 +104,7 @@ impl Reply {
             status: e.status,
             content_type: "application/json",
             body: error_body(e.status, e.kind(), &e.message),
+            retry_after: e.retry_after,
         }
     }
 }

@@ -106,10 +106,10 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Telemetry every `interval_secs` seconds (0: off).
-    pub fn new(interval_secs: u64) -> Telemetry {
+    /// Telemetry every `interval` (None: off).
+    pub fn new(interval: Option<Duration>) -> Telemetry {
         Telemetry {
-            interval: (interval_secs > 0).then(|| Duration::from_secs(interval_secs)),
+            interval,
             report: ArcSwap::from_pointee(EngineReport::default()),
         }
     }
@@ -310,11 +310,19 @@ impl Scraper {
                 } else {
                     t.external = spread_over_ranks(gw, list, w, per_rank, running + queued);
                 }
+                if let Some(fc) = &gw.flow {
+                    saturation_reading(gw, fc, list, w, queued, t.gauges.token_usage);
+                }
             }
             None => {
                 t.failures = t.failures.saturating_add(1);
                 t.gauges.up = false;
                 if t.failures >= STALE_ROUNDS {
+                    if let Some(fc) = &gw.flow {
+                        for r in list.same_server(w) {
+                            fc.saturation.forget(r.id);
+                        }
+                    }
                     t.gauges = EngineGauges::default();
                     t.text = None;
                     t.external = 0;
@@ -324,6 +332,26 @@ impl Scraper {
                 }
             }
         }
+    }
+}
+
+/// A reading for the saturation admission: the engine's queue (shared evenly by a DP
+/// server's ranks, which the gateway routes to one by one) and KV use, beside this copy's own
+/// requests on each worker now.
+fn saturation_reading(
+    gw: &Gateway,
+    fc: &crate::admission::FlowControl,
+    list: &WorkerList,
+    w: &Worker,
+    queued: f64,
+    usage: f64,
+) {
+    let ranks: Vec<&Arc<Worker>> = list.same_server(w).collect();
+    let share = queued / ranks.len().max(1) as f64;
+    for r in ranks {
+        let own = gw.registry.loads.in_flight(r.id);
+        fc.saturation.record(r.id, share, usage, own);
+        crate::metrics::worker_saturated(&r.url, fc.saturation.is_saturated(r.id, own));
     }
 }
 

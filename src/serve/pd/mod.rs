@@ -84,6 +84,9 @@ pub async fn handle(
         Err(e) => return ex.fail(client, GatewayError::bad_request(e.0)).await,
     };
     ex.tokenize().await;
+    if let Some(out) = ex.wait_turn_or_answer(client).await {
+        return out;
+    }
     let mut pd = PdExchange { ex, api, shape };
     loop {
         let pair = match pd.pick() {
@@ -289,7 +292,7 @@ impl<'a> PdExchange<'a> {
                     picked,
                     !is_worker_failure(status) && !relayed.upstream_broke,
                 );
-                ex.first_byte(relayed.first_body_at);
+                ex.relayed(&relayed);
                 (status, relayed.client_keep_alive)
             }
             Answer::Both {
@@ -330,7 +333,7 @@ impl<'a> PdExchange<'a> {
                     &mut decode,
                     !is_worker_failure(status) && !relayed.upstream_broke,
                 );
-                ex.first_byte(relayed.first_body_at);
+                ex.relayed(&relayed);
                 ex.learn_captured(capture, relayed.complete, status, prefill.worker.id);
                 (status, relayed.client_keep_alive)
             }
@@ -388,7 +391,7 @@ impl<'a> PdExchange<'a> {
             merge::merge_event(&lists, event, out);
         };
         let relayed = relay::relay_rewriting_events(pool, client, dup, how, &mut rewrite).await;
-        self.ex.first_byte(relayed.first_body_at);
+        self.ex.relayed(&relayed);
         let d_ok = !is_worker_failure(status) && !relayed.upstream_broke;
         (status, relayed.client_keep_alive, p.is_ok(), d_ok)
     }

@@ -1,0 +1,331 @@
+use super::*;
+use crate::admission::tenants::{TenantSpec, Tenants};
+use std::cell::Cell;
+use std::rc::Rc;
+
+/// A fleet whose free workers the test sets.
+#[derive(Default)]
+struct TestFleet {
+    free: Cell<usize>,
+}
+
+impl Fleet for TestFleet {
+    fn room_for(&self, _room: RoomKey) -> usize {
+        self.free.get()
+    }
+}
+
+fn block_on<F: Future>(f: F) -> F::Output {
+    monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+        .enable_timer()
+        .build()
+        .expect("runtime")
+        .block_on(f)
+}
+
+fn tenants(specs: &[(&str, TenantSpec)]) -> Tenants {
+    let v: Vec<(String, TenantSpec)> = specs
+        .iter()
+        .map(|(n, s)| (n.to_string(), s.clone()))
+        .collect();
+    Tenants::new(&v).unwrap()
+}
+
+fn flow(queue_size: usize, timeout_ms: u64) -> Flow {
+    Flow::new(
+        FlowConfig {
+            queue_size,
+            queue_timeout: Duration::from_millis(timeout_ms),
+            sheddable_wait: Duration::from_secs(1),
+        },
+        tenants(&[]),
+    )
+}
+
+fn ask(class: Priority, tenant: TenantId) -> Ask {
+    Ask {
+        room: 7,
+        class,
+        tenant,
+        tokens: 100,
+    }
+}
+
+fn never() -> std::future::Pending<()> {
+    std::future::pending()
+}
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if f() {
+            return;
+        }
+        monoio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("{what} never happened");
+}
+
+#[test]
+fn an_unsaturated_fleet_lets_requests_straight_through() {
+    let f = flow(10, 1000);
+    let fleet = TestFleet::default();
+    fleet.free.set(1);
+    block_on(async {
+        for _ in 0..100 {
+            assert_eq!(
+                f.admit(ask(0, 0), &fleet, never()).await,
+                Ok(Admitted::Direct)
+            );
+        }
+    });
+    assert_eq!(f.waiting(), 0);
+}
+
+#[test]
+fn a_saturated_fleet_queues_and_lets_the_highest_class_in_first() {
+    let f = Rc::new(flow(10, 5000));
+    let fleet = Rc::new(TestFleet::default());
+    let order = Rc::new(std::cell::RefCell::new(Vec::new()));
+    block_on(async {
+        let mut tasks = Vec::new();
+        for (i, class) in [(0, 0), (1, 5), (2, -1), (3, 5), (4, 0)] {
+            let (f2, fleet2, order) = (f.clone(), fleet.clone(), order.clone());
+            tasks.push(monoio::spawn(async move {
+                let r = f2.admit(ask(class, 0), &*fleet2, never()).await;
+                // Routed: the worker it went to has one request more (as routing does).
+                fleet2.free.set(fleet2.free.get().saturating_sub(1));
+                assert!(matches!(r, Ok(Admitted::Waited(_))), "{r:?}");
+                order.borrow_mut().push(i);
+            }));
+            // Arrival order is the order of the loop.
+            until("queued", || f.waiting() == i + 1).await;
+        }
+        // One worker frees up at a time; each time exactly one waiter goes.
+        for n in 1..=5 {
+            fleet.free.set(1);
+            until("one let in", || order.borrow().len() == n).await;
+            monoio::time::sleep(Duration::from_millis(5)).await;
+            assert_eq!(order.borrow().len(), n, "no more than the room there was");
+        }
+        for t in tasks {
+            t.await;
+        }
+    });
+    assert_eq!(*order.borrow(), vec![1, 3, 0, 4, 2]);
+    assert_eq!(f.waiting(), 0);
+}
+
+#[test]
+fn a_newcomer_does_not_jump_waiters_of_its_class_but_does_jump_lower_ones() {
+    let f = Rc::new(flow(10, 5000));
+    let fleet = Rc::new(TestFleet::default());
+    block_on(async {
+        let (f2, fl2) = (f.clone(), fleet.clone());
+        let low = monoio::spawn(async move { f2.admit(ask(0, 0), &*fl2, never()).await });
+        until("queued", || f.waiting() == 1).await;
+        fleet.free.set(1);
+        // Same class: behind the waiter, so it waits (and the waiter goes first).
+        let same = f.admit(ask(0, 0), &*fleet, never());
+        let r = same.await;
+        assert!(matches!(r, Ok(Admitted::Waited(_))), "{r:?}");
+        assert!(matches!(low.await, Ok(Admitted::Waited(_))));
+        // A higher class with nobody of its class waiting goes straight through even while a
+        // lower class waits.
+        fleet.free.set(0);
+        let (f3, fl3) = (f.clone(), fleet.clone());
+        let low = monoio::spawn(async move { f3.admit(ask(0, 0), &*fl3, never()).await });
+        until("queued", || f.waiting() == 1).await;
+        fleet.free.set(1);
+        assert_eq!(
+            f.admit(ask(3, 0), &*fleet, never()).await,
+            Ok(Admitted::Direct)
+        );
+        assert!(matches!(low.await, Ok(Admitted::Waited(_))));
+    });
+}
+
+#[test]
+fn a_full_queue_refuses_its_lowest_class_and_sheds_a_lower_waiter_for_a_higher_one() {
+    let f = Rc::new(flow(2, 5000));
+    let fleet = Rc::new(TestFleet::default());
+    block_on(async {
+        let mut low = Vec::new();
+        for _ in 0..2 {
+            let (f2, fl2) = (f.clone(), fleet.clone());
+            low.push(monoio::spawn(async move {
+                f2.admit(ask(0, 0), &*fl2, never()).await
+            }));
+            until("queued", || f.waiting() == low.len()).await;
+        }
+        let r = f.admit(ask(0, 0), &*fleet, never()).await;
+        assert!(
+            matches!(r, Err(Denied::Full { retry_after }) if retry_after >= 1),
+            "{r:?}"
+        );
+        // A higher class takes the place of the newest low waiter, which is shed.
+        let (f2, fl2) = (f.clone(), fleet.clone());
+        let high = monoio::spawn(async move { f2.admit(ask(9, 0), &*fl2, never()).await });
+        let second = low.pop().unwrap().await;
+        assert!(
+            matches!(second, Err(Denied::Shed { retry_after }) if retry_after >= 1),
+            "{second:?}"
+        );
+        assert_eq!(f.waiting(), 2);
+        fleet.free.set(1);
+        assert!(matches!(high.await, Ok(Admitted::Waited(_))));
+        assert!(matches!(low.pop().unwrap().await, Ok(Admitted::Waited(_))));
+    });
+}
+
+#[test]
+fn a_waiter_times_out_and_leaves_the_room() {
+    let f = flow(10, 30);
+    let fleet = TestFleet::default();
+    block_on(async {
+        let t0 = Instant::now();
+        assert_eq!(
+            f.admit(ask(0, 0), &fleet, never()).await,
+            Err(Denied::Timeout)
+        );
+        assert!(t0.elapsed() >= Duration::from_millis(30));
+    });
+    assert_eq!(f.waiting(), 0);
+}
+
+#[test]
+fn a_client_that_leaves_while_queued_frees_its_place_and_is_never_let_in() {
+    let f = Rc::new(flow(10, 5000));
+    let fleet = Rc::new(TestFleet::default());
+    block_on(async {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let gone = async move {
+            while rx.try_recv().is_err() {
+                monoio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        let (f2, fl2) = (f.clone(), fleet.clone());
+        let leaving = monoio::spawn(async move { f2.admit(ask(5, 0), &*fl2, gone).await });
+        let (f3, fl3) = (f.clone(), fleet.clone());
+        let stays = monoio::spawn(async move { f3.admit(ask(0, 0), &*fl3, never()).await });
+        until("both queued", || f.waiting() == 2).await;
+        tx.send(()).unwrap();
+        assert_eq!(leaving.await, Err(Denied::ClientGone));
+        assert_eq!(f.waiting(), 1);
+        fleet.free.set(1);
+        assert!(matches!(stays.await, Ok(Admitted::Waited(_))));
+    });
+    assert_eq!(f.waiting(), 0);
+}
+
+#[test]
+fn a_dropped_wait_takes_the_waiter_out() {
+    let f = flow(10, 5000);
+    let fleet = TestFleet::default();
+    block_on(async {
+        let r = monoio::time::timeout(
+            Duration::from_millis(20),
+            f.admit(ask(0, 0), &fleet, never()),
+        )
+        .await;
+        assert!(r.is_err(), "still waiting when dropped");
+    });
+    assert_eq!(f.waiting(), 0);
+}
+
+#[test]
+fn tenant_limits_refuse_with_the_time_until_there_is_room() {
+    let f = Flow::new(
+        FlowConfig {
+            queue_size: 10,
+            queue_timeout: Duration::from_secs(1),
+            sheddable_wait: Duration::from_secs(1),
+        },
+        tenants(&[
+            (
+                "few",
+                TenantSpec {
+                    keys: vec!["k1".into()],
+                    requests_per_minute: Some(2),
+                    ..TenantSpec::default()
+                },
+            ),
+            (
+                "small",
+                TenantSpec {
+                    keys: vec!["k2".into()],
+                    tokens_per_minute: Some(250),
+                    ..TenantSpec::default()
+                },
+            ),
+        ]),
+    );
+    let few = f.tenants().by_key("k1");
+    let small = f.tenants().by_key("k2");
+    let fleet = TestFleet::default();
+    fleet.free.set(4);
+    block_on(async {
+        for _ in 0..2 {
+            assert!(f.admit(ask(0, few), &fleet, never()).await.is_ok());
+        }
+        // Two a minute: the next one has room in 30 s.
+        match f.admit(ask(0, few), &fleet, never()).await {
+            Err(Denied::TenantLimit { retry_after }) => {
+                assert!((29..=31).contains(&retry_after), "{retry_after}")
+            }
+            r => panic!("{r:?}"),
+        }
+        // 250 tokens a minute, 100 a request: two go, and output tokens count too.
+        assert!(f.admit(ask(0, small), &fleet, never()).await.is_ok());
+        f.charge_output(small, 100);
+        assert!(matches!(
+            f.admit(ask(0, small), &fleet, never()).await,
+            Err(Denied::TenantLimit { .. })
+        ));
+        // Another tenant is not limited by them.
+        assert!(f.admit(ask(0, 0), &fleet, never()).await.is_ok());
+    });
+}
+
+#[test]
+fn a_sheddable_request_is_refused_when_the_expected_wait_passes_its_bound() {
+    let f = Rc::new(Flow::new(
+        FlowConfig {
+            queue_size: 100,
+            queue_timeout: Duration::from_secs(5),
+            sheddable_wait: Duration::from_millis(500),
+        },
+        tenants(&[]),
+    ));
+    let fleet = Rc::new(TestFleet::default());
+    block_on(async {
+        // No drain measured yet: a sheddable request waits like any other.
+        let (f2, fl2) = (f.clone(), fleet.clone());
+        let first = monoio::spawn(async move { f2.admit(ask(-1, 0), &*fl2, never()).await });
+        until("queued", || f.waiting() == 1).await;
+        fleet.free.set(1);
+        assert!(matches!(first.await, Ok(Admitted::Waited(_))));
+        fleet.free.set(0);
+        // One grant in the last 10 s: 0.1 a second. Ten waiters ahead: ~100 s expected.
+        let mut queued = Vec::new();
+        for i in 0..10 {
+            let (f2, fl2) = (f.clone(), fleet.clone());
+            queued.push(monoio::spawn(async move {
+                f2.admit(ask(0, 0), &*fl2, never()).await
+            }));
+            until("queued", || f.waiting() == i + 1).await;
+        }
+        match f.admit(ask(-1, 0), &*fleet, never()).await {
+            Err(Denied::Overloaded { retry_after }) => assert!(retry_after >= 50, "{retry_after}"),
+            r => panic!("{r:?}"),
+        }
+        // A class that is not sheddable still waits.
+        let (f2, fl2) = (f.clone(), fleet.clone());
+        let patient = monoio::spawn(async move { f2.admit(ask(0, 0), &*fl2, never()).await });
+        until("queued", || f.waiting() == 11).await;
+        fleet.free.set(3);
+        for q in queued {
+            assert!(q.await.is_ok());
+        }
+        assert!(patient.await.is_ok());
+    });
+}

@@ -1,0 +1,165 @@
+//! Whether a worker can take another request now, from what its engine last said (queued
+//! requests, KV-cache use) and what this gateway sent it since.
+//!
+//! The engine's figures arrive once per telemetry round (every `--saturation-poll-ms` with
+//! `--saturation-admission`); between two readings every request this copy started on the
+//! worker counts as queued there, so a burst cannot pour through the gap between readings.
+//! A worker never read is not saturated: admission fails open rather than hold traffic on a
+//! guess.
+
+use crate::base::WorkerId;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+
+/// When a worker counts as saturated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Thresholds {
+    /// Requests waiting in the engine's own queue (`sglang:num_queue_reqs`) at which it is
+    /// saturated: a longer engine queue only adds to everyone's time to first token, while
+    /// the gateway's queue can still reorder by priority and tenant.
+    pub queue_reqs: u32,
+    /// KV-cache use (`sglang:token_usage`, 0..1) at which it is saturated.
+    pub kv_usage: f64,
+}
+
+/// What a reading said; [`NEVER_READ`] in `queued` until the first.
+#[derive(Debug)]
+struct Reading {
+    queued: AtomicU32,
+    /// KV use in thousandths.
+    usage: AtomicU32,
+    /// This copy's in-flight requests on the worker when the reading came.
+    own_then: AtomicU32,
+}
+
+const NEVER_READ: u32 = u32::MAX;
+
+/// The last reading of every worker slot, shared by the telemetry thread (writer) and the
+/// serving cores (readers).
+#[derive(Debug)]
+pub struct Saturation {
+    readings: Box<[Reading]>,
+    thresholds: Thresholds,
+}
+
+impl Saturation {
+    /// Room for `slots` worker ids, none read yet.
+    pub fn new(slots: usize, thresholds: Thresholds) -> Saturation {
+        Saturation {
+            readings: (0..slots)
+                .map(|_| Reading {
+                    queued: AtomicU32::new(NEVER_READ),
+                    usage: AtomicU32::new(0),
+                    own_then: AtomicU32::new(0),
+                })
+                .collect(),
+            thresholds,
+        }
+    }
+
+    /// The thresholds in force.
+    pub fn thresholds(&self) -> Thresholds {
+        self.thresholds
+    }
+
+    /// Worker `w`'s engine reported `queued` waiting requests and KV use `usage` while this
+    /// copy had `own_now` requests in flight on it.
+    pub fn record(&self, w: WorkerId, queued: f64, usage: f64, own_now: u32) {
+        if let Some(r) = self.readings.get(w as usize) {
+            let q = if queued.is_finite() && queued > 0.0 {
+                queued.min(f64::from(NEVER_READ - 1)) as u32
+            } else {
+                0
+            };
+            let u = if usage.is_finite() {
+                usage.clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
+            r.own_then.store(own_now, Relaxed);
+            r.usage.store((u * 1000.0).round() as u32, Relaxed);
+            r.queued.store(q, Relaxed);
+        }
+    }
+
+    /// Worker `w` left or was replaced: its next owner starts unread.
+    pub fn forget(&self, w: WorkerId) {
+        if let Some(r) = self.readings.get(w as usize) {
+            r.queued.store(NEVER_READ, Relaxed);
+            r.usage.store(0, Relaxed);
+            r.own_then.store(0, Relaxed);
+        }
+    }
+
+    /// Worker `w`'s estimated engine queue and KV use now (None: never read), with `own_now`
+    /// of this copy's requests in flight on it.
+    pub fn estimate(&self, w: WorkerId, own_now: u32) -> Option<(u32, f64)> {
+        let r = self.readings.get(w as usize)?;
+        let queued = r.queued.load(Relaxed);
+        if queued == NEVER_READ {
+            return None;
+        }
+        let since = own_now.saturating_sub(r.own_then.load(Relaxed));
+        Some((
+            queued.saturating_add(since),
+            f64::from(r.usage.load(Relaxed)) / 1000.0,
+        ))
+    }
+
+    /// Whether worker `w` is saturated with `own_now` of this copy's requests on it.
+    pub fn is_saturated(&self, w: WorkerId, own_now: u32) -> bool {
+        self.estimate(w, own_now)
+            .is_some_and(|(q, u)| saturated(q, u, self.thresholds))
+    }
+}
+
+/// The rule itself: a queue at the threshold, or KV use at its threshold.
+pub fn saturated(queued: u32, usage: f64, t: Thresholds) -> bool {
+    queued >= t.queue_reqs || usage >= t.kv_usage
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Thresholds = Thresholds {
+        queue_reqs: 2,
+        kv_usage: 0.9,
+    };
+
+    #[test]
+    fn a_worker_never_read_is_not_saturated() {
+        let s = Saturation::new(4, T);
+        assert_eq!(s.estimate(1, 100), None);
+        assert!(!s.is_saturated(1, 100));
+        assert!(!s.is_saturated(99, 0), "an id outside the table");
+    }
+
+    #[test]
+    fn requests_sent_since_the_reading_count_as_queued() {
+        let s = Saturation::new(4, T);
+        s.record(1, 0.0, 0.5, 10);
+        assert_eq!(s.estimate(1, 10), Some((0, 0.5)));
+        assert!(!s.is_saturated(1, 11));
+        assert!(s.is_saturated(1, 12), "two started since the reading");
+        assert!(
+            !s.is_saturated(1, 3),
+            "finished ones do not count below the reading"
+        );
+        s.record(1, 1.0, 0.5, 12);
+        assert!(!s.is_saturated(1, 12), "the new reading says one waits");
+        assert!(s.is_saturated(1, 13));
+    }
+
+    #[test]
+    fn kv_use_alone_saturates_and_bad_figures_are_clamped() {
+        let s = Saturation::new(4, T);
+        s.record(2, 0.0, 0.95, 0);
+        assert!(s.is_saturated(2, 0));
+        s.record(2, f64::NAN, f64::INFINITY, 0);
+        assert_eq!(s.estimate(2, 0), Some((0, 0.0)));
+        s.record(2, 1e12, 7.0, 0);
+        assert_eq!(s.estimate(2, 0), Some((NEVER_READ - 1, 1.0)));
+        s.forget(2);
+        assert_eq!(s.estimate(2, 0), None);
+    }
+}

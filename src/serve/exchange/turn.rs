@@ -1,0 +1,192 @@
+//! Phase *wait turn* (`--saturation-admission`): the request's tenant and priority class, then
+//! the flow control's verdict: straight on while some worker has room, else a wait in the
+//! gateway (raced against the client leaving) or a refusal with `Retry-After`. A request let in
+//! is then routed only among the workers that are not saturated.
+
+use super::{Exchange, Forwarding};
+use crate::admission::flow::{Ask, Denied, Fleet, RoomKey};
+use crate::admission::queue::Priority;
+use crate::admission::FlowControl;
+use crate::gateway::Gateway;
+use crate::proxy::io::closed_by_peer;
+use crate::serve::error::GatewayError;
+use crate::serve::Outcome;
+use crate::workers::role::Side;
+use monoio::net::TcpStream;
+
+/// The header a client (or the front before it) states its priority class in, as the
+/// reference names it; higher is more important (SGLang's default direction).
+pub const PRIORITY_HEADER: &str = "x-smg-priority";
+/// Workers counted per look at the fleet (a look lets in at most this many waiters).
+const MOST_COUNTED: usize = 64;
+/// The one room every request waits in: every worker of a side serves every routed request
+/// (the policies choose among all of them), so the fleet a request waits for is the same.
+const ROOM: RoomKey = 0;
+
+/// How the wait ended when the request does not go on.
+enum Turned {
+    /// Answer this refusal.
+    Refused(GatewayError),
+    /// The client left while it waited: nothing to answer, nothing was sent upstream.
+    ClientGone,
+}
+
+/// The workers of one side as the flow control sees them: eligible (healthy, circuit
+/// admitting) and below the saturation thresholds.
+struct SideFleet<'a> {
+    gw: &'a Gateway,
+    fc: &'a FlowControl,
+    side: Side,
+}
+
+impl SideFleet<'_> {
+    fn unsaturated(&self) -> impl Iterator<Item = crate::base::WorkerId> + '_ {
+        let list = self.gw.registry.load_full();
+        let ids: Vec<_> = match self.side {
+            Side::Prefill => list.prefill_ids.clone(),
+            Side::Decode => list.decode_ids.clone(),
+            Side::Any => list.ids.clone(),
+        };
+        let loads = &self.gw.registry.loads;
+        ids.into_iter().filter(move |&w| {
+            loads.is_eligible(w) && !self.fc.saturation.is_saturated(w, loads.in_flight(w))
+        })
+    }
+}
+
+impl Fleet for SideFleet<'_> {
+    fn room_for(&self, _room: RoomKey) -> usize {
+        self.unsaturated().take(MOST_COUNTED).count()
+    }
+}
+
+/// The class a request claims: its `X-SMG-Priority` header, else its body's `priority`, else
+/// 0. A header that is not an integer is refused (a typo must not silently demote a request).
+pub(super) fn claimed_priority(
+    header: Option<&[u8]>,
+    body: Option<i64>,
+) -> Result<Priority, GatewayError> {
+    match header {
+        Some(v) => std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .map(clamp_i32)
+            .ok_or_else(|| {
+                GatewayError::bad_request("X-SMG-Priority must be an integer (higher goes first)")
+            }),
+        None => Ok(body.map_or(0, clamp_i32)),
+    }
+}
+
+fn clamp_i32(v: i64) -> Priority {
+    v.clamp(i64::from(Priority::MIN), i64::from(Priority::MAX)) as Priority
+}
+
+impl Exchange<'_> {
+    /// Phase *wait turn* (see the module doc); a no-op without `--saturation-admission` and
+    /// for pass-through calls.
+    async fn wait_turn(&mut self, client: &TcpStream) -> Result<(), Turned> {
+        let (Forwarding::Routed(_), Some(fc)) = (self.forwarding, self.gw.flow.as_ref()) else {
+            return Ok(());
+        };
+        let head = self.head;
+        let tenant = fc.tenant(|name| head.header(name).and_then(|v| std::str::from_utf8(v).ok()));
+        let claimed = claimed_priority(head.header(PRIORITY_HEADER), self.info.shape.priority)
+            .map_err(Turned::Refused)?;
+        let class = fc.flow.tenants().clamp(tenant, claimed);
+        let tokens = match &self.prompt {
+            Some(Ok(ids)) => ids.len() as u64,
+            // Without the token ids: about four characters a token.
+            _ => (crate::base::text::char_count(self.info.text.as_bytes()) as u64 / 4).max(1),
+        };
+        let side = if self.gw.decode.is_some() {
+            Side::Prefill
+        } else {
+            Side::Any
+        };
+        let fleet = SideFleet {
+            gw: self.gw,
+            fc,
+            side,
+        };
+        let ask = Ask {
+            room: ROOM,
+            class,
+            tenant,
+            tokens,
+        };
+        match fc.flow.admit(ask, &fleet, closed_by_peer(client)).await {
+            Ok(_) => {
+                self.tenant = Some(tenant);
+                // Routed among the workers with room when there are any: the cache-aware choice
+                // among the unsaturated ones.
+                let free: Vec<_> = fleet.unsaturated().collect();
+                if !free.is_empty() {
+                    let list = self.gw.registry.load_full();
+                    let ids = match side {
+                        Side::Prefill => &list.prefill_ids,
+                        _ => &list.ids,
+                    };
+                    let excluded = self.excluded_on(side);
+                    excluded.extend(ids.iter().filter(|w| !free.contains(w)));
+                }
+                Ok(())
+            }
+            Err(Denied::ClientGone) => Err(Turned::ClientGone),
+            Err(d) => Err(Turned::Refused(d.into())),
+        }
+    }
+
+    /// Phase *wait turn*, and the answer when the request ends there (a refusal, or nothing
+    /// for a client that left).
+    pub(in crate::serve) async fn wait_turn_or_answer(
+        &mut self,
+        client: &mut TcpStream,
+    ) -> Option<Outcome> {
+        match self.wait_turn(client).await {
+            Ok(()) => None,
+            Err(Turned::Refused(e)) => Some(self.fail(client, e).await),
+            Err(Turned::ClientGone) => {
+                crate::metrics::client_gone();
+                Some(Outcome {
+                    status: 499,
+                    keep_alive: false,
+                })
+            }
+        }
+    }
+
+    /// The answer is over: its output tokens (stream events, else about four bytes a token of
+    /// the body) count toward its tenant's share and token limit.
+    pub(super) fn charge_output(&self, events: u64, body_bytes: u64) {
+        if let (Some(fc), Some(t)) = (self.gw.flow.as_ref(), self.tenant) {
+            let tokens = if events > 0 { events } else { body_bytes / 4 };
+            fc.flow.charge_output(t, tokens);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_wins_over_the_body_and_bad_headers_are_refused() {
+        assert_eq!(claimed_priority(Some(b" 7 "), Some(3)).unwrap(), 7);
+        assert_eq!(claimed_priority(None, Some(3)).unwrap(), 3);
+        assert_eq!(claimed_priority(None, None).unwrap(), 0);
+        assert_eq!(claimed_priority(Some(b"-2"), None).unwrap(), -2);
+        assert_eq!(
+            claimed_priority(Some(b"99999999999"), None).unwrap(),
+            Priority::MAX
+        );
+        assert_eq!(
+            claimed_priority(None, Some(i64::MIN)).unwrap(),
+            Priority::MIN
+        );
+        for bad in [&b"high"[..], b"1.5", b"", b"\xff"] {
+            let e = claimed_priority(Some(bad), None).unwrap_err();
+            assert_eq!(e.status, 400);
+        }
+    }
+}
