@@ -10,8 +10,9 @@
 //!
 //! Both go to `/v1/chat/completions` with the tenant's key as a bearer token, its class in
 //! `X-SMG-Priority` and SGLang's `priority` body field. Latencies count from each request's
-//! intended send time (open loop, no coordinated omission). Each tenant is reported on its own:
-//! TTFT and E2E percentiles, requests refused (429), timed out (the client's timeout, or a
+//! intended send time (open loop, no coordinated omission), over the requests sent after
+//! `warmup_s`; a request that got no answer in time counts in the TTFT with the time it waited. Each tenant is reported on its own: TTFT and E2E percentiles, requests refused
+//! (429), timed out (the client's timeout, or a
 //! gateway's 408/504) and unfinished at the end, and goodput — completed prompt and output
 //! tokens per second over the measurement window (after `warmup_s`, up to the end of the send
 //! window), so a gateway that keeps the GPUs busy on work that completes shows it. With
@@ -119,6 +120,11 @@ pub struct BatchParams {
     pub rate: f64,
     /// > 0: a closed loop of this many users instead of `rate`.
     pub concurrency: usize,
+    /// Closed loop: the users start evenly spread over this many seconds, not all at once (a
+    /// burst of long prompts fills every worker's KV together, and the batch then finishes in
+    /// waves that take many periods to blur).
+    #[serde(default)]
+    pub ramp_s: f64,
     /// Prompt length range, tokens.
     pub prompt_tokens: (u32, u32),
     /// Output length range, tokens.
@@ -137,6 +143,7 @@ impl Default for BatchParams {
             },
             rate: 0.0,
             concurrency: 0,
+            ramp_s: 0.0,
             prompt_tokens: (4000, 8000),
             output_tokens: (128, 384),
             max_requests: 20_000,
@@ -221,8 +228,11 @@ impl OverloadConfig {
         if self.duration_s + self.drain_s > 24.0 * 3600.0 {
             return bad("duration + drain exceeds a day".into());
         }
-        if !(nonneg(self.interactive.session_rate) && nonneg(self.batch.rate)) {
-            return bad("rates must be >= 0".into());
+        if !(nonneg(self.interactive.session_rate)
+            && nonneg(self.batch.rate)
+            && nonneg(self.batch.ramp_s))
+        {
+            return bad("rates and the ramp must be >= 0".into());
         }
         for t in [&self.interactive.tenant, &self.batch.tenant] {
             if !pos(t.request_timeout_s) {
@@ -255,6 +265,10 @@ struct Stats {
     ok: u64,
     refused: u64,
     timed_out: u64,
+    /// Cut by the end of the run.
+    unfinished: u64,
+    /// TTFT samples that are the time waited by a request that got no answer.
+    ttft_waited: u64,
     inflight: u64,
     dropped: u64,
     not_sent: u64,
@@ -266,6 +280,8 @@ struct Stats {
     prompt_tokens: u64,
     output_tokens: u64,
     sessions: u64,
+    /// Output tokens completed in each second of the run (to see when it reached steady state).
+    output_by_second: Vec<u64>,
 }
 
 impl Stats {
@@ -413,15 +429,20 @@ async fn run_async(
     });
     monoio::spawn(dispatch_sessions(Live::new(&ctx), sessions));
     if closed {
-        for _ in 0..ctx.cfg.batch.concurrency {
-            monoio::spawn(closed_user(Live::new(&ctx)));
+        let users = ctx.cfg.batch.concurrency;
+        for i in 0..users {
+            let start = ctx.t0 + secs(ctx.cfg.batch.ramp_s * i as f64 / users as f64);
+            monoio::spawn(closed_user(Live::new(&ctx), start));
         }
     } else {
         monoio::spawn(dispatch_batch(Live::new(&ctx), open));
     }
+    // Every request's deadline is at the latest the run's end, so its task records it then;
+    // a moment more lets the last of them do so.
+    let give_up = ctx.hard_end + Duration::from_millis(500);
     loop {
         sleep(Duration::from_millis(20)).await;
-        if ctx.live.get() == 0 || Instant::now() >= ctx.hard_end {
+        if ctx.live.get() == 0 || Instant::now() >= give_up {
             break;
         }
     }
@@ -453,7 +474,8 @@ fn tenant_report(s: &Stats, window_s: f64) -> TenantReport {
         ok: s.ok,
         refused: s.refused,
         timed_out: s.timed_out,
-        unfinished: s.inflight,
+        unfinished: s.unfinished + s.inflight,
+        ttft_waited: s.ttft_waited,
         dropped: s.dropped,
         not_sent: s.not_sent,
         errors: s.errors.clone(),
@@ -463,6 +485,7 @@ fn tenant_report(s: &Stats, window_s: f64) -> TenantReport {
         window_ok: s.window_ok,
         window_prompt_tokens: s.window_prompt_tokens,
         window_output_tokens: s.window_output_tokens,
+        output_tokens_by_second: s.output_by_second.clone(),
         req_per_s: s.window_ok as f64 / window_s,
         prompt_tok_per_s: s.window_prompt_tokens as f64 / window_s,
         output_tok_per_s: s.window_output_tokens as f64 / window_s,
@@ -562,9 +585,13 @@ async fn dispatch_batch(live: Live, batch: Vec<BatchRequest>) {
     drop(live);
 }
 
-/// Closed loop: one batch user sending the next request when the previous one is done.
-async fn closed_user(live: Live) {
+/// Closed loop: one batch user, from `start` on sending the next request when the previous one
+/// is done.
+async fn closed_user(live: Live, start: Instant) {
     let ctx = live.0.clone();
+    if start > Instant::now() {
+        sleep_until(mono(start)).await;
+    }
     while Instant::now() < ctx.send_end {
         let next = ctx.batch_pool.borrow_mut().pop_front();
         let r = match next {
@@ -616,31 +643,43 @@ async fn send(
     .await;
     let mut s = ctx.stats(class).borrow_mut();
     s.inflight -= 1;
-    if result.is_err() && Instant::now() >= ctx.hard_end {
-        // Cut by the end of the run, not by its own timeout: unfinished.
-        s.inflight += 1;
+    let Ok(result) = result else {
+        // No answer in time: what it waited counts in the TTFT as well, or an overloaded
+        // gateway's percentiles would only describe the lucky requests that got through.
+        if intended >= ctx.window.0 {
+            s.ttft.record(
+                intended
+                    .elapsed()
+                    .as_micros()
+                    .try_into()
+                    .unwrap_or(u64::MAX),
+            );
+            s.ttft_waited += 1;
+        }
+        if Instant::now() >= ctx.hard_end {
+            s.unfinished += 1;
+        } else {
+            s.timed_out += 1;
+        }
         return None;
-    }
-    record(&mut s, ctx.window, intended, result)
+    };
+    record(&mut s, ctx.t0, ctx.window, intended, result)
 }
 
 /// Account for one finished (or failed) request; the answer text on success.
 fn record(
     s: &mut Stats,
+    t0: Instant,
     window: (Instant, Instant),
     intended: Instant,
-    result: Result<Result<Exchange, ReqError>, monoio::time::error::Elapsed>,
+    result: Result<Exchange, ReqError>,
 ) -> Option<String> {
     let x = match result {
-        Err(_) => {
-            s.timed_out += 1;
-            return None;
-        }
-        Ok(Err(e)) => {
+        Err(e) => {
             s.error(e.kind(), || e.detail());
             return None;
         }
-        Ok(Ok(x)) => x,
+        Ok(x) => x,
     };
     match x.status {
         200 => {}
@@ -663,17 +702,26 @@ fn record(
         s.error("stream_error", || msg);
         return None;
     }
-    let us = |t: Instant| t.saturating_duration_since(intended).as_micros() as u64;
-    if let Some(t) = x.first_content.or(x.first_byte) {
-        s.ttft.record(us(t));
+    // Latencies of the requests sent inside the window: the ones sent while the fleet was still
+    // filling up would flatter a gateway that lets a backlog build.
+    if intended >= window.0 {
+        let us = |t: Instant| t.saturating_duration_since(intended).as_micros() as u64;
+        if let Some(t) = x.first_content.or(x.first_byte) {
+            s.ttft.record(us(t));
+        }
+        s.e2e.record(us(x.done));
     }
-    s.e2e.record(us(x.done));
     s.ok += 1;
     let a = &x.answer;
     let out = a.completion_tokens.unwrap_or(u64::from(a.content_events));
     let prompt = a.prompt_tokens.unwrap_or(0);
     s.output_tokens += out;
     s.prompt_tokens += prompt;
+    let second = x.done.saturating_duration_since(t0).as_secs() as usize;
+    if s.output_by_second.len() <= second {
+        s.output_by_second.resize(second + 1, 0);
+    }
+    s.output_by_second[second] += out;
     if x.done >= window.0 && x.done <= window.1 {
         s.window_ok += 1;
         s.window_output_tokens += out;

@@ -83,6 +83,9 @@ pub struct OverloadArgs {
     /// Closed loop of N batch users instead of --batch-rate (to measure the fleet's capacity).
     #[arg(long, default_value_t = 0, help_heading = "overload")]
     pub batch_concurrency: usize,
+    /// Closed loop: start the users evenly over this many seconds.
+    #[arg(long, default_value_t = 0.0, help_heading = "overload")]
+    pub batch_ramp: f64,
     /// Batch tenant's API key.
     #[arg(long, default_value = "batch-key", help_heading = "overload")]
     pub batch_key: String,
@@ -170,6 +173,7 @@ impl OverloadArgs {
                 },
                 rate: self.batch_rate,
                 concurrency: self.batch_concurrency,
+                ramp_s: self.batch_ramp,
                 prompt_tokens: self.batch_prompt_tokens,
                 output_tokens: self.batch_output_tokens,
                 ..d.batch

@@ -26,6 +26,11 @@ pub struct TenantReport {
     pub timed_out: u64,
     /// Still running when the run ended.
     pub unfinished: u64,
+    /// TTFT samples that are the time a request waited without an answer (timed out or cut by
+    /// the end of the run): a request that never got its first token counts with what it
+    /// waited (a stream cut after its first token counts its whole wait as well).
+    #[serde(default)]
+    pub ttft_waited: u64,
     /// Not sent because `max_inflight` were outstanding.
     pub dropped: u64,
     /// Turns never sent (after a failed turn, or due after the send window).
@@ -44,15 +49,20 @@ pub struct TenantReport {
     pub window_prompt_tokens: u64,
     /// Their output tokens.
     pub window_output_tokens: u64,
+    /// Output tokens of the requests completed in each second of the run, from its start (when
+    /// goodput reached its steady state).
+    #[serde(default)]
+    pub output_tokens_by_second: Vec<u64>,
     /// `window_ok` per second of the window.
     pub req_per_s: f64,
     /// Goodput: completed prompt tokens per second of the window.
     pub prompt_tok_per_s: f64,
     /// Goodput: completed output tokens per second of the window.
     pub output_tok_per_s: f64,
-    /// Time to first content (streamed) or to the whole answer (not streamed).
+    /// Time to first content (streamed) or to the whole answer (not streamed), of the requests
+    /// sent inside the window.
     pub ttft: LatencySummary,
-    /// Intended send time to the end of the answer.
+    /// Intended send time to the end of the answer, of the same requests.
     pub e2e: LatencySummary,
 }
 
@@ -129,6 +139,13 @@ impl OverloadReport {
             );
         }
         for (name, t) in [("interactive", &self.interactive), ("batch", &self.batch)] {
+            if t.ttft_waited > 0 {
+                let _ = writeln!(
+                    s,
+                    "\n{name}: {} of the {} TTFT samples are the wait of a request with no answer in time.",
+                    t.ttft_waited, t.ttft.count
+                );
+            }
             for (k, v) in &t.errors {
                 let ex = t.error_examples.get(k).map_or("", String::as_str);
                 let _ = writeln!(s, "\n{name} error `{k}` ×{v}: {ex}");
