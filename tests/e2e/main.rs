@@ -13,6 +13,7 @@
 
 mod common;
 
+mod admission;
 mod apis;
 mod data_plane;
 mod dp;

@@ -47,6 +47,8 @@ use std::time::{Duration, Instant};
 /// Largest `/metrics` answer read from one worker (SGLang's is tens of KiB); a larger one is a
 /// failed scrape.
 pub const MAX_SCRAPE_BYTES: u64 = 4 << 20;
+/// Shortest time a scrape is given, however short the interval.
+const MIN_SCRAPE_TIMEOUT: Duration = Duration::from_millis(500);
 /// Largest `/get_load` answer read.
 const MAX_LOAD_BYTES: u64 = 1 << 20;
 /// Largest merged `GET /engine_metrics` body (samples); workers past it are left out whole,
@@ -130,15 +132,24 @@ pub fn spawn(gw: Arc<Gateway>) {
     let Some(interval) = gw.telemetry.interval else {
         return;
     };
-    super::spawn_helper("telemetry", super::HelperClass::Idle, move || {
-        run(gw, interval)
-    });
+    // Admission decides on these readings: they must not starve when the CPU is busy (which
+    // is when they matter), so with --saturation-admission the thread runs at the health
+    // thread's nice value instead of SCHED_IDLE.
+    let class = if gw.flow.is_some() {
+        super::HelperClass::Nice
+    } else {
+        super::HelperClass::Idle
+    };
+    super::spawn_helper("telemetry", class, move || run(gw, interval));
 }
 
 async fn run(gw: Arc<Gateway>, interval: Duration) {
     let mut s = Scraper {
         pool: Rc::new(upstream_pool(&gw)),
-        timeout: interval.min(MAX_SCRAPE_TIMEOUT),
+        // A scrape may take a little longer than a fast (admission) interval: a worker busy
+        // enough to matter answers its /metrics late, and a failed reading is worse than a
+        // late one.
+        timeout: interval.max(MIN_SCRAPE_TIMEOUT).min(MAX_SCRAPE_TIMEOUT),
         interval,
         workers: HashMap::new(),
         predicted: RatioWindow::default(),
