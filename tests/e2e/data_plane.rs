@@ -624,3 +624,325 @@ fn busy_polling_spends_cpu_only_in_its_window() {
         "paced traffic: {polling:.2} of a CPU with a 1 ms window, {sleeping:.2} without"
     );
 }
+
+// ---- against the foreign upstream (aiohttp, tests/fixtures/foreign_upstream.py) -------------
+// The upstream's HTTP is aiohttp's and the client's is ureq's: nothing on the wire between
+// them was written or parsed by radixgate's code except the gateway itself.
+
+/// `path` through the gateway: 200, served by `f`, and the body byte for byte what `f` wrote.
+fn relayed_exactly(
+    gw: std::net::SocketAddr,
+    f: &Foreign,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Response {
+    let r = request(
+        gw,
+        method,
+        path,
+        &[("content-type", "application/json")],
+        body,
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{path}: {}", r.text());
+    assert_eq!(served_by(&r), f.port, "{path}");
+    assert_eq!(
+        r.text(),
+        f.last_answer(path),
+        "{path}: the body as aiohttp's server wrote it"
+    );
+    r
+}
+
+#[test]
+fn foreign_upstream_every_sglang_endpoint_is_proxied_byte_exact() {
+    let f = Foreign::start(&[]);
+    let gw = gateway_for(&[f.url()], &[]);
+    // Health checks reached it (readiness needs one).
+    assert!(f.records().iter().any(|r| r["path"] == "/health"));
+
+    relayed_exactly(gw.addr, &f, "GET", "/get_model_info", b"");
+    relayed_exactly(gw.addr, &f, "GET", "/health_generate", b"");
+    let cases: [(&str, &[u8]); 6] = [
+        ("/generate", br#"{"text":"the quick brown fox","sampling_params":{"max_new_tokens":5},"rid":"r-1"}"#),
+        ("/generate", br#"{"input_ids":[[11,12,13],[14,15]],"sampling_params":{"max_new_tokens":3}}"#),
+        ("/generate", br#"{"input_ids":[1,2,3],"return_logprob":true,"logprob_start_len":0,"sampling_params":{"max_new_tokens":2},"unknown_field":{"kept":[1,2]}}"#),
+        ("/v1/chat/completions", &chat_body(&[("system", "be brief"), ("user", "tell me a story")], false, 4)),
+        ("/v1/completions", br#"{"model":"m","prompt":["one two","three four five"],"max_tokens":3}"#),
+        ("/v1/completions", br#"{"prompt":[7,8,9],"max_tokens":2}"#),
+    ];
+    for (path, body) in cases {
+        let r = relayed_exactly(gw.addr, &f, "POST", path, body);
+        assert!(r
+            .header("content-type")
+            .is_some_and(|t| t.starts_with("application/json")));
+        // The request body reached it unchanged.
+        assert_eq!(
+            f.last(path)["body"].as_str().unwrap().as_bytes(),
+            body,
+            "{path}"
+        );
+    }
+    let v = relayed_exactly(
+        gw.addr,
+        &f,
+        "POST",
+        "/generate",
+        br#"{"text":"a b c","sampling_params":{"max_new_tokens":4}}"#,
+    )
+    .json();
+    assert_eq!(v["text"], "a b c a");
+    assert_eq!(v["meta_info"]["prompt_tokens"], 3);
+    assert_eq!(v["meta_info"]["completion_tokens"], 4);
+
+    // What the gateway answers itself from what the upstream told it.
+    let models = request(gw.addr, "GET", "/v1/models", &[], b"")
+        .unwrap()
+        .json();
+    assert_eq!(
+        models["data"][0]["id"], "meta-llama/Llama-3.1-8B-Instruct",
+        "{models}"
+    );
+    // Fan-outs: /flush_cache reaches it and the SGLang text comes back in the summary.
+    let r = request(gw.addr, "POST", "/flush_cache", &[], b"").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(f.count("flushes"), 1);
+    // An upstream error answer (SGLang's shape, status 400) is passed through as is.
+    let r = request(gw.addr, "POST", "/generate", &[], br#"{"input_ids":[]}"#).unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.text(), f.last_answer("/generate"));
+}
+
+#[test]
+fn foreign_upstream_sse_streams_are_relayed_byte_exact_with_chunked_framing() {
+    let f = Foreign::start(&["--token-delay-ms", "2"]);
+    let gw = gateway_for(&[f.url()], &[]);
+    let streams: [(&str, Vec<u8>); 4] = [
+        ("/generate", br#"{"text":"stream me some words","stream":true,"sampling_params":{"max_new_tokens":6}}"#.to_vec()),
+        ("/generate", br#"{"input_ids":[3,4,5],"stream":true,"return_logprob":true,"logprob_start_len":1,"sampling_params":{"max_new_tokens":3}}"#.to_vec()),
+        ("/v1/chat/completions", br#"{"messages":[{"role":"user","content":"caf\u00e9 \"quoted\" words"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":5}"#.to_vec()),
+        ("/v1/completions", br#"{"prompt":"complete this","stream":true,"max_tokens":4}"#.to_vec()),
+    ];
+    // Each event in one chunk, then each event split across two chunks (an event boundary is
+    // not a chunk boundary).
+    for split in [false, true] {
+        f.knobs(serde_json::json!({ "split_events": split }));
+        for (path, body) in &streams {
+            let mut s = Streaming::open(gw.addr, "POST", path, &[], body).unwrap();
+            assert_eq!(s.status, 200, "{path}");
+            assert_eq!(
+                s.header("transfer-encoding"),
+                Some("chunked"),
+                "{path}: {:?}",
+                s.headers
+            );
+            assert!(s.header("content-length").is_none(), "{path}");
+            assert!(s
+                .header("content-type")
+                .is_some_and(|t| t.starts_with("text/event-stream")));
+            assert_eq!(s.header("x-worker-port"), Some(f.port.to_string().as_str()));
+            // ureq decodes the chunked body and fails on a missing or malformed last chunk.
+            let got = s
+                .read_to_end()
+                .unwrap_or_else(|e| panic!("{path} (split {split}): {e}"));
+            let want = f.last_answer(path);
+            assert_eq!(
+                String::from_utf8(got).unwrap(),
+                want,
+                "{path} (split {split})"
+            );
+            assert!(want.ends_with("data: [DONE]\n\n"), "{want}");
+        }
+    }
+}
+
+#[test]
+fn foreign_upstream_events_reach_the_client_as_they_are_written() {
+    // Its figures are delays between events: not beside another test's load.
+    let _serial = serial();
+    let f = Foreign::start(&["--token-delay-ms", "80"]);
+    let gw = gateway_for(&[f.url()], &[]);
+    let mut s = stream_chat(gw.addr, "pace me now please", 6);
+    let reads = s.read_timed_until(b"data: [DONE]", Duration::from_secs(10));
+    let content: Vec<Instant> = reads
+        .iter()
+        .filter(|(_, b)| String::from_utf8_lossy(b).contains("\"content\""))
+        .map(|(t, _)| *t)
+        .collect();
+    assert!(
+        content.len() >= 5,
+        "events were held back and coalesced: {} reads",
+        content.len()
+    );
+    let gaps: Vec<Duration> = content.windows(2).map(|w| w[1] - w[0]).collect();
+    let paced = gaps
+        .iter()
+        .filter(|g| **g >= Duration::from_millis(40))
+        .count();
+    assert!(paced >= 3, "events not paced like the upstream: {gaps:?}");
+    // The first event came long before the last one was written.
+    assert!(
+        content[0] - s.head_at < Duration::from_millis(200),
+        "first event late"
+    );
+}
+
+#[test]
+fn foreign_upstream_connections_are_kept_alive_and_reused() {
+    let f = Foreign::start(&[]);
+    let gw = gateway_for(&[f.url()], &[]);
+    for i in 0..8 {
+        let stream = i % 2 == 1;
+        let r = chat(gw.addr, &format!("request number {i}"), stream, 3);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.text(), f.last_answer("/v1/chat/completions"));
+    }
+    assert_eq!(f.count("received"), 8);
+    assert_eq!(
+        f.count("inference_connections"),
+        1,
+        "every request after the first reused the pooled connection: {}",
+        f.stats()
+    );
+}
+
+#[test]
+fn foreign_upstream_closing_an_idle_connection_is_not_a_failed_request() {
+    // aiohttp closes idle keep-alive connections after 0.3 s, long before the gateway's pool
+    // lets go of them (4 s): the next request finds its pooled connection closed.
+    let f = Foreign::start(&["--keepalive-timeout-s", "0.3"]);
+    let gw = gateway_for(&[f.url()], &["--disable-retries"]);
+    for i in 0..3 {
+        let r = generate(gw.addr, format!(r#"{{"text":"turn {i}"}}"#).as_bytes());
+        assert_eq!(r.status, 200, "turn {i}: {}", r.text());
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    assert_eq!(f.count("received"), 3, "{}", f.stats());
+    assert_eq!(
+        f.count("inference_connections"),
+        3,
+        "a new connection after each idle close"
+    );
+}
+
+#[test]
+fn foreign_upstream_closing_mid_stream_ends_the_client_stream_with_an_error_event() {
+    let f = Foreign::start(&["--token-delay-ms", "5"]);
+    let gw = gateway_for(&[f.url()], &[]);
+    f.knobs(serde_json::json!({"close_after_events": 2}));
+    let body = br#"{"text":"a b c d e f","stream":true,"sampling_params":{"max_new_tokens":10}}"#;
+    let mut s = Streaming::open(gw.addr, "POST", "/generate", &[], body).unwrap();
+    assert_eq!(s.status, 200);
+    let got = String::from_utf8(s.read_to_end().expect("a cleanly ended chunked body")).unwrap();
+    let written = f.last_answer("/generate");
+    assert_eq!(written.matches("data: ").count(), 2, "{written}");
+    assert!(
+        got.starts_with(&written),
+        "the two events, as written: {got}"
+    );
+    let rest = &got[written.len()..];
+    assert!(
+        rest.contains("\"error\""),
+        "an error event after them: {rest}"
+    );
+    assert!(!got.contains("[DONE]"), "the stream did not end: {got}");
+    assert_eq!(f.count("cut_streams"), 1);
+    // The broken connection is not reused; the next request is served on a new one.
+    f.knobs(serde_json::json!({"close_after_events": null}));
+    let r = generate(gw.addr, br#"{"text":"after the cut"}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(f.count("inference_connections"), 2, "{}", f.stats());
+}
+
+#[test]
+fn foreign_upstream_abort_request_ends_its_running_stream() {
+    let f = Foreign::start(&["--token-delay-ms", "50"]);
+    let gw = gateway_for(&[f.url()], &[]);
+    let body = br#"{"text":"a long answer","rid":"foreign-rid-1","stream":true,"sampling_params":{"max_new_tokens":200}}"#;
+    let mut s = Streaming::open(gw.addr, "POST", "/generate", &[], body).unwrap();
+    let _ = s.read_timed_until(b"\n\n", Duration::from_secs(5));
+    let r = request(
+        gw.addr,
+        "POST",
+        "/abort_request",
+        &[],
+        br#"{"rid":"foreign-rid-1"}"#,
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let rest = String::from_utf8(s.read_to_end().unwrap()).unwrap();
+    assert!(
+        rest.contains(r#""finish_reason":{"type":"abort""#),
+        "{rest}"
+    );
+    assert!(rest.ends_with("data: [DONE]\n\n"), "{rest}");
+    assert_eq!(f.count("aborted"), 1);
+    assert_eq!(f.count("abort_requests"), 1);
+}
+
+#[test]
+fn a_client_leaving_mid_stream_cancels_the_foreign_upstream_request() {
+    let f = Foreign::start(&["--token-delay-ms", "50"]);
+    let gw = gateway_for(&[f.url()], &[]);
+    let mut s = stream_chat(gw.addr, "a long story", 500);
+    let _ = s.read_timed_until(b"\"content\"", Duration::from_secs(5));
+    assert_eq!(f.count("in_flight"), 1);
+    drop(s);
+    wait_until(
+        "aiohttp cancelled the request",
+        Duration::from_secs(5),
+        || (f.count("cancelled") == 1 && f.count("in_flight") == 0).then_some(()),
+    );
+    let w = workers_json(gw.addr);
+    assert_eq!(w["workers"][0]["in_flight"], 0, "{w}");
+}
+
+#[test]
+fn a_large_foreign_body_is_relayed_byte_exact() {
+    let f = Foreign::start(&[]);
+    let gw = gateway_for(&[f.url()], &[]);
+    f.knobs(serde_json::json!({"body_pad_bytes": 8 << 20}));
+    let r = relayed_exactly(gw.addr, &f, "POST", "/generate", br#"{"text":"pad me"}"#);
+    assert_eq!(r.body.len(), f.last_answer("/generate").len());
+    assert!(r.body.len() > 8 << 20);
+}
+
+#[test]
+fn foreign_upstream_breaking_off_inside_an_event_never_tears_the_client_s_events() {
+    // aiohttp frames each write as one chunk; this upstream's last chunk holds half an event
+    // when it closes. Every event the client sees end must be whole: the half one may arrive
+    // (it was relayed as it came) but nothing may complete it, and the body then must not
+    // end cleanly.
+    let f = Foreign::start(&[]);
+    let gw = gateway_for(&[f.url()], &[]);
+    f.knobs(serde_json::json!({"close_after_events": 2, "cut_mid_event": true}));
+    let body = br#"{"text":"a b c d e f","stream":true,"sampling_params":{"max_new_tokens":10}}"#;
+    let mut s = Streaming::open(gw.addr, "POST", "/generate", &[], body).unwrap();
+    let mut got = Vec::new();
+    let clean_end = loop {
+        match s.read_some() {
+            Ok(b) if b.is_empty() => break true,
+            Ok(b) => got.extend_from_slice(&b),
+            Err(_) => break false,
+        }
+    };
+    let got = String::from_utf8(got).unwrap();
+    let (ended, rest) = match got.rfind("\n\n") {
+        Some(i) => got.split_at(i + 2),
+        None => ("", got.as_str()),
+    };
+    let events: Vec<&str> = ended.split_terminator("\n\n").collect();
+    assert!(events.len() >= 2, "the two whole events: {got:?}");
+    for e in &events {
+        let json = e
+            .strip_prefix("data: ")
+            .unwrap_or_else(|| panic!("not an event: {e:?}"));
+        serde_json::from_str::<serde_json::Value>(json)
+            .unwrap_or_else(|err| panic!("a torn event ({err}): {json:?} in {got:?}"));
+    }
+    assert!(
+        rest.is_empty() || !clean_end,
+        "a half event, then a clean end: {got:?}"
+    );
+}

@@ -363,3 +363,45 @@ fn an_error_reply_reaches_a_client_still_sending_its_body() {
     assert!(c.closed_within(Duration::from_secs(4)));
     assert_still_serves(gw.addr);
 }
+
+// ---- against the foreign upstream (aiohttp, tests/fixtures/foreign_upstream.py) -------------
+
+#[test]
+fn pipelined_client_requests_to_a_foreign_upstream_are_answered_in_order() {
+    // Raw socket on purpose: three requests in one write (pipelining) is about exact bytes.
+    let f = Foreign::start(&["--token-delay-ms", "3"]);
+    let gw = gateway_for(&[f.url()], &[]);
+    let bodies: Vec<Vec<u8>> = [
+        r#"{"text":"first one","sampling_params":{"max_new_tokens":4}}"#,
+        r#"{"text":"second","stream":true,"sampling_params":{"max_new_tokens":3}}"#,
+        r#"{"text":"third and last","sampling_params":{"max_new_tokens":2}}"#,
+    ]
+    .iter()
+    .map(|b| b.as_bytes().to_vec())
+    .collect();
+    let mut all = Vec::new();
+    for b in &bodies {
+        all.extend(raw_request("POST", "/generate", &[], b));
+    }
+    let mut c = open(gw.addr, Duration::from_secs(10));
+    c.send(&all);
+    let answers: Vec<String> = (0..3)
+        .map(|_| c.read_response().expect("an answer").text())
+        .collect();
+    let written: Vec<String> = f
+        .records()
+        .iter()
+        .filter(|r| r["path"] == "/generate")
+        .map(|r| r["response"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        answers, written,
+        "each answer as aiohttp wrote it, in request order"
+    );
+    for (a, want) in answers
+        .iter()
+        .zip(["first one first one", "second", "third and"])
+    {
+        assert!(a.contains(want), "{a}");
+    }
+}

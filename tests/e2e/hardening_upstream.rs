@@ -558,10 +558,12 @@ fn a_malformed_first_chunk_is_a_retryable_bad_gateway() {
 
 #[test]
 fn the_stream_error_event_goes_only_into_event_streams() {
+    // One whole event in the first chunk, then the worker hangs up: the break is between
+    // events (an error event after half of one would fuse with it).
     let body = |ct: &str| {
         let mut a = answer(
             format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: {ct}\r\ntransfer-encoding: chunked\r\n\r\n5\r\n{{\"a\":\r\n"
+                "HTTP/1.1 200 OK\r\ncontent-type: {ct}\r\ntransfer-encoding: chunked\r\n\r\nf\r\ndata: {{\"a\":1}}\n\n\r\n"
             )
             .as_bytes(),
         );
@@ -703,4 +705,91 @@ fn public_calls_that_reach_workers_are_bounded_and_the_rest_refused_at_once() {
         "{} calls reached it",
         slow.requests() - before
     );
+}
+
+// ---- against the foreign upstream (aiohttp, tests/fixtures/foreign_upstream.py) -------------
+
+#[test]
+fn a_slow_foreign_upstream_is_cut_off_by_the_request_timeout() {
+    // Nothing for 5 s (a long prefill): the gateway gives up after its 1 s request deadline,
+    // answers 504 and drops the upstream request (aiohttp sees its client leave).
+    let f = Foreign::start(&["--first-token-delay-ms", "5000"]);
+    let gw = gateway_for(
+        &[f.url()],
+        &["--request-timeout-secs", "1", "--disable-retries"],
+    );
+    let started = Instant::now();
+    let r = generate(gw.addr, br#"{"text":"slow prefill"}"#);
+    let took = started.elapsed();
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    wait_until(
+        "the upstream request dropped",
+        Duration::from_secs(5),
+        || (f.count("cancelled") == 1).then_some(()),
+    );
+
+    // A stream that has started and then trickles: cut at the deadline too, and the client's
+    // chunked body ends (with an error event) instead of hanging.
+    f.knobs(serde_json::json!({"first_token_delay_ms": 0, "token_delay_ms": 300}));
+    let body = br#"{"text":"slow tokens","stream":true,"sampling_params":{"max_new_tokens":50}}"#;
+    let started = Instant::now();
+    let mut s = Streaming::open(gw.addr, "POST", "/generate", &[], body).unwrap();
+    assert_eq!(s.status, 200);
+    let got = s
+        .read_to_end()
+        .map(|b| String::from_utf8_lossy(&b).into_owned());
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    if let Ok(text) = &got {
+        assert!(!text.contains("[DONE]"), "{text}");
+    }
+    wait_until(
+        "the stream's upstream request dropped",
+        Duration::from_secs(5),
+        || (f.count("cancelled") == 2).then_some(()),
+    );
+}
+
+#[test]
+fn a_foreign_response_head_past_the_limit_is_a_bad_gateway_and_one_below_passes_intact() {
+    let f = Foreign::start(&[]);
+    let gw = gateway_for(&[f.url()], &["--disable-retries"]);
+    // 60 000 bytes of header: under the gateway's 64 KiB response-head bound, relayed as is.
+    f.knobs(serde_json::json!({"header_pad_bytes": 60_000}));
+    let r = generate(gw.addr, br#"{"text":"big head"}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-fixture-padding").map(str::len), Some(60_000));
+    assert_eq!(r.text(), f.last_answer("/generate"));
+    // 70 000 bytes: past the bound, a 502 in the gateway's error shape, and no worker named.
+    f.knobs(serde_json::json!({"header_pad_bytes": 70_000}));
+    let r = generate(gw.addr, br#"{"text":"too big a head"}"#);
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], 502, "{}", r.text());
+    assert!(!r.text().contains("127.0.0.1"), "{}", r.text());
+    f.knobs(serde_json::json!({"header_pad_bytes": 0}));
+    let r = generate(gw.addr, br#"{"text":"normal again"}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
+fn foreign_503s_are_retried_until_one_answers() {
+    let f = Foreign::start(&[]);
+    let gw = gateway_for(&[f.url()], &["--retry-initial-backoff-ms", "1"]);
+    f.knobs(serde_json::json!({"fail_next": 2}));
+    let r = generate(gw.addr, br#"{"text":"third time lucky"}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        f.count("received"),
+        3,
+        "two 503s, then the answer: {}",
+        f.stats()
+    );
+    assert_eq!(r.text(), f.last_answer("/generate"));
+    // A retried answer's body is not wanted: its connection is closed, not drained and
+    // pooled, so each attempt came on a new one.
+    assert_eq!(f.count("inference_connections"), 3, "{}", f.stats());
 }

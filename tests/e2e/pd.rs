@@ -443,8 +443,7 @@ fn both_workers_stay_loaded_until_the_stream_ends_and_a_leaving_client_frees_the
     let (p_url, d_url) = (&prefill.urls()[0], &decode.urls()[0]);
 
     let mut c = stream_chat(gw.addr, "a long story please", 40);
-    let head = c.read_head(false).unwrap();
-    assert_eq!(head.status, 200);
+    assert_eq!(c.status, 200);
     wait_until("the prefill answer over", Duration::from_secs(5), || {
         (sim_count(&prefill, 0, "inference_answered") == 1).then_some(())
     });
@@ -460,8 +459,8 @@ fn both_workers_stay_loaded_until_the_stream_ends_and_a_leaving_client_frees_the
     });
 
     // A client that leaves mid-stream frees both, and the decode server stops generating.
-    let mut c = stream_chat(gw.addr, "another long story", 50);
-    assert_eq!(c.read_head(false).unwrap().status, 200);
+    let c = stream_chat(gw.addr, "another long story", 50);
+    assert_eq!(c.status, 200);
     wait_until("decode generating", Duration::from_secs(5), || {
         (sim_count(&decode, 0, "inference_in_progress") == 1).then_some(())
     });
@@ -615,7 +614,15 @@ fn a_client_that_leaves_during_the_prefill_aborts_both_halves() {
             .as_u64()
             .unwrap()
     };
-    let c = stream_chat(gw.addr, "a prompt still being prefilled", 20);
+    // Raw socket: nothing answers until the prefill is done, and the test is the client
+    // leaving before any response byte (a client library would still be awaiting the head).
+    let mut c = Conn::open(gw.addr);
+    c.send(&raw_request(
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat_body(&[("user", "a prompt still being prefilled")], true, 20),
+    ));
     wait_until("prefill holding it", Duration::from_secs(5), || {
         (reqs(&prefill) == 1 && in_flight(gw.addr, &d_url) == 1).then_some(())
     });
@@ -1151,4 +1158,244 @@ fn dp_ranks_are_spliced_for_both_sides_and_the_decode_side_learns_its_twins() {
     assert!(p.get("disagg_prefill_dp_rank").is_none(), "{p}");
     assert_eq!(d["disagg_prefill_dp_rank"], p["data_parallel_rank"], "{d}");
     assert_eq!(p["bootstrap_room"], d["bootstrap_room"]);
+}
+
+// ---- against the foreign upstream (two aiohttp servers, tests/fixtures/foreign_upstream.py) --
+// The prefill server registers each bootstrap room on its own bootstrap server; the decode
+// server polls the one the body names: a wrong host, port or room fails the request there.
+
+/// A PD gateway in front of one aiohttp prefill server (with its bootstrap port) and one
+/// aiohttp decode server.
+fn foreign_pd_gateway(prefill: &Foreign, decode: &Foreign, extra: &[&str]) -> Running {
+    let boot = prefill.bootstrap_port.unwrap().to_string();
+    let (p, d) = (prefill.url(), decode.url());
+    let mut args = vec![
+        "--pd-disaggregation",
+        "--prefill",
+        &p,
+        &boot,
+        "--decode",
+        &d,
+    ];
+    args.extend_from_slice(extra);
+    let gw = gateway(&args);
+    wait_ready(gw.addr, Duration::from_secs(10));
+    gw
+}
+
+/// Both servers got the same body, with the prefill's bootstrap address and `rooms` rooms
+/// (a number for one prompt, a list for a batch); the body without the three fields is
+/// `sent`. Returns the rooms.
+fn assert_foreign_pair(
+    prefill: &Foreign,
+    decode: &Foreign,
+    path: &str,
+    sent: &[u8],
+    rooms: usize,
+) -> Vec<u64> {
+    let (p, d) = (prefill.last_body(path), decode.last_body(path));
+    assert_eq!(p, d, "the same body went to both sides");
+    assert_eq!(p["bootstrap_host"], "127.0.0.1");
+    assert_eq!(p["bootstrap_port"], json!(prefill.bootstrap_port.unwrap()));
+    let got: Vec<u64> = match &p["bootstrap_room"] {
+        Value::Array(a) => a.iter().map(|r| r.as_u64().unwrap()).collect(),
+        r => vec![r.as_u64().expect("a room")],
+    };
+    assert_eq!(got.len(), rooms, "{p}");
+    assert!(got.iter().all(|r| *r < 1 << 63), "63-bit rooms: {got:?}");
+    let mut without = p.clone();
+    for k in ["bootstrap_host", "bootstrap_port", "bootstrap_room"] {
+        without.as_object_mut().unwrap().remove(k);
+    }
+    assert_eq!(
+        without,
+        serde_json::from_slice::<Value>(sent).unwrap(),
+        "the rest unchanged"
+    );
+    // The prefill server's book: every room of the pair is ready (its prefill finished).
+    let book = prefill.stats()["rooms"].clone();
+    for r in &got {
+        assert_eq!(book[r.to_string()], "ready", "{book}");
+    }
+    got
+}
+
+#[test]
+fn pd_pairs_two_aiohttp_servers_through_a_real_bootstrap_handshake() {
+    let prefill = Foreign::prefill(&["--first-token-delay-ms", "30"]);
+    let decode = Foreign::decode(&["--token-delay-ms", "2"]);
+    let gw = foreign_pd_gateway(&prefill, &decode, &[]);
+
+    // Non-streamed: decode's answer, byte for byte, naming the room both sides got.
+    let sent = br#"{"text":"tell me about rivers","sampling_params":{"max_new_tokens":6}}"#;
+    let r = generate(gw.addr, sent);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(served_by(&r), decode.port, "the decode server answers");
+    assert_eq!(r.text(), decode.last_answer("/generate"));
+    let rooms = assert_foreign_pair(&prefill, &decode, "/generate", sent, 1);
+    let v = r.json();
+    assert_eq!(v["meta_info"]["bootstrap_room"], json!(rooms[0]));
+    assert_eq!(
+        v["meta_info"]["completion_tokens"], 6,
+        "decode generated all of it"
+    );
+    let p_answer: Value = serde_json::from_str(&prefill.last_answer("/generate")).unwrap();
+    assert_eq!(
+        p_answer["meta_info"]["completion_tokens"], 1,
+        "prefill made one token"
+    );
+
+    // Streamed chat: decode's SSE relayed byte for byte, chunked to its last chunk.
+    let sent = chat_body(&[("user", "stream me a story")], true, 5);
+    let mut s = Streaming::open(gw.addr, "POST", "/v1/chat/completions", &[], &sent).unwrap();
+    assert_eq!(s.status, 200);
+    assert_eq!(s.header("transfer-encoding"), Some("chunked"));
+    let got = String::from_utf8(s.read_to_end().unwrap()).unwrap();
+    assert_eq!(got, decode.last_answer("/v1/chat/completions"));
+    assert!(got.ends_with("data: [DONE]\n\n"));
+    let second = assert_foreign_pair(&prefill, &decode, "/v1/chat/completions", &sent, 1);
+    assert_ne!(second, rooms, "a fresh room per request");
+
+    // Batched /generate: one room per prompt, as a list, on both sides.
+    let sent =
+        br#"{"text":["first prompt","second prompt"],"sampling_params":{"max_new_tokens":3}}"#;
+    let r = generate(gw.addr, sent);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let items = r.json();
+    let rooms = assert_foreign_pair(&prefill, &decode, "/generate", sent, 2);
+    for (item, room) in items.as_array().unwrap().iter().zip(&rooms) {
+        assert_eq!(item["meta_info"]["bootstrap_room"], json!(room), "{items}");
+    }
+    // Completions, streamed: decode's events.
+    let sent = br#"{"prompt":"complete me","stream":true,"max_tokens":3}"#;
+    let r = request(gw.addr, "POST", "/v1/completions", &[], sent).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.text(), decode.last_answer("/v1/completions"));
+    assert_foreign_pair(&prefill, &decode, "/v1/completions", sent, 1);
+    // Every answer was read to its end: one pooled connection per server served them all.
+    assert_eq!(
+        prefill.count("inference_connections"),
+        1,
+        "{}",
+        prefill.stats()
+    );
+    assert_eq!(
+        decode.count("inference_connections"),
+        1,
+        "{}",
+        decode.stats()
+    );
+}
+
+#[test]
+fn pd_input_logprobs_of_an_aiohttp_prefill_are_merged_into_the_decode_answer() {
+    let prefill = Foreign::prefill(&[]);
+    let decode = Foreign::decode(&[]);
+    let gw = foreign_pd_gateway(&prefill, &decode, &[]);
+    let body = br#"{"input_ids":[5,6,7,8,9],"return_logprob":true,"logprob_start_len":1,"sampling_params":{"max_new_tokens":3}}"#;
+    let r = generate(gw.addr, body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let ids: Vec<u64> = v["meta_info"]["input_token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e[1].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![6, 7, 8, 9],
+        "prefill's list, in front of decode's empty one: {v}"
+    );
+    let p: Value = serde_json::from_str(&prefill.last_answer("/generate")).unwrap();
+    assert_eq!(
+        v["meta_info"]["input_token_logprobs"],
+        p["meta_info"]["input_token_logprobs"]
+    );
+    assert_eq!(
+        v["meta_info"]["output_token_logprobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+
+    // Streamed: every decode event gets prefill's list.
+    let body = br#"{"input_ids":[5,6,7],"stream":true,"return_logprob":true,"logprob_start_len":0,"sampling_params":{"max_new_tokens":3}}"#;
+    let r = generate(gw.addr, body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = r.text();
+    let events: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(events.len(), 3, "{text}");
+    for e in &events {
+        let ids: Vec<u64> = e["meta_info"]["input_token_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x[1].as_u64().unwrap())
+            .collect();
+        assert_eq!(ids, vec![5, 6, 7], "{e}");
+    }
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+}
+
+#[test]
+fn pd_an_aiohttp_prefill_answer_past_its_bound_is_refused() {
+    let prefill = Foreign::prefill(&[]);
+    let decode = Foreign::decode(&[]);
+    let gw = foreign_pd_gateway(&prefill, &decode, &["--disable-retries"]);
+    // 16 MiB of padding in the prefill's answer to a three-token prompt.
+    prefill.knobs(json!({"body_pad_bytes": 16 << 20}));
+    let body =
+        br#"{"input_ids":[5,6,7],"return_logprob":true,"sampling_params":{"max_new_tokens":2}}"#;
+    let r = generate(gw.addr, body);
+    assert_eq!(r.status, 502, "{}", r.text());
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("prefill") && msg.contains("larger than"),
+        "{msg}"
+    );
+    prefill.knobs(json!({"body_pad_bytes": 0}));
+    let r = generate(gw.addr, body);
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
+fn pd_a_failing_aiohttp_prefill_ends_the_pair_at_once_and_frees_its_decode_twin() {
+    let prefill = Foreign::prefill(&[]);
+    let decode = Foreign::decode(&[]);
+    let gw = foreign_pd_gateway(&prefill, &decode, &["--disable-retries"]);
+    // The prefill answers 503 without registering its room. Its decode twin, polling the
+    // bootstrap server, would only fail after its 5 s grace: the gateway answers with the
+    // prefill's error at once and drops the decode request.
+    prefill.knobs(json!({"fail_next": 1}));
+    let started = Instant::now();
+    let r = generate(
+        gw.addr,
+        br#"{"text":"will fail","sampling_params":{"max_new_tokens":2}}"#,
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.text(),
+        prefill.last_answer("/generate"),
+        "the prefill's error, as it wrote it"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    wait_until("the decode half dropped", Duration::from_secs(5), || {
+        (decode.count("cancelled") == 1 && decode.count("in_flight") == 0).then_some(())
+    });
+    let r = generate(
+        gw.addr,
+        br#"{"text":"works again","sampling_params":{"max_new_tokens":2}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
 }

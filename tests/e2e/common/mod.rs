@@ -1,13 +1,19 @@
 //! Shared helpers for end-to-end tests: a gateway started in-process on 127.0.0.1 (real sockets,
-//! real cores), simulated SGLang workers from `loadtest::sim`, and a small blocking HTTP client
-//! that shows exactly what came over the wire. `hostile`: counterparts that attack the gateway;
-//! `isolation`: what tests sharing one process must not share; `ports`: port numbers no other
-//! test can take.
+//! real cores), simulated SGLang workers from `loadtest::sim`, and two clients: ureq for whole
+//! requests and streams, and a raw socket ([`Conn`]) for tests that send hand-made bytes and
+//! read exactly what came over the wire. `client`: the ureq helpers (an HTTP implementation
+//! that is not ours); `foreign`: the aiohttp upstream (one that is not ours either);
+//! `hostile`: counterparts that attack the gateway; `isolation`: what tests sharing one process
+//! must not share; `ports`: port numbers no other test can take.
 
+pub mod client;
+pub mod foreign;
 pub mod hostile;
 pub mod isolation;
 pub mod ports;
 
+pub use client::{request, request_from, Streaming};
+pub use foreign::Foreign;
 pub use isolation::*;
 pub use ports::*;
 
@@ -227,21 +233,6 @@ impl Conn {
         }
     }
 
-    /// A connection whose source address is `from` (any 127.0.0.0/8 address reaches a
-    /// listener on 127.0.0.1: a second "client host" without a second machine).
-    pub fn open_from(from: std::net::IpAddr, addr: SocketAddr) -> Conn {
-        let s = socket2::Socket::new(
-            socket2::Domain::for_address(addr),
-            socket2::Type::STREAM,
-            None,
-        )
-        .expect("socket");
-        s.bind(&SocketAddr::new(from, 0).into())
-            .expect("bind source");
-        s.connect(&addr.into()).expect("connect");
-        Conn::over(s.into())
-    }
-
     pub fn send(&mut self, raw: &[u8]) {
         self.stream.write_all(raw).expect("write");
     }
@@ -423,38 +414,6 @@ pub fn connect_retrying(addr: SocketAddr) -> std::io::Result<TcpStream> {
 
 /// Render a request with a Content-Length body (the simulator's renderer: one for both crates).
 pub use loadtest::sim::raw_request;
-
-/// One request on a fresh connection.
-pub fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> std::io::Result<Response> {
-    let stream = connect_retrying(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(20)))?;
-    let mut c = Conn {
-        stream,
-        buf: BytesMut::new(),
-    };
-    c.send(&raw_request(method, path, headers, body));
-    c.read_response()
-}
-
-/// One request on a fresh connection from source address `from`.
-pub fn request_from(
-    from: std::net::IpAddr,
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> std::io::Result<Response> {
-    let mut c = Conn::open_from(from, addr);
-    c.send(&raw_request(method, path, headers, body));
-    c.read_response()
-}
 
 /// A chat request body.
 pub fn chat_body(messages: &[(&str, &str)], stream: bool, max_tokens: u32) -> Vec<u8> {
@@ -730,16 +689,10 @@ impl Drop for ChildGuard {
     }
 }
 
-/// A streamed chat request for `text` (`max_tokens` tokens) sent on a new connection.
-pub fn stream_chat(addr: SocketAddr, text: &str, max_tokens: u32) -> Conn {
-    let mut c = Conn::open(addr);
-    c.send(&raw_request(
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        &chat_body(&[("user", text)], true, max_tokens),
-    ));
-    c
+/// A streamed chat request for `text` (`max_tokens` tokens) on a new connection, its head in.
+pub fn stream_chat(addr: SocketAddr, text: &str, max_tokens: u32) -> Streaming {
+    let body = chat_body(&[("user", text)], true, max_tokens);
+    Streaming::open(addr, "POST", "/v1/chat/completions", &[], &body).expect("a response head")
 }
 
 /// `GET /workers` as JSON.
