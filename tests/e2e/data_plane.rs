@@ -417,10 +417,9 @@ fn the_gateway_process_runs_on_the_io_driver_it_reports() {
 
 #[test]
 fn upstream_down_gives_a_json_gateway_error() {
-    // A port with nothing listening.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", dead.local_addr().unwrap());
-    drop(dead);
+    // A port with nothing listening (held, so nothing starts listening there meanwhile).
+    let dead = closed_port();
+    let url = format!("http://127.0.0.1:{}", dead.port);
     let gw = gateway(&["--worker-urls", &url, "--disable-health-check"]);
     let r = generate(gw.addr, br#"{"text":"x"}"#);
     assert!(r.status == 502 || r.status == 503, "status {}", r.status);
@@ -433,9 +432,8 @@ fn upstream_down_gives_a_json_gateway_error() {
 
 #[test]
 fn readiness_is_503_until_a_worker_answers() {
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", dead.local_addr().unwrap());
-    drop(dead);
+    let dead = closed_port();
+    let url = format!("http://127.0.0.1:{}", dead.port);
     let gw = gateway(&["--worker-urls", &url]);
     let r = request(gw.addr, "GET", "/readiness", &[], b"").unwrap();
     assert_eq!(r.status, 503);

@@ -7,9 +7,9 @@
 //!
 //! The suites share one process and run two at a time. What that could disturb is handled in
 //! `common`: tests whose figures are delays, CPU shares or memory take [`common::serial`];
-//! tests that read the process's own memory or process-wide metrics run in a child process of
-//! this binary ([`common::alone_in_a_process`]); and no test picks a port number someone else
-//! can take meanwhile (`common::ports`).
+//! tests that read the process's own memory, process-wide metrics or its threads run in a
+//! child process of this binary ([`common::alone_in_a_process`]); and no test picks a port
+//! number someone else can take meanwhile (`common::ports`).
 
 mod common;
 

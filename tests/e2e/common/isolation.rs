@@ -6,7 +6,8 @@
 //!   soak's every chat within a second, refused replays counted per second) take [`serial`], so
 //!   no two of them run at once and one's load is not read as the other's stall;
 //! - tests that read what is per process (its resident memory, the global metrics recorder all
-//!   in-process gateways write to) run in a child process of this binary by themselves
+//!   in-process gateways write to, its threads listed by name) run in a child process of this
+//!   binary by themselves
 //!   ([`alone_in_a_process`], [`run_in_child`]), since another test's gateways in the same
 //!   process would be counted too.
 
