@@ -152,6 +152,10 @@ struct Sink<'a> {
     pieces: usize,
     borrowed: Option<&'a str>,
     buf: String,
+    /// A piece did not fit whole, so the text is done: a space or a shorter piece written after
+    /// it would make it something other than the whole text's first [`MAX_ROUTING_TEXT`] bytes
+    /// cut back to a character boundary (the cut can leave up to three bytes of room).
+    cut: bool,
     /// Bytes reserved when the text first needs its own buffer: the body's length (the text
     /// cannot be longer) capped at [`MAX_ROUTING_TEXT`], so a text of many pieces is written
     /// into one allocation instead of being copied at every doubling.
@@ -165,6 +169,7 @@ impl<'a> Sink<'a> {
             pieces: 0,
             borrowed: None,
             buf: String::new(),
+            cut: false,
             reserve: reserve.min(MAX_ROUTING_TEXT),
         }
     }
@@ -177,7 +182,7 @@ impl<'a> Sink<'a> {
             Some(b) if self.pieces == 1 => b.len(),
             _ => self.buf.len(),
         };
-        !self.keep || len >= MAX_ROUTING_TEXT
+        !self.keep || self.cut || len >= MAX_ROUTING_TEXT
     }
 
     /// The owned buffer, allocated at its expected size on first use.
@@ -190,8 +195,13 @@ impl<'a> Sink<'a> {
 
     /// Appends what fits of `s` to the owned buffer.
     fn append(&mut self, s: &str) {
+        if self.cut {
+            return;
+        }
         let room = MAX_ROUTING_TEXT - self.buf.len();
-        self.owned().push_str(capped(s, room));
+        let fits = capped(s, room);
+        self.cut = fits.len() < s.len();
+        self.owned().push_str(fits);
     }
 
     /// Starts a piece: pieces are joined by single spaces, so from the second one on the text
@@ -201,7 +211,7 @@ impl<'a> Sink<'a> {
             if let Some(b) = self.borrowed.take() {
                 self.owned().push_str(b);
             }
-            if self.buf.len() < MAX_ROUTING_TEXT {
+            if !self.cut && self.buf.len() < MAX_ROUTING_TEXT {
                 self.owned().push(' ');
             }
         }
@@ -215,7 +225,9 @@ impl<'a> Sink<'a> {
         }
         if self.pieces == 0 {
             self.pieces = 1;
-            self.borrowed = Some(capped(s, MAX_ROUTING_TEXT));
+            let fits = capped(s, MAX_ROUTING_TEXT);
+            self.cut = fits.len() < s.len();
+            self.borrowed = Some(fits);
         } else {
             self.begin();
             self.append(s);
@@ -240,7 +252,7 @@ impl<'a> Sink<'a> {
     /// A JSON number, the digits the reference's `to_string` writes, `write` putting them
     /// straight into the text (no `String` of its own), cut at the text's cap.
     fn number(&mut self, write: impl FnOnce(&mut String)) {
-        if !self.keep {
+        if !self.keep || self.cut {
             return;
         }
         self.begin();
@@ -258,13 +270,15 @@ impl<'a> Sink<'a> {
     }
 
     /// A string kept aside until its object ends (a content part's `text`, a message's
-    /// `reasoning_content`), capped like the text itself.
+    /// `reasoning_content`), capped one character past the text's own cap: a string longer
+    /// than the cap stays longer, so writing it still reads as a cut piece.
     fn aside(&self, s: Cow<'a, str>) -> Cow<'a, str> {
+        const ASIDE: usize = MAX_ROUTING_TEXT + 4;
         match s {
-            Cow::Borrowed(b) => Cow::Borrowed(capped(b, MAX_ROUTING_TEXT)),
+            Cow::Borrowed(b) => Cow::Borrowed(capped(b, ASIDE)),
             Cow::Owned(_) if !self.keep => Cow::Borrowed(""),
             Cow::Owned(mut o) => {
-                let keep = capped(&o, MAX_ROUTING_TEXT).len();
+                let keep = capped(&o, ASIDE).len();
                 o.truncate(keep);
                 Cow::Owned(o)
             }
@@ -1124,7 +1138,7 @@ fn joined<'a>(first: Sink<'a>, then: Sink<'a>) -> Cow<'a, str> {
     if first.pieces == 0 {
         return then.finish();
     }
-    if then.pieces == 0 {
+    if then.pieces == 0 || first.cut {
         return first.finish();
     }
     let (a, b) = (first.finish(), then.finish());
@@ -1150,7 +1164,18 @@ pub fn extract_for(
     body: &[u8],
     keep_text: bool,
 ) -> Result<RoutingInfo<'_>, ExtractError> {
-    let mut de = json::Deserializer::new(body);
+    extract_on(api, body, keep_text, json::Kernel::detected())
+}
+
+/// [`extract_for`] on a given kernel: the tests run every kernel this CPU has on the same
+/// bodies, so the portable path is checked on a machine whose best path is a vector one.
+fn extract_on(
+    api: Api,
+    body: &[u8],
+    keep_text: bool,
+    kernel: json::Kernel,
+) -> Result<RoutingInfo<'_>, ExtractError> {
+    let mut de = json::Deserializer::on(body, kernel);
     let top = Top {
         api,
         keep_text,

@@ -85,6 +85,65 @@ pub(super) fn string_error(e: StringError, len: usize) -> Error {
 
 type Result<T> = std::result::Result<T, Error>;
 
+/// The instructions the parser's two byte loops (the string scan, the block skip) run on:
+/// chosen once per body from what the CPU has, or named by a test, so that one machine checks
+/// every path it can run instead of only its best one. Only [`Kernel::detected`] and
+/// [`Kernel::available`] make one, so a kernel in hand always runs on this CPU: the vector
+/// paths' safety rests on that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kernel(Isa);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isa {
+    /// AVX2 with carry-less multiply: strings 64 bytes a step, skipped values on vector masks.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// SSE2, which every x86_64 has: strings 32 bytes a step, skipped values by the exact skip.
+    #[cfg(target_arch = "x86_64")]
+    Sse2,
+    /// No vector instructions, skipped values by the exact skip: what other targets run (on
+    /// x86_64, only tests pick it).
+    #[cfg_attr(all(target_arch = "x86_64", not(test)), allow(dead_code))]
+    Portable,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs. Both features are asked for together: the block skip
+    /// needs the pair, and no CPU sold with AVX2 lacks carry-less multiply.
+    pub fn detected() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("pclmulqdq") {
+                return Kernel(Isa::Avx2);
+            }
+            Kernel(Isa::Sse2)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Kernel(Isa::Portable)
+    }
+
+    /// Every kernel this CPU runs, the detected one first: what tests hold to the same answers.
+    #[cfg(test)]
+    pub fn available() -> Vec<Kernel> {
+        let mut all = vec![Kernel::detected()];
+        #[cfg(target_arch = "x86_64")]
+        if all[0].0 == Isa::Avx2 {
+            all.push(Kernel(Isa::Sse2));
+        }
+        if all[0].0 != Isa::Portable {
+            all.push(Kernel(Isa::Portable));
+        }
+        all
+    }
+
+    /// Whether the block skip runs at all on this kernel (else every skipped value takes the
+    /// exact skip).
+    #[cfg(test)]
+    pub fn skims(self) -> bool {
+        skim::runs_on(self)
+    }
+}
+
 /// A JSON number as read: what serde_json's `deserialize_any` would hand a visitor.
 enum Number {
     U64(u64),
@@ -92,23 +151,31 @@ enum Number {
     F64(f64),
 }
 
-/// The parser's state: the body, the offset of the next byte, the depth entered so far and a
-/// scratch buffer for strings with escapes that are read as strings (object keys, names).
+/// The parser's state: the body, the offset of the next byte, the depth entered so far, a
+/// scratch buffer for strings with escapes that are read as strings (object keys, names) and
+/// the kernel its byte loops run on.
 pub struct Deserializer<'de> {
     body: &'de [u8],
     at: usize,
     depth: u32,
     scratch: Vec<u8>,
+    kernel: Kernel,
 }
 
 impl<'de> Deserializer<'de> {
-    /// A parser of `body` from its first byte.
+    /// A parser of `body` from its first byte, on the fastest kernel this CPU runs.
     pub fn new(body: &'de [u8]) -> Self {
+        Self::on(body, Kernel::detected())
+    }
+
+    /// [`Self::new`] on a given kernel.
+    pub fn on(body: &'de [u8], kernel: Kernel) -> Self {
         Deserializer {
             body,
             at: 0,
             depth: 0,
             scratch: Vec::new(),
+            kernel,
         }
     }
 
@@ -179,7 +246,7 @@ impl<'de> Deserializer<'de> {
     /// Scans the string whose opening quote is at `self.at`; returns its body's bounds.
     fn string_bounds(&mut self) -> Result<(usize, StringEnd)> {
         let start = self.at + 1;
-        let end = self.string_read(start, scan::scan_string(self.body, start))?;
+        let end = self.string_read(start, scan::scan_string(self.body, start, self.kernel))?;
         Ok((start, end))
     }
 
@@ -205,7 +272,7 @@ impl<'de> Deserializer<'de> {
     fn string(&mut self) -> Result<std::result::Result<&'de str, &str>> {
         let start = self.at + 1;
         self.scratch.clear();
-        let scanned = scan::read_string(self.body, start, &mut self.scratch);
+        let scanned = scan::read_string(self.body, start, &mut self.scratch, self.kernel);
         let end = self.string_read(start, scanned)?;
         let raw = &self.body[start..end.end];
         if !end.escaped {
@@ -337,7 +404,8 @@ impl<'de> Deserializer<'de> {
     /// error it is.
     fn skip_value(&mut self) -> Result<()> {
         if let b'[' | b'{' = self.peek_value()? {
-            if let Some(end) = skim::skip_container(self.body, self.at, MAX_NESTING - self.depth) {
+            let room = MAX_NESTING - self.depth;
+            if let Some(end) = skim::skip_container(self.body, self.at, room, self.kernel) {
                 self.at = end;
                 return Ok(());
             }

@@ -1,7 +1,9 @@
 //! The body parser (`super::json`) against serde_json's on generated bodies: the same routing inputs
-//! when both accept, and the same verdict on the malformed and edge-case bodies clients send.
+//! when both accept, and the same verdict on the malformed and edge-case bodies clients send. Every
+//! check runs on each kernel this CPU has (`json::Kernel`), the portable one included.
 
-use super::{extract_for, extract_serde_json, Api};
+use super::json::Kernel;
+use super::{extract_on, extract_serde_json, Api};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -102,8 +104,23 @@ fn body() -> impl Strategy<Value = Value> {
 /// (the text only when `text_too`: a damaged body can hold a float of 17 digits, which
 /// serde_json's default parser may round one bit off where ours rounds correctly).
 fn same_as(api: Api, body: &[u8], keep: bool, text_too: bool) -> Result<(), TestCaseError> {
-    let fast = extract_for(api, body, keep);
     let oracle = extract_serde_json(api, body, keep);
+    for k in Kernel::available() {
+        same_on(k, api, body, keep, text_too, &oracle)?;
+    }
+    Ok(())
+}
+
+fn same_on(
+    k: Kernel,
+    api: Api,
+    body: &[u8],
+    keep: bool,
+    text_too: bool,
+    oracle: &Result<super::RoutingInfo<'_>, super::ExtractError>,
+) -> Result<(), TestCaseError> {
+    let fast = extract_on(api, body, keep, k);
+    let oracle = oracle.clone();
     match (&fast, &oracle) {
         (Ok(a), Ok(b)) if !text_too => {
             prop_assert_eq!((&a.model, a.stream), (&b.model, b.stream));
@@ -116,7 +133,8 @@ fn same_as(api: Api, body: &[u8], keep: bool, text_too: bool) -> Result<(), Test
         (Err(_), Ok(_)) if std::str::from_utf8(body).is_err() => {}
         _ => prop_assert!(
             false,
-            "{:?} keep={} verdicts differ on {}: ours {:?}, serde_json {:?}",
+            "{:?} {:?} keep={} verdicts differ on {}: ours {:?}, serde_json {:?}",
+            k,
             api,
             keep,
             String::from_utf8_lossy(body),
@@ -217,16 +235,18 @@ fn both_parsers_agree_on_edge_cases() {
     for c in cases {
         for api in APIS {
             for keep in [true, false] {
-                let fast = extract_for(api, c.as_bytes(), keep).map(|i| i.text.into_owned());
                 let oracle =
                     extract_serde_json(api, c.as_bytes(), keep).map(|i| i.text.into_owned());
-                assert_eq!(
-                    fast.is_ok(),
-                    oracle.is_ok(),
-                    "{api:?} keep={keep} {c}: ours {fast:?} serde_json {oracle:?}"
-                );
-                if let (Ok(a), Ok(b)) = (fast, oracle) {
-                    assert_eq!(a, b, "{api:?} {c}");
+                for k in Kernel::available() {
+                    let fast = extract_on(api, c.as_bytes(), keep, k).map(|i| i.text.into_owned());
+                    assert_eq!(
+                        fast.is_ok(),
+                        oracle.is_ok(),
+                        "{k:?} {api:?} keep={keep} {c}: ours {fast:?} serde_json {oracle:?}"
+                    );
+                    if let (Ok(a), Ok(b)) = (fast, &oracle) {
+                        assert_eq!(&a, b, "{k:?} {api:?} {c}");
+                    }
                 }
             }
         }
@@ -238,9 +258,12 @@ fn both_parsers_agree_on_edge_cases() {
         &b"{\"input\":\"a\",\"prompt\":\"\xc3\"}"[..],
         &b"{\"prompt\":\"a\"}\xff"[..],
     ] {
-        for api in APIS {
-            assert!(extract_for(api, c, true).is_err(), "{api:?} {c:?}");
-            assert!(extract_for(api, c, false).is_err(), "{api:?} {c:?}");
+        for (api, k) in APIS
+            .into_iter()
+            .flat_map(|a| Kernel::available().into_iter().map(move |k| (a, k)))
+        {
+            assert!(extract_on(api, c, true, k).is_err(), "{k:?} {api:?} {c:?}");
+            assert!(extract_on(api, c, false, k).is_err(), "{k:?} {api:?} {c:?}");
         }
     }
 }
@@ -259,12 +282,18 @@ fn deep_nesting_is_refused() {
 }
 
 fn deep_nesting_cases() {
+    for k in Kernel::available() {
+        deep_nesting_on(k);
+    }
+}
+
+fn deep_nesting_on(k: Kernel) {
     let ok = format!(
         r#"{{"prompt":"a","x":{}1{}}}"#,
         "[".repeat(100),
         "]".repeat(100)
     );
-    assert!(extract_for(Api::Completions, ok.as_bytes(), true).is_ok());
+    assert!(extract_on(Api::Completions, ok.as_bytes(), true, k).is_ok());
     assert!(extract_serde_json(Api::Completions, ok.as_bytes(), true).is_ok());
     for depth in [130usize, 300, 100_000] {
         let prompt = format!(
@@ -272,20 +301,20 @@ fn deep_nesting_cases() {
             "[".repeat(depth),
             "]".repeat(depth)
         );
-        assert!(extract_for(Api::Completions, prompt.as_bytes(), true).is_err());
+        assert!(extract_on(Api::Completions, prompt.as_bytes(), true, k).is_err());
         let input = format!(
             r#"{{"input":{}"a"{}}}"#,
             "[".repeat(depth),
             "]".repeat(depth)
         );
-        assert!(extract_for(Api::Responses, input.as_bytes(), true).is_err());
+        assert!(extract_on(Api::Responses, input.as_bytes(), true, k).is_err());
         let body = format!(
             r#"{{"prompt":"a","x":{}1{}}}"#,
             "[".repeat(depth),
             "]".repeat(depth)
         );
         for api in APIS {
-            assert!(extract_for(api, body.as_bytes(), true).is_err());
+            assert!(extract_on(api, body.as_bytes(), true, k).is_err());
             assert!(extract_serde_json(api, body.as_bytes(), true).is_err());
         }
     }

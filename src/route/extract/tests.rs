@@ -218,6 +218,39 @@ fn text_is_capped_on_a_character_boundary() {
     assert!(t.starts_with("0 0 1 2 3"));
 }
 
+/// A piece cut short at the cap ends the text: what follows it (a space, a number, another
+/// piece) is not written into the bytes the cut left, so the text stays the first
+/// [`MAX_ROUTING_TEXT`] bytes of the whole text cut back to a character boundary.
+#[test]
+fn nothing_is_written_after_a_cut_piece() {
+    let cut = format!("{}é", "a".repeat(MAX_ROUTING_TEXT - 1));
+    let want = "a".repeat(MAX_ROUTING_TEXT - 1);
+    let chat = format!(
+        r#"{{"messages":[{{"role":"user","content":"{cut}"}},{{"role":"user","content":"x"}}]}}"#
+    );
+    assert_eq!(text(Api::Chat, &chat), want);
+    let escaped = format!(
+        r#"{{"messages":[{{"content":"\u0041{}"}},{{"content":"x"}}]}}"#,
+        &cut[1..]
+    );
+    assert_eq!(text(Api::Chat, &escaped), format!("A{}", &want[1..]));
+    assert_eq!(
+        text(Api::Completions, &format!(r#"{{"prompt":["{cut}",5]}}"#)),
+        want
+    );
+    assert_eq!(
+        text(Api::Completions, &format!(r#"{{"prompt":["{cut}","x"]}}"#)),
+        want
+    );
+    let responses = format!(r#"{{"instructions":"{cut}","input":"x"}}"#);
+    assert_eq!(text(Api::Responses, &responses), want);
+    // Reasoning kept aside until its message ends, longer than the cap.
+    let reasoning = format!("a{}", "é".repeat(MAX_ROUTING_TEXT / 2));
+    let body =
+        format!(r#"{{"messages":[{{"reasoning_content":"{reasoning}"}},{{"content":"x"}}]}}"#);
+    assert_eq!(text(Api::Chat, &body), capped(&reasoning, MAX_ROUTING_TEXT));
+}
+
 #[test]
 fn messages_past_the_cap_are_still_checked() {
     let long = "a".repeat(MAX_ROUTING_TEXT);
@@ -272,3 +305,5 @@ proptest! {
         prop_assert_eq!(got.as_ref(), want.join(" "));
     }
 }
+
+mod boundaries;

@@ -1,8 +1,10 @@
-//! The byte-level work of the body parser, pure functions on slices: finding a string's end
-//! 16 bytes at a time, checking its escapes, and unescaping it straight into the routing text.
-//! A chat body is mostly long strings, so this loop is where the parse spends its time; the
-//! same loads also tell whether the string holds a byte of 0x80 or above (only such a string
-//! needs a UTF-8 check).
+//! The byte-level work of the body parser, pure functions on slices: finding a string's end 32 or
+//! 64 bytes at a time (a byte at a time on the portable [`Kernel`]), checking its escapes, and
+//! unescaping it straight into the routing text. A chat body is mostly long strings, so this loop
+//! is where the parse spends its time; the same loads also tell whether the string holds a byte of
+//! 0x80 or above (only such a string needs a UTF-8 check).
+
+use super::{Isa, Kernel};
 
 /// A string's body (between its quotes) as the scan found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,8 +37,8 @@ pub enum StringError {
 /// Offset of the first byte at or after `from` that is `"`, `\` or below 0x20, and whether a
 /// byte of 0x80 or above may lie before it.
 #[inline]
-pub fn find_special(b: &[u8], from: usize) -> (Option<usize>, bool) {
-    let found = find_special_packed(b, from);
+pub fn find_special(b: &[u8], from: usize, kernel: Kernel) -> (Option<usize>, bool) {
+    let found = find_special_packed(b, from, kernel);
     let at = found & !HIGH_SEEN;
     (
         (at != NOT_FOUND).then_some(at as usize),
@@ -57,20 +59,22 @@ fn packed(at: Option<usize>, high: bool) -> u64 {
 }
 
 #[inline]
-fn find_special_packed(b: &[u8], from: usize) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if b.len() - from.min(b.len()) >= 64 && std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { find_special_avx2(b, from) };
+fn find_special_packed(b: &[u8], from: usize, kernel: Kernel) -> u64 {
+    match kernel.0 {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if b.len() - from.min(b.len()) >= 64 => {
+            // SAFETY: a kernel is AVX2 only on a CPU that has it (see `Kernel`).
+            unsafe { find_special_avx2(b, from) }
         }
-        // SAFETY: SSE2 is part of the x86_64 baseline.
-        unsafe { find_special_sse2(b, from) }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let (at, high) = find_special_portable(b, from);
-        packed(at, high)
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Sse2 => {
+            // SAFETY: SSE2 is part of the x86_64 baseline.
+            unsafe { find_special_sse2(b, from) }
+        }
+        Isa::Portable => {
+            let (at, high) = find_special_portable(b, from);
+            packed(at, high)
+        }
     }
 }
 
@@ -79,8 +83,7 @@ fn is_special(c: u8) -> bool {
     c == b'"' || c == b'\\' || c < 0x20
 }
 
-/// The byte-by-byte version: other targets, the vector loop's tail, and its check in tests.
-#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+/// The byte-by-byte version: other targets, the vector loops' tail, and their check in tests.
 fn find_special_portable(b: &[u8], from: usize) -> (Option<usize>, bool) {
     let mut non_ascii = false;
     for (i, &c) in b.iter().enumerate().skip(from) {
@@ -176,8 +179,8 @@ unsafe fn find_special_avx2(b: &[u8], from: usize) -> u64 {
 
 /// Scans the string whose opening quote is just before `start`: finds its closing quote and
 /// checks every escape (the `\u` escapes for four hex digits only).
-pub fn scan_string(b: &[u8], start: usize) -> Result<StringEnd, StringError> {
-    walk_string(b, start, |_, at, escape| match escape {
+pub fn scan_string(b: &[u8], start: usize, kernel: Kernel) -> Result<StringEnd, StringError> {
+    walk_string(b, start, kernel, |_, at, escape| match escape {
         true => escape_len(b, at),
         false => Ok(0),
     })
@@ -190,13 +193,14 @@ pub fn scan_string(b: &[u8], start: usize) -> Result<StringEnd, StringError> {
 fn walk_string(
     b: &[u8],
     start: usize,
+    kernel: Kernel,
     mut step: impl FnMut(usize, usize, bool) -> Result<usize, StringError>,
 ) -> Result<StringEnd, StringError> {
     let mut i = start;
     let mut escaped = false;
     let mut non_ascii = false;
     loop {
-        let (at, high) = find_special(b, i);
+        let (at, high) = find_special(b, i, kernel);
         non_ascii |= high;
         let Some(at) = at else {
             return Err(StringError::Eof);
@@ -263,8 +267,13 @@ fn hex4(b: &[u8], at: usize) -> Result<u16, StringError> {
 /// unescapes it into `out` in the same pass when it has escapes (`out` is left alone when it
 /// has none: the string is then `b[start..end]` as it is). The `\u` escapes must form whole
 /// characters (a surrogate only with its pair), serde_json's rule for a string it reads.
-pub fn read_string(b: &[u8], start: usize, out: &mut Vec<u8>) -> Result<StringEnd, StringError> {
-    walk_string(b, start, |run, at, escape| {
+pub fn read_string(
+    b: &[u8],
+    start: usize,
+    out: &mut Vec<u8>,
+    kernel: Kernel,
+) -> Result<StringEnd, StringError> {
+    walk_string(b, start, kernel, |run, at, escape| {
         out.extend_from_slice(&b[run..at]);
         if !escape {
             return Ok(0);
@@ -325,55 +334,65 @@ mod tests {
 
     #[test]
     fn specials_are_found_at_every_offset_and_length() {
-        for len in 0..140 {
-            for at in 0..len {
-                for special in [b'"', b'\\', 0u8, 0x1f] {
-                    let mut b = vec![b'a'; len];
-                    b[at] = special;
-                    assert_eq!(find_special(&b, 0), (Some(at), false), "{len} {at}");
-                    // High bytes before and after the special one.
-                    let mut h = b.clone();
-                    if at > 0 {
-                        h[at - 1] = 0xc3;
-                        assert_eq!(find_special(&h, 0), (Some(at), true), "{len} {at}");
+        for k in Kernel::available() {
+            for len in 0..140 {
+                for at in 0..len {
+                    for special in [b'"', b'\\', 0u8, 0x1f] {
+                        let mut b = vec![b'a'; len];
+                        b[at] = special;
+                        assert_eq!(
+                            find_special(&b, 0, k),
+                            (Some(at), false),
+                            "{k:?} {len} {at}"
+                        );
+                        // High bytes before and after the special one.
+                        let mut h = b.clone();
+                        if at > 0 {
+                            h[at - 1] = 0xc3;
+                            assert_eq!(
+                                find_special(&h, 0, k),
+                                (Some(at), true),
+                                "{k:?} {len} {at}"
+                            );
+                        }
                     }
                 }
+                assert_eq!(find_special(&vec![b'a'; len], 0, k).0, None);
+                assert_eq!(find_special(&vec![0x80; len], 0, k), (None, len > 0));
             }
-            assert_eq!(find_special(&vec![b'a'; len], 0).0, None);
-            assert_eq!(find_special(&vec![0x80; len], 0), (None, len > 0));
+            // 0x20 and 0x7f and high bytes are not special.
+            assert_eq!(find_special(b" \x7f\xff\"", 0, k), (Some(3), true));
         }
-        // 0x20 and 0x7f and high bytes are not special.
-        assert_eq!(find_special(b" \x7f\xff\"", 0), (Some(3), true));
     }
 
     #[test]
     fn strings_end_at_their_unescaped_quote() {
-        let b = br#"ab\"c\\"rest"#;
-        assert_eq!(
-            scan_string(b, 0),
-            Ok(StringEnd {
-                end: 7,
-                escaped: true,
-                non_ascii: false
-            })
-        );
-        assert_eq!(scan_string(b"abc", 0), Err(StringError::Eof));
-        assert_eq!(scan_string(b"a\\", 0), Err(StringError::Eof));
-        assert_eq!(scan_string(b"a\tb\"", 0), Err(StringError::Control(1)));
-        assert_eq!(scan_string(b"a\\xb\"", 0), Err(StringError::BadEscape(1)));
-        assert_eq!(
-            scan_string(b"a\\u12G4\"", 0),
-            Err(StringError::BadUnicodeEscape(1))
-        );
-        assert_eq!(scan_string(b"a\\u12", 0), Err(StringError::Eof));
-        // A skipped lone surrogate is only held to its digits.
-        assert!(scan_string(b"\\udc00\"", 0).is_ok());
+        for k in Kernel::available() {
+            let b = br#"ab\"c\\"rest"#;
+            assert_eq!(
+                scan_string(b, 0, k),
+                Ok(StringEnd {
+                    end: 7,
+                    escaped: true,
+                    non_ascii: false
+                })
+            );
+            let scan = |b: &[u8]| scan_string(b, 0, k);
+            assert_eq!(scan(b"abc"), Err(StringError::Eof));
+            assert_eq!(scan(b"a\\"), Err(StringError::Eof));
+            assert_eq!(scan(b"a\tb\""), Err(StringError::Control(1)));
+            assert_eq!(scan(b"a\\xb\""), Err(StringError::BadEscape(1)));
+            assert_eq!(scan(b"a\\u12G4\""), Err(StringError::BadUnicodeEscape(1)));
+            assert_eq!(scan(b"a\\u12"), Err(StringError::Eof));
+            // A skipped lone surrogate is only held to its digits.
+            assert!(scan(b"\\udc00\"").is_ok());
+        }
     }
 
     /// A string read (quote included) from a body of one string.
-    fn read(body: &[u8]) -> Result<Vec<u8>, StringError> {
+    fn read(body: &[u8], k: Kernel) -> Result<Vec<u8>, StringError> {
         let mut out = Vec::new();
-        let end = read_string(body, 1, &mut out)?;
+        let end = read_string(body, 1, &mut out, k)?;
         if !end.escaped {
             out = body[1..end.end].to_vec();
         }
@@ -382,20 +401,22 @@ mod tests {
 
     #[test]
     fn reading_decodes_pairs_and_refuses_lone_surrogates() {
-        let s = read(br#""a\ud83d\ude00b\n\u00e9\/""#).unwrap();
-        assert_eq!(String::from_utf8(s).unwrap(), "a\u{1f600}b\né/");
-        assert_eq!(read(br#""plain""#).unwrap(), b"plain");
-        for (bad, at) in [
-            (&br#""x\ud800""#[..], 2),
-            (br#""x\udc00""#, 2),
-            (br#""x\ud800x""#, 2),
-            (br#""x\ud800\n""#, 2),
-            (br#""x\ud800\u0041""#, 8),
-        ] {
-            assert_eq!(read(bad), Err(StringError::LoneSurrogate(at)), "{bad:?}");
+        for k in Kernel::available() {
+            let s = read(br#""a\ud83d\ude00b\n\u00e9\/""#, k).unwrap();
+            assert_eq!(String::from_utf8(s).unwrap(), "a\u{1f600}b\né/");
+            assert_eq!(read(br#""plain""#, k).unwrap(), b"plain");
+            for (bad, at) in [
+                (&br#""x\ud800""#[..], 2),
+                (br#""x\udc00""#, 2),
+                (br#""x\ud800x""#, 2),
+                (br#""x\ud800\n""#, 2),
+                (br#""x\ud800\u0041""#, 8),
+            ] {
+                assert_eq!(read(bad, k), Err(StringError::LoneSurrogate(at)), "{bad:?}");
+            }
+            assert_eq!(read(b"\"x\\u12", k), Err(StringError::Eof));
+            assert_eq!(read(b"\"x\ty\"", k), Err(StringError::Control(2)));
         }
-        assert_eq!(read(b"\"x\\u12"), Err(StringError::Eof));
-        assert_eq!(read(b"\"x\ty\""), Err(StringError::Control(2)));
     }
 
     proptest! {
@@ -408,20 +429,25 @@ mod tests {
             from in 0usize..200,
         ) {
             let from = from.min(b.len());
-            let (at, high) = find_special(&b, from);
             let (want_at, want_high) = find_special_portable(&b, from);
-            prop_assert_eq!(at, want_at);
-            // The vector scan may report a high byte conservatively only when one is there.
-            prop_assert!(high == want_high || (high && !want_high && b[from..].iter().any(|&c| c >= 0x80)));
+            for k in Kernel::available() {
+                let (at, high) = find_special(&b, from, k);
+                prop_assert_eq!(at, want_at, "{:?}", k);
+                // A vector scan may report a high byte conservatively only when one is there.
+                let high_there = b[from..].iter().any(|&c| c >= 0x80);
+                prop_assert!(high == want_high || (high && !want_high && high_there));
+            }
         }
 
         /// Any text, escaped as serde_json escapes it, reads back; the skip finds the same end.
         #[test]
         fn reading_inverts_serde_json_escaping(s in "[a-zé\\\\\"\n\t\u{1F600}\u{1}/ ]{0,40}") {
             let json = serde_json::to_string(&s).unwrap();
-            let end = scan_string(json.as_bytes(), 1).unwrap();
-            prop_assert_eq!(end.end, json.len() - 1);
-            prop_assert_eq!(read(json.as_bytes()).unwrap(), s.as_bytes());
+            for k in Kernel::available() {
+                let end = scan_string(json.as_bytes(), 1, k).unwrap();
+                prop_assert_eq!(end.end, json.len() - 1);
+                prop_assert_eq!(read(json.as_bytes(), k).unwrap(), s.as_bytes());
+            }
         }
     }
 }
