@@ -669,11 +669,17 @@ fn public_calls_that_reach_workers_are_bounded_and_the_rest_refused_at_once() {
     let before = slow.requests();
     // (path, calls fired at once, most that may reach the worker)
     for (path, calls, bound) in [("/get_model_info", 40, 16), ("/v1/models", 20, 4)] {
+        // Every call fires when all threads are up (spawning 40 threads on a loaded machine
+        // can take longer than the worker's half second: calls started after the first ones
+        // finished would be served, rightly, and the count would no longer be "at once").
+        let go = std::sync::Arc::new(std::sync::Barrier::new(calls));
         let started = Instant::now();
         let answers: Vec<(u16, Duration)> = (0..calls)
             .map(|_| {
                 let addr = gw.addr;
+                let go = go.clone();
                 std::thread::spawn(move || {
+                    go.wait();
                     let t = Instant::now();
                     (
                         request(addr, "GET", path, &[], b"").unwrap().status,
