@@ -15,9 +15,10 @@
 #   a         radixgate, no admission
 #   b         radixgate, reference-style fixed cap: --max-concurrent-requests <running capacity>
 #             --queue-size --queue-timeout-secs
-#   c         radixgate --saturation-admission --saturation-queue-reqs --saturation-kv-usage and
-#             a tenants table (--config, written here, both keys); a gateway without the flag
-#             fails to start: reported as such, and the run goes on
+#   c         radixgate --saturation-admission --saturation-queue-reqs --saturation-kv-usage, the
+#             same --queue-size --queue-timeout-secs (its waiting room) and a tenants table
+#             (--config, written here, both keys); a gateway without the flag fails to start:
+#             reported as such, and the run goes on
 #   d         sglang-router 0.3.2 (PyPI, in .venv/) cache_aware with its own
 #             --max-concurrent-requests <running capacity> --queue-size --queue-timeout-secs
 #
@@ -432,7 +433,8 @@ start_gateway() { # start_gateway CONFIG LOGFILE CAP
     case "$cfg" in
         baseline|a) ;;
         b) extra=(--max-concurrent-requests "$cap" --queue-size "$QUEUE_SIZE" --queue-timeout-secs "$QUEUE_TIMEOUT") ;;
-        c) extra=(--saturation-admission --saturation-queue-reqs "$SAT_QUEUE" --saturation-kv-usage "$SAT_KV" --config "$TENANTS") ;;
+        c) extra=(--saturation-admission --saturation-queue-reqs "$SAT_QUEUE" --saturation-kv-usage "$SAT_KV"
+                  --queue-size "$QUEUE_SIZE" --queue-timeout-secs "$QUEUE_TIMEOUT" --config "$TENANTS") ;;
     esac
     if [[ "$cfg" == d ]]; then
         if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import sglang_router' 2>/dev/null; then
@@ -553,7 +555,7 @@ declare -A LABEL=(
     [baseline]="baseline: radixgate, interactive only"
     [a]="a: radixgate, no admission"
     [b]="b: radixgate, fixed cap $FIXED_CAP (queue $QUEUE_SIZE, ${QUEUE_TIMEOUT}s)"
-    [c]="c: radixgate --saturation-admission (queue ≥ $SAT_QUEUE or KV ≥ $SAT_KV) + tenants${C_ARGS:+ $C_ARGS}"
+    [c]="c: radixgate --saturation-admission (queue ≥ $SAT_QUEUE or KV ≥ $SAT_KV; queue $QUEUE_SIZE, ${QUEUE_TIMEOUT}s) + tenants${C_ARGS:+ $C_ARGS}"
     [d]="d: sglang-router $SGLANG_ROUTER_VERSION cache_aware, cap $FIXED_CAP (queue $QUEUE_SIZE, ${QUEUE_TIMEOUT}s)${D_ARGS:+ $D_ARGS}"
 )
 run_config() { # run_config RUN CONFIG
