@@ -357,7 +357,9 @@ fn sixty_four_ranks_whose_replays_are_refused_at_every_gap_never_delay_another_w
     );
     // Hundreds of refused replays a second, each counted.
     assert!(failed as f64 >= 100.0 * secs, "{failed} refused replays");
-    assert!(failed + 8 >= replays, "{replays} asked, {failed} failed");
+    // Every asked replay is refused: all but those still being dialled when the counters were
+    // read, at most one per rank (a stream runs one replay at a time).
+    assert!(failed + 64 >= replays, "{replays} asked, {failed} failed");
 }
 
 // ---- item 8: what a worker's /get_server_info may make the gateway do ------------------------

@@ -23,6 +23,8 @@ fn status_bytes(field: &str) -> u64 {
 /// Runs test `name` of this module alone in a child process and returns the figure it printed
 /// as `FIGURE=<n>` (the child's peak-memory growth in bytes).
 fn run_child(name: &str) -> u64 {
+    // Busy: the child parses 50 MB bodies in a debug build, about a CPU for 5 s.
+    let _busy = busy();
     let out = run_in_child(module_path!(), name);
     out.lines()
         .find_map(|l| {

@@ -6,10 +6,12 @@
 //! binaries of their own: they check files, not a running gateway.
 //!
 //! The suites share one process and run two at a time. What that could disturb is handled in
-//! `common`: tests whose figures are delays, CPU shares or memory take [`common::serial`];
-//! tests that read the process's own memory, process-wide metrics or its threads run in a
-//! child process of this binary ([`common::alone_in_a_process`]); and no test picks a port
-//! number someone else can take meanwhile (`common::ports`).
+//! `common`: tests whose figures are delays, CPU shares or memory take [`common::serial`], and
+//! tests that keep a CPU busy take [`common::busy`] (one lock: no figure is measured beside
+//! another test's figure or a CPU hog); tests that read the process's own memory,
+//! process-wide metrics or its threads run in a child process of this binary
+//! ([`common::alone_in_a_process`]); and no test picks a port number someone else can take
+//! meanwhile (`common::ports`).
 
 mod common;
 

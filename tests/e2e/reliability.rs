@@ -23,6 +23,8 @@ fn failing_and_good() -> (
 
 #[test]
 fn nothing_is_lost_when_one_of_four_workers_fails_20_percent() {
+    // Busy: four workers and the gateway under a stream of requests, about a CPU for 5 s.
+    let _busy = busy();
     let good = sim(3, |_| {});
     let flaky = sim(1, |c| c.faults.fail_rate = 0.2);
     let mut urls = good.urls();

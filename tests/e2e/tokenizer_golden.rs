@@ -533,11 +533,15 @@ fn check_family(family: &str, cases: Vec<Case>) {
 
 #[test]
 fn qwen3_matches_transformers_as_sglang_runs_it() {
+    // Busy: Hugging Face's tokenizers and Jinja in Python, about a CPU for 4 to 10 s.
+    let _busy = crate::common::busy();
     check_family("qwen3", qwen3_cases());
 }
 
 #[test]
 fn deepseek_r1_matches_transformers_as_sglang_runs_it() {
+    // Busy: Hugging Face's tokenizers and Jinja in Python, about a CPU for 4 to 10 s.
+    let _busy = crate::common::busy();
     check_family("deepseek_r1", deepseek_cases());
 }
 
@@ -546,6 +550,8 @@ fn deepseek_r1_matches_transformers_as_sglang_runs_it() {
 /// turn against the reference; the last one is over 4k tokens.
 #[test]
 fn a_conversation_turn_by_turn_matches() {
+    // Busy: Hugging Face's tokenizers and Jinja in Python, about a CPU for 4 to 10 s.
+    let _busy = crate::common::busy();
     for family in ["qwen3", "deepseek_r1"] {
         let all = long_chat(22);
         let mut cases = Vec::new();
@@ -582,6 +588,8 @@ fn a_conversation_turn_by_turn_matches() {
 /// prompts as the reference does.
 #[test]
 fn the_simulated_worker_loads_the_same_files() {
+    // Busy: Hugging Face's tokenizers and Jinja in Python, about a CPU for 4 to 10 s.
+    let _busy = crate::common::busy();
     for family in ["qwen3", "deepseek_r1"] {
         let cases = vec![
             chat(

@@ -3,27 +3,39 @@
 //! workers. Two kinds need more:
 //!
 //! - tests whose figures are delays, CPU shares or rates (a core that must not stall 50 ms, a
-//!   soak's every chat within a second, refused replays counted per second) take [`serial`], so
-//!   no two of them run at once and one's load is not read as the other's stall;
+//!   soak's every chat within a second, refused replays counted per second) take [`serial`],
+//!   and tests that keep a CPU busy for seconds take [`busy`]: the same lock, so a figure is
+//!   never measured beside another figure's load or beside a CPU hog (the soak's nice-10 event
+//!   thread, starved beside the tokenizer goldens' Python, stalled for seconds), while the hogs
+//!   and the light tests run beside each other;
 //! - tests that read what is per process (its resident memory, the global metrics recorder all
 //!   in-process gateways write to, its threads listed by name) run in a child process of this
 //!   binary by themselves
 //!   ([`alone_in_a_process`], [`run_in_child`]), since another test's gateways in the same
 //!   process would be counted too.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Names the one test a child process of this binary runs (see [`run_in_child`]).
 const CHILD_ENV: &str = "RADIXGATE_TEST_ALONE";
 
-/// The process-wide lock of the tests that measure delays, CPU shares or memory under load:
-/// held for the whole test. One lock for every suite (the suites share the process and its two
-/// test threads), so such tests run one at a time whichever suite they are in. Each call site
-/// says why it holds it.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
+/// The one process-wide lock of the tests that measure and of those that load the CPU. One
+/// lock for every suite: the suites share the process and its two test threads.
+static CPU: RwLock<()> = RwLock::new(());
+
+/// Held for the whole of a test that measures delays, CPU shares or memory under load: no
+/// other such test and no [`busy`] one runs meanwhile, whichever suite it is in (light tests
+/// still may). Each call site says why it holds it.
+pub fn serial() -> RwLockWriteGuard<'static, ()> {
     // A test that failed while holding it poisons it; the next one may still run.
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    CPU.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Held for the whole of a test that keeps a CPU busy for seconds (of the two this machine
+/// has): it runs beside other busy tests and light ones, never beside a [`serial`] one. Each
+/// call site says what keeps it busy.
+pub fn busy() -> RwLockReadGuard<'static, ()> {
+    CPU.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The test's name as libtest knows it in this binary: `module::function` (the crate's own
