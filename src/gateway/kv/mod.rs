@@ -186,18 +186,28 @@ impl KvRouting {
         if self.warmed.load(Ordering::Acquire) {
             return false;
         }
-        let waiting = Instant::now() < self.warm_deadline
-            && (!self.discovered.load(Ordering::Acquire) || {
-                let warm = self.exact_workers.load();
-                self.replaying
-                    .load()
-                    .iter()
-                    .any(|&w| eligible(w) && warm.binary_search(&w).is_err())
-            });
-        if !waiting {
+        if Instant::now() >= self.warm_deadline {
+            self.warmed.store(true, Ordering::Release);
+            return false;
+        }
+        if !self.discovered.load(Ordering::Acquire) {
+            return true;
+        }
+        let warm = self.exact_workers.load();
+        let cold: Vec<WorkerId> = self
+            .replaying
+            .load()
+            .iter()
+            .copied()
+            .filter(|w| warm.binary_search(w).is_err())
+            .collect();
+        // Over for good only once every worker with a replay endpoint replayed: a worker not
+        // routable yet (its first health check still to come) does not hold readiness back,
+        // but it must not end the wait either, or it would be routed cold the moment it is.
+        if cold.is_empty() {
             self.warmed.store(true, Ordering::Release);
         }
-        waiting
+        cold.into_iter().any(eligible)
     }
 
     /// Every subscribed publisher's state, for `radixgate_kv_source_state`.
@@ -325,6 +335,31 @@ mod tests {
         assert_eq!(adapter(Some("org/model:v2:sql")), Some("sql"));
         assert_eq!(adapter(Some("unknown:x")), Some("x"));
         assert_eq!(adapter(Some("base:")), None);
+    }
+
+    #[test]
+    fn a_worker_not_routable_yet_neither_holds_readiness_back_nor_ends_the_warm_up() {
+        let kv = KvRouting::start(KvSettings {
+            flagged: Vec::new(),
+            bootstrap: false,
+            tokenizer: None,
+            warm_timeout: Duration::from_secs(60),
+            host_weight: 0.8,
+            max_ranks: 1,
+        })
+        .unwrap();
+        assert!(kv.warming(|_| true), "before discovery looked");
+        kv.replaying.store(Arc::new(vec![3]));
+        kv.discovered.store(true, Ordering::Release);
+        // Worker 3 replays; before its first health check it does not hold readiness back...
+        assert!(!kv.warming(|_| false));
+        // ...and once routable, it still must replay first (the wait was not over for good).
+        assert!(kv.warming(|_| true));
+        kv.exact_workers.store(Arc::new(vec![3]));
+        assert!(!kv.warming(|_| true));
+        // Over for good: a worker subscribed later is not waited for.
+        kv.replaying.store(Arc::new(vec![3, 4]));
+        assert!(!kv.warming(|_| true));
     }
 
     #[test]
