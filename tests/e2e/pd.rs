@@ -491,9 +491,33 @@ fn other_policies_pick_pairs_too() {
             &[&decode],
             &["--prefill-policy", p, "--decode-policy", d],
         );
+        let received = |c: &SimCluster| -> Vec<u64> {
+            (0..2)
+                .map(|i| sim_count(c, i, "inference_received"))
+                .collect()
+        };
+        let (p0, d0) = (received(&prefill), received(&decode));
         for i in 0..6 {
             let r = generate(gw.addr, &gen_body(i));
             assert_eq!(r.status, 200, "{p}/{d}: {}", r.text());
+        }
+        let delta = |now: Vec<u64>, then: &[u64]| -> Vec<u64> {
+            now.iter().zip(then).map(|(n, t)| n - t).collect()
+        };
+        let (dp, dd) = (
+            delta(received(&prefill), &p0),
+            delta(received(&decode), &d0),
+        );
+        // Each request went to exactly one prefill and one decode worker (a pair per request,
+        // no side skipped or sent twice).
+        assert_eq!(
+            (dp.iter().sum::<u64>(), dd.iter().sum::<u64>()),
+            (6, 6),
+            "{p}/{d}: prefill {dp:?}, decode {dd:?}"
+        );
+        // The side on round_robin alternates its two workers.
+        if d == "round_robin" {
+            assert_eq!(dd, [3, 3], "{p}/{d}");
         }
     }
 }
@@ -528,13 +552,22 @@ fn a_decode_error_caused_by_its_prefill_is_blamed_on_the_prefill() {
         "round_robin",
         "--retry-initial-backoff-ms",
         "1",
+        // One failure opens a circuit: whichever worker is blamed is out at once.
+        "--cb-failure-threshold",
+        "1",
     ]);
     wait_ready(gw.addr, Duration::from_secs(10));
     for i in 0..4 {
         let r = generate(gw.addr, &gen_body(i));
         assert_eq!(r.status, 200, "{}", r.text());
     }
-    assert!(sim_count(&bad, 0, "inference_received") >= 1);
+    // The pair with the bad prefill was tried, and its decode error went to the prefill: the
+    // prefill's circuit is open and the decode's closed (blamed on the decode, its circuit
+    // would be open and the only decode worker out).
+    assert_eq!(sim_count(&bad, 0, "inference_received"), 1);
+    assert_eq!(circuit(gw.addr, &[], &bad.urls()[0]), "open");
+    assert_eq!(circuit(gw.addr, &[], &decode.urls()[0]), "closed");
+    assert_eq!(circuit(gw.addr, &[], &good.urls()[0]), "closed");
 }
 
 #[test]
