@@ -26,9 +26,12 @@ trap cleanup EXIT INT TERM
 fp() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 SIM=$(fp); B0=$(fp); A0=$(fp); B1=$(fp); A1=$(fp)
 taskset -c 1 "$SIM_BIN" --ports "$SIM" --tokenizer approx --token-interval-ms 0 >/dev/null 2>&1 & pids+=($!)
-start() { taskset -c "$3" "$1" --host 127.0.0.1 --port "$2" --prometheus-port 0 --cpu-list "$3" \
-            --worker-urls "http://127.0.0.1:$SIM" --log-level warn & pids+=($!); }
-start "$BEFORE" "$B0" 0; start "$AFTER" "$A0" 0; start "$BEFORE" "$B1" 1; start "$AFTER" "$A1" 1
+read -r -a BEFORE_EXTRA <<<"${BEFORE_ARGS:-}"; read -r -a AFTER_EXTRA <<<"${AFTER_ARGS:-}"
+start() { local bin="$1" port="$2" cpu="$3"; shift 3
+          taskset -c "$cpu" "$bin" --host 127.0.0.1 --port "$port" --prometheus-port 0 --cpu-list "$cpu" \
+            --worker-urls "http://127.0.0.1:$SIM" --log-level warn "$@" & pids+=($!); }
+start "$BEFORE" "$B0" 0 "${BEFORE_EXTRA[@]}"; start "$AFTER" "$A0" 0 "${AFTER_EXTRA[@]}"
+start "$BEFORE" "$B1" 1 "${BEFORE_EXTRA[@]}"; start "$AFTER" "$A1" 1 "${AFTER_EXTRA[@]}"
 for port in "$B0" "$A0" "$B1" "$A1"; do
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/readiness" >/dev/null && break; sleep 0.1; done
 done

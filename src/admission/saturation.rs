@@ -3,12 +3,13 @@
 //!
 //! The engine's figures arrive once per telemetry round (every `--saturation-poll-ms` with
 //! `--saturation-admission`); between two readings every request this copy started on the
-//! worker counts as queued there, so a burst cannot pour through the gap between readings.
-//! A worker never read is not saturated: admission fails open rather than hold traffic on a
-//! guess.
+//! worker counts as queued there, and its prompt tokens as KV in use (the worker's capacity in
+//! tokens read off the same exposition: `sglang:num_used_tokens` over `sglang:token_usage`),
+//! so a burst, or a few long prompts, cannot pour through the gap between readings. A worker
+//! never read is not saturated: admission fails open rather than hold traffic on a guess.
 
 use crate::base::WorkerId;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// When a worker counts as saturated.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -29,6 +30,12 @@ struct Reading {
     usage: AtomicU32,
     /// This copy's in-flight requests on the worker when the reading came.
     own_then: AtomicU32,
+    /// Prompt tokens this copy had sent the worker (ever) when the reading came.
+    sent_then: AtomicU64,
+    /// The worker's KV capacity in tokens (0: unknown, no token estimate).
+    capacity: AtomicU64,
+    /// Prompt tokens this copy has sent the worker, ever (only grows).
+    sent: AtomicU64,
 }
 
 const NEVER_READ: u32 = u32::MAX;
@@ -50,6 +57,9 @@ impl Saturation {
                     queued: AtomicU32::new(NEVER_READ),
                     usage: AtomicU32::new(0),
                     own_then: AtomicU32::new(0),
+                    sent_then: AtomicU64::new(0),
+                    capacity: AtomicU64::new(0),
+                    sent: AtomicU64::new(0),
                 })
                 .collect(),
             thresholds,
@@ -61,9 +71,10 @@ impl Saturation {
         self.thresholds
     }
 
-    /// Worker `w`'s engine reported `queued` waiting requests and KV use `usage` while this
-    /// copy had `own_now` requests in flight on it.
-    pub fn record(&self, w: WorkerId, queued: f64, usage: f64, own_now: u32) {
+    /// Worker `w`'s engine reported `queued` waiting requests and KV use `usage` (and, when
+    /// the exposition has it, `used` tokens in its KV cache) while this copy had `own_now`
+    /// requests in flight on it.
+    pub fn record(&self, w: WorkerId, queued: f64, usage: f64, used: Option<f64>, own_now: u32) {
         if let Some(r) = self.readings.get(w as usize) {
             let q = if queued.is_finite() && queued > 0.0 {
                 queued.min(f64::from(NEVER_READ - 1)) as u32
@@ -75,9 +86,24 @@ impl Saturation {
             } else {
                 0.0
             };
+            // Capacity from the two figures of one reading; a reading that cannot tell (an
+            // empty cache, a missing sample) keeps the last one learnt.
+            if let Some(used) = used.filter(|t| t.is_finite() && *t >= 1.0) {
+                if u >= 0.001 {
+                    r.capacity.store((used / u).min(1e15) as u64, Relaxed);
+                }
+            }
+            r.sent_then.store(r.sent.load(Relaxed), Relaxed);
             r.own_then.store(own_now, Relaxed);
             r.usage.store((u * 1000.0).round() as u32, Relaxed);
             r.queued.store(q, Relaxed);
+        }
+    }
+
+    /// This copy sent worker `w` a request of `tokens` prompt tokens.
+    pub fn sent(&self, w: WorkerId, tokens: u64) {
+        if let Some(r) = self.readings.get(w as usize) {
+            r.sent.fetch_add(tokens, Relaxed);
         }
     }
 
@@ -87,11 +113,14 @@ impl Saturation {
             r.queued.store(NEVER_READ, Relaxed);
             r.usage.store(0, Relaxed);
             r.own_then.store(0, Relaxed);
+            r.capacity.store(0, Relaxed);
+            r.sent_then.store(r.sent.load(Relaxed), Relaxed);
         }
     }
 
     /// Worker `w`'s estimated engine queue and KV use now (None: never read), with `own_now`
-    /// of this copy's requests in flight on it.
+    /// of this copy's requests in flight on it: the reading, plus the requests started since
+    /// as queued and their prompt tokens as KV in use.
     pub fn estimate(&self, w: WorkerId, own_now: u32) -> Option<(u32, f64)> {
         let r = self.readings.get(w as usize)?;
         let queued = r.queued.load(Relaxed);
@@ -99,10 +128,18 @@ impl Saturation {
             return None;
         }
         let since = own_now.saturating_sub(r.own_then.load(Relaxed));
-        Some((
-            queued.saturating_add(since),
-            f64::from(r.usage.load(Relaxed)) / 1000.0,
-        ))
+        let capacity = r.capacity.load(Relaxed);
+        let tokens_since = r
+            .sent
+            .load(Relaxed)
+            .saturating_sub(r.sent_then.load(Relaxed));
+        let usage = f64::from(r.usage.load(Relaxed)) / 1000.0;
+        let added = if capacity > 0 {
+            tokens_since as f64 / capacity as f64
+        } else {
+            0.0
+        };
+        Some((queued.saturating_add(since), (usage + added).min(1.0)))
     }
 
     /// Whether worker `w` is saturated with `own_now` of this copy's requests on it.
@@ -137,7 +174,7 @@ mod tests {
     #[test]
     fn requests_sent_since_the_reading_count_as_queued() {
         let s = Saturation::new(4, T);
-        s.record(1, 0.0, 0.5, 10);
+        s.record(1, 0.0, 0.5, None, 10);
         assert_eq!(s.estimate(1, 10), Some((0, 0.5)));
         assert!(!s.is_saturated(1, 11));
         assert!(s.is_saturated(1, 12), "two started since the reading");
@@ -145,7 +182,7 @@ mod tests {
             !s.is_saturated(1, 3),
             "finished ones do not count below the reading"
         );
-        s.record(1, 1.0, 0.5, 12);
+        s.record(1, 1.0, 0.5, None, 12);
         assert!(!s.is_saturated(1, 12), "the new reading says one waits");
         assert!(s.is_saturated(1, 13));
     }
@@ -153,13 +190,40 @@ mod tests {
     #[test]
     fn kv_use_alone_saturates_and_bad_figures_are_clamped() {
         let s = Saturation::new(4, T);
-        s.record(2, 0.0, 0.95, 0);
+        s.record(2, 0.0, 0.95, None, 0);
         assert!(s.is_saturated(2, 0));
-        s.record(2, f64::NAN, f64::INFINITY, 0);
+        s.record(2, f64::NAN, f64::INFINITY, None, 0);
         assert_eq!(s.estimate(2, 0), Some((0, 0.0)));
-        s.record(2, 1e12, 7.0, 0);
+        s.record(2, 1e12, 7.0, None, 0);
         assert_eq!(s.estimate(2, 0), Some((NEVER_READ - 1, 1.0)));
         s.forget(2);
         assert_eq!(s.estimate(2, 0), None);
+    }
+
+    #[test]
+    fn prompt_tokens_sent_since_the_reading_count_as_kv_in_use() {
+        let s = Saturation::new(4, T);
+        // 40,000 tokens used at 0.4: a capacity of 100,000.
+        s.record(1, 0.0, 0.4, Some(40_000.0), 0);
+        assert_eq!(s.estimate(1, 0), Some((0, 0.4)));
+        s.sent(1, 45_000);
+        let (_, u) = s.estimate(1, 1).unwrap();
+        assert!((u - 0.85).abs() < 1e-9, "{u}");
+        assert!(!s.is_saturated(1, 1));
+        s.sent(1, 6_000);
+        assert!(s.is_saturated(1, 1), "51,000 tokens since: past 0.9");
+        // The next reading has them in the engine's own figure; those sent before it no
+        // longer count twice.
+        s.record(1, 0.0, 0.5, Some(50_000.0), 1);
+        assert_eq!(s.estimate(1, 1), Some((0, 0.5)));
+        // A reading that cannot tell the capacity keeps the last one learnt.
+        s.record(1, 0.0, 0.0, Some(0.0), 1);
+        s.sent(1, 50_000);
+        assert_eq!(s.estimate(1, 1), Some((0, 0.5)));
+        // Without the used-tokens figure there is no token estimate at all.
+        let s = Saturation::new(4, T);
+        s.record(2, 0.0, 0.4, None, 0);
+        s.sent(2, 1_000_000);
+        assert_eq!(s.estimate(2, 0), Some((0, 0.4)));
     }
 }

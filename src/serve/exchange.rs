@@ -229,6 +229,9 @@ pub(super) struct Exchange<'a> {
     prompt: Option<Result<Vec<u32>, Fallback>>,
     /// Its tenant, once the saturation admission let it in (its output is charged to it).
     tenant: Option<crate::admission::TenantId>,
+    /// Its prompt tokens as the saturation admission counted them (0 without it): each worker
+    /// it is sent to counts them as KV in use until its next reading.
+    admitted_tokens: u64,
 }
 
 impl<'a> Exchange<'a> {
@@ -319,6 +322,7 @@ impl<'a> Exchange<'a> {
             _pass_slot: pass_slot,
             prompt: None,
             tenant: None,
+            admitted_tokens: 0,
         })
     }
 
@@ -407,6 +411,9 @@ impl<'a> Exchange<'a> {
             let worker = slot.worker().clone();
             crate::metrics::selection(router.policy.kind().as_str(), decision.branch.as_str());
             let in_flight = InFlight::new(gw, router, worker.id, self.routing_key, self.id_key);
+            if let Some(fc) = &gw.flow {
+                fc.saturation.sent(worker.id, self.admitted_tokens);
+            }
             if decision.insert_text {
                 if self.attempts == 0 && side != Side::Decode {
                     // The prediction beside the hit ratio the engines report (first try only,

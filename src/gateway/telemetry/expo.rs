@@ -204,6 +204,8 @@ pub struct EngineStats {
     pub queued: Option<f64>,
     /// `sglang:token_usage` (max over label sets).
     pub token_usage: Option<f64>,
+    /// `sglang:num_used_tokens` (summed): with the usage, the KV capacity in tokens.
+    pub used_tokens: Option<f64>,
     /// `sglang:cached_tokens_total`: the `cache_source="total"` series when the engine exports
     /// one (newer SGLang splits it into device/host/storage *and* total, so summing all would
     /// count every hit twice); otherwise every series.
@@ -232,6 +234,7 @@ impl EngineStats {
                     s.token_usage = Some(s.token_usage.map_or(x.value, |u| u.max(x.value)));
                 }
                 "sglang:prompt_tokens_total" => add(&mut s.prompt_tokens, x.value),
+                "sglang:num_used_tokens" => add(&mut s.used_tokens, x.value),
                 "sglang:cached_tokens_total" => match label(x.labels, "cache_source") {
                     Some("total") => add(&mut cached_total, x.value),
                     _ => add(&mut cached_other, x.value),

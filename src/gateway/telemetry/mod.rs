@@ -322,7 +322,8 @@ impl Scraper {
                     t.external = spread_over_ranks(gw, list, w, per_rank, running + queued);
                 }
                 if let Some(fc) = &gw.flow {
-                    saturation_reading(gw, fc, list, w, queued, t.gauges.token_usage);
+                    let (usage, used) = (t.gauges.token_usage, s.stats.used_tokens);
+                    saturation_reading(gw, fc, list, w, queued, usage, used);
                 }
             }
             None => {
@@ -346,9 +347,9 @@ impl Scraper {
     }
 }
 
-/// A reading for the saturation admission: the engine's queue (shared evenly by a DP
-/// server's ranks, which the gateway routes to one by one) and KV use, beside this copy's own
-/// requests on each worker now.
+/// A reading for the saturation admission: the engine's queue and KV tokens in use (shared
+/// evenly by a DP server's ranks, which the gateway routes to one by one) and KV use, beside
+/// this copy's own requests on each worker now.
 fn saturation_reading(
     gw: &Gateway,
     fc: &crate::admission::FlowControl,
@@ -356,12 +357,15 @@ fn saturation_reading(
     w: &Worker,
     queued: f64,
     usage: f64,
+    used: Option<f64>,
 ) {
     let ranks: Vec<&Arc<Worker>> = list.same_server(w).collect();
-    let share = queued / ranks.len().max(1) as f64;
+    let n = ranks.len().max(1) as f64;
+    let share = queued / n;
+    let used = used.map(|t| t / n);
     for r in ranks {
         let own = gw.registry.loads.in_flight(r.id);
-        fc.saturation.record(r.id, share, usage, own);
+        fc.saturation.record(r.id, share, usage, used, own);
         crate::metrics::worker_saturated(&r.url, fc.saturation.is_saturated(r.id, own));
     }
 }

@@ -118,6 +118,7 @@ impl Exchange<'_> {
         match fc.flow.admit(ask, &fleet, closed_by_peer(client)).await {
             Ok(_) => {
                 self.tenant = Some(tenant);
+                self.admitted_tokens = tokens;
                 // Routed among the workers with room when there are any: the cache-aware choice
                 // among the unsaturated ones.
                 let free: Vec<_> = fleet.unsaturated().collect();

@@ -218,3 +218,12 @@ fn per_rank_load_follows_the_dp_rank_label() {
     assert_eq!(load_by_rank(unlabelled, 2), None);
     assert_eq!(load_by_rank("# nothing\n", 2), None);
 }
+
+#[test]
+fn used_tokens_are_summed_over_ranks() {
+    // With the usage, the KV capacity in tokens (the saturation admission's token estimate).
+    let text = "sglang:num_used_tokens{model_name=\"m\",dp_rank=\"0\"} 1000.0\n\
+                sglang:num_used_tokens{model_name=\"m\",dp_rank=\"1\"} 2000.0\n";
+    assert_eq!(EngineStats::from_text(text).used_tokens, Some(3000.0));
+    assert_eq!(EngineStats::from_text(SGLANG).used_tokens, None);
+}
