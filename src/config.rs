@@ -324,6 +324,11 @@ pub struct Config {
     /// KV-cache use (sglang:token_usage, 0 to 1) at which a worker counts as saturated.
     #[arg(long = "saturation-kv-usage", default_value_t = 0.95)]
     pub saturation_kv_usage: f64,
+    /// Share of the KV cache kept for prioritized requests (priority above 0): requests of
+    /// priority 0 or below count a worker as saturated at --saturation-kv-usage minus this, so
+    /// an interactive class finds KV room on a fleet a batch flood fills. 0: one threshold.
+    #[arg(long = "saturation-headroom", default_value_t = 0.0)]
+    pub saturation_headroom: f64,
     /// Milliseconds between readings of the workers' load with --saturation-admission (the
     /// telemetry rounds run this often instead of every --worker-metrics-interval-secs).
     #[arg(long = "saturation-poll-ms", default_value_t = 100)]
@@ -500,6 +505,14 @@ impl Config {
         if !(self.saturation_kv_usage > 0.0 && self.saturation_kv_usage <= 1.0) {
             return Err(
                 "--saturation-kv-usage: a share of the KV cache, above 0 and at most 1".into(),
+            );
+        }
+        if !(self.saturation_headroom >= 0.0 && self.saturation_headroom < self.saturation_kv_usage)
+        {
+            return Err(
+                "--saturation-headroom: a share of the KV cache, at least 0 and below \
+                 --saturation-kv-usage"
+                    .into(),
             );
         }
         if self.saturation_queue_reqs == 0 {

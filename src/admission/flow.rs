@@ -28,8 +28,9 @@ const MIN_RETRY_AFTER: u32 = 1;
 
 /// One model's fleet, as the admission sees it.
 pub trait Fleet {
-    /// How many workers of `room`'s model can take a request now (0: all saturated).
-    fn room_for(&self, room: RoomKey) -> usize;
+    /// How many workers of `room`'s model can take a request of `class` now (0: all
+    /// saturated for it).
+    fn room_for(&self, room: RoomKey, class: Priority) -> usize;
 }
 
 /// Which room a request waits in: its model's (the workers that can serve it).
@@ -278,7 +279,7 @@ impl Flow {
                 .entry(ask.room)
                 .or_insert_with(|| WaitQueue::new(usize::MAX));
             let leads = room.would_lead(ask.class);
-            if leads && Self::free(&s, ask.room, fleet) > 0 {
+            if leads && Self::free(&s, ask.room, ask.class, fleet) > 0 {
                 self.let_in(&mut s, ask, now);
                 drop(s);
                 crate::metrics::admission_outcome(
@@ -376,15 +377,21 @@ impl Flow {
         }
     }
 
-    /// Let in as many of `room`'s waiters as its fleet has workers with room.
+    /// Let in `room`'s waiters, in order, while its fleet has workers with room for the next
+    /// one's class.
     fn dispatch(&self, s: &mut State, room: RoomKey, fleet: &impl Fleet, now: Instant) {
-        let free = Self::free(s, room, fleet);
-        for _ in 0..free {
+        loop {
+            let Some(class) = s.rooms.get(&room).and_then(WaitQueue::head_class) else {
+                break;
+            };
+            if Self::free(s, room, class, fleet) == 0 {
+                break;
+            }
             let Some(q) = s.rooms.get_mut(&room) else {
-                return;
+                break;
             };
             let Some(w) = q.pop(&s.fair) else {
-                return;
+                break;
             };
             s.waiting -= 1;
             self.waiting.store(s.waiting, Relaxed);
@@ -416,15 +423,15 @@ impl Flow {
         pushed
     }
 
-    /// Workers of `room`'s fleet with room, less the waiters already let in onto them that
-    /// have not reached a worker yet.
-    fn free(s: &State, room: RoomKey, fleet: &impl Fleet) -> usize {
+    /// Workers of `room`'s fleet with room for `class`, less the waiters already let in onto
+    /// them that have not reached a worker yet.
+    fn free(s: &State, room: RoomKey, class: Priority, fleet: &impl Fleet) -> usize {
         let promised = s
             .verdicts
             .values()
             .filter(|v| **v == Verdict::Go(room))
             .count();
-        fleet.room_for(room).saturating_sub(promised)
+        fleet.room_for(room, class).saturating_sub(promised)
     }
 
     fn let_in(&self, s: &mut State, ask: Ask, now: Instant) {

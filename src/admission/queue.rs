@@ -128,6 +128,11 @@ impl WaitQueue {
         }
     }
 
+    /// The class of the waiter [`WaitQueue::pop`] would let in next.
+    pub fn head_class(&self) -> Option<Priority> {
+        self.classes.keys().next_back().copied()
+    }
+
     /// The waiter to let in next, taken out of the room (the caller charges its tokens).
     pub fn pop(&mut self, fair: &Fairness) -> Option<Waiter> {
         let (&class, c) = self.classes.iter().next_back()?;

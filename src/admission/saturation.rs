@@ -8,6 +8,7 @@
 //! so a burst, or a few long prompts, cannot pour through the gap between readings. A worker
 //! never read is not saturated: admission fails open rather than hold traffic on a guess.
 
+use super::queue::Priority;
 use crate::base::WorkerId;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
@@ -20,6 +21,21 @@ pub struct Thresholds {
     pub queue_reqs: u32,
     /// KV-cache use (`sglang:token_usage`, 0..1) at which it is saturated.
     pub kv_usage: f64,
+    /// KV share kept for prioritized requests (class above 0): the others see the worker
+    /// saturated this much earlier, so a batch flood cannot fill the KV an interactive class
+    /// needs to start at once.
+    pub headroom: f64,
+}
+
+impl Thresholds {
+    /// The KV use at which a request of `class` counts a worker as saturated.
+    pub fn kv_for(&self, class: Priority) -> f64 {
+        if class > 0 {
+            self.kv_usage
+        } else {
+            (self.kv_usage - self.headroom).max(0.0)
+        }
+    }
 }
 
 /// What a reading said; [`NEVER_READ`] in `queued` until the first.
@@ -142,16 +158,17 @@ impl Saturation {
         Some((queued.saturating_add(since), (usage + added).min(1.0)))
     }
 
-    /// Whether worker `w` is saturated with `own_now` of this copy's requests on it.
-    pub fn is_saturated(&self, w: WorkerId, own_now: u32) -> bool {
+    /// Whether worker `w` is saturated for a request of `class`, with `own_now` of this
+    /// copy's requests on it.
+    pub fn is_saturated(&self, w: WorkerId, own_now: u32, class: Priority) -> bool {
         self.estimate(w, own_now)
-            .is_some_and(|(q, u)| saturated(q, u, self.thresholds))
+            .is_some_and(|(q, u)| saturated(q, u, self.thresholds, class))
     }
 }
 
-/// The rule itself: a queue at the threshold, or KV use at its threshold.
-pub fn saturated(queued: u32, usage: f64, t: Thresholds) -> bool {
-    queued >= t.queue_reqs || usage >= t.kv_usage
+/// The rule itself: a queue at the threshold, or KV use at the threshold of `class`.
+pub fn saturated(queued: u32, usage: f64, t: Thresholds, class: Priority) -> bool {
+    queued >= t.queue_reqs || usage >= t.kv_for(class)
 }
 
 #[cfg(test)]
@@ -161,14 +178,15 @@ mod tests {
     const T: Thresholds = Thresholds {
         queue_reqs: 2,
         kv_usage: 0.9,
+        headroom: 0.0,
     };
 
     #[test]
     fn a_worker_never_read_is_not_saturated() {
         let s = Saturation::new(4, T);
         assert_eq!(s.estimate(1, 100), None);
-        assert!(!s.is_saturated(1, 100));
-        assert!(!s.is_saturated(99, 0), "an id outside the table");
+        assert!(!s.is_saturated(1, 100, 0));
+        assert!(!s.is_saturated(99, 0, 0), "an id outside the table");
     }
 
     #[test]
@@ -176,22 +194,22 @@ mod tests {
         let s = Saturation::new(4, T);
         s.record(1, 0.0, 0.5, None, 10);
         assert_eq!(s.estimate(1, 10), Some((0, 0.5)));
-        assert!(!s.is_saturated(1, 11));
-        assert!(s.is_saturated(1, 12), "two started since the reading");
+        assert!(!s.is_saturated(1, 11, 0));
+        assert!(s.is_saturated(1, 12, 0), "two started since the reading");
         assert!(
-            !s.is_saturated(1, 3),
+            !s.is_saturated(1, 3, 0),
             "finished ones do not count below the reading"
         );
         s.record(1, 1.0, 0.5, None, 12);
-        assert!(!s.is_saturated(1, 12), "the new reading says one waits");
-        assert!(s.is_saturated(1, 13));
+        assert!(!s.is_saturated(1, 12, 0), "the new reading says one waits");
+        assert!(s.is_saturated(1, 13, 0));
     }
 
     #[test]
     fn kv_use_alone_saturates_and_bad_figures_are_clamped() {
         let s = Saturation::new(4, T);
         s.record(2, 0.0, 0.95, None, 0);
-        assert!(s.is_saturated(2, 0));
+        assert!(s.is_saturated(2, 0, 0));
         s.record(2, f64::NAN, f64::INFINITY, None, 0);
         assert_eq!(s.estimate(2, 0), Some((0, 0.0)));
         s.record(2, 1e12, 7.0, None, 0);
@@ -209,9 +227,9 @@ mod tests {
         s.sent(1, 45_000);
         let (_, u) = s.estimate(1, 1).unwrap();
         assert!((u - 0.85).abs() < 1e-9, "{u}");
-        assert!(!s.is_saturated(1, 1));
+        assert!(!s.is_saturated(1, 1, 0));
         s.sent(1, 6_000);
-        assert!(s.is_saturated(1, 1), "51,000 tokens since: past 0.9");
+        assert!(s.is_saturated(1, 1, 0), "51,000 tokens since: past 0.9");
         // The next reading has them in the engine's own figure; those sent before it no
         // longer count twice.
         s.record(1, 0.0, 0.5, Some(50_000.0), 1);
@@ -225,5 +243,23 @@ mod tests {
         s.record(2, 0.0, 0.4, None, 0);
         s.sent(2, 1_000_000);
         assert_eq!(s.estimate(2, 0), Some((0, 0.4)));
+    }
+
+    #[test]
+    fn headroom_keeps_kv_for_prioritized_classes_only() {
+        let t = Thresholds { headroom: 0.1, ..T };
+        let s = Saturation::new(4, t);
+        s.record(1, 0.0, 0.85, None, 0);
+        assert!(s.is_saturated(1, 0, 0), "class 0 stops at 0.8");
+        assert!(s.is_saturated(1, 0, -1), "and so does a sheddable one");
+        assert!(
+            !s.is_saturated(1, 0, 1),
+            "a prioritized class goes on to 0.9"
+        );
+        s.record(1, 0.0, 0.9, None, 0);
+        assert!(s.is_saturated(1, 0, 5));
+        // The queue threshold is the same for every class.
+        s.record(1, 2.0, 0.1, None, 0);
+        assert!(s.is_saturated(1, 0, 5));
     }
 }

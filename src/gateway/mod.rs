@@ -219,6 +219,7 @@ fn flow_control(cfg: &Config) -> Option<FlowControl> {
     let thresholds = saturation::Thresholds {
         queue_reqs: cfg.saturation_queue_reqs,
         kv_usage: cfg.saturation_kv_usage,
+        headroom: cfg.saturation_headroom,
     };
     Some(FlowControl {
         flow: flow::Flow::new(config, tenants),

@@ -3,15 +3,17 @@ use crate::admission::tenants::{TenantSpec, Tenants};
 use std::cell::Cell;
 use std::rc::Rc;
 
-/// A fleet whose free workers the test sets.
+/// A fleet whose free workers the test sets: `free` for every class, plus `headroom` more for
+/// classes above 0 (the KV kept for them).
 #[derive(Default)]
 struct TestFleet {
     free: Cell<usize>,
+    headroom: Cell<usize>,
 }
 
 impl Fleet for TestFleet {
-    fn room_for(&self, _room: RoomKey) -> usize {
-        self.free.get()
+    fn room_for(&self, _room: RoomKey, class: Priority) -> usize {
+        self.free.get() + if class > 0 { self.headroom.get() } else { 0 }
     }
 }
 
@@ -327,5 +329,35 @@ fn a_sheddable_request_is_refused_when_the_expected_wait_passes_its_bound() {
             assert!(q.await.is_ok());
         }
         assert!(patient.await.is_ok());
+    });
+}
+
+#[test]
+fn headroom_lets_a_prioritized_class_in_while_the_others_wait() {
+    let f = Rc::new(flow(10, 5000));
+    let fleet = Rc::new(TestFleet::default());
+    fleet.headroom.set(1);
+    block_on(async {
+        // Saturated for class 0: it waits.
+        let (f2, fl2) = (f.clone(), fleet.clone());
+        let low = monoio::spawn(async move { f2.admit(ask(0, 0), &*fl2, never()).await });
+        until("queued", || f.waiting() == 1).await;
+        // Class 5 goes straight onto the headroom.
+        assert_eq!(
+            f.admit(ask(5, 0), &*fleet, never()).await,
+            Ok(Admitted::Direct)
+        );
+        // A class-5 waiter behind a saturated headroom goes first once there is room for it,
+        // while class 0 still has none.
+        fleet.headroom.set(0);
+        let (f3, fl3) = (f.clone(), fleet.clone());
+        let high = monoio::spawn(async move { f3.admit(ask(5, 0), &*fl3, never()).await });
+        until("both queued", || f.waiting() == 2).await;
+        fleet.headroom.set(1);
+        assert!(matches!(high.await, Ok(Admitted::Waited(_))));
+        monoio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(f.waiting(), 1, "class 0 still waits: no room for it");
+        fleet.free.set(1);
+        assert!(matches!(low.await, Ok(Admitted::Waited(_))));
     });
 }

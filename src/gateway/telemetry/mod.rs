@@ -366,7 +366,8 @@ fn saturation_reading(
     for r in ranks {
         let own = gw.registry.loads.in_flight(r.id);
         fc.saturation.record(r.id, share, usage, used, own);
-        crate::metrics::worker_saturated(&r.url, fc.saturation.is_saturated(r.id, own));
+        // For the default class (prioritized classes may still have headroom).
+        crate::metrics::worker_saturated(&r.url, fc.saturation.is_saturated(r.id, own, 0));
     }
 }
 

@@ -40,7 +40,7 @@ struct SideFleet<'a> {
 }
 
 impl SideFleet<'_> {
-    fn unsaturated(&self) -> impl Iterator<Item = crate::base::WorkerId> + '_ {
+    fn unsaturated(&self, class: Priority) -> impl Iterator<Item = crate::base::WorkerId> + '_ {
         let list = self.gw.registry.load_full();
         let ids: Vec<_> = match self.side {
             Side::Prefill => list.prefill_ids.clone(),
@@ -49,14 +49,18 @@ impl SideFleet<'_> {
         };
         let loads = &self.gw.registry.loads;
         ids.into_iter().filter(move |&w| {
-            loads.is_eligible(w) && !self.fc.saturation.is_saturated(w, loads.in_flight(w))
+            loads.is_eligible(w)
+                && !self
+                    .fc
+                    .saturation
+                    .is_saturated(w, loads.in_flight(w), class)
         })
     }
 }
 
 impl Fleet for SideFleet<'_> {
-    fn room_for(&self, _room: RoomKey) -> usize {
-        self.unsaturated().take(MOST_COUNTED).count()
+    fn room_for(&self, _room: RoomKey, class: Priority) -> usize {
+        self.unsaturated(class).take(MOST_COUNTED).count()
     }
 }
 
@@ -121,7 +125,7 @@ impl Exchange<'_> {
                 self.admitted_tokens = tokens;
                 // Routed among the workers with room when there are any: the cache-aware choice
                 // among the unsaturated ones.
-                let free: Vec<_> = fleet.unsaturated().collect();
+                let free: Vec<_> = fleet.unsaturated(class).collect();
                 if !free.is_empty() {
                     let list = self.gw.registry.load_full();
                     let ids = match side {
