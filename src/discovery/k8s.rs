@@ -4,8 +4,9 @@
 //!
 //! kube's `watcher` lists, then watches from the list's `resourceVersion`, and lists again when
 //! the server says the version is too old (`410 Gone`) or the stream breaks; its errors pass
-//! through a backoff of 1 s doubling to 300 s (reset by the next success). The reflector's store
-//! swaps in a re-list whole, so the reconcile never sees a half-listed set. The label selector
+//! through a backoff of 1 s doubling to 300 s (reset by the next success). A watch *refused* with
+//! an HTTP 410 starts a new watcher (kube's own would retry the stale version for ever). The
+//! reflector's store swaps in a re-list whole, so the reconcile never sees a half-listed set. The label selector
 //! goes to the server, so only candidate pods cross the network.
 
 use super::Shared;
@@ -115,48 +116,70 @@ async fn run(spec: WatchSpec, shared: Arc<Shared>, writer: Writer<Pod>) {
         None => Api::all(client),
     };
     let config = watcher::Config::default().labels(&spec.selector);
-    let stream = watcher(api, config)
-        .backoff(Doubling(BACKOFF_MIN))
-        .modify(|pod| pod.metadata.managed_fields = None)
-        .reflect(writer);
-    let mut stream = std::pin::pin!(stream);
+    let mut writer = writer;
     let mut failing = false;
+    // Each pass is one watcher; a new one starts from a fresh list (see `is_http_gone`).
     loop {
-        let next = tokio::time::timeout(SHUTDOWN_POLL, stream.next());
-        let item = match next.await {
-            Err(_) if shared.gw.life.is_shutting_down() => return,
-            Err(_) => continue,
-            Ok(None) => return,
-            Ok(Some(item)) => item,
-        };
-        match item {
-            Ok(event) => {
-                if failing {
-                    failing = false;
-                    crate::log!(Info, "discovery: the Kubernetes API server answers again");
+        let stream = watcher(api.clone(), config.clone())
+            .backoff(Doubling(BACKOFF_MIN))
+            .modify(|pod| pod.metadata.managed_fields = None);
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let next = tokio::time::timeout(SHUTDOWN_POLL, stream.next());
+            let item = match next.await {
+                Err(_) if shared.gw.life.is_shutting_down() => return,
+                Err(_) => continue,
+                Ok(None) => return,
+                Ok(Some(item)) => item,
+            };
+            match item {
+                Ok(event) => {
+                    if failing {
+                        failing = false;
+                        crate::log!(Info, "discovery: the Kubernetes API server answers again");
+                    }
+                    // The store buffers a re-list and swaps it in whole at `InitDone`.
+                    writer.apply_watcher_event(&event);
+                    if let watcher::Event::InitDone = event {
+                        shared.listed.store(true, Ordering::Release);
+                        crate::metrics::discovery_listed(unix_now());
+                    }
+                    if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                        shared.changes.fetch_add(1, Ordering::AcqRel);
+                    }
                 }
-                if let watcher::Event::InitDone = event {
-                    shared.listed.store(true, Ordering::Release);
-                    crate::metrics::discovery_listed(unix_now());
-                }
-                if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
-                    shared.changes.fetch_add(1, Ordering::AcqRel);
-                }
-            }
-            Err(e) => {
-                crate::metrics::discovery_watch_restart();
-                if !failing {
-                    failing = true;
-                    crate::log!(
-                        Warn,
-                        "discovery: Kubernetes list/watch failed ({e}); the last known workers \
-                         keep serving while it is retried with backoff"
-                    );
-                } else {
-                    crate::log!(Debug, "discovery: list/watch failed again: {e}");
+                Err(e) => {
+                    crate::metrics::discovery_watch_restart();
+                    if !failing {
+                        failing = true;
+                        crate::log!(
+                            Warn,
+                            "discovery: Kubernetes list/watch failed ({e}); the last known \
+                             workers keep serving while it is retried with backoff"
+                        );
+                    } else {
+                        crate::log!(Debug, "discovery: list/watch failed again: {e}");
+                    }
+                    if is_http_gone(&e) {
+                        break;
+                    }
                 }
             }
         }
+        if sleep_unless_stopping(&shared, BACKOFF_MIN).await {
+            return;
+        }
+    }
+}
+
+/// A watch refused with an HTTP `410 Gone` (its resourceVersion compacted away). kube's watcher
+/// re-lists on a 410 inside the stream (an `ERROR` event) but retries a watch the server
+/// refused with an HTTP 410 with the same version for ever; a new watcher lists afresh.
+fn is_http_gone(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::WatchStartFailed(kube::Error::Api(r))
+        | watcher::Error::WatchFailed(kube::Error::Api(r)) => r.code == 410,
+        _ => false,
     }
 }
 
