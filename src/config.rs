@@ -991,6 +991,59 @@ mod tests {
     }
 
     #[test]
+    fn service_discovery_flags_mirror_the_reference() {
+        let c = parse(&[]).unwrap();
+        assert!(!c.service_discovery);
+        assert_eq!(c.service_discovery_port, 80, "the reference's CLI default");
+        assert_eq!(c.bootstrap_port_annotation, "sglang.ai/bootstrap-port");
+        assert!(c.selector.is_empty() && c.service_discovery_namespace.is_none());
+        let c = parse(&[
+            "--service-discovery",
+            "--selector",
+            "app=sglang",
+            "tier=a=b",
+            "--service-discovery-port",
+            "30000",
+            "--service-discovery-namespace",
+            "ml",
+            "--pd-disaggregation",
+            "--prefill-selector",
+            "role=prefill",
+            "--decode-selector",
+            "role=decode",
+            "--bootstrap-port-annotation",
+            "x/boot",
+            "--kubeconfig",
+            "/tmp/kc",
+        ])
+        .unwrap();
+        assert!(c.service_discovery);
+        assert_eq!(c.selector, vec!["app=sglang", "tier=a=b"]);
+        assert_eq!(c.service_discovery_port, 30000);
+        assert_eq!(c.service_discovery_namespace.as_deref(), Some("ml"));
+        assert_eq!(c.prefill_selector, vec!["role=prefill"]);
+        assert_eq!(c.decode_selector, vec!["role=decode"]);
+        assert_eq!(c.bootstrap_port_annotation, "x/boot");
+        for bad in [&["--selector", "app"][..], &["--selector", "=x"]] {
+            match parse(bad) {
+                Err(ConfigError::Clap(e)) => assert_eq!(e.exit_code(), 2, "{bad:?}"),
+                other => panic!("{bad:?} accepted: {other:?}"),
+            }
+        }
+        // The config file takes a label table or a list.
+        for text in [
+            "service-discovery = true\nselector = { app = \"sglang\", tier = \"gpu\" }\n",
+            "service-discovery = true\nselector = [\"app=sglang\", \"tier=gpu\"]\n",
+        ] {
+            let mut argv = vec!["radixgate".to_string()];
+            argv.extend(toml_to_args(text).unwrap());
+            let c = Config::try_from_args(&argv).unwrap();
+            assert!(c.service_discovery);
+            assert_eq!(c.selector, vec!["app=sglang", "tier=gpu"], "{text}");
+        }
+    }
+
+    #[test]
     fn cpu_list_parses_ranges() {
         assert_eq!(parse_cpu_list("0-2,5,1").unwrap().0, vec![0, 1, 2, 5]);
         let c = parse(&["--cpu-list", "0,1"]).unwrap();

@@ -3,7 +3,8 @@
 //! resourceVersion, label selectors, 410 Gone) through a kubeconfig the test writes, with
 //! simulated workers as the pods' servers (every pod's IP is 127.0.0.1; its port is
 //! `--service-discovery-port` or the `smg.ai/worker-ports` annotation). The stub is checked
-//! against a real client first: Debian's `kubectl` lists and watches through it.
+//! against a real client: `kubectl` (Debian's `kubernetes-client` package, installed by
+//! scripts/test.sh) lists and watches through it.
 
 use crate::common::{
     gateway, request, sim, test_python, wait_ready, wait_until, workers_json, ChildGuard,
@@ -227,7 +228,7 @@ fn k8s_stub_answers_kubectl_list_and_watch() {
         .args(["--kubeconfig", stub.kubeconfig(), "--request-timeout=20s"])
         .args(["get", "pods", "-l", "app=x", "-o", "json"])
         .output()
-        .expect("kubectl is installed (scripts/test.sh installs Debian's kubectl)");
+        .expect("kubectl is installed (scripts/test.sh installs Debian's kubernetes-client)");
     assert!(
         out.status.success(),
         "kubectl get: {}",
