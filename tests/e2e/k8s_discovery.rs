@@ -630,3 +630,22 @@ fn k8s_static_and_api_workers_are_never_removed() {
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(urls(&gw).len(), 2);
 }
+
+/// `--dp-aware`: a discovered server's DP ranks are targets of their own, as for a static
+/// worker; a not-ready pod holds every rank, and its deletion removes them all.
+#[test]
+fn k8s_dp_ranks_of_a_discovered_server() {
+    let cluster = sim(1, |c| c.dp_size = 2);
+    let p0 = cluster.ports()[0];
+    let stub = Stub::start(&[]);
+    stub.put(&pod("dp", "udp", p0, json!({"app": "sgl"}), true));
+    let gw = discovering(&stub, &["--selector", "app=sgl", "--dp-aware"]);
+    let ranks = [format!("{}@0", url(p0)), format!("{}@1", url(p0))];
+    wait_urls(&gw, &ranks, "one target per DP rank");
+    stub.put(&pod("dp", "udp", p0, json!({"app": "sgl"}), false));
+    wait_until("every rank held", FOLLOW, || {
+        workers(&gw).iter().all(|w| w["held"] == true).then_some(())
+    });
+    stub.delete("dp");
+    wait_urls(&gw, &[], "the server leaves with all its ranks");
+}
