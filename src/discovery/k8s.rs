@@ -200,3 +200,33 @@ fn unix_now() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_one_second_to_five_minutes_and_resets() {
+        let mut b = Doubling(BACKOFF_MIN);
+        let waits: Vec<u64> = (&mut b).take(11).map(|d| d.as_secs()).collect();
+        assert_eq!(waits, vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        b.reset();
+        assert_eq!(b.next(), Some(BACKOFF_MIN));
+    }
+
+    #[test]
+    fn only_an_http_410_starts_a_new_watcher() {
+        let api = |code| {
+            kube::Error::Api(kube::core::ErrorResponse {
+                status: "Failure".into(),
+                message: String::new(),
+                reason: "Expired".into(),
+                code,
+            })
+        };
+        assert!(is_http_gone(&watcher::Error::WatchFailed(api(410))));
+        assert!(is_http_gone(&watcher::Error::WatchStartFailed(api(410))));
+        assert!(!is_http_gone(&watcher::Error::WatchFailed(api(500))));
+        assert!(!is_http_gone(&watcher::Error::InitialListFailed(api(410))));
+    }
+}
