@@ -676,6 +676,6 @@ fn k8s_discovered_workers_publish_kv_events() {
     wait_until(
         "the discovered worker's events are followed",
         FOLLOW,
-        || kv.exact_workers().iter().any(|&w| w == id).then_some(()),
+        || kv.exact_workers().contains(&id).then_some(()),
     );
 }
