@@ -379,9 +379,9 @@ fn k8s_an_ip_reused_by_a_new_pod_replaces_the_worker() {
     assert_eq!(served_port(&gw), p0);
 }
 
-/// A watch that breaks mid-stream is resumed from its resourceVersion (a pod added while it
-/// was down arrives); a `410 Gone` forces a re-list, and a pod deleted while no watch saw it
-/// leaves.
+/// A watch that breaks mid-stream (after a BOOKMARK) is resumed from its resourceVersion (a
+/// pod added while it was down arrives); a `410 Gone`, as a watch ERROR event and as an HTTP
+/// answer, forces a re-list, and a pod deleted while no watch saw it leaves.
 #[test]
 fn k8s_broken_watch_and_410_relist() {
     for mode in ["event", "http"] {
@@ -396,6 +396,9 @@ fn k8s_broken_watch_and_410_relist() {
             (stub.watches_started() > 0).then_some(())
         });
 
+        // A bookmark moves the watch's resourceVersion on without an object change.
+        let marked = stub.control("POST", "/control/bookmark", &json!({}));
+        assert!(marked["watches"].as_u64() >= Some(1), "{marked}");
         stub.control("POST", "/control/break", &json!({}));
         stub.put(&pod("c", "uc", p[2], json!({"app": "sgl"}), true));
         wait_urls(
