@@ -43,6 +43,15 @@ if ! command -v promtool >/dev/null 2>&1; then
     apt-get update -q && apt-get install -y -q --no-install-recommends prometheus
 fi
 
+# tests/e2e/k8s_discovery.rs checks its stub Kubernetes API server with the real client:
+# kubectl lists and watches pods through it. Without kubectl that test fails (it never skips),
+# so install it when missing: Debian ships it in the `kubernetes-client` package (bookworm has
+# no package named `kubectl`; any kubectl from 1.20 on passes).
+if ! command -v kubectl >/dev/null 2>&1; then
+    echo "== installing kubectl (apt-get install kubernetes-client) =="
+    apt-get update -q && apt-get install -y -q --no-install-recommends kubernetes-client
+fi
+
 # Wall seconds of each pass (builds included: pass 2 rebuilds nothing, the environment
 # variables are read at run time).
 echo "== pass 1: cargo test --workspace, end-to-end gateways on io_uring (RADIXGATE_TEST_IO_DRIVER=uring) =="

@@ -52,6 +52,15 @@ fn parse_worker_url(s: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// One `KEY=VALUE` label of a pod selector, split at the first `=` (the reference's rule); the
+/// key must not be empty, the value may be.
+fn parse_label(s: &str) -> Result<String, String> {
+    match s.split_once('=') {
+        Some((k, _)) if !k.trim().is_empty() => Ok(s.to_string()),
+        _ => Err(format!("`{s}` is not a KEY=VALUE label")),
+    }
+}
+
 /// One `WORKER_URL=tcp://HOST:PORT` value: the worker URL checked like `--worker-urls`.
 fn parse_kv_endpoint(s: &str) -> Result<crate::kv::endpoint::WorkerEndpoint, String> {
     let mut we = crate::kv::endpoint::parse_worker_endpoint(s)?;
@@ -106,6 +115,43 @@ pub struct Config {
     /// Worker base URLs (http://host:port), space separated.
     #[arg(long = "worker-urls", num_args = 0.., value_parser = parse_worker_url)]
     pub worker_urls: Vec<String>,
+
+    // ---- Kubernetes service discovery ----
+    /// Find workers among Kubernetes pods: every Ready and Running pod matching --selector (or,
+    /// with --pd-disaggregation, --prefill-selector / --decode-selector) is added as a worker at
+    /// http://POD_IP:--service-discovery-port, and removed when it terminates or goes away.
+    #[arg(long = "service-discovery", action = ArgAction::SetTrue)]
+    pub service_discovery: bool,
+    /// Labels a pod must all carry to be a worker, KEY=VALUE (space separated); sent to the API
+    /// server as the watch's label selector. Empty: no pod is included (with a warning).
+    #[arg(long = "selector", num_args = 1.., value_parser = parse_label, value_name = "KEY=VALUE")]
+    pub selector: Vec<String>,
+    /// Port of the workers in discovered pods (pods annotated `smg.ai/worker-ports: P1,P2`
+    /// give one worker per listed port instead).
+    #[arg(long = "service-discovery-port", default_value_t = 80)]
+    pub service_discovery_port: u16,
+    /// Namespace whose pods are watched (default: all namespaces, which needs cluster-wide
+    /// get/list/watch on pods).
+    #[arg(long = "service-discovery-namespace")]
+    pub service_discovery_namespace: Option<String>,
+    /// PD mode: labels of prefill pods, KEY=VALUE (a pod matching both role selectors is a
+    /// prefill pod).
+    #[arg(long = "prefill-selector", num_args = 1.., value_parser = parse_label, value_name = "KEY=VALUE")]
+    pub prefill_selector: Vec<String>,
+    /// PD mode: labels of decode pods, KEY=VALUE.
+    #[arg(long = "decode-selector", num_args = 1.., value_parser = parse_label, value_name = "KEY=VALUE")]
+    pub decode_selector: Vec<String>,
+    /// PD mode: the pod annotation holding a prefill pod's bootstrap port (one port, or a comma
+    /// list aligned with `smg.ai/worker-ports`); without it the decode side uses its own.
+    #[arg(
+        long = "bootstrap-port-annotation",
+        default_value = "sglang.ai/bootstrap-port"
+    )]
+    pub bootstrap_port_annotation: String,
+    /// Kubeconfig file for --service-discovery (default: the in-cluster service account when
+    /// running in a pod, else $KUBECONFIG or ~/.kube/config).
+    #[arg(long = "kubeconfig", value_name = "FILE")]
+    pub kubeconfig: Option<std::path::PathBuf>,
 
     // ---- routing ----
     /// Routing policy: cache_aware, random, round_robin, power_of_two, manual,
@@ -682,6 +728,13 @@ pub fn toml_to_args(text: &str) -> Result<Vec<String>, String> {
         match value {
             toml::Value::Boolean(true) => out.push(flag),
             toml::Value::Boolean(false) => {}
+            // `selector = { app = "sglang" }`: a label table, as KEY=VALUE values.
+            toml::Value::Table(labels) => {
+                out.push(flag);
+                for (k, v) in labels {
+                    out.push(format!("{k}={}", scalar_to_string(&key, &v)?));
+                }
+            }
             toml::Value::Array(items) => {
                 out.push(flag);
                 for item in items {
@@ -947,6 +1000,59 @@ mod tests {
                 Err(ConfigError::Clap(e)) => assert_eq!(e.exit_code(), 2, "{bad:?}"),
                 other => panic!("{bad:?} accepted: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn service_discovery_flags_mirror_the_reference() {
+        let c = parse(&[]).unwrap();
+        assert!(!c.service_discovery);
+        assert_eq!(c.service_discovery_port, 80, "the reference's CLI default");
+        assert_eq!(c.bootstrap_port_annotation, "sglang.ai/bootstrap-port");
+        assert!(c.selector.is_empty() && c.service_discovery_namespace.is_none());
+        let c = parse(&[
+            "--service-discovery",
+            "--selector",
+            "app=sglang",
+            "tier=a=b",
+            "--service-discovery-port",
+            "30000",
+            "--service-discovery-namespace",
+            "ml",
+            "--pd-disaggregation",
+            "--prefill-selector",
+            "role=prefill",
+            "--decode-selector",
+            "role=decode",
+            "--bootstrap-port-annotation",
+            "x/boot",
+            "--kubeconfig",
+            "/tmp/kc",
+        ])
+        .unwrap();
+        assert!(c.service_discovery);
+        assert_eq!(c.selector, vec!["app=sglang", "tier=a=b"]);
+        assert_eq!(c.service_discovery_port, 30000);
+        assert_eq!(c.service_discovery_namespace.as_deref(), Some("ml"));
+        assert_eq!(c.prefill_selector, vec!["role=prefill"]);
+        assert_eq!(c.decode_selector, vec!["role=decode"]);
+        assert_eq!(c.bootstrap_port_annotation, "x/boot");
+        for bad in [&["--selector", "app"][..], &["--selector", "=x"]] {
+            match parse(bad) {
+                Err(ConfigError::Clap(e)) => assert_eq!(e.exit_code(), 2, "{bad:?}"),
+                other => panic!("{bad:?} accepted: {other:?}"),
+            }
+        }
+        // The config file takes a label table or a list.
+        for text in [
+            "service-discovery = true\nselector = { app = \"sglang\", tier = \"gpu\" }\n",
+            "service-discovery = true\nselector = [\"app=sglang\", \"tier=gpu\"]\n",
+        ] {
+            let mut argv = vec!["radixgate".to_string()];
+            argv.extend(toml_to_args(text).unwrap());
+            let c = Config::try_from_args(&argv).unwrap();
+            assert!(c.service_discovery);
+            assert_eq!(c.selector, vec!["app=sglang", "tier=gpu"], "{text}");
         }
     }
 

@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod base;
 pub mod config;
+pub mod discovery;
 pub mod gateway;
 pub mod http;
 pub mod kv;

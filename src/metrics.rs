@@ -95,6 +95,9 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("radixgate_admission_queue_depth", Kind::Gauge, "Requests waiting in the gateway for a worker to leave saturation (--saturation-admission), by priority class."),
     ("radixgate_admission_wait_seconds", Kind::Histogram, "Time requests waited in the gateway's admission queue, by priority class."),
     ("radixgate_admission_total", Kind::Counter, "Requests that met the saturation admission, by tenant, priority class and outcome (direct, admitted after waiting, shed, rejected, tenant_limit, timed_out, client_gone)."),
+    ("radixgate_discovery_workers", Kind::Gauge, "Workers Kubernetes discovery registered (--service-discovery), by role."),
+    ("radixgate_discovery_watch_restarts_total", Kind::Counter, "Kubernetes list/watch failures after which the watch was started again (with backoff), 410 Gone included."),
+    ("radixgate_discovery_last_list_timestamp_seconds", Kind::Gauge, "Unix time of the last complete list of pods from the Kubernetes API server."),
     ("radixgate_worker_saturated", Kind::Gauge, "1 when the worker counts as saturated for admission (its engine queue or KV use at the thresholds, with this gateway's requests since the last reading), else 0."),
 ];
 
@@ -439,6 +442,41 @@ pub fn worker_saturated(url: &str, saturated: bool) {
     });
 }
 
+/// Discovered workers by role and the last complete pod list (re-set at every scrape; `None`
+/// until discovery reports, so a gateway without it exports neither).
+static DISCOVERY: Mutex<Option<([usize; 3], f64)>> = Mutex::new(None);
+
+/// Kubernetes discovery registered this many regular, prefill and decode workers.
+pub fn discovery_workers(regular: usize, prefill: usize, decode: usize) {
+    let mut d = DISCOVERY.lock().unwrap_or_else(|p| p.into_inner());
+    let listed = d.map_or(0.0, |(_, t)| t);
+    *d = Some(([regular, prefill, decode], listed));
+    set_discovery_gauges(&d);
+}
+
+/// Kubernetes discovery completed a list of pods at `unix_secs`.
+pub fn discovery_listed(unix_secs: f64) {
+    let mut d = DISCOVERY.lock().unwrap_or_else(|p| p.into_inner());
+    let counts = d.map_or([0; 3], |(c, _)| c);
+    *d = Some((counts, unix_secs));
+    set_discovery_gauges(&d);
+}
+
+/// Kubernetes discovery's list or watch failed and is started again after a backoff.
+pub fn discovery_watch_restart() {
+    counter!("radixgate_discovery_watch_restarts_total").increment(1);
+}
+
+fn set_discovery_gauges(d: &Option<([usize; 3], f64)>) {
+    let Some((counts, listed)) = d else {
+        return;
+    };
+    for (role, n) in ["regular", "prefill", "decode"].iter().zip(counts) {
+        gauge!("radixgate_discovery_workers", "role" => *role).set(*n as f64);
+    }
+    gauge!("radixgate_discovery_last_list_timestamp_seconds").set(*listed);
+}
+
 /// The gauges that belong to the whole process (registered workers, open connections, the io
 /// driver), set again at the start of every scrape so the idle sweep only ever removes removed
 /// workers' series (see the module doc).
@@ -449,6 +487,7 @@ pub fn refresh_process_gauges(workers: usize) {
     if let Some(kind) = *IO_DRIVER.lock().unwrap_or_else(|p| p.into_inner()) {
         gauge!("radixgate_io_driver", "kind" => kind).set(1.0);
     }
+    set_discovery_gauges(&DISCOVERY.lock().unwrap_or_else(|p| p.into_inner()));
     for &(label, n) in ADMISSION_DEPTHS
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -178,6 +178,7 @@ pub fn start(cfg: Config) -> Result<Running, String> {
     crate::gateway::kv::spawn_bootstrap(gw.clone());
     crate::gateway::health::spawn(gw.clone());
     crate::gateway::telemetry::spawn(gw.clone());
+    crate::discovery::spawn(gw.clone());
     let metrics_addr = if gw.cfg.prometheus_port != 0 {
         Some(crate::metrics_server::spawn(gw.clone())?)
     } else {

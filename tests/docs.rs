@@ -79,6 +79,40 @@ fn the_example_config_parses() {
     assert_eq!(cfg.worker_urls.len(), 2);
 }
 
+#[test]
+fn the_kubernetes_configmap_holds_a_config_the_gateway_takes() {
+    let text = read("configs/kubernetes/configmap.yaml");
+    // The block scalar under `radixgate.toml: |`, indented four spaces.
+    let toml: String = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("radixgate.toml: |"))
+        .skip(1)
+        .map(|l| l.strip_prefix("    ").unwrap_or(l.trim()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(toml.contains("service-discovery = true"), "{toml}");
+    let dir = std::env::temp_dir().join(format!("radixgate-k8s-cm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("radixgate.toml");
+    std::fs::write(&path, &toml).unwrap();
+    let args: Vec<String> = ["radixgate", "--config", path.to_str().unwrap()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let cfg = Config::try_from_args(&args).unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(cfg.service_discovery);
+    assert_eq!(cfg.selector, vec!["app=sglang-worker".to_string()]);
+    assert_eq!(cfg.service_discovery_namespace.as_deref(), Some("sglang"));
+    assert_eq!(cfg.service_discovery_port, 30000);
+    // Every manifest the docs name is there.
+    let page = read("docs/kubernetes.md");
+    for f in ["rbac.yaml", "configmap.yaml", "deployment.yaml"] {
+        assert!(page.contains(&format!("configs/kubernetes/{f}")), "{f}");
+        read(&format!("configs/kubernetes/{f}"));
+    }
+}
+
 /// Every `.rs` file under `dir`, concatenated (module paths may move; names must not hide).
 fn all_sources(dir: &std::path::Path, out: &mut String) {
     for e in std::fs::read_dir(dir).unwrap() {

@@ -1,11 +1,25 @@
 //! Changes to which workers may be chosen: a worker refusing a connection, a circuit opening or
 //! closing, a worker removed. Each touches the registry, the router and the metrics together,
-//! so they live here, in one place, rather than at their callers.
+//! so they live here, in one place, rather than at their callers. Adding a worker at run time
+//! (`register_worker`) is here too: the admin API and Kubernetes discovery add workers through
+//! the same path, so a discovered worker is resolved, DP-split and probed like an added one.
 
 use super::Gateway;
+use crate::http::Method;
+use crate::proxy::forward;
+use crate::proxy::pool::Pool;
 use crate::workers::breaker::Transition;
-use crate::workers::registry::{CircuitSlot, RegistryError, Worker};
-use std::sync::Arc;
+use crate::workers::registry::{self, CircuitSlot, RegistryError, Worker, WorkerUrl};
+use crate::workers::role::Role;
+use bytes::Bytes;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Longest wait for a worker's host name to resolve.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the caller's runtime looks whether the resolver thread is done.
+const RESOLVE_POLL: Duration = Duration::from_millis(2);
 
 impl Gateway {
     /// Passive health: a worker that refused a connection leaves selection at once; the health
@@ -74,5 +88,86 @@ impl Gateway {
         }
         self.membership_changed();
         Ok(removed)
+    }
+
+    /// Register a worker at run time (admin API, Kubernetes discovery): resolve its host off
+    /// the caller's thread, with `--dp-aware` read its `dp_size` (one target per rank), probe
+    /// its health endpoint once (so it is routable at once when up), then make it selectable.
+    /// `pool` is the caller's own (a serving core's, or a helper thread's). Returns the
+    /// targets added (the ranks, or the worker).
+    pub async fn register_worker(
+        &self,
+        pool: &Pool,
+        url: &str,
+        role: Role,
+    ) -> Result<Vec<Arc<Worker>>, RegistryError> {
+        let gw = self;
+        let parsed = registry::parse_worker_url(url).map_err(|e| RegistryError::BadUrl(e.0))?;
+        let addrs = match registry::literal_addrs(&parsed) {
+            Some(a) => a,
+            None => resolve_off_core(&parsed).await?,
+        };
+        // Every role: in PD mode each side's ranks are targets of their own (the decode body also
+        // names its prefill twin's rank).
+        let dp_size = if gw.cfg.dp_aware {
+            let probe = Worker::detached(url, parsed.clone(), addrs.clone());
+            let n = crate::gateway::dp::fetch_dp_size(pool, &probe)
+                .await
+                .map_err(|e| RegistryError::BadUrl(format!("--dp-aware: worker {url}: {e}")))?;
+            Some(n)
+        } else {
+            None
+        };
+        let added = gw
+            .registry
+            .add_server(url, parsed, addrs, false, role, dp_size)?;
+        let Some(worker) = added.first().cloned() else {
+            return Err(RegistryError::Full);
+        };
+        let healthy = gw.cfg.disable_health_check || {
+            let timeout = Duration::from_secs(gw.cfg.health_check_timeout_secs);
+            let path = &gw.cfg.health_check_endpoint;
+            let probe = forward::fetch(pool, &worker, Method::Get, path, Bytes::new(), timeout);
+            matches!(probe.await, Ok((200..=299, _)))
+        };
+        gw.registry.set_healthy(&worker, healthy);
+        gw.membership_changed();
+        crate::log!(
+            Info,
+            "worker {} added (id {}, {}, {} target(s), healthy: {healthy})",
+            worker.server_url,
+            worker.id,
+            worker.role.as_str(),
+            added.len()
+        );
+        Ok(added)
+    }
+}
+
+/// Resolve a host name on a helper thread: a slow resolver must never stall a serving core
+/// (every connection on it would wait). The core polls for the answer until a deadline.
+async fn resolve_off_core(u: &WorkerUrl) -> Result<Vec<SocketAddr>, RegistryError> {
+    type Answer = Option<Result<Vec<SocketAddr>, RegistryError>>;
+    let slot: Arc<Mutex<Answer>> = Arc::new(Mutex::new(None));
+    let (u2, slot2) = (u.clone(), slot.clone());
+    std::thread::Builder::new()
+        .name("radixgate-resolve".into())
+        .spawn(move || {
+            let r = registry::resolve(&u2);
+            *slot2.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        })
+        .map_err(|e| RegistryError::BadUrl(format!("cannot resolve {}: {e}", u.host)))?;
+    let deadline = monoio::time::Instant::now() + RESOLVE_TIMEOUT;
+    loop {
+        if let Some(r) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return r;
+        }
+        if monoio::time::Instant::now() >= deadline {
+            return Err(RegistryError::BadUrl(format!(
+                "cannot resolve {}: timed out",
+                u.host
+            )));
+        }
+        monoio::time::sleep(RESOLVE_POLL).await;
     }
 }

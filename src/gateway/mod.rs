@@ -31,7 +31,7 @@ pub mod telemetry;
 pub mod tokenizing;
 
 pub use self::auth::{constant_time_eq, Auth, Scope};
-pub use self::core::Core;
+pub use self::core::{upstream_pool, Core};
 pub use self::lifecycle::{Driver, Lifecycle};
 pub use self::models::{ServedModels, MAX_KNOWN_MODELS};
 pub use self::router::Router;
@@ -106,7 +106,7 @@ pub enum HelperClass {
 /// small monoio runtime (timers on) and a lower priority ([`HelperClass`]): the helper threads
 /// never run on a serving core's runtime, and yield its CPU when they share it. A thread or
 /// runtime that cannot start is logged, not fatal.
-fn spawn_helper<F, Fut>(name: &'static str, class: HelperClass, make: F)
+pub fn spawn_helper<F, Fut>(name: &'static str, class: HelperClass, make: F)
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()>,

@@ -170,6 +170,10 @@ pub struct Worker {
     healthy: Arc<AtomicBool>,
     /// Being removed: no new requests, in-flight ones finish.
     draining: AtomicBool,
+    /// Held out of selection by its orchestrator (Kubernetes discovery: the pod is registered
+    /// but not Ready); apart from `healthy`, which the health checks would set back. Shared by
+    /// the ranks of one server.
+    held: Arc<AtomicBool>,
     /// Requests that reached this worker and completed (any status).
     pub completed: AtomicU64,
     /// The server's circuit breaker (shared by its DP ranks).
@@ -193,6 +197,7 @@ impl Worker {
             addrs,
             healthy: Arc::new(AtomicBool::new(false)),
             draining: AtomicBool::new(false),
+            held: Arc::default(),
             completed: AtomicU64::new(0),
             breaker: Arc::default(),
         }
@@ -213,6 +218,10 @@ impl Worker {
     /// Whether the worker is being removed.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
+    }
+    /// Whether its orchestrator holds it out of selection (a registered pod not Ready).
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::Relaxed)
     }
 
     /// A request slot on this worker's circuit (`None` when open or out of probe slots).
@@ -492,6 +501,7 @@ impl Registry {
         }
         let healthy = Arc::new(AtomicBool::new(healthy));
         let breaker: Arc<Breaker> = Arc::default();
+        let held: Arc<AtomicBool> = Arc::default();
         let mut added = Vec::with_capacity(ranks.len());
         for (id, dp) in taken.into_iter().zip(ranks) {
             ids.serial += 1;
@@ -510,6 +520,7 @@ impl Registry {
                 addrs: addrs.clone(),
                 healthy: healthy.clone(),
                 draining: AtomicBool::new(false),
+                held: held.clone(),
                 completed: AtomicU64::new(0),
                 breaker: breaker.clone(),
             }));
@@ -585,7 +596,18 @@ impl Registry {
         was != healthy
     }
 
-    /// Selectable = healthy, not draining, circuit not open. Call after any of them changes;
+    /// Hold a server (every DP rank) out of selection, or release it, for its orchestrator
+    /// (Kubernetes discovery: a registered pod that is not Ready stays registered, unroutable).
+    /// Returns true when it changed.
+    pub fn set_held(&self, worker: &Worker, held: bool) -> bool {
+        let was = worker.held.swap(held, Ordering::AcqRel);
+        if was != held {
+            self.refresh_eligibility(worker);
+        }
+        was != held
+    }
+
+    /// Selectable = healthy, not draining, not held, circuit not open. Call after any of them changes;
     /// health and circuit belong to the server, so every DP rank of it is refreshed.
     pub fn refresh_eligibility(&self, worker: &Worker) {
         self.refresh_one(worker);
@@ -598,7 +620,10 @@ impl Registry {
 
     /// [`Registry::refresh_eligibility`] of one target.
     fn refresh_one(&self, worker: &Worker) {
-        let eligible = worker.is_healthy() && !worker.is_draining() && worker.breaker.admits();
+        let eligible = worker.is_healthy()
+            && !worker.is_draining()
+            && !worker.is_held()
+            && worker.breaker.admits();
         if self.loads.is_eligible(worker.id) != eligible {
             self.loads.set_eligible(worker.id, eligible);
         }

@@ -23,6 +23,7 @@ mod hardening_conn;
 mod hardening_events;
 mod hardening_memory;
 mod hardening_upstream;
+mod k8s_discovery;
 mod kv_intake;
 mod kv_routing;
 mod pd;

@@ -1,22 +1,13 @@
 //! Worker management: list, describe, add (probed once so it is routable at once), remove.
 
 use crate::gateway::{Core, Gateway};
-use crate::http::{Method, RequestHead};
-use crate::proxy::forward;
+use crate::http::RequestHead;
 use crate::serve::error::GatewayError;
 use crate::serve::reply::Reply;
-use crate::workers::registry::{self, RegistryError, Worker, WorkerUrl};
+use crate::workers::registry::{RegistryError, Worker};
 use crate::workers::role::Role;
 use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-/// Longest wait for a worker's host name to resolve.
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often the serving core looks whether the resolver thread is done.
-const RESOLVE_POLL: Duration = Duration::from_millis(2);
 
 /// Describe a worker for the management API.
 pub fn worker_json(gw: &Gateway, w: &Worker) -> Value {
@@ -30,6 +21,7 @@ pub fn worker_json(gw: &Gateway, w: &Worker) -> Value {
         },
         "healthy": w.is_healthy(),
         "draining": w.is_draining(),
+        "held": w.is_held(),
         "circuit": w.breaker.state().as_str(),
         "in_flight": gw.registry.loads.in_flight(w.id),
         "external_load": gw.registry.loads.external(w.id),
@@ -83,7 +75,7 @@ pub async fn add(core: &Core, req: AddRequest, created: u16) -> Result<Reply, Ga
         .url
         .ok_or_else(|| GatewayError::bad_request("a worker `url` is required"))?;
     let role = req.role.map_err(GatewayError::bad_request)?;
-    match register(core, &url, role).await {
+    match core.gw.register_worker(&core.pool, &url, role).await {
         Ok(added) => {
             let Some(w) = added.first() else {
                 return Err(GatewayError::internal("no worker was added"));
@@ -115,87 +107,6 @@ pub fn remove(gw: &Gateway, key: &str, removed: u16) -> Result<Reply, GatewayErr
         body["ranks"] = json!(gone.iter().map(|w| w.url.as_str()).collect::<Vec<_>>());
     }
     Ok(Reply::json(removed, &body))
-}
-
-/// Register a worker at run time: resolve its host off this core, with `--dp-aware` read its
-/// `dp_size` (one target per rank), probe its health endpoint once (so it is routable at once
-/// when up), then make it selectable. Returns the targets added (the ranks, or the worker).
-async fn register(core: &Core, url: &str, role: Role) -> Result<Vec<Arc<Worker>>, RegistryError> {
-    let gw = &core.gw;
-    let parsed = registry::parse_worker_url(url).map_err(|e| RegistryError::BadUrl(e.0))?;
-    let addrs = match registry::literal_addrs(&parsed) {
-        Some(a) => a,
-        None => resolve_off_core(&parsed).await?,
-    };
-    // Every role: in PD mode each side's ranks are targets of their own (the decode body also
-    // names its prefill twin's rank).
-    let dp_size = if gw.cfg.dp_aware {
-        let probe = Worker::detached(url, parsed.clone(), addrs.clone());
-        let n = crate::gateway::dp::fetch_dp_size(&core.pool, &probe)
-            .await
-            .map_err(|e| RegistryError::BadUrl(format!("--dp-aware: worker {url}: {e}")))?;
-        Some(n)
-    } else {
-        None
-    };
-    let added = gw
-        .registry
-        .add_server(url, parsed, addrs, false, role, dp_size)?;
-    let Some(worker) = added.first().cloned() else {
-        return Err(RegistryError::Full);
-    };
-    let healthy = gw.cfg.disable_health_check || {
-        let timeout = Duration::from_secs(gw.cfg.health_check_timeout_secs);
-        let path = &gw.cfg.health_check_endpoint;
-        let probe = forward::fetch(
-            &core.pool,
-            &worker,
-            Method::Get,
-            path,
-            Bytes::new(),
-            timeout,
-        );
-        matches!(probe.await, Ok((200..=299, _)))
-    };
-    gw.registry.set_healthy(&worker, healthy);
-    gw.membership_changed();
-    crate::log!(
-        Info,
-        "worker {} added (id {}, {}, {} target(s), healthy: {healthy})",
-        worker.server_url,
-        worker.id,
-        worker.role.as_str(),
-        added.len()
-    );
-    Ok(added)
-}
-
-/// Resolve a host name on a helper thread: a slow resolver must never stall a serving core
-/// (every connection on it would wait). The core polls for the answer until a deadline.
-async fn resolve_off_core(u: &WorkerUrl) -> Result<Vec<SocketAddr>, RegistryError> {
-    type Answer = Option<Result<Vec<SocketAddr>, RegistryError>>;
-    let slot: Arc<Mutex<Answer>> = Arc::new(Mutex::new(None));
-    let (u2, slot2) = (u.clone(), slot.clone());
-    std::thread::Builder::new()
-        .name("radixgate-resolve".into())
-        .spawn(move || {
-            let r = registry::resolve(&u2);
-            *slot2.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-        })
-        .map_err(|e| RegistryError::BadUrl(format!("cannot resolve {}: {e}", u.host)))?;
-    let deadline = monoio::time::Instant::now() + RESOLVE_TIMEOUT;
-    loop {
-        if let Some(r) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            return r;
-        }
-        if monoio::time::Instant::now() >= deadline {
-            return Err(RegistryError::BadUrl(format!(
-                "cannot resolve {}: timed out",
-                u.host
-            )));
-        }
-        monoio::time::sleep(RESOLVE_POLL).await;
-    }
 }
 
 /// The `url`, `worker_type` and `bootstrap_port` fields of a JSON body.

@@ -1,0 +1,150 @@
+//! Kubernetes service discovery (`--service-discovery`): pods matching the selectors become
+//! workers, with the reference's flags and behaviour, so a fleet on Kubernetes needs no worker
+//! list. Two helper threads, neither a serving core:
+//!
+//! * `k8s`: the `kube` client and a reflector (list, watch, re-list on `410 Gone`, backoff
+//!   1 s → 300 s) on a small tokio runtime; it only keeps the pod store and counts changes.
+//! * the reconcile thread (a monoio helper, like the health checker): a level-triggered
+//!   reconcile of the desired set {url → pod uid} (`pods`) against the workers it registered
+//!   (`reconcile`), [`COALESCE`] after a change and every [`RESYNC`] anyway.
+//!   Workers are added through `Gateway::register_worker`, the admin API's path (DP ranks, PD
+//!   roles, the first probe; with `--kv-events` the health thread finds their publishers).
+//!
+//! While the API server is unreachable nothing is removed: the last known workers keep serving
+//! (and `/readiness` with them), with a log line.
+
+mod k8s;
+pub mod pods;
+pub mod reconcile;
+
+use crate::config::Config;
+use crate::gateway::Gateway;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{self, Store};
+use pods::{Labels, PodView, Rule, Selection};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Changes are gathered for this long after the first one, then applied together (a rollout's
+/// burst of events is one reconcile, not hundreds).
+pub const COALESCE: Duration = Duration::from_secs(1);
+/// A full reconcile at least this often, events or not (level-triggered: a missed event or a
+/// worker removed elsewhere is corrected within it).
+pub const RESYNC: Duration = Duration::from_secs(60);
+/// How soon a reconcile whose additions failed (a pod's server not answering yet) is tried
+/// again.
+const RETRY: Duration = Duration::from_secs(5);
+/// How often the reconcile thread looks for changes.
+const TICK: Duration = Duration::from_millis(100);
+
+/// What the watch thread and the reconcile thread share.
+pub struct Shared {
+    gw: Arc<Gateway>,
+    /// The reflector's pods (a re-list replaces them whole, when complete).
+    store: Store<Pod>,
+    /// A first list completed: before it an empty store means "not known yet", not "no pods".
+    listed: AtomicBool,
+    /// Bumped on every change to the store.
+    changes: AtomicU64,
+}
+
+/// The rule the flags describe: which pods, which roles, which port.
+pub fn rule_from(cfg: &Config) -> Rule {
+    let selection = if cfg.pd_disaggregation {
+        Selection::Pd {
+            base: Labels::parse(&cfg.selector),
+            prefill: Labels::parse(&cfg.prefill_selector),
+            decode: Labels::parse(&cfg.decode_selector),
+        }
+    } else {
+        Selection::Regular(Labels::parse(&cfg.selector))
+    };
+    Rule {
+        selection,
+        port: cfg.service_discovery_port,
+        bootstrap_annotation: cfg.bootstrap_port_annotation.clone(),
+    }
+}
+
+/// Start discovery when `--service-discovery` is on (the watch and reconcile threads).
+pub fn spawn(gw: Arc<Gateway>) {
+    if !gw.cfg.service_discovery {
+        return;
+    }
+    let rule = rule_from(&gw.cfg);
+    let Some(selector) = rule.selection.server_selector() else {
+        let which = if gw.cfg.pd_disaggregation {
+            "--prefill-selector / --decode-selector"
+        } else {
+            "--selector"
+        };
+        crate::log!(
+            Warn,
+            "--service-discovery without {which}: no pod is included (an empty selector \
+             would take every pod in the cluster)"
+        );
+        return;
+    };
+    crate::log!(
+        Info,
+        "discovery: watching pods with labels {selector} in {}",
+        gw.cfg
+            .service_discovery_namespace
+            .as_deref()
+            .map_or("every namespace".to_string(), |n| format!("namespace {n}"))
+    );
+    let (store, writer) = reflector::store::<Pod>();
+    let shared = Arc::new(Shared {
+        gw: gw.clone(),
+        store,
+        listed: AtomicBool::new(false),
+        changes: AtomicU64::new(0),
+    });
+    let spec = k8s::WatchSpec {
+        kubeconfig: gw.cfg.kubeconfig.clone(),
+        namespace: gw.cfg.service_discovery_namespace.clone(),
+        selector,
+    };
+    k8s::spawn(spec, shared.clone(), writer);
+    crate::gateway::spawn_helper("discovery", crate::gateway::HelperClass::Nice, move || {
+        run(shared, rule)
+    });
+}
+
+/// The reconcile loop: wait for a first list, then reconcile when changes have settled, on
+/// every [`RESYNC`], and soon after a failed addition.
+async fn run(shared: Arc<Shared>, rule: Rule) {
+    let gw = shared.gw.clone();
+    let pool = crate::gateway::upstream_pool(&gw);
+    let mut reconciler = reconcile::Reconciler::new(gw.clone(), pool);
+    let mut seen = 0u64;
+    let mut pending_since: Option<Instant> = None;
+    let mut next_full = Instant::now();
+    while !gw.life.is_shutting_down() {
+        monoio::time::sleep(TICK).await;
+        if !shared.listed.load(Ordering::Acquire) {
+            continue;
+        }
+        let now = Instant::now();
+        let changes = shared.changes.load(Ordering::Acquire);
+        if changes != seen && pending_since.is_none() {
+            pending_since = Some(now);
+        }
+        let settled = pending_since.is_some_and(|t| now.duration_since(t) >= COALESCE);
+        if !settled && now < next_full {
+            continue;
+        }
+        seen = changes;
+        pending_since = None;
+        let pods: Vec<PodView> = shared
+            .store
+            .state()
+            .iter()
+            .map(|p| PodView::from_pod(p))
+            .collect();
+        let desired = rule.desired(&pods);
+        let outcome = reconciler.reconcile(&desired).await;
+        next_full = Instant::now() + if outcome.retry_soon { RETRY } else { RESYNC };
+    }
+}
