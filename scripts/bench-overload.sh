@@ -30,7 +30,7 @@
 # streamed, 60 s client timeout. Measured over the window from --warmup (default a third of the
 # run, at most 20 s: under overload nothing completes before the workers' KV has filled) to the
 # end of the send window: interactive TTFT p50/p99 (of the requests sent in the window; one with
-# no answer in time counts with the time it waited); batch goodput (completed output and prompt tokens/s); batch
+# no first token in time counts with the time it waited); batch goodput (completed output and prompt tokens/s); batch
 # requests refused (429), timed out (client timeout, 408, 504) and unfinished at the end; the
 # workers' mean KV use (sglang:token_usage sampled every second) and idle GPU share (the
 # simulator's sglang:gpu_idle_seconds_total). Each configuration's interactive TTFT p99 is
@@ -337,7 +337,7 @@ for cfg in order:
             f"{fmt(f['idle'], 1, 100)} | {fmt(f['queued'], 1)} | "
             f"{'-'.join(f'{x:.1f}' for x in r.get('load', [])) or 'n/a'} |")
 lines += ["", "Goodput counts the batch requests completed inside the measurement window. Interactive TTFT: "
-          "the requests sent inside the window; one with no answer in time (timed out, or cut by the end of "
+          "the requests sent inside the window; one with no first token in time (timed out, or cut by the end of "
           "the run) counts with the time it waited. \"Timed out\": the "
           "client's 60 s timeout, or a gateway's 408/504; \"unfinished\": still running when the run ended. "
           "KV use is sglang:token_usage sampled every second; GPU idle is the simulator's "

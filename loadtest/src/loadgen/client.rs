@@ -2,7 +2,7 @@
 //! chunked bodies parsed by radixgate's own `http` module, bodies fed to the SSE splitter as
 //! they arrive so every token's arrival time is seen.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Instant;
@@ -167,16 +167,29 @@ pub async fn exchange(
     request: Vec<u8>,
     stream: bool,
 ) -> Result<Exchange, ReqError> {
+    exchange_noting_first(pool, target, request, stream, &Cell::new(None)).await
+}
+
+/// [`exchange`], noting the first content's arrival in `first` as soon as it comes, so a
+/// caller that gives up on the rest of the answer (a deadline) still knows its time to first
+/// token.
+pub async fn exchange_noting_first(
+    pool: &Pool,
+    target: &Target,
+    request: Vec<u8>,
+    stream: bool,
+    first: &Cell<Option<Instant>>,
+) -> Result<Exchange, ReqError> {
     let (conn, reused) = match pool.take() {
         Some(c) => (c, true),
         None => (connect(target.addr).await?, false),
     };
-    match attempt(pool, conn, request, stream).await {
+    match attempt(pool, conn, request, stream, first).await {
         Ok(x) => Ok(x),
         Err((e, Some(request))) if reused => {
             let _ = e;
             let conn = connect(target.addr).await?;
-            attempt(pool, conn, request, stream)
+            attempt(pool, conn, request, stream, first)
                 .await
                 .map_err(|(e, _)| e)
         }
@@ -191,6 +204,7 @@ async fn attempt(
     mut conn: TcpStream,
     request: Vec<u8>,
     stream: bool,
+    first: &Cell<Option<Instant>>,
 ) -> Result<Exchange, (ReqError, Option<Vec<u8>>)> {
     let (res, request) = conn.write_all(request).await;
     if let Err(e) = res {
@@ -253,6 +267,7 @@ async fn attempt(
                     body.feed(&pending[..take]);
                     pending.advance(take);
                     left -= take;
+                    first.set(first.get().or(body.first_content));
                 }
                 if left == 0 {
                     clean_end = pending.is_empty();
@@ -273,6 +288,7 @@ async fn attempt(
                     if !decoded.is_empty() {
                         body.feed(&decoded);
                         decoded.clear();
+                        first.set(first.get().or(body.first_content));
                     }
                 }
                 if dec.is_done() {
@@ -290,7 +306,10 @@ async fn attempt(
                 rbuf = b;
                 match res {
                     Ok(0) => break,
-                    Ok(n) => body.feed(&rbuf[..n]),
+                    Ok(n) => {
+                        body.feed(&rbuf[..n]);
+                        first.set(first.get().or(body.first_content));
+                    }
                     Err(e) => return Err((ReqError::Io(e), None)),
                 }
                 if body.len > MAX_BODY {

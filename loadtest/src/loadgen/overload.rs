@@ -11,7 +11,7 @@
 //! Both go to `/v1/chat/completions` with the tenant's key as a bearer token, its class in
 //! `X-SMG-Priority` and SGLang's `priority` body field. Latencies count from each request's
 //! intended send time (open loop, no coordinated omission), over the requests sent after
-//! `warmup_s`; a request that got no answer in time counts in the TTFT with the time it waited. Each tenant is reported on its own: TTFT and E2E percentiles, requests refused
+//! `warmup_s`; a request that got no first token in time counts in the TTFT with the time it waited (one whose answer was cut off after its first token counts with that token's time). Each tenant is reported on its own: TTFT and E2E percentiles, requests refused
 //! (429), timed out (the client's timeout, or a
 //! gateway's 408/504) and unfinished at the end, and goodput — completed prompt and output
 //! tokens per second over the measurement window (after `warmup_s`, up to the end of the send
@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use monoio::time::{sleep, sleep_until, timeout_at};
 use serde::{Deserialize, Serialize};
 
-use super::client::{exchange, Exchange, Pool, ReqError, Target};
+use super::client::{exchange_noting_first, Exchange, Pool, ReqError, Target};
 use super::hist::Histogram;
 use plan::{BatchRequest, Message, Session};
 pub use report::{OverloadReport, TenantReport};
@@ -636,25 +636,28 @@ async fn send(
 ) -> Option<String> {
     let timeout = Duration::from_secs_f64(ctx.cfg.tenant(class).request_timeout_s);
     let deadline = (intended + timeout).min(ctx.hard_end);
+    let first = std::cell::Cell::new(None);
     let result = timeout_at(
         mono(deadline),
-        exchange(&ctx.pool, &ctx.target, req, stream),
+        exchange_noting_first(&ctx.pool, &ctx.target, req, stream, &first),
     )
     .await;
     let mut s = ctx.stats(class).borrow_mut();
     s.inflight -= 1;
     let Ok(result) = result else {
-        // No answer in time: what it waited counts in the TTFT as well, or an overloaded
-        // gateway's percentiles would only describe the lucky requests that got through.
+        // No whole answer in time. Its first token, when one came, is its TTFT; otherwise what
+        // it waited counts in the TTFT, or an overloaded gateway's percentiles would only
+        // describe the lucky requests that got through.
         if intended >= ctx.window.0 {
-            s.ttft.record(
-                intended
-                    .elapsed()
-                    .as_micros()
-                    .try_into()
-                    .unwrap_or(u64::MAX),
-            );
-            s.ttft_waited += 1;
+            let ttft = match first.get() {
+                Some(at) => at.saturating_duration_since(intended),
+                None => {
+                    s.ttft_waited += 1;
+                    intended.elapsed()
+                }
+            };
+            s.ttft
+                .record(ttft.as_micros().try_into().unwrap_or(u64::MAX));
         }
         if Instant::now() >= ctx.hard_end {
             s.unfinished += 1;

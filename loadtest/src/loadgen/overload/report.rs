@@ -142,7 +142,7 @@ impl OverloadReport {
             if t.ttft_waited > 0 {
                 let _ = writeln!(
                     s,
-                    "\n{name}: {} of the {} TTFT samples are the wait of a request with no answer in time.",
+                    "\n{name}: {} of the {} TTFT samples are the wait of a request with no first token in time.",
                     t.ttft_waited, t.ttft.count
                 );
             }

@@ -221,3 +221,29 @@ fn refuses_bad_configurations_and_remote_targets() {
     c.batch.tenant.api_key = "two words".into();
     assert!(run(&c).is_err(), "key with a space");
 }
+
+#[test]
+fn an_answer_cut_off_after_its_first_token_counts_that_tokens_time() {
+    // Tokens 400 ms apart: every interactive answer (4-8 tokens, streamed) outlasts its 0.5 s
+    // timeout, but its first token comes at once.
+    let sim = spawn_cluster(SimConfig {
+        tokenizer: TokenizerMode::Approx,
+        token_interval_ms: Some(400.0),
+        ..SimConfig::default()
+    })
+    .expect("simulated worker");
+    let mut c = short(&sim.urls()[0]);
+    c.duration_s = 1.0;
+    c.warmup_s = 0.0;
+    c.drain_s = 1.0;
+    c.interactive.tenant.request_timeout_s = 0.5;
+    c.batch.rate = 0.5;
+    let r = run(&c).expect("overload run");
+    let t = &r.interactive;
+    assert!(t.sent > 0 && t.ok == 0, "{t:?}");
+    assert_eq!(t.timed_out + t.unfinished, t.sent, "{t:?}");
+    // Their TTFT is the first token's, not the half second they were given.
+    assert_eq!(t.ttft_waited, 0, "{t:?}");
+    assert_eq!(t.ttft.count, t.sent);
+    assert!(t.ttft.max_ms < 400.0, "{:?}", t.ttft);
+}
