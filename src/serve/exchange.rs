@@ -36,6 +36,7 @@ use crate::route::bootstrap;
 use crate::route::extract::{capped, extract_for, Api, RoutingInfo, MAX_ROUTING_TEXT};
 use crate::route::manual::{key_too_long, MAX_ROUTING_KEY_LEN};
 use crate::route::types::{Branch, Decision, ExactInput, PolicyKind, RouteInput};
+use crate::trace::span::{now_ns, RequestTrace, Value};
 use crate::tree::TreeKey;
 use crate::workers::breaker::is_worker_failure;
 use crate::workers::registry::{CircuitSlot, Worker};
@@ -43,7 +44,6 @@ use crate::workers::role::Side;
 use bytes::Bytes;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
-use crate::trace::span::{now_ns, RequestTrace, Value};
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::net::IpAddr;
@@ -271,7 +271,10 @@ impl<'a> Exchange<'a> {
             "http.request.method",
             String::from_utf8_lossy(head.method()).into_owned(),
         );
-        t.set("url.path", String::from_utf8_lossy(head.path()).into_owned());
+        t.set(
+            "url.path",
+            String::from_utf8_lossy(head.path()).into_owned(),
+        );
         match Self::admit_untraced(core, head, body, forwarding, client_ip).await {
             Ok(mut ex) => {
                 t.child(
@@ -447,7 +450,10 @@ impl<'a> Exchange<'a> {
                     let d = &p.decision;
                     attrs.push(("radixgate.branch", d.branch.as_str().into()));
                     attrs.push(("radixgate.matched_length", (d.matched_chars as i64).into()));
-                    attrs.push(("radixgate.predicted_length", (d.predicted_chars as i64).into()));
+                    attrs.push((
+                        "radixgate.predicted_length",
+                        (d.predicted_chars as i64).into(),
+                    ));
                     attrs.push(("radixgate.request_size", (d.request_size as i64).into()));
                     attrs.push(("radixgate.worker", p.worker.url.clone().into()));
                     None
@@ -850,7 +856,13 @@ impl<'a> Exchange<'a> {
     /// Traced: a phase that ran from `start_ns` until now, as a child of the server span.
     pub(super) fn traced_phase(&self, name: &'static str, start_ns: u64) {
         if let Some(t) = self.trace.borrow_mut().as_mut() {
-            t.child(&mut self.core.entropy.borrow_mut(), name, start_ns, now_ns(), vec![]);
+            t.child(
+                &mut self.core.entropy.borrow_mut(),
+                name,
+                start_ns,
+                now_ns(),
+                vec![],
+            );
         }
     }
 
@@ -1029,7 +1041,10 @@ fn trace_attempt(
             if !(is_retryable_status(up.head.status) && retry) {
                 return;
             }
-            ("status", Cow::Owned(format!("worker answered {}", up.head.status)))
+            (
+                "status",
+                Cow::Owned(format!("worker answered {}", up.head.status)),
+            )
         }
         Some(Err(e)) => {
             let reason = match e {

@@ -173,7 +173,9 @@ impl RequestTrace {
     /// The span upstream requests name as their parent: the attempt in progress, else the
     /// server span.
     pub fn upstream_parent(&self) -> &[u8; 8] {
-        self.attempt.as_ref().map_or(&self.root.span_id, |a| &a.span_id)
+        self.attempt
+            .as_ref()
+            .map_or(&self.root.span_id, |a| &a.span_id)
     }
 
     /// Open an upstream attempt span (a client span; any attempt still open ends now).
