@@ -562,3 +562,63 @@ pub async fn fetch_capped(
     }
     Ok((full.head.status, full.body))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::parse_request_head;
+
+    fn head(extra: &str) -> RequestHead {
+        let raw = format!("POST /generate HTTP/1.1\r\nhost: h\r\n{extra}\r\n");
+        let mut buf = BytesMut::from(raw.as_bytes());
+        parse_request_head(&mut buf, &HeadLimits::default())
+            .unwrap()
+            .unwrap()
+    }
+
+    fn build(h: &RequestHead, trace: Option<TraceHeaders<'_>>) -> String {
+        let req = UpstreamRequest::build(
+            b"POST",
+            b"/generate",
+            Some(h),
+            None,
+            "w:1",
+            "id-1",
+            Bytes::from_static(b"{}"),
+            trace,
+        );
+        String::from_utf8(req.head.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn the_gateways_traceparent_replaces_the_clients() {
+        let h = head("traceparent: 00-aa-bb-01\r\ntracestate: k=v\r\nx-other: 1\r\n");
+        let mine = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let continued = build(
+            &h,
+            Some(TraceHeaders {
+                traceparent: mine,
+                keep_tracestate: true,
+            }),
+        );
+        assert_eq!(continued.matches("traceparent").count(), 1, "{continued}");
+        assert!(continued
+            .contains("traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n"));
+        assert!(continued.contains("tracestate: k=v\r\n"));
+        assert!(continued.contains("x-other: 1\r\n") && continued.ends_with("\r\n\r\n"));
+        // A new trace: the client's tracestate belonged to no trace the worker will see.
+        let fresh = build(
+            &h,
+            Some(TraceHeaders {
+                traceparent: mine,
+                keep_tracestate: false,
+            }),
+        );
+        assert!(!fresh.contains("tracestate"), "{fresh}");
+        // Untraced: both pass unchanged.
+        let plain = build(&h, None);
+        assert!(
+            plain.contains("traceparent: 00-aa-bb-01\r\n") && plain.contains("tracestate: k=v")
+        );
+    }
+}
