@@ -11,7 +11,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use radixgate::base::entropy::Entropy;
 use radixgate::http::{parse_request_head, HeadLimits};
 use radixgate::proxy::forward::{TraceHeaders, UpstreamRequest};
-use radixgate::trace::span::{now_ns, Kind, RequestTrace, Value};
+use radixgate::trace::span::{now_ns, Kind, Value};
 use radixgate::trace::Tracer;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -28,7 +28,10 @@ fn one_request(tracer: &Tracer, e: &mut Entropy, traceparent: Option<&[u8]>) {
     t.set("http.request.method", String::from("POST"));
     t.set("url.path", String::from("/v1/chat/completions"));
     t.child(e, "admit", start, now_ns(), vec![]);
-    t.set("radixgate.request_id", String::from("chatcmpl-0123456789abcdefghijklmn"));
+    t.set(
+        "radixgate.request_id",
+        String::from("chatcmpl-0123456789abcdefghijklmn"),
+    );
     t.set("gen_ai.request.model", String::from("qwen3-8b"));
     t.set("radixgate.stream", true);
     let r0 = now_ns();
@@ -38,11 +41,17 @@ fn one_request(tracer: &Tracer, e: &mut Entropy, traceparent: Option<&[u8]>) {
     attrs.push(("radixgate.matched_length", 1200i64.into()));
     attrs.push(("radixgate.predicted_length", 1200i64.into()));
     attrs.push(("radixgate.request_size", 1800i64.into()));
-    attrs.push(("radixgate.worker", String::from("http://10.0.0.7:30000").into()));
+    attrs.push((
+        "radixgate.worker",
+        String::from("http://10.0.0.7:30000").into(),
+    ));
     let id = t.new_span_id(e);
     t.child_with_id(id, Kind::Internal, "route", r0, now_ns(), attrs, None);
     let attrs = vec![
-        ("radixgate.worker", Value::from(String::from("http://10.0.0.7:30000"))),
+        (
+            "radixgate.worker",
+            Value::from(String::from("http://10.0.0.7:30000")),
+        ),
         ("radixgate.attempt", Value::from(1i64)),
     ];
     t.start_attempt(e, now_ns(), attrs);
@@ -99,7 +108,9 @@ fn record(c: &mut Criterion) {
     });
     // Ratio 0.01, no caller context: what an unsampled request costs (its trace id is drawn).
     let sampled = Tracer::detached(0.01, 1, 8192);
-    g.bench_function("ratio_0.01", |b| b.iter_custom(|n| timed(&sampled, n, None)));
+    g.bench_function("ratio_0.01", |b| {
+        b.iter_custom(|n| timed(&sampled, n, None))
+    });
     g.finish();
 }
 

@@ -61,6 +61,10 @@ add() { awk -v a="$1" -v b="$2" 'BEGIN{print a-b}'; }
 md50=$(med "${d50[@]}"); md99=$(med "${d99[@]}")
 mf50=$(med "${f50[@]}"); mf99=$(med "${f99[@]}")
 mn50=$(med "${n50[@]}"); mn99=$(med "${n99[@]}")
+# Each run measures off and on back to back: the median of those paired differences is less
+# moved by a neighbour's load drifting between runs than the difference of the medians.
+deltas=(); for i in "${!f50[@]}"; do deltas+=("$(add "${n50[$i]}" "${f50[$i]}")"); done
+mdelta=$(med "${deltas[@]}")
 spans=$(($(wc -l <"$RECV_OUT") - 1))
 echo
 echo "| one connection, medians of $RUNS runs × ${DURATION}s | p50 (µs) | p99 (µs) | added p50 over direct | added p50 over off |"
@@ -69,4 +73,5 @@ echo "| direct to the worker | $md50 | $md99 | | |"
 echo "| radixgate, tracing off | $mf50 | $mf99 | $(add "$mf50" "$md50") | |"
 echo "| radixgate, tracing on (ratio 1.0) | $mn50 | $mn99 | $(add "$mn50" "$md50") | $(add "$mn50" "$mf50") |"
 echo
+echo "Paired per-run p50 difference, on minus off: ${deltas[*]} µs; median $mdelta µs."
 echo "Spans the receiver decoded: $spans"

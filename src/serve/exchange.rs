@@ -233,15 +233,16 @@ pub(super) struct Exchange<'a> {
     /// Its tenant, once the saturation admission let it in (its output is charged to it).
     tenant: Option<crate::admission::TenantId>,
     /// `--enable-trace`, a recorded request: its spans so far (ended and handed to the export
-    /// thread when the exchange is dropped). `None` costs one branch per phase.
-    trace: RefCell<Option<RequestTrace>>,
+    /// thread when the exchange is dropped). `None` costs one branch per phase; boxed, so an
+    /// untraced exchange is one pointer larger, not a span larger.
+    trace: RefCell<Option<Box<RequestTrace>>>,
 }
 
 /// The trace ends with the exchange, whichever way the request ended.
 impl Drop for Exchange<'_> {
     fn drop(&mut self) {
         if let (Some(t), Some(tracer)) = (self.trace.get_mut().take(), self.gw.trace.as_ref()) {
-            tracer.submit(self.core.index, t.finish(now_ns()));
+            tracer.submit(self.core.index, (*t).finish(now_ns()));
         }
     }
 }
@@ -289,7 +290,7 @@ impl<'a> Exchange<'a> {
                     t.set("gen_ai.request.model", m.to_string());
                 }
                 t.set("radixgate.stream", ex.info.stream);
-                *ex.trace.get_mut() = Some(t);
+                *ex.trace.get_mut() = Some(Box::new(t));
                 Ok(ex)
             }
             Err(refused) => {
