@@ -46,6 +46,27 @@ fn parse_positive_f64(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// An OTLP/gRPC endpoint: `host:port` or `http://host:port` (TLS is not built in: a collector
+/// beside the gateway takes plain gRPC and forwards over TLS).
+fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
+    let rest = match s.split_once("://") {
+        Some(("http", rest)) => rest,
+        Some((scheme, _)) => {
+            return Err(format!(
+                "`{scheme}://` is not supported: use host:port or http://host:port (no TLS)"
+            ))
+        }
+        None => s,
+    };
+    let rest = rest.trim_end_matches('/');
+    match rest.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            Ok(s.trim_end_matches('/').to_string())
+        }
+        _ => Err(format!("`{s}` is not HOST:PORT")),
+    }
+}
+
 fn parse_worker_url(s: &str) -> Result<String, String> {
     crate::workers::registry::parse_worker_url(s)
         .map(|_| s.trim_end_matches('/').to_string())
@@ -456,6 +477,24 @@ pub struct Config {
     /// Address of the Prometheus /metrics endpoint.
     #[arg(long = "prometheus-host", default_value = "0.0.0.0")]
     pub prometheus_host: String,
+    /// Record OpenTelemetry spans of each request (admit, queue wait, route, each upstream
+    /// attempt, first byte, end of stream) and export them over OTLP/gRPC; a `traceparent`
+    /// goes to the worker so its own spans join the trace.
+    #[arg(long = "enable-trace", action = ArgAction::SetTrue)]
+    pub enable_trace: bool,
+    /// With --enable-trace: the OTLP/gRPC collector, HOST:PORT or http://HOST:PORT (no TLS).
+    #[arg(long = "otlp-traces-endpoint", default_value = "localhost:4317",
+          value_parser = parse_otlp_endpoint)]
+    pub otlp_traces_endpoint: String,
+    /// With --enable-trace: share of new traces recorded (0 to 1); a request whose
+    /// `traceparent` the client sent is recorded when the client's sampled flag says so.
+    #[arg(long = "trace-sample-ratio", default_value_t = 1.0, value_parser = parse_fraction)]
+    pub trace_sample_ratio: f64,
+    /// With --enable-trace: finished spans each core keeps for the export thread; more are
+    /// dropped and counted (radixgate_trace_spans_dropped_total), never waited for.
+    #[arg(long = "trace-buffer-spans", default_value_t = 8192,
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub trace_buffer_spans: u32,
     /// Log level: trace, debug, info, warn, error.
     #[arg(long = "log-level", value_enum, default_value_t = crate::log::Level::Info)]
     pub log_level: crate::log::Level,
@@ -829,6 +868,45 @@ mod tests {
                 Err(ConfigError::Clap(e)) => assert_eq!(e.exit_code(), 2, "{bad:?}"),
                 other => panic!("{bad:?} accepted: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn trace_flags_have_the_references_names_and_defaults() {
+        let c = parse(&[]).unwrap();
+        assert!(!c.enable_trace);
+        assert_eq!(c.otlp_traces_endpoint, "localhost:4317");
+        assert_eq!(c.trace_sample_ratio, 1.0);
+        assert_eq!(c.trace_buffer_spans, 8192);
+        let c = parse(&[
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            "http://collector:4317/",
+            "--trace-sample-ratio",
+            "0.25",
+        ])
+        .unwrap();
+        assert!(c.enable_trace);
+        assert_eq!(c.otlp_traces_endpoint, "http://collector:4317");
+        assert_eq!(c.trace_sample_ratio, 0.25);
+        let from_file = toml_to_args(
+            "enable-trace = true\notlp_traces_endpoint = \"otel:4317\"\ntrace-sample-ratio = 0.5\n",
+        )
+        .unwrap();
+        let mut args = vec!["radixgate".to_string()];
+        args.extend(from_file);
+        let c = Config::try_from_args(&args).unwrap();
+        assert!(c.enable_trace);
+        assert_eq!(c.otlp_traces_endpoint, "otel:4317");
+        assert_eq!(c.trace_sample_ratio, 0.5);
+        for bad in [
+            &["--otlp-traces-endpoint", "https://c:4317"][..],
+            &["--otlp-traces-endpoint", "collector"],
+            &["--otlp-traces-endpoint", "c:99999"],
+            &["--trace-sample-ratio", "1.5"],
+            &["--trace-buffer-spans", "0"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
         }
     }
 

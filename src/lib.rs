@@ -20,5 +20,6 @@ pub mod route;
 pub mod runtime;
 pub mod serve;
 pub mod tokenize;
+pub mod trace;
 pub mod tree;
 pub mod workers;

@@ -83,6 +83,9 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("radixgate_kv_warm_workers", Kind::Gauge, "Workers whose KV events are complete (scored by the index, not the text tree)."),
     ("radixgate_kv_source_state", Kind::Gauge, "State of each subscribed KV-event publisher (worker, DP rank): 1 for its current state, 0 for the others. live: routed by its events; replaying, partial, connecting: routed by the text tree."),
     ("radixgate_kv_index_dropped_total", Kind::Counter, "KV events the index dropped, by reason."),
+    ("radixgate_trace_spans_dropped_total", Kind::Counter, "Finished spans dropped because the core's trace buffer was full (--enable-trace)."),
+    ("radixgate_trace_spans_exported_total", Kind::Counter, "Spans the OTLP collector accepted (--enable-trace)."),
+    ("radixgate_trace_export_failures_total", Kind::Counter, "Spans lost because an OTLP export failed (--enable-trace)."),
     ("radixgate_worker_routing_load", Kind::Gauge, "Load the policies see for each worker: this gateway's in-flight requests plus the engine-reported requests it did not send."),
     ("radixgate_worker_cache_hit_ratio", Kind::Gauge, "Cache hit ratio each worker achieved: increase of sglang:cached_tokens_total over increase of sglang:prompt_tokens_total in the sliding window (0 without prompt tokens)."),
     ("radixgate_fleet_cache_hit_ratio", Kind::Gauge, "Cache hit ratio all workers achieved together: summed cached-token increases over summed prompt-token increases in the sliding window."),
@@ -300,6 +303,28 @@ pub fn routed(model: &'static str, endpoint: &'static str, streaming: bool) {
 /// A client closed its connection before the worker answered (the request was aborted).
 pub fn client_gone() {
     counter!("radixgate_client_aborts_total").increment(1);
+}
+
+/// Tracing is on: its counters start at zero, so a dashboard sees them before the first drop.
+pub fn trace_enabled() {
+    counter!("radixgate_trace_spans_dropped_total").increment(0);
+    counter!("radixgate_trace_spans_exported_total").increment(0);
+    counter!("radixgate_trace_export_failures_total").increment(0);
+}
+
+/// `n` finished spans did not fit a core's trace buffer.
+pub fn trace_spans_dropped(n: u64) {
+    counter!("radixgate_trace_spans_dropped_total").increment(n);
+}
+
+/// The collector accepted `n` spans.
+pub fn trace_spans_exported(n: u64) {
+    counter!("radixgate_trace_spans_exported_total").increment(n);
+}
+
+/// An export of `n` spans failed.
+pub fn trace_export_failed(n: u64) {
+    counter!("radixgate_trace_export_failures_total").increment(n);
 }
 
 /// A request moved to another worker.

@@ -90,6 +90,10 @@ impl Running {
                 let _ = t.join();
             }
         }
+        // The spans of the requests that finished go out before the process ends.
+        if let Some(t) = &self.gw.trace {
+            t.close();
+        }
         drained
     }
 }

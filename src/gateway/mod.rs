@@ -82,6 +82,9 @@ pub struct Gateway {
     pub model_fanouts: limit::CallLimit,
     /// Pass-through calls in flight (`/health_generate` makes a worker generate).
     pub pass_through: limit::CallLimit,
+    /// `--enable-trace`: the span queues and the OTLP export thread; `None` when off (a
+    /// request then pays one branch for tracing).
+    pub trace: Option<std::sync::Arc<crate::trace::Tracer>>,
 }
 
 /// The nice value of the health thread (and of the tree writer and the KV-event thread): the
@@ -187,10 +190,35 @@ impl Gateway {
             in_flight_ids: requests::InFlightIds::new(requests::MAX_TRACKED),
             model_fanouts: limit::CallLimit::new(MODEL_FANOUTS),
             pass_through: limit::CallLimit::new(PASS_THROUGH_CALLS),
+            trace: start_trace(&cfg, cores),
             cfg,
         };
         gw.membership_changed();
         gw
+    }
+}
+
+/// The tracer when `--enable-trace` is on. One that cannot start (no thread, a bad endpoint)
+/// is logged and the gateway serves untraced: tracing must never keep it from serving.
+fn start_trace(cfg: &Config, cores: usize) -> Option<std::sync::Arc<crate::trace::Tracer>> {
+    if !cfg.enable_trace {
+        return None;
+    }
+    let settings = crate::trace::Settings {
+        endpoint: cfg.otlp_traces_endpoint.clone(),
+        ratio: cfg.trace_sample_ratio,
+        buffer: cfg.trace_buffer_spans as usize,
+        cores,
+    };
+    match crate::trace::Tracer::start(&settings) {
+        Ok(t) => {
+            crate::metrics::trace_enabled();
+            Some(t)
+        }
+        Err(e) => {
+            crate::log!(Error, "{e}; serving without tracing");
+            None
+        }
     }
 }
 

@@ -51,6 +51,17 @@ pub(super) fn named_by_connection<'h>(
     })
 }
 
+/// A trace context the gateway sends upstream in place of the client's (`--enable-trace`, a
+/// recorded request): the worker's spans then join the gateway's trace under the attempt span.
+#[derive(Debug, Clone, Copy)]
+pub struct TraceHeaders<'a> {
+    /// The `traceparent` value naming the gateway's span as the parent.
+    pub traceparent: &'a [u8],
+    /// The client's `tracestate` is forwarded (the client's trace is continued); when the
+    /// gateway started a new trace, the client's state belongs to no trace and is dropped.
+    pub keep_tracestate: bool,
+}
+
 /// The upstream request bytes: head (and small bodies), then the body when large.
 pub struct UpstreamRequest {
     pub head: Bytes,
@@ -60,7 +71,9 @@ pub struct UpstreamRequest {
 impl UpstreamRequest {
     /// Render the request for `worker`: the client's method and target, the end-to-end headers
     /// in order, then `host`, `content-length`, `x-request-id` and `x-forwarded-for` (the
-    /// client's list with `peer` appended).
+    /// client's list with `peer` appended). With `trace`, the client's `traceparent` is
+    /// replaced by the gateway's (never sent twice); without it, headers pass unchanged.
+    #[allow(clippy::too_many_arguments)]
     pub fn build(
         method: &[u8],
         target: &[u8],
@@ -69,6 +82,7 @@ impl UpstreamRequest {
         authority: &str,
         request_id: &str,
         body: Bytes,
+        trace: Option<TraceHeaders<'_>>,
     ) -> UpstreamRequest {
         let mut out = BytesMut::with_capacity(256 + client.map_or(0, |h| h.buf.len()));
         out.extend_from_slice(method);
@@ -81,6 +95,13 @@ impl UpstreamRequest {
             for (name, value) in h.headers() {
                 if skip(name, &REQUEST_SKIP) || named_by_connection(name, h.headers()) {
                     continue;
+                }
+                if let Some(t) = &trace {
+                    if name.eq_ignore_ascii_case(b"traceparent")
+                        || (!t.keep_tracestate && name.eq_ignore_ascii_case(b"tracestate"))
+                    {
+                        continue;
+                    }
                 }
                 out.extend_from_slice(name);
                 out.extend_from_slice(b": ");
@@ -98,6 +119,11 @@ impl UpstreamRequest {
         out.extend_from_slice(request_id.as_bytes());
         out.extend_from_slice(b"\r\n");
         write_forwarded_for(&mut out, client, peer);
+        if let Some(t) = trace {
+            out.extend_from_slice(b"traceparent: ");
+            out.extend_from_slice(t.traceparent);
+            out.extend_from_slice(b"\r\n");
+        }
         out.extend_from_slice(b"\r\n");
         // The body is never copied: head and body go out together in one vectored write.
         UpstreamRequest {
@@ -516,6 +542,7 @@ pub async fn fetch_capped(
         &worker.authority,
         &id,
         body,
+        None,
     );
     let up = roundtrip(
         pool,
@@ -534,4 +561,64 @@ pub async fn fetch_capped(
         pool.put(worker, full.stream);
     }
     Ok((full.head.status, full.body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::parse_request_head;
+
+    fn head(extra: &str) -> RequestHead {
+        let raw = format!("POST /generate HTTP/1.1\r\nhost: h\r\n{extra}\r\n");
+        let mut buf = BytesMut::from(raw.as_bytes());
+        parse_request_head(&mut buf, &HeadLimits::default())
+            .unwrap()
+            .unwrap()
+    }
+
+    fn build(h: &RequestHead, trace: Option<TraceHeaders<'_>>) -> String {
+        let req = UpstreamRequest::build(
+            b"POST",
+            b"/generate",
+            Some(h),
+            None,
+            "w:1",
+            "id-1",
+            Bytes::from_static(b"{}"),
+            trace,
+        );
+        String::from_utf8(req.head.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn the_gateways_traceparent_replaces_the_clients() {
+        let h = head("traceparent: 00-aa-bb-01\r\ntracestate: k=v\r\nx-other: 1\r\n");
+        let mine = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let continued = build(
+            &h,
+            Some(TraceHeaders {
+                traceparent: mine,
+                keep_tracestate: true,
+            }),
+        );
+        assert_eq!(continued.matches("traceparent").count(), 1, "{continued}");
+        assert!(continued
+            .contains("traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n"));
+        assert!(continued.contains("tracestate: k=v\r\n"));
+        assert!(continued.contains("x-other: 1\r\n") && continued.ends_with("\r\n\r\n"));
+        // A new trace: the client's tracestate belonged to no trace the worker will see.
+        let fresh = build(
+            &h,
+            Some(TraceHeaders {
+                traceparent: mine,
+                keep_tracestate: false,
+            }),
+        );
+        assert!(!fresh.contains("tracestate"), "{fresh}");
+        // Untraced: both pass unchanged.
+        let plain = build(&h, None);
+        assert!(
+            plain.contains("traceparent: 00-aa-bb-01\r\n") && plain.contains("tracestate: k=v")
+        );
+    }
 }

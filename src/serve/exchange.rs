@@ -36,6 +36,7 @@ use crate::route::bootstrap;
 use crate::route::extract::{capped, extract_for, Api, RoutingInfo, MAX_ROUTING_TEXT};
 use crate::route::manual::{key_too_long, MAX_ROUTING_KEY_LEN};
 use crate::route::types::{Branch, Decision, ExactInput, PolicyKind, RouteInput};
+use crate::trace::span::{now_ns, RequestTrace, Value};
 use crate::tree::TreeKey;
 use crate::workers::breaker::is_worker_failure;
 use crate::workers::registry::{CircuitSlot, Worker};
@@ -44,6 +45,7 @@ use bytes::Bytes;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,6 +95,7 @@ pub async fn handle(
             Err(Failure::ClientGone) => {
                 drop(picked);
                 crate::metrics::client_gone();
+                ex.traced_status(499, Some("the client left"));
                 return Outcome {
                     status: 499,
                     keep_alive: false,
@@ -232,11 +235,80 @@ pub(super) struct Exchange<'a> {
     /// Its prompt tokens as the saturation admission counted them (0 without it): each worker
     /// it is sent to counts them as KV in use until its next reading.
     admitted_tokens: u64,
+    /// `--enable-trace`, a recorded request: its spans so far (ended and handed to the export
+    /// thread when the exchange is dropped). `None` costs one branch per phase; boxed, so an
+    /// untraced exchange is one pointer larger, not a span larger.
+    trace: RefCell<Option<Box<RequestTrace>>>,
+}
+
+/// The trace ends with the exchange, whichever way the request ended.
+impl Drop for Exchange<'_> {
+    fn drop(&mut self) {
+        if let (Some(t), Some(tracer)) = (self.trace.get_mut().take(), self.gw.trace.as_ref()) {
+            tracer.submit(self.core.index, (*t).finish(now_ns()));
+        }
+    }
 }
 
 impl<'a> Exchange<'a> {
     /// Phase *admit*: auth, routing inputs, request id, admission permit.
     pub(super) async fn admit(
+        core: &'a Core,
+        head: &'a RequestHead,
+        body: &'a Bytes,
+        forwarding: Forwarding,
+        client_ip: Option<IpAddr>,
+    ) -> Result<Exchange<'a>, Refused> {
+        let gw: &'a Gateway = &core.gw;
+        let trace = gw.trace.as_ref().and_then(|t| {
+            t.begin(
+                head.header("traceparent"),
+                head.header("tracestate"),
+                &mut core.entropy.borrow_mut(),
+            )
+        });
+        let Some(mut t) = trace else {
+            return Self::admit_untraced(core, head, body, forwarding, client_ip).await;
+        };
+        let started_ns = now_ns();
+        t.set(
+            "http.request.method",
+            String::from_utf8_lossy(head.method()).into_owned(),
+        );
+        t.set(
+            "url.path",
+            String::from_utf8_lossy(head.path()).into_owned(),
+        );
+        match Self::admit_untraced(core, head, body, forwarding, client_ip).await {
+            Ok(mut ex) => {
+                t.child(
+                    &mut core.entropy.borrow_mut(),
+                    "admit",
+                    started_ns,
+                    now_ns(),
+                    vec![],
+                );
+                t.set("radixgate.request_id", ex.request_id.clone());
+                if let Some(m) = ex.info.model.as_deref() {
+                    t.set("gen_ai.request.model", m.to_string());
+                }
+                t.set("radixgate.stream", ex.info.stream);
+                *ex.trace.get_mut() = Some(Box::new(t));
+                Ok(ex)
+            }
+            Err(refused) => {
+                t.set("http.response.status_code", i64::from(refused.error.status));
+                t.fail(refused.error.message.clone());
+                if let Some(tracer) = &gw.trace {
+                    tracer.submit(core.index, t.finish(now_ns()));
+                }
+                Err(refused)
+            }
+        }
+    }
+
+    /// [`Exchange::admit`] once the trace (if any) has begun; a refusal carries it back.
+    async fn admit_untraced(
         core: &'a Core,
         head: &'a RequestHead,
         body: &'a Bytes,
@@ -323,6 +395,7 @@ impl<'a> Exchange<'a> {
             prompt: None,
             tenant: None,
             admitted_tokens: 0,
+            trace: RefCell::new(None),
         })
     }
 
@@ -365,6 +438,42 @@ impl<'a> Exchange<'a> {
     /// one is in prefill (a burst sharing a system prompt) already follow it. With KV events,
     /// the side that computes the prompt (not decode) is chosen on the measured prompt.
     pub(super) fn pick_on(&mut self, side: Side) -> Result<Picked<'a>, GatewayError> {
+        let started_ns = self.trace.get_mut().is_some().then(now_ns);
+        let picked = self.pick_untraced(side);
+        if let (Some(start), Some(t)) = (started_ns, self.trace.get_mut().as_mut()) {
+            let mut attrs: Vec<(&'static str, Value)> = Vec::with_capacity(8);
+            let policy = match (side, self.gw.decode.as_ref()) {
+                (Side::Decode, Some(r)) => r.policy.kind(),
+                _ => self.gw.router.policy.kind(),
+            };
+            attrs.push(("radixgate.policy", policy.as_str().into()));
+            if side != Side::Any {
+                attrs.push(("radixgate.side", side.name().into()));
+            }
+            let error = match &picked {
+                Ok(p) => {
+                    let d = &p.decision;
+                    attrs.push(("radixgate.branch", d.branch.as_str().into()));
+                    attrs.push(("radixgate.matched_length", (d.matched_chars as i64).into()));
+                    attrs.push((
+                        "radixgate.predicted_length",
+                        (d.predicted_chars as i64).into(),
+                    ));
+                    attrs.push(("radixgate.request_size", (d.request_size as i64).into()));
+                    attrs.push(("radixgate.worker", p.worker.url.clone().into()));
+                    None
+                }
+                Err(e) => Some(e.message.clone()),
+            };
+            let id = t.new_span_id(&mut self.core.entropy.borrow_mut());
+            let kind = crate::trace::span::Kind::Internal;
+            t.child_with_id(id, kind, "route", start, now_ns(), attrs, error);
+        }
+        picked
+    }
+
+    /// [`Exchange::pick_on`] without its span.
+    fn pick_untraced(&mut self, side: Side) -> Result<Picked<'a>, GatewayError> {
         let gw = self.gw;
         let router: &'a Router = match (side, gw.decode.as_ref()) {
             (Side::Decode, Some(r)) => r,
@@ -561,6 +670,13 @@ impl<'a> Exchange<'a> {
     ) -> Result<UpstreamResponse, Failure> {
         let worker = &picked.worker;
         let retry = self.may_retry();
+        if let Some(t) = self.trace.borrow_mut().as_mut() {
+            let attrs = vec![
+                ("radixgate.worker", Value::from(worker.url.clone())),
+                ("radixgate.attempt", Value::from(i64::from(self.attempts))),
+            ];
+            t.start_attempt(&mut self.core.entropy.borrow_mut(), now_ns(), attrs);
+        }
         let req = self.upstream_request(worker, self.body_for(worker)?);
         let connect_timeout = self.connect_timeout();
         let is_head = self.head.method_kind() == Method::Head;
@@ -573,6 +689,9 @@ impl<'a> Exchange<'a> {
                 closed_by_peer(client).await
             } => None,
         };
+        if let Some(t) = self.trace.borrow_mut().as_mut() {
+            trace_attempt(t, answer.as_ref(), retry);
+        }
         match answer {
             None => Err(Failure::ClientGone),
             // Dropping `up` closes that upstream connection: its body is not wanted.
@@ -686,6 +805,7 @@ impl<'a> Exchange<'a> {
         drop(picked);
         self.relayed(&relayed);
         self.learn_captured(capture, relayed.complete, status, worker.id);
+        self.traced_status(status, None);
         Outcome {
             status,
             keep_alive: relayed.client_keep_alive,
@@ -708,7 +828,14 @@ impl<'a> Exchange<'a> {
 
     /// The request to `worker` with `body`: the client's method, target and end-to-end headers,
     /// this request's id, the client appended to `X-Forwarded-For`.
+    /// Traced: a `traceparent` naming the attempt span (PD mode: the server span) instead of
+    /// the client's, so the worker's own spans join this trace.
     pub(super) fn upstream_request(&self, worker: &Worker, body: Bytes) -> UpstreamRequest {
+        let ctx = self
+            .trace
+            .borrow()
+            .as_ref()
+            .map(|t| (t.traceparent_for(t.upstream_parent()), t.continued()));
         UpstreamRequest::build(
             self.head.method(),
             self.head.target(),
@@ -717,7 +844,39 @@ impl<'a> Exchange<'a> {
             &worker.authority,
             &self.request_id,
             body,
+            ctx.as_ref().map(|(tp, keep)| forward::TraceHeaders {
+                traceparent: tp,
+                keep_tracestate: *keep,
+            }),
         )
+    }
+
+    /// Traced: the status the client got, and why the request failed when it did.
+    pub(super) fn traced_status(&self, status: u16, error: Option<&'static str>) {
+        if let Some(t) = self.trace.borrow_mut().as_mut() {
+            t.set("http.response.status_code", i64::from(status));
+            if let Some(e) = error {
+                t.fail(e);
+            }
+        }
+    }
+
+    /// Traced: a phase that ran from `start_ns` until now, as a child of the server span.
+    pub(super) fn traced_phase(&self, name: &'static str, start_ns: u64) {
+        if let Some(t) = self.trace.borrow_mut().as_mut() {
+            t.child(
+                &mut self.core.entropy.borrow_mut(),
+                name,
+                start_ns,
+                now_ns(),
+                vec![],
+            );
+        }
+    }
+
+    /// Whether this request is recorded.
+    pub(super) fn traced(&self) -> bool {
+        self.trace.borrow().is_some()
     }
 
     /// Whether a failed attempt may be followed by another (attempts and time remain).
@@ -797,6 +956,21 @@ impl<'a> Exchange<'a> {
 
     /// An answer was relayed: its time to first byte, and its output charged to its tenant.
     pub(super) fn relayed(&self, r: &relay::Relayed) {
+        if let Some(t) = self.trace.borrow_mut().as_mut() {
+            let now = now_ns();
+            if let Some(at) = r.first_body_at {
+                let ago = Instant::now().saturating_duration_since(at).as_nanos();
+                t.event("first_byte", now.saturating_sub(ago as u64));
+            }
+            t.event("end_of_stream", now);
+            t.attempt_set("radixgate.body_bytes", r.body_bytes as i64);
+            t.attempt_set("radixgate.stream_events", r.events as i64);
+            if r.upstream_broke {
+                t.end_attempt(now, Some(Cow::Borrowed("the worker's answer broke off")));
+            } else {
+                t.end_attempt(now, None);
+            }
+        }
         self.first_byte(r.first_body_at);
         self.charge_output(r.events, r.body_bytes);
     }
@@ -851,8 +1025,50 @@ impl<'a> Exchange<'a> {
 
     /// Answer `e` with this request's id.
     pub(super) async fn fail(&self, client: &mut TcpStream, e: GatewayError) -> Outcome {
+        if let Some(t) = self.trace.borrow_mut().as_mut() {
+            t.set("http.response.status_code", i64::from(e.status));
+            t.fail(e.message.clone());
+        }
         send_error(client, Some(self.head), &e, Some(&self.request_id)).await
     }
+}
+
+/// An attempt's outcome on its span: the status it got, else why it failed and, when another
+/// worker gets a try, the retry reason; a failed attempt's span ends here, a relayed one's when
+/// its answer is over.
+fn trace_attempt(
+    t: &mut RequestTrace,
+    answer: Option<&Result<UpstreamResponse, forward::UpstreamError>>,
+    retry: bool,
+) {
+    use forward::UpstreamError as E;
+    let (reason, error): (&'static str, Cow<'static, str>) = match answer {
+        None => ("client_gone", Cow::Borrowed("the client left")),
+        Some(Ok(up)) => {
+            t.attempt_set("http.response.status_code", i64::from(up.head.status));
+            if !(is_retryable_status(up.head.status) && retry) {
+                return;
+            }
+            (
+                "status",
+                Cow::Owned(format!("worker answered {}", up.head.status)),
+            )
+        }
+        Some(Err(e)) => {
+            let reason = match e {
+                E::Connect(_) => "connect",
+                E::Local(_) => "local",
+                E::Timeout => "timeout",
+                E::Io(_) => "io",
+                E::BadResponse(_) => "bad_response",
+            };
+            (reason, Cow::Owned(e.message()))
+        }
+    };
+    if retry && answer.is_some() {
+        t.attempt_set("radixgate.retry_reason", reason);
+    }
+    t.end_attempt(now_ns(), Some(error));
 }
 
 /// The pass-through endpoint a head names, for a "busy" answer (a fixed set of names).

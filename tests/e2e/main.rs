@@ -34,4 +34,5 @@ mod sglang_events;
 mod soak;
 mod telemetry;
 mod tokenizer_golden;
+mod tracing;
 mod workload;

@@ -148,11 +148,18 @@ impl Exchange<'_> {
         &mut self,
         client: &mut TcpStream,
     ) -> Option<Outcome> {
-        match self.wait_turn(client).await {
+        // Traced: the wait is a span of its own (only where there is a waiting room).
+        let started_ns = (self.gw.flow.is_some() && self.traced()).then(crate::trace::span::now_ns);
+        let turned = self.wait_turn(client).await;
+        if let Some(start) = started_ns {
+            self.traced_phase("queue_wait", start);
+        }
+        match turned {
             Ok(()) => None,
             Err(Turned::Refused(e)) => Some(self.fail(client, e).await),
             Err(Turned::ClientGone) => {
                 crate::metrics::client_gone();
+                self.traced_status(499, Some("the client left while it waited"));
                 Some(Outcome {
                     status: 499,
                     keep_alive: false,

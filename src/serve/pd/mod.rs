@@ -98,6 +98,7 @@ pub async fn handle(
             Err(PdFailure::ClientGone) => {
                 drop(pair);
                 crate::metrics::client_gone();
+                pd.ex.traced_status(499, Some("the client left"));
                 return Outcome {
                     status: 499,
                     keep_alive: false,
@@ -342,6 +343,7 @@ impl<'a> PdExchange<'a> {
         ex.completed(&decode);
         drop(prefill);
         drop(decode);
+        ex.traced_status(status, None);
         Outcome { status, keep_alive }
     }
 

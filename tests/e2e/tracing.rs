@@ -1,0 +1,385 @@
+//! OpenTelemetry tracing end to end (`--enable-trace`): the gateway exports over OTLP/gRPC to
+//! `tests/fixtures/otlp_receiver.py`, which decodes the spans with the official
+//! `opentelemetry-proto` package, and the simulated worker records the `traceparent` it got.
+//! Checked: span names, kinds, parent/child links and attributes; the worker's `traceparent`
+//! names the attempt span of the same trace; a client's context is continued (and replaced
+//! upstream, never duplicated); an unsampled client context and ratio 0 export nothing; a full
+//! buffer drops spans and counts them while the request is still served.
+
+use crate::common::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+/// Longest wait for spans to arrive (the export thread sends every 200 ms).
+const WAIT: Duration = Duration::from_secs(20);
+/// Longest wait for the receiver to start (Python and grpcio).
+const START_LIMIT: Duration = Duration::from_secs(30);
+
+/// The OTLP receiver, killed when dropped; its spans as JSON lines.
+struct Receiver {
+    _child: ChildGuard,
+    port: u16,
+    spans: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let python = test_python(&[
+            "grpc",
+            "opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc",
+        ]);
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/otlp_receiver.py"
+        );
+        let mut child = Command::new(&python)
+            .arg(script)
+            .arg("--exit-on-stdin-eof")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{python} {script}: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let guard = ChildGuard(Some(child));
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = spans.clone();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let first = lines.next().and_then(Result::ok).unwrap_or_default();
+            let _ = tx.send(first);
+            for line in lines.map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    sink.lock().unwrap().push(v);
+                }
+            }
+        });
+        let line = rx
+            .recv_timeout(START_LIMIT)
+            .unwrap_or_else(|_| panic!("{script} printed no port within {START_LIMIT:?}"));
+        let v: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("{script} did not start ({e}): {line:?}"));
+        let port = v["port"].as_u64().expect("a port") as u16;
+        Receiver {
+            _child: guard,
+            port,
+            spans,
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The spans of trace `trace_id` once its server span has arrived (it is sent last).
+    fn trace(&self, trace_id: &str) -> Vec<Value> {
+        wait_until(
+            &format!("the server span of trace {trace_id}"),
+            WAIT,
+            || {
+                let all = self.spans.lock().unwrap();
+                let of: Vec<Value> = all
+                    .iter()
+                    .filter(|s| s["trace_id"] == trace_id)
+                    .cloned()
+                    .collect();
+                of.iter()
+                    .any(|s| s["name"] == "radixgate.request")
+                    .then_some(of)
+            },
+        )
+    }
+
+    /// Every span received so far.
+    fn all(&self) -> Vec<Value> {
+        self.spans.lock().unwrap().clone()
+    }
+}
+
+/// Find the one span named `name` among `spans`.
+fn one<'a>(spans: &'a [Value], name: &str) -> &'a Value {
+    let found: Vec<&Value> = spans.iter().filter(|s| s["name"] == name).collect();
+    assert_eq!(found.len(), 1, "one {name} span in {spans:#?}");
+    found[0]
+}
+
+/// The `traceparent` values (and `tracestate`) on the last inference request worker 0 got.
+fn worker_trace_headers(cluster: &loadtest::sim::SimCluster) -> (Vec<String>, Vec<String>) {
+    let all: Value = serde_json::from_str(&sim_recorded(cluster, 0)).expect("JSON");
+    let last = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|r| r["path"] == "/v1/chat/completions")
+        .unwrap_or_else(|| panic!("no chat request recorded: {all}"))
+        .clone();
+    let values = |name: &str| -> Vec<String> {
+        last["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case(name))
+            .map(|h| h[1].as_str().unwrap().to_string())
+            .collect()
+    };
+    (values("traceparent"), values("tracestate"))
+}
+
+fn chat_with(gw: std::net::SocketAddr, headers: &[(&str, &str)], stream: bool) -> Response {
+    let body = chat_body(&[("user", "tell me about tracing")], stream, 4);
+    let r = request(gw, "POST", "/v1/chat/completions", headers, &body).expect("a response");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r
+}
+
+#[test]
+fn a_requests_spans_link_up_and_the_worker_joins_under_the_attempt_span() {
+    let rx = Receiver::start();
+    let workers = sim(1, |c| c.record_requests = 16);
+    let ep = rx.endpoint();
+    let gw = gateway_for(
+        &workers.urls(),
+        &["--enable-trace", "--otlp-traces-endpoint", &ep],
+    );
+    chat_with(gw.addr, &[], true);
+    let (parents, _) = worker_trace_headers(&workers);
+    assert_eq!(parents.len(), 1, "one traceparent upstream: {parents:?}");
+    let tp: Vec<&str> = parents[0].split('-').collect();
+    assert_eq!((tp.len(), tp[0], tp[3]), (4, "00", "01"), "{parents:?}");
+    let spans = rx.trace(tp[1]);
+
+    let root = one(&spans, "radixgate.request");
+    assert_eq!(root["kind"], "SPAN_KIND_SERVER");
+    assert_eq!(
+        root["parent_span_id"], "",
+        "a new trace: the server span is its root"
+    );
+    assert_eq!(root["service"], "radixgate");
+    assert_eq!(root["scope"], "radixgate");
+    let attrs = &root["attributes"];
+    assert_eq!(attrs["http.response.status_code"], 200);
+    assert_eq!(attrs["http.request.method"], "POST");
+    assert_eq!(attrs["url.path"], "/v1/chat/completions");
+    assert_eq!(attrs["radixgate.stream"], true);
+    assert!(attrs["radixgate.request_id"]
+        .as_str()
+        .unwrap()
+        .starts_with("chatcmpl-"));
+    let events = root["events"].as_array().unwrap();
+    assert!(events.contains(&"first_byte".into()), "{root}");
+    assert!(events.contains(&"end_of_stream".into()), "{root}");
+
+    let root_id = root["span_id"].as_str().unwrap();
+    for name in ["admit", "route", "attempt"] {
+        let s = one(&spans, name);
+        assert_eq!(
+            s["parent_span_id"], root_id,
+            "{name} is a child of the request"
+        );
+        assert!(s["start"].as_u64() >= root["start"].as_u64(), "{s}");
+        assert!(s["end"].as_u64() <= root["end"].as_u64(), "{s}");
+        assert!(s["start"].as_u64() <= s["end"].as_u64(), "{s}");
+    }
+    let route = one(&spans, "route");
+    let url = &workers.urls()[0];
+    assert_eq!(route["attributes"]["radixgate.policy"], "cache_aware");
+    assert_eq!(route["attributes"]["radixgate.worker"], url.as_str());
+    assert!(
+        route["attributes"]["radixgate.matched_length"].is_i64(),
+        "{route}"
+    );
+    assert!(
+        route["attributes"]["radixgate.branch"].is_string(),
+        "{route}"
+    );
+    let attempt = one(&spans, "attempt");
+    assert_eq!(attempt["kind"], "SPAN_KIND_CLIENT");
+    assert_eq!(attempt["attributes"]["http.response.status_code"], 200);
+    assert_eq!(attempt["attributes"]["radixgate.worker"], url.as_str());
+    assert_eq!(attempt["status"], "STATUS_CODE_UNSET");
+    // The worker's parent is the attempt span, in the same trace.
+    assert_eq!(attempt["span_id"], tp[2]);
+    assert_eq!(root["trace_id"], tp[1]);
+    drop(gw);
+}
+
+#[test]
+fn a_callers_context_is_continued_and_replaced_upstream_not_duplicated() {
+    let rx = Receiver::start();
+    let workers = sim(1, |c| c.record_requests = 16);
+    let ep = rx.endpoint();
+    // Ratio 0: only the client's sampled flag can make a request recorded.
+    let gw = gateway_for(
+        &workers.urls(),
+        &[
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            &ep,
+            "--trace-sample-ratio",
+            "0",
+        ],
+    );
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller = "00f067aa0ba902b7";
+    let sent = format!("00-{trace}-{caller}-01");
+    chat_with(
+        gw.addr,
+        &[("traceparent", &sent), ("tracestate", "vendor=abc")],
+        false,
+    );
+    let (parents, states) = worker_trace_headers(&workers);
+    assert_eq!(parents.len(), 1, "replaced, not added: {parents:?}");
+    assert_eq!(states, vec!["vendor=abc".to_string()]);
+    let spans = rx.trace(trace);
+    let root = one(&spans, "radixgate.request");
+    assert_eq!(root["parent_span_id"], caller);
+    assert_eq!(root["trace_state"], "vendor=abc");
+    let attempt = one(&spans, "attempt");
+    assert_eq!(
+        parents[0],
+        format!("00-{trace}-{}-01", attempt["span_id"].as_str().unwrap())
+    );
+
+    // Unsampled by the caller: nothing recorded, and its context passes upstream untouched.
+    let unsampled = format!("00-{}-{caller}-00", "a".repeat(32));
+    chat_with(gw.addr, &[("traceparent", &unsampled)], false);
+    let (parents, _) = worker_trace_headers(&workers);
+    assert_eq!(parents, vec![unsampled.clone()]);
+    // Untraced requests at ratio 0, then a sampled marker: once the marker is in, nothing
+    // else arrived.
+    for _ in 0..5 {
+        chat_with(gw.addr, &[], false);
+    }
+    let marker = "5bf92f3577b34da6a3ce929d0e0e4736";
+    chat_with(
+        gw.addr,
+        &[("traceparent", &format!("00-{marker}-{caller}-01"))],
+        false,
+    );
+    rx.trace(marker);
+    let traces: std::collections::BTreeSet<String> = rx
+        .all()
+        .iter()
+        .map(|s| s["trace_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        traces,
+        [trace.to_string(), marker.to_string()]
+            .into_iter()
+            .collect(),
+        "ratio 0 and an unsampled caller export nothing"
+    );
+}
+
+#[test]
+fn a_failed_attempt_carries_its_retry_reason_and_the_retry_its_own_span() {
+    let rx = Receiver::start();
+    let bad = sim(1, |c| c.faults.fail_rate = 1.0);
+    let good = sim(1, |c| c.record_requests = 16);
+    let ep = rx.endpoint();
+    let urls = [bad.urls()[0].clone(), good.urls()[0].clone()];
+    let gw = gateway_for(
+        &urls,
+        &[
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            &ep,
+            "--policy",
+            "round_robin",
+            "--retry-initial-backoff-ms",
+            "1",
+        ],
+    );
+    // Round robin: one of two requests meets the failing worker first.
+    for _ in 0..2 {
+        chat_with(gw.addr, &[], false);
+    }
+    let retried = wait_until("a request with two attempts", WAIT, || {
+        let all = rx.all();
+        let roots: Vec<Value> = all
+            .iter()
+            .filter(|s| s["name"] == "radixgate.request")
+            .cloned()
+            .collect();
+        roots.into_iter().find_map(|r| {
+            let of: Vec<Value> = all
+                .iter()
+                .filter(|s| s["trace_id"] == r["trace_id"])
+                .cloned()
+                .collect();
+            (of.iter().filter(|s| s["name"] == "attempt").count() == 2).then_some(of)
+        })
+    });
+    let attempts: Vec<&Value> = retried.iter().filter(|s| s["name"] == "attempt").collect();
+    let (first, second) = if attempts[0]["start"].as_u64() < attempts[1]["start"].as_u64() {
+        (attempts[0], attempts[1])
+    } else {
+        (attempts[1], attempts[0])
+    };
+    assert_eq!(
+        first["attributes"]["http.response.status_code"], 500,
+        "{first}"
+    );
+    assert_eq!(
+        first["attributes"]["radixgate.retry_reason"], "status",
+        "{first}"
+    );
+    assert_eq!(first["status"], "STATUS_CODE_ERROR", "{first}");
+    assert_eq!(first["attributes"]["radixgate.worker"], urls[0].as_str());
+    assert_eq!(
+        second["attributes"]["http.response.status_code"], 200,
+        "{second}"
+    );
+    assert_eq!(second["attributes"]["radixgate.worker"], urls[1].as_str());
+    assert!(second["attributes"]["radixgate.retry_reason"].is_null());
+    assert_eq!(retried.iter().filter(|s| s["name"] == "route").count(), 2);
+    // The worker that answered saw the second attempt as its parent.
+    let want = format!(
+        "00-{}-{}-01",
+        second["trace_id"].as_str().unwrap(),
+        second["span_id"].as_str().unwrap()
+    );
+    let recorded = sim_recorded(&good, 0);
+    assert!(recorded.contains(&want), "{want} not in {recorded}");
+}
+
+#[test]
+fn a_full_buffer_drops_and_counts_spans_and_the_request_is_still_served() {
+    let rx = Receiver::start();
+    let workers = sim(1, |_| {});
+    let ep = rx.endpoint();
+    let gw = gateway_with_metrics(
+        &workers.urls(),
+        &[
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            &ep,
+            "--trace-buffer-spans",
+            "2",
+        ],
+    );
+    // Each request finishes 4 spans at once (admit, route, attempt, request): 2 fit.
+    chat_with(gw.addr, &[], false);
+    let tracer = gw.gateway().trace.clone().expect("tracing is on");
+    assert!(tracer.dropped() >= 2, "dropped {}", tracer.dropped());
+    wait_until("the spans that fit", WAIT, || {
+        (rx.all().len() >= 2).then_some(())
+    });
+    let metrics = gw.metrics_addr.expect("metrics listener");
+    let text = request(metrics, "GET", "/metrics", &[], b"")
+        .unwrap()
+        .text();
+    let dropped: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("radixgate_trace_spans_dropped_total "))
+        .unwrap_or_else(|| panic!("no dropped counter in {text}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(dropped >= 2.0, "{dropped}");
+}
