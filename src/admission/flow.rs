@@ -380,10 +380,7 @@ impl Flow {
     /// Let in `room`'s waiters, in order, while its fleet has workers with room for the next
     /// one's class.
     fn dispatch(&self, s: &mut State, room: RoomKey, fleet: &impl Fleet, now: Instant) {
-        loop {
-            let Some(class) = s.rooms.get(&room).and_then(WaitQueue::head_class) else {
-                break;
-            };
+        while let Some(class) = s.rooms.get(&room).and_then(WaitQueue::head_class) {
             if Self::free(s, room, class, fleet) == 0 {
                 break;
             }
