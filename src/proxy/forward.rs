@@ -202,6 +202,17 @@ impl UpstreamError {
             UpstreamError::BadResponse(m) => format!("the worker sent an invalid response: {m}"),
         }
     }
+    /// The failure in one word (a trace's `radixgate.retry_reason`, a label's value).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            UpstreamError::Connect(_) => "connect",
+            UpstreamError::Local(_) => "local",
+            UpstreamError::Timeout => "timeout",
+            UpstreamError::Io(_) => "io",
+            UpstreamError::BadResponse(_) => "bad_response",
+        }
+    }
+
     /// Whether the worker could not even be reached (passive health signal).
     pub fn is_connect(&self) -> bool {
         matches!(self, UpstreamError::Connect(_))

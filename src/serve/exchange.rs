@@ -21,6 +21,7 @@ use super::error::GatewayError;
 use super::reply::{send_error, Reply};
 use super::Outcome;
 use crate::admission::Permit;
+use crate::base::entropy::Entropy;
 use crate::base::WorkerId;
 use crate::gateway::kv::{Fallback, KvRouting, KvScratch};
 use crate::gateway::requests::IdKey;
@@ -36,7 +37,7 @@ use crate::route::bootstrap;
 use crate::route::extract::{capped, extract_for, Api, RoutingInfo, MAX_ROUTING_TEXT};
 use crate::route::manual::{key_too_long, MAX_ROUTING_KEY_LEN};
 use crate::route::types::{Branch, Decision, ExactInput, PolicyKind, RouteInput};
-use crate::trace::span::{now_ns, RequestTrace, Value};
+use crate::trace::span::{now_ns, Leg, RequestTrace, Value};
 use crate::tree::TreeKey;
 use crate::workers::breaker::is_worker_failure;
 use crate::workers::registry::{CircuitSlot, Worker};
@@ -137,6 +138,10 @@ pub(super) struct WorkerFailure {
     pub(super) breaker_success: bool,
     /// Attempts and time remain: try another worker.
     pub(super) retry: bool,
+    /// The failure in one word (`status`, `connect`, `timeout`, ...: a trace's retry reason).
+    pub(super) reason: &'static str,
+    /// The worker's status, when it answered one.
+    pub(super) status: Option<u16>,
 }
 
 /// The worker chosen for one attempt, counted in flight until dropped; its circuit slot records
@@ -702,6 +707,8 @@ impl<'a> Exchange<'a> {
                     local: false,
                     breaker_success: !is_worker_failure(up.head.status),
                     retry,
+                    reason: "status",
+                    status: Some(up.head.status),
                 }))
             }
             Some(Ok(up)) => Ok(up),
@@ -713,6 +720,8 @@ impl<'a> Exchange<'a> {
                     local: e.is_local(),
                     breaker_success: false,
                     retry,
+                    reason: e.kind(),
+                    status: None,
                 }))
             }
         }
@@ -731,6 +740,8 @@ impl<'a> Exchange<'a> {
                         local: true,
                         breaker_success: true,
                         retry: false,
+                        reason: "bad_request",
+                        status: None,
                     })
                 }),
             _ => Ok(self.body.clone()),
@@ -828,14 +839,25 @@ impl<'a> Exchange<'a> {
 
     /// The request to `worker` with `body`: the client's method, target and end-to-end headers,
     /// this request's id, the client appended to `X-Forwarded-For`.
-    /// Traced: a `traceparent` naming the attempt span (PD mode: the server span) instead of
+    /// Traced: a `traceparent` naming the attempt span instead of
     /// the client's, so the worker's own spans join this trace.
     pub(super) fn upstream_request(&self, worker: &Worker, body: Bytes) -> UpstreamRequest {
+        self.upstream_request_on(Leg::Prefill, worker, body)
+    }
+
+    /// [`Exchange::upstream_request`] for one side of a PD pair: traced, its `traceparent`
+    /// names that side's attempt span.
+    pub(super) fn upstream_request_on(
+        &self,
+        leg: Leg,
+        worker: &Worker,
+        body: Bytes,
+    ) -> UpstreamRequest {
         let ctx = self
             .trace
             .borrow()
             .as_ref()
-            .map(|t| (t.traceparent_for(t.upstream_parent()), t.continued()));
+            .map(|t| (t.traceparent_for(t.upstream_parent_of(leg)), t.continued()));
         UpstreamRequest::build(
             self.head.method(),
             self.head.target(),
@@ -872,6 +894,19 @@ impl<'a> Exchange<'a> {
                 vec![],
             );
         }
+    }
+
+    /// Traced: `f` on the request's trace (with the core's entropy for new span ids); nothing
+    /// when the request is not recorded.
+    pub(super) fn with_trace(&self, f: impl FnOnce(&mut RequestTrace, &mut Entropy)) {
+        if let Some(t) = self.trace.borrow_mut().as_mut() {
+            f(t, &mut self.core.entropy.borrow_mut());
+        }
+    }
+
+    /// Attempts started so far (the one under way included).
+    pub(super) fn attempts(&self) -> u32 {
+        self.attempts
     }
 
     /// Whether this request is recorded.
@@ -956,6 +991,12 @@ impl<'a> Exchange<'a> {
 
     /// An answer was relayed: its time to first byte, and its output charged to its tenant.
     pub(super) fn relayed(&self, r: &relay::Relayed) {
+        self.relayed_from(Leg::Prefill, r);
+    }
+
+    /// [`Exchange::relayed`] for the answer of one side of a PD pair (its attempt span gets the
+    /// answer's figures; both sides' spans end, the other side's answer being read by then).
+    pub(super) fn relayed_from(&self, leg: Leg, r: &relay::Relayed) {
         if let Some(t) = self.trace.borrow_mut().as_mut() {
             let now = now_ns();
             if let Some(at) = r.first_body_at {
@@ -963,13 +1004,13 @@ impl<'a> Exchange<'a> {
                 t.event("first_byte", now.saturating_sub(ago as u64));
             }
             t.event("end_of_stream", now);
-            t.attempt_set("radixgate.body_bytes", r.body_bytes as i64);
-            t.attempt_set("radixgate.stream_events", r.events as i64);
+            t.leg_set(leg, "radixgate.body_bytes", r.body_bytes as i64);
+            t.leg_set(leg, "radixgate.stream_events", r.events as i64);
             if r.upstream_broke {
-                t.end_attempt(now, Some(Cow::Borrowed("the worker's answer broke off")));
-            } else {
-                t.end_attempt(now, None);
+                let why = Cow::Borrowed("the worker's answer broke off");
+                t.end_leg(leg, now, Some(why));
             }
+            t.end_attempt(now, None);
         }
         self.first_byte(r.first_body_at);
         self.charge_output(r.events, r.body_bytes);
@@ -1041,7 +1082,6 @@ fn trace_attempt(
     answer: Option<&Result<UpstreamResponse, forward::UpstreamError>>,
     retry: bool,
 ) {
-    use forward::UpstreamError as E;
     let (reason, error): (&'static str, Cow<'static, str>) = match answer {
         None => ("client_gone", Cow::Borrowed("the client left")),
         Some(Ok(up)) => {
@@ -1054,16 +1094,7 @@ fn trace_attempt(
                 Cow::Owned(format!("worker answered {}", up.head.status)),
             )
         }
-        Some(Err(e)) => {
-            let reason = match e {
-                E::Connect(_) => "connect",
-                E::Local(_) => "local",
-                E::Timeout => "timeout",
-                E::Io(_) => "io",
-                E::BadResponse(_) => "bad_response",
-            };
-            (reason, Cow::Owned(e.message()))
-        }
+        Some(Err(e)) => (e.kind(), Cow::Owned(e.message())),
     };
     if retry && answer.is_some() {
         t.attempt_set("radixgate.retry_reason", reason);

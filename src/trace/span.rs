@@ -120,8 +120,19 @@ pub struct RequestTrace {
     root: SpanRecord,
     /// Finished child spans.
     children: Vec<SpanRecord>,
-    /// The upstream attempt in progress (its id is already upstream in `traceparent`).
-    attempt: Option<SpanRecord>,
+    /// The upstream attempts in progress, by [`Leg`] (their ids are already upstream in
+    /// `traceparent`): one for a regular request, both while a PD pair is out.
+    attempts: [Option<SpanRecord>; 2],
+}
+
+/// Which open attempt span: a regular request has one; a prefill/decode attempt has one per
+/// side, both open at once (the two requests run concurrently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leg {
+    /// The attempt of a regular request, or the prefill side of a PD pair.
+    Prefill = 0,
+    /// The decode side of a PD pair.
+    Decode = 1,
 }
 
 impl RequestTrace {
@@ -161,7 +172,7 @@ impl RequestTrace {
                 trace_state,
             },
             children: Vec::with_capacity(USUAL_SPANS),
-            attempt: None,
+            attempts: [None, None],
         }
     }
 
@@ -173,7 +184,13 @@ impl RequestTrace {
     /// The span upstream requests name as their parent: the attempt in progress, else the
     /// server span.
     pub fn upstream_parent(&self) -> &[u8; 8] {
-        self.attempt
+        self.upstream_parent_of(Leg::Prefill)
+    }
+
+    /// The span `leg`'s upstream request names as its parent: that leg's attempt in progress,
+    /// else the server span.
+    pub fn upstream_parent_of(&self, leg: Leg) -> &[u8; 8] {
+        self.attempts[leg as usize]
             .as_ref()
             .map_or(&self.root.span_id, |a| &a.span_id)
     }
@@ -186,7 +203,31 @@ impl RequestTrace {
         attrs: Vec<(&'static str, Value)>,
     ) {
         self.end_attempt(start_ns, None);
-        self.attempt = Some(SpanRecord {
+        self.open_leg(Leg::Prefill, entropy, start_ns, attrs);
+    }
+
+    /// Open the two attempt spans of a prefill/decode pair, sent at once (any attempt still
+    /// open ends now).
+    pub fn start_pair_attempt(
+        &mut self,
+        entropy: &mut Entropy,
+        start_ns: u64,
+        prefill: Vec<(&'static str, Value)>,
+        decode: Vec<(&'static str, Value)>,
+    ) {
+        self.end_attempt(start_ns, None);
+        self.open_leg(Leg::Prefill, entropy, start_ns, prefill);
+        self.open_leg(Leg::Decode, entropy, start_ns, decode);
+    }
+
+    fn open_leg(
+        &mut self,
+        leg: Leg,
+        entropy: &mut Entropy,
+        start_ns: u64,
+        attrs: Vec<(&'static str, Value)>,
+    ) {
+        self.attempts[leg as usize] = Some(SpanRecord {
             trace_id: self.root.trace_id,
             span_id: random_id(entropy),
             parent_id: self.root.span_id,
@@ -204,14 +245,25 @@ impl RequestTrace {
 
     /// Add an attribute to the attempt in progress.
     pub fn attempt_set(&mut self, key: &'static str, value: impl Into<Value>) {
-        if let Some(a) = self.attempt.as_mut() {
+        self.leg_set(Leg::Prefill, key, value);
+    }
+
+    /// Add an attribute to `leg`'s attempt in progress.
+    pub fn leg_set(&mut self, leg: Leg, key: &'static str, value: impl Into<Value>) {
+        if let Some(a) = self.attempts[leg as usize].as_mut() {
             a.attrs.push((key, value.into()));
         }
     }
 
-    /// End the attempt in progress at `end_ns` (failed when `error` says why).
+    /// End every attempt in progress at `end_ns` (failed when `error` says why).
     pub fn end_attempt(&mut self, end_ns: u64, error: Option<Cow<'static, str>>) {
-        if let Some(mut a) = self.attempt.take() {
+        self.end_leg(Leg::Decode, end_ns, error.clone());
+        self.end_leg(Leg::Prefill, end_ns, error);
+    }
+
+    /// End `leg`'s attempt in progress at `end_ns` (failed when `error` says why).
+    pub fn end_leg(&mut self, leg: Leg, end_ns: u64, error: Option<Cow<'static, str>>) {
+        if let Some(mut a) = self.attempts[leg as usize].take() {
             a.end_ns = end_ns.max(a.start_ns);
             if error.is_some() {
                 a.error = error;
@@ -352,5 +404,43 @@ mod tests {
         // No caller context: its tracestate is not carried.
         assert_eq!(root.trace_state, None);
         assert_eq!(root.end_ns, 1);
+    }
+
+    #[test]
+    fn a_pairs_two_attempts_are_open_at_once_and_name_their_own_upstream_parent() {
+        let mut e = Entropy::default();
+        let mut t = RequestTrace::begin(None, random_trace_id(&mut e), None, &mut e, 1);
+        let root = *t.root_id();
+        assert_eq!(t.upstream_parent_of(Leg::Decode), &root);
+        t.start_pair_attempt(&mut e, 2, vec![("side", "prefill".into())], vec![]);
+        let (p, d) = (
+            *t.upstream_parent_of(Leg::Prefill),
+            *t.upstream_parent_of(Leg::Decode),
+        );
+        assert!(p != root && d != root && p != d, "each side its own span");
+        t.leg_set(Leg::Decode, "http.response.status_code", 500);
+        t.end_leg(Leg::Decode, 3, Some("decode failed".into()));
+        assert_eq!(t.upstream_parent_of(Leg::Decode), &root);
+        assert_eq!(t.upstream_parent_of(Leg::Prefill), &p, "prefill still out");
+        // A new pair ends whatever is still open (the prefill side, dropped).
+        t.start_pair_attempt(&mut e, 4, vec![], vec![]);
+        let spans: Vec<_> = t.finish(9).collect();
+        let attempts: Vec<_> = spans.iter().filter(|s| s.name == "attempt").collect();
+        assert_eq!(attempts.len(), 4);
+        let failed = attempts.iter().find(|s| s.span_id == d).unwrap();
+        assert_eq!(
+            (failed.end_ns, failed.error.as_deref()),
+            (3, Some("decode failed"))
+        );
+        assert_eq!(
+            failed.attrs,
+            vec![("http.response.status_code", Value::Int(500))]
+        );
+        let dropped = attempts.iter().find(|s| s.span_id == p).unwrap();
+        assert_eq!((dropped.end_ns, dropped.error.as_deref()), (4, None));
+        assert!(attempts
+            .iter()
+            .all(|s| s.kind == Kind::Client && s.parent_id == root));
+        assert_eq!(attempts.iter().filter(|s| s.end_ns == 9).count(), 2);
     }
 }

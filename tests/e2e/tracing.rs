@@ -383,3 +383,161 @@ fn a_full_buffer_drops_and_counts_spans_and_the_request_is_still_served() {
         .unwrap();
     assert!(dropped >= 2.0, "{dropped}");
 }
+
+/// Every `traceparent` worker `i` got on `path`.
+fn traceparents_on(cluster: &loadtest::sim::SimCluster, i: usize, path: &str) -> Vec<String> {
+    let all: Value = serde_json::from_str(&sim_recorded(cluster, i)).expect("JSON");
+    all.as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"] == path)
+        .flat_map(|r| r["headers"].as_array().unwrap().clone())
+        .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case("traceparent"))
+        .map(|h| h[1].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The `traceparent` naming span `s` as the parent.
+fn names(s: &Value) -> String {
+    format!(
+        "00-{}-{}-01",
+        s["trace_id"].as_str().unwrap(),
+        s["span_id"].as_str().unwrap()
+    )
+}
+
+#[test]
+fn pd_each_side_has_its_attempt_span_and_a_failed_side_its_retry_reason() {
+    use loadtest::sim::disagg::DisaggMode;
+    let rx = Receiver::start();
+    let prefill_role = |fail_rate: f64| {
+        sim(1, move |c| {
+            c.disaggregation_mode = Some(DisaggMode::Prefill);
+            c.disaggregation_bootstrap_port = 0;
+            c.faults.fail_rate = fail_rate;
+        })
+    };
+    let bad = prefill_role(1.0);
+    let good = prefill_role(0.0);
+    let decode = sim(1, |c| c.disaggregation_mode = Some(DisaggMode::Decode));
+    let ep = rx.endpoint();
+    let (bad_port, good_port) = (
+        bad.bootstrap_ports()[0].to_string(),
+        good.bootstrap_ports()[0].to_string(),
+    );
+    let gw = gateway(&[
+        "--pd-disaggregation",
+        "--prefill",
+        &bad.urls()[0],
+        &bad_port,
+        "--prefill",
+        &good.urls()[0],
+        &good_port,
+        "--decode",
+        &decode.urls()[0],
+        "--prefill-policy",
+        "round_robin",
+        "--retry-initial-backoff-ms",
+        "1",
+        // One failure opens the bad prefill's circuit: the next request meets only good ones.
+        "--cb-failure-threshold",
+        "1",
+        "--enable-trace",
+        "--otlp-traces-endpoint",
+        &ep,
+    ]);
+    wait_ready(gw.addr, Duration::from_secs(10));
+    // Round robin: the first request meets the failing prefill, the second does not.
+    for i in 0..2 {
+        let r = generate(gw.addr, &gen_body(i));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let traces = wait_until("two PD traces", WAIT, || {
+        let all = rx.all();
+        let roots: Vec<&Value> = all
+            .iter()
+            .filter(|s| s["name"] == "radixgate.request")
+            .collect();
+        (roots.len() == 2).then(|| {
+            roots
+                .iter()
+                .map(|r| {
+                    all.iter()
+                        .filter(|s| s["trace_id"] == r["trace_id"])
+                        .cloned()
+                        .collect::<Vec<Value>>()
+                })
+                .collect::<Vec<_>>()
+        })
+    });
+    let attempts = |t: &[Value], n: i64, side: &str| -> Value {
+        one(
+            &t.iter()
+                .filter(|s| {
+                    s["name"] == "attempt"
+                        && s["attributes"]["radixgate.attempt"] == n
+                        && s["attributes"]["radixgate.pd_side"] == side
+                })
+                .cloned()
+                .collect::<Vec<_>>(),
+            "attempt",
+        )
+        .clone()
+    };
+    let (retried, clean): (Vec<_>, Vec<_>) = traces
+        .into_iter()
+        .partition(|t| t.iter().filter(|s| s["name"] == "attempt").count() == 4);
+    assert_eq!((retried.len(), clean.len()), (1, 1), "one request retried");
+    let (retried, clean) = (&retried[0], &clean[0]);
+
+    // Each attempt is a pair of client spans under the request span.
+    for t in [retried, clean] {
+        let root = one(t, "radixgate.request");
+        for s in t.iter().filter(|s| s["name"] == "attempt") {
+            assert_eq!(s["parent_span_id"], root["span_id"], "{s}");
+            assert_eq!(s["kind"], "SPAN_KIND_CLIENT", "{s}");
+        }
+    }
+    // The failed pair: the prefill side failed with its status and the retry reason; its
+    // decode twin was dropped, not failed.
+    let failed = attempts(retried, 1, "prefill");
+    assert_eq!(
+        failed["attributes"]["radixgate.worker"],
+        bad.urls()[0].as_str()
+    );
+    assert_eq!(failed["attributes"]["http.response.status_code"], 500);
+    assert_eq!(failed["attributes"]["radixgate.retry_reason"], "status");
+    assert_eq!(failed["status"], "STATUS_CODE_ERROR", "{failed}");
+    let twin = attempts(retried, 1, "decode");
+    assert_eq!(twin["attributes"]["radixgate.dropped"], true, "{twin}");
+    assert_eq!(twin["status"], "STATUS_CODE_UNSET", "{twin}");
+    assert!(twin["end"].as_u64() <= failed["end"].as_u64().map(|e| e + 1_000_000));
+    // The answered pairs: both sides 200, decode's relayed answer on its own span.
+    for (t, n) in [(retried, 2), (clean, 1)] {
+        let p = attempts(t, n, "prefill");
+        let d = attempts(t, n, "decode");
+        assert_eq!(p["attributes"]["radixgate.worker"], good.urls()[0].as_str());
+        assert_eq!(
+            d["attributes"]["radixgate.worker"],
+            decode.urls()[0].as_str()
+        );
+        assert_eq!(p["attributes"]["http.response.status_code"], 200, "{p}");
+        assert_eq!(d["attributes"]["http.response.status_code"], 200, "{d}");
+        assert!(
+            d["attributes"]["radixgate.body_bytes"].as_i64() > Some(0),
+            "{d}"
+        );
+        assert!(p["attributes"]["radixgate.retry_reason"].is_null(), "{p}");
+        // Each worker joined the trace under its own side's span.
+        assert!(
+            traceparents_on(&good, 0, "/generate").contains(&names(&p)),
+            "{p}"
+        );
+        assert!(
+            traceparents_on(&decode, 0, "/generate").contains(&names(&d)),
+            "{d}"
+        );
+    }
+    assert!(traceparents_on(&bad, 0, "/generate").contains(&names(&failed)));
+    assert!(traceparents_on(&decode, 0, "/generate").contains(&names(&twin)));
+}

@@ -30,6 +30,7 @@ use crate::proxy::relay;
 use crate::proxy::retry::is_retryable_status;
 use crate::route::bootstrap::{self, Added, Bootstrap, PdShape};
 use crate::route::extract::Api;
+use crate::trace::span::{now_ns, Leg, Value};
 use crate::workers::breaker::is_worker_failure;
 use crate::workers::registry::Worker;
 use crate::workers::role::{Role, Side};
@@ -228,12 +229,19 @@ impl<'a> PdExchange<'a> {
                         local: true,
                         breaker_success: true,
                         retry: false,
+                        reason: "bad_request",
+                        status: None,
                     },
                 ))
             }
         };
-        let preq = self.ex.upstream_request(&pair.prefill.worker, p_body);
-        let dreq = self.ex.upstream_request(&pair.decode.worker, d_body);
+        self.trace_start(pair);
+        let preq = self
+            .ex
+            .upstream_request_on(Leg::Prefill, &pair.prefill.worker, p_body);
+        let dreq = self
+            .ex
+            .upstream_request_on(Leg::Decode, &pair.decode.worker, d_body);
         self.ex.touch();
         let both = both_heads(
             self.ex.pool(),
@@ -243,13 +251,73 @@ impl<'a> PdExchange<'a> {
             self.ex.deadline(),
             self.ex.may_retry(),
         );
-        monoio::select! {
+        let r = monoio::select! {
             r = both => r,
             _ = async {
                 monoio::time::sleep(CLIENT_WATCH_DELAY).await;
                 closed_by_peer(client).await
             } => Err(PdFailure::ClientGone),
-        }
+        };
+        self.trace_outcome(&r);
+        r
+    }
+
+    /// Traced: one attempt span per side, open from now (each side's upstream request names its
+    /// own as the parent, so each worker's spans join under its side).
+    fn trace_start(&self, pair: &Pair<'_>) {
+        let attempt = i64::from(self.ex.attempts());
+        let attrs = |worker: &Worker, side: &'static str| {
+            vec![
+                ("radixgate.worker", Value::from(worker.url.clone())),
+                ("radixgate.attempt", Value::from(attempt)),
+                ("radixgate.pd_side", Value::from(side)),
+            ]
+        };
+        self.ex.with_trace(|t, entropy| {
+            t.start_pair_attempt(
+                entropy,
+                now_ns(),
+                attrs(&pair.prefill.worker, "prefill"),
+                attrs(&pair.decode.worker, "decode"),
+            );
+        });
+    }
+
+    /// Traced: what each side's attempt span learnt. A side that answered gets its status (its
+    /// span ends with the answer, at the request's end); a failed side ends failed, with the
+    /// retry reason when another pair gets a try, and its twin ends then too (its request was
+    /// dropped, which aborts it on its worker).
+    fn trace_outcome(&self, r: &Result<Answer, PdFailure>) {
+        self.ex.with_trace(|t, _| {
+            let now = now_ns();
+            match r {
+                Ok(Answer::Both { prefill, decode }) => {
+                    let p = i64::from(prefill.head.status);
+                    t.leg_set(Leg::Prefill, "http.response.status_code", p);
+                    let d = i64::from(decode.head.status);
+                    t.leg_set(Leg::Decode, "http.response.status_code", d);
+                }
+                Ok(Answer::Only(side, up)) => {
+                    let (leg, twin) = legs(*side);
+                    t.leg_set(leg, "http.response.status_code", i64::from(up.head.status));
+                    t.leg_set(twin, "radixgate.dropped", true);
+                    t.end_leg(twin, now, None);
+                }
+                Err(PdFailure::ClientGone) => t.end_attempt(now, Some("the client left".into())),
+                Err(PdFailure::Worker(side, f)) => {
+                    let (leg, twin) = legs(*side);
+                    if let Some(status) = f.status {
+                        t.leg_set(leg, "http.response.status_code", i64::from(status));
+                    }
+                    if f.retry {
+                        t.leg_set(leg, "radixgate.retry_reason", f.reason);
+                    }
+                    t.end_leg(leg, now, Some(f.error.message.clone()));
+                    t.leg_set(twin, "radixgate.dropped", true);
+                    t.end_leg(twin, now, None);
+                }
+            }
+        });
     }
 
     /// Phase *retry_after*: the failing side's circuit and passive health hear of it; the other
@@ -293,7 +361,7 @@ impl<'a> PdExchange<'a> {
                     picked,
                     !is_worker_failure(status) && !relayed.upstream_broke,
                 );
-                ex.relayed(&relayed);
+                ex.relayed_from(legs(side).0, &relayed);
                 (status, relayed.client_keep_alive)
             }
             Answer::Both {
@@ -334,7 +402,7 @@ impl<'a> PdExchange<'a> {
                     &mut decode,
                     !is_worker_failure(status) && !relayed.upstream_broke,
                 );
-                ex.relayed(&relayed);
+                ex.relayed_from(Leg::Decode, &relayed);
                 ex.learn_captured(capture, relayed.complete, status, prefill.worker.id);
                 (status, relayed.client_keep_alive)
             }
@@ -393,7 +461,7 @@ impl<'a> PdExchange<'a> {
             merge::merge_event(&lists, event, out);
         };
         let relayed = relay::relay_rewriting_events(pool, client, dup, how, &mut rewrite).await;
-        self.ex.relayed(&relayed);
+        self.ex.relayed_from(Leg::Decode, &relayed);
         let d_ok = !is_worker_failure(status) && !relayed.upstream_broke;
         (status, relayed.client_keep_alive, p.is_ok(), d_ok)
     }
@@ -539,6 +607,14 @@ async fn both_heads(
     Ok(Answer::Both { prefill, decode })
 }
 
+/// A side's attempt span, and its twin's.
+fn legs(side: PairSide) -> (Leg, Leg) {
+    match side {
+        PairSide::Prefill => (Leg::Prefill, Leg::Decode),
+        PairSide::Decode => (Leg::Decode, Leg::Prefill),
+    }
+}
+
 /// A 2xx answer.
 fn is_success(up: &UpstreamResponse) -> bool {
     (200..300).contains(&up.head.status)
@@ -578,6 +654,8 @@ fn judge(
                     local: false,
                     breaker_success: !is_worker_failure(status),
                     retry,
+                    reason: "status",
+                    status: Some(status),
                 },
             ))
         }
@@ -600,6 +678,8 @@ fn judge(
                     local: e.is_local(),
                     breaker_success: false,
                     retry,
+                    reason: e.kind(),
+                    status: None,
                 },
             ))
         }
