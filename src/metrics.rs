@@ -212,6 +212,7 @@ mod handles {
         Duration(usize),
         Selection(usize, usize),
         Routed(usize, usize, bool),
+        Admission(usize, usize, usize),
         Upstream(usize),
         Ttfb,
     }
@@ -454,8 +455,12 @@ pub fn admission_wait(class: i32, waited: Duration) {
 
 /// One admission outcome of tenant `tenant` (a configured tenant's name: a bounded set).
 pub fn admission_outcome(tenant: &'static str, class: i32, outcome: &'static str) {
-    counter!("radixgate_admission_total", "tenant" => tenant, "class" => class_label(class), "outcome" => outcome)
-        .increment(1);
+    let class = class_label(class);
+    let series = Series::Admission(addr(tenant), addr(class), addr(outcome));
+    handles::counter(series, || {
+        counter!("radixgate_admission_total", "tenant" => tenant, "class" => class, "outcome" => outcome)
+    })
+    .increment(1);
 }
 
 /// Whether worker `url` counts as saturated now (refreshed at each scrape).

@@ -40,27 +40,35 @@ struct SideFleet<'a> {
 }
 
 impl SideFleet<'_> {
-    fn unsaturated(&self, class: Priority) -> impl Iterator<Item = crate::base::WorkerId> + '_ {
-        let list = self.gw.registry.load_full();
-        let ids: Vec<_> = match self.side {
-            Side::Prefill => list.prefill_ids.clone(),
-            Side::Decode => list.decode_ids.clone(),
-            Side::Any => list.ids.clone(),
-        };
-        let loads = &self.gw.registry.loads;
-        ids.into_iter().filter(move |&w| {
-            loads.is_eligible(w)
-                && !self
-                    .fc
-                    .saturation
-                    .is_saturated(w, loads.in_flight(w), class)
+    /// Calls `f` with this side's worker ids (the published list, borrowed: no copy).
+    fn with_ids<R>(&self, f: impl FnOnce(&[crate::base::WorkerId]) -> R) -> R {
+        let list = self.gw.registry.load();
+        f(match self.side {
+            Side::Prefill => &list.prefill_ids,
+            Side::Decode => &list.decode_ids,
+            Side::Any => &list.ids,
         })
+    }
+
+    /// Whether worker `w` can take a request of `class` now: eligible and not saturated.
+    fn has_room(&self, w: crate::base::WorkerId, class: Priority) -> bool {
+        let loads = &self.gw.registry.loads;
+        loads.is_eligible(w)
+            && !self
+                .fc
+                .saturation
+                .is_saturated(w, loads.in_flight(w), class)
     }
 }
 
 impl Fleet for SideFleet<'_> {
     fn room_for(&self, _room: RoomKey, class: Priority) -> usize {
-        self.unsaturated(class).take(MOST_COUNTED).count()
+        self.with_ids(|ids| {
+            ids.iter()
+                .filter(|&&w| self.has_room(w, class))
+                .take(MOST_COUNTED)
+                .count()
+        })
     }
 }
 
@@ -124,16 +132,18 @@ impl Exchange<'_> {
                 self.tenant = Some(tenant);
                 self.admitted_tokens = tokens;
                 // Routed among the workers with room when there are any: the cache-aware choice
-                // among the unsaturated ones.
-                let free: Vec<_> = fleet.unsaturated(class).collect();
-                if !free.is_empty() {
-                    let list = self.gw.registry.load_full();
-                    let ids = match side {
-                        Side::Prefill => &list.prefill_ids,
-                        _ => &list.ids,
-                    };
-                    let excluded = self.excluded_on(side);
-                    excluded.extend(ids.iter().filter(|w| !free.contains(w)));
+                // among the unsaturated ones. The usual case, every worker with room, costs
+                // one pass over the ids and no allocation (an empty Vec allocates nothing).
+                let (full, all) = fleet.with_ids(|ids| {
+                    let full: Vec<_> = ids
+                        .iter()
+                        .copied()
+                        .filter(|&w| !fleet.has_room(w, class))
+                        .collect();
+                    (full, ids.len())
+                });
+                if !full.is_empty() && full.len() < all {
+                    self.excluded_on(side).extend(full);
                 }
                 Ok(())
             }
