@@ -11,7 +11,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use radixgate::base::entropy::Entropy;
 use radixgate::http::{parse_request_head, HeadLimits};
 use radixgate::proxy::forward::{TraceHeaders, UpstreamRequest};
-use radixgate::trace::span::{now_ns, Kind, Value};
+use radixgate::trace::span::{now_ns, Kind, Leg, Value};
 use radixgate::trace::Tracer;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -55,7 +55,7 @@ fn one_request(tracer: &Tracer, e: &mut Entropy, traceparent: Option<&[u8]>) {
         ("radixgate.attempt", Value::from(1i64)),
     ];
     t.start_attempt(e, now_ns(), attrs);
-    black_box(t.traceparent_for(t.upstream_parent()));
+    black_box(t.traceparent_for(t.upstream_parent_of(Leg::Prefill)));
     t.attempt_set("http.response.status_code", 200i64);
     let end = now_ns();
     t.event("first_byte", end);

@@ -675,13 +675,9 @@ impl<'a> Exchange<'a> {
     ) -> Result<UpstreamResponse, Failure> {
         let worker = &picked.worker;
         let retry = self.may_retry();
-        if let Some(t) = self.trace.borrow_mut().as_mut() {
-            let attrs = vec![
-                ("radixgate.worker", Value::from(worker.url.clone())),
-                ("radixgate.attempt", Value::from(i64::from(self.attempts))),
-            ];
-            t.start_attempt(&mut self.core.entropy.borrow_mut(), now_ns(), attrs);
-        }
+        self.with_trace(|t, entropy| {
+            t.start_attempt(entropy, now_ns(), self.attempt_attrs(worker));
+        });
         let req = self.upstream_request(worker, self.body_for(worker)?);
         let connect_timeout = self.connect_timeout();
         let is_head = self.head.method_kind() == Method::Head;
@@ -904,9 +900,13 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    /// Attempts started so far (the one under way included).
-    pub(super) fn attempts(&self) -> u32 {
-        self.attempts
+    /// Traced: the attributes every attempt span on `worker` starts with (a PD side adds its
+    /// side).
+    pub(super) fn attempt_attrs(&self, worker: &Worker) -> Vec<(&'static str, Value)> {
+        let mut attrs = Vec::with_capacity(3);
+        attrs.push(("radixgate.worker", Value::from(worker.url.clone())));
+        attrs.push(("radixgate.attempt", Value::from(i64::from(self.attempts))));
+        attrs
     }
 
     /// Whether this request is recorded.

@@ -181,12 +181,6 @@ impl RequestTrace {
         self.root.parent_remote
     }
 
-    /// The span upstream requests name as their parent: the attempt in progress, else the
-    /// server span.
-    pub fn upstream_parent(&self) -> &[u8; 8] {
-        self.upstream_parent_of(Leg::Prefill)
-    }
-
     /// The span `leg`'s upstream request names as its parent: that leg's attempt in progress,
     /// else the server span.
     pub fn upstream_parent_of(&self, leg: Leg) -> &[u8; 8] {

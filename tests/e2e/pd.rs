@@ -11,36 +11,6 @@ use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-/// Simulated servers in one PD role (bootstrap ports ephemeral).
-fn role(n: usize, mode: DisaggMode, fail_rate: f64) -> SimCluster {
-    sim(n, |c| {
-        c.disaggregation_mode = Some(mode);
-        c.disaggregation_bootstrap_port = 0;
-        c.faults.fail_rate = fail_rate;
-    })
-}
-
-/// A PD gateway in front of these prefill and decode clusters (each prefill with its bootstrap
-/// port), with `extra` flags.
-fn pd_gateway(prefill: &[&SimCluster], decode: &[&SimCluster], extra: &[&str]) -> Running {
-    let mut args: Vec<String> = vec!["--pd-disaggregation".into()];
-    for c in prefill {
-        for (url, port) in c.urls().into_iter().zip(c.bootstrap_ports()) {
-            args.extend(["--prefill".into(), url, port.to_string()]);
-        }
-    }
-    for c in decode {
-        for url in c.urls() {
-            args.extend(["--decode".into(), url]);
-        }
-    }
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let gw = gateway(&refs);
-    wait_ready(gw.addr, Duration::from_secs(10));
-    gw
-}
-
 fn last_bootstrap(c: &SimCluster, i: usize) -> Value {
     sim_stats(c, i)["last_bootstrap"].clone()
 }
@@ -67,8 +37,8 @@ fn assert_paired(prefill: &SimCluster, p: usize, decode: &SimCluster, d: usize, 
 
 #[test]
 fn pd_round_trip_non_streaming_streaming_and_batched() {
-    let prefill = role(1, DisaggMode::Prefill, 0.0);
-    let decode = role(1, DisaggMode::Decode, 0.0);
+    let prefill = pd_role(1, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     let gw = pd_gateway(&[&prefill], &[&decode], &[]);
 
     // Non-streaming: decode's answer, all the tokens asked for (prefill makes only one).
@@ -123,8 +93,8 @@ fn pd_round_trip_non_streaming_streaming_and_batched() {
 
 #[test]
 fn non_streaming_generate_gets_the_prefill_input_logprobs_merged_in() {
-    let prefill = role(1, DisaggMode::Prefill, 0.0);
-    let decode = role(1, DisaggMode::Decode, 0.0);
+    let prefill = pd_role(1, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     let gw = pd_gateway(&[&prefill], &[&decode], &[]);
     let body = br#"{"input_ids":[5,6,7,8,9],"return_logprob":true,"logprob_start_len":0,"sampling_params":{"max_new_tokens":3}}"#;
     let r = generate(gw.addr, body);
@@ -160,8 +130,8 @@ fn sse_events(body: &[u8]) -> Vec<Value> {
 
 #[test]
 fn streamed_generate_gets_the_prefill_input_logprobs_in_every_event() {
-    let prefill = role(1, DisaggMode::Prefill, 0.0);
-    let decode = role(1, DisaggMode::Decode, 0.0);
+    let prefill = pd_role(1, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     let gw = pd_gateway(&[&prefill], &[&decode], &[]);
     let body = br#"{"input_ids":[5,6,7,8,9],"return_logprob":true,"logprob_start_len":0,"stream":true,"sampling_params":{"max_new_tokens":4}}"#;
     // The decode server's own events carry none of the prompt's logprobs (it did not compute
@@ -221,8 +191,8 @@ fn streamed_generate_gets_the_prefill_input_logprobs_in_every_event() {
 
 #[test]
 fn a_failing_prefill_is_an_error_not_a_hang() {
-    let prefill = role(1, DisaggMode::Prefill, 1.0);
-    let decode = role(1, DisaggMode::Decode, 0.0);
+    let prefill = pd_role(1, DisaggMode::Prefill, 1.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     let gw = pd_gateway(
         &[&prefill],
         &[&decode],
@@ -257,9 +227,9 @@ fn a_failing_prefill_is_an_error_not_a_hang() {
 
 #[test]
 fn a_failing_decode_is_retried_on_a_new_pair() {
-    let prefill = role(2, DisaggMode::Prefill, 0.0);
-    let bad = role(1, DisaggMode::Decode, 1.0);
-    let good = role(1, DisaggMode::Decode, 0.0);
+    let prefill = pd_role(2, DisaggMode::Prefill, 0.0);
+    let bad = pd_role(1, DisaggMode::Decode, 1.0);
+    let good = pd_role(1, DisaggMode::Decode, 0.0);
     let gw = pd_gateway(
         &[&prefill],
         &[&bad, &good],
@@ -288,9 +258,9 @@ fn a_failing_decode_is_retried_on_a_new_pair() {
 
 #[test]
 fn one_prefill_down_sends_traffic_to_the_others() {
-    let up = role(2, DisaggMode::Prefill, 0.0);
-    let down = role(1, DisaggMode::Prefill, 0.0);
-    let decode = role(1, DisaggMode::Decode, 0.0);
+    let up = pd_role(2, DisaggMode::Prefill, 0.0);
+    let down = pd_role(1, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     let gw = pd_gateway(
         &[&up, &down],
         &[&decode],
@@ -316,8 +286,8 @@ fn one_prefill_down_sends_traffic_to_the_others() {
 
 #[test]
 fn cache_aware_prefill_side_keeps_a_conversation_on_its_worker() {
-    let prefill = role(3, DisaggMode::Prefill, 0.0);
-    let decode = role(2, DisaggMode::Decode, 0.0);
+    let prefill = pd_role(3, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(2, DisaggMode::Decode, 0.0);
     let gw = pd_gateway(&[&prefill], &[&decode], &["--decode-policy", "round_robin"]);
     for conv in 0..3 {
         let system = format!(
@@ -355,8 +325,8 @@ fn cache_aware_prefill_side_keeps_a_conversation_on_its_worker() {
 
 #[test]
 fn workers_api_adds_prefill_and_decode_workers() {
-    let prefill = role(2, DisaggMode::Prefill, 0.0);
-    let decode = role(1, DisaggMode::Decode, 0.0);
+    let prefill = pd_role(2, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     // No prefill configured: not ready, and PD requests are refused, not hung.
     let gw = gateway(&[
         "--pd-disaggregation",
@@ -433,7 +403,7 @@ fn in_flight(gw: SocketAddr, url: &str) -> u64 {
 
 #[test]
 fn both_workers_stay_loaded_until_the_stream_ends_and_a_leaving_client_frees_them() {
-    let prefill = role(1, DisaggMode::Prefill, 0.0);
+    let prefill = pd_role(1, DisaggMode::Prefill, 0.0);
     // A slow decode: 40 ms of real time per token.
     let decode = sim(1, |c| {
         c.disaggregation_mode = Some(DisaggMode::Decode);
@@ -479,8 +449,8 @@ fn both_workers_stay_loaded_until_the_stream_ends_and_a_leaving_client_frees_the
 
 #[test]
 fn other_policies_pick_pairs_too() {
-    let prefill = role(2, DisaggMode::Prefill, 0.0);
-    let decode = role(2, DisaggMode::Decode, 0.0);
+    let prefill = pd_role(2, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(2, DisaggMode::Decode, 0.0);
     for (p, d) in [
         ("bucket", "power_of_two"),
         ("random", "cache_aware"),
@@ -533,8 +503,8 @@ fn a_decode_error_caused_by_its_prefill_is_blamed_on_the_prefill() {
         c.faults.fail_rate = 1.0;
         c.faults.latency_ms = 100;
     });
-    let good = role(1, DisaggMode::Prefill, 0.0);
-    let decode = role(1, DisaggMode::Decode, 0.0);
+    let good = pd_role(1, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     let nobody = closed_port();
     let dead = nobody.port.to_string();
     let good_port = good.bootstrap_ports()[0].to_string();
@@ -572,7 +542,7 @@ fn a_decode_error_caused_by_its_prefill_is_blamed_on_the_prefill() {
 
 #[test]
 fn abort_request_reaches_both_workers_of_a_pd_request() {
-    let prefill = role(1, DisaggMode::Prefill, 0.0);
+    let prefill = pd_role(1, DisaggMode::Prefill, 0.0);
     let decode = sim(1, |c| {
         c.disaggregation_mode = Some(DisaggMode::Decode);
         c.token_interval_ms = Some(2000.0);
@@ -611,8 +581,8 @@ fn abort_request_reaches_both_workers_of_a_pd_request() {
 fn a_single_flaky_decode_server_still_gets_its_retries() {
     // One decode server failing 30 % of requests: a retry goes back to it (there is no other)
     // instead of returning its error while attempts remain.
-    let prefill = role(2, DisaggMode::Prefill, 0.0);
-    let decode = role(1, DisaggMode::Decode, 0.3);
+    let prefill = pd_role(2, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.3);
     let gw = pd_gateway(
         &[&prefill],
         &[&decode],
@@ -632,8 +602,8 @@ fn a_single_flaky_decode_server_still_gets_its_retries() {
 
 #[test]
 fn a_client_that_leaves_during_the_prefill_aborts_both_halves() {
-    let prefill = role(1, DisaggMode::Prefill, 0.0);
-    let decode = role(1, DisaggMode::Decode, 0.0);
+    let prefill = pd_role(1, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     let gw = pd_gateway(&[&prefill], &[&decode], &[]);
     // The prefill server holds its request (a long prompt still computing): the decode half
     // waits for its KV, nothing has reached the client yet.
@@ -679,8 +649,8 @@ fn a_client_that_leaves_during_the_prefill_aborts_both_halves() {
 /// request whose prefill ran first succeeds.
 #[test]
 fn the_simulated_decode_server_refuses_requests_without_a_live_bootstrap_room() {
-    let prefill = role(1, DisaggMode::Prefill, 0.0);
-    let decode = role(1, DisaggMode::Decode, 0.0);
+    let prefill = pd_role(1, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     let d = worker_addr(&decode, 0);
     let generate = |body: Value| {
         request(d, "POST", "/generate", &[], body.to_string().as_bytes()).expect("decode answers")
@@ -1020,7 +990,7 @@ fn kv_events_route_the_prefill_side_in_pd_mode() {
     // A first gateway prefills prompts somewhere; a second one, started afterwards with an
     // empty text tree, finds each prompt's prefill server from that server's events alone.
     let prefill = prefill_with_events(2);
-    let decode = role(1, DisaggMode::Decode, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     let first = pd_gateway(&[&prefill], &[&decode], &["--kv-events"]);
     wait_events_live(&first, 2);
     let prompts: Vec<String> = (0..6)
@@ -1071,8 +1041,8 @@ fn moved(before: &[u64], after: &[u64]) -> usize {
 
 #[test]
 fn insert_response_text_learns_the_reply_for_the_prefill_worker() {
-    let prefill = role(2, DisaggMode::Prefill, 0.0);
-    let decode = role(1, DisaggMode::Decode, 0.0);
+    let prefill = pd_role(2, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     for (flag, expect) in [(true, true), (false, false)] {
         let extra: &[&str] = if flag {
             &["--insert-response-text"]
@@ -1111,8 +1081,8 @@ fn insert_response_text_learns_the_reply_for_the_prefill_worker() {
 
 #[test]
 fn the_target_worker_header_picks_the_prefill_worker_in_pd_mode() {
-    let prefill = role(3, DisaggMode::Prefill, 0.0);
-    let decode = role(1, DisaggMode::Decode, 0.0);
+    let prefill = pd_role(3, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     let gw = pd_gateway(
         &[&prefill],
         &[&decode],

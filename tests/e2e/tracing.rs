@@ -410,43 +410,26 @@ fn names(s: &Value) -> String {
 fn pd_each_side_has_its_attempt_span_and_a_failed_side_its_retry_reason() {
     use loadtest::sim::disagg::DisaggMode;
     let rx = Receiver::start();
-    let prefill_role = |fail_rate: f64| {
-        sim(1, move |c| {
-            c.disaggregation_mode = Some(DisaggMode::Prefill);
-            c.disaggregation_bootstrap_port = 0;
-            c.faults.fail_rate = fail_rate;
-        })
-    };
-    let bad = prefill_role(1.0);
-    let good = prefill_role(0.0);
-    let decode = sim(1, |c| c.disaggregation_mode = Some(DisaggMode::Decode));
+    let bad = pd_role(1, DisaggMode::Prefill, 1.0);
+    let good = pd_role(1, DisaggMode::Prefill, 0.0);
+    let decode = pd_role(1, DisaggMode::Decode, 0.0);
     let ep = rx.endpoint();
-    let (bad_port, good_port) = (
-        bad.bootstrap_ports()[0].to_string(),
-        good.bootstrap_ports()[0].to_string(),
+    let gw = pd_gateway(
+        &[&bad, &good],
+        &[&decode],
+        &[
+            "--prefill-policy",
+            "round_robin",
+            "--retry-initial-backoff-ms",
+            "1",
+            // One failure opens the bad prefill's circuit: the next request meets only good ones.
+            "--cb-failure-threshold",
+            "1",
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            &ep,
+        ],
     );
-    let gw = gateway(&[
-        "--pd-disaggregation",
-        "--prefill",
-        &bad.urls()[0],
-        &bad_port,
-        "--prefill",
-        &good.urls()[0],
-        &good_port,
-        "--decode",
-        &decode.urls()[0],
-        "--prefill-policy",
-        "round_robin",
-        "--retry-initial-backoff-ms",
-        "1",
-        // One failure opens the bad prefill's circuit: the next request meets only good ones.
-        "--cb-failure-threshold",
-        "1",
-        "--enable-trace",
-        "--otlp-traces-endpoint",
-        &ep,
-    ]);
-    wait_ready(gw.addr, Duration::from_secs(10));
     // Round robin: the first request meets the failing prefill, the second does not.
     for i in 0..2 {
         let r = generate(gw.addr, &gen_body(i));

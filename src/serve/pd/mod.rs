@@ -265,13 +265,10 @@ impl<'a> PdExchange<'a> {
     /// Traced: one attempt span per side, open from now (each side's upstream request names its
     /// own as the parent, so each worker's spans join under its side).
     fn trace_start(&self, pair: &Pair<'_>) {
-        let attempt = i64::from(self.ex.attempts());
         let attrs = |worker: &Worker, side: &'static str| {
-            vec![
-                ("radixgate.worker", Value::from(worker.url.clone())),
-                ("radixgate.attempt", Value::from(attempt)),
-                ("radixgate.pd_side", Value::from(side)),
-            ]
+            let mut attrs = self.ex.attempt_attrs(worker);
+            attrs.push(("radixgate.pd_side", Value::from(side)));
+            attrs
         };
         self.ex.with_trace(|t, entropy| {
             t.start_pair_attempt(

@@ -808,3 +808,33 @@ pub fn thread_nices() -> Vec<(String, i32, u32)> {
     }
     out
 }
+
+/// Simulated servers in one PD role (bootstrap ports ephemeral).
+pub fn pd_role(n: usize, mode: loadtest::sim::disagg::DisaggMode, fail_rate: f64) -> SimCluster {
+    sim(n, |c| {
+        c.disaggregation_mode = Some(mode);
+        c.disaggregation_bootstrap_port = 0;
+        c.faults.fail_rate = fail_rate;
+    })
+}
+
+/// A PD gateway in front of these prefill and decode clusters (each prefill with its bootstrap
+/// port), with `extra` flags.
+pub fn pd_gateway(prefill: &[&SimCluster], decode: &[&SimCluster], extra: &[&str]) -> Running {
+    let mut args: Vec<String> = vec!["--pd-disaggregation".into()];
+    for c in prefill {
+        for (url, port) in c.urls().into_iter().zip(c.bootstrap_ports()) {
+            args.extend(["--prefill".into(), url, port.to_string()]);
+        }
+    }
+    for c in decode {
+        for url in c.urls() {
+            args.extend(["--decode".into(), url]);
+        }
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let gw = gateway(&refs);
+    wait_ready(gw.addr, Duration::from_secs(10));
+    gw
+}
