@@ -1003,10 +1003,21 @@ fn kv_events_route_the_prefill_side_in_pd_mode() {
         })
         .collect();
     let mut holders = Vec::new();
-    for p in &prompts {
+    let first_kv = first.gateway().kv.as_ref().unwrap();
+    for (i, p) in prompts.iter().enumerate() {
         let before = received(&prefill);
         assert_eq!(generate(first.addr, p.as_bytes()).status, 200);
         holders.push(moved(&before, &received(&prefill)));
+        // The next pick weighs what each server holds: wait until this prompt's blocks are
+        // indexed, so a slow event under load cannot make both servers look empty.
+        wait_until(
+            "the first copy indexed the prompt",
+            Duration::from_secs(20),
+            || {
+                let snap = first_kv.reader.load();
+                (snap.models().map(|m| snap.blocks(m)).sum::<usize>() >= (i + 1) * 16).then_some(())
+            },
+        );
     }
     assert!(
         holders.contains(&0) && holders.contains(&1),
