@@ -392,10 +392,17 @@ pub struct Config {
     #[arg(long = "saturation-kv-usage", default_value_t = 0.95)]
     pub saturation_kv_usage: f64,
     /// Share of the KV cache kept for prioritized requests (priority above 0): requests of
-    /// priority 0 or below count a worker as saturated at --saturation-kv-usage minus this, so
-    /// an interactive class finds KV room on a fleet a batch flood fills. 0: one threshold.
+    /// priority 0 or below count a worker as saturated at --saturation-kv-usage minus this, and
+    /// at one queued request fewer than --saturation-queue-reqs (at least 1), so an interactive
+    /// class finds room on a fleet a batch flood fills. 0: one threshold.
     #[arg(long = "saturation-headroom", default_value_t = 0.0)]
     pub saturation_headroom: f64,
+    /// Prompt tokens a worker with an empty queue takes into one prefill step (SGLang's
+    /// --chunked-prefill-size): between two readings, the requests this gateway sends a worker
+    /// past that count as queued there, since the engine's queue figure is only as new as its
+    /// last step.
+    #[arg(long = "saturation-chunk-tokens", default_value_t = 8192)]
+    pub saturation_chunk_tokens: u64,
     /// Milliseconds between readings of the workers' load with --saturation-admission (the
     /// telemetry rounds run this often instead of every --worker-metrics-interval-secs).
     #[arg(long = "saturation-poll-ms", default_value_t = 100)]
@@ -599,6 +606,9 @@ impl Config {
                  --saturation-kv-usage"
                     .into(),
             );
+        }
+        if self.saturation_chunk_tokens == 0 {
+            return Err("--saturation-chunk-tokens: at least 1 (a prefill step's tokens)".into());
         }
         if self.saturation_queue_reqs == 0 {
             return Err(
@@ -834,6 +844,15 @@ mod tests {
         assert_eq!(c.max_payload_size, 536_870_912);
         assert_eq!(c.request_id_headers.len(), 4);
         assert_eq!(c.io_driver, IoDriver::Auto);
+        // Admission's own defaults: SGLang's --chunked-prefill-size for the prefill step.
+        assert_eq!(
+            (
+                c.saturation_queue_reqs,
+                c.saturation_kv_usage,
+                c.saturation_chunk_tokens
+            ),
+            (2, 0.95, 8192)
+        );
     }
 
     #[test]
@@ -863,6 +882,11 @@ mod tests {
             // A spinning core past a millisecond starves the helper threads.
             &["--busy-poll-us", "1001"],
             &["--kv-max-dp-ranks", "0"],
+            // Admission thresholds checked across flags.
+            &["--saturation-queue-reqs", "0"],
+            &["--saturation-chunk-tokens", "0"],
+            &["--saturation-headroom", "0.95"],
+            &["--saturation-kv-usage", "1.2"],
         ] {
             match parse(bad) {
                 Err(ConfigError::Clap(e)) => assert_eq!(e.exit_code(), 2, "{bad:?}"),

@@ -2,12 +2,16 @@
 //! requests, KV-cache use) and what this gateway sent it since.
 //!
 //! The engine's figures arrive once per telemetry round (every `--saturation-poll-ms` with
-//! `--saturation-admission`); between two readings every request this copy started on the
-//! worker counts as queued there when the engine was queuing at the reading, and its prompt
-//! tokens as KV in use (the worker's capacity in
-//! tokens read off the same exposition: `sglang:num_used_tokens` over `sglang:token_usage`),
-//! so a burst, or a few long prompts, cannot pour through the gap between readings. A worker
-//! never read is not saturated: admission fails open rather than hold traffic on a guess.
+//! `--saturation-admission`), and SGLang sets them only when it forms a batch (and at every
+//! 40th decode step), so each is as old as the engine's last step. Between two of them, the
+//! requests this copy started on the worker count as queued there: all of them when the engine
+//! was queuing, else those past one prefill step of prompt tokens (`chunk_tokens`), which its
+//! next step takes; and their prompt tokens count as KV in use (the worker's capacity in
+//! tokens read off the same exposition: `sglang:num_used_tokens` over `sglang:token_usage`).
+//! A busy engine that repeats its figures formed no batch since, so the counts go on from the
+//! earlier reading. A burst, or a few long prompts, cannot pour through the gap between
+//! readings. A worker never read is not saturated: admission fails open rather than hold
+//! traffic on a guess.
 
 use super::queue::Priority;
 use crate::base::WorkerId;
@@ -26,9 +30,25 @@ pub struct Thresholds {
     /// saturated this much earlier, so a batch flood cannot fill the KV an interactive class
     /// needs to start at once.
     pub headroom: f64,
+    /// Prompt tokens an engine with an empty queue takes into one prefill step (SGLang's
+    /// `--chunked-prefill-size`); requests sent past that since the last reading count as
+    /// queued.
+    pub chunk_tokens: u64,
 }
 
 impl Thresholds {
+    /// The engine queue at which a request of `class` counts a worker as saturated: with
+    /// headroom, classes of priority 0 or below stop one request earlier, so a prioritized
+    /// request finds at most that many ahead of it in an engine that serves first come, first
+    /// served, and seldom waits in the gateway.
+    pub fn queue_for(&self, class: Priority) -> u32 {
+        if class > 0 || self.headroom <= 0.0 {
+            self.queue_reqs
+        } else {
+            self.queue_reqs.saturating_sub(1).max(1)
+        }
+    }
+
     /// The KV use at which a request of `class` counts a worker as saturated.
     pub fn kv_for(&self, class: Priority) -> f64 {
         if class > 0 {
@@ -53,6 +73,13 @@ struct Reading {
     capacity: AtomicU64,
     /// Prompt tokens this copy has sent the worker, ever (only grows).
     sent: AtomicU64,
+    /// Requests this copy has sent the worker, ever (only grows).
+    started: AtomicU64,
+    /// `started` when the reading came.
+    started_then: AtomicU64,
+    /// The engine's used KV tokens at the reading (0: not given), to tell a new figure from a
+    /// repeated one.
+    used: AtomicU64,
 }
 
 const NEVER_READ: u32 = u32::MAX;
@@ -77,6 +104,9 @@ impl Saturation {
                     sent_then: AtomicU64::new(0),
                     capacity: AtomicU64::new(0),
                     sent: AtomicU64::new(0),
+                    started: AtomicU64::new(0),
+                    started_then: AtomicU64::new(0),
+                    used: AtomicU64::new(0),
                 })
                 .collect(),
             thresholds,
@@ -110,9 +140,23 @@ impl Saturation {
                     r.capacity.store((used / u).min(1e15) as u64, Relaxed);
                 }
             }
-            r.sent_then.store(r.sent.load(Relaxed), Relaxed);
-            r.own_then.store(own_now, Relaxed);
-            r.usage.store((u * 1000.0).round() as u32, Relaxed);
+            let usage = (u * 1000.0).round() as u32;
+            let used = used.filter(|t| t.is_finite() && *t >= 0.0).unwrap_or(0.0) as u64;
+            // SGLang sets these gauges when it forms a batch (and every 40th decode step), so
+            // a busy engine that repeats its figures has formed no batch since: what this copy
+            // sent after the earlier reading is still not in them and keeps counting. (An idle
+            // engine, no KV in use, repeats its zeros for good: it starts over.)
+            let repeated = usage > 0
+                && r.queued.load(Relaxed) == q
+                && r.usage.load(Relaxed) == usage
+                && r.used.load(Relaxed) == used;
+            if !repeated {
+                r.sent_then.store(r.sent.load(Relaxed), Relaxed);
+                r.started_then.store(r.started.load(Relaxed), Relaxed);
+                r.own_then.store(own_now, Relaxed);
+            }
+            r.used.store(used, Relaxed);
+            r.usage.store(usage, Relaxed);
             r.queued.store(q, Relaxed);
         }
     }
@@ -121,6 +165,7 @@ impl Saturation {
     pub fn sent(&self, w: WorkerId, tokens: u64) {
         if let Some(r) = self.readings.get(w as usize) {
             r.sent.fetch_add(tokens, Relaxed);
+            r.started.fetch_add(1, Relaxed);
         }
     }
 
@@ -131,7 +176,9 @@ impl Saturation {
             r.usage.store(0, Relaxed);
             r.own_then.store(0, Relaxed);
             r.capacity.store(0, Relaxed);
+            r.used.store(0, Relaxed);
             r.sent_then.store(r.sent.load(Relaxed), Relaxed);
+            r.started_then.store(r.started.load(Relaxed), Relaxed);
         }
     }
 
@@ -156,15 +203,23 @@ impl Saturation {
         } else {
             0.0
         };
-        // Requests started since count as queued only behind an engine that was queuing at
-        // the reading: one with an empty queue had room in its running batch, and counting a
-        // fast worker's closed-loop clients as a queue would throttle an unloaded fleet (at 64
-        // connections to one instant worker: 955 req/s instead of 55k). A burst of long
-        // prompts onto an engine with room is still held back by the token estimate.
+        // Behind an engine that was queuing at the reading every request started since
+        // waits. One with an empty queue takes a prefill step's worth of them at its next
+        // step: counting all of a fast worker's closed-loop clients as a queue would throttle
+        // an unloaded fleet (at 64 connections to one instant worker: 955 req/s instead of
+        // 55k), while long prompts past the step do wait.
         let queued_now = if queued > 0 {
             queued.saturating_add(since)
         } else {
-            0
+            let started = r
+                .started
+                .load(Relaxed)
+                .saturating_sub(r.started_then.load(Relaxed));
+            since.saturating_sub(fits_one_step(
+                started,
+                tokens_since,
+                self.thresholds.chunk_tokens,
+            ))
         };
         Some((queued_now, (usage + added).min(1.0)))
     }
@@ -177,9 +232,21 @@ impl Saturation {
     }
 }
 
+/// How many of `started` requests of `tokens` prompt tokens in all an engine with an empty
+/// queue takes into its next prefill step of `chunk` tokens: at least one, and all of them when
+/// their prompts are short. The queue gauge (SGLang sets it when it forms a batch) is as old
+/// as the engine's last step, so what came after it is only known to this copy.
+fn fits_one_step(started: u64, tokens: u64, chunk: u64) -> u32 {
+    if started == 0 || tokens == 0 {
+        return u32::MAX;
+    }
+    let mean = tokens.div_ceil(started).max(1);
+    u32::try_from((chunk / mean).max(1)).unwrap_or(u32::MAX)
+}
+
 /// The rule itself: a queue at the threshold, or KV use at the threshold of `class`.
 pub fn saturated(queued: u32, usage: f64, t: Thresholds, class: Priority) -> bool {
-    queued >= t.queue_reqs || usage >= t.kv_for(class)
+    queued >= t.queue_for(class) || usage >= t.kv_for(class)
 }
 
 #[cfg(test)]
@@ -190,6 +257,7 @@ mod tests {
         queue_reqs: 2,
         kv_usage: 0.9,
         headroom: 0.0,
+        chunk_tokens: 8192,
     };
 
     #[test]
@@ -218,9 +286,62 @@ mod tests {
             !s.is_saturated(1, 3, 0),
             "finished ones do not count below the reading"
         );
-        s.record(1, 1.0, 0.5, None, 12);
+        // The same figures again: the engine formed no batch since, so the one started after
+        // the first reading still waits.
+        s.record(1, 1.0, 0.5, None, 11);
+        assert!(s.is_saturated(1, 11, 0), "a repeated reading is no news");
+        s.record(1, 1.0, 0.6, None, 12);
         assert!(!s.is_saturated(1, 12, 0), "the new reading says one waits");
         assert!(s.is_saturated(1, 13, 0));
+        // A busy engine without a queue that repeats its figures formed no batch either: the
+        // long prompts sent since go on counting past one step's worth.
+        s.record(1, 0.0, 0.6, None, 12);
+        s.sent(1, 6_000);
+        s.sent(1, 6_000);
+        s.record(1, 0.0, 0.6, None, 14);
+        assert_eq!(s.estimate(1, 14), Some((1, 0.6)));
+        // An idle engine repeats its zeros for good: each reading starts over.
+        s.record(1, 0.0, 0.0, None, 0);
+        s.sent(1, 6_000);
+        s.sent(1, 6_000);
+        s.record(1, 0.0, 0.0, None, 2);
+        assert_eq!(s.estimate(1, 2), Some((0, 0.0)));
+    }
+
+    #[test]
+    fn past_one_prefill_step_of_prompt_tokens_requests_count_as_queued_behind_an_empty_queue() {
+        let s = Saturation::new(4, T);
+        // The reading saw no queue: the engine's next step takes up to 8,192 prompt tokens of
+        // what comes after it, and the rest waits for the step after.
+        s.record(1, 0.0, 0.5, None, 10);
+        for n in 1..=3u32 {
+            s.sent(1, 6_000);
+            let want = n.saturating_sub(1);
+            assert_eq!(s.estimate(1, 10 + n), Some((want, 0.5)), "{n} long prompts");
+        }
+        assert!(s.is_saturated(1, 13, 0), "three 6k prompts: two wait");
+        // Requests that finished meanwhile are not waiting: the estimate goes by the net.
+        assert!(!s.is_saturated(1, 11, 0));
+        // Short prompts: a whole step's worth fits, as with a fast worker's clients. (Each
+        // reading below brings new figures: a repeated one would keep the counts going.)
+        s.record(1, 0.0, 0.51, None, 10);
+        for _ in 0..300 {
+            s.sent(1, 20);
+        }
+        assert_eq!(
+            s.estimate(1, 60),
+            Some((0, 0.51)),
+            "50 more in flight, 6,000 tokens"
+        );
+        s.record(1, 0.0, 0.52, None, 10);
+        for _ in 0..100 {
+            s.sent(1, 200);
+        }
+        // 40 of 200 tokens fit a step: 60 more in flight leave 20 waiting.
+        assert_eq!(s.estimate(1, 70), Some((20, 0.52)));
+        // A new reading starts over.
+        s.record(1, 0.0, 0.53, None, 70);
+        assert_eq!(s.estimate(1, 70), Some((0, 0.53)));
     }
 
     #[test]

@@ -248,6 +248,7 @@ fn flow_control(cfg: &Config) -> Option<FlowControl> {
         queue_reqs: cfg.saturation_queue_reqs,
         kv_usage: cfg.saturation_kv_usage,
         headroom: cfg.saturation_headroom,
+        chunk_tokens: cfg.saturation_chunk_tokens,
     };
     Some(FlowControl {
         flow: flow::Flow::new(config, tenants),

@@ -277,6 +277,13 @@ pub struct Engine {
     next_id: ReqId,
     reqs: HashMap<ReqId, Req>,
     waiting: VecDeque<ReqId>,
+    /// The waiting queue the last step left behind once it took what fit: what SGLang 0.5.23's
+    /// scheduler reports as `sglang:num_queue_reqs` (its metrics reporter sets the gauge when a
+    /// batch is formed, not when a request arrives). Arrivals since that step are not in it, so
+    /// a burst an idle engine will take whole at its next step never shows as a queue. (SGLang
+    /// refreshes the gauge after every prefill batch but only every 40th decode step; this
+    /// engine refreshes it at every step, so its figure is never older than SGLang's.)
+    queued_at_plan: usize,
     /// A request whose prompt is partly computed and continues first in the next prefill.
     chunked: Option<ReqId>,
     running: Vec<ReqId>,
@@ -322,6 +329,7 @@ impl Engine {
             next_id: 1,
             reqs: HashMap::new(),
             waiting: VecDeque::new(),
+            queued_at_plan: 0,
             chunked: None,
             running: Vec::new(),
             priority_scheduling: cfg.priority_scheduling,
@@ -433,7 +441,7 @@ impl Engine {
     pub fn gauges(&self) -> Gauges {
         Gauges {
             running: self.num_running(),
-            queued: self.num_waiting(),
+            queued: self.queued_at_plan,
             used_tokens: self.cache.used_tokens(),
             capacity: self.cache.capacity(),
             evictable_tokens: self.cache.evictable_tokens(),
@@ -605,6 +613,7 @@ impl Engine {
         };
         self.continue_chunked(&mut batch);
         self.admit_waiting(&mut batch);
+        self.queued_at_plan = self.waiting.len();
         let (new_tokens, hit_tokens, loaded) = (batch.new_tokens, batch.hit_tokens, batch.loaded);
         let info = if !items.is_empty() {
             self.prefill_forward(&items, &costs, new_tokens, hit_tokens, loaded)

@@ -126,7 +126,8 @@ impl Default for Metrics {
 pub struct Gauges {
     /// Requests in the running batch (decoding or mid-prefill).
     pub running: usize,
-    /// Requests waiting to be scheduled.
+    /// Requests the last scheduling step left waiting (`sglang:num_queue_reqs`, which SGLang
+    /// sets when it forms a batch); `/get_load` reports the instantaneous queue instead.
     pub queued: usize,
     /// KV slots pinned by live requests.
     pub used_tokens: usize,

@@ -585,3 +585,51 @@ fn idle_time_counts_the_gaps_with_no_forward_to_run() {
     assert!(close(sample(&text, "sglang:gpu_idle_seconds_total"), 2.75));
     assert!(text.contains("# TYPE sglang:gpu_idle_seconds_total counter"));
 }
+
+#[test]
+fn the_queue_gauge_counts_what_the_last_step_left_waiting_not_arrivals_since() {
+    // SGLang sets sglang:num_queue_reqs when it forms a batch; /get_load reads the live queue.
+    let mut e = Engine::new(EngineConfig {
+        max_running: 2,
+        ..cfg()
+    });
+    let mut ev = Vec::new();
+    for i in 0..3 {
+        e.submit(prompt(i * 1000, 10), 50, 0.0, false).unwrap();
+    }
+    let gauge = |e: &Engine| {
+        sample(
+            &e.render_metrics("m", 0, e.now_ms()),
+            "sglang:num_queue_reqs",
+        )
+    };
+    // Nothing planned yet: an idle engine's arrivals are no queue until a step leaves them.
+    assert_eq!((e.num_waiting(), gauge(&e)), (3, 0.0));
+    e.plan().unwrap();
+    e.complete(&mut ev);
+    assert_eq!(
+        (e.num_waiting(), gauge(&e)),
+        (1, 1.0),
+        "the step took two of three"
+    );
+    // Two more arrive mid-decode: the live queue has three, the gauge still the step's one.
+    for i in 3..5 {
+        e.submit(prompt(i * 1000, 10), 50, e.now_ms(), false)
+            .unwrap();
+    }
+    assert_eq!((e.num_waiting(), gauge(&e)), (3, 1.0));
+    // The next step takes none of them (the batch is full) and reports all three.
+    e.plan().unwrap();
+    assert_eq!(gauge(&e), 3.0);
+    e.complete(&mut ev);
+    e.run_until_idle(&mut ev);
+    assert_eq!(gauge(&e), 0.0, "the last step left nothing waiting");
+    // A held request (the `hold` fault) still counts as waiting.
+    assert_eq!(
+        sample(
+            &e.render_metrics("m", 2, e.now_ms()),
+            "sglang:num_queue_reqs"
+        ),
+        2.0
+    );
+}
