@@ -84,6 +84,42 @@ struct Reading {
 
 const NEVER_READ: u32 = u32::MAX;
 
+impl Reading {
+    /// A slot never read.
+    fn unread() -> Reading {
+        Reading {
+            queued: AtomicU32::new(NEVER_READ),
+            usage: AtomicU32::new(0),
+            own_then: AtomicU32::new(0),
+            sent_then: AtomicU64::new(0),
+            capacity: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            started: AtomicU64::new(0),
+            started_then: AtomicU64::new(0),
+            used: AtomicU64::new(0),
+        }
+    }
+
+    /// What this copy sent since the reading is counted from here on, with `own_now` of its
+    /// requests in flight.
+    fn count_from_now(&self, own_now: u32) {
+        self.sent_then.store(self.sent.load(Relaxed), Relaxed);
+        self.started_then.store(self.started.load(Relaxed), Relaxed);
+        self.own_then.store(own_now, Relaxed);
+    }
+
+    /// Prompt tokens and requests this copy started on the worker since the reading.
+    fn started_since(&self) -> (u64, u64) {
+        let grown = |total: &AtomicU64, then: &AtomicU64| {
+            total.load(Relaxed).saturating_sub(then.load(Relaxed))
+        };
+        (
+            grown(&self.sent, &self.sent_then),
+            grown(&self.started, &self.started_then),
+        )
+    }
+}
+
 /// The last reading of every worker slot, shared by the telemetry thread (writer) and the
 /// serving cores (readers).
 #[derive(Debug)]
@@ -96,19 +132,7 @@ impl Saturation {
     /// Room for `slots` worker ids, none read yet.
     pub fn new(slots: usize, thresholds: Thresholds) -> Saturation {
         Saturation {
-            readings: (0..slots)
-                .map(|_| Reading {
-                    queued: AtomicU32::new(NEVER_READ),
-                    usage: AtomicU32::new(0),
-                    own_then: AtomicU32::new(0),
-                    sent_then: AtomicU64::new(0),
-                    capacity: AtomicU64::new(0),
-                    sent: AtomicU64::new(0),
-                    started: AtomicU64::new(0),
-                    started_then: AtomicU64::new(0),
-                    used: AtomicU64::new(0),
-                })
-                .collect(),
+            readings: (0..slots).map(|_| Reading::unread()).collect(),
             thresholds,
         }
     }
@@ -133,15 +157,16 @@ impl Saturation {
             } else {
                 0.0
             };
+            let used = used.filter(|t| t.is_finite() && *t >= 0.0);
             // Capacity from the two figures of one reading; a reading that cannot tell (an
             // empty cache, a missing sample) keeps the last one learnt.
-            if let Some(used) = used.filter(|t| t.is_finite() && *t >= 1.0) {
+            if let Some(used) = used.filter(|t| *t >= 1.0) {
                 if u >= 0.001 {
                     r.capacity.store((used / u).min(1e15) as u64, Relaxed);
                 }
             }
             let usage = (u * 1000.0).round() as u32;
-            let used = used.filter(|t| t.is_finite() && *t >= 0.0).unwrap_or(0.0) as u64;
+            let used = used.unwrap_or(0.0) as u64;
             // SGLang sets these gauges when it forms a batch (and every 40th decode step), so
             // a busy engine that repeats its figures has formed no batch since: what this copy
             // sent after the earlier reading is still not in them and keeps counting. (An idle
@@ -151,9 +176,7 @@ impl Saturation {
                 && r.usage.load(Relaxed) == usage
                 && r.used.load(Relaxed) == used;
             if !repeated {
-                r.sent_then.store(r.sent.load(Relaxed), Relaxed);
-                r.started_then.store(r.started.load(Relaxed), Relaxed);
-                r.own_then.store(own_now, Relaxed);
+                r.count_from_now(own_now);
             }
             r.used.store(used, Relaxed);
             r.usage.store(usage, Relaxed);
@@ -174,11 +197,9 @@ impl Saturation {
         if let Some(r) = self.readings.get(w as usize) {
             r.queued.store(NEVER_READ, Relaxed);
             r.usage.store(0, Relaxed);
-            r.own_then.store(0, Relaxed);
             r.capacity.store(0, Relaxed);
             r.used.store(0, Relaxed);
-            r.sent_then.store(r.sent.load(Relaxed), Relaxed);
-            r.started_then.store(r.started.load(Relaxed), Relaxed);
+            r.count_from_now(0);
         }
     }
 
@@ -193,10 +214,7 @@ impl Saturation {
         }
         let since = own_now.saturating_sub(r.own_then.load(Relaxed));
         let capacity = r.capacity.load(Relaxed);
-        let tokens_since = r
-            .sent
-            .load(Relaxed)
-            .saturating_sub(r.sent_then.load(Relaxed));
+        let (tokens_since, started_since) = r.started_since();
         let usage = f64::from(r.usage.load(Relaxed)) / 1000.0;
         let added = if capacity > 0 {
             tokens_since as f64 / capacity as f64
@@ -211,12 +229,8 @@ impl Saturation {
         let queued_now = if queued > 0 {
             queued.saturating_add(since)
         } else {
-            let started = r
-                .started
-                .load(Relaxed)
-                .saturating_sub(r.started_then.load(Relaxed));
             since.saturating_sub(fits_one_step(
-                started,
+                started_since,
                 tokens_since,
                 self.thresholds.chunk_tokens,
             ))

@@ -597,12 +597,14 @@ fn the_queue_gauge_counts_what_the_last_step_left_waiting_not_arrivals_since() {
     for i in 0..3 {
         e.submit(prompt(i * 1000, 10), 50, 0.0, false).unwrap();
     }
-    let gauge = |e: &Engine| {
+    // `held`: requests the `hold` fault keeps back, which count as waiting.
+    let gauge_with = |e: &Engine, held| {
         sample(
-            &e.render_metrics("m", 0, e.now_ms()),
+            &e.render_metrics("m", held, e.now_ms()),
             "sglang:num_queue_reqs",
         )
     };
+    let gauge = |e: &Engine| gauge_with(e, 0);
     // Nothing planned yet: an idle engine's arrivals are no queue until a step leaves them.
     assert_eq!((e.num_waiting(), gauge(&e)), (3, 0.0));
     e.plan().unwrap();
@@ -625,11 +627,5 @@ fn the_queue_gauge_counts_what_the_last_step_left_waiting_not_arrivals_since() {
     e.run_until_idle(&mut ev);
     assert_eq!(gauge(&e), 0.0, "the last step left nothing waiting");
     // A held request (the `hold` fault) still counts as waiting.
-    assert_eq!(
-        sample(
-            &e.render_metrics("m", 2, e.now_ms()),
-            "sglang:num_queue_reqs"
-        ),
-        2.0
-    );
+    assert_eq!(gauge_with(&e, 2), 2.0);
 }
