@@ -151,10 +151,34 @@ pub struct Config {
     /// give one worker per listed port instead).
     #[arg(long = "service-discovery-port", default_value_t = 80)]
     pub service_discovery_port: u16,
-    /// Namespace whose pods are watched (default: all namespaces, which needs cluster-wide
-    /// get/list/watch on pods).
-    #[arg(long = "service-discovery-namespace")]
+    /// Namespace whose pods are watched. Default: the gateway's own namespace when it runs in a
+    /// pod ($POD_NAMESPACE, else the service account's namespace file), else the kubeconfig
+    /// context's namespace, else `default`; never every namespace unless
+    /// --service-discovery-all-namespaces says so.
+    #[arg(
+        long = "service-discovery-namespace",
+        conflicts_with = "service_discovery_all_namespaces"
+    )]
     pub service_discovery_namespace: Option<String>,
+    /// Watch pods in every namespace (needs cluster-wide get/list/watch on pods): anyone who can
+    /// label a pod anywhere in the cluster can then make it a worker that receives prompts.
+    #[arg(long = "service-discovery-all-namespaces", action = ArgAction::SetTrue)]
+    pub service_discovery_all_namespaces: bool,
+    /// Most worker ports one pod may list in `smg.ai/worker-ports`; the ports past it are
+    /// refused (counted and logged), so one pod cannot fill the worker table.
+    #[arg(long = "service-discovery-max-ports-per-pod", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub service_discovery_max_ports_per_pod: u32,
+    /// Most workers (targets: DP ranks count one each) discovery registers; pods past it are
+    /// refused (counted and logged), so discovery cannot exhaust the worker ids.
+    #[arg(long = "service-discovery-max-workers", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..=8192))]
+    pub service_discovery_max_workers: u32,
+    /// Discovered workers probed (and registered) at once; one pod's ports are probed one at a
+    /// time, so a pod whose servers never answer cannot hold up another pod.
+    #[arg(long = "service-discovery-concurrency", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub service_discovery_concurrency: u32,
     /// PD mode: labels of prefill pods, KEY=VALUE (a pod matching both role selectors is a
     /// prefill pod).
     #[arg(long = "prefill-selector", num_args = 1.., value_parser = parse_label, value_name = "KEY=VALUE")]
@@ -1112,6 +1136,30 @@ mod tests {
         assert_eq!(c.service_discovery_port, 80, "the reference's CLI default");
         assert_eq!(c.bootstrap_port_annotation, "sglang.ai/bootstrap-port");
         assert!(c.selector.is_empty() && c.service_discovery_namespace.is_none());
+        assert!(
+            !c.service_discovery_all_namespaces,
+            "one namespace unless asked"
+        );
+        assert_eq!(c.service_discovery_max_ports_per_pod, 8);
+        assert_eq!(c.service_discovery_max_workers, 1024);
+        assert_eq!(c.service_discovery_concurrency, 8);
+        let all = parse(&["--service-discovery-all-namespaces"]).unwrap();
+        assert!(all.service_discovery_all_namespaces);
+        for bad in [
+            &[
+                "--service-discovery-all-namespaces",
+                "--service-discovery-namespace",
+                "ml",
+            ][..],
+            &["--service-discovery-max-ports-per-pod", "0"],
+            &["--service-discovery-max-workers", "16384"],
+            &["--service-discovery-concurrency", "0"],
+        ] {
+            match parse(bad) {
+                Err(ConfigError::Clap(e)) => assert_eq!(e.exit_code(), 2, "{bad:?}"),
+                other => panic!("{bad:?} accepted: {other:?}"),
+            }
+        }
         let c = parse(&[
             "--service-discovery",
             "--selector",

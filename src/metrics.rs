@@ -101,6 +101,7 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("radixgate_discovery_workers", Kind::Gauge, "Workers Kubernetes discovery registered (--service-discovery), by role."),
     ("radixgate_discovery_watch_restarts_total", Kind::Counter, "Kubernetes list/watch failures after which the watch was started again (with backoff), 410 Gone included."),
     ("radixgate_discovery_last_list_timestamp_seconds", Kind::Gauge, "Unix time of the last complete list of pods from the Kubernetes API server."),
+    ("radixgate_discovery_refused_total", Kind::Counter, "What Kubernetes discovery refused, by reason: worker ports past --service-discovery-max-ports-per-pod (ports_per_pod), workers past --service-discovery-max-workers (max_workers)."),
     ("radixgate_worker_saturated", Kind::Gauge, "1 when the worker counts as saturated for admission (its engine queue or KV use at the thresholds, with this gateway's requests since the last reading), else 0."),
 ];
 
@@ -495,6 +496,22 @@ pub fn discovery_listed(unix_secs: f64) {
 /// Kubernetes discovery's list or watch failed and is started again after a backoff.
 pub fn discovery_watch_restart() {
     counter!("radixgate_discovery_watch_restarts_total").increment(1);
+}
+
+/// What discovery refuses, by reason (`ports_per_pod`: ports past the per-pod cap;
+/// `max_workers`: workers past the per-source cap).
+const DISCOVERY_REFUSALS: [&str; 2] = ["ports_per_pod", "max_workers"];
+
+/// Discovery refused `n` of something, for `reason` (one of [`DISCOVERY_REFUSALS`]).
+pub fn discovery_refused(reason: &'static str, n: u64) {
+    counter!("radixgate_discovery_refused_total", "reason" => reason).increment(n);
+}
+
+/// Every refusal reason at zero from discovery's start.
+pub fn discovery_refused_init() {
+    for reason in DISCOVERY_REFUSALS {
+        discovery_refused(reason, 0);
+    }
 }
 
 fn set_discovery_gauges(d: &Option<([usize; 3], f64)>) {

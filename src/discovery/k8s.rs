@@ -9,6 +9,7 @@
 //! reflector's store swaps in a re-list whole, so the reconcile never sees a half-listed set. The label selector
 //! goes to the server, so only candidate pods cross the network.
 
+use super::scope::Scope;
 use super::Shared;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -33,8 +34,8 @@ const SHUTDOWN_POLL: Duration = Duration::from_millis(200);
 pub struct WatchSpec {
     /// `--kubeconfig`, else inferred (in-cluster, then `$KUBECONFIG` / `~/.kube/config`).
     pub kubeconfig: Option<PathBuf>,
-    /// `--service-discovery-namespace`; `None`: every namespace.
-    pub namespace: Option<String>,
+    /// What decides the namespace ([`super::scope::choose`], once the client is known).
+    pub scope: super::scope::Inputs,
     /// The server-side label selector.
     pub selector: String,
 }
@@ -111,9 +112,26 @@ async fn run(spec: WatchSpec, shared: Arc<Shared>, writer: Writer<Pod>) {
             }
         }
     };
-    let api: Api<Pod> = match &spec.namespace {
-        Some(ns) => Api::namespaced(client, ns),
-        None => Api::all(client),
+    let api: Api<Pod> = match super::scope::choose(&spec.scope, client.default_namespace()) {
+        Scope::One(ns, why) => {
+            crate::log!(
+                Info,
+                "discovery: watching pods with labels {} in namespace {ns} (from {})",
+                spec.selector,
+                why.as_str()
+            );
+            Api::namespaced(client, &ns)
+        }
+        Scope::All => {
+            crate::log!(
+                Warn,
+                "discovery: watching pods with labels {} in every namespace \
+                 (--service-discovery-all-namespaces): anyone who can label a pod anywhere in \
+                 the cluster can make it a worker",
+                spec.selector
+            );
+            Api::all(client)
+        }
     };
     let config = watcher::Config::default().labels(&spec.selector);
     let mut writer = writer;

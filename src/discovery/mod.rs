@@ -6,9 +6,12 @@
 //!   1 s → 300 s) on a small tokio runtime; it only keeps the pod store and counts changes.
 //! * the reconcile thread (a monoio helper, like the health checker): a level-triggered
 //!   reconcile of the desired set {url → pod uid} (`pods`) against the workers it registered
-//!   (`reconcile`), [`COALESCE`] after a change and every [`RESYNC`] anyway.
-//!   Workers are added through `Gateway::register_worker`, the admin API's path (DP ranks, PD
-//!   roles, the first probe; with `--kv-events` the health thread finds their publishers).
+//!   (`reconcile`), [`COALESCE`] after a change and every [`RESYNC`] anyway. Workers are
+//!   added through `Gateway::register_probed`, the admin API's path (DP ranks, PD roles; with
+//!   `--kv-events` the health thread finds their publishers) except that a worker is
+//!   registered only once its probe answered; additions run concurrently, bounded
+//!   (`--service-discovery-concurrency`, one per pod), under the per-pod port and per-source
+//!   worker caps.
 //!
 //! While the API server is unreachable nothing is removed: the last known workers keep serving
 //! (and `/readiness` with them), with a log line.
@@ -16,6 +19,7 @@
 mod k8s;
 pub mod pods;
 pub mod reconcile;
+pub mod scope;
 
 use crate::config::Config;
 use crate::gateway::Gateway;
@@ -32,9 +36,6 @@ pub const COALESCE: Duration = Duration::from_secs(1);
 /// A full reconcile at least this often, events or not (level-triggered: a missed event or a
 /// worker removed elsewhere is corrected within it).
 pub const RESYNC: Duration = Duration::from_secs(60);
-/// How soon a reconcile whose additions failed (a pod's server not answering yet) is tried
-/// again.
-const RETRY: Duration = Duration::from_secs(5);
 /// How often the reconcile thread looks for changes.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -64,6 +65,7 @@ pub fn rule_from(cfg: &Config) -> Rule {
         selection,
         port: cfg.service_discovery_port,
         bootstrap_annotation: cfg.bootstrap_port_annotation.clone(),
+        max_ports: cfg.service_discovery_max_ports_per_pod as usize,
     }
 }
 
@@ -86,14 +88,6 @@ pub fn spawn(gw: Arc<Gateway>) {
         );
         return;
     };
-    crate::log!(
-        Info,
-        "discovery: watching pods with labels {selector} in {}",
-        gw.cfg
-            .service_discovery_namespace
-            .as_deref()
-            .map_or("every namespace".to_string(), |n| format!("namespace {n}"))
-    );
     let (store, writer) = reflector::store::<Pod>();
     let shared = Arc::new(Shared {
         gw: gw.clone(),
@@ -103,7 +97,11 @@ pub fn spawn(gw: Arc<Gateway>) {
     });
     let spec = k8s::WatchSpec {
         kubeconfig: gw.cfg.kubeconfig.clone(),
-        namespace: gw.cfg.service_discovery_namespace.clone(),
+        scope: scope::Inputs::read(
+            gw.cfg.service_discovery_namespace.clone(),
+            gw.cfg.service_discovery_all_namespaces,
+            std::path::Path::new(scope::SERVICE_ACCOUNT_NAMESPACE),
+        ),
         selector,
     };
     k8s::spawn(spec, shared.clone(), writer);
@@ -113,38 +111,47 @@ pub fn spawn(gw: Arc<Gateway>) {
 }
 
 /// The reconcile loop: wait for a first list, then reconcile when changes have settled, on
-/// every [`RESYNC`], and soon after a failed addition.
+/// every [`RESYNC`], when an addition finished, and when a failed one is due again.
 async fn run(shared: Arc<Shared>, rule: Rule) {
     let gw = shared.gw.clone();
     let pool = crate::gateway::upstream_pool(&gw);
-    let mut reconciler = reconcile::Reconciler::new(gw.clone(), pool);
+    let limits = reconcile::Limits {
+        max_workers: gw.cfg.service_discovery_max_workers as usize,
+        concurrency: gw.cfg.service_discovery_concurrency as usize,
+    };
+    let mut reconciler = reconcile::Reconciler::new(gw.clone(), pool, limits);
     let mut seen = 0u64;
     let mut pending_since: Option<Instant> = None;
     let mut next_full = Instant::now();
+    let mut retry_at: Option<Instant> = None;
     while !gw.life.is_shutting_down() {
         monoio::time::sleep(TICK).await;
         if !shared.listed.load(Ordering::Acquire) {
             continue;
         }
+        let finished = reconciler.collect();
         let now = Instant::now();
         let changes = shared.changes.load(Ordering::Acquire);
         if changes != seen && pending_since.is_none() {
             pending_since = Some(now);
         }
         let settled = pending_since.is_some_and(|t| now.duration_since(t) >= COALESCE);
-        if !settled && now < next_full {
+        let due = retry_at.is_some_and(|t| now >= t);
+        if !settled && !finished && !due && now < next_full {
             continue;
         }
-        seen = changes;
-        pending_since = None;
+        if settled {
+            seen = changes;
+            pending_since = None;
+        }
         let pods: Vec<PodView> = shared
             .store
             .state()
             .iter()
             .map(|p| PodView::from_pod(p))
             .collect();
-        let desired = rule.desired(&pods);
-        let outcome = reconciler.reconcile(&desired).await;
-        next_full = Instant::now() + if outcome.retry_soon { RETRY } else { RESYNC };
+        let wanted = rule.wanted(&pods);
+        retry_at = reconciler.reconcile(&wanted).retry_at;
+        next_full = now + RESYNC;
     }
 }

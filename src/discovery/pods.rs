@@ -213,6 +213,28 @@ pub struct Rule {
     pub port: u16,
     /// `--bootstrap-port-annotation`.
     pub bootstrap_annotation: String,
+    /// `--service-discovery-max-ports-per-pod`: the ports past it in the annotation are refused.
+    pub max_ports: usize,
+}
+
+/// A pod that listed more worker ports than [`Rule::max_ports`]: its first ones are taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TooManyPorts {
+    /// The pod's uid (reported once per pod).
+    pub uid: String,
+    /// `namespace/name`, for the log line.
+    pub pod: String,
+    /// Distinct ports left out.
+    pub refused: usize,
+}
+
+/// The desired set and what the rule refused on the way.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Wanted {
+    /// {url → the worker it should be}.
+    pub workers: BTreeMap<String, Desired>,
+    /// Pods whose ports annotation was cut at [`Rule::max_ports`].
+    pub too_many_ports: Vec<TooManyPorts>,
 }
 
 impl Rule {
@@ -224,7 +246,13 @@ impl Rule {
         &self,
         pods: impl IntoIterator<Item = &'p PodView>,
     ) -> BTreeMap<String, Desired> {
+        self.wanted(pods).workers
+    }
+
+    /// [`Rule::desired`], with the pods whose ports annotation was cut.
+    pub fn wanted<'p>(&self, pods: impl IntoIterator<Item = &'p PodView>) -> Wanted {
         let mut out: BTreeMap<String, Desired> = BTreeMap::new();
+        let mut too_many_ports = Vec::new();
         for pod in pods {
             if pod.terminating || pod.is_finished() {
                 continue;
@@ -235,7 +263,14 @@ impl Rule {
             let Some(kind) = self.selection.kind_of(&pod.labels) else {
                 continue;
             };
-            let ports = worker_ports(pod, self.port);
+            let (ports, refused) = worker_ports(pod, self.port, self.max_ports);
+            if refused > 0 {
+                too_many_ports.push(TooManyPorts {
+                    uid: uid.clone(),
+                    pod: pod.name.clone(),
+                    refused,
+                });
+            }
             let bootstrap = bootstrap_ports(pod, &self.bootstrap_annotation);
             for (i, port) in ports.iter().enumerate() {
                 let role = match kind {
@@ -263,7 +298,10 @@ impl Rule {
                 }
             }
         }
-        out
+        Wanted {
+            workers: out,
+            too_many_ports,
+        }
     }
 }
 
@@ -284,18 +322,28 @@ fn port_list(v: &str) -> Vec<u16> {
         .collect()
 }
 
-/// The pod's worker ports: the `smg.ai/worker-ports` list, else the default port.
-fn worker_ports(pod: &PodView, default: u16) -> Vec<u16> {
-    let mut ports = pod
-        .annotations
-        .get(WORKER_PORTS_ANNOTATION)
-        .map(|v| port_list(v))
-        .unwrap_or_default();
-    ports.dedup();
+/// The pod's worker ports: the first `max` distinct ports of the `smg.ai/worker-ports` list,
+/// else the default port; with the number of distinct ports left out.
+fn worker_ports(pod: &PodView, default: u16, max: usize) -> (Vec<u16>, usize) {
+    let mut ports = Vec::new();
+    let mut refused = 0;
+    if let Some(v) = pod.annotations.get(WORKER_PORTS_ANNOTATION) {
+        let mut seen = std::collections::BTreeSet::new();
+        for p in port_list(v) {
+            if !seen.insert(p) {
+                continue;
+            }
+            if ports.len() < max {
+                ports.push(p);
+            } else {
+                refused += 1;
+            }
+        }
+    }
     if ports.is_empty() {
         ports.push(default);
     }
-    ports
+    (ports, refused)
 }
 
 /// A prefill pod's bootstrap port(s): one for all its workers, or one per worker port.
@@ -332,6 +380,7 @@ mod tests {
             selection: Selection::Regular(Labels::parse(&pairs)),
             port: 8000,
             bootstrap_annotation: "sglang.ai/bootstrap-port".into(),
+            max_ports: 8,
         }
     }
 
@@ -420,9 +469,53 @@ mod tests {
             d.keys().collect::<Vec<_>>(),
             vec!["http://10.0.0.1:30000", "http://10.0.0.1:30001"]
         );
+        assert!(rule.wanted([&p]).too_many_ports.is_empty());
         // IPv6 pods get brackets.
         let v6 = pod("b", "fd00::1", &[("app", "sglang")]);
         assert!(rule.desired([&v6]).contains_key("http://[fd00::1]:8000"));
+    }
+
+    #[test]
+    fn a_pod_gets_at_most_max_ports_workers_and_the_rest_is_reported() {
+        let rule = regular(&["app=sglang"]);
+        let mut big = pod("big", "10.0.0.1", &[("app", "sglang")]);
+        // 98 KB of ports, the first one repeated: 16,383 distinct ports.
+        let list: Vec<String> = (1..=16_384u32)
+            .map(|p| (p % 16_383 + 1).to_string())
+            .collect();
+        big.annotations
+            .insert(WORKER_PORTS_ANNOTATION.into(), list.join(","));
+        let honest = pod("ok", "10.0.0.2", &[("app", "sglang")]);
+        let w = rule.wanted([&big, &honest]);
+        let big_urls: Vec<&String> = w
+            .workers
+            .keys()
+            .filter(|u| u.starts_with("http://10.0.0.1:"))
+            .collect();
+        assert_eq!(big_urls.len(), 8, "the first 8 distinct ports");
+        for p in 2..=9 {
+            assert!(
+                w.workers.contains_key(&format!("http://10.0.0.1:{p}")),
+                "{p}"
+            );
+        }
+        assert!(w.workers.contains_key("http://10.0.0.2:8000"));
+        assert_eq!(
+            w.too_many_ports,
+            vec![TooManyPorts {
+                uid: "uid-big".into(),
+                pod: "ns/big".into(),
+                refused: 16_383 - 8,
+            }]
+        );
+        // A pod listing exactly the cap is not reported.
+        let mut eight = pod("eight", "10.0.0.3", &[("app", "sglang")]);
+        eight
+            .annotations
+            .insert(WORKER_PORTS_ANNOTATION.into(), "1,2,3,4,5,6,7,8,8".into());
+        let w = rule.wanted([&eight]);
+        assert_eq!(w.workers.len(), 8);
+        assert!(w.too_many_ports.is_empty());
     }
 
     #[test]
@@ -435,6 +528,7 @@ mod tests {
             },
             port: 8000,
             bootstrap_annotation: "sglang.ai/bootstrap-port".into(),
+            max_ports: 8,
         };
         assert_eq!(rule.selection.server_selector().as_deref(), Some("app=sgl"));
         let mut p = pod("p", "10.0.0.1", &[("app", "sgl"), ("role", "prefill")]);

@@ -90,18 +90,61 @@ impl Gateway {
         Ok(removed)
     }
 
-    /// Register a worker at run time (admin API, Kubernetes discovery): resolve its host off
-    /// the caller's thread, with `--dp-aware` read its `dp_size` (one target per rank), probe
-    /// its health endpoint once (so it is routable at once when up), then make it selectable.
-    /// `pool` is the caller's own (a serving core's, or a helper thread's). Returns the
-    /// targets added (the ranks, or the worker).
+    /// Register a worker at run time (admin API): resolve its host off the caller's thread,
+    /// with `--dp-aware` read its `dp_size` (one target per rank), probe its health endpoint
+    /// once (so it is routable at once when up), then make it selectable. A worker that does
+    /// not answer stays registered, out of selection, for the health checker to admit. `pool`
+    /// is the caller's own (a serving core's, or a helper thread's). Returns the targets added
+    /// (the ranks, or the worker).
     pub async fn register_worker(
         &self,
         pool: &Pool,
         url: &str,
         role: Role,
     ) -> Result<Vec<Arc<Worker>>, RegistryError> {
-        let gw = self;
+        let found = self.prepare(pool, url).await?;
+        let added =
+            self.registry
+                .add_server(url, found.parsed, found.addrs, false, role, found.dp_size)?;
+        let Some(worker) = added.first().cloned() else {
+            return Err(RegistryError::Full);
+        };
+        let healthy = self.probe(pool, &worker).await;
+        self.registry.set_healthy(&worker, healthy);
+        self.announce(&added, healthy);
+        Ok(added)
+    }
+
+    /// Register a worker only once it answers (Kubernetes discovery): as
+    /// [`Gateway::register_worker`], but the health endpoint is probed *before* any worker id
+    /// is taken, so servers that never answer cannot fill the worker table, and `fits` is
+    /// asked with the number of targets (DP ranks) first, so the caller can hold its own cap.
+    pub async fn register_probed(
+        &self,
+        pool: &Pool,
+        url: &str,
+        role: Role,
+        fits: &dyn Fn(usize) -> bool,
+    ) -> Result<Vec<Arc<Worker>>, NotAdded> {
+        let found = self.prepare(pool, url).await.map_err(NotAdded::Registry)?;
+        let targets = found.dp_size.map_or(1, |n| n as usize);
+        if !fits(targets) {
+            return Err(NotAdded::OverCap(targets));
+        }
+        let probe = Worker::detached(url, found.parsed.clone(), found.addrs.clone());
+        if !self.probe(pool, &probe).await {
+            return Err(NotAdded::NotAnswering);
+        }
+        let added = self
+            .registry
+            .add_server(url, found.parsed, found.addrs, true, role, found.dp_size)
+            .map_err(NotAdded::Registry)?;
+        self.announce(&added, true);
+        Ok(added)
+    }
+
+    /// Parse and resolve `url`; with `--dp-aware`, read its `dp_size`.
+    async fn prepare(&self, pool: &Pool, url: &str) -> Result<Found, RegistryError> {
         let parsed = registry::parse_worker_url(url).map_err(|e| RegistryError::BadUrl(e.0))?;
         let addrs = match registry::literal_addrs(&parsed) {
             Some(a) => a,
@@ -109,7 +152,7 @@ impl Gateway {
         };
         // Every role: in PD mode each side's ranks are targets of their own (the decode body also
         // names its prefill twin's rank).
-        let dp_size = if gw.cfg.dp_aware {
+        let dp_size = if self.cfg.dp_aware {
             let probe = Worker::detached(url, parsed.clone(), addrs.clone());
             let n = crate::gateway::dp::fetch_dp_size(pool, &probe)
                 .await
@@ -118,29 +161,64 @@ impl Gateway {
         } else {
             None
         };
-        let added = gw
-            .registry
-            .add_server(url, parsed, addrs, false, role, dp_size)?;
-        let Some(worker) = added.first().cloned() else {
-            return Err(RegistryError::Full);
-        };
-        let healthy = gw.cfg.disable_health_check || {
-            let timeout = Duration::from_secs(gw.cfg.health_check_timeout_secs);
-            let path = &gw.cfg.health_check_endpoint;
-            let probe = forward::fetch(pool, &worker, Method::Get, path, Bytes::new(), timeout);
+        Ok(Found {
+            parsed,
+            addrs,
+            dp_size,
+        })
+    }
+
+    /// One health probe (true with `--disable-health-check`).
+    async fn probe(&self, pool: &Pool, worker: &Worker) -> bool {
+        self.cfg.disable_health_check || {
+            let timeout = Duration::from_secs(self.cfg.health_check_timeout_secs);
+            let path = &self.cfg.health_check_endpoint;
+            let probe = forward::fetch(pool, worker, Method::Get, path, Bytes::new(), timeout);
             matches!(probe.await, Ok((200..=299, _)))
-        };
-        gw.registry.set_healthy(&worker, healthy);
-        gw.membership_changed();
-        crate::log!(
-            Info,
-            "worker {} added (id {}, {}, {} target(s), healthy: {healthy})",
-            worker.server_url,
-            worker.id,
-            worker.role.as_str(),
-            added.len()
-        );
-        Ok(added)
+        }
+    }
+
+    /// Tell the policies and the log about newly registered targets.
+    fn announce(&self, added: &[Arc<Worker>], healthy: bool) {
+        self.membership_changed();
+        if let Some(worker) = added.first() {
+            crate::log!(
+                Info,
+                "worker {} added (id {}, {}, {} target(s), healthy: {healthy})",
+                worker.server_url,
+                worker.id,
+                worker.role.as_str(),
+                added.len()
+            );
+        }
+    }
+}
+
+/// A worker URL made ready for registration.
+struct Found {
+    parsed: WorkerUrl,
+    addrs: Vec<SocketAddr>,
+    dp_size: Option<u32>,
+}
+
+/// Why [`Gateway::register_probed`] registered nothing.
+#[derive(Debug)]
+pub enum NotAdded {
+    /// The registry (or resolution, or `--dp-aware`'s `/get_server_info`) refused it.
+    Registry(RegistryError),
+    /// Its health endpoint did not answer 2xx in time: nothing was registered.
+    NotAnswering,
+    /// Its targets (this many) do not fit the caller's cap.
+    OverCap(usize),
+}
+
+impl std::fmt::Display for NotAdded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotAdded::Registry(e) => e.fmt(f),
+            NotAdded::NotAnswering => f.write_str("its health endpoint did not answer"),
+            NotAdded::OverCap(n) => write!(f, "its {n} target(s) are over the cap"),
+        }
     }
 }
 

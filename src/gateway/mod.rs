@@ -24,6 +24,7 @@ pub mod kv;
 mod lifecycle;
 pub mod limit;
 mod membership;
+pub use self::membership::NotAdded;
 mod models;
 pub mod requests;
 mod router;

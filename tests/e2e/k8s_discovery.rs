@@ -558,13 +558,18 @@ fn k8s_pd_roles_with_the_bootstrap_annotation() {
 }
 
 /// A selector that matches no pod adds nothing (and watches, so a pod that comes to match
-/// later is added); with no namespace flag every namespace is watched.
+/// later is added). With no namespace flag, outside a pod, only the kubeconfig context's
+/// namespace is watched: a matching pod in another namespace is never a worker; every
+/// namespace only with `--service-discovery-all-namespaces`.
 #[test]
-fn k8s_a_selector_that_matches_nothing() {
-    let cluster = sim(1, |_| {});
-    let p0 = cluster.ports()[0];
+fn k8s_only_the_own_namespace_by_default() {
+    let cluster = sim(2, |_| {});
+    let (p0, p1) = (cluster.ports()[0], cluster.ports()[1]);
     let stub = Stub::start(&[]);
     stub.put(&pod("a", "ua", p0, json!({"app": "sgl"}), true));
+    let mut foreign = pod("f", "uf", p1, json!({"app": "nothing"}), true);
+    foreign["metadata"]["namespace"] = json!("elsewhere");
+    stub.put(&foreign);
     let gw = gateway(&[
         "--service-discovery",
         "--kubeconfig",
@@ -575,13 +580,212 @@ fn k8s_a_selector_that_matches_nothing() {
     wait_until("a watch", FOLLOW, || {
         (stub.watches_started() > 0).then_some(())
     });
-    std::thread::sleep(Duration::from_millis(2500));
-    assert!(urls(&gw).is_empty(), "no pod matches");
-    assert!(stub.requests().iter().all(|r| r["path"] == "/api/v1/pods"));
-    let mut later = pod("b", "ub", p0, json!({"app": "nothing"}), true);
-    later["metadata"]["namespace"] = json!("elsewhere");
-    stub.put(&later);
-    wait_urls(&gw, &[url(p0)], "a pod in another namespace that matches");
+    // A matching pod in the watched namespace arrives; the foreign one never does.
+    stub.put(&pod("b", "ub", p0, json!({"app": "nothing"}), true));
+    wait_urls(&gw, &[url(p0)], "a matching pod in the context's namespace");
+    let sent = stub.requests();
+    assert!(
+        sent.iter()
+            .all(|r| r["path"] == "/api/v1/namespaces/default/pods"),
+        "only the kubeconfig context's namespace is asked for: {sent:?}"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        urls(&gw),
+        vec![url(p0)],
+        "the other namespace's pod is not a worker"
+    );
+    drop(gw);
+
+    // Asked for: every namespace.
+    let gw = gateway(&[
+        "--service-discovery",
+        "--kubeconfig",
+        stub.kubeconfig(),
+        "--service-discovery-all-namespaces",
+        "--selector",
+        "app=nothing",
+    ]);
+    wait_urls(&gw, &[url(p0), url(p1)], "every namespace when asked");
+    assert!(stub.requests().iter().any(|r| r["path"] == "/api/v1/pods"));
+}
+
+/// One sample of a process-wide metric series (`name{labels}` as rendered), 0 when absent.
+fn metric(series: &str) -> f64 {
+    let text = radixgate::metrics::install()
+        .map(|h| h.render())
+        .unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
+const REFUSED_PORTS: &str = r#"radixgate_discovery_refused_total{reason="ports_per_pod"}"#;
+const REFUSED_WORKERS: &str = r#"radixgate_discovery_refused_total{reason="max_workers"}"#;
+
+/// A pod listing 16,384 ports (a 98 KB annotation) gets at most
+/// `--service-discovery-max-ports-per-pod` (8) workers, and only those that answer their probe
+/// take a worker id; the rest are counted. An honest pod added after it is registered and
+/// `/readiness` stays ready.
+#[test]
+fn k8s_a_huge_ports_annotation_does_not_take_the_worker_table() {
+    let cluster = sim(1, |_| {});
+    let p0 = cluster.ports()[0];
+    let stub = Stub::start(&[]);
+    // Ports 1 to 8 first (nothing listens there: they refuse), then the top of the range, the
+    // honest pod's port left out: 16,384 ports, 98 KB.
+    let ports: Vec<String> = (1..=8u32)
+        .chain(49_152..=65_535)
+        .filter(|&p| p != u32::from(p0))
+        .take(16_384)
+        .map(|p| p.to_string())
+        .collect();
+    let annotation = ports.join(",");
+    assert!(annotation.len() > 95_000, "{}", annotation.len());
+    let mut big = pod("big", "u-big", 0, json!({"app": "sgl"}), true);
+    big["metadata"]["annotations"]["smg.ai/worker-ports"] = json!(annotation);
+    stub.put(&big);
+    let refused_before = metric(REFUSED_PORTS);
+    let gw = discovering(&stub, &["--selector", "app=sgl"]);
+    wait_until("the refused ports counted", FOLLOW, || {
+        (metric(REFUSED_PORTS) >= refused_before + 16_376.0).then_some(())
+    });
+    let put_at = Instant::now();
+    stub.put(&pod("honest", "u-honest", p0, json!({"app": "sgl"}), true));
+    let end = Instant::now() + FOLLOW;
+    loop {
+        let now = workers(&gw);
+        let honest = now
+            .iter()
+            .any(|w| w["url"] == url(p0).as_str() && w["healthy"] == true);
+        if honest {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the honest pod was not registered; {} workers registered",
+            now.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "honest pod routable {:?} after it was created, beside a pod of 16,384 ports",
+        put_at.elapsed()
+    );
+    wait_ready(gw.addr, FOLLOW);
+    assert_eq!(readiness(&gw), 200);
+    assert_eq!(
+        urls(&gw),
+        vec![url(p0)],
+        "ports that do not answer take no worker id"
+    );
+    assert_eq!(served_port(&gw), p0);
+}
+
+/// A pod whose 8 ports accept TCP connections and never answer (each probe waits out its 5 s)
+/// does not hold up another pod: the honest pod is routable within a small bound.
+#[test]
+fn k8s_a_pod_that_never_answers_does_not_hold_up_another() {
+    let cluster = sim(1, |_| {});
+    let p0 = cluster.ports()[0];
+    // Listening but never accepting: the kernel completes the handshake, nothing answers.
+    let hung: Vec<std::net::TcpListener> = (0..8)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let list: Vec<String> = hung
+        .iter()
+        .map(|l| l.local_addr().unwrap().port().to_string())
+        .collect();
+    for l in &hung {
+        l.set_nonblocking(true).unwrap();
+    }
+    let stub = Stub::start(&[]);
+    let mut bad = pod("hung", "u-hung", 0, json!({"app": "sgl"}), true);
+    bad["metadata"]["annotations"]["smg.ai/worker-ports"] = json!(list.join(","));
+    stub.put(&bad);
+    let gw = discovering(
+        &stub,
+        &["--selector", "app=sgl", "--health-check-timeout-secs", "5"],
+    );
+    // Accepted (and held open, unanswered) so the probe is known to be under way.
+    let mut held = Vec::new();
+    wait_until("a probe of the hung pod", FOLLOW, || {
+        for l in &hung {
+            if let Ok((s, _)) = l.accept() {
+                held.push(s);
+            }
+        }
+        (!held.is_empty()).then_some(())
+    });
+    let put_at = Instant::now();
+    stub.put(&pod("honest", "u-honest", p0, json!({"app": "sgl"}), true));
+    // Bounded by far more than the old sequential probes (8 × 5 s), to measure them.
+    let end = put_at + Duration::from_secs(60);
+    while worker(&gw, &url(p0)).is_none_or(|w| w["healthy"] != true) {
+        assert!(Instant::now() < end, "the honest pod never registered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = put_at.elapsed();
+    eprintln!("honest pod routable {took:?} after it was created");
+    assert!(
+        took < Duration::from_secs(4),
+        "the honest pod waited {took:?} behind probes that never answer"
+    );
+    assert_eq!(served_port(&gw), p0);
+    assert_eq!(
+        urls(&gw),
+        vec![url(p0)],
+        "unanswered probes register nothing"
+    );
+    drop(held);
+}
+
+/// `--service-discovery-max-workers`: past the cap pods are refused and counted; when a
+/// registered pod leaves, a refused one takes its place.
+#[test]
+fn k8s_the_worker_cap_per_source() {
+    let cluster = sim(3, |_| {});
+    let p = cluster.ports();
+    let stub = Stub::start(&[]);
+    for (i, port) in p.iter().enumerate() {
+        stub.put(&pod(
+            &format!("w{i}"),
+            &format!("u{i}"),
+            *port,
+            json!({"app": "sgl"}),
+            true,
+        ));
+    }
+    let before = metric(REFUSED_WORKERS);
+    let gw = discovering(
+        &stub,
+        &[
+            "--selector",
+            "app=sgl",
+            "--service-discovery-max-workers",
+            "2",
+        ],
+    );
+    wait_until("a refusal counted", FOLLOW, || {
+        (metric(REFUSED_WORKERS) > before).then_some(())
+    });
+    wait_until("two workers", FOLLOW, || {
+        (urls(&gw).len() == 2).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let first = urls(&gw);
+    assert_eq!(first.len(), 2, "never more than the cap: {first:?}");
+    let gone = first[0].clone();
+    let gone_i = p.iter().position(|port| url(*port) == gone).unwrap();
+    stub.delete(&format!("w{gone_i}"));
+    let rest: Vec<String> = p
+        .iter()
+        .filter(|port| url(**port) != gone)
+        .map(|port| url(*port))
+        .collect();
+    wait_urls(&gw, &rest, "the refused pod takes the freed place");
 }
 
 /// Discovery never removes what it did not add: a static `--worker-urls` worker and an
