@@ -165,3 +165,53 @@ fn queue_full_answers_saturate_the_worker_for_admission() {
     let _busy = busy();
     flood_finds_the_room_the_fleet_has(&["--saturation-admission", "--saturation-poll-ms", "50"]);
 }
+
+#[test]
+fn a_worker_s_retry_after_is_waited_for_only_where_it_fits() {
+    // One worker: a retry has nowhere else to go, so its Retry-After decides the wait.
+    let f = Foreign::start(&[]);
+    let gw = gateway_for(
+        &[f.url()],
+        &[
+            "--retry-initial-backoff-ms",
+            "1",
+            "--retry-max-backoff-ms",
+            "3000",
+            "--cb-failure-threshold",
+            "2",
+        ],
+    );
+    // A wait that fits the policy: the retry comes after it, and is answered.
+    f.knobs(serde_json::json!({"fail_next": 1, "fail_status": 503, "fail_retry_after": "1"}));
+    let t = Instant::now();
+    let r = generate(gw.addr, br#"{"text":"after a second"}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        t.elapsed() >= std::time::Duration::from_millis(950),
+        "retried after {:?}, before the second the worker asked for",
+        t.elapsed()
+    );
+    assert_eq!(f.count("received"), 2);
+    // A wait past --retry-max-backoff-ms: the client hears it at once, Retry-After included,
+    // instead of the gateway hammering the worker or sleeping on it.
+    f.knobs(serde_json::json!({"fail_next": 1, "fail_status": 429, "fail_retry_after": "60"}));
+    let t = Instant::now();
+    let r = generate(gw.addr, br#"{"text":"not now"}"#);
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("60"));
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(f.count("received"), 3, "no retry within the minute asked");
+    // Without Retry-After, backpressure is retried at the policy's pace, and neither kind
+    // opened the circuit (two failures in a row would have).
+    f.knobs(serde_json::json!({"fail_next": 3, "fail_status": 503, "fail_retry_after": null}));
+    let r = generate(gw.addr, br#"{"text":"third time"}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let w = request(gw.addr, "GET", "/workers", &[], b"")
+        .unwrap()
+        .json();
+    assert_eq!(w["workers"][0]["circuit"], "closed", "{w}");
+}
