@@ -59,6 +59,7 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("smg_worker_health", Kind::Gauge, "1 when the worker is selectable (healthy, circuit not open), else 0."),
     ("smg_worker_pool_size", Kind::Gauge, "Workers registered."),
     ("smg_worker_retries_total", Kind::Counter, "Requests moved to another worker after a failed attempt."),
+    ("radixgate_worker_backpressure_total", Kind::Counter, "Backpressure answers (429, 503) from each worker: not counted against its circuit."),
     ("smg_worker_cb_transitions_total", Kind::Counter, "Circuit breaker transitions, by the state entered."),
     ("smg_router_requests_total", Kind::Counter, "Routed requests, by model, endpoint and streaming."),
     ("radixgate_time_to_first_byte_seconds", Kind::Histogram, "Time from request start to the first response body byte sent to the client."),
@@ -332,6 +333,11 @@ pub fn trace_export_failed(n: u64) {
 /// A request moved to another worker.
 pub fn retry() {
     counter!("smg_worker_retries_total").increment(1);
+}
+
+/// Worker `url` answered backpressure (429 or 503: busy, not broken).
+pub fn worker_backpressure(url: &str) {
+    counter!("radixgate_worker_backpressure_total", "worker" => url.to_string()).increment(1);
 }
 
 /// A worker's circuit moved to state `to` ("open", "half_open", "closed").

@@ -10,8 +10,18 @@
 //! tokens read off the same exposition: `sglang:num_used_tokens` over `sglang:token_usage`).
 //! A busy engine that repeats its figures formed no batch since, so the counts go on from the
 //! earlier reading. A burst, or a few long prompts, cannot pour through the gap between
-//! readings. A worker never read is not saturated: admission fails open rather than hold
-//! traffic on a guess.
+//! readings.
+//!
+//! A worker without a reading (never read yet, or its readings failed for a few rounds in a
+//! row) is not given unlimited room on a guess: it counts as saturated once this copy has more
+//! requests in flight on it than its fair share, the mean over its side's eligible workers
+//! (rounded up). It then takes about as much as the others do, while a fleet that cannot be
+//! read at all is never saturated as a whole (the least loaded worker is never above the mean):
+//! admission fails open there rather than hold traffic on nothing.
+//!
+//! A worker that answered backpressure (429, or SGLang's 503 "The request queue is full.") is
+//! saturated for every class from then until a reading from a later telemetry round, whatever
+//! its last figures said: the engine said so itself.
 
 use super::queue::Priority;
 use crate::base::WorkerId;
@@ -80,6 +90,9 @@ struct Reading {
     /// The engine's used KV tokens at the reading (0: not given), to tell a new figure from a
     /// repeated one.
     used: AtomicU64,
+    /// The worker answered backpressure: the first telemetry round whose reading clears it
+    /// (0: no backpressure pending).
+    pushed_back: AtomicU64,
 }
 
 const NEVER_READ: u32 = u32::MAX;
@@ -97,6 +110,7 @@ impl Reading {
             started: AtomicU64::new(0),
             started_then: AtomicU64::new(0),
             used: AtomicU64::new(0),
+            pushed_back: AtomicU64::new(0),
         }
     }
 
@@ -126,6 +140,8 @@ impl Reading {
 pub struct Saturation {
     readings: Box<[Reading]>,
     thresholds: Thresholds,
+    /// The telemetry round under way (see [`Saturation::begin_round`]).
+    round: AtomicU64,
 }
 
 impl Saturation {
@@ -134,6 +150,7 @@ impl Saturation {
         Saturation {
             readings: (0..slots).map(|_| Reading::unread()).collect(),
             thresholds,
+            round: AtomicU64::new(0),
         }
     }
 
@@ -184,6 +201,30 @@ impl Saturation {
         }
     }
 
+    /// The telemetry thread starts a round of readings: returns its number (from 1), which
+    /// [`Saturation::settle`] is given for each worker the round reads (or fails to read).
+    pub fn begin_round(&self) -> u64 {
+        self.round.fetch_add(1, Relaxed) + 1
+    }
+
+    /// Worker `w` answered backpressure: saturated until a round that starts after now has
+    /// read it (a reading already under way may predate the answer).
+    pub fn push_back(&self, w: WorkerId) {
+        if let Some(r) = self.readings.get(w as usize) {
+            r.pushed_back.store(self.round.load(Relaxed) + 1, Relaxed);
+        }
+    }
+
+    /// Round `round` read worker `w`, or failed to: a backpressure mark from before the round
+    /// began is over (a worker that cannot be read then goes by the fair-share rule).
+    pub fn settle(&self, w: WorkerId, round: u64) {
+        if let Some(r) = self.readings.get(w as usize) {
+            let _ = r
+                .pushed_back
+                .fetch_update(Relaxed, Relaxed, |m| (m != 0 && round >= m).then_some(0));
+        }
+    }
+
     /// This copy sent worker `w` a request of `tokens` prompt tokens.
     pub fn sent(&self, w: WorkerId, tokens: u64) {
         if let Some(r) = self.readings.get(w as usize) {
@@ -199,6 +240,7 @@ impl Saturation {
             r.usage.store(0, Relaxed);
             r.capacity.store(0, Relaxed);
             r.used.store(0, Relaxed);
+            r.pushed_back.store(0, Relaxed);
             r.count_from_now(0);
         }
     }
@@ -239,11 +281,38 @@ impl Saturation {
     }
 
     /// Whether worker `w` is saturated for a request of `class`, with `own_now` of this
-    /// copy's requests on it.
-    pub fn is_saturated(&self, w: WorkerId, own_now: u32, class: Priority) -> bool {
-        self.estimate(w, own_now)
-            .is_some_and(|(q, u)| saturated(q, u, self.thresholds, class))
+    /// copy's requests on it: it answered backpressure since its last reading, or its reading
+    /// says so, or, without a reading, `own_now` is above `fair_share()` (this copy's mean
+    /// in flight per eligible worker of its side; asked only for a worker without a reading).
+    pub fn is_saturated(
+        &self,
+        w: WorkerId,
+        own_now: u32,
+        class: Priority,
+        fair_share: impl FnOnce() -> u32,
+    ) -> bool {
+        if self
+            .readings
+            .get(w as usize)
+            .is_some_and(|r| r.pushed_back.load(Relaxed) != 0)
+        {
+            return true;
+        }
+        match self.estimate(w, own_now) {
+            Some((q, u)) => saturated(q, u, self.thresholds, class),
+            None => own_now > fair_share(),
+        }
     }
+}
+
+/// The fair share of one worker among workers with `in_flight` requests each: their mean,
+/// rounded up (0 without workers). A worker without a reading above it counts as saturated.
+pub fn fair_share(in_flight: impl Iterator<Item = u32>) -> u32 {
+    let (sum, n) = in_flight.fold((0u64, 0u64), |(s, n), f| (s + u64::from(f), n + 1));
+    if n == 0 {
+        return 0;
+    }
+    u32::try_from(sum.div_ceil(n)).unwrap_or(u32::MAX)
 }
 
 /// How many of `started` requests of `tokens` prompt tokens in all an engine with an empty
@@ -275,11 +344,56 @@ mod tests {
     };
 
     #[test]
-    fn a_worker_never_read_is_not_saturated() {
+    fn a_worker_without_a_reading_takes_no_more_than_its_fair_share() {
         let s = Saturation::new(4, T);
         assert_eq!(s.estimate(1, 100), None);
-        assert!(!s.is_saturated(1, 100, 0));
-        assert!(!s.is_saturated(99, 0, 0), "an id outside the table");
+        // Never read: room up to the mean of its side, not without end.
+        assert!(!s.is_saturated(1, 5, 0, || 5), "at its fair share");
+        assert!(s.is_saturated(1, 6, 0, || 5), "past it");
+        assert!(s.is_saturated(1, 100, 0, || 0), "100 in flight on a guess");
+        assert!(!s.is_saturated(99, 0, 0, || 0), "an id outside the table");
+        // A reading replaces the rule; forgetting it (stale readings) brings it back.
+        s.record(1, 0.0, 0.1, None, 100);
+        assert!(!s.is_saturated(1, 100, 0, || 0));
+        s.forget(1);
+        assert!(s.is_saturated(1, 100, 0, || 0));
+        // The share is the mean, rounded up: a fleet nobody can read is never all saturated.
+        assert_eq!(fair_share([3, 0, 0].into_iter()), 1);
+        assert_eq!(fair_share([4, 4, 4].into_iter()), 4);
+        assert_eq!(fair_share(std::iter::empty()), 0);
+        let loads = [7u32, 2, 3];
+        let fair = fair_share(loads.into_iter());
+        assert!(loads.iter().any(|&l| !s.is_saturated(2, l, 0, || fair)));
+    }
+
+    #[test]
+    fn backpressure_saturates_until_a_later_round_reads_the_worker() {
+        let s = Saturation::new(4, T);
+        s.record(1, 0.0, 0.1, None, 0);
+        let round = s.begin_round();
+        s.push_back(1);
+        for class in [-1, 0, 5] {
+            assert!(s.is_saturated(1, 0, class, || 0), "class {class}");
+        }
+        // The round under way may have read the worker before its answer: no news.
+        s.settle(1, round);
+        s.record(1, 0.0, 0.1, None, 0);
+        assert!(s.is_saturated(1, 0, 0, || 0));
+        // The next round's reading (or failed reading) ends it.
+        let next = s.begin_round();
+        s.settle(1, next);
+        assert!(!s.is_saturated(1, 0, 0, || 0));
+        // Also for a worker never read, which then goes by its fair share.
+        s.push_back(2);
+        assert!(s.is_saturated(2, 0, 0, || 10));
+        s.settle(2, s.begin_round());
+        assert!(!s.is_saturated(2, 0, 0, || 10));
+        s.push_back(3);
+        s.forget(3);
+        assert!(
+            !s.is_saturated(3, 0, 0, || 10),
+            "a replaced worker starts afresh"
+        );
     }
 
     #[test]
@@ -289,24 +403,33 @@ mod tests {
         s.record(1, 0.0, 0.5, None, 10);
         assert_eq!(s.estimate(1, 10), Some((0, 0.5)));
         assert!(
-            !s.is_saturated(1, 50, 0),
+            !s.is_saturated(1, 50, 0, || 0),
             "closed-loop clients of a fast worker"
         );
         // An engine that was queuing: each request started since waits behind it.
         s.record(1, 1.0, 0.5, None, 10);
         assert_eq!(s.estimate(1, 10), Some((1, 0.5)));
-        assert!(s.is_saturated(1, 11, 0), "one started since the reading");
         assert!(
-            !s.is_saturated(1, 3, 0),
+            s.is_saturated(1, 11, 0, || 0),
+            "one started since the reading"
+        );
+        assert!(
+            !s.is_saturated(1, 3, 0, || 0),
             "finished ones do not count below the reading"
         );
         // The same figures again: the engine formed no batch since, so the one started after
         // the first reading still waits.
         s.record(1, 1.0, 0.5, None, 11);
-        assert!(s.is_saturated(1, 11, 0), "a repeated reading is no news");
+        assert!(
+            s.is_saturated(1, 11, 0, || 0),
+            "a repeated reading is no news"
+        );
         s.record(1, 1.0, 0.6, None, 12);
-        assert!(!s.is_saturated(1, 12, 0), "the new reading says one waits");
-        assert!(s.is_saturated(1, 13, 0));
+        assert!(
+            !s.is_saturated(1, 12, 0, || 0),
+            "the new reading says one waits"
+        );
+        assert!(s.is_saturated(1, 13, 0, || 0));
         // A busy engine without a queue that repeats its figures formed no batch either: the
         // long prompts sent since go on counting past one step's worth.
         s.record(1, 0.0, 0.6, None, 12);
@@ -333,9 +456,9 @@ mod tests {
             let want = n.saturating_sub(1);
             assert_eq!(s.estimate(1, 10 + n), Some((want, 0.5)), "{n} long prompts");
         }
-        assert!(s.is_saturated(1, 13, 0), "three 6k prompts: two wait");
+        assert!(s.is_saturated(1, 13, 0, || 0), "three 6k prompts: two wait");
         // Requests that finished meanwhile are not waiting: the estimate goes by the net.
-        assert!(!s.is_saturated(1, 11, 0));
+        assert!(!s.is_saturated(1, 11, 0, || 0));
         // Short prompts: a whole step's worth fits, as with a fast worker's clients. (Each
         // reading below brings new figures: a repeated one would keep the counts going.)
         s.record(1, 0.0, 0.51, None, 10);
@@ -362,7 +485,7 @@ mod tests {
     fn kv_use_alone_saturates_and_bad_figures_are_clamped() {
         let s = Saturation::new(4, T);
         s.record(2, 0.0, 0.95, None, 0);
-        assert!(s.is_saturated(2, 0, 0));
+        assert!(s.is_saturated(2, 0, 0, || 0));
         s.record(2, f64::NAN, f64::INFINITY, None, 0);
         assert_eq!(s.estimate(2, 0), Some((0, 0.0)));
         s.record(2, 1e12, 7.0, None, 0);
@@ -380,9 +503,12 @@ mod tests {
         s.sent(1, 45_000);
         let (_, u) = s.estimate(1, 1).unwrap();
         assert!((u - 0.85).abs() < 1e-9, "{u}");
-        assert!(!s.is_saturated(1, 1, 0));
+        assert!(!s.is_saturated(1, 1, 0, || 0));
         s.sent(1, 6_000);
-        assert!(s.is_saturated(1, 1, 0), "51,000 tokens since: past 0.9");
+        assert!(
+            s.is_saturated(1, 1, 0, || 0),
+            "51,000 tokens since: past 0.9"
+        );
         // The next reading has them in the engine's own figure; those sent before it no
         // longer count twice.
         s.record(1, 0.0, 0.5, Some(50_000.0), 1);
@@ -403,16 +529,19 @@ mod tests {
         let t = Thresholds { headroom: 0.1, ..T };
         let s = Saturation::new(4, t);
         s.record(1, 0.0, 0.85, None, 0);
-        assert!(s.is_saturated(1, 0, 0), "class 0 stops at 0.8");
-        assert!(s.is_saturated(1, 0, -1), "and so does a sheddable one");
+        assert!(s.is_saturated(1, 0, 0, || 0), "class 0 stops at 0.8");
         assert!(
-            !s.is_saturated(1, 0, 1),
+            s.is_saturated(1, 0, -1, || 0),
+            "and so does a sheddable one"
+        );
+        assert!(
+            !s.is_saturated(1, 0, 1, || 0),
             "a prioritized class goes on to 0.9"
         );
         s.record(1, 0.0, 0.9, None, 0);
-        assert!(s.is_saturated(1, 0, 5));
+        assert!(s.is_saturated(1, 0, 5, || 0));
         // The queue threshold is the same for every class.
         s.record(1, 2.0, 0.1, None, 0);
-        assert!(s.is_saturated(1, 0, 5));
+        assert!(s.is_saturated(1, 0, 5, || 0));
     }
 }

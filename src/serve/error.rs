@@ -54,6 +54,23 @@ impl GatewayError {
         }
     }
 
+    /// [`GatewayError::worker_status`] for the head a worker answered: a backpressure answer
+    /// (429, 503) keeps the worker's `Retry-After`, for the client if no worker takes the
+    /// request.
+    pub fn worker_answer(head: &crate::http::ResponseHead) -> GatewayError {
+        let status = head.status;
+        let retry_after = if crate::workers::breaker::is_backpressure(status) {
+            head.header("retry-after")
+                .and_then(crate::proxy::retry::retry_after_secs)
+        } else {
+            None
+        };
+        GatewayError {
+            retry_after,
+            ..GatewayError::worker_status(status)
+        }
+    }
+
     /// No response head came back from a worker: always worth another worker.
     pub fn upstream(e: &UpstreamError) -> GatewayError {
         GatewayError {

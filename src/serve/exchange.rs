@@ -39,7 +39,7 @@ use crate::route::manual::{key_too_long, MAX_ROUTING_KEY_LEN};
 use crate::route::types::{Branch, Decision, ExactInput, PolicyKind, RouteInput};
 use crate::trace::span::{now_ns, Leg, RequestTrace, Value};
 use crate::tree::TreeKey;
-use crate::workers::breaker::is_worker_failure;
+use crate::workers::breaker::{is_backpressure, is_worker_failure};
 use crate::workers::registry::{CircuitSlot, Worker};
 use crate::workers::role::Side;
 use bytes::Bytes;
@@ -698,7 +698,7 @@ impl<'a> Exchange<'a> {
             // Dropping `up` closes that upstream connection: its body is not wanted.
             Some(Ok(up)) if is_retryable_status(up.head.status) && retry => {
                 Err(Failure::Worker(WorkerFailure {
-                    error: GatewayError::worker_status(up.head.status),
+                    error: GatewayError::worker_answer(&up.head),
                     connect: false,
                     local: false,
                     breaker_success: !is_worker_failure(up.head.status),
@@ -771,23 +771,69 @@ impl<'a> Exchange<'a> {
             self.gw
                 .record_outcome(&mut picked.slot, failure.breaker_success);
         }
+        if let Some(status) = failure.status {
+            self.answered(&worker, status);
+        }
         drop(picked);
         if !failure.retry {
             return Err(failure.error);
         }
-        self.last_error = Some(failure.error);
         self.excluded_on(side).push(worker.id);
+        // A worker's Retry-After is waited for only when the retry can go nowhere else.
+        let asked = failure.error.retry_after.filter(|_| !self.elsewhere(side));
+        let Some(until) = self.backoff_until(asked) else {
+            // The wait asked for does not fit the policy or the deadline: the client hears it.
+            return Err(failure.error);
+        };
+        self.last_error = Some(failure.error);
         crate::metrics::retry();
-        self.backoff().await;
+        monoio::time::sleep_until(until).await;
         Ok(())
     }
 
-    async fn backoff(&self) {
+    /// When the next attempt may start: after the policy's delay, or after the `asked`
+    /// seconds of a worker's `Retry-After` when they are longer; `None` when that wait is past
+    /// the policy's longest delay or the request's deadline.
+    fn backoff_until(&self, asked: Option<u32>) -> Option<Instant> {
         let u = self.core.rng.borrow_mut().unit();
-        let retry = &self.gw.retry;
-        let delay = Duration::from_millis(retry.delay_ms(self.attempts.saturating_sub(1), u));
-        let until = std::cmp::min(Instant::now() + delay, self.deadline);
-        monoio::time::sleep_until(until).await;
+        let n = self.attempts.saturating_sub(1);
+        let wait = Duration::from_millis(self.gw.retry.wait_ms(n, u, asked)?);
+        let at = Instant::now() + wait;
+        match asked {
+            Some(_) if at > self.deadline => None,
+            _ => Some(std::cmp::min(at, self.deadline)),
+        }
+    }
+
+    /// Whether an eligible worker of `side` has not failed this request yet (a retry can go
+    /// elsewhere).
+    fn elsewhere(&self, side: Side) -> bool {
+        let list = self.gw.registry.load();
+        let ids = match side {
+            Side::Any => &list.ids,
+            Side::Prefill => &list.prefill_ids,
+            Side::Decode => &list.decode_ids,
+        };
+        let excluded = match side {
+            Side::Decode => &self.excluded_decode,
+            _ => &self.excluded,
+        };
+        let loads = &self.gw.registry.loads;
+        ids.iter()
+            .any(|w| loads.is_eligible(*w) && !excluded.contains(w))
+    }
+
+    /// `worker` answered `status`: backpressure (429, 503) is counted, and with
+    /// `--saturation-admission` the worker is saturated until its next reading, so the
+    /// gateway's own queue holds what the engine's could not.
+    pub(super) fn answered(&self, worker: &Worker, status: u16) {
+        if !is_backpressure(status) {
+            return;
+        }
+        crate::metrics::worker_backpressure(&worker.url);
+        if let Some(fc) = &self.gw.flow {
+            fc.saturation.push_back(worker.id);
+        }
     }
 
     /// Phase *commit*: bytes reach the client from here on, so no more retries. Relay the
@@ -808,6 +854,7 @@ impl<'a> Exchange<'a> {
         // One outcome per request, once the answer is over (a probe holds its slot until then).
         let success = !is_worker_failure(status) && !relayed.upstream_broke;
         self.record(&mut picked, success);
+        self.answered(&worker, status);
         self.completed(&picked);
         drop(picked);
         self.relayed(&relayed);

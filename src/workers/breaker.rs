@@ -3,7 +3,9 @@
 //! `--cb-timeout-duration-secs`, then half-opens and admits at most a few probe requests at a
 //! time; `--cb-success-threshold` successes close it, any failure reopens it. Failures are 5xx,
 //! connect errors and timeouts — never 4xx, which are the client's fault (the reference counts
-//! them, so a burst of bad requests could open every circuit). Lock-free; `now` is passed in.
+//! them, so a burst of bad requests could open every circuit), and never backpressure (429 and
+//! 503: an engine whose queue is full says "not now", not "broken"; counting it would open
+//! every circuit of a busy fleet at once). Lock-free; `now` is passed in.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
@@ -264,9 +266,17 @@ impl Breaker {
     }
 }
 
-/// Whether an upstream status is the worker's fault (counts against the breaker).
+/// Whether an upstream status is the worker's fault (counts against the breaker): a 5xx that
+/// is not backpressure.
 pub fn is_worker_failure(status: u16) -> bool {
-    status >= 500
+    status >= 500 && !is_backpressure(status)
+}
+
+/// Whether an upstream status says the worker is too busy now (429, or 503 as SGLang answers
+/// when its waiting queue is past `--max-queued-requests`): the request belongs on another
+/// worker, and the worker is saturated until its next reading, but nothing is broken.
+pub fn is_backpressure(status: u16) -> bool {
+    matches!(status, 429 | 503)
 }
 
 #[cfg(test)]
@@ -379,7 +389,32 @@ mod tests {
         assert!(!is_worker_failure(400));
         assert!(!is_worker_failure(429));
         assert!(is_worker_failure(500));
-        assert!(is_worker_failure(503));
+    }
+
+    #[test]
+    fn backpressure_is_not_a_worker_failure_but_other_5xx_are() {
+        for s in [429, 503] {
+            assert!(is_backpressure(s), "{s}");
+            assert!(
+                !is_worker_failure(s),
+                "{s} must not count against the circuit"
+            );
+        }
+        for s in [500, 501, 502, 504, 599] {
+            assert!(!is_backpressure(s), "{s}");
+            assert!(is_worker_failure(s), "{s} still counts");
+        }
+        // A flood of queue-full answers leaves the circuit closed.
+        let b = Breaker::default();
+        let c = cfg();
+        for t in 0..50 {
+            out(&b, &c, !is_worker_failure(503), t);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        for t in 50..53 {
+            out(&b, &c, !is_worker_failure(502), t);
+        }
+        assert_eq!(b.state(), BreakerState::Open, "502s still open it");
     }
 
     #[test]

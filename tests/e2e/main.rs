@@ -17,6 +17,7 @@ mod common;
 
 mod admission;
 mod apis;
+mod backpressure;
 mod data_plane;
 mod dp;
 mod hardening_conn;

@@ -158,6 +158,11 @@ struct Args {
     /// last). Off, the field is ignored, as SGLang ignores it.
     #[arg(long)]
     enable_priority_scheduling: bool,
+    /// SGLang's limit on each scheduler's waiting queue: a request arriving while it is full
+    /// is refused with 503 "The request queue is full." (under priority scheduling a queued
+    /// request of strictly lower priority is refused instead). Unset: unbounded.
+    #[arg(long)]
+    max_queued_requests: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -254,6 +259,7 @@ fn main() -> ExitCode {
         dp_size: usize::from(a.dp_size),
         disaggregation_bootstrap_port: a.disaggregation_bootstrap_port,
         priority_scheduling: a.enable_priority_scheduling,
+        max_queued_requests: a.max_queued_requests,
     };
     let set = block_signals();
     let host = cfg.host.clone();

@@ -533,6 +533,28 @@ pub struct TokenChunk<'a> {
     pub finish: Option<bool>,
 }
 
+/// A stream's events when SGLang 0.5.23 refuses its request with 503 after the stream began:
+/// `/generate` streams the abort output (`tokenizer_manager._handle_abort_finish_reason`
+/// returns it for streams, `http_server.serve_generate_request` writes it), the OpenAI APIs an
+/// error chunk (`serving_base.create_streaming_error_response`, type the status' name); then
+/// `[DONE]`.
+pub fn refusal_event(endpoint: Endpoint, id: &str, message: &str) -> String {
+    let event = match endpoint {
+        Endpoint::Generate => json!({
+            "text": "", "output_ids": [],
+            "meta_info": {
+                "id": id,
+                "finish_reason": {"type": "abort", "status_code": 503, "message": message},
+            },
+        }),
+        _ => json!({"error": {
+            "object": "error", "message": message, "type": "SERVICE_UNAVAILABLE", "param": null,
+            "code": 503,
+        }}),
+    };
+    format!("data: {event}\n\ndata: [DONE]\n\n")
+}
+
 /// Renders SSE events of one streaming response into `data: …\n\n` strings. Kept per stream so
 /// `/generate`'s cumulative text is built incrementally.
 #[derive(Debug)]
@@ -656,6 +678,12 @@ impl StreamRenderer {
                 self.events.delta(self.endpoint, out, &self.id, piece);
             }
         }
+    }
+
+    /// The stream's one event when the engine refused the request with 503 (`message`: SGLang's
+    /// `--max-queued-requests` refusals): see [`refusal_event`].
+    pub fn refused(&self, out: &mut String, message: &str) {
+        out.push_str(&refusal_event(self.endpoint, &self.id, message));
     }
 
     /// Closing events: OpenAI finish chunk and optional usage chunk, then `data: [DONE]`.

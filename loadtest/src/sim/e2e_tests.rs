@@ -671,3 +671,73 @@ fn priority_scheduling_over_http_and_the_idle_counter() {
     );
     assert_eq!(r.status, 400, "{}", r.text());
 }
+
+#[test]
+fn max_queued_requests_answers_as_sglang_does() {
+    // One request runs at a time, one may wait; 100 virtual ms per forward at 10x.
+    let c = cluster(SimConfig {
+        tokenizer: TokenizerMode::Approx,
+        token_interval_ms: Some(100.0),
+        time_scale: 10.0,
+        max_running: 1,
+        max_queued_requests: Some(1),
+        priority_scheduling: true,
+        ..SimConfig::default()
+    });
+    let port = c.ports()[0];
+    assert_eq!(
+        call(port, "GET", "/get_server_info", "").json()["max_queued_requests"],
+        1
+    );
+    let load = |key: &str| call(port, "GET", "/get_load", "").json()[0][key].as_u64();
+    let send =
+        |body: &'static str| std::thread::spawn(move || call(port, "POST", "/generate", body));
+    let blocker = send(r#"{"input_ids":[1,2],"sampling_params":{"max_new_tokens":30}}"#);
+    wait_for("the blocker to run", || {
+        load("num_reqs") == Some(1) && load("num_waiting_reqs") == Some(0)
+    });
+    let low = send(r#"{"input_ids":[3,4],"sampling_params":{"max_new_tokens":2},"priority":0}"#);
+    wait_for("one to wait", || load("num_waiting_reqs") == Some(1));
+    // The queue is full: a request of no higher priority is refused at once, not queued.
+    let r = call(
+        port,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt":"x","max_tokens":2,"priority":0}"#,
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        serde_json::json!({"object": "error", "message": "The request queue is full.",
+            "type": "503", "param": null, "code": 503})
+    );
+    // Streamed, the refusal is the stream's one event.
+    let r = call(
+        port,
+        "POST",
+        "/generate",
+        r#"{"input_ids":[5],"stream":true,"sampling_params":{"max_new_tokens":2}}"#,
+    );
+    assert_eq!(r.status, 200);
+    let events = r.events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let ev: Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(
+        ev["meta_info"]["finish_reason"],
+        serde_json::json!({"type": "abort", "status_code": 503,
+            "message": "The request queue is full."})
+    );
+    assert_eq!(events[1], "[DONE]");
+    // A strictly higher priority takes the queued request's place: that one gets the 503.
+    let high = send(r#"{"input_ids":[6,7],"sampling_params":{"max_new_tokens":2},"priority":5}"#);
+    let low = low.join().unwrap();
+    assert_eq!(low.status, 503, "{}", low.text());
+    assert_eq!(
+        low.json()["message"],
+        "The request is aborted by a higher priority request."
+    );
+    assert_eq!(high.join().unwrap().status, 200);
+    assert_eq!(blocker.join().unwrap().status, 200);
+    let stats = call(port, "GET", "/debug/stats", "").json();
+    assert_eq!(stats["queue_full"], 3, "{stats}");
+}

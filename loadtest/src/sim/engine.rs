@@ -74,6 +74,9 @@ pub struct EngineConfig {
     /// SGLang's `--enable-priority-scheduling`: the waiting queue ordered by priority (higher
     /// first), FCFS within one. Off: priorities are ignored, as SGLang ignores them then.
     pub priority_scheduling: bool,
+    /// SGLang's `--max-queued-requests`: the longest waiting queue (see
+    /// [`Engine::enforce_queue_limit`]); `None`: unbounded, SGLang's default.
+    pub max_queued_requests: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -89,6 +92,7 @@ impl Default for EngineConfig {
             kv_events: false,
             host_cache_tokens: 0,
             priority_scheduling: false,
+            max_queued_requests: None,
         }
     }
 }
@@ -289,6 +293,8 @@ pub struct Engine {
     running: Vec<ReqId>,
     /// Order the waiting queue by priority (see [`EngineConfig::priority_scheduling`]).
     priority_scheduling: bool,
+    /// The longest waiting queue (see [`EngineConfig::max_queued_requests`]).
+    max_queued: Option<usize>,
     /// Virtual ms during which the GPU had nothing to run (see [`Engine::idle_seconds`]).
     idle_ms: f64,
     admitted: usize,
@@ -333,6 +339,7 @@ impl Engine {
             chunked: None,
             running: Vec::new(),
             priority_scheduling: cfg.priority_scheduling,
+            max_queued: cfg.max_queued_requests,
             idle_ms: 0.0,
             admitted: 0,
             reserved: 0,
@@ -569,6 +576,36 @@ impl Engine {
             .rposition(|w| prio(w) >= p)
             .map_or(0, |i| i + 1);
         self.waiting.insert(at, id);
+    }
+
+    /// SGLang's `--max-queued-requests` for request `id`, just submitted (with its priority
+    /// set): when the waiting queue was already full, one request is refused and leaves the
+    /// engine, and its client gets 503 "The request queue is full.". That is `id` itself, or,
+    /// under priority scheduling, the least preferred queued request (lowest priority, the
+    /// newest among equals) when `id` ranks strictly above it. Mirrors SGLang 0.5.23's
+    /// `Scheduler._abort_on_queued_limit` (python/sglang/srt/managers/scheduler.py, line 3552,
+    /// called from `_add_request_to_queue` before the request joins `waiting_queue`: refused
+    /// when `len(waiting_queue) + 1 > max_queued_requests`). Returns the refused request.
+    pub fn enforce_queue_limit(&mut self, id: ReqId) -> Option<ReqId> {
+        let max = self.max_queued?;
+        // `id` already waits here; SGLang checks before appending it.
+        let before = self.waiting.iter().filter(|&&w| w != id).count();
+        if before < max {
+            return None;
+        }
+        let prio = |w: ReqId| self.reqs.get(&w).map_or(NO_PRIORITY, |r| r.priority);
+        let mut refused = id;
+        if self.priority_scheduling {
+            // The queue is in priority order, FCFS within one: the last other request is the
+            // least preferred.
+            if let Some(&last) = self.waiting.iter().rev().find(|&&w| w != id) {
+                if prio(id) > prio(last) {
+                    refused = last;
+                }
+            }
+        }
+        self.abort(refused);
+        Some(refused)
     }
 
     /// Abort a request (client disconnected): it leaves the queue or batch at once and its locks

@@ -42,7 +42,8 @@ pub use tokenizer::TokenizerMode;
 /// with nothing sent or buffered, a gap it cannot), and read
 /// per-port counters at `GET /debug/stats` (`connections`, `inference_connections`,
 /// `inference_received`, `inference_answered`, `inference_in_progress`; `aborted`: requests the
-/// engine aborted, client disconnects included; `abort_requests` and `aborted_by_rid`: calls to
+/// engine aborted, client disconnects included; `queue_full`: requests refused by
+/// `--max-queued-requests`; `abort_requests` and `aborted_by_rid`: calls to
 /// `POST /abort_request` and the requests they aborted; `running_rids`: the request ids
 /// (`x-request-id`, `/generate`'s `rid`) running now; `dp_size`, and `dp_ranks`: per DP rank
 /// `inference_received`, `inference_answered`, `prompt_tokens`, `cached_tokens` (and its
@@ -136,6 +137,10 @@ pub struct SimConfig {
     /// `--enable-priority-scheduling`: each scheduler orders its waiting queue by the
     /// requests' `priority` field, higher first, FCFS within one (see [`engine`]).
     pub priority_scheduling: bool,
+    /// `--max-queued-requests`: each scheduler refuses a request with 503 "The request queue
+    /// is full." while its waiting queue is full, as SGLang does (see
+    /// [`engine::Engine::enforce_queue_limit`]); `None`: unbounded.
+    pub max_queued_requests: Option<usize>,
 }
 
 impl Default for SimConfig {
@@ -163,6 +168,7 @@ impl Default for SimConfig {
             dp_size: 1,
             host_cache_tokens: 0,
             priority_scheduling: false,
+            max_queued_requests: None,
         }
     }
 }

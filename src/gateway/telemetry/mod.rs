@@ -213,6 +213,8 @@ impl Scraper {
         let live = list.serials();
         self.workers.retain(|serial, _| live.contains(serial));
         let mut results = Vec::with_capacity(list.len());
+        // Backpressure marks set from here on outlive this round's readings.
+        let round = gw.flow.as_ref().map_or(0, |fc| fc.saturation.begin_round());
         // One scrape per server: with `--dp-aware` its rank 0 speaks for all its ranks.
         let primaries: Vec<Arc<Worker>> = list
             .workers
@@ -241,7 +243,7 @@ impl Scraper {
         }
         let now = Instant::now();
         for s in results {
-            self.apply(s, now, &list);
+            self.apply(s, now, &list, round);
         }
         let (predicted, routed) = crate::metrics::predicted_totals();
         self.predicted.observe(now, predicted as f64, routed as f64);
@@ -289,11 +291,18 @@ impl Scraper {
         gw.telemetry.report.store(Arc::new(report));
     }
 
-    /// Take one worker's scrape into account: its hit-ratio window, gauges, exposition and
-    /// external load on the board.
-    fn apply(&mut self, s: Scrape, now: Instant, list: &WorkerList) {
+    /// Take one worker's scrape (of saturation round `round`) into account: its hit-ratio
+    /// window, gauges, exposition and external load on the board.
+    fn apply(&mut self, s: Scrape, now: Instant, list: &WorkerList, round: u64) {
         let gw = &self.gw;
         let w = &s.worker;
+        if let Some(fc) = &gw.flow {
+            // Read or not, the worker has been looked at since any backpressure before the
+            // round: its reading, or the rule for a worker without one, decides from now on.
+            for r in list.same_server(w) {
+                fc.saturation.settle(r.id, round);
+            }
+        }
         let t = self.workers.entry(w.serial).or_default();
         crate::metrics::engine_scrape(s.load.is_some());
         if let (Some(c), Some(p)) = (s.stats.cached_tokens, s.stats.prompt_tokens) {
@@ -367,7 +376,9 @@ fn saturation_reading(
         let own = gw.registry.loads.in_flight(r.id);
         fc.saturation.record(r.id, share, usage, used, own);
         // For the default class (prioritized classes may still have headroom).
-        crate::metrics::worker_saturated(&r.url, fc.saturation.is_saturated(r.id, own, 0));
+        // (A reading was just recorded: the fair share of a worker without one is not asked.)
+        let saturated = fc.saturation.is_saturated(r.id, own, 0, || u32::MAX);
+        crate::metrics::worker_saturated(&r.url, saturated);
     }
 }
 

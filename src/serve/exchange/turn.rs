@@ -6,6 +6,7 @@
 use super::{Exchange, Forwarding};
 use crate::admission::flow::{Ask, Denied, Fleet, RoomKey};
 use crate::admission::queue::Priority;
+use crate::admission::saturation::fair_share;
 use crate::admission::FlowControl;
 use crate::gateway::Gateway;
 use crate::proxy::io::closed_by_peer;
@@ -13,6 +14,7 @@ use crate::serve::error::GatewayError;
 use crate::serve::Outcome;
 use crate::workers::role::Side;
 use monoio::net::TcpStream;
+use std::cell::OnceCell;
 
 /// The header a client (or the front before it) states its priority class in, as the
 /// reference names it; higher is more important (SGLang's default direction).
@@ -50,22 +52,37 @@ impl SideFleet<'_> {
         })
     }
 
-    /// Whether worker `w` can take a request of `class` now: eligible and not saturated.
-    fn has_room(&self, w: crate::base::WorkerId, class: Priority) -> bool {
+    /// Whether worker `w` of `ids` can take a request of `class` now: eligible and not
+    /// saturated. `fair` keeps the side's fair share once one look needed it (only a worker
+    /// without a reading does).
+    fn has_room(
+        &self,
+        ids: &[crate::base::WorkerId],
+        w: crate::base::WorkerId,
+        class: Priority,
+        fair: &OnceCell<u32>,
+    ) -> bool {
         let loads = &self.gw.registry.loads;
+        let share = || {
+            *fair.get_or_init(|| {
+                let eligible = ids.iter().filter(|&&i| loads.is_eligible(i));
+                fair_share(eligible.map(|&i| loads.in_flight(i)))
+            })
+        };
         loads.is_eligible(w)
             && !self
                 .fc
                 .saturation
-                .is_saturated(w, loads.in_flight(w), class)
+                .is_saturated(w, loads.in_flight(w), class, share)
     }
 }
 
 impl Fleet for SideFleet<'_> {
     fn room_for(&self, _room: RoomKey, class: Priority) -> usize {
+        let fair = OnceCell::new();
         self.with_ids(|ids| {
             ids.iter()
-                .filter(|&&w| self.has_room(w, class))
+                .filter(|&&w| self.has_room(ids, w, class, &fair))
                 .take(MOST_COUNTED)
                 .count()
         })
@@ -134,11 +151,12 @@ impl Exchange<'_> {
                 // Routed among the workers with room when there are any: the cache-aware choice
                 // among the unsaturated ones. The usual case, every worker with room, costs
                 // one pass over the ids and no allocation (an empty Vec allocates nothing).
+                let fair = OnceCell::new();
                 let (full, all) = fleet.with_ids(|ids| {
                     let full: Vec<_> = ids
                         .iter()
                         .copied()
-                        .filter(|&w| !fleet.has_room(w, class))
+                        .filter(|&w| !fleet.has_room(ids, w, class, &fair))
                         .collect();
                     (full, ids.len())
                 });

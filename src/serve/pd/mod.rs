@@ -358,6 +358,7 @@ impl<'a> PdExchange<'a> {
                     picked,
                     !is_worker_failure(status) && !relayed.upstream_broke,
                 );
+                ex.answered(&picked.worker, status);
                 ex.relayed_from(legs(side).0, &relayed);
                 (status, relayed.client_keep_alive)
             }
@@ -399,6 +400,7 @@ impl<'a> PdExchange<'a> {
                     &mut decode,
                     !is_worker_failure(status) && !relayed.upstream_broke,
                 );
+                ex.answered(&decode.worker, status);
                 ex.relayed_from(Leg::Decode, &relayed);
                 ex.learn_captured(capture, relayed.complete, status, prefill.worker.id);
                 (status, relayed.client_keep_alive)
@@ -646,7 +648,7 @@ fn judge(
             Err(PdFailure::Worker(
                 side,
                 WorkerFailure {
-                    error: side_status(side, status),
+                    error: side_status(side, &up.head),
                     connect: false,
                     local: false,
                     breaker_success: !is_worker_failure(status),
@@ -690,9 +692,10 @@ fn side_name(side: PairSide) -> &'static str {
     }
 }
 
-/// A side's retryable status as the client sees it on the last attempt.
-fn side_status(side: PairSide, status: u16) -> GatewayError {
-    let mut e = GatewayError::worker_status(status);
+/// A side's retryable answer as the client sees it on the last attempt.
+fn side_status(side: PairSide, head: &crate::http::ResponseHead) -> GatewayError {
+    let mut e = GatewayError::worker_answer(head);
+    let status = head.status;
     e.message = format!("the {} worker answered {status}", side_name(side)).into();
     e
 }

@@ -629,3 +629,73 @@ fn the_queue_gauge_counts_what_the_last_step_left_waiting_not_arrivals_since() {
     // A held request (the `hold` fault) still counts as waiting.
     assert_eq!(gauge_with(&e, 2), 2.0);
 }
+
+/// An engine with `--max-queued-requests 2` whose one running slot is taken, so every later
+/// request waits.
+fn full_queue_engine(priority_scheduling: bool) -> Engine {
+    let mut e = Engine::new(EngineConfig {
+        max_running: 1,
+        priority_scheduling,
+        max_queued_requests: Some(2),
+        ..cfg()
+    });
+    let blocker = e.submit(prompt(0, 100), 50, 0.0, false).unwrap();
+    assert_eq!(e.enforce_queue_limit(blocker), None);
+    let mut ev = Vec::new();
+    e.plan().unwrap();
+    e.complete(&mut ev);
+    e
+}
+
+#[test]
+fn max_queued_requests_refuses_the_arrival_once_the_waiting_queue_is_full() {
+    let mut e = full_queue_engine(false);
+    let a = e.submit(prompt(1000, 50), 2, e.now_ms(), false).unwrap();
+    assert_eq!(e.enforce_queue_limit(a), None);
+    let b = e.submit(prompt(2000, 50), 2, e.now_ms(), false).unwrap();
+    e.set_priority(b, Some(100));
+    assert_eq!(e.enforce_queue_limit(b), None, "two may wait");
+    let c = e.submit(prompt(3000, 50), 2, e.now_ms(), false).unwrap();
+    e.set_priority(c, Some(1000));
+    assert_eq!(
+        e.enforce_queue_limit(c),
+        Some(c),
+        "the third is refused, whatever its priority, without priority scheduling"
+    );
+    assert_eq!(e.num_waiting(), 2);
+    // Without a limit nothing is ever refused.
+    let mut e = Engine::new(cfg());
+    for i in 0..100 {
+        let id = e.submit(prompt(10 * i, 5), 2, 0.0, false).unwrap();
+        assert_eq!(e.enforce_queue_limit(id), None);
+    }
+}
+
+#[test]
+fn under_priority_scheduling_a_higher_arrival_displaces_the_least_preferred_queued_request() {
+    let mut e = full_queue_engine(true);
+    let ids: Vec<ReqId> = [Some(5), Some(5)]
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            let id = e
+                .submit(prompt(1000 * (i as u32 + 1), 50), 2, e.now_ms(), false)
+                .unwrap();
+            e.set_priority(id, p);
+            assert_eq!(e.enforce_queue_limit(id), None);
+            id
+        })
+        .collect();
+    // Not strictly higher: the arrival is refused.
+    let same = e.submit(prompt(7000, 50), 2, e.now_ms(), false).unwrap();
+    e.set_priority(same, Some(5));
+    assert_eq!(e.enforce_queue_limit(same), Some(same));
+    // Strictly higher: the newest of the lowest makes way.
+    let high = e.submit(prompt(8000, 50), 2, e.now_ms(), false).unwrap();
+    e.set_priority(high, Some(9));
+    assert_eq!(e.enforce_queue_limit(high), Some(ids[1]));
+    assert_eq!(e.num_waiting(), 2);
+    // A request without a priority ranks below every explicit one.
+    let none = e.submit(prompt(9000, 50), 2, e.now_ms(), false).unwrap();
+    assert_eq!(e.enforce_queue_limit(none), Some(none));
+}

@@ -16,7 +16,7 @@ use crate::sim::radix::Namespace;
 use super::conn::{write, AbortGuard, Next, Reader, WriteHalf};
 use super::routes::{answered, respond, respond_error, stall};
 use super::wake::Slot;
-use super::{unix_now, InProgress, Server, HOLD_POLL};
+use super::{unix_now, InProgress, Refused, Server, HOLD_POLL, MADE_WAY, QUEUE_FULL};
 
 /// Data events written before a `close_mid_stream` fault cuts the stream.
 const CUT_AFTER_EVENTS: usize = 3;
@@ -85,8 +85,15 @@ pub(super) async fn inference(
         },
     ) {
         Ok(x) => x,
-        Err(msg) => {
+        Err(Refused::Bad(msg)) => {
             let next = respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await;
+            answered(sh);
+            return next;
+        }
+        Err(Refused::QueueFull) => {
+            let rid = req.rid.clone().unwrap_or_else(|| sh.next_resp_id(""));
+            let how = Answer::to(head);
+            let next = queue_full(sh, how, ep, req.stream, &rid, QUEUE_FULL, wr).await;
             answered(sh);
             return next;
         }
@@ -337,7 +344,7 @@ fn submit_all(
     namespaces: Vec<Namespace>,
     max_new_tokens: usize,
     admit: super::Admit,
-) -> Result<Submitted, String> {
+) -> Result<Submitted, Refused> {
     let mut guard = AbortGuard {
         sh: sh.clone(),
         ids: Vec::with_capacity(prompts.len()),
@@ -375,6 +382,14 @@ async fn complete_response(
             if slot.finish.get().is_some() {
                 break;
             }
+            if slot.queue_full.get() {
+                // Refused to make way for a higher-priority request.
+                let how = Answer {
+                    keep,
+                    chunked: true,
+                };
+                return Some(queue_full(sh, how, ep, false, meta.id, MADE_WAY, wr).await);
+            }
             let seen = slot.tokens.borrow().len();
             monoio::select! {
                 _ = slot.changed(seen) => {}
@@ -404,6 +419,61 @@ async fn complete_response(
     Some(respond(sh, wr, keep, 200, "application/json", &body).await)
 }
 
+/// How an answer goes to its client: the connection kept alive after it, chunked coding
+/// (HTTP/1.1) for a stream.
+#[derive(Clone, Copy)]
+struct Answer {
+    keep: bool,
+    chunked: bool,
+}
+
+impl Answer {
+    fn to(head: &RequestHead) -> Answer {
+        Answer {
+            keep: head.keep_alive,
+            chunked: head.minor_version >= 1,
+        }
+    }
+}
+
+/// SGLang's answer to a request refused by `--max-queued-requests` (`message`: the queue was
+/// full, or the request made way for a higher-priority one). Not streamed: 503 with the
+/// `ErrorResponse` body its HTTP exception handler writes (`http_server.py`,
+/// `validation_exception_handler`; `/v1/messages` gets the Anthropic envelope, which never
+/// echoes a 5xx message). Streamed: the stream has begun (200), and the refusal is its one
+/// event ([`api::refusal_event`]).
+async fn queue_full(
+    sh: &Server,
+    how: Answer,
+    ep: Endpoint,
+    stream: bool,
+    id: &str,
+    message: &str,
+    wr: &mut WriteHalf,
+) -> Next {
+    let Answer { keep, chunked } = how;
+    if !stream {
+        let body = match ep {
+            Endpoint::Messages => serde_json::json!({
+                "type": "error",
+                "error": {"type": "overloaded_error", "message": "Internal server error"},
+            }),
+            _ => serde_json::json!({
+                "object": "error", "message": message, "type": "503", "param": null, "code": 503,
+            }),
+        };
+        let body = body.to_string();
+        return respond(sh, wr, keep, 503, "application/json", body.as_bytes()).await;
+    }
+    let text = api::refusal_event(ep, id, message);
+    let mut out = stream_head(sh, chunked, keep).to_vec();
+    out.extend_from_slice(&stream_frame(&text, chunked, true));
+    match write(wr, Bytes::from(out)).await {
+        Ok(()) if chunked && keep => Next::KeepAlive,
+        _ => Next::Close,
+    }
+}
+
 async fn stream_response(
     sh: &Rc<Server>,
     head: &RequestHead,
@@ -428,6 +498,17 @@ async fn stream_response(
     let mut piece = String::with_capacity(32);
     loop {
         text.clear();
+        if slot.queue_full.get() {
+            // Refused while queued, to make way for a higher-priority request.
+            renderer.refused(&mut text, MADE_WAY);
+            let out = stream_frame(&text, chunked, true);
+            let ok = write(wr, Bytes::from(out)).await.is_ok();
+            return if ok && chunked && head.keep_alive {
+                Next::KeepAlive
+            } else {
+                Next::Close
+            };
+        }
         let finish = slot.finish.get();
         let tokens = TokenRun {
             slot,

@@ -81,6 +81,8 @@ struct Server {
     /// `/abort_request` calls received, and requests they aborted (`GET /debug/stats`).
     abort_requests: Cell<u64>,
     aborted_by_rid: Cell<u64>,
+    /// Requests refused by `--max-queued-requests` (`GET /debug/stats` `queue_full`).
+    queue_full: Cell<u64>,
     shutdown: LocalEvent,
     /// Inference requests received / answered (fault counters).
     received: Cell<u64>,
@@ -123,6 +125,21 @@ struct Server {
     others: Vec<Rc<Server>>,
     /// Rank 0 only: the round-robin cursor for requests without `data_parallel_rank`.
     next_rank: Cell<usize>,
+}
+
+/// SGLang's message for a request refused by `--max-queued-requests` (scheduler.py,
+/// `_abort_on_queued_limit`).
+pub(super) const QUEUE_FULL: &str = "The request queue is full.";
+/// SGLang's message for a queued request refused to make way for a higher-priority one.
+pub(super) const MADE_WAY: &str = "The request is aborted by a higher priority request.";
+
+/// Why the engine did not take a prompt.
+#[derive(Debug)]
+pub(super) enum Refused {
+    /// The request itself is wrong (answered 400).
+    Bad(String),
+    /// `--max-queued-requests`: the waiting queue is full (answered 503, as SGLang does).
+    QueueFull,
 }
 
 /// How the engine takes a submitted prompt.
@@ -179,6 +196,7 @@ impl Server {
             kv_events: kv.is_some(),
             host_cache_tokens: cfg.host_cache_tokens,
             priority_scheduling: cfg.priority_scheduling,
+            max_queued_requests: cfg.max_queued_requests,
         });
         let kv_config = match &kv {
             Some(p) => Some(p.config().clone()),
@@ -200,6 +218,7 @@ impl Server {
             rids: RefCell::new(HashMap::new()),
             abort_requests: Cell::new(0),
             aborted_by_rid: Cell::new(0),
+            queue_full: Cell::new(0),
             shutdown: LocalEvent::default(),
             received: Cell::new(0),
             answered: Cell::new(0),
@@ -328,6 +347,10 @@ impl Server {
                 ..Admit::default()
             },
         )
+        .map_err(|r| match r {
+            Refused::Bad(msg) => msg,
+            Refused::QueueFull => QUEUE_FULL.to_string(),
+        })
     }
 
     /// [`Server::submit`] in cache namespace `ns`, with the request's scheduling fields.
@@ -337,7 +360,7 @@ impl Server {
         ns: Namespace,
         max_new: usize,
         admit: Admit,
-    ) -> Result<(ReqId, Rc<Slot>), String> {
+    ) -> Result<(ReqId, Rc<Slot>), Refused> {
         let Admit {
             internal,
             transferred,
@@ -354,7 +377,7 @@ impl Server {
         };
         let id = e
             .submit(prompt, max_new, arrival, internal)
-            .map_err(|err| err.to_string())?;
+            .map_err(|err| Refused::Bad(err.to_string()))?;
         if transferred {
             e.mark_transferred(id);
         }
@@ -364,7 +387,22 @@ impl Server {
         if priority.is_some() {
             e.set_priority(id, priority);
         }
+        let refused = e.enforce_queue_limit(id);
         drop(e);
+        if refused.is_some() {
+            self.queue_full.set(self.queue_full.get() + 1);
+        }
+        match refused {
+            Some(r) if r == id => return Err(Refused::QueueFull),
+            Some(r) => {
+                // A queued request of lower priority made way: its client hears the refusal.
+                if let Some(slot) = self.slots.borrow_mut().remove(&r) {
+                    slot.queue_full.set(true);
+                    slot.wake();
+                }
+            }
+            None => {}
+        }
         let slot = Rc::new(Slot::default());
         slot.last_at.set(arrival);
         self.slots.borrow_mut().insert(id, slot.clone());

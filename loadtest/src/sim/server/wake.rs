@@ -120,6 +120,9 @@ pub(super) struct Slot {
     pub(super) last_at: Cell<f64>,
     pub(super) cached: Cell<usize>,
     pub(super) finish: Cell<Option<FinishInfo>>,
+    /// Refused while queued, to make way for a higher-priority request (`--max-queued-requests`
+    /// under priority scheduling): its client gets SGLang's 503.
+    pub(super) queue_full: Cell<bool>,
     waker: RefCell<Option<Waker>>,
 }
 
@@ -133,7 +136,10 @@ impl Slot {
     /// Resolves once there are more than `seen` tokens or the request finished.
     pub(super) async fn changed(&self, seen: usize) {
         poll_fn(|cx| {
-            if self.tokens.borrow().len() > seen || self.finish.get().is_some() {
+            if self.tokens.borrow().len() > seen
+                || self.finish.get().is_some()
+                || self.queue_full.get()
+            {
                 Poll::Ready(())
             } else {
                 *self.waker.borrow_mut() = Some(cx.waker().clone());
