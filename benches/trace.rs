@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, Criterion};
 use radixgate::base::entropy::Entropy;
 use radixgate::http::{parse_request_head, HeadLimits};
-use radixgate::proxy::forward::{TraceHeaders, UpstreamRequest};
+use radixgate::proxy::forward::{OwnHeaders, TraceHeaders, UpstreamRequest};
 use radixgate::trace::span::{now_ns, Kind, Leg, Value};
 use radixgate::trace::Tracer;
 use std::hint::black_box;
@@ -132,6 +132,7 @@ fn upstream_head(c: &mut Criterion) {
             "chatcmpl-0123456789abcdefghijklmn",
             Bytes::from_static(b"{}"),
             trace,
+            &OwnHeaders::default(),
         )
     };
     let mut g = c.benchmark_group("upstream_head");

@@ -436,7 +436,8 @@ pub struct Config {
     #[arg(long = "sheddable-max-wait-ms", default_value_t = 1000)]
     pub sheddable_max_wait_ms: u64,
     /// Take the tenant from this request header instead of the API key (only behind a trusted
-    /// front that authenticates clients and sets it; unknown names are the default tenant).
+    /// front that authenticates clients and sets it; of several copies the last counts, the one
+    /// the front appended; unknown names are the default tenant).
     #[arg(long = "tenant-header")]
     pub tenant_header: Option<String>,
     /// Tenants from the config file's [tenants.NAME] tables (keys, weight, max_priority,
@@ -497,6 +498,19 @@ pub struct Config {
     /// admin key these are refused (403).
     #[arg(long = "keyless-local-admin", action = ArgAction::SetTrue)]
     pub keyless_local_admin: bool,
+    /// Key the gateway sends to the workers as `Authorization: Bearer <key>` on the requests it
+    /// forwards, in place of the caller's (for workers started with their own --api-key).
+    #[arg(
+        long = "worker-api-key",
+        env = "RADIXGATE_WORKER_API_KEY",
+        hide_env_values = true
+    )]
+    pub worker_api_key: Option<String>,
+    /// Pass the caller's `Authorization` and `x-api-key` on to the workers even though the
+    /// gateway checks keys itself (--api-key or tenant keys), as the reference does. Off: a
+    /// caller's key stops at the gateway (the workers get --worker-api-key, or no key).
+    #[arg(long = "forward-client-authorization", action = ArgAction::SetTrue)]
+    pub forward_client_authorization: bool,
     /// Seconds in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long = "shutdown-grace-period-secs", default_value_t = 180)]
     pub shutdown_grace_period_secs: u64,

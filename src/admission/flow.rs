@@ -4,10 +4,12 @@
 //! onto it. Tenant limits (requests and tokens per minute) are checked first; sheddable classes
 //! (below 0) are refused rather than queued when the room's expected wait passes their bound.
 //!
-//! Waiters live on every core; the rooms are one `Mutex` shared by all. A waiter looks at the
-//! rooms once per [`TICK`]: it lets in as many waiters as there are workers with room (itself or
-//! others, in the room's order) and collects its own verdict. An unsaturated fleet never takes
-//! the lock beyond one uncontended check per request.
+//! Waiters live on every core; the rooms are one `Mutex` shared by all. One waiter per core
+//! (the watcher, see `park`) looks at the rooms once per [`TICK`]: it lets in as many waiters as
+//! there are workers with room (in the room's order, whichever core they wait on) and wakes the
+//! waiters of its core that have a verdict; the others sleep until then, so a thousand waiters
+//! cost what one does. An unsaturated fleet never takes the lock beyond one uncontended check
+//! per request.
 
 use super::fair::Fairness;
 use super::queue::{Priority, Pushed, WaitQueue, Waiter};
@@ -47,6 +49,9 @@ pub struct Ask {
     pub tenant: TenantId,
     /// Its prompt tokens (or an estimate): charged to the tenant's share and token limit.
     pub tokens: u64,
+    /// The generations it asks for (prompts of a batch times `n`): charged to the tenant's
+    /// request limit.
+    pub requests: u64,
 }
 
 /// Settings of the flow control.
@@ -84,6 +89,9 @@ pub enum Denied {
         /// Seconds until the tenant's limit has room again.
         retry_after: u32,
     },
+    /// It asks for more requests or tokens than its tenant's whole per-minute limit (a limit
+    /// of 0 allows none): it never fits, however long the client waits (429).
+    OverTenantLimit,
     /// It waited `--queue-timeout-secs` (408).
     Timeout,
     /// The client left while it waited (nothing was sent upstream).
@@ -131,12 +139,19 @@ impl Limit {
         self.left = (self.left + dt * self.per_minute / 60.0).min(self.per_minute);
     }
 
-    /// Seconds until `need` fits (0: it fits now).
+    /// Whether `need` is more than this limit allows in a whole minute (so it never fits).
+    fn never_fits(&self, need: f64) -> bool {
+        need > self.per_minute
+    }
+
+    /// Seconds until `need` (at most the whole limit) fits (0: it fits now).
     fn wait_for(&self, need: f64) -> f64 {
         if self.left >= need {
             0.0
-        } else {
+        } else if self.per_minute > 0.0 {
             (need.min(self.per_minute) - self.left) * 60.0 / self.per_minute
+        } else {
+            f64::INFINITY
         }
     }
 }
@@ -303,6 +318,7 @@ impl Flow {
                 class: ask.class,
                 tenant: ask.tenant,
                 tokens: ask.tokens,
+                requests: ask.requests,
             };
             match self.push(&mut s, ask.room, waiter) {
                 Pushed::Refused => {
@@ -348,6 +364,9 @@ impl Flow {
         waited
     }
 
+    /// Wait for this waiter's verdict: as its core's watcher, looking at the rooms every
+    /// [`TICK`] and waking the core's other waiters whose verdicts it finds; otherwise parked
+    /// until woken or until its deadline (see `park`).
     async fn wait_turn(
         &self,
         ask: Ask,
@@ -356,14 +375,28 @@ impl Flow {
         fleet: &impl Fleet,
     ) -> Result<Admitted, Denied> {
         let until = since + self.cfg.queue_timeout;
+        let spot: park::Spot = (self as *const Flow as usize, ask.room);
+        let place = park::Place::take(spot, ticket);
         loop {
-            monoio::time::sleep(TICK).await;
+            let watching = place.watching();
+            if watching {
+                monoio::time::sleep(TICK).await;
+            } else {
+                monoio::select! {
+                    _ = place.woken() => {},
+                    _ = monoio::time::sleep_until(until.into()) => {},
+                }
+            }
             let now = Instant::now();
             let mut s = self.lock();
-            if !s.verdicts.contains_key(&ticket) {
+            if watching {
                 self.dispatch(&mut s, ask.room, fleet, now);
             }
-            match s.verdicts.remove(&ticket) {
+            let mine = s.verdicts.remove(&ticket);
+            if watching {
+                park::wake(spot, s.verdicts.keys().copied());
+            }
+            match mine {
                 Some(Verdict::Go(_)) => return Ok(Admitted::Waited(now - since)),
                 Some(Verdict::Shed) => {
                     let expected = expected_wait(s.waiting, s.drain.rate(now));
@@ -380,6 +413,7 @@ impl Flow {
     /// Let in `room`'s waiters, in order, while its fleet has workers with room for the next
     /// one's class.
     fn dispatch(&self, s: &mut State, room: RoomKey, fleet: &impl Fleet, now: Instant) {
+        let mut let_in = false;
         while let Some(class) = s.rooms.get(&room).and_then(WaitQueue::head_class) {
             if Self::free(s, room, class, fleet) == 0 {
                 break;
@@ -399,10 +433,15 @@ impl Flow {
                 class: w.class,
                 tenant: w.tenant,
                 tokens: w.tokens,
+                requests: w.requests,
             };
             self.let_in(s, ask, now);
+            let_in = true;
         }
-        self.publish_depths(s);
+        // Looked at every tick: the depths are published only when they changed.
+        if let_in {
+            self.publish_depths(s);
+        }
     }
 
     fn push(&self, s: &mut State, room: RoomKey, w: Waiter) -> Pushed {
@@ -436,7 +475,7 @@ impl Flow {
         if let Some(l) = s.limits.get_mut(usize::from(ask.tenant)) {
             if let Some(r) = l.requests.as_mut() {
                 r.refill(now);
-                r.left -= 1.0;
+                r.left -= ask.requests as f64;
             }
             if let Some(t) = l.tokens.as_mut() {
                 t.refill(now);
@@ -449,14 +488,33 @@ impl Flow {
         let Some(l) = s.limits.get_mut(usize::from(ask.tenant)) else {
             return Ok(());
         };
+        let (requests, tokens) = (ask.requests as f64, ask.tokens as f64);
+        let never = l.requests.as_ref().is_some_and(|r| r.never_fits(requests))
+            || l.tokens.as_ref().is_some_and(|t| t.never_fits(tokens));
+        if never {
+            crate::metrics::admission_outcome(
+                self.tenants.name(ask.tenant),
+                ask.class,
+                "tenant_limit",
+            );
+            crate::log!(
+                Debug,
+                "tenant {}: a request of {} generations and ~{} tokens is over its whole \
+                 per-minute limit: refused",
+                self.tenants.name(ask.tenant),
+                ask.requests,
+                ask.tokens
+            );
+            return Err(Denied::OverTenantLimit);
+        }
         let mut wait: f64 = 0.0;
         if let Some(r) = l.requests.as_mut() {
             r.refill(now);
-            wait = wait.max(r.wait_for(1.0));
+            wait = wait.max(r.wait_for(requests));
         }
         if let Some(t) = l.tokens.as_mut() {
             t.refill(now);
-            wait = wait.max(t.wait_for(ask.tokens as f64));
+            wait = wait.max(t.wait_for(tokens));
         }
         if wait > 0.0 {
             crate::metrics::admission_outcome(
@@ -464,6 +522,7 @@ impl Flow {
                 ask.class,
                 "tenant_limit",
             );
+            // A float to u32 cast saturates; a debt of output tokens may take minutes.
             return Err(Denied::TenantLimit {
                 retry_after: (wait.ceil() as u32).max(MIN_RETRY_AFTER),
             });
@@ -546,5 +605,6 @@ fn retry_after(expected: Option<Duration>) -> u32 {
     })
 }
 
+mod park;
 #[cfg(test)]
 mod tests;

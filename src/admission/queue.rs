@@ -25,6 +25,8 @@ pub struct Waiter {
     pub tenant: TenantId,
     /// Prompt tokens (or an estimate) charged to its tenant when it is let in.
     pub tokens: u64,
+    /// Generations (prompts times `n`) charged to its tenant's request limit when let in.
+    pub requests: u64,
 }
 
 /// The waiters of one class, one line per tenant.

@@ -12,6 +12,10 @@ use std::collections::HashMap;
 /// The name of the tenant every unnamed request belongs to; `[tenants.default]` sets its
 /// weight, maximum priority and limits (it takes no keys).
 pub const DEFAULT_TENANT: &str = "default";
+/// The default tenant's `max_priority` when `[tenants.default]` sets none: keyless and
+/// unknown-key callers may not claim a class above the ordinary one (only a configured tenant,
+/// or a default entry that says so, can put requests ahead of others).
+pub const DEFAULT_MAX_PRIORITY: Priority = 0;
 /// Most tenants a table may hold (ids are 16 bits; the metrics carry one series per tenant).
 pub const MAX_TENANTS: usize = 1024;
 
@@ -26,6 +30,7 @@ pub struct TenantSpec {
     #[serde(default = "one")]
     pub weight: f64,
     /// The highest priority class its requests may claim; higher claims are lowered to it.
+    /// Unset: no bound for a named tenant, [`DEFAULT_MAX_PRIORITY`] for the default one.
     pub max_priority: Option<Priority>,
     /// Requests it may start per minute (429 beyond).
     pub requests_per_minute: Option<u32>,
@@ -68,11 +73,12 @@ impl Tenants {
         if specs.len() > MAX_TENANTS {
             return Err(format!("more than {MAX_TENANTS} tenants"));
         }
-        let default = specs
+        let mut default = specs
             .iter()
             .find(|(n, _)| n == DEFAULT_TENANT)
             .map(|(_, s)| s.clone())
             .unwrap_or_default();
+        default.max_priority = default.max_priority.or(Some(DEFAULT_MAX_PRIORITY));
         if !default.keys.is_empty() {
             return Err(
                 "tenant `default` is every request no other tenant names: it takes no keys".into(),
@@ -222,11 +228,20 @@ mod tests {
     }
 
     #[test]
-    fn without_a_table_everyone_is_the_default_tenant_unclamped() {
+    fn without_a_default_entry_anonymous_callers_are_clamped_to_0() {
         let t = table("policy = \"cache_aware\"").unwrap();
         assert_eq!(t.len(), 1);
         assert_eq!(t.by_key("any"), 0);
-        assert_eq!(t.clamp(0, 99), 99);
+        assert_eq!(t.clamp(0, i32::MAX), 0);
+        assert_eq!(t.clamp(0, 99), 0);
+        assert_eq!(t.clamp(0, -3), -3, "lowering is always allowed");
+        // A named tenant without a bound is not clamped; the default one still is.
+        let t = table("[tenants.vip]\nkeys = [\"k\"]").unwrap();
+        assert_eq!(t.clamp(t.by_key("k"), 99), 99);
+        assert_eq!(t.clamp(t.by_key("someone"), 99), 0);
+        // A default entry that says otherwise is obeyed.
+        let t = table("[tenants.default]\nmax_priority = 7").unwrap();
+        assert_eq!(t.clamp(0, 99), 7);
     }
 
     #[test]

@@ -7,9 +7,11 @@
 //! `X-Forwarded-For` or `X-Real-IP` header: a reverse proxy or sidecar on the same host would
 //! otherwise open them to everyone). The KV index copy tells which prompts are cached: only the
 //! admin key opens it. Health, readiness, models and server info stay open: orchestrators probe
-//! them.
+//! them. With `--api-key` set, a key of the tenant table (`[tenants.NAME] keys`) is an inference
+//! key too: per-key tenants do not force a keyless gateway.
 
 use crate::http::RequestHead;
+use std::collections::HashSet;
 use std::net::IpAddr;
 
 /// What a request must prove.
@@ -44,6 +46,8 @@ pub struct Auth {
     api_key: Option<String>,
     admin_api_key: Option<String>,
     keyless_local: bool,
+    /// The tenant table's keys: accepted wherever the API key is.
+    tenant_keys: HashSet<String>,
 }
 
 impl Auth {
@@ -58,7 +62,31 @@ impl Auth {
             api_key,
             admin_api_key,
             keyless_local,
+            tenant_keys: HashSet::new(),
         }
+    }
+
+    /// Also accept the tenant table's `keys` wherever the API key is accepted (inference and
+    /// cancelling one's own requests); never for admin reads or control calls.
+    pub fn with_tenant_keys(mut self, keys: impl IntoIterator<Item = String>) -> Auth {
+        self.tenant_keys = keys.into_iter().filter(|k| !k.is_empty()).collect();
+        self
+    }
+
+    /// Whether this gateway checks callers' keys itself (`--api-key`, or tenant keys): then a
+    /// caller's key is its own business with the gateway, not the workers'.
+    pub fn authenticates_callers(&self) -> bool {
+        self.api_key.is_some() || !self.tenant_keys.is_empty()
+    }
+
+    /// Whether `given` is one of the tenant table's keys. The set is hashed with a per-process
+    /// random key, so how long the lookup takes says nothing an attacker can steer; the final
+    /// comparison is constant-time.
+    fn is_tenant_key(&self, given: &[u8]) -> bool {
+        std::str::from_utf8(given)
+            .ok()
+            .and_then(|g| self.tenant_keys.get(g))
+            .is_some_and(|k| constant_time_eq(given, k.as_bytes()))
     }
 
     /// Check `Authorization: Bearer <key>` (in constant time) and, for a control call without
@@ -80,7 +108,8 @@ impl Auth {
                     };
                     // Both compared, whichever matches: no early exit tells which key it was.
                     let (a, b) = (matches(inference), matches(admin));
-                    return match (a | b, given) {
+                    let t = inference.is_some() && given.is_some_and(|g| self.is_tenant_key(g));
+                    return match (a | b | t, given) {
                         (true, _) => Ok(()),
                         (false, Some(_)) => Err(Refusal {
                             status: 401,
@@ -130,8 +159,10 @@ impl Auth {
                 message,
             })
         };
+        let tenant_key_counts = scope == Scope::Inference;
         match given {
             Some(g) if constant_time_eq(g, expected.as_bytes()) => Ok(()),
+            Some(g) if tenant_key_counts && self.is_tenant_key(g) => Ok(()),
             Some(_) => refuse("invalid API key"),
             None => refuse("missing `Authorization: Bearer <key>` header"),
         }
@@ -335,6 +366,47 @@ mod tests {
         );
         assert!(is_loopback(Some("::ffff:127.0.0.1".parse().unwrap())));
         assert!(!is_loopback(Some("127.0.0.2".parse().unwrap())));
+    }
+
+    #[test]
+    fn with_an_api_key_a_tenant_key_is_an_inference_key_and_nothing_more() {
+        let a = Auth::new(Some("k".into()), Some("adm".into()), false)
+            .with_tenant_keys(["t1".to_string(), "t2".to_string()]);
+        assert!(a.authenticates_callers());
+        for key in ["Bearer k", "Bearer t1", "Bearer t2"] {
+            assert_eq!(
+                status(a.authorize(&head(Some(key)), Scope::Inference, None)),
+                200,
+                "{key}"
+            );
+            assert_eq!(
+                status(a.authorize(&head(Some(key)), Scope::Cancel, None)),
+                200,
+                "{key}"
+            );
+        }
+        assert_eq!(
+            status(a.authorize(&head(Some("Bearer t3")), Scope::Inference, None)),
+            401
+        );
+        assert_eq!(
+            status(a.authorize(&head(Some("Bearer t1")), Scope::Admin, None)),
+            401,
+            "a tenant key reads no workers"
+        );
+        assert_eq!(
+            status(a.authorize(&head(Some("Bearer t1")), Scope::Control, LOCAL)),
+            401
+        );
+        // Tenant keys alone: inference stays open (the keys name tenants), the gateway still
+        // counts as checking keys (they are not passed on to workers).
+        let t = Auth::default().with_tenant_keys(["t1".to_string()]);
+        assert!(t.authenticates_callers());
+        assert!(!Auth::default().authenticates_callers());
+        assert_eq!(
+            status(t.authorize(&head(None), Scope::Inference, None)),
+            200
+        );
     }
 
     #[test]

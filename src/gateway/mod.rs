@@ -86,6 +86,9 @@ pub struct Gateway {
     /// `--enable-trace`: the span queues and the OTLP export thread; `None` when off (a
     /// request then pays one branch for tracing).
     pub trace: Option<std::sync::Arc<crate::trace::Tracer>>,
+    /// The client headers that stop at the gateway and the key the workers get instead
+    /// (`--worker-api-key`, `--forward-client-authorization`).
+    pub own_headers: crate::proxy::forward::OwnHeaders,
 }
 
 /// The nice value of the health thread (and of the tree writer and the KV-event thread): the
@@ -171,16 +174,25 @@ impl Gateway {
             Duration::from_secs(cfg.queue_timeout_secs),
             cfg.rate_limit_tokens_per_second,
         );
+        let auth = Auth::new(
+            cfg.api_key.clone(),
+            cfg.admin_api_key.clone(),
+            cfg.keyless_local_admin,
+        )
+        .with_tenant_keys(cfg.tenants.iter().flat_map(|(_, t)| t.keys.iter().cloned()));
+        let own_headers = crate::proxy::forward::OwnHeaders::new(
+            crate::admission::PRIORITY_HEADER,
+            cfg.tenant_header.as_deref(),
+            auth.authenticates_callers(),
+            cfg.forward_client_authorization,
+            cfg.worker_api_key.as_deref(),
+        );
         let gw = Gateway {
             registry,
             models: ServedModels::default(),
             router,
             decode,
-            auth: Auth::new(
-                cfg.api_key.clone(),
-                cfg.admin_api_key.clone(),
-                cfg.keyless_local_admin,
-            ),
+            auth,
             admission,
             life: Lifecycle::new(io_driver, cores),
             breaker: cfg.breaker_config(),
@@ -192,6 +204,7 @@ impl Gateway {
             model_fanouts: limit::CallLimit::new(MODEL_FANOUTS),
             pass_through: limit::CallLimit::new(PASS_THROUGH_CALLS),
             trace: start_trace(&cfg, cores),
+            own_headers,
             cfg,
         };
         gw.membership_changed();

@@ -188,7 +188,7 @@ impl RequestHead {
     }
 
     /// Iterate (name, value) pairs in order.
-    pub fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+    pub fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
         self.headers
             .iter()
             .map(|h| (h.name.slice(&self.buf), h.value.slice(&self.buf)))

@@ -62,6 +62,52 @@ pub struct TraceHeaders<'a> {
     pub keep_tracestate: bool,
 }
 
+/// What the gateway changes in a client's headers on their way to a worker, decided once at
+/// start: the headers that are the gateway's own business never reach a worker, and a worker
+/// that needs a key gets the one configured for it rather than the caller's.
+#[derive(Debug, Clone, Default)]
+pub struct OwnHeaders {
+    /// Client headers not forwarded (lower-case names): the priority header, the trusted
+    /// tenant header, and the caller's keys when the gateway checks keys itself.
+    pub drop: Vec<String>,
+    /// The `authorization` value sent instead of the client's (`--worker-api-key`).
+    pub authorization: Option<String>,
+}
+
+impl OwnHeaders {
+    /// The headers of a gateway that reads `priority` and `tenant` (its trusted tenant header,
+    /// if any), checks callers' keys itself when `authenticates` (then they stop here unless
+    /// `pass_keys`), and sends `worker_key` to the workers (replacing any caller's).
+    pub fn new(
+        priority: &str,
+        tenant: Option<&str>,
+        authenticates: bool,
+        pass_keys: bool,
+        worker_key: Option<&str>,
+    ) -> OwnHeaders {
+        let mut drop: Vec<String> = std::iter::once(priority)
+            .chain(tenant)
+            .map(str::to_ascii_lowercase)
+            .collect();
+        if (authenticates && !pass_keys) || worker_key.is_some() {
+            drop.push("authorization".into());
+        }
+        if authenticates && !pass_keys {
+            drop.push("x-api-key".into());
+        }
+        OwnHeaders {
+            drop,
+            authorization: worker_key.map(|k| format!("Bearer {k}")),
+        }
+    }
+
+    fn drops(&self, name: &[u8]) -> bool {
+        self.drop
+            .iter()
+            .any(|d| name.eq_ignore_ascii_case(d.as_bytes()))
+    }
+}
+
 /// The upstream request bytes: head (and small bodies), then the body when large.
 pub struct UpstreamRequest {
     pub head: Bytes,
@@ -72,7 +118,8 @@ impl UpstreamRequest {
     /// Render the request for `worker`: the client's method and target, the end-to-end headers
     /// in order, then `host`, `content-length`, `x-request-id` and `x-forwarded-for` (the
     /// client's list with `peer` appended). With `trace`, the client's `traceparent` is
-    /// replaced by the gateway's (never sent twice); without it, headers pass unchanged.
+    /// replaced by the gateway's (never sent twice); without it, headers pass unchanged. `own`
+    /// takes out the gateway's own headers and sets the worker's key.
     #[allow(clippy::too_many_arguments)]
     pub fn build(
         method: &[u8],
@@ -83,6 +130,7 @@ impl UpstreamRequest {
         request_id: &str,
         body: Bytes,
         trace: Option<TraceHeaders<'_>>,
+        own: &OwnHeaders,
     ) -> UpstreamRequest {
         let mut out = BytesMut::with_capacity(256 + client.map_or(0, |h| h.buf.len()));
         out.extend_from_slice(method);
@@ -93,7 +141,10 @@ impl UpstreamRequest {
         out.extend_from_slice(b"\r\n");
         if let Some(h) = client {
             for (name, value) in h.headers() {
-                if skip(name, &REQUEST_SKIP) || named_by_connection(name, h.headers()) {
+                if skip(name, &REQUEST_SKIP)
+                    || own.drops(name)
+                    || named_by_connection(name, h.headers())
+                {
                     continue;
                 }
                 if let Some(t) = &trace {
@@ -113,6 +164,11 @@ impl UpstreamRequest {
             out.extend_from_slice(b"content-length: ");
             // Formatted straight into the buffer (no temporary String).
             let _ = write!(out, "{}", body.len());
+            out.extend_from_slice(b"\r\n");
+        }
+        if let Some(a) = &own.authorization {
+            out.extend_from_slice(b"authorization: ");
+            out.extend_from_slice(a.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
         out.extend_from_slice(b"x-request-id: ");
@@ -554,6 +610,7 @@ pub async fn fetch_capped(
         &id,
         body,
         None,
+        &OwnHeaders::default(),
     );
     let up = roundtrip(
         pool,
@@ -588,6 +645,10 @@ mod tests {
     }
 
     fn build(h: &RequestHead, trace: Option<TraceHeaders<'_>>) -> String {
+        build_with(h, trace, &OwnHeaders::default())
+    }
+
+    fn build_with(h: &RequestHead, trace: Option<TraceHeaders<'_>>, own: &OwnHeaders) -> String {
         let req = UpstreamRequest::build(
             b"POST",
             b"/generate",
@@ -597,8 +658,45 @@ mod tests {
             "id-1",
             Bytes::from_static(b"{}"),
             trace,
+            own,
         );
         String::from_utf8(req.head.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn the_gateways_own_headers_and_a_checked_callers_key_stay_here() {
+        let h = head(
+            "authorization: Bearer caller\r\nx-api-key: caller\r\nX-SMG-Priority: 9\r\n\
+             x-tenant: a\r\nx-tenant: b\r\nx-other: 1\r\n",
+        );
+        let has = |s: &str, what: &str| s.to_ascii_lowercase().contains(what);
+        // A gateway that checks keys: the caller's key, the priority and tenant headers stop.
+        let own = OwnHeaders::new("x-smg-priority", Some("X-Tenant"), true, false, None);
+        let out = build_with(&h, None, &own);
+        for gone in ["authorization", "x-api-key", "x-smg-priority", "x-tenant"] {
+            assert!(!has(&out, gone), "{gone}: {out}");
+        }
+        assert!(out.contains("x-other: 1\r\n"));
+        // With a worker key, that key and only it.
+        let own = OwnHeaders::new("x-smg-priority", None, true, false, Some("wk"));
+        let out = build_with(&h, None, &own);
+        assert_eq!(out.matches("authorization").count(), 1, "{out}");
+        assert!(out.contains("authorization: Bearer wk\r\n"), "{out}");
+        // Pass-through kept on request, and a gateway that checks no keys passes them too.
+        for own in [
+            OwnHeaders::new("x-smg-priority", None, true, true, None),
+            OwnHeaders::new("x-smg-priority", None, false, false, None),
+        ] {
+            let out = build_with(&h, None, &own);
+            assert!(out.contains("authorization: Bearer caller\r\n"), "{out}");
+            assert!(out.contains("x-api-key: caller\r\n"), "{out}");
+            assert!(!has(&out, "x-smg-priority"), "{out}");
+        }
+        // A worker key replaces the caller's even when keys are passed through.
+        let own = OwnHeaders::new("x-smg-priority", None, true, true, Some("wk"));
+        let out = build_with(&h, None, &own);
+        assert!(out.contains("authorization: Bearer wk\r\n") && !out.contains("Bearer caller"));
+        assert_eq!(out.matches("authorization").count(), 1, "{out}");
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //!   `bootstrap_port`, `bootstrap_room`) that pair a prefill request with its decode twin.
 //! - DP-aware routing (`--dp-aware`): `data_parallel_rank`, the attention-DP rank the request
 //!   was routed to.
+//! - The saturation admission: `priority`, the class the gateway used (the client's claim
+//!   lowered to its tenant's maximum), in place of the client's.
 //!
 //! The fields go in just before the object's closing brace. Members of the same names a client
 //! sent are taken out first (their bytes, with one comma), so the body carries the gateway's
@@ -161,10 +163,19 @@ pub struct Added<'a> {
     /// PD with DP ranks, on the decode side: the rank its prefill twin runs on
     /// (`disagg_prefill_dp_rank`), so the decode server pairs with that rank's KV.
     pub prefill_dp_rank: Option<u32>,
+    /// The priority class the gateway used (`priority`), replacing the client's member of that
+    /// name; `None` leaves a client's `priority` as it is.
+    pub priority: Option<i32>,
 }
 
 const DP_RANK_KEY: &[u8] = br#""data_parallel_rank":"#;
 const PREFILL_DP_RANK_KEY: &[u8] = br#""disagg_prefill_dp_rank":"#;
+const PRIORITY_KEY: &[u8] = br#""priority":"#;
+
+/// Characters of `v` in decimal, its sign included.
+fn signed_digits(v: i32) -> usize {
+    usize::from(v < 0) + digits(u64::from(v.unsigned_abs()))
+}
 
 /// The added members' exact length (without a leading comma).
 fn added_len(a: &Added) -> usize {
@@ -174,6 +185,8 @@ fn added_len(a: &Added) -> usize {
         boot,
         rank(DP_RANK_KEY, a.dp_rank),
         rank(PREFILL_DP_RANK_KEY, a.prefill_dp_rank),
+        a.priority
+            .map_or(0, |p| PRIORITY_KEY.len() + signed_digits(p)),
     ];
     let present = parts.iter().filter(|&&n| n > 0).count();
     parts.iter().sum::<usize>() + present.saturating_sub(1)
@@ -200,6 +213,11 @@ fn write_added(out: &mut Vec<u8>, a: &Added) {
             let _ = write!(out, "{r}");
         }
     }
+    if let Some(p) = a.priority {
+        sep(out);
+        out.extend_from_slice(PRIORITY_KEY);
+        let _ = write!(out, "{p}");
+    }
 }
 
 /// `body` (a JSON object, as the extractor already checked) with the bootstrap fields spliced
@@ -225,7 +243,20 @@ pub fn splice_dp_rank(body: &[u8], rank: u32) -> Result<Vec<u8>, PdBodyError> {
     )
 }
 
-/// The keys the gateway sets: a client's members of these names are replaced.
+/// `body` with `added`'s fields (a DP rank, the gateway's priority class, or both), or the
+/// body itself when there is nothing to add.
+pub fn splice_routed(body: &[u8], added: &Added) -> Result<Option<Vec<u8>>, PdBodyError> {
+    if added.bootstrap.is_none()
+        && added.dp_rank.is_none()
+        && added.prefill_dp_rank.is_none()
+        && added.priority.is_none()
+    {
+        return Ok(None);
+    }
+    splice_fields(body, added).map(Some)
+}
+
+/// The keys the gateway always sets: a client's members of these names are replaced.
 const GATEWAY_KEYS: [&[u8]; 5] = [
     b"bootstrap_host",
     b"bootstrap_port",
@@ -233,6 +264,9 @@ const GATEWAY_KEYS: [&[u8]; 5] = [
     b"data_parallel_rank",
     b"disagg_prefill_dp_rank",
 ];
+/// The key the gateway sets when it has a class to give (a client's member is replaced then,
+/// and only then).
+const PRIORITY: &[u8] = b"priority";
 
 /// Byte ranges of the top-level members of `body` (a JSON object the extractor accepted) whose
 /// key is in `keys`, with their commas, so removing them leaves valid JSON.
@@ -272,8 +306,13 @@ fn member_spans(body: &[u8], keys: &[&[u8]]) -> Vec<(usize, usize)> {
 /// byte kept.
 pub fn splice_fields(body: &[u8], added: &Added) -> Result<Vec<u8>, PdBodyError> {
     // A client's own members of the gateway's keys (rare: scanned only when one is there).
-    if named_anywhere(body) {
-        let spans = member_spans(body, &GATEWAY_KEYS);
+    let priority = added.priority.is_some();
+    if named_anywhere(body, priority) {
+        let mut keys: Vec<&[u8]> = GATEWAY_KEYS.to_vec();
+        if priority {
+            keys.push(PRIORITY);
+        }
+        let spans = member_spans(body, &keys);
         if !spans.is_empty() {
             let mut kept = Vec::with_capacity(body.len());
             let mut at = 0;
@@ -288,13 +327,15 @@ pub fn splice_fields(body: &[u8], added: &Added) -> Result<Vec<u8>, PdBodyError>
     splice_checked(body, added)
 }
 
-/// Whether one of the gateway's keys occurs anywhere in `body` as a quoted string (a quick
-/// test, at memory speed, before the member scan).
-fn named_anywhere(body: &[u8]) -> bool {
+/// Whether one of the gateway's keys (`priority` among them when `priority`) occurs anywhere in
+/// `body` as a quoted string (a quick test, at memory speed, before the member scan).
+fn named_anywhere(body: &[u8], priority: bool) -> bool {
     static KEYS: std::sync::OnceLock<Option<aho_corasick::AhoCorasick>> =
         std::sync::OnceLock::new();
     let found = KEYS.get_or_init(|| {
-        aho_corasick::AhoCorasick::new(GATEWAY_KEYS.map(|k| {
+        let mut all = GATEWAY_KEYS.to_vec();
+        all.push(PRIORITY);
+        aho_corasick::AhoCorasick::new(all.into_iter().map(|k| {
             let mut q = Vec::with_capacity(k.len() + 2);
             q.push(b'"');
             q.extend_from_slice(k);
@@ -303,8 +344,12 @@ fn named_anywhere(body: &[u8]) -> bool {
         }))
         .ok()
     });
-    // Without the automaton (it cannot fail for these keys), scan every time.
-    found.as_ref().is_none_or(|ac| ac.is_match(body))
+    // Without the automaton (it cannot fail for these keys), scan every time. The priority
+    // key is the last pattern.
+    found.as_ref().is_none_or(|ac| {
+        ac.find_iter(body)
+            .any(|m| priority || m.pattern().as_usize() < GATEWAY_KEYS.len())
+    })
 }
 
 fn splice_checked(body: &[u8], added: &Added) -> Result<Vec<u8>, PdBodyError> {

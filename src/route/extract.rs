@@ -69,11 +69,18 @@ pub struct BodyShape {
     pub prompts: Option<usize>,
     /// `n` (an unsigned integer).
     pub n: Option<u64>,
+    /// `/generate`'s `sampling_params.n` (an unsigned integer; of a per-item list, the largest):
+    /// parallel samples of each prompt.
+    pub sampling_n: Option<u64>,
     /// `return_logprob` is `true`.
     pub return_logprob: bool,
     /// `priority` (an integer): SGLang's priority scheduling reads it, and so does the
-    /// gateway's admission when no `X-SMG-Priority` header is given. Forwarded unchanged.
+    /// gateway's admission when no `X-SMG-Priority` header is given. Under the saturation
+    /// admission the class the gateway used replaces it in the body a worker gets.
     pub priority: Option<i64>,
+    /// A top-level `priority` member is there and not `null`, whatever its type (a string or
+    /// a float the engine might still read as an integer).
+    pub priority_given: bool,
 }
 
 /// The fields SGLang namespaces its prefix cache by: blocks are reused only between requests
@@ -315,6 +322,7 @@ enum Key {
     LoraPath,
     Extra,
     N,
+    SamplingParams,
     ReturnLogprob,
     Priority,
     Other,
@@ -349,6 +357,7 @@ impl<'de> Deserialize<'de> for Key {
                     "lora_path" => Key::LoraPath,
                     "extra_key" => Key::Extra,
                     "n" => Key::N,
+                    "sampling_params" => Key::SamplingParams,
                     "return_logprob" => Key::ReturnLogprob,
                     "priority" => Key::Priority,
                     _ => Key::Other,
@@ -694,6 +703,59 @@ impl<'de> Deserialize<'de> for Lenient<i64> {
     }
 }
 
+/// `sampling_params`' `n`: of an object, its `n` member; of a list of objects (a batch's
+/// per-item parameters), the largest. Anything else is validated and skipped.
+struct SamplingN(Option<u64>);
+
+impl<'de> Deserialize<'de> for SamplingN {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = SamplingN;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<SamplingN, E> {
+                Ok(SamplingN(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<SamplingN, E> {
+                Ok(SamplingN(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<SamplingN, E> {
+                Ok(SamplingN(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<SamplingN, E> {
+                Ok(SamplingN(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<SamplingN, E> {
+                Ok(SamplingN(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<SamplingN, E> {
+                Ok(SamplingN(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SamplingN, A::Error> {
+                let mut most: Option<u64> = None;
+                while let Some(SamplingN(n)) = seq.next_element::<SamplingN>()? {
+                    most = most.max(n);
+                }
+                Ok(SamplingN(most))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SamplingN, A::Error> {
+                let mut n = None;
+                while let Some(k) = map.next_key::<Key>()? {
+                    if k == Key::N {
+                        n = map.next_value::<Lenient<u64>>()?.0;
+                    } else {
+                        map.next_value::<Skip>()?;
+                    }
+                }
+                Ok(SamplingN(n))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// An integer of either sign, or something else.
 enum Signed {
     Pos(u64),
@@ -1031,6 +1093,7 @@ impl<'de> Visitor<'de> for Top {
                     | Key::ReasoningContent
                     | Key::Type
                     | Key::N
+                    | Key::SamplingParams
                     | Key::ReturnLogprob
                     | Key::Priority
             );
@@ -1096,7 +1159,14 @@ impl<'de> Visitor<'de> for Top {
                     p.present |= there && k == routes_on;
                 }
                 Key::N => p.shape.n = map.next_value::<Lenient<u64>>()?.0,
-                Key::Priority => p.shape.priority = map.next_value::<Lenient<i64>>()?.0,
+                Key::SamplingParams => {
+                    p.shape.sampling_n = map.next_value::<SamplingN>()?.0;
+                }
+                Key::Priority => {
+                    let v = map.next_value::<Option<Lenient<i64>>>()?;
+                    p.shape.priority_given = v.is_some();
+                    p.shape.priority = v.and_then(|l| l.0);
+                }
                 Key::ReturnLogprob => {
                     p.shape.return_logprob = map.next_value::<Lenient<bool>>()?.0 == Some(true)
                 }
@@ -1127,6 +1197,7 @@ fn key_name(k: Key) -> &'static str {
         Key::LoraPath => "lora_path",
         Key::Extra => "extra_key",
         Key::N => "n",
+        Key::SamplingParams => "sampling_params",
         Key::ReturnLogprob => "return_logprob",
         Key::Priority => "priority",
         Key::Content | Key::ReasoningContent | Key::Type | Key::Output | Key::Other => "?",

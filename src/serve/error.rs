@@ -187,6 +187,10 @@ impl From<Denied> for GatewayError {
                 "too many requests: this tenant's requests or tokens per minute are used up",
                 retry_after,
             ),
+            Denied::OverTenantLimit => too_many(
+                "too many requests: this request asks for more generations (prompts times n) or tokens than this tenant's whole per-minute limit allows; retrying it will not help",
+                60,
+            ),
             Denied::Timeout => GatewayError::new(408, "timed out waiting in the admission queue"),
             // Never answered (the client is gone); a status for the logs.
             Denied::ClientGone => GatewayError::new(499, "the client left while its request waited"),

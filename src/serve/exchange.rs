@@ -240,6 +240,9 @@ pub(super) struct Exchange<'a> {
     /// Its prompt tokens as the saturation admission counted them (0 without it): each worker
     /// it is sent to counts them as KV in use until its next reading.
     admitted_tokens: u64,
+    /// The class the saturation admission used, when it must replace the body's `priority`
+    /// (see `turn`): spliced into every body sent upstream.
+    engine_priority: Option<crate::admission::queue::Priority>,
     /// `--enable-trace`, a recorded request: its spans so far (ended and handed to the export
     /// thread when the exchange is dropped). `None` costs one branch per phase; boxed, so an
     /// untraced exchange is one pointer larger, not a span larger.
@@ -327,7 +330,9 @@ impl<'a> Exchange<'a> {
         let info = match forwarding {
             Forwarding::Routed(api) => {
                 // The key was checked on the head (`conn::decide`), before the body was read.
-                let keep_text = gw.routers().any(|(r, _)| r.policy.reads_text());
+                // The saturation admission bills prompts on their text, whatever the policy.
+                let keep_text =
+                    gw.flow.is_some() || gw.routers().any(|(r, _)| r.policy.reads_text());
                 let info = extract_for(api, body, keep_text)
                     .map_err(|e| refuse(GatewayError::bad_request(e.0), None))?;
                 // manual remembers keys: a hostile key length is refused, not hashed.
@@ -400,6 +405,7 @@ impl<'a> Exchange<'a> {
             prompt: None,
             tenant: None,
             admitted_tokens: 0,
+            engine_priority: None,
             trace: RefCell::new(None),
         })
     }
@@ -724,11 +730,17 @@ impl<'a> Exchange<'a> {
     }
 
     /// The body `worker` gets: the client's bytes, with `--dp-aware` the target's rank spliced
-    /// in as `data_parallel_rank` (a new body per attempt: a retry may go to another rank).
+    /// in as `data_parallel_rank` (a new body per attempt: a retry may go to another rank), and
+    /// the saturation admission's class as `priority` when it replaces the client's.
     fn body_for(&self, worker: &Worker) -> Result<Bytes, Failure> {
-        match (self.forwarding, worker.dp) {
-            (Forwarding::Routed(_), Some(dp)) => bootstrap::splice_dp_rank(self.body, dp.rank)
-                .map(Bytes::from)
+        let added = bootstrap::Added {
+            dp_rank: worker.dp.map(|dp| dp.rank),
+            priority: self.engine_priority,
+            ..bootstrap::Added::default()
+        };
+        match self.forwarding {
+            Forwarding::Routed(_) => bootstrap::splice_routed(self.body, &added)
+                .map(|b| b.map_or_else(|| self.body.clone(), Bytes::from))
                 .map_err(|e| {
                     Failure::Worker(WorkerFailure {
                         error: GatewayError::bad_request(e.0),
@@ -913,6 +925,7 @@ impl<'a> Exchange<'a> {
                 traceparent: tp,
                 keep_tracestate: *keep,
             }),
+            &self.gw.own_headers,
         )
     }
 
@@ -996,6 +1009,11 @@ impl<'a> Exchange<'a> {
     /// When the whole request must be over.
     pub(super) fn deadline(&self) -> Instant {
         self.deadline
+    }
+
+    /// The class spliced into the body as `priority` (see `turn`), if any.
+    pub(super) fn engine_priority(&self) -> Option<crate::admission::queue::Priority> {
+        self.engine_priority
     }
 
     /// What pairing needs of the body (read with the routing text, in the same pass).

@@ -21,8 +21,8 @@ fn one_slot_worker() -> loadtest::sim::SimCluster {
     })
 }
 
-/// A config file with two tenants: `metered` (two requests a minute) and `capped` (priority at
-/// most 0).
+/// A config file with three tenants: `metered` (two requests a minute), `capped` (priority at
+/// most 0) and `vip` (no bound on its priority; callers without a key are held to 0).
 fn tenants_file(dir: &std::path::Path) -> String {
     let path = dir.join("tenants.toml");
     std::fs::write(
@@ -35,6 +35,9 @@ requests_per_minute = 2
 [tenants.capped]
 keys = ["k-capped"]
 max_priority = 0
+
+[tenants.vip]
+keys = ["k-vip"]
 "#,
     )
     .unwrap();
@@ -122,9 +125,16 @@ fn under_saturation_the_higher_class_goes_first_claims_are_clamped_and_a_full_qu
     worker_holds(&c, 2);
     // Now the fleet is saturated: these wait in the gateway. `low` class 0; `mid` class 5 from
     // the body's priority field.
+    let vip = || ("authorization", "Bearer k-vip".to_string());
     threads.push(send_later(gw.addr, "low", vec![], gen(1, None), &done));
     std::thread::sleep(Duration::from_millis(100));
-    threads.push(send_later(gw.addr, "mid", vec![], gen(1, Some(5)), &done));
+    threads.push(send_later(
+        gw.addr,
+        "mid",
+        vec![vip()],
+        gen(1, Some(5)),
+        &done,
+    ));
     std::thread::sleep(Duration::from_millis(100));
     assert!(done.lock().unwrap().is_empty(), "nobody answered yet");
     // The queue (2) is full of class 0 and 5: another class 0 is refused with Retry-After.
@@ -152,11 +162,18 @@ fn under_saturation_the_higher_class_goes_first_claims_are_clamped_and_a_full_qu
         "clamped to 0, it cannot shed a class-0 waiter: {}",
         r.text()
     );
+    // So is a caller without a key (the default tenant), whatever it claims.
+    let r = post(
+        gw.addr,
+        &[("x-smg-priority", "2147483647")],
+        &gen(1, Some(2147483647)),
+    );
+    assert_eq!(r.status, 429, "anonymous, it is class 0: {}", r.text());
     // An uncapped class 9 takes the place of the lowest waiter, which is shed with Retry-After.
     threads.push(send_later(
         gw.addr,
         "high",
-        vec![("x-smg-priority", "9".to_string())],
+        vec![("x-smg-priority", "9".to_string()), vip()],
         gen(1, None),
         &done,
     ));

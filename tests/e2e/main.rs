@@ -34,6 +34,7 @@ mod sdk;
 mod sglang_events;
 mod soak;
 mod telemetry;
+mod tenants;
 mod tokenizer_golden;
 mod tracing;
 mod workload;

@@ -50,6 +50,7 @@ fn ask(class: Priority, tenant: TenantId) -> Ask {
         class,
         tenant,
         tokens: 100,
+        requests: 1,
     }
 }
 
@@ -326,9 +327,11 @@ fn a_sheddable_request_is_refused_when_the_expected_wait_passes_its_bound() {
         until("queued", || f.waiting() == 11).await;
         fleet.free.set(3);
         for q in queued {
-            assert!(q.await.is_ok());
+            let r = q.await;
+            assert!(r.is_ok(), "{r:?}");
         }
-        assert!(patient.await.is_ok());
+        let r = patient.await;
+        assert!(r.is_ok(), "{r:?}");
     });
 }
 
@@ -360,4 +363,141 @@ fn headroom_lets_a_prioritized_class_in_while_the_others_wait() {
         fleet.free.set(1);
         assert!(matches!(low.await, Ok(Admitted::Waited(_))));
     });
+}
+
+fn limited(requests: Option<u32>, tokens: Option<u64>) -> Flow {
+    Flow::new(
+        FlowConfig {
+            queue_size: 10,
+            queue_timeout: Duration::from_secs(1),
+            sheddable_wait: Duration::from_secs(1),
+        },
+        tenants(&[(
+            "t",
+            TenantSpec {
+                keys: vec!["k".into()],
+                requests_per_minute: requests,
+                tokens_per_minute: tokens,
+                ..TenantSpec::default()
+            },
+        )]),
+    )
+}
+
+#[test]
+fn a_batch_is_charged_every_generation_it_asks_for() {
+    let f = limited(Some(10), None);
+    let t = f.tenants().by_key("k");
+    let fleet = TestFleet::default();
+    fleet.free.set(4);
+    let batch = |requests| Ask {
+        requests,
+        ..ask(0, t)
+    };
+    block_on(async {
+        assert!(f.admit(batch(6), &fleet, never()).await.is_ok());
+        // 4 left: a batch of 5 waits for room (6 s of refill at 10 a minute), one of 4 fits.
+        match f.admit(batch(5), &fleet, never()).await {
+            Err(Denied::TenantLimit { retry_after }) => {
+                assert!((5..=7).contains(&retry_after), "{retry_after}")
+            }
+            r => panic!("{r:?}"),
+        }
+        assert!(f.admit(batch(4), &fleet, never()).await.is_ok());
+    });
+}
+
+#[test]
+fn a_request_over_the_whole_limit_is_refused_at_once_not_let_through_or_told_to_wait_forever() {
+    let fleet = TestFleet::default();
+    fleet.free.set(4);
+    block_on(async {
+        // More generations than a minute allows, on a fresh limit.
+        let f = limited(Some(2), None);
+        let t = f.tenants().by_key("k");
+        let r = f
+            .admit(
+                Ask {
+                    requests: 501,
+                    ..ask(0, t)
+                },
+                &fleet,
+                never(),
+            )
+            .await;
+        assert_eq!(r, Err(Denied::OverTenantLimit));
+        // Nothing was charged: a request that fits still goes.
+        assert!(f.admit(ask(0, t), &fleet, never()).await.is_ok());
+        // More tokens than a minute allows.
+        let f = limited(None, Some(50_000));
+        let t = f.tenants().by_key("k");
+        let r = f
+            .admit(
+                Ask {
+                    tokens: 191_875,
+                    ..ask(0, t)
+                },
+                &fleet,
+                never(),
+            )
+            .await;
+        assert_eq!(r, Err(Denied::OverTenantLimit));
+        // A limit of 0 allows nothing, from the first request on.
+        for f in [limited(Some(0), None), limited(None, Some(0))] {
+            let t = f.tenants().by_key("k");
+            for _ in 0..2 {
+                assert_eq!(
+                    f.admit(ask(0, t), &fleet, never()).await,
+                    Err(Denied::OverTenantLimit)
+                );
+            }
+        }
+    });
+}
+
+/// CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[test]
+fn thousands_of_waiters_cost_next_to_no_cpu_while_they_wait() {
+    const WAITERS: usize = 3000;
+    let f = Rc::new(flow(WAITERS, 60_000));
+    let fleet = Rc::new(TestFleet::default());
+    block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..WAITERS {
+            let (f2, fl2) = (f.clone(), fleet.clone());
+            tasks.push(monoio::spawn(async move {
+                f2.admit(ask(0, 0), &*fl2, never()).await
+            }));
+        }
+        until("all queued", || f.waiting() == WAITERS).await;
+        // Let the spawning settle, then measure a second of pure waiting.
+        monoio::time::sleep(Duration::from_millis(50)).await;
+        let (cpu0, wall0) = (thread_cpu(), Instant::now());
+        monoio::time::sleep(Duration::from_secs(1)).await;
+        let (cpu, wall) = (thread_cpu() - cpu0, wall0.elapsed());
+        let share = cpu.as_secs_f64() / wall.as_secs_f64();
+        eprintln!("{WAITERS} waiters: {:.1} % of a core", share * 100.0);
+        assert!(
+            share < 0.2,
+            "{WAITERS} waiters used {:.0} % of a core",
+            share * 100.0
+        );
+        // And they are still let in, in order, once there is room.
+        fleet.free.set(WAITERS);
+        for t in tasks {
+            assert!(matches!(t.await, Ok(Admitted::Waited(_))));
+        }
+    });
+    assert_eq!(f.waiting(), 0);
 }

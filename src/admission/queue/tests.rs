@@ -7,6 +7,7 @@ fn w(ticket: u64, class: Priority, tenant: TenantId, tokens: u64) -> Waiter {
         class,
         tenant,
         tokens,
+        requests: 1,
     }
 }
 

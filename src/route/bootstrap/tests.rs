@@ -252,6 +252,7 @@ fn bootstrap_fields_and_the_dp_rank_go_in_together() {
         bootstrap: Some(b),
         dp_rank: Some(1),
         prefill_dp_rank: None,
+        priority: None,
     };
     let out = splice_fields(br#"{"a":1}"#, &added).unwrap();
     assert_eq!(out.capacity(), out.len());
@@ -294,6 +295,7 @@ fn a_clients_own_gateway_fields_are_replaced_not_duplicated() {
         bootstrap: None,
         dp_rank: Some(3),
         prefill_dp_rank: None,
+        priority: None,
     };
     for (body, want) in [
         (
@@ -369,6 +371,7 @@ fn the_decode_side_learns_its_prefill_twins_rank() {
         bootstrap: Some(b),
         dp_rank: Some(2),
         prefill_dp_rank: Some(7),
+        priority: None,
     };
     let body = br#"{"text":"hi","disagg_prefill_dp_rank":1,"data_parallel_rank":0}"#;
     let out = splice_fields(body, &added).unwrap();
@@ -390,4 +393,57 @@ fn the_decode_side_learns_its_prefill_twins_rank() {
     };
     let out = splice_fields(br#"{}"#, &only).unwrap();
     assert_eq!(out, br#"{"disagg_prefill_dp_rank":3}"#);
+}
+
+#[test]
+fn the_gateways_priority_replaces_the_clients_of_any_type_and_only_when_given() {
+    for body in [
+        &br#"{"text":"hi","priority":1000000}"#[..],
+        br#"{"priority":"1000000","text":"hi"}"#,
+        br#"{"text":"hi","priority":1e6,"n":2}"#,
+        br#"{"text":"hi"}"#,
+    ] {
+        let added = Added {
+            priority: Some(-4),
+            ..Added::default()
+        };
+        let out = splice_fields(body, &added).unwrap();
+        assert_eq!(out.capacity(), out.len());
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.matches("priority").count(), 1, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["priority"], -4, "{text}");
+        assert_eq!(v["text"], "hi");
+    }
+    // With a rank as well, both go in.
+    let both = Added {
+        dp_rank: Some(1),
+        priority: Some(0),
+        ..Added::default()
+    };
+    let out = splice_fields(br#"{"priority":9,"text":"x"}"#, &both).unwrap();
+    assert_eq!(out, br#"{"text":"x","data_parallel_rank":1,"priority":0}"#);
+    // Without a class, a client's priority stays as it is (a rank alone is spliced).
+    let rank = Added {
+        dp_rank: Some(2),
+        ..Added::default()
+    };
+    let out = splice_fields(br#"{"priority":9}"#, &rank).unwrap();
+    assert_eq!(out, br#"{"priority":9,"data_parallel_rank":2}"#);
+    assert_eq!(
+        splice_routed(br#"{"priority":9}"#, &Added::default()),
+        Ok(None)
+    );
+    for p in [i32::MIN, i32::MAX, 0, -1, 10] {
+        let a = Added {
+            priority: Some(p),
+            ..Added::default()
+        };
+        let out = splice_fields(br#"{}"#, &a).unwrap();
+        assert_eq!(out.capacity(), out.len(), "{p}");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!(r#"{{"priority":{p}}}"#)
+        );
+    }
 }

@@ -307,3 +307,21 @@ proptest! {
 }
 
 mod boundaries;
+
+#[test]
+fn a_priority_member_of_any_type_is_noticed_and_only_an_integer_is_read() {
+    for (body, value, given) in [
+        (&br#"{"text":"hi","priority":7}"#[..], Some(7), true),
+        (br#"{"text":"hi","priority":-3}"#, Some(-3), true),
+        (br#"{"text":"hi","priority":"1000000"}"#, None, true),
+        (br#"{"text":"hi","priority":1e6}"#, None, true),
+        (br#"{"text":"hi","priority":[1,2]}"#, None, true),
+        (br#"{"text":"hi","priority":null}"#, None, false),
+        (br#"{"text":"hi"}"#, None, false),
+    ] {
+        let info = extract(Api::Generate, body).unwrap();
+        let b = String::from_utf8_lossy(body);
+        assert_eq!(info.shape.priority, value, "{b}");
+        assert_eq!(info.shape.priority_given, given, "{b}");
+    }
+}

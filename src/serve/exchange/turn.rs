@@ -10,15 +10,14 @@ use crate::admission::saturation::fair_share;
 use crate::admission::FlowControl;
 use crate::gateway::Gateway;
 use crate::proxy::io::closed_by_peer;
+use crate::route::extract::{BodyShape, MAX_ROUTING_TEXT};
 use crate::serve::error::GatewayError;
 use crate::serve::Outcome;
 use crate::workers::role::Side;
 use monoio::net::TcpStream;
 use std::cell::OnceCell;
 
-/// The header a client (or the front before it) states its priority class in, as the
-/// reference names it; higher is more important (SGLang's default direction).
-pub const PRIORITY_HEADER: &str = "x-smg-priority";
+pub use crate::admission::PRIORITY_HEADER;
 /// Workers counted per look at the fleet (a look lets in at most this many waiters).
 const MOST_COUNTED: usize = 64;
 /// The one room every request waits in: every worker of a side serves every routed request
@@ -107,6 +106,47 @@ pub(super) fn claimed_priority(
     }
 }
 
+/// How many generations a body asks for: its prompts (a `text` or `prompt` list, a list of
+/// `input_ids` lists; else one) times its samples of each (`n`, or `/generate`'s
+/// `sampling_params.n`; the larger when both are given). What the tenant's request limit counts.
+pub(super) fn generations(shape: &BodyShape) -> u64 {
+    let prompts = shape
+        .text_list
+        .or(shape.ids_lists)
+        .or(shape.prompts)
+        .map_or(1, |n| n.max(1) as u64);
+    let samples = shape.n.max(shape.sampling_n).unwrap_or(1).max(1);
+    prompts.saturating_mul(samples)
+}
+
+/// A cheap estimate of a request's whole prompt in tokens (what the tenant's token limit and
+/// fairness count): the routing text's token ids when they were measured, else its token ids
+/// (`/generate`'s `input_ids`) counted, else about four characters a token. The routing text
+/// stops at [`MAX_ROUTING_TEXT`] bytes; past that the count is scaled to the body's length (an
+/// upper bound of the prompt's), so a long prompt is billed on all of it without reading it
+/// twice.
+pub(super) fn prompt_tokens(
+    measured: Option<usize>,
+    text: &str,
+    token_ids: bool,
+    body_len: usize,
+) -> u64 {
+    let counted = match measured {
+        Some(n) => n as u64,
+        None if token_ids => text.split_ascii_whitespace().count() as u64,
+        None => crate::base::text::char_count(text.as_bytes()) as u64 / 4,
+    };
+    // The text was cut (the cut may leave up to three bytes of room).
+    let cut = text.len() + 4 > MAX_ROUTING_TEXT;
+    let whole = if cut && !text.is_empty() {
+        let scaled = counted as u128 * body_len as u128 / text.len() as u128;
+        u64::try_from(scaled).unwrap_or(u64::MAX).max(counted)
+    } else {
+        counted
+    };
+    whole.max(1)
+}
+
 fn clamp_i32(v: i64) -> Priority {
     v.clamp(i64::from(Priority::MIN), i64::from(Priority::MAX)) as Priority
 }
@@ -119,15 +159,27 @@ impl Exchange<'_> {
             return Ok(());
         };
         let head = self.head;
-        let tenant = fc.tenant(|name| head.header(name).and_then(|v| std::str::from_utf8(v).ok()));
+        let tenant = fc.tenant(head.headers());
         let claimed = claimed_priority(head.header(PRIORITY_HEADER), self.info.shape.priority)
             .map_err(Turned::Refused)?;
         let class = fc.flow.tenants().clamp(tenant, claimed);
-        let tokens = match &self.prompt {
-            Some(Ok(ids)) => ids.len() as u64,
-            // Without the token ids: about four characters a token.
-            _ => (crate::base::text::char_count(self.info.text.as_bytes()) as u64 / 4).max(1),
+        let shape = &self.info.shape;
+        // The engine sees the class the gateway used: a `priority` the client put in the body
+        // is replaced by it. None is added to a body without one (an engine without priority
+        // scheduling refuses a request that carries one; the header is the gateway's own).
+        self.engine_priority =
+            (shape.priority_given && shape.priority != Some(i64::from(class))).then_some(class);
+        let measured = match &self.prompt {
+            Some(Ok(ids)) => Some(ids.len()),
+            _ => None,
         };
+        let tokens = prompt_tokens(
+            measured,
+            &self.info.text,
+            self.info.token_ids,
+            self.body.len(),
+        );
+        let requests = generations(shape);
         let side = if self.gw.decode.is_some() {
             Side::Prefill
         } else {
@@ -143,6 +195,7 @@ impl Exchange<'_> {
             class,
             tenant,
             tokens,
+            requests,
         };
         match fc.flow.admit(ask, &fleet, closed_by_peer(client)).await {
             Ok(_) => {
@@ -209,6 +262,52 @@ impl Exchange<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_counts_every_prompt_times_its_samples() {
+        let shape = |f: &dyn Fn(&mut BodyShape)| {
+            let mut s = BodyShape::default();
+            f(&mut s);
+            generations(&s)
+        };
+        assert_eq!(shape(&|_| {}), 1);
+        assert_eq!(shape(&|s| s.text_list = Some(500)), 500);
+        assert_eq!(shape(&|s| s.ids_lists = Some(7)), 7);
+        assert_eq!(shape(&|s| s.prompts = Some(3)), 3);
+        assert_eq!(shape(&|s| s.n = Some(8)), 8);
+        assert_eq!(
+            shape(&|s| {
+                s.text_list = Some(10);
+                s.sampling_n = Some(4)
+            }),
+            40
+        );
+        assert_eq!(shape(&|s| s.text_list = Some(0)), 1);
+        assert_eq!(shape(&|s| s.n = Some(0)), 1);
+        assert_eq!(
+            shape(&|s| {
+                s.prompts = Some(usize::MAX);
+                s.n = Some(u64::MAX)
+            }),
+            u64::MAX
+        );
+    }
+
+    #[test]
+    fn a_long_prompt_is_billed_on_all_of_it() {
+        // Short: four characters a token, or the ids counted.
+        assert_eq!(prompt_tokens(None, "abcdefgh", false, 100), 2);
+        assert_eq!(prompt_tokens(None, "1 22 333", true, 100), 3);
+        assert_eq!(prompt_tokens(Some(9), "whatever", false, 100), 9);
+        assert_eq!(prompt_tokens(None, "", false, 0), 1);
+        // 1 MiB of text routed on its first 128 KiB: billed on the whole body.
+        let cut = "a".repeat(MAX_ROUTING_TEXT);
+        let body = 1 << 20;
+        let t = prompt_tokens(None, &cut, false, body);
+        assert!(t >= (body as u64) / 4, "{t}");
+        let t = prompt_tokens(Some(MAX_ROUTING_TEXT / 4), &cut, false, body);
+        assert!(t >= (body as u64) / 4, "{t}");
+    }
 
     #[test]
     fn the_header_wins_over_the_body_and_bad_headers_are_refused() {

@@ -201,6 +201,7 @@ impl<'a> PdExchange<'a> {
                 bootstrap: Some(b),
                 dp_rank,
                 prefill_dp_rank,
+                priority: self.ex.engine_priority(),
             };
             bootstrap::splice_fields(self.ex.body(), &added)
                 .map(Bytes::from)
