@@ -2,10 +2,11 @@
 //! OTLP/gRPC to `--otlp-traces-endpoint`.
 //!
 //! - `context`: W3C `traceparent` parse/format and the sampling rule (pure);
+//! - `tracestate`: the caller's `tracestate`, checked and bounded as W3C says (pure);
 //! - `span`: what a core records: [`span::RequestTrace`] while a request lives, then finished
 //!   [`span::SpanRecord`]s;
 //! - `export`: the export thread, which turns records into the SDK's spans and sends them in
-//!   batches through `opentelemetry-otlp`, on a small tokio runtime of its own.
+//!   batches bounded in bytes through `opentelemetry-otlp`, on a small tokio runtime of its own.
 //!
 //! A serving core never waits for tracing: it pushes finished spans into its own queue
 //! ([`Tracer::submit`]), bounded in spans and in bytes; a span that does not fit is dropped and
@@ -15,6 +16,7 @@
 pub mod context;
 pub mod export;
 pub mod span;
+pub mod tracestate;
 
 use crossbeam::queue::ArrayQueue;
 use span::{RequestTrace, SpanRecord};
@@ -425,7 +427,7 @@ mod tests {
             .unwrap();
         let spans: Vec<SpanRecord> = t.finish(1).collect();
         let root = spans.last().unwrap();
-        assert!(root.trace_state.as_deref().unwrap().len() <= context::TRACESTATE_MAX_BYTES);
+        assert!(root.trace_state.as_deref().unwrap().len() <= tracestate::MAX_BYTES);
         assert!(root.held_bytes() < 2048, "{}", root.held_bytes());
     }
 }

@@ -3,7 +3,8 @@
 //! `SpanData` (and its allocations for attribute keys, scope and resource) is built on the
 //! export thread, so a core pays only for these small structs and one queue push per span.
 
-use super::context::{bound_tracestate, format_traceparent, TraceParent, TRACEPARENT_LEN};
+use super::context::{format_traceparent, TraceParent, TRACEPARENT_LEN};
+use super::tracestate::bound_tracestate;
 use crate::base::entropy::Entropy;
 use std::borrow::Cow;
 use std::time::{SystemTime, UNIX_EPOCH};
