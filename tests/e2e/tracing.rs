@@ -4,9 +4,9 @@
 //! Checked: span names, kinds, parent/child links and attributes; the worker's `traceparent`
 //! names the attempt span of the same trace; a client's context is continued (and replaced
 //! upstream, never duplicated); an unsampled client context and ratio 0 export nothing; only a
-//! trusted client's sampled flag beats the ratio; a full buffer drops spans and counts them
-//! while the request is still served; a batch larger than the collector's message limit is
-//! split and arrives whole.
+//! trusted client's sampled flag beats the ratio; a full buffer (in spans or in bytes) drops
+//! spans and counts them while the request is still served; a batch larger than the
+//! collector's message limit is split and arrives whole.
 
 use crate::common::*;
 use serde_json::Value;
@@ -728,4 +728,70 @@ fn a_batch_over_the_collectors_message_limit_is_split_and_arrives_whole() {
         .iter()
         .filter(|s| s["name"] == "radixgate.request")
         .all(|s| s["trace_state"] == state.as_str()));
+}
+
+#[test]
+fn spans_over_the_buffers_bytes_are_dropped_and_counted_and_requests_still_served() {
+    let hold = std::env::temp_dir().join(format!(
+        "radixgate-otlp-hold-bytes-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_file(&hold);
+    let hold_arg = hold.to_string_lossy().into_owned();
+    let rx = Receiver::start_with(&["--hold-first-export-until", &hold_arg]);
+    let workers = sim(1, |_| {});
+    let ep = rx.endpoint();
+    // 64 KiB of spans per core, and room for 8192 of them.
+    let gw = gateway_with_metrics(
+        &workers.urls(),
+        &[
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            &ep,
+            "--trace-buffer-bytes",
+            "65536",
+        ],
+    );
+    chat_with(gw.addr, &[], false);
+    wait_until("the collector to hold the first export", WAIT, || {
+        rx.holding.load(Ordering::SeqCst).then_some(())
+    });
+    // While the export thread waits, requests whose server spans carry a 16 KiB model name:
+    // a few fill the 64 KiB, the rest are dropped, every request answered.
+    let model = "m".repeat(16 << 10);
+    let body = serde_json::to_vec(&serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+    }))
+    .unwrap();
+    let tracer = gw.gateway().trace.clone().expect("tracing is on");
+    for _ in 0..20 {
+        let r = request(gw.addr, "POST", "/v1/chat/completions", &[], &body).expect("answer");
+        assert_eq!(r.status, 200, "{}", r.text());
+        // One core, 64 KiB (a span being counted in may sit on top of it for an instant).
+        assert!(
+            tracer.queued_bytes() <= 2 * 65536,
+            "{}",
+            tracer.queued_bytes()
+        );
+    }
+    std::fs::write(&hold, b"").expect("release the collector");
+    let by_bytes = tracer.dropped_by(radixgate::trace::DropReason::Bytes);
+    let _ = std::fs::remove_file(&hold);
+    // At most three such server spans fit a core's 64 KiB.
+    assert!(by_bytes >= 8, "dropped over the bytes: {by_bytes}");
+    let metrics = gw.metrics_addr.expect("metrics listener");
+    let text = request(metrics, "GET", "/metrics", &[], b"")
+        .unwrap()
+        .text();
+    let counted: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("radixgate_trace_spans_dropped_total{reason=\"bytes\"} "))
+        .unwrap_or_else(|| panic!("no bytes drop counter in {text}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(counted >= by_bytes as f64, "{counted} < {by_bytes}");
 }
