@@ -12,7 +12,7 @@ use radixgate::base::entropy::Entropy;
 use radixgate::http::{parse_request_head, HeadLimits};
 use radixgate::proxy::forward::{OwnHeaders, TraceHeaders, UpstreamRequest};
 use radixgate::trace::span::{now_ns, Kind, Leg, Value};
-use radixgate::trace::Tracer;
+use radixgate::trace::{Settings, Tracer};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ const BATCH: u64 = 256;
 
 /// One request's spans, as `serve::exchange` records them.
 fn one_request(tracer: &Tracer, e: &mut Entropy, traceparent: Option<&[u8]>) {
-    let Some(mut t) = tracer.begin(traceparent, None, e) else {
+    let Some(mut t) = tracer.begin(traceparent, None, true, e) else {
         return;
     };
     let start = now_ns();
@@ -100,14 +100,17 @@ fn record(c: &mut Criterion) {
             }
         })
     });
-    let on = Tracer::detached(1.0, 1, 8192);
+    let on = Tracer::detached(&Settings::default());
     g.bench_function("on_new_trace", |b| b.iter_custom(|n| timed(&on, n, None)));
     let parent = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     g.bench_function("on_continued_trace", |b| {
         b.iter_custom(|n| timed(&on, n, Some(parent)))
     });
     // Ratio 0.01, no caller context: what an unsampled request costs (its trace id is drawn).
-    let sampled = Tracer::detached(0.01, 1, 8192);
+    let sampled = Tracer::detached(&Settings {
+        ratio: 0.01,
+        ..Settings::default()
+    });
     g.bench_function("ratio_0.01", |b| {
         b.iter_custom(|n| timed(&sampled, n, None))
     });
@@ -141,7 +144,7 @@ fn upstream_head(c: &mut Criterion) {
         b.iter(|| {
             black_box(build(Some(TraceHeaders {
                 traceparent: &tp,
-                keep_tracestate: true,
+                tracestate: None,
             })))
         })
     });

@@ -531,15 +531,32 @@ pub struct Config {
     #[arg(long = "otlp-traces-endpoint", default_value = "localhost:4317",
           value_parser = parse_otlp_endpoint)]
     pub otlp_traces_endpoint: String,
-    /// With --enable-trace: share of new traces recorded (0 to 1); a request whose
-    /// `traceparent` the client sent is recorded when the client's sampled flag says so.
+    /// With --enable-trace: share of requests recorded (0 to 1), a client's `traceparent`
+    /// or not; only a trusted client's sampled flag decides instead
+    /// (--trace-trust-caller-sampling).
     #[arg(long = "trace-sample-ratio", default_value_t = 1.0, value_parser = parse_fraction)]
     pub trace_sample_ratio: f64,
+    /// With --enable-trace: a client's `traceparent` sampled flag decides whether its request
+    /// is recorded, over --trace-sample-ratio; with --api-key only for clients presenting it.
+    /// Off: the ratio decides (the client's trace is still continued).
+    #[arg(long = "trace-trust-caller-sampling", action = ArgAction::SetTrue)]
+    pub trace_trust_caller_sampling: bool,
     /// With --enable-trace: finished spans each core keeps for the export thread; more are
     /// dropped and counted (radixgate_trace_spans_dropped_total), never waited for.
     #[arg(long = "trace-buffer-spans", default_value_t = 8192,
           value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub trace_buffer_spans: u32,
+    /// With --enable-trace: bytes of finished spans each core keeps for the export thread
+    /// (at least 65536); more are dropped and counted, never waited for.
+    #[arg(long = "trace-buffer-bytes", default_value_t = crate::trace::DEFAULT_BUFFER_BYTES,
+          value_parser = clap::value_parser!(u64).range(65_536..=1 << 40))]
+    pub trace_buffer_bytes: u64,
+    /// With --enable-trace: most bytes of one OTLP export request (estimated protobuf size,
+    /// at least 4096); larger batches are split. Keep it under the collector's message limit
+    /// (4 MiB by default).
+    #[arg(long = "trace-export-batch-bytes", default_value_t = crate::trace::DEFAULT_BATCH_BYTES,
+          value_parser = clap::value_parser!(u64).range(4096..=1 << 30))]
+    pub trace_export_batch_bytes: u64,
     /// Log level: trace, debug, info, warn, error.
     #[arg(long = "log-level", value_enum, default_value_t = crate::log::Level::Info)]
     pub log_level: crate::log::Level,
@@ -940,6 +957,22 @@ mod tests {
         assert_eq!(c.otlp_traces_endpoint, "localhost:4317");
         assert_eq!(c.trace_sample_ratio, 1.0);
         assert_eq!(c.trace_buffer_spans, 8192);
+        assert!(!c.trace_trust_caller_sampling);
+        assert_eq!(c.trace_buffer_bytes, 16 << 20);
+        assert_eq!(c.trace_export_batch_bytes, 3 << 20);
+        let c = parse(&[
+            "--trace-trust-caller-sampling",
+            "--trace-buffer-bytes",
+            "65536",
+            "--trace-export-batch-bytes",
+            "4096",
+        ])
+        .unwrap();
+        assert!(c.trace_trust_caller_sampling);
+        assert_eq!(
+            (c.trace_buffer_bytes, c.trace_export_batch_bytes),
+            (65536, 4096)
+        );
         let c = parse(&[
             "--enable-trace",
             "--otlp-traces-endpoint",
@@ -952,7 +985,9 @@ mod tests {
         assert_eq!(c.otlp_traces_endpoint, "http://collector:4317");
         assert_eq!(c.trace_sample_ratio, 0.25);
         let from_file = toml_to_args(
-            "enable-trace = true\notlp_traces_endpoint = \"otel:4317\"\ntrace-sample-ratio = 0.5\n",
+            "enable-trace = true\notlp_traces_endpoint = \"otel:4317\"\ntrace-sample-ratio = 0.5\n\
+             trace-trust-caller-sampling = true\ntrace-buffer-bytes = 1048576\n\
+             trace-export-batch-bytes = 1000000\n",
         )
         .unwrap();
         let mut args = vec!["radixgate".to_string()];
@@ -961,12 +996,19 @@ mod tests {
         assert!(c.enable_trace);
         assert_eq!(c.otlp_traces_endpoint, "otel:4317");
         assert_eq!(c.trace_sample_ratio, 0.5);
+        assert!(c.trace_trust_caller_sampling);
+        assert_eq!(
+            (c.trace_buffer_bytes, c.trace_export_batch_bytes),
+            (1 << 20, 1_000_000)
+        );
         for bad in [
             &["--otlp-traces-endpoint", "https://c:4317"][..],
             &["--otlp-traces-endpoint", "collector"],
             &["--otlp-traces-endpoint", "c:99999"],
             &["--trace-sample-ratio", "1.5"],
             &["--trace-buffer-spans", "0"],
+            &["--trace-buffer-bytes", "65535"],
+            &["--trace-export-batch-bytes", "4095"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
         }

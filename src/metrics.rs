@@ -84,7 +84,7 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("radixgate_kv_warm_workers", Kind::Gauge, "Workers whose KV events are complete (scored by the index, not the text tree)."),
     ("radixgate_kv_source_state", Kind::Gauge, "State of each subscribed KV-event publisher (worker, DP rank): 1 for its current state, 0 for the others. live: routed by its events; replaying, partial, connecting: routed by the text tree."),
     ("radixgate_kv_index_dropped_total", Kind::Counter, "KV events the index dropped, by reason."),
-    ("radixgate_trace_spans_dropped_total", Kind::Counter, "Finished spans dropped because the core's trace buffer was full (--enable-trace)."),
+    ("radixgate_trace_spans_dropped_total", Kind::Counter, "Finished spans dropped because the core's trace buffer was full, by reason: spans or bytes (--enable-trace)."),
     ("radixgate_trace_spans_exported_total", Kind::Counter, "Spans the OTLP collector accepted (--enable-trace)."),
     ("radixgate_trace_export_failures_total", Kind::Counter, "Spans lost because an OTLP export failed (--enable-trace)."),
     ("radixgate_worker_routing_load", Kind::Gauge, "Load the policies see for each worker: this gateway's in-flight requests plus the engine-reported requests it did not send."),
@@ -310,14 +310,17 @@ pub fn client_gone() {
 
 /// Tracing is on: its counters start at zero, so a dashboard sees them before the first drop.
 pub fn trace_enabled() {
-    counter!("radixgate_trace_spans_dropped_total").increment(0);
+    for reason in ["spans", "bytes"] {
+        counter!("radixgate_trace_spans_dropped_total", "reason" => reason).increment(0);
+    }
     counter!("radixgate_trace_spans_exported_total").increment(0);
     counter!("radixgate_trace_export_failures_total").increment(0);
 }
 
-/// `n` finished spans did not fit a core's trace buffer.
-pub fn trace_spans_dropped(n: u64) {
-    counter!("radixgate_trace_spans_dropped_total").increment(n);
+/// `n` finished spans did not fit a core's trace buffer: `reason` is `spans` (it held
+/// `--trace-buffer-spans`) or `bytes` (they would have taken it over `--trace-buffer-bytes`).
+pub fn trace_spans_dropped(reason: &'static str, n: u64) {
+    counter!("radixgate_trace_spans_dropped_total", "reason" => reason).increment(n);
 }
 
 /// The collector accepted `n` spans.

@@ -221,7 +221,10 @@ fn start_trace(cfg: &Config, cores: usize) -> Option<std::sync::Arc<crate::trace
     let settings = crate::trace::Settings {
         endpoint: cfg.otlp_traces_endpoint.clone(),
         ratio: cfg.trace_sample_ratio,
+        trust_caller_sampling: cfg.trace_trust_caller_sampling,
         buffer: cfg.trace_buffer_spans as usize,
+        buffer_bytes: usize::try_from(cfg.trace_buffer_bytes).unwrap_or(usize::MAX),
+        batch_bytes: usize::try_from(cfg.trace_export_batch_bytes).unwrap_or(usize::MAX),
         cores,
     };
     match crate::trace::Tracer::start(&settings) {

@@ -57,9 +57,10 @@ pub(super) fn named_by_connection<'h>(
 pub struct TraceHeaders<'a> {
     /// The `traceparent` value naming the gateway's span as the parent.
     pub traceparent: &'a [u8],
-    /// The client's `tracestate` is forwarded (the client's trace is continued); when the
-    /// gateway started a new trace, the client's state belongs to no trace and is dropped.
-    pub keep_tracestate: bool,
+    /// The `tracestate` sent in place of the client's: the client's as the gateway kept it
+    /// (valid, at most 512 bytes) when its trace is continued; `None` when the gateway started
+    /// a new trace (the client's state belongs to no trace) or kept none.
+    pub tracestate: Option<&'a [u8]>,
 }
 
 /// What the gateway changes in a client's headers on their way to a worker, decided once at
@@ -117,9 +118,9 @@ pub struct UpstreamRequest {
 impl UpstreamRequest {
     /// Render the request for `worker`: the client's method and target, the end-to-end headers
     /// in order, then `host`, `content-length`, `x-request-id` and `x-forwarded-for` (the
-    /// client's list with `peer` appended). With `trace`, the client's `traceparent` is
-    /// replaced by the gateway's (never sent twice); without it, headers pass unchanged. `own`
-    /// takes out the gateway's own headers and sets the worker's key.
+    /// client's list with `peer` appended). With `trace`, the client's `traceparent` and
+    /// `tracestate` are replaced by the gateway's (never sent twice); without it, headers pass
+    /// unchanged. `own` takes out the gateway's own headers and sets the worker's key.
     #[allow(clippy::too_many_arguments)]
     pub fn build(
         method: &[u8],
@@ -147,12 +148,11 @@ impl UpstreamRequest {
                 {
                     continue;
                 }
-                if let Some(t) = &trace {
-                    if name.eq_ignore_ascii_case(b"traceparent")
-                        || (!t.keep_tracestate && name.eq_ignore_ascii_case(b"tracestate"))
-                    {
-                        continue;
-                    }
+                if trace.is_some()
+                    && (name.eq_ignore_ascii_case(b"traceparent")
+                        || name.eq_ignore_ascii_case(b"tracestate"))
+                {
+                    continue;
                 }
                 out.extend_from_slice(name);
                 out.extend_from_slice(b": ");
@@ -179,6 +179,11 @@ impl UpstreamRequest {
             out.extend_from_slice(b"traceparent: ");
             out.extend_from_slice(t.traceparent);
             out.extend_from_slice(b"\r\n");
+            if let Some(state) = t.tracestate {
+                out.extend_from_slice(b"tracestate: ");
+                out.extend_from_slice(state);
+                out.extend_from_slice(b"\r\n");
+            }
         }
         out.extend_from_slice(b"\r\n");
         // The body is never copied: head and body go out together in one vectored write.
@@ -701,33 +706,37 @@ mod tests {
 
     #[test]
     fn the_gateways_traceparent_replaces_the_clients() {
-        let h = head("traceparent: 00-aa-bb-01\r\ntracestate: k=v\r\nx-other: 1\r\n");
+        let h = head("traceparent: 00-aa-bb-01\r\ntracestate: k=v, ,x=y\r\nx-other: 1\r\n");
         let mine = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        // Continued: the tracestate the gateway kept (bounded, cleaned) in place of the
+        // client's.
         let continued = build(
             &h,
             Some(TraceHeaders {
                 traceparent: mine,
-                keep_tracestate: true,
+                tracestate: Some(b"k=v,x=y"),
             }),
         );
         assert_eq!(continued.matches("traceparent").count(), 1, "{continued}");
+        assert_eq!(continued.matches("tracestate").count(), 1, "{continued}");
         assert!(continued
             .contains("traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n"));
-        assert!(continued.contains("tracestate: k=v\r\n"));
+        assert!(continued.contains("tracestate: k=v,x=y\r\n"), "{continued}");
         assert!(continued.contains("x-other: 1\r\n") && continued.ends_with("\r\n\r\n"));
         // A new trace: the client's tracestate belonged to no trace the worker will see.
         let fresh = build(
             &h,
             Some(TraceHeaders {
                 traceparent: mine,
-                keep_tracestate: false,
+                tracestate: None,
             }),
         );
         assert!(!fresh.contains("tracestate"), "{fresh}");
         // Untraced: both pass unchanged.
         let plain = build(&h, None);
         assert!(
-            plain.contains("traceparent: 00-aa-bb-01\r\n") && plain.contains("tracestate: k=v")
+            plain.contains("traceparent: 00-aa-bb-01\r\n")
+                && plain.contains("tracestate: k=v, ,x=y")
         );
     }
 }

@@ -269,9 +269,20 @@ impl<'a> Exchange<'a> {
     ) -> Result<Exchange<'a>, Refused> {
         let gw: &'a Gateway = &core.gw;
         let trace = gw.trace.as_ref().and_then(|t| {
+            let traceparent = head.header("traceparent");
+            // A caller's sampled flag counts only with --trace-trust-caller-sampling, and with
+            // --api-key only from a caller presenting it (public pass-through endpoints
+            // take calls without).
+            let trusted = traceparent.is_some()
+                && t.trusts_caller_sampling()
+                && gw
+                    .auth
+                    .authorize(head, crate::gateway::Scope::Inference, client_ip)
+                    .is_ok();
             t.begin(
-                head.header("traceparent"),
+                traceparent,
                 head.header("tracestate"),
+                trusted,
                 &mut core.entropy.borrow_mut(),
             )
         });
@@ -908,11 +919,13 @@ impl<'a> Exchange<'a> {
         worker: &Worker,
         body: Bytes,
     ) -> UpstreamRequest {
-        let ctx = self
-            .trace
-            .borrow()
-            .as_ref()
-            .map(|t| (t.traceparent_for(t.upstream_parent_of(leg)), t.continued()));
+        let trace = self.trace.borrow();
+        let ctx = trace.as_ref().map(|t| {
+            (
+                t.traceparent_for(t.upstream_parent_of(leg)),
+                t.trace_state(),
+            )
+        });
         UpstreamRequest::build(
             self.head.method(),
             self.head.target(),
@@ -921,9 +934,9 @@ impl<'a> Exchange<'a> {
             &worker.authority,
             &self.request_id,
             body,
-            ctx.as_ref().map(|(tp, keep)| forward::TraceHeaders {
+            ctx.as_ref().map(|(tp, state)| forward::TraceHeaders {
                 traceparent: tp,
-                keep_tracestate: *keep,
+                tracestate: state.map(str::as_bytes),
             }),
             &self.gw.own_headers,
         )

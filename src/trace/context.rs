@@ -140,12 +140,20 @@ pub fn sampled_at(trace_id: &[u8; 16], ratio: f64) -> bool {
     x < bound
 }
 
-/// Whether a request is recorded: a caller's context decides by its `sampled` flag (a parent
-/// that recorded expects its children, one that did not expects none); a new trace by `ratio`.
-pub fn should_record(caller: Option<&TraceParent>, trace_id: &[u8; 16], ratio: f64) -> bool {
+/// Whether a request is recorded. A trusted caller's context decides by its `sampled` flag (a
+/// parent that recorded expects its children, one that did not expects none). Anything else,
+/// an untrusted caller's context or none, is kept at `ratio`, drawn on `draw`: a fresh random
+/// id for an untrusted context, never the caller's trace id, whose low bits the caller chose
+/// and could pick to pass any ratio; the new trace's own random id otherwise.
+pub fn should_record(
+    caller: Option<&TraceParent>,
+    trusted: bool,
+    draw: &[u8; 16],
+    ratio: f64,
+) -> bool {
     match caller {
-        Some(tp) => tp.sampled(),
-        None => sampled_at(trace_id, ratio),
+        Some(tp) if trusted => tp.sampled(),
+        _ => sampled_at(draw, ratio),
     }
 }
 
@@ -241,12 +249,28 @@ mod tests {
     }
 
     #[test]
-    fn a_callers_flag_decides_over_the_ratio() {
+    fn a_trusted_callers_flag_decides_over_the_ratio() {
         let tp = parse_traceparent(GOOD.as_bytes()).unwrap();
-        assert!(should_record(Some(&tp), &tp.trace_id, 0.0));
+        let draw = [7u8; 16];
+        assert!(should_record(Some(&tp), true, &draw, 0.0));
         let off = parse_traceparent(GOOD.replace("-01", "-00").as_bytes()).unwrap();
-        assert!(!should_record(Some(&off), &off.trace_id, 1.0));
-        assert!(should_record(None, &tp.trace_id, 1.0));
-        assert!(!should_record(None, &tp.trace_id, 0.0));
+        assert!(!should_record(Some(&off), true, &draw, 1.0));
+        assert!(should_record(None, false, &tp.trace_id, 1.0));
+        assert!(!should_record(None, false, &tp.trace_id, 0.0));
+    }
+
+    #[test]
+    fn an_untrusted_callers_flag_and_trace_id_do_not_decide() {
+        // A trace id whose low bits pass any ratio, and the sampled flag: neither counts.
+        let forced = "00-4bf92f3577b34da60000000000000000-00f067aa0ba902b7-01";
+        let tp = parse_traceparent(forced.as_bytes()).unwrap();
+        assert!(sampled_at(&tp.trace_id, 0.001));
+        let high = [0xffu8; 16];
+        assert!(!should_record(Some(&tp), false, &high, 0.5));
+        assert!(!should_record(Some(&tp), false, &high, 0.0));
+        // An unsampled caller is still recorded when the gateway's own draw says so.
+        let off = parse_traceparent(GOOD.replace("-01", "-00").as_bytes()).unwrap();
+        assert!(should_record(Some(&off), false, &high, 1.0));
+        assert!(should_record(Some(&off), false, &[0u8; 16], 0.5));
     }
 }

@@ -4,6 +4,7 @@
 //! export thread, so a core pays only for these small structs and one queue push per span.
 
 use super::context::{format_traceparent, TraceParent, TRACEPARENT_LEN};
+use super::tracestate::bound_tracestate;
 use crate::base::entropy::Entropy;
 use std::borrow::Cow;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -79,8 +80,35 @@ pub struct SpanRecord {
     pub events: Vec<(&'static str, u64)>,
     /// Why the span failed, when it did.
     pub error: Option<Cow<'static, str>>,
-    /// The caller's `tracestate`, kept on the server span (the export thread validates it).
+    /// The caller's `tracestate`, kept on the server span: valid and bounded
+    /// ([`bound_tracestate`]), at most 512 bytes.
     pub trace_state: Option<Box<str>>,
+}
+
+impl SpanRecord {
+    /// About the bytes this record holds: the struct and what it owns on the heap (attribute
+    /// and event slots, owned strings), what a core's queue counts it at against
+    /// `--trace-buffer-bytes`.
+    pub fn held_bytes(&self) -> usize {
+        // Only an owned string is held by the record (a borrowed one is a static name).
+        let owned = |s: &Cow<'static, str>| match s {
+            Cow::Owned(s) => s.capacity(),
+            Cow::Borrowed(_) => 0,
+        };
+        std::mem::size_of::<SpanRecord>()
+            + self.attrs.capacity() * std::mem::size_of::<(&'static str, Value)>()
+            + self
+                .attrs
+                .iter()
+                .map(|(_, v)| match v {
+                    Value::Str(s) => owned(s),
+                    Value::Int(_) | Value::Bool(_) => 0,
+                })
+                .sum::<usize>()
+            + self.events.capacity() * std::mem::size_of::<(&'static str, u64)>()
+            + self.error.as_ref().map_or(0, owned)
+            + self.trace_state.as_ref().map_or(0, |s| s.len())
+    }
 }
 
 /// Now, in nanoseconds since the Unix epoch (OTLP's timestamps): a vDSO clock read.
@@ -137,7 +165,7 @@ pub enum Leg {
 
 impl RequestTrace {
     /// A recorded request's trace: the caller's trace continued under its span when it sent a
-    /// valid context, else a new random trace. `name` is the server span's name.
+    /// valid context (with its `tracestate`, bounded), else a new random trace.
     /// `new_trace` is the id a new trace gets (from [`random_trace_id`]; ignored when the
     /// caller's trace is continued).
     pub fn begin(
@@ -154,8 +182,8 @@ impl RequestTrace {
         // `tracestate` belongs to the caller's context: kept only when that context is.
         let trace_state = caller
             .and(trace_state)
-            .filter(|s| !s.is_empty())
-            .map(|s| String::from_utf8_lossy(s).into_owned().into_boxed_str());
+            .and_then(bound_tracestate)
+            .map(String::into_boxed_str);
         RequestTrace {
             root: SpanRecord {
                 trace_id,
@@ -179,6 +207,12 @@ impl RequestTrace {
     /// Whether the caller's trace is continued (its `tracestate` then goes upstream too).
     pub fn continued(&self) -> bool {
         self.root.parent_remote
+    }
+
+    /// The caller's `tracestate` as kept (valid, at most 512 bytes and 32 members): what the
+    /// upstream request carries in place of the client's header.
+    pub fn trace_state(&self) -> Option<&str> {
+        self.root.trace_state.as_deref()
     }
 
     /// The span `leg`'s upstream request names as its parent: that leg's attempt in progress,
@@ -398,6 +432,24 @@ mod tests {
         // No caller context: its tracestate is not carried.
         assert_eq!(root.trace_state, None);
         assert_eq!(root.end_ns, 1);
+    }
+
+    #[test]
+    fn a_callers_tracestate_is_kept_bounded_or_not_at_all() {
+        let tp =
+            parse_traceparent(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let mut e = Entropy::default();
+        let long: Vec<String> = (0..2000)
+            .map(|i| format!("k{i}={}", "v".repeat(25)))
+            .collect();
+        let long = long.join(",");
+        let t = RequestTrace::begin(Some(&tp), [0; 16], Some(long.as_bytes()), &mut e, 1);
+        let kept = t.trace_state().unwrap();
+        assert!(kept.len() <= 512 && long.starts_with(kept), "{kept}");
+        let bad = RequestTrace::begin(Some(&tp), [0; 16], Some(b"k=v,\xff=x"), &mut e, 1);
+        assert_eq!(bad.trace_state(), None);
+        let root = t.finish(2).last().unwrap();
+        assert!(root.held_bytes() < 2048, "{}", root.held_bytes());
     }
 
     #[test]

@@ -3,13 +3,16 @@
 //! `opentelemetry-proto` package, and the simulated worker records the `traceparent` it got.
 //! Checked: span names, kinds, parent/child links and attributes; the worker's `traceparent`
 //! names the attempt span of the same trace; a client's context is continued (and replaced
-//! upstream, never duplicated); an unsampled client context and ratio 0 export nothing; a full
-//! buffer drops spans and counts them while the request is still served.
+//! upstream, never duplicated); an unsampled client context and ratio 0 export nothing; only a
+//! trusted client's sampled flag beats the ratio; a full buffer (in spans or in bytes) drops
+//! spans and counts them while the request is still served; a batch larger than the
+//! collector's message limit is split and arrives whole.
 
 use crate::common::*;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -23,10 +26,18 @@ struct Receiver {
     _child: ChildGuard,
     port: u16,
     spans: Arc<Mutex<Vec<Value>>>,
+    /// It said it holds the first export (`--hold-first-export-until`).
+    holding: Arc<AtomicBool>,
 }
 
 impl Receiver {
     fn start() -> Receiver {
+        Receiver::start_with(&[])
+    }
+
+    /// The receiver with more options of the fixture (`--max-receive-bytes N`,
+    /// `--hold-first-export-until PATH`).
+    fn start_with(options: &[&str]) -> Receiver {
         let python = test_python(&[
             "grpc",
             "opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc",
@@ -38,6 +49,7 @@ impl Receiver {
         let mut child = Command::new(&python)
             .arg(script)
             .arg("--exit-on-stdin-eof")
+            .args(options)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -46,15 +58,20 @@ impl Receiver {
         let stdout = child.stdout.take().expect("piped stdout");
         let guard = ChildGuard(Some(child));
         let spans = Arc::new(Mutex::new(Vec::new()));
+        let holding = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
-        let sink = spans.clone();
+        let (sink, held) = (spans.clone(), holding.clone());
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             let first = lines.next().and_then(Result::ok).unwrap_or_default();
             let _ = tx.send(first);
             for line in lines.map_while(Result::ok) {
                 if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    sink.lock().unwrap().push(v);
+                    if v["holding"] == true {
+                        held.store(true, Ordering::SeqCst);
+                    } else {
+                        sink.lock().unwrap().push(v);
+                    }
                 }
             }
         });
@@ -68,6 +85,7 @@ impl Receiver {
             _child: guard,
             port,
             spans,
+            holding,
         }
     }
 
@@ -213,7 +231,7 @@ fn a_callers_context_is_continued_and_replaced_upstream_not_duplicated() {
     let rx = Receiver::start();
     let workers = sim(1, |c| c.record_requests = 16);
     let ep = rx.endpoint();
-    // Ratio 0: only the client's sampled flag can make a request recorded.
+    // Ratio 0: only the (trusted) client's sampled flag can make a request recorded.
     let gw = gateway_for(
         &workers.urls(),
         &[
@@ -222,6 +240,7 @@ fn a_callers_context_is_continued_and_replaced_upstream_not_duplicated() {
             &ep,
             "--trace-sample-ratio",
             "0",
+            "--trace-trust-caller-sampling",
         ],
     );
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -383,7 +402,7 @@ fn a_full_buffer_drops_and_counts_spans_and_the_request_is_still_served() {
         .text();
     let dropped: f64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("radixgate_trace_spans_dropped_total "))
+        .find_map(|l| l.strip_prefix("radixgate_trace_spans_dropped_total{reason=\"spans\"} "))
         .unwrap_or_else(|| panic!("no dropped counter in {text}"))
         .trim()
         .parse()
@@ -530,4 +549,249 @@ fn pd_each_side_has_its_attempt_span_and_a_failed_side_its_retry_reason() {
     }
     assert!(traceparents_on(&bad, 0, "/generate").contains(&names(&failed)));
     assert!(traceparents_on(&decode, 0, "/generate").contains(&names(&twin)));
+}
+
+/// A chat request with these headers, its status checked; `path` any routed or pass-through
+/// endpoint.
+fn get_with(gw: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response {
+    let r = request(gw, "GET", path, headers, b"").expect("a response");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r
+}
+
+#[test]
+fn a_callers_sampled_flag_decides_only_when_the_caller_is_trusted() {
+    let rx = Receiver::start();
+    let workers = sim(1, |c| c.record_requests = 64);
+    let ep = rx.endpoint();
+    let caller = "00f067aa0ba902b7";
+    // Trust off (the default), ratio 0: a sampled context records nothing; it reaches the
+    // worker as the client sent it.
+    let gw = gateway_for(
+        &workers.urls(),
+        &[
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            &ep,
+            "--trace-sample-ratio",
+            "0",
+        ],
+    );
+    let forced = format!("00-{}-{caller}-01", "1".repeat(32));
+    chat_with(gw.addr, &[("traceparent", &forced)], false);
+    let (parents, _) = worker_trace_headers(&workers);
+    assert_eq!(
+        parents,
+        vec![forced.clone()],
+        "not recorded: passed unchanged"
+    );
+    drop(gw);
+
+    // Trust off, ratio 1: an unsampled context is recorded anyway, in the caller's trace
+    // under the caller's span, with its tracestate.
+    let gw = gateway_for(
+        &workers.urls(),
+        &["--enable-trace", "--otlp-traces-endpoint", &ep],
+    );
+    let trace = "2".repeat(32);
+    let unsampled = format!("00-{trace}-{caller}-00");
+    chat_with(
+        gw.addr,
+        &[("traceparent", &unsampled), ("tracestate", "vendor=abc")],
+        false,
+    );
+    let (parents, states) = worker_trace_headers(&workers);
+    let root = one(&rx.trace(&trace), "radixgate.request").clone();
+    assert_eq!(root["parent_span_id"], caller);
+    assert_eq!(root["trace_state"], "vendor=abc");
+    let attempt = one(&rx.trace(&trace), "attempt").clone();
+    assert_eq!(parents, vec![names(&attempt)]);
+    assert_eq!(states, vec!["vendor=abc".to_string()]);
+    drop(gw);
+
+    // Trust on with --api-key, ratio 0: a caller presenting the key decides; a keyless call
+    // to a public pass-through endpoint does not.
+    let gw = gateway_for(
+        &workers.urls(),
+        &[
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            &ep,
+            "--trace-sample-ratio",
+            "0",
+            "--trace-trust-caller-sampling",
+            "--api-key",
+            "sk-trace",
+        ],
+    );
+    let keyless = format!("00-{}-{caller}-01", "3".repeat(32));
+    get_with(gw.addr, "/get_model_info", &[("traceparent", &keyless)]);
+    assert_eq!(
+        traceparents_on(&workers, 0, "/get_model_info"),
+        vec![keyless.clone()],
+        "a keyless caller is not trusted"
+    );
+    let trusted = "4".repeat(32);
+    chat_with(
+        gw.addr,
+        &[
+            ("traceparent", &format!("00-{trusted}-{caller}-01")),
+            ("authorization", "Bearer sk-trace"),
+        ],
+        false,
+    );
+    let spans = rx.trace(&trusted);
+    let (parents, _) = worker_trace_headers(&workers);
+    assert_eq!(parents, vec![names(one(&spans, "attempt"))]);
+    // Nothing of the forced and keyless traces ever arrived.
+    let traces: std::collections::BTreeSet<String> = rx
+        .all()
+        .iter()
+        .map(|s| s["trace_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        traces,
+        [trace, trusted].into_iter().collect(),
+        "only the ratio's and the trusted caller's traces"
+    );
+}
+
+#[test]
+fn a_batch_over_the_collectors_message_limit_is_split_and_arrives_whole() {
+    // The collector takes at most 64 KiB a request; the gateway splits at 32 KiB.
+    let hold = std::env::temp_dir().join(format!(
+        "radixgate-otlp-hold-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_file(&hold);
+    let hold_arg = hold.to_string_lossy().into_owned();
+    let rx = Receiver::start_with(&[
+        "--max-receive-bytes",
+        "65536",
+        "--hold-first-export-until",
+        &hold_arg,
+    ]);
+    let workers = sim(1, |_| {});
+    let ep = rx.endpoint();
+    let gw = gateway_for(
+        &workers.urls(),
+        &[
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            &ep,
+            "--trace-export-batch-bytes",
+            "32768",
+        ],
+    );
+    let tp = |i: usize| format!("00-{i:032x}-00f067aa0ba902b7-01");
+    // The first request's export is held by the collector: what follows piles up.
+    chat_with(gw.addr, &[("traceparent", &tp(0xffff))], false);
+    wait_until("the collector to hold the first export", WAIT, || {
+        rx.holding.load(Ordering::SeqCst).then_some(())
+    });
+    // 100 requests, each with a 400-byte tracestate: over 100 KiB of spans, which the export
+    // thread takes at once (at most 512 spans) when the collector answers.
+    let state: String = (0..10)
+        .map(|i| format!("v{i}={}", "x".repeat(36)))
+        .collect::<Vec<_>>()
+        .join(",");
+    for i in 1..=100 {
+        chat_with(
+            gw.addr,
+            &[("traceparent", &tp(i)), ("tracestate", &state)],
+            false,
+        );
+    }
+    std::fs::write(&hold, b"").expect("release the collector");
+    let held = &tp(0xffff)[3..35];
+    let roots = wait_until("every request's server span", WAIT, || {
+        let all = rx.all();
+        let n = all
+            .iter()
+            .filter(|s| s["name"] == "radixgate.request" && s["trace_id"] != held)
+            .count();
+        (n >= 100).then_some(n)
+    });
+    let _ = std::fs::remove_file(&hold);
+    assert_eq!(roots, 100);
+    // Every span of them (a request's other spans go in the same batch as its server span,
+    // or an earlier one), each server span with its tracestate.
+    let all = rx.all();
+    let theirs: Vec<&Value> = all.iter().filter(|s| s["trace_id"] != held).collect();
+    assert_eq!(
+        theirs.len(),
+        400,
+        "admit, route, attempt and request of each"
+    );
+    assert!(theirs
+        .iter()
+        .filter(|s| s["name"] == "radixgate.request")
+        .all(|s| s["trace_state"] == state.as_str()));
+}
+
+#[test]
+fn spans_over_the_buffers_bytes_are_dropped_and_counted_and_requests_still_served() {
+    let hold = std::env::temp_dir().join(format!(
+        "radixgate-otlp-hold-bytes-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_file(&hold);
+    let hold_arg = hold.to_string_lossy().into_owned();
+    let rx = Receiver::start_with(&["--hold-first-export-until", &hold_arg]);
+    let workers = sim(1, |_| {});
+    let ep = rx.endpoint();
+    // 64 KiB of spans per core, and room for 8192 of them.
+    let gw = gateway_with_metrics(
+        &workers.urls(),
+        &[
+            "--enable-trace",
+            "--otlp-traces-endpoint",
+            &ep,
+            "--trace-buffer-bytes",
+            "65536",
+        ],
+    );
+    chat_with(gw.addr, &[], false);
+    wait_until("the collector to hold the first export", WAIT, || {
+        rx.holding.load(Ordering::SeqCst).then_some(())
+    });
+    // While the export thread waits, requests whose server spans carry a 16 KiB model name:
+    // a few fill the 64 KiB, the rest are dropped, every request answered.
+    let model = "m".repeat(16 << 10);
+    let body = serde_json::to_vec(&serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+    }))
+    .unwrap();
+    let tracer = gw.gateway().trace.clone().expect("tracing is on");
+    for _ in 0..20 {
+        let r = request(gw.addr, "POST", "/v1/chat/completions", &[], &body).expect("answer");
+        assert_eq!(r.status, 200, "{}", r.text());
+        // One core, 64 KiB (a span being counted in may sit on top of it for an instant).
+        assert!(
+            tracer.queued_bytes() <= 2 * 65536,
+            "{}",
+            tracer.queued_bytes()
+        );
+    }
+    std::fs::write(&hold, b"").expect("release the collector");
+    let by_bytes = tracer.dropped_by(radixgate::trace::DropReason::Bytes);
+    let _ = std::fs::remove_file(&hold);
+    // At most three such server spans fit a core's 64 KiB.
+    assert!(by_bytes >= 8, "dropped over the bytes: {by_bytes}");
+    let metrics = gw.metrics_addr.expect("metrics listener");
+    let text = request(metrics, "GET", "/metrics", &[], b"")
+        .unwrap()
+        .text();
+    let counted: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("radixgate_trace_spans_dropped_total{reason=\"bytes\"} "))
+        .unwrap_or_else(|| panic!("no bytes drop counter in {text}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(counted >= by_bytes as f64, "{counted} < {by_bytes}");
 }
