@@ -149,7 +149,8 @@ pub struct Timeouts {
     pub handshake: Duration,
     /// From the first byte of a message to its last.
     pub message: Duration,
-    /// Longest unsent bytes may wait for a peer that takes none of them.
+    /// Longest bytes for the peer may wait (in the outbox, or unacknowledged in the kernel's
+    /// queue) before it counts as not reading.
     pub send: Duration,
 }
 
