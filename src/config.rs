@@ -298,6 +298,11 @@ pub struct Config {
     /// gateway open hundreds of connections.
     #[arg(long = "kv-max-dp-ranks", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub kv_max_dp_ranks: u32,
+    /// With --kv-events: longest a KV-event publisher may leave what the gateway sends it (the
+    /// subscription, a replay request, the answer to its latest PING) unread; past it the
+    /// connection is dropped, counted, and redialled with the backoff.
+    #[arg(long = "kv-send-timeout-secs", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub kv_send_timeout_secs: u64,
     /// manual: how a new routing key is placed: random, min_load, min_group.
     #[arg(long = "assignment-mode", default_value = "random", value_parser = parse_assignment)]
     pub assignment_mode: AssignmentMode,
@@ -937,6 +942,8 @@ mod tests {
             // A spinning core past a millisecond starves the helper threads.
             &["--busy-poll-us", "1001"],
             &["--kv-max-dp-ranks", "0"],
+            // A send deadline of 0 would drop every publisher the first time a write waits.
+            &["--kv-send-timeout-secs", "0"],
             // Admission thresholds checked across flags.
             &["--saturation-queue-reqs", "0"],
             &["--saturation-chunk-tokens", "0"],

@@ -75,6 +75,7 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("radixgate_tree_evictions", Kind::Gauge, "Eviction runs of the tree writer: periodic passes plus immediate evictions of a worker over its limit by 10 %."),
     ("radixgate_io_driver", Kind::Gauge, "The io driver in use (1 for the kind in use)."),
     ("radixgate_kv_events_total", Kind::Counter, "KV-event intake activity, by kind."),
+    ("radixgate_kv_send_dropped_total", Kind::Counter, "KV-event connections dropped because the publisher would not read what the gateway sends it, by reason."),
     ("radixgate_kv_fallback_total", Kind::Counter, "Routed requests the text tree decided although --kv-events is on, by reason."),
     ("radixgate_kv_prompt_tokens_total", Kind::Counter, "Prompt tokens measured against the KV-event index."),
     ("radixgate_kv_predicted_cached_tokens_total", Kind::Counter, "Prompt tokens the best worker holds by the KV-event index and pending entries."),
@@ -624,6 +625,14 @@ pub fn kv_index_dropped(reason: &'static str, total: u64) {
 /// could not be read).
 pub fn kv_events(kind: &'static str, n: u64) {
     counter!("radixgate_kv_events_total", "kind" => kind).increment(n);
+}
+
+/// A KV-event connection dropped because its publisher would not read what the gateway sends
+/// (a subscription, a replay request, the answer to its latest PING), by `reason`: `stalled`
+/// (unsent bytes waited past `--kv-send-timeout-secs`), `full` (a message would pass the send
+/// queue's cap). Such a peer is redialled with the usual backoff.
+pub fn kv_send_dropped(reason: &'static str, n: u64) {
+    counter!("radixgate_kv_send_dropped_total", "reason" => reason).increment(n);
 }
 
 /// One subscribed publisher's state as a one-hot set over `all` (the states' names), refreshed

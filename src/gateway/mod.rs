@@ -309,6 +309,7 @@ fn start_kv(cfg: &Config) -> Option<kv::KvRouting> {
         warm_timeout: Duration::from_secs(cfg.kv_warm_timeout_secs),
         host_weight: cfg.kv_host_tier_weight,
         max_ranks: cfg.kv_max_dp_ranks,
+        send_timeout: Duration::from_secs(cfg.kv_send_timeout_secs),
     }) {
         Ok(k) => Some(k),
         Err(e) => {

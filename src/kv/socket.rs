@@ -17,6 +17,20 @@
 //! buffer grown for a large message is given back once that message is taken, so a connection
 //! between messages holds what it has read, not the largest message it ever had. Bytes read ahead of a stream that waits (behind its replay) are
 //! at most one round of reads ([`READS_PER_ROUND`] × [`READ_CHUNK`], 1 MiB), and counted.
+//!
+//! **What is sent is bounded too**, and counted in the same budget: each connection's unsent
+//! bytes are an [`Outbox`] (its own few messages, at most [`MAX_QUEUED`], and at most one PONG
+//! waiting, answering the latest PING), and the kernel's send buffer is set small
+//! ([`SEND_BUFFER`]; a client sends only those). A peer that will not read is dropped
+//! ([`ConnError::SendStalled`]) once bytes for it have waited longer than [`Timeouts::send`],
+//! in the outbox or in the kernel's queue (sent and not acknowledged: a peer that reads nothing
+//! closes its receive window, so what we sent stays there). An honest peer takes each PONG
+//! within a round trip; the drop does not wait for the kernel's buffers to fill, which at one
+//! PONG a round could take minutes.
+
+mod outbox;
+
+pub use outbox::{Full, Outbox, MAX_QUEUED};
 
 use super::zmtp::{self, Decoder, Item, Limits, SocketType, ZmtpError};
 use bytes::BytesMut;
@@ -35,6 +49,10 @@ pub const READS_PER_ROUND: usize = 16;
 pub const FLOOR: usize = 1 << 20;
 /// A buffer grown past this for a large message is given back once the message is taken.
 const SHED_ABOVE: usize = 4 * READ_CHUNK;
+/// The kernel send buffer asked for each connection (Linux doubles it): room for everything a
+/// client sends, instead of megabytes of PONGs queued in the kernel for a peer that will not
+/// read.
+pub const SEND_BUFFER: usize = 4 << 10;
 
 /// Bytes of unfinished messages all connections may hold together.
 #[derive(Debug)]
@@ -87,6 +105,22 @@ pub enum ConnError {
     Zmtp(ZmtpError),
     /// The handshake or a message took longer than allowed.
     TooSlow(&'static str),
+    /// The peer left what we sent unread for longer than [`Timeouts::send`].
+    SendStalled,
+    /// A message would take the outbox past [`MAX_QUEUED`].
+    SendFull,
+}
+
+impl ConnError {
+    /// Why the connection was dropped for not reading what we send (the metric's label), when
+    /// it was.
+    pub fn send_drop_reason(&self) -> Option<&'static str> {
+        match self {
+            ConnError::SendStalled => Some("stalled"),
+            ConnError::SendFull => Some("full"),
+            _ => None,
+        }
+    }
 }
 
 impl std::fmt::Display for ConnError {
@@ -96,6 +130,8 @@ impl std::fmt::Display for ConnError {
             ConnError::Closed => f.write_str("closed by the peer"),
             ConnError::Zmtp(e) => write!(f, "{e}"),
             ConnError::TooSlow(what) => write!(f, "{what} took too long"),
+            ConnError::SendStalled => f.write_str("the peer does not read what is sent to it"),
+            ConnError::SendFull => f.write_str("the send queue is full"),
         }
     }
 }
@@ -113,6 +149,9 @@ pub struct Timeouts {
     pub handshake: Duration,
     /// From the first byte of a message to its last.
     pub message: Duration,
+    /// Longest bytes for the peer may wait (in the outbox, or unacknowledged in the kernel's
+    /// queue) before it counts as not reading.
+    pub send: Duration,
 }
 
 /// One connection (see the module doc). Dropping it closes the socket and returns its bytes to
@@ -125,22 +164,29 @@ pub struct Conn {
     rx: BytesMut,
     /// `rx` was given room for a large frame (it is replaced once that message is taken).
     grown: bool,
-    tx: Vec<u8>,
+    tx: Outbox,
     /// Bytes this connection counts in the budget.
     held: usize,
     opened: Instant,
     /// Since when an incomplete message has been waiting for its bytes.
     incomplete_since: Option<Instant>,
+    /// Bytes were written since the kernel's queue was last seen empty.
+    in_kernel: bool,
+    /// Since when bytes for the peer have been waiting (outbox or kernel queue), as the checks
+    /// saw it.
+    unsent_since: Option<Instant>,
     timeouts: Timeouts,
 }
 
 impl Conn {
-    /// Start connecting to `addr` (the handshake follows once the socket is writable).
+    /// Start connecting to `addr` (the handshake follows once the socket is writable); its
+    /// greeting, queued, counts in `budget` from now.
     pub fn connect(
         addr: SocketAddr,
         kind: SocketType,
         limits: Limits,
         timeouts: Timeouts,
+        budget: &mut Budget,
         now: Instant,
     ) -> io::Result<Conn> {
         use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
@@ -153,6 +199,7 @@ impl Conn {
             .with_interval(Duration::from_secs(5))
             .with_retries(3);
         s.set_tcp_keepalive(&keepalive)?;
+        s.set_send_buffer_size(SEND_BUFFER)?;
         match s.connect(&SockAddr::from(addr)) {
             Ok(()) => {}
             Err(e)
@@ -160,19 +207,23 @@ impl Conn {
                     || e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
-        Ok(Conn {
+        let mut c = Conn {
             stream: s.into(),
             kind,
             connecting: true,
             decoder: Decoder::new(kind, limits),
             rx: BytesMut::new(),
             grown: false,
-            tx: zmtp::hello(kind),
+            tx: Outbox::new(zmtp::hello(kind)),
             held: 0,
             opened: now,
             incomplete_since: None,
+            in_kernel: false,
+            unsent_since: None,
             timeouts,
-        })
+        };
+        c.account(budget);
+        Ok(c)
     }
 
     /// The descriptor to poll.
@@ -184,7 +235,7 @@ impl Conn {
     /// `read` (the caller wants messages and the budget has room).
     pub fn events(&self, read: bool) -> i16 {
         let mut ev = 0;
-        if self.connecting || !self.tx.is_empty() {
+        if self.connecting || !self.tx.unsent().is_empty() {
             ev |= libc::POLLOUT;
         }
         if read && !self.connecting {
@@ -199,38 +250,48 @@ impl Conn {
     }
 
     /// The socket is writable: finish connecting, send what is queued.
-    pub fn writable(&mut self) -> Result<(), ConnError> {
+    pub fn writable(&mut self, budget: &mut Budget) -> Result<(), ConnError> {
         if self.connecting {
             if let Some(e) = self.stream.take_error()? {
                 return Err(ConnError::Io(e));
             }
             self.connecting = false;
         }
-        self.flush()
+        let r = self.flush();
+        self.account(budget);
+        r
     }
 
-    /// Queue a message (sent as the socket takes it).
-    pub fn send(&mut self, frames: &[&[u8]]) -> Result<(), ConnError> {
-        zmtp::encode_message(frames, &mut self.tx);
-        self.flush()
+    /// Queue a message (sent as the socket takes it); refused past the outbox's cap
+    /// ([`ConnError::SendFull`]).
+    pub fn send(&mut self, frames: &[&[u8]], budget: &mut Budget) -> Result<(), ConnError> {
+        self.tx.push(frames).map_err(|Full| ConnError::SendFull)?;
+        let r = self.flush();
+        self.account(budget);
+        r
     }
 
+    /// Write what the socket takes now (the rest waits for it to be writable).
     fn flush(&mut self) -> Result<(), ConnError> {
         if self.connecting {
             return Ok(());
         }
-        while !self.tx.is_empty() {
-            match self.stream.write(&self.tx) {
+        loop {
+            let bytes = self.tx.unsent();
+            if bytes.is_empty() {
+                return Ok(());
+            }
+            match self.stream.write(bytes) {
                 Ok(0) => return Err(ConnError::Closed),
                 Ok(n) => {
-                    self.tx.drain(..n);
+                    self.tx.wrote(n);
+                    self.in_kernel = true;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(())
     }
 
     /// Whether this connection may be read now (see [`Budget::may_read`]).
@@ -272,20 +333,38 @@ impl Conn {
     }
 
     /// The next whole item in what was read (`None`: it has not all arrived). PINGs are
-    /// answered here.
+    /// answered here: the latest one's PONG is written (or waits) once the PINGs read so far
+    /// are taken.
     pub fn next(&mut self, budget: &mut Budget, now: Instant) -> Result<Option<Item>, ConnError> {
+        let mut pinged = false;
+        let r = self.next_item(&mut pinged, budget, now);
+        if pinged {
+            let flushed = self.flush();
+            self.account(budget);
+            flushed?;
+        }
+        r
+    }
+
+    fn next_item(
+        &mut self,
+        pinged: &mut bool,
+        budget: &mut Budget,
+        now: Instant,
+    ) -> Result<Option<Item>, ConnError> {
         loop {
             let item = self.decoder.decode(&mut self.rx).map_err(ConnError::Zmtp);
             self.account(budget);
             match item? {
                 Some(Item::Ping(ctx)) => {
-                    zmtp::pong(&ctx, &mut self.tx);
-                    self.flush()?;
+                    self.tx.pong(&ctx);
+                    *pinged = true;
+                    // A whole command: no message is under way (none may hold one).
+                    self.incomplete_since = None;
                 }
                 Some(item) => {
                     if item == Item::Ready && self.kind == SocketType::Sub {
-                        zmtp::subscribe_all(&mut self.tx);
-                        self.flush()?;
+                        self.send(&zmtp::SUBSCRIBE_ALL, budget)?;
                     }
                     if matches!(item, Item::Message(_)) {
                         self.shed(budget);
@@ -305,11 +384,13 @@ impl Conn {
         }
     }
 
-    /// The handshake and the message being received are within their deadlines. The caller
-    /// skips a stream it does not read on purpose (one waiting behind its replay: not slow, its
-    /// reader is); one the budget pauses is checked (it holds at least [`FLOOR`] of an
-    /// unfinished message, and its deadline is how that share comes back).
-    pub fn check(&self, now: Instant) -> Result<(), ConnError> {
+    /// The handshake and the message being received are within their deadlines, and so is what
+    /// waits to be sent ([`Conn::check_send`]). The caller skips a stream it does not read on
+    /// purpose (one waiting behind its replay: not slow, its reader is; it checks only
+    /// [`Conn::check_send`]); one the budget pauses is checked (it holds at least [`FLOOR`] of
+    /// an unfinished message, and its deadline is how that share comes back).
+    pub fn check(&mut self, now: Instant) -> Result<(), ConnError> {
+        self.check_send(now)?;
         if !self.is_ready() && now.duration_since(self.opened) > self.timeouts.handshake {
             return Err(ConnError::TooSlow("the ZMTP handshake"));
         }
@@ -320,6 +401,40 @@ impl Conn {
             return Err(ConnError::TooSlow("one message"));
         }
         Ok(())
+    }
+
+    /// The peer has taken what we send within [`Timeouts::send`]: bytes for it have not waited
+    /// (in the outbox, or in the kernel's queue unacknowledged) through every check for longer
+    /// (a peer that will not read is dropped: [`ConnError::SendStalled`]). Called every round.
+    pub fn check_send(&mut self, now: Instant) -> Result<(), ConnError> {
+        if self.connecting {
+            return Ok(());
+        }
+        let waiting = !self.tx.is_empty() || (self.in_kernel && self.kernel_queue() > 0);
+        if !waiting {
+            self.in_kernel = false;
+            self.unsent_since = None;
+            return Ok(());
+        }
+        let since = *self.unsent_since.get_or_insert(now);
+        if now.saturating_duration_since(since) > self.timeouts.send {
+            return Err(ConnError::SendStalled);
+        }
+        Ok(())
+    }
+
+    /// Bytes in the kernel's send queue: not yet sent, or sent and not acknowledged (0 when it
+    /// cannot be read).
+    fn kernel_queue(&self) -> usize {
+        let mut queued: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one int through the pointer, which is valid and
+        // writable for the call; the descriptor is this connection's open socket.
+        let r = unsafe { libc::ioctl(self.fd(), libc::TIOCOUTQ, &mut queued as *mut libc::c_int) };
+        if r == 0 {
+            usize::try_from(queued).unwrap_or(0)
+        } else {
+            0
+        }
     }
 
     /// After a message: a buffer grown for a large frame keeps only what it still holds (at most
@@ -333,8 +448,10 @@ impl Conn {
         }
     }
 
+    /// Count what this connection holds now in `budget`: bytes read and not yet taken, the
+    /// unfinished message, and what waits to be sent.
     fn account(&mut self, budget: &mut Budget) {
-        let now_held = self.rx.len() + self.decoder.held_bytes() as usize;
+        let now_held = self.rx.len() + self.decoder.held_bytes() as usize + self.tx.held();
         budget.used = budget.used + now_held - self.held;
         self.held = now_held;
     }
@@ -359,6 +476,7 @@ mod tests {
     const TIMEOUTS: Timeouts = Timeouts {
         handshake: Duration::from_secs(5),
         message: Duration::from_millis(200),
+        send: Duration::from_millis(300),
     };
 
     /// A peer written out by hand: greeting and READY as a PUB, then `rest`.
@@ -387,7 +505,7 @@ mod tests {
             // SAFETY: one valid pollfd for the duration of the call.
             unsafe { libc::poll(fds.as_mut_ptr(), 1, 50) };
             if fds[0].revents & libc::POLLOUT != 0 {
-                c.writable().unwrap();
+                c.writable(budget).unwrap();
             }
             if fds[0].revents & (libc::POLLIN | libc::POLLHUP) != 0 {
                 if let Err(e) = c.fill(budget, &mut scratch) {
@@ -416,7 +534,15 @@ mod tests {
             got
         });
         let mut budget = Budget::new(1 << 20);
-        let mut c = Conn::connect(addr, SocketType::Sub, LIMITS, TIMEOUTS, Instant::now()).unwrap();
+        let mut c = Conn::connect(
+            addr,
+            SocketType::Sub,
+            LIMITS,
+            TIMEOUTS,
+            &mut budget,
+            Instant::now(),
+        )
+        .unwrap();
         let items = pump(&mut c, &mut budget, |i| i.len() == 2);
         assert_eq!(items[0], Item::Ready);
         let Item::Message(frames) = &items[1] else {
@@ -449,7 +575,15 @@ mod tests {
             let _ = rx.recv();
         });
         let mut budget = Budget::new(1 << 20);
-        let mut c = Conn::connect(addr, SocketType::Sub, LIMITS, TIMEOUTS, Instant::now()).unwrap();
+        let mut c = Conn::connect(
+            addr,
+            SocketType::Sub,
+            LIMITS,
+            TIMEOUTS,
+            &mut budget,
+            Instant::now(),
+        )
+        .unwrap();
         pump(&mut c, &mut budget, |i| i.len() == 1);
         let until = Instant::now() + Duration::from_secs(5);
         let mut scratch = vec![0u8; READ_CHUNK];
@@ -504,7 +638,15 @@ mod tests {
             let _ = s.read(&mut [0u8; 16]);
         });
         let mut budget = Budget::new(64 << 20);
-        let mut c = Conn::connect(addr, SocketType::Sub, LARGE, TIMEOUTS, Instant::now()).unwrap();
+        let mut c = Conn::connect(
+            addr,
+            SocketType::Sub,
+            LARGE,
+            TIMEOUTS,
+            &mut budget,
+            Instant::now(),
+        )
+        .unwrap();
         let mut scratch = vec![0u8; READ_CHUNK];
         let mut largest = 0;
         let mut items = Vec::new();
@@ -519,7 +661,7 @@ mod tests {
             // SAFETY: one valid pollfd for the duration of the call.
             unsafe { libc::poll(fds.as_mut_ptr(), 1, 50) };
             if fds[0].revents & libc::POLLOUT != 0 {
-                c.writable().unwrap();
+                c.writable(&mut budget).unwrap();
             }
             if fds[0].revents & libc::POLLIN != 0 {
                 c.fill(&mut budget, &mut scratch).unwrap();
@@ -546,13 +688,198 @@ mod tests {
         server.join().unwrap();
     }
 
+    /// A listener on 127.0.0.1 whose connections take at most a few KiB before the sender
+    /// must wait (a peer that reads nothing fills at once).
+    fn small_window_listener() -> TcpListener {
+        use socket2::{Domain, SockAddr, Socket, Type};
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        s.set_recv_buffer_size(4096).unwrap();
+        s.bind(&SockAddr::from(SocketAddr::from(([127, 0, 0, 1], 0))))
+            .unwrap();
+        s.listen(1).unwrap();
+        s.into()
+    }
+
+    #[test]
+    fn a_peer_flooding_pings_that_never_reads_holds_one_pong_and_is_dropped_in_time() {
+        let l = small_window_listener();
+        let addr = l.local_addr().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            s.set_nodelay(true).unwrap();
+            s.write_all(&publisher_bytes(b"")).unwrap();
+            // PINGs (TTL 0, a 4-byte context) as fast as taken, never a byte read; each
+            // write's bytes go whole (a write cut short would split a frame).
+            s.set_write_timeout(Some(Duration::from_millis(50)))
+                .unwrap();
+            let mut pings = 0u64;
+            let mut chunk = Vec::new();
+            'flood: while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                chunk.clear();
+                for _ in 0..256 {
+                    pings += 1;
+                    chunk.extend_from_slice(b"\x04\x0b\x04PING\x00\x00");
+                    chunk.extend_from_slice(&(pings as u32).to_be_bytes());
+                }
+                let mut rest = &chunk[..];
+                while !rest.is_empty() {
+                    if stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                        break 'flood;
+                    }
+                    match s.write(rest) {
+                        Ok(n) => rest = &rest[n..],
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) if e.kind() == io::ErrorKind::TimedOut => {}
+                        Err(_) => break 'flood,
+                    }
+                }
+            }
+            pings
+        });
+        let mut budget = Budget::new(1 << 20);
+        let start = Instant::now();
+        // A PING flood stalls itself now and then (segments the peer's kernel drops wait for a
+        // retransmission): what would pass a short message deadline.
+        let timeouts = Timeouts {
+            message: Duration::from_secs(30),
+            ..TIMEOUTS
+        };
+        let mut c =
+            Conn::connect(addr, SocketType::Sub, LIMITS, timeouts, &mut budget, start).unwrap();
+        let mut scratch = vec![0u8; READ_CHUNK];
+        let (mut most_held, mut most_used) = (0, 0);
+        let dropped = loop {
+            assert!(start.elapsed() < Duration::from_secs(10), "never dropped");
+            let mut fds = [libc::pollfd {
+                fd: c.fd(),
+                events: c.events(true),
+                revents: 0,
+            }];
+            // SAFETY: one valid pollfd for the duration of the call.
+            unsafe { libc::poll(fds.as_mut_ptr(), 1, 20) };
+            let now = Instant::now();
+            if fds[0].revents & libc::POLLOUT != 0 {
+                c.writable(&mut budget).unwrap();
+            }
+            if fds[0].revents & libc::POLLIN != 0 {
+                c.fill(&mut budget, &mut scratch).unwrap();
+            }
+            while let Some(item) = c.next(&mut budget, now).unwrap() {
+                assert_eq!(item, Item::Ready);
+            }
+            most_held = most_held.max(c.tx.held());
+            most_used = most_used.max(budget.used());
+            if let Err(e) = c.check(Instant::now()) {
+                break e;
+            }
+        };
+        let after = start.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        c.close(&mut budget);
+        assert_eq!(budget.used(), 0, "its bytes came back");
+        let pings = server.join().unwrap();
+        assert!(matches!(dropped, ConnError::SendStalled), "{dropped}");
+        assert_eq!(dropped.send_drop_reason(), Some("stalled"));
+        assert!(after > timeouts.send, "dropped after {after:?}");
+        // Far more PONGs were owed than the kernel buffers hold; we held two at most (one being
+        // written, one waiting), and they were counted in the budget.
+        assert!(pings > 20_000, "only {pings} PINGs sent");
+        assert!(
+            most_held <= 2 * 11 + 3,
+            "{most_held} bytes waited to be sent"
+        );
+        assert!(
+            most_used <= READS_PER_ROUND * READ_CHUNK + most_held,
+            "{most_used}"
+        );
+    }
+
+    #[test]
+    fn pings_arriving_whole_keep_no_message_deadline_running() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let ping = b"\x04\x0b\x04PING\x00\x00abcd";
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            s.set_nodelay(true).unwrap();
+            s.write_all(&publisher_bytes(&ping[..6])).unwrap();
+            // Eight times: the rest of one PING and half of the next, 100 ms apart (800 ms in
+            // all, past the 500 ms message deadline; no gap near it).
+            for _ in 0..8 {
+                std::thread::sleep(Duration::from_millis(100));
+                let mut b = ping[6..].to_vec();
+                b.extend_from_slice(&ping[..6]);
+                s.write_all(&b).unwrap();
+            }
+            let mut got = Vec::new();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+                if got.ends_with(b"PONGabcd") {
+                    break;
+                }
+            }
+            // Open until the reader is done.
+            let _ = wait.recv();
+            got
+        });
+        let timeouts = Timeouts {
+            message: Duration::from_millis(500),
+            ..TIMEOUTS
+        };
+        let mut budget = Budget::new(1 << 20);
+        let start = Instant::now();
+        let mut c =
+            Conn::connect(addr, SocketType::Sub, LIMITS, timeouts, &mut budget, start).unwrap();
+        let mut scratch = vec![0u8; READ_CHUNK];
+        while start.elapsed() < Duration::from_millis(1000) {
+            let mut fds = [libc::pollfd {
+                fd: c.fd(),
+                events: c.events(true),
+                revents: 0,
+            }];
+            // SAFETY: one valid pollfd for the duration of the call.
+            unsafe { libc::poll(fds.as_mut_ptr(), 1, 20) };
+            if fds[0].revents & libc::POLLOUT != 0 {
+                c.writable(&mut budget).unwrap();
+            }
+            if fds[0].revents & libc::POLLIN != 0 {
+                c.fill(&mut budget, &mut scratch).unwrap();
+            }
+            while let Some(item) = c.next(&mut budget, Instant::now()).unwrap() {
+                assert_eq!(item, Item::Ready);
+            }
+            // Half a PING always waits, never longer than 100 ms.
+            c.check(Instant::now()).unwrap();
+        }
+        done.send(()).unwrap();
+        let got = server.join().unwrap();
+        assert!(got.ends_with(b"\x04\x09\x04PONGabcd"), "answered");
+        c.close(&mut budget);
+    }
+
     #[test]
     fn a_refused_connection_fails_on_the_first_write_readiness() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         drop(l);
-        let mut c =
-            Conn::connect(addr, SocketType::Dealer, LIMITS, TIMEOUTS, Instant::now()).unwrap();
+        let mut budget = Budget::new(1 << 20);
+        let mut c = Conn::connect(
+            addr,
+            SocketType::Dealer,
+            LIMITS,
+            TIMEOUTS,
+            &mut budget,
+            Instant::now(),
+        )
+        .unwrap();
         let mut fds = [libc::pollfd {
             fd: c.fd(),
             events: c.events(false),
@@ -560,6 +887,6 @@ mod tests {
         }];
         // SAFETY: one valid pollfd for the duration of the call.
         unsafe { libc::poll(fds.as_mut_ptr(), 1, 2000) };
-        assert!(c.writable().is_err());
+        assert!(c.writable(&mut budget).is_err());
     }
 }

@@ -144,9 +144,21 @@ pub fn hello(kind: SocketType) -> Vec<u8> {
     out
 }
 
-/// A SUB's subscription to every topic (send after the peer's READY).
+/// A SUB's subscription to every topic (send after the peer's READY): one message of one frame.
+pub const SUBSCRIBE_ALL: [&[u8]; 1] = [&[1]];
+
+/// Append a SUB's subscription to every topic ([`SUBSCRIBE_ALL`]) to `out`.
 pub fn subscribe_all(out: &mut Vec<u8>) {
-    frame(0, &[1], out);
+    encode_message(&SUBSCRIBE_ALL, out);
+}
+
+/// Bytes [`encode_message`] appends for `frames` (a sender checks its cap before encoding).
+pub fn message_len(frames: &[&[u8]]) -> usize {
+    frames.iter().map(|f| frame_len(f.len())).sum()
+}
+
+fn frame_len(body: usize) -> usize {
+    body + if body > 255 { 9 } else { 2 }
 }
 
 /// Append one message (`frames` in order, MORE on all but the last) to `out`.

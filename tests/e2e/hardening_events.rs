@@ -7,6 +7,9 @@
 //!   memory stays under a stated bound, the hostile connections are dropped and counted, an
 //!   honest simulated worker's events keep arriving within a second, and a publisher that breaks
 //!   the protocol right after its greeting is redialled ever more slowly (item 4);
+//! - a publisher that floods PINGs and never reads what it is sent (each PING is owed a PONG):
+//!   the gateway's memory stays bounded, the publisher is dropped, counted and redialled, and
+//!   an honest worker's events and normal requests go on (round 3, item 1);
 //! - 64 DP ranks whose replay ports refuse every connection while their live streams keep
 //!   skipping numbers (a replay asked, and refused, ten times a second per rank): another
 //!   worker's events still arrive within a second (item 3);
@@ -314,6 +317,76 @@ fn a_publisher_that_breaks_the_protocol_after_its_greeting_is_redialled_ever_mor
         failed >= dropped && malformed >= dropped,
         "{failed} {malformed}"
     );
+}
+
+// ---- round 3, item 1: PINGs whose PONGs are never read -----------------------------------------
+
+#[test]
+fn a_publisher_flooding_pings_that_never_reads_is_dropped_counted_and_bounded() {
+    // Serial: the honest batches must apply within a second while the flood runs, and the peak
+    // read from the gateway's /proc must be the flood's.
+    let _serial = serial();
+    let honest = kv_sim();
+    let hostile = fake_worker(json!({"served_model_name": MODEL}));
+    // Every connection: greeted as a PUB, then PINGs as fast as taken, nothing read, a 4 KiB
+    // receive buffer (the gateway's PONGs and subscription stay unsent).
+    let zpub = Zpub::on(small_window_listener(), |_| Act::PingFlood);
+    zpub.go.store(false, Ordering::Relaxed);
+    let flag = format!("{}=tcp://127.0.0.1:{}", hostile.url, zpub.port);
+    let honest_url = honest.urls()[0].clone();
+    let gw = spawn_gateway(
+        &[&honest_url, &hostile.url],
+        &[
+            "--kv-events-endpoints",
+            &flag,
+            "--kv-send-timeout-secs",
+            "1",
+        ],
+        &[],
+    );
+    wait_live(&gw, &honest_url, 0, LIMIT);
+    wait_until("the hostile publisher greeted", LIMIT, || {
+        (zpub.subscribers.load(Ordering::Relaxed) == 1).then_some(())
+    });
+    let stalled = |gw: &Gw| {
+        sample(
+            &gw.scrape(),
+            "radixgate_kv_send_dropped_total{reason=\"stalled\"}",
+        )
+        .map_or(0, |v| v as u64)
+    };
+    let (dropped0, failed0) = (stalled(&gw), gw.kv("connect_failed"));
+    let (worst, fig) = flood(&gw, &honest, || zpub.arm(), 10, || zpub.stop());
+    let (dropped, failed) = (stalled(&gw) - dropped0, gw.kv("connect_failed") - failed0);
+    let accepted = zpub.accepted();
+    // Normal requests are answered (either worker; both answer /generate).
+    for _ in 0..4 {
+        let r = generate(
+            gw.addr,
+            br#"{"text": "hello", "sampling_params": {"max_new_tokens": 1}}"#,
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    eprintln!(
+        "a publisher flooding PINGs, reading nothing: {fig}; honest batches applied within \
+         {worst:?} at worst; {accepted} connections, dropped for not reading +{dropped}, \
+         connect_failed +{failed}"
+    );
+    // The bound: each connection holds at most two PONGs and its own few messages, and the
+    // kernel an 8 KiB send buffer; the rest is the PINGs being read (at most a round of reads,
+    // 1 MiB) and the allocator (measured: +6 MiB). Queuing a PONG per PING measured +72 MiB
+    // after 8 s and +196 MiB at 16 s, and stalled the event thread (honest batches late).
+    let bound = 32 * MIB;
+    assert!(
+        fig.peak - fig.before < bound,
+        "{fig}: over the bound of +{} MiB",
+        bound / MIB
+    );
+    // Dropped once its PONGs waited a second, counted (also as a failed connection), and
+    // dialled again: a second connection was dropped too.
+    assert!(dropped >= 2, "dropped for not reading +{dropped}");
+    assert!(failed >= dropped, "connect_failed +{failed}");
+    assert!(accepted >= 2, "{accepted} connections");
 }
 
 // ---- item 3: many ranks whose replays are refused ---------------------------------------------

@@ -114,6 +114,8 @@ pub struct KvSettings {
     pub host_weight: f64,
     /// `--kv-max-dp-ranks`.
     pub max_ranks: u32,
+    /// `--kv-send-timeout-secs`.
+    pub send_timeout: Duration,
 }
 
 impl KvRouting {
@@ -126,6 +128,7 @@ impl KvRouting {
             warm_timeout,
             host_weight,
             max_ranks,
+            send_timeout,
         } = settings;
         let writer = IndexWriter::new(IndexConfig::default());
         let reader = writer.reader();
@@ -143,7 +146,13 @@ impl KvRouting {
             states_dirty: false,
             export: None,
         };
-        let intake = Intake::start(IntakeConfig::default(), sink)?;
+        let intake = Intake::start(
+            IntakeConfig {
+                send_timeout,
+                ..IntakeConfig::default()
+            },
+            sink,
+        )?;
         for f in Fallback::ALL {
             crate::metrics::kv_fallback(f.as_str(), 0);
         }
@@ -346,6 +355,7 @@ mod tests {
             warm_timeout: Duration::from_secs(60),
             host_weight: 0.8,
             max_ranks: 1,
+            send_timeout: Duration::from_secs(10),
         })
         .unwrap();
         assert!(kv.warming(|_| true), "before discovery looked");

@@ -223,8 +223,12 @@ pub struct IntakeConfig {
     pub handshake_timeout: Duration,
     /// From a message's first byte to its last.
     pub message_timeout: Duration,
-    /// Bytes of unfinished messages all connections may hold together (beyond it, each still
-    /// reads while it holds under `kv::socket::FLOOR`, so one that hogs it stalls no other).
+    /// Longest a peer may leave what we send it unread (the subscription, a replay request, the
+    /// answer to its latest PING) before its connection is dropped (`--kv-send-timeout-secs`).
+    pub send_timeout: Duration,
+    /// Bytes of unfinished messages and unsent bytes all connections may hold together (beyond
+    /// it, each still reads while it holds under `kv::socket::FLOOR`, so one that hogs it
+    /// stalls no other).
     pub budget_bytes: usize,
     /// Longest a host name lookup may take.
     pub resolve_timeout: Duration,
@@ -242,6 +246,7 @@ impl Default for IntakeConfig {
             batch_per_turn: 256,
             handshake_timeout: Duration::from_secs(5),
             message_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(10),
             budget_bytes: 256 << 20,
             resolve_timeout: Duration::from_secs(5),
         }
@@ -310,10 +315,16 @@ const CONNECT_FAILED: usize = 9;
 const REFUSED: usize = 10;
 const DISCOVERY_FAILED: usize = 11;
 
+/// Why connections were dropped for not reading what we send, as the metric labels them
+/// (`kv::socket::ConnError::send_drop_reason`).
+const SEND_DROP_REASONS: [&str; 2] = ["stalled", "full"];
+
 #[derive(Default)]
 struct Stats {
     counts: [AtomicU64; 12],
-    /// Bytes of unfinished messages held now.
+    /// Connections dropped for not reading what we send (all reasons).
+    send_dropped: AtomicU64,
+    /// Bytes of unfinished messages and unsent bytes held now.
     held: AtomicU64,
     /// Rounds of the event loop (a stalled thread stops counting).
     rounds: AtomicU64,
@@ -325,6 +336,10 @@ impl Stats {
             self.counts[kind].fetch_add(n, Ordering::Relaxed);
             crate::metrics::kv_events(KINDS[kind], n);
         }
+    }
+    fn send_dropped(&self, reason: &'static str) {
+        self.send_dropped.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::kv_send_dropped(reason, 1);
     }
     fn counts(&self) -> IntakeCounts {
         let g = |i: usize| self.counts[i].load(Ordering::Relaxed);
@@ -387,6 +402,9 @@ impl Intake {
         // Every series exists from the start, at zero.
         for kind in KINDS {
             crate::metrics::kv_events(kind, 0);
+        }
+        for reason in SEND_DROP_REASONS {
+            crate::metrics::kv_send_dropped(reason, 0);
         }
         let worker = thread::EventThread::new(config, sink, stats.clone(), rx);
         let thread = std::thread::Builder::new()
@@ -464,10 +482,17 @@ impl Intake {
         self.stats.counts()
     }
 
-    /// Bytes of unfinished messages the connections hold now (bounded by
-    /// [`IntakeConfig::budget_bytes`] plus, per connection, `kv::socket::FLOOR` and one read).
+    /// Bytes of unfinished messages and unsent bytes the connections hold now (bounded by
+    /// [`IntakeConfig::budget_bytes`] plus, per connection, `kv::socket::FLOOR`, one read and
+    /// its outbox).
     pub fn held_bytes(&self) -> u64 {
         self.stats.held.load(Ordering::Relaxed)
+    }
+
+    /// Connections dropped because their peer would not read what the intake sends it
+    /// (`radixgate_kv_send_dropped_total`).
+    pub fn send_dropped(&self) -> u64 {
+        self.stats.send_dropped.load(Ordering::Relaxed)
     }
 
     /// Rounds the event loop has run (it runs at least every `poll_interval`: a count that

@@ -49,8 +49,8 @@ enum Link {
     Idle { at: Instant },
     /// A name lookup runs (its answer is ignored after `until`).
     Resolving { until: Instant },
-    /// Connecting, greeting, or open.
-    Open(Conn),
+    /// Connecting, greeting, or open (boxed: a connection is several times an idle link).
+    Open(Box<Conn>),
 }
 
 /// The connection of a replay under way.
@@ -409,9 +409,10 @@ impl<S: EventSink> EventThread<S> {
         let timeouts = Timeouts {
             handshake: self.config.handshake_timeout,
             message: self.config.message_timeout,
+            send: self.config.send_timeout,
         };
-        match Conn::connect(addr, kind, limits(), timeouts, now) {
-            Ok(c) => self.set_link(i, which, Link::Open(c)),
+        match Conn::connect(addr, kind, limits(), timeouts, &mut self.budget, now) {
+            Ok(c) => self.set_link(i, which, Link::Open(Box::new(c))),
             Err(e) => self.link_failed(i, which, format!("cannot connect to {addr}: {e}"), now),
         }
     }
@@ -429,10 +430,14 @@ impl<S: EventSink> EventThread<S> {
     }
 
     /// A connection of source `i` failed; a peer that broke the protocol or a cap is also
-    /// counted as malformed (an operator tells a hostile publisher from one that is down).
+    /// counted as malformed, and one that would not read what we send as dropped for it (an
+    /// operator tells a hostile publisher from one that is down).
     fn conn_failed(&mut self, i: usize, which: Which, e: &ConnError, now: Instant) {
         if let ConnError::Zmtp(_) = e {
             self.stats.add(MALFORMED, 1);
+        }
+        if let Some(reason) = e.send_drop_reason() {
+            self.stats.send_dropped(reason);
         }
         self.link_failed(i, which, describe(e), now);
     }
@@ -477,29 +482,39 @@ impl<S: EventSink> EventThread<S> {
         let mut i = 0;
         while i < self.sources.len() {
             let token = self.sources[i].token;
-            match &self.sources[i].live {
+            let replaying = self.sources[i].stream.is_replaying();
+            match &mut self.sources[i].live {
                 Link::Idle { at } if *at <= now => self.dial(i, Which::Live, now),
                 Link::Resolving { until } if *until <= now => {
                     self.link_failed(i, Which::Live, "name lookup timed out".into(), now)
                 }
-                Link::Open(c) if !self.sources[i].stream.is_replaying() => {
-                    if let Err(e) = c.check(now) {
-                        self.link_failed(i, Which::Live, e.to_string(), now);
+                Link::Open(c) => {
+                    // A stream waiting behind its replay is not read on purpose: only what is
+                    // sent to it is held to its deadline.
+                    let checked = if replaying {
+                        c.check_send(now)
+                    } else {
+                        c.check(now)
+                    };
+                    if let Err(e) = checked {
+                        self.conn_failed(i, Which::Live, &e, now);
                     }
                 }
                 _ => {}
             }
             // The step above may have dropped nothing; the source is still at `i`.
             debug_assert_eq!(self.sources[i].token, token);
-            if let Some(r) = &self.sources[i].replay {
-                let failed = match &r.link {
-                    _ if r.deadline <= now => Some("no answer in time".to_string()),
-                    Link::Open(c) => c.check(now).err().map(|e| e.to_string()),
-                    _ => None,
-                };
-                match (failed, &r.link) {
-                    (Some(why), _) => self.link_failed(i, Which::Replay, why, now),
-                    (None, Link::Idle { at }) if *at <= now => self.dial(i, Which::Replay, now),
+            if let Some(r) = &mut self.sources[i].replay {
+                match &mut r.link {
+                    _ if r.deadline <= now => {
+                        self.link_failed(i, Which::Replay, "no answer in time".into(), now)
+                    }
+                    Link::Open(c) => {
+                        if let Err(e) = c.check(now) {
+                            self.conn_failed(i, Which::Replay, &e, now);
+                        }
+                    }
+                    Link::Idle { at } if *at <= now => self.dial(i, Which::Replay, now),
                     _ => {}
                 }
             }
@@ -635,7 +650,7 @@ impl<S: EventSink> EventThread<S> {
         };
         let mut r = Ok(());
         if revents & (libc::POLLOUT | libc::POLLERR | libc::POLLHUP) != 0 {
-            r = conn.writable();
+            r = conn.writable(&mut self.budget);
         }
         if r.is_ok() && revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
             r = conn.fill(&mut self.budget, &mut self.scratch);
@@ -731,7 +746,7 @@ impl<S: EventSink> EventThread<S> {
                     // Connected: ask from where the stream wants it.
                     let sent = wanted.map(|(_, from)| {
                         let [start] = wire::replay_request(from);
-                        c.send(&[b"", &start])
+                        c.send(&[b"", &start], &mut self.budget)
                     });
                     match sent {
                         Some(Ok(())) => self.sources[i].stream.sent(),

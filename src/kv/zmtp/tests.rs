@@ -249,6 +249,13 @@ fn encoded_messages_use_short_and_long_frames() {
     );
     assert_eq!(&out[13..21], &256u64.to_be_bytes());
     assert_eq!(out.len(), 21 + 256);
+    assert_eq!(message_len(&[b"", &[0u8; 8], &[7u8; 256]]), out.len());
+    assert_eq!(
+        message_len(&[&[7u8; 255]]),
+        2 + 255,
+        "255 bytes: still the short form"
+    );
+    assert_eq!(message_len(&SUBSCRIBE_ALL), 3);
 }
 
 #[test]

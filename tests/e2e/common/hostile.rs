@@ -285,6 +285,9 @@ pub enum Act {
     /// claiming a block size of 0, stores of 1,024 one-token blocks (32 sets by turns), the same
     /// block stored again and again (a holder list to inflate), removals of blocks never stored.
     Lying,
+    /// PINGs (ZMTP 3.1 heartbeats, each owed a PONG) back to back as fast as taken, never a
+    /// byte read (with [`small_window_listener`], what the gateway sends stays unsent).
+    PingFlood,
 }
 
 /// A live message `[topic, seq, payload]` holding one lying batch (see [`Act::Lying`]).
@@ -326,6 +329,31 @@ pub fn lying_message(seq: i64) -> Vec<u8> {
     frame(true, b"kv-events", &mut out);
     frame(true, &seq.to_be_bytes(), &mut out);
     frame(false, &encode_batch(&batch, Form::Array), &mut out);
+    out
+}
+
+/// A listener on 127.0.0.1 (any port) whose connections take at most a few KiB before their
+/// sender must wait: a publisher on it that reads nothing leaves the gateway's bytes unsent.
+pub fn small_window_listener() -> TcpListener {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("a socket");
+    // Set before listening, so every accepted connection has it from its first segment.
+    s.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    s.bind(&SockAddr::from(SocketAddr::from(([127, 0, 0, 1], 0))))
+        .expect("bind a publisher");
+    s.listen(16).expect("listen");
+    s.into()
+}
+
+/// `n` PING commands (TTL 0, the longest context ZMTP allows, 16 bytes, counting from `first`):
+/// each is owed a PONG of 23 bytes.
+pub fn pings(first: u32, n: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(25 * n as usize);
+    for i in 0..n {
+        out.extend_from_slice(b"\x04\x17\x04PING\x00\x00");
+        out.extend_from_slice(&[0; 12]);
+        out.extend_from_slice(&first.wrapping_add(i).to_be_bytes());
+    }
     out
 }
 
@@ -574,6 +602,12 @@ pub fn serve_pub(
                     break;
                 }
                 seq += 1;
+            }
+        }
+        Act::PingFlood => {
+            let mut n = 0u32;
+            while send(&mut s, &pings(n, 4096)) {
+                n = n.wrapping_add(4096);
             }
         }
         Act::HoldUnfinished => {
