@@ -44,6 +44,9 @@ impl Pool {
 
     /// A live idle connection to `worker`, most recently used first.
     pub fn take(&self, worker: &Worker) -> Option<TcpStream> {
+        if worker.is_detached() {
+            return None;
+        }
         let mut map = self.idle.borrow_mut();
         let stack = map.get_mut(&worker.id)?;
         let now = Instant::now();
@@ -59,8 +62,14 @@ impl Pool {
         None
     }
 
-    /// Return a connection whose last response was read completely.
+    /// Return a connection whose last response was read completely. A detached worker's (a
+    /// probe of a server not registered yet) is closed instead: every detached worker shares
+    /// one id and serial, so a pooled connection would reach another server's probe and make
+    /// a server that never answered look healthy.
     pub fn put(&self, worker: &Worker, stream: TcpStream) {
+        if worker.is_detached() {
+            return;
+        }
         let mut map = self.idle.borrow_mut();
         let stack = map.entry(worker.id).or_default();
         stack.retain(|i| i.serial == worker.serial);
@@ -86,6 +95,39 @@ impl Pool {
             }
             stack.retain(|i| now.duration_since(i.since) < self.idle_timeout);
             !stack.is_empty()
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::registry::parse_worker_url;
+
+    fn detached(port: u16) -> Worker {
+        let url = format!("http://127.0.0.1:{port}");
+        let parsed = parse_worker_url(&url).unwrap();
+        Worker::detached(&url, parsed, vec![([127, 0, 0, 1], port).into()])
+    }
+
+    /// A connection one probe opened is never handed to another probe (of another server).
+    #[test]
+    fn a_detached_workers_connection_is_never_pooled() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let pool = Pool::new(Duration::from_secs(60), 8);
+            let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            let _accepted = listener.accept().unwrap();
+            let (a, b) = (detached(port), detached(1));
+            pool.put(&a, stream);
+            assert!(pool.take(&b).is_none(), "a probe of another server got it");
+            assert!(pool.take(&a).is_none(), "probes open their own connections");
+            assert!(pool.idle.borrow().is_empty());
         });
     }
 }

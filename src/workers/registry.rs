@@ -182,7 +182,7 @@ pub struct Worker {
 
 impl Worker {
     /// A worker outside any registry, for a one-off call (`/get_server_info` before the server
-    /// is registered): its id is never a registered one and its serial never pools.
+    /// is registered): its id is never a registered one, and the pool never keeps its connections.
     pub fn detached(url: &str, parsed: WorkerUrl, addrs: Vec<SocketAddr>) -> Worker {
         let url = url.trim_end_matches('/').to_string();
         Worker {
@@ -202,6 +202,13 @@ impl Worker {
             breaker: Arc::default(),
         }
     }
+
+    /// A worker built by [`Worker::detached`] (not in the registry): every such worker has the
+    /// same id and serial, so nothing may be shared between them by id.
+    pub fn is_detached(&self) -> bool {
+        self.id as usize == MAX_WORKER_IDS
+    }
+
     /// Whether `other` is a target on the same server (DP ranks share their server's state).
     pub fn same_server(&self, other: &Worker) -> bool {
         Arc::ptr_eq(&self.breaker, &other.breaker)

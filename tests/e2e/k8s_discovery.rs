@@ -24,14 +24,14 @@ const START_LIMIT: Duration = Duration::from_secs(30);
 const FOLLOW: Duration = Duration::from_secs(20);
 
 /// One stub API server, killed when dropped, with the kubeconfig file that points at it.
-struct Stub {
+pub(crate) struct Stub {
     _child: ChildGuard,
     port: u16,
     kubeconfig: PathBuf,
 }
 
 impl Stub {
-    fn start(flags: &[&str]) -> Stub {
+    pub(crate) fn start(flags: &[&str]) -> Stub {
         let python = test_python(&["aiohttp"]);
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -91,7 +91,7 @@ impl Stub {
         r.json()
     }
 
-    fn put(&self, pod: &Value) {
+    pub(crate) fn put(&self, pod: &Value) {
         self.control("POST", "/control/pods", pod);
     }
 
@@ -117,7 +117,7 @@ impl Stub {
             .count()
     }
 
-    fn kubeconfig(&self) -> &str {
+    pub(crate) fn kubeconfig(&self) -> &str {
         self.kubeconfig.to_str().unwrap()
     }
 }
@@ -131,7 +131,7 @@ impl Drop for Stub {
 }
 
 /// A pod on 127.0.0.1 whose worker listens on `port` (through the ports annotation).
-fn pod(name: &str, uid: &str, port: u16, labels: Value, ready: bool) -> Value {
+pub(crate) fn pod(name: &str, uid: &str, port: u16, labels: Value, ready: bool) -> Value {
     json!({
         "metadata": {
             "name": name, "namespace": "default", "uid": uid, "labels": labels,
@@ -682,6 +682,32 @@ fn k8s_a_huge_ports_annotation_does_not_take_the_worker_table() {
         "ports that do not answer take no worker id"
     );
     assert_eq!(served_port(&gw), p0);
+}
+
+/// Probes of servers not registered yet never share a connection: after an honest pod's probe
+/// succeeded, a pod whose ports refuse every connection registers nothing (a pooled
+/// connection to the honest server once answered those probes).
+#[test]
+fn k8s_a_probe_never_reuses_another_servers_connection() {
+    let cluster = sim(1, |_| {});
+    let p0 = cluster.ports()[0];
+    let stub = Stub::start(&[]);
+    stub.put(&pod("honest", "u-honest", p0, json!({"app": "sgl"}), true));
+    let gw = discovering(&stub, &["--selector", "app=sgl"]);
+    wait_urls(&gw, &[url(p0)], "the honest pod");
+    // Nothing listens on these (bound, then closed): every probe is refused.
+    let refusing: Vec<String> = (0..8)
+        .map(|_| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port().to_string()
+        })
+        .collect();
+    let mut bad = pod("refusing", "u-refusing", 0, json!({"app": "sgl"}), true);
+    bad["metadata"]["annotations"]["smg.ai/worker-ports"] = json!(refusing.join(","));
+    stub.put(&bad);
+    // Long enough for every port's probe to have run (8 at once, each refused at once).
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(urls(&gw), vec![url(p0)], "a refusing port was registered");
 }
 
 /// A pod whose 8 ports accept TCP connections and never answer (each probe waits out its 5 s)
