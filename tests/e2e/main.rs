@@ -33,6 +33,7 @@ mod routing;
 mod sdk;
 mod sglang_events;
 mod soak;
+mod soak_round3;
 mod telemetry;
 mod tenants;
 mod tokenizer_golden;

@@ -22,7 +22,7 @@ const WAIT: Duration = Duration::from_secs(20);
 const START_LIMIT: Duration = Duration::from_secs(30);
 
 /// The OTLP receiver, killed when dropped; its spans as JSON lines.
-struct Receiver {
+pub(crate) struct Receiver {
     _child: ChildGuard,
     port: u16,
     spans: Arc<Mutex<Vec<Value>>>,
@@ -31,7 +31,7 @@ struct Receiver {
 }
 
 impl Receiver {
-    fn start() -> Receiver {
+    pub(crate) fn start() -> Receiver {
         Receiver::start_with(&[])
     }
 
@@ -89,7 +89,7 @@ impl Receiver {
         }
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
@@ -113,8 +113,13 @@ impl Receiver {
     }
 
     /// Every span received so far.
-    fn all(&self) -> Vec<Value> {
+    pub(crate) fn all(&self) -> Vec<Value> {
         self.spans.lock().unwrap().clone()
+    }
+
+    /// How many spans have arrived so far.
+    pub(crate) fn count(&self) -> usize {
+        self.spans.lock().unwrap().len()
     }
 }
 
