@@ -12,6 +12,7 @@
 //!   registered only once its probe answered; additions run concurrently, bounded
 //!   (`--service-discovery-concurrency`, one per pod), under the per-pod port and per-source
 //!   worker caps.
+//! * `scope` decides which namespace is watched (one by default, every one only by flag).
 //!
 //! While the API server is unreachable nothing is removed: the last known workers keep serving
 //! (and `/readiness` with them), with a log line.
