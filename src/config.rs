@@ -504,7 +504,9 @@ pub struct Config {
     #[arg(long = "keyless-local-admin", action = ArgAction::SetTrue)]
     pub keyless_local_admin: bool,
     /// Key the gateway sends to the workers as `Authorization: Bearer <key>` on the requests it
-    /// forwards, in place of the caller's (for workers started with their own --api-key).
+    /// forwards, in place of the caller's, and on its own calls to them (health checks, model
+    /// cards, /get_server_info, metrics, admin fan-outs), for workers started with their own
+    /// --api-key.
     #[arg(
         long = "worker-api-key",
         env = "RADIXGATE_WORKER_API_KEY",

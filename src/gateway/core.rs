@@ -52,8 +52,9 @@ impl Core {
     }
 }
 
-/// An empty upstream pool with the configured idle timeout (for a core or a helper thread).
+/// An empty upstream pool with the configured idle timeout (for a core or a helper thread);
+/// the gateway's own calls through it carry `--worker-api-key`.
 pub fn upstream_pool(gw: &Gateway) -> Pool {
     let idle = Duration::from_millis(gw.cfg.upstream_idle_timeout_ms);
-    Pool::new(idle, POOL_PER_WORKER)
+    Pool::new(idle, POOL_PER_WORKER, gw.cfg.worker_api_key.as_deref())
 }

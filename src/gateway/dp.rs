@@ -47,7 +47,7 @@ pub fn dp_sizes_at_start(cfg: &Config, urls: &[String]) -> Result<Vec<u32>, Stri
         .enable_timer()
         .build()
         .map_err(|e| format!("--dp-aware: cannot build a runtime: {e}"))?;
-    let pool = Pool::new(Duration::from_secs(1), 1);
+    let pool = Pool::new(Duration::from_secs(1), 1, cfg.worker_api_key.as_deref());
     let timeout = Duration::from_secs(cfg.worker_startup_timeout_secs);
     let cap = Duration::from_secs(cfg.worker_startup_check_interval.max(1));
     rt.block_on(async {

@@ -102,6 +102,15 @@ impl OwnHeaders {
         }
     }
 
+    /// The headers of a request the gateway sends on its own (no client's headers to drop):
+    /// only `worker_key`, when set, as `authorization: Bearer <key>`.
+    pub fn for_own_calls(worker_key: Option<&str>) -> OwnHeaders {
+        OwnHeaders {
+            drop: Vec::new(),
+            authorization: worker_key.map(|k| format!("Bearer {k}")),
+        }
+    }
+
     fn drops(&self, name: &[u8]) -> bool {
         self.drop
             .iter()
@@ -577,7 +586,8 @@ const FETCH_MAX_BODY: u64 = 64 << 20;
 
 /// One complete gateway-originated request to a worker (admin fan-out, /v1/models, health):
 /// returns status and body; the connection goes back to `pool` when reusable. `timeout`
-/// bounds the whole call, connecting included.
+/// bounds the whole call, connecting included. The request carries the pool's own-call
+/// headers (the worker key, when configured) and never anything of a caller's.
 pub async fn fetch(
     pool: &Pool,
     worker: &Worker,
@@ -615,7 +625,7 @@ pub async fn fetch_capped(
         &id,
         body,
         None,
-        &OwnHeaders::default(),
+        pool.own_calls(),
     );
     let up = roundtrip(
         pool,
@@ -702,6 +712,31 @@ mod tests {
         let out = build_with(&h, None, &own);
         assert!(out.contains("authorization: Bearer wk\r\n") && !out.contains("Bearer caller"));
         assert_eq!(out.matches("authorization").count(), 1, "{out}");
+    }
+
+    #[test]
+    fn the_gateways_own_calls_carry_the_pools_worker_key() {
+        for (key, want) in [(Some("wk"), 1), (None, 0)] {
+            let pool = crate::proxy::pool::Pool::new(Duration::from_secs(1), 1, key);
+            let req = UpstreamRequest::build(
+                b"GET",
+                b"/flush_cache",
+                None,
+                None,
+                "w:1",
+                "gw-1",
+                Bytes::new(),
+                None,
+                pool.own_calls(),
+            );
+            let out = String::from_utf8(req.head.to_vec()).unwrap();
+            assert_eq!(out.matches("authorization").count(), want, "{out}");
+            assert_eq!(
+                out.contains("authorization: Bearer wk\r\n"),
+                want == 1,
+                "{out}"
+            );
+        }
     }
 
     #[test]

@@ -4,8 +4,11 @@
 //! closed it, or sent bytes nobody asked for, makes it unusable. Each connection remembers the
 //! worker's `serial`: ids are reused after a worker is removed, serials never are, so a
 //! connection to a removed worker's host is never handed to the worker that got its id.
+//! A pool also carries the headers of the gateway's own calls on its connections (health
+//! checks, model cards, `/get_server_info`, admin fan-outs): the key `--worker-api-key` names.
 
 use crate::base::WorkerId;
+use crate::proxy::forward::OwnHeaders;
 use crate::proxy::io::{peek, Peek};
 use crate::workers::registry::Worker;
 use monoio::net::TcpStream;
@@ -25,6 +28,8 @@ pub struct Pool {
     idle: RefCell<HashMap<WorkerId, Vec<Idle>>>,
     idle_timeout: Duration,
     max_per_worker: usize,
+    /// What every request the gateway itself sends through this pool carries.
+    own_calls: OwnHeaders,
 }
 
 /// Whether an idle connection is still usable: no EOF and no unexpected bytes pending.
@@ -33,13 +38,21 @@ pub fn is_reusable(stream: &TcpStream) -> bool {
 }
 
 impl Pool {
-    /// A pool keeping at most `max_per_worker` idle connections per worker.
-    pub fn new(idle_timeout: Duration, max_per_worker: usize) -> Pool {
+    /// A pool keeping at most `max_per_worker` idle connections per worker, whose
+    /// gateway-originated calls carry `worker_key` (`--worker-api-key`) when set. Taken here,
+    /// not per call, so that no call to a worker can forget the key a worker may demand.
+    pub fn new(idle_timeout: Duration, max_per_worker: usize, worker_key: Option<&str>) -> Pool {
         Pool {
             idle: RefCell::new(HashMap::new()),
             idle_timeout,
             max_per_worker,
+            own_calls: OwnHeaders::for_own_calls(worker_key),
         }
+    }
+
+    /// The headers of the gateway's own calls through this pool (see [`Pool::new`]).
+    pub fn own_calls(&self) -> &OwnHeaders {
+        &self.own_calls
     }
 
     /// A live idle connection to `worker`, most recently used first.

@@ -38,4 +38,5 @@ mod telemetry;
 mod tenants;
 mod tokenizer_golden;
 mod tracing;
+mod worker_key;
 mod workload;

@@ -163,6 +163,10 @@ struct Args {
     /// request of strictly lower priority is refused instead). Unset: unbounded.
     #[arg(long)]
     max_queued_requests: Option<usize>,
+    /// SGLang's --api-key: every request needs `Authorization: Bearer KEY` except OPTIONS and
+    /// paths starting with /health, /ready or /metrics, else 401 {"error": "Unauthorized"}.
+    #[arg(long)]
+    api_key: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -260,6 +264,7 @@ fn main() -> ExitCode {
         disaggregation_bootstrap_port: a.disaggregation_bootstrap_port,
         priority_scheduling: a.enable_priority_scheduling,
         max_queued_requests: a.max_queued_requests,
+        api_key: a.api_key,
     };
     let set = block_signals();
     let host = cfg.host.clone();

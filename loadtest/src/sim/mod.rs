@@ -141,6 +141,10 @@ pub struct SimConfig {
     /// is full." while its waiting queue is full, as SGLang does (see
     /// [`engine::Engine::enforce_queue_limit`]); `None`: unbounded.
     pub max_queued_requests: Option<usize>,
+    /// `--api-key`: every request needs `Authorization: Bearer <key>` except OPTIONS and paths
+    /// starting with `/health`, `/ready` or `/metrics`, else 401, as SGLang's middleware (see
+    /// `server::auth`); `None`: no key asked.
+    pub api_key: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -169,6 +173,7 @@ impl Default for SimConfig {
             host_cache_tokens: 0,
             priority_scheduling: false,
             max_queued_requests: None,
+            api_key: None,
         }
     }
 }

@@ -9,7 +9,8 @@
 //! `radixgate::http` module.
 
 //!
-//! Layout: `wake` (single-thread wake primitives and the per-request result slot), `conn`
+//! Layout: `auth` (SGLang's `--api-key` check), `wake` (single-thread wake primitives and the
+//! per-request result slot), `conn`
 //! (connection I/O and request framing), `routes` (endpoint dispatch and the info endpoints),
 //! `inference` (inference requests, blocking and streamed); the per-port state and the cluster
 //! lifecycle live here.
@@ -20,6 +21,7 @@
 //! `dp_rank`-labelled metrics) and hands each inference request to the rank its
 //! `data_parallel_rank` names (out of range: 400), else to the next rank round robin.
 
+mod auth;
 mod bootstrap;
 mod conn;
 mod inference;

@@ -70,6 +70,11 @@ pub(super) async fn handle(
 ) -> Next {
     let keep = head.keep_alive;
     let method = head.method();
+    let key = sh.cfg.api_key.as_deref();
+    if !super::auth::allowed(key, method, head.path(), head.header("authorization")) {
+        let body = super::auth::UNAUTHORIZED_BODY;
+        return respond(sh, wr, keep, 401, "application/json", body).await;
+    }
     if method == b"HEAD" {
         // Only GET/POST APIs exist; a HEAD answer must not carry a body.
         let resp = render(
