@@ -133,7 +133,7 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let pool = Pool::new(Duration::from_secs(60), 8);
+            let pool = Pool::new(Duration::from_secs(60), 8, None);
             let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
             let _accepted = listener.accept().unwrap();
             let (a, b) = (detached(port), detached(1));
