@@ -491,27 +491,39 @@ mod tests {
         b
     }
 
+    /// Wait at most `ms` for `c` to be ready (for reading too when `read`); its `revents`.
+    fn poll_conn(c: &Conn, read: bool, ms: i32) -> i16 {
+        let mut fds = [libc::pollfd {
+            fd: c.fd(),
+            events: c.events(read),
+            revents: 0,
+        }];
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+        fds[0].revents
+    }
+
+    /// One turn of an event loop: wait at most `ms`, then write what is pending and read
+    /// what arrived (`wake` says which readiness reads).
+    fn turn(c: &mut Conn, budget: &mut Budget, scratch: &mut [u8], ms: i32, wake: i16) {
+        let revents = poll_conn(c, true, ms);
+        if revents & libc::POLLOUT != 0 {
+            c.writable(budget).unwrap();
+        }
+        if revents & wake != 0 {
+            if let Err(e) = c.fill(budget, scratch) {
+                panic!("{e}");
+            }
+        }
+    }
+
     fn pump(c: &mut Conn, budget: &mut Budget, until: impl Fn(&[Item]) -> bool) -> Vec<Item> {
         let mut scratch = vec![0u8; READ_CHUNK];
         let mut items = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(5);
         while !until(&items) {
             assert!(Instant::now() < deadline, "nothing arrived: {items:?}");
-            let mut fds = [libc::pollfd {
-                fd: c.fd(),
-                events: c.events(true),
-                revents: 0,
-            }];
-            // SAFETY: one valid pollfd for the duration of the call.
-            unsafe { libc::poll(fds.as_mut_ptr(), 1, 50) };
-            if fds[0].revents & libc::POLLOUT != 0 {
-                c.writable(budget).unwrap();
-            }
-            if fds[0].revents & (libc::POLLIN | libc::POLLHUP) != 0 {
-                if let Err(e) = c.fill(budget, &mut scratch) {
-                    panic!("{e}");
-                }
-            }
+            turn(c, budget, &mut scratch, 50, libc::POLLIN | libc::POLLHUP);
             while let Some(item) = c.next(budget, Instant::now()).unwrap() {
                 items.push(item);
             }
@@ -653,20 +665,8 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(10);
         while items.len() < 2 {
             assert!(Instant::now() < deadline, "{items:?}");
-            let mut fds = [libc::pollfd {
-                fd: c.fd(),
-                events: c.events(true),
-                revents: 0,
-            }];
-            // SAFETY: one valid pollfd for the duration of the call.
-            unsafe { libc::poll(fds.as_mut_ptr(), 1, 50) };
-            if fds[0].revents & libc::POLLOUT != 0 {
-                c.writable(&mut budget).unwrap();
-            }
-            if fds[0].revents & libc::POLLIN != 0 {
-                c.fill(&mut budget, &mut scratch).unwrap();
-                largest = largest.max(c.rx.capacity());
-            }
+            turn(&mut c, &mut budget, &mut scratch, 50, libc::POLLIN);
+            largest = largest.max(c.rx.capacity());
             while let Some(item) = c.next(&mut budget, Instant::now()).unwrap() {
                 items.push(item);
             }
@@ -752,20 +752,8 @@ mod tests {
         let (mut most_held, mut most_used) = (0, 0);
         let dropped = loop {
             assert!(start.elapsed() < Duration::from_secs(10), "never dropped");
-            let mut fds = [libc::pollfd {
-                fd: c.fd(),
-                events: c.events(true),
-                revents: 0,
-            }];
-            // SAFETY: one valid pollfd for the duration of the call.
-            unsafe { libc::poll(fds.as_mut_ptr(), 1, 20) };
+            turn(&mut c, &mut budget, &mut scratch, 20, libc::POLLIN);
             let now = Instant::now();
-            if fds[0].revents & libc::POLLOUT != 0 {
-                c.writable(&mut budget).unwrap();
-            }
-            if fds[0].revents & libc::POLLIN != 0 {
-                c.fill(&mut budget, &mut scratch).unwrap();
-            }
             while let Some(item) = c.next(&mut budget, now).unwrap() {
                 assert_eq!(item, Item::Ready);
             }
@@ -840,19 +828,7 @@ mod tests {
             Conn::connect(addr, SocketType::Sub, LIMITS, timeouts, &mut budget, start).unwrap();
         let mut scratch = vec![0u8; READ_CHUNK];
         while start.elapsed() < Duration::from_millis(1000) {
-            let mut fds = [libc::pollfd {
-                fd: c.fd(),
-                events: c.events(true),
-                revents: 0,
-            }];
-            // SAFETY: one valid pollfd for the duration of the call.
-            unsafe { libc::poll(fds.as_mut_ptr(), 1, 20) };
-            if fds[0].revents & libc::POLLOUT != 0 {
-                c.writable(&mut budget).unwrap();
-            }
-            if fds[0].revents & libc::POLLIN != 0 {
-                c.fill(&mut budget, &mut scratch).unwrap();
-            }
+            turn(&mut c, &mut budget, &mut scratch, 20, libc::POLLIN);
             while let Some(item) = c.next(&mut budget, Instant::now()).unwrap() {
                 assert_eq!(item, Item::Ready);
             }
@@ -880,13 +856,7 @@ mod tests {
             Instant::now(),
         )
         .unwrap();
-        let mut fds = [libc::pollfd {
-            fd: c.fd(),
-            events: c.events(false),
-            revents: 0,
-        }];
-        // SAFETY: one valid pollfd for the duration of the call.
-        unsafe { libc::poll(fds.as_mut_ptr(), 1, 2000) };
+        poll_conn(&c, false, 2000);
         assert!(c.writable(&mut budget).is_err());
     }
 }

@@ -338,7 +338,7 @@ fn nested_tools_chat(depth: usize, width: usize) -> Vec<u8> {
 
 /// One hostile client: `f` every `period` until `stop`; `f` says whether the gateway answered
 /// as it must (a wrong answer is counted in `wrong`, with the first few kept in `seen`).
-fn hostile(
+pub(crate) fn hostile(
     period: Duration,
     stop: Arc<AtomicBool>,
     wrong: Arc<AtomicU64>,
@@ -362,7 +362,11 @@ fn hostile(
 }
 
 /// `Ok` when `r` answered with one of `want`.
-fn status_in(what: &str, r: std::io::Result<Response>, want: &[u16]) -> Result<(), String> {
+pub(crate) fn status_in(
+    what: &str,
+    r: std::io::Result<Response>,
+    want: &[u16],
+) -> Result<(), String> {
     match r {
         Ok(r) if want.contains(&r.status) => Ok(()),
         Ok(r) => Err(format!(
