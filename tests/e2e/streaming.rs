@@ -1019,6 +1019,8 @@ fn a_client_that_stops_reading_delays_no_one_and_is_held_to_bounded_buffers() {
     stalled
         .write_all(&Script::Long(tag, OFFERED).request(false))
         .expect("send the long request");
+    // From here on its client reads nothing.
+    let stall_began = Instant::now();
     // Until the worker is held back: nothing more written for a second.
     let written = || up.stats.long_written.load(Ordering::SeqCst);
     let mut last = (written(), Instant::now());
@@ -1037,7 +1039,6 @@ fn a_client_that_stops_reading_delays_no_one_and_is_held_to_bounded_buffers() {
             (last.1.elapsed() >= Duration::from_secs(1)).then_some(now)
         },
     );
-    let stall_began = Instant::now();
     // The bystanders again, beside the stalled stream on the same core.
     let (late, took) = bystanders(gw.addr, 200);
     rss_peak = rss_peak.max(rss());
