@@ -34,6 +34,7 @@ mod sdk;
 mod sglang_events;
 mod soak;
 mod soak_round3;
+mod streaming;
 mod telemetry;
 mod tenants;
 mod tokenizer_golden;
