@@ -8,6 +8,7 @@
 //! One thread, raw epoll, no runtime: it shares a CPU with the upstream. Connections open
 //! gradually (at most `ramp_per_ms` a millisecond) so thousands of connects do not overflow a
 //! listen backlog; one that fails is counted and opened again 50 ms later, so the level holds.
+//! The thread runs SCHED_BATCH (see [`sys::batch_scheduling`]).
 
 use std::collections::VecDeque;
 use std::io;
@@ -168,6 +169,7 @@ fn token(slot: usize, gen: u32) -> u64 {
 /// epoll); what goes wrong on the wire is counted in the report.
 pub fn run(cfg: StreamsConfig) -> io::Result<StreamsReport> {
     let limit = sys::raise_nofile_limit();
+    sys::batch_scheduling();
     let need = cfg.streams as u64 + 64;
     if need > limit {
         return Err(io::Error::other(format!(

@@ -45,6 +45,20 @@ pub fn raise_nofile_limit() -> u64 {
     lim.rlim_cur
 }
 
+/// Put the calling thread in SCHED_BATCH: its wake-ups then do not preempt the task running on
+/// its CPU. The upstream and the load generator share one CPU; without it, every event the
+/// upstream writes wakes the load generator, which preempts the upstream to read that one
+/// event, and the pair pays two context switches per event instead of handling batches.
+/// Best effort: a failure leaves the normal policy.
+pub fn batch_scheduling() {
+    // SAFETY: sched_setscheduler on this thread with a valid sched_param (priority 0, as
+    // SCHED_BATCH requires).
+    unsafe {
+        let p = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_BATCH, &p);
+    }
+}
+
 /// User plus system CPU seconds this process has used: the load generator reports its own cost
 /// so a reader can tell whether it, rather than the proxy, was the limit.
 pub fn cpu_seconds() -> f64 {
