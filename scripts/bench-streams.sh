@@ -53,6 +53,12 @@
 # open, idle keep-alive KiB per connection, errors (connect, non-200, broken, timeout, malformed),
 # and CPU 1's busy share (when near 100 % the load side, not the proxy, may be the limit).
 #
+# Both tools run SCHED_BATCH, so on their shared CPU one's wake-up does not preempt the other
+# and each handles events in batches; STREAMS_SCHED=normal in the environment keeps the normal
+# policy (worth comparing on a machine where other work shares CPU 1). On a 2-CPU VM the two
+# tools together cost ~10 µs of CPU 1 per event (95 % of it the kernel's loopback TCP), so
+# CPU 1 carries about 90-100k events/s: the report says when they filled it.
+#
 # Descriptors: the script raises `ulimit -n` to the hard limit; a level whose proxy would need
 # more (2 per stream plus slack) is skipped, and the report says so.
 #
@@ -261,6 +267,11 @@ kb_sum() { # VmRSS summed over the tree, kB
 }
 # "busy total" jiffies of one CPU.
 cpu_jiffies() { awk -v c="cpu$1" '$1 == c { idle = $5 + $6; total = 0; for (i = 2; i <= 9; i++) total += $i; print total - idle, total }' /proc/stat; }
+cpus_jiffies() { # "busy total" summed over a comma list of CPUs
+    local c b t sb=0 st=0
+    for c in ${1//,/ }; do read -r b t < <(cpu_jiffies "$c"); sb=$((sb + b)); st=$((st + t)); done
+    echo "$sb $st"
+}
 
 # ---- candidates --------------------------------------------------------------------------------
 declare -A PORT=() PID_OF=()
@@ -360,11 +371,11 @@ check_stream() {
 }
 
 RUNS="$OUT/runs.tsv"
-printf 'round\tlevel\tcandidate\tkind\tfile\tupstream_cpu_s\twall_s\tload_cpu_busy\trss_fresh_kb\trc\n' >"$RUNS"
+printf 'round\tlevel\tcandidate\tkind\tfile\tupstream_cpu_s\twall_s\tload_cpu_busy\tproxy_cpus_busy\trss_fresh_kb\trc\n' >"$RUNS"
 
 # One loadgen run (streams or idle) against candidate C; appends a row to runs.tsv.
 measured_run() { # measured_run ROUND C KIND STREAMS
-    local r="$1" c="$2" kind="$3" n="$4" file pids="" s0 s1 w0 w1 b0 t0 b1 t1 rc=0 extra=()
+    local r="$1" c="$2" kind="$3" n="$4" file pids="" s0 s1 w0 w1 b0 t0 b1 t1 p0 q0 p1 q1 rc=0 extra=()
     file="$OUT/runs/$kind-$LEVEL-r$r-$c"
     [[ -n "${PID_OF[$c]}" ]] && pids="$(tree_pids "${PID_OF[$c]}" | paste -sd, -)"
     if [[ "$kind" == idle ]]; then
@@ -373,15 +384,16 @@ measured_run() { # measured_run ROUND C KIND STREAMS
         extra=(--duration "$DURATION" --warmup "$WARMUP" --health-url "http://127.0.0.1:${PORT[$c]}/health")
     fi
     [[ -n "$pids" ]] && extra+=(--watch-pids "$pids")
-    s0="$(ticks "$UP_PID")"; w0="$(date +%s.%N)"; read -r b0 t0 < <(cpu_jiffies "$LOAD_CPU")
+    s0="$(ticks "$UP_PID")"; w0="$(date +%s.%N)"; read -r b0 t0 < <(cpu_jiffies "$LOAD_CPU"); read -r p0 q0 < <(cpus_jiffies "$PROXY_CPUS")
     timeout $((WARMUP + DURATION + IDLE_HOLD + 120)) taskset -c "$LOAD_CPU" "$LG_BIN" streams \
         --target "http://127.0.0.1:${PORT[$c]}" --streams "$n" --max-tokens "$MAX_TOKENS" \
         --prompt-bytes "$PROMPT_BYTES" "${extra[@]}" --json >"$file.json" 2>"$file.txt" || rc=$?
-    s1="$(ticks "$UP_PID")"; w1="$(date +%s.%N)"; read -r b1 t1 < <(cpu_jiffies "$LOAD_CPU")
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$LEVEL" "$c" "$kind" "$file.json" \
+    s1="$(ticks "$UP_PID")"; w1="$(date +%s.%N)"; read -r b1 t1 < <(cpu_jiffies "$LOAD_CPU"); read -r p1 q1 < <(cpus_jiffies "$PROXY_CPUS")
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$LEVEL" "$c" "$kind" "$file.json" \
         "$(awk -v a="$s0" -v b="$s1" -v h="$CLK_TCK" 'BEGIN {printf "%.3f", (b - a) / h}')" \
         "$(awk -v a="$w0" -v b="$w1" 'BEGIN {printf "%.3f", b - a}')" \
         "$(awk -v a="$b0" -v b="$b1" -v x="$t0" -v y="$t1" 'BEGIN {printf "%.3f", (y > x) ? (b - a) / (y - x) : 0}')" \
+        "$(awk -v a="$p0" -v b="$p1" -v x="$q0" -v y="$q1" 'BEGIN {printf "%.3f", (y > x) ? (b - a) / (y - x) : 0}')" \
         "${RSS_FRESH[$c]:-0}" "$rc" >>"$RUNS"
     if [[ "$rc" != 0 ]]; then
         log "round $r $LEVEL $c $kind: loadgen exited $rc (see runs/$(basename "$file").txt)"
@@ -527,6 +539,9 @@ for l in levels:
             "open_at_end_min": min((x["open_at_end"] for x in rep), default=None),
             "loadgen_cpu_s": med(x["cpu_s"] for x in rep),
             "load_cpu_busy": med(float(r["load_cpu_busy"]) for r in rs),
+            "proxy_cpus_busy": med(float(r["proxy_cpus_busy"]) for r in rs),
+            "proxy_share": med(x["watch"]["cpu_s"] / x["window_s"] / cores for x in rep
+                               if x.get("watch") and x["window_s"]) if c != "direct" else None,
             "upstream_cpu_share": med(float(r["upstream_cpu_s"]) / float(r["wall_s"]) for r in rs if float(r["wall_s"]) > 0),
         }
 
@@ -565,6 +580,8 @@ def table(l, cs, detail):
     row("errors", lambda a, c: str(a["errors_total"]) if not a["errors_total"] else
         f"{a['errors_total']} (" + ", ".join(f"{k} {v}" for k, v in a["errors"].items() if v) + ")")
     if detail:
+        row(f"CPU {env['M_PCPUS']}: proxy / all busy", lambda a, c:
+            f"{'—' if a['proxy_share'] is None else f_num(a['proxy_share'] * 100) + ' %'} / {f_num((a['proxy_cpus_busy'] or 0) * 100)} %")
         row(f"CPU {env['M_LCPU']}: upstream + load generator / all busy", lambda a, c:
             f"{f_num(own_load(a) * 100)} % / {f_num((a['load_cpu_busy'] or 0) * 100)} %")
         row("load generator CPU-s in the window", lambda a, c: f_num(a["loadgen_cpu_s"], 2))
@@ -603,12 +620,17 @@ for l in levels:
         if own >= 0.9:
             notes.append(f"{names[c]} at {l}: the upstream and the load generator took {own * 100:.0f} % of CPU "
                          f"{env['M_LCPU']}: they may have been the limit, not the proxy")
-        elif busy >= 0.95:
+        pb, ps = a["proxy_cpus_busy"] or 0, a["proxy_share"]
+        if c != "direct" and ps is not None and pb - ps >= 0.2:
+            notes.append(f"{names[c]} at {l}: other processes or interrupt work took about {(pb - ps) * 100:.0f} % of CPU "
+                         f"{env['M_PCPUS']} beside the proxy: its delays include waiting behind them")
+        if own < 0.9 and busy >= 0.95:
             notes.append(f"{names[c]} at {l}: CPU {env['M_LCPU']} was {busy * 100:.0f} % busy, "
                          f"{(busy - own) * 100:.0f} points of it other processes: delays include waiting behind them")
 if notes:
     R += ["Notes:", ""] + [f"- {x}" for x in notes] + [""]
-    D += [f"- {x}" for x in notes if "skipped" in x or "left out" in x or "delivered" in x or "only" in x] + [""]
+    D += [f"- {x}" for x in notes if any(k in x for k in ("skipped", "left out", "delivered", "only ",
+                                                          "other processes", "may have been the limit"))] + [""]
 open(f"{out}/report.md", "w").write("\n".join(R))
 open(f"{out}/docs.md", "w").write("\n".join(D).rstrip("\n") + "\n")
 json.dump({"command": env["M_CMD"], "machine": env["M_MACHINE"], "versions": env["M_VERSIONS"],

@@ -49,8 +49,13 @@ pub fn raise_nofile_limit() -> u64 {
 /// its CPU. The upstream and the load generator share one CPU; without it, every event the
 /// upstream writes wakes the load generator, which preempts the upstream to read that one
 /// event, and the pair pays two context switches per event instead of handling batches.
-/// Best effort: a failure leaves the normal policy.
+/// Best effort: a failure leaves the normal policy. `STREAMS_SCHED=normal` in the environment
+/// keeps the normal policy (on a CPU shared with other work, a SCHED_BATCH task also cannot
+/// preempt those on wake-up; compare both there).
 pub fn batch_scheduling() {
+    if std::env::var_os("STREAMS_SCHED").is_some_and(|v| v == "normal") {
+        return;
+    }
     // SAFETY: sched_setscheduler on this thread with a valid sched_param (priority 0, as
     // SCHED_BATCH requires).
     unsafe {
