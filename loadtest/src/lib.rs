@@ -7,3 +7,7 @@ pub mod loadgen;
 
 /// Simulated SGLang worker (`sim-worker`): radix cache, scheduler, cost model, HTTP API.
 pub mod sim;
+
+/// The streaming benchmark's paced SSE upstream and closed-loop streaming client, each one
+/// thread on raw epoll (`stream-upstream`, `loadgen streams`).
+pub mod streams;

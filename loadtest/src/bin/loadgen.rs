@@ -269,6 +269,10 @@ impl Cli {
 }
 
 fn main() -> ExitCode {
+    // `loadgen streams ...`: the streaming benchmark's client, with flags of its own.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "streams") {
+        return loadtest::streams::cli::main(std::env::args_os().skip(1));
+    }
     let cli = Cli::parse();
     if matches!(cli.workload, WorkloadArg::Overload) {
         return run_overload(&cli);
