@@ -31,8 +31,9 @@
 # connections, each in a closed loop of streamed requests (--prompt-bytes, default 1024, every
 # prompt distinct from its first bytes), timing each event against its stamp (event delay) and
 # the first event against the request's write (TTFT); a separate connection GETs /health every
-# 10 ms while the streams are open. Connections open at most 256 a millisecond; the window starts
-# --warmup seconds (default 3) after the last one opened and lasts --duration seconds (default 10).
+# 10 ms while the streams are open. Connections open spread evenly over one event interval (N /
+# interval a millisecond), so the streams' events are spread in time as a fleet's are rather than
+# falling into one burst per interval; the window starts --warmup seconds (default 3) after the last one opened and lasts --duration seconds (default 10).
 #
 # Placement (a 2-core machine): the proxy is pinned with taskset to CPU 0 (the whole process);
 # the upstream and the load generator share CPU 1. --serving-cores 2 gives the proxy both CPUs
@@ -381,7 +382,12 @@ measured_run() { # measured_run ROUND C KIND STREAMS
     if [[ "$kind" == idle ]]; then
         extra=(--idle-hold-secs "$IDLE_HOLD")
     else
-        extra=(--duration "$DURATION" --warmup "$WARMUP" --health-url "http://127.0.0.1:${PORT[$c]}/health")
+        # Connections open spread over one event interval, so the streams' events are spread
+        # in time as a fleet's are: opened all at once, every stream's events would fall into one
+        # burst per interval (8,192 in 32 ms at 8192x160), and every proxy's tail would measure
+        # that burst, not its steady relay.
+        extra=(--duration "$DURATION" --warmup "$WARMUP" --health-url "http://127.0.0.1:${PORT[$c]}/health"
+               --ramp-per-ms "$(awk -v n="$n" -v i="${LV_INTERVAL[$LEVEL]}" 'BEGIN {r = n / i; print (r == int(r)) ? r : int(r) + 1}')")
     fi
     [[ -n "$pids" ]] && extra+=(--watch-pids "$pids")
     s0="$(ticks "$UP_PID")"; w0="$(date +%s.%N)"; read -r b0 t0 < <(cpu_jiffies "$LOAD_CPU"); read -r p0 q0 < <(cpus_jiffies "$PROXY_CPUS")

@@ -64,6 +64,19 @@ pub async fn write_all<T: monoio::buf::IoBuf + 'static>(
     res.map(|_| ())
 }
 
+/// Write all of `data` with a deadline and hand the buffer back, so a caller that writes what
+/// it read can read into the same allocation again.
+pub async fn write_all_returning(
+    stream: &mut TcpStream,
+    data: BytesMut,
+    deadline: Instant,
+) -> io::Result<BytesMut> {
+    match monoio::time::timeout_at(deadline, stream.write_all(data)).await {
+        Ok((res, back)) => res.map(|_| back),
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out")),
+    }
+}
+
 /// Write with a deadline.
 pub async fn write_all_by<T: monoio::buf::IoBuf + 'static>(
     stream: &mut TcpStream,

@@ -109,7 +109,11 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream, slot: Slot) {
             }
         };
         ahead = buffer::read_ahead(head.buf.len() + body.len());
-        let outcome = dispatch(&core, &mut stream, &head, body, handler).await;
+        // Boxed: a request's phases (several KiB of future state) live on the heap while it
+        // runs, so a connection between requests holds only this loop's few hundred bytes,
+        // not room for the largest request it might make (thousands of idle keep-alive
+        // connections per core). One allocation a request.
+        let outcome = Box::pin(dispatch(&core, &mut stream, &head, body, handler)).await;
         core.busy.touch();
         // An HTTP/1.0 client always gets the close as the end of an answer (it may not frame it).
         if !outcome.keep_alive || !head.keep_alive || head.is_http10() || gw.life.is_shutting_down()
