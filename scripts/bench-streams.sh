@@ -149,34 +149,8 @@ NOFILE="$(ulimit -n)"
 
 # ---- process bookkeeping: stop only what we started, by PID --------------------------------
 PIDS=()
-# PID and its descendants (nginx's workers, anything a launcher forks), the PID itself first.
-tree_pids() {
-    ps -e -o pid=,ppid= | awk -v r="$1" '
-        { parent[$1] = $2 }
-        END {
-            print r
-            for (x in parent) {
-                if (x == r) continue
-                y = x
-                for (d = 0; d < 64 && (y in parent) && y != r && y > 1; d++) y = parent[y]
-                if (y == r) print x
-            }
-        }'
-}
-stop_pid() {
-    local pid="$1" kids i
-    [[ -n "$pid" ]] || return 0
-    kill -0 "$pid" 2>/dev/null || return 0
-    kids="$(tree_pids "$pid" | tail -n +2 | tr '\n' ' ')"
-    kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    for i in $kids; do kill -KILL "$i" 2>/dev/null || true; done
-}
+# shellcheck source=lib/procs.sh
+source "$ROOT/scripts/lib/procs.sh"
 cleanup() {
     local rc=$? p
     trap - EXIT INT TERM
@@ -187,20 +161,7 @@ trap cleanup EXIT
 trap 'echo; echo "interrupted" >&2; exit 130' INT TERM
 forget_pid() { local keep=() p; for p in "${PIDS[@]+"${PIDS[@]}"}"; do [[ "$p" == "$1" ]] || keep+=("$p"); done; PIDS=("${keep[@]+"${keep[@]}"}"); }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# Wait until BASE/readiness or BASE/health answers 200, at most $2 seconds or until process $3 dies.
-wait_ready() {
-    local base="$1" secs="$2" pid="${3:-}" i path
-    for i in $(seq 1 $((secs * 5))); do
-        for path in readiness health; do
-            [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$base/$path" || true)" == 200 ]] && return 0
-        done
-        if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then return 1; fi
-        sleep 0.2
-    done
-    return 1
-}
 
 has() { [[ " ${CAND_LIST[*]} " == *" $1 "* ]]; }
 NOTES=()
@@ -248,24 +209,6 @@ fi
 
 # ---- measurement helpers ---------------------------------------------------------------------
 CLK_TCK="$(getconf CLK_TCK)"
-ticks() { # utime+stime (clock ticks) summed over a process tree
-    local p t=0 v
-    [[ -z "$1" ]] && { echo 0; return; }
-    for p in $(tree_pids "$1"); do
-        v="$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12 + $13}' || true)"
-        t=$((t + ${v:-0}))
-    done
-    echo "$t"
-}
-kb_sum() { # VmRSS summed over the tree, kB
-    local p t=0 v
-    [[ -z "$1" ]] && { echo 0; return; }
-    for p in $(tree_pids "$1"); do
-        v="$(awk '$1 == "VmRSS:" {print $2}' "/proc/$p/status" 2>/dev/null || true)"
-        t=$((t + ${v:-0}))
-    done
-    echo "$t"
-}
 # "busy total" jiffies of one CPU.
 cpu_jiffies() { awk -v c="cpu$1" '$1 == c { idle = $5 + $6; total = 0; for (i = 2; i <= 9; i++) total += $i; print total - idle, total }' /proc/stat; }
 cpus_jiffies() { # "busy total" summed over a comma list of CPUs
@@ -437,7 +380,7 @@ for LEVEL in "${LEVEL_LIST[@]}"; do
     done
     sleep 1
     for c in "${ok[@]+"${ok[@]}"}"; do
-        RSS_FRESH[$c]="$(kb_sum "${PID_OF[$c]}")"
+        RSS_FRESH[$c]="$(kb_sum "${PID_OF[$c]}" VmRSS)"
         [[ "$c" == direct ]] || measured_run 0 "$c" idle "$n"
     done
     for r in $(seq 1 "$ROUNDS"); do

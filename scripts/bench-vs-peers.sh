@@ -189,34 +189,8 @@ log() { printf '[bench-vs-peers %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # ---- process bookkeeping: stop only what we started, by PID --------------------------------
 PIDS=()
-# PID and its descendants (nginx's worker, anything a launcher forks), the PID itself first.
-tree_pids() {
-    ps -e -o pid=,ppid= | awk -v r="$1" '
-        { parent[$1] = $2 }
-        END {
-            print r
-            for (x in parent) {
-                if (x == r) continue
-                y = x
-                for (d = 0; d < 64 && (y in parent) && y != r && y > 1; d++) y = parent[y]
-                if (y == r) print x
-            }
-        }'
-}
-stop_pid() {
-    local pid="$1" kids i
-    kill -0 "$pid" 2>/dev/null || return 0
-    kids="$(tree_pids "$pid" | tail -n +2 | tr '\n' ' ')"
-    kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    # Descendants that outlived their parent (started by us through it).
-    for i in $kids; do kill -KILL "$i" 2>/dev/null || true; done
-}
+# shellcheck source=lib/procs.sh
+source "$ROOT/scripts/lib/procs.sh"
 cleanup() {
     local rc=$? p
     trap - EXIT INT TERM
@@ -226,21 +200,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo; echo "interrupted" >&2; exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# Wait until BASE/readiness or BASE/health answers 200 (nginx passes both to the upstream, which
-# has only /health), for at most $2 seconds or until process $3 dies.
-wait_ready() {
-    local base="$1" secs="$2" pid="${3:-}" i path
-    for i in $(seq 1 $((secs * 5))); do
-        for path in readiness health; do
-            [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$base/$path" || true)" == 200 ]] && return 0
-        done
-        if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then return 1; fi
-        sleep 0.2
-    done
-    return 1
-}
 
 has() { [[ " ${CAND_LIST[*]} " == *" $1 "* ]]; }
 drop_candidate() {
@@ -754,29 +714,11 @@ for c in "${CAND_LIST[@]}"; do
     PLACEMENT+=("$c: $what")
 done
 
-# ---- measurement helpers ---------------------------------------------------------------------
-# utime+stime (clock ticks) summed over a process tree.
-ticks() {
-    local p t=0 v
-    [[ -z "$1" ]] && { echo 0; return; }
-    for p in $(tree_pids "$1"); do
-        v="$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12 + $13}' || true)"
-        t=$((t + ${v:-0}))
-    done
-    echo "$t"
-}
+# ---- measurement helpers (ticks and kb_sum are in lib/procs.sh) ---------------------------
 # "busy idle irq" jiffies of one CPU from /proc/stat (irq: hard and soft interrupts, where the
 # kernel does loopback TCP work that is charged to no process).
 cpu_jiffies() { awk -v c="cpu$1" '$1 == c { idle = $5 + $6; busy = 0; for (i = 2; i <= 9; i++) busy += $i; print busy - idle, idle, $7 + $8 }' /proc/stat; }
 share() { awk -v x="$1" -v b="$2" -v i="$3" 'BEGIN {printf "%.3f", (b + i) ? x / (b + i) : 0}'; } # share PART BUSY IDLE
-kb_sum() { # kb_sum PID FIELD: FIELD (VmRSS, VmHWM) summed over the tree, kB
-    local p t=0 v
-    for p in $(tree_pids "$1"); do
-        v="$(awk -v f="$2:" '$1 == f {print $2}' "/proc/$p/status" 2>/dev/null || true)"
-        t=$((t + ${v:-0}))
-    done
-    echo "$t"
-}
 # wrk prints percentiles as "50%  112.00us"; to microseconds.
 pct() { awk -v p="$1" '$1==p { v=$2; if (v ~ /us$/) { sub(/us$/,"",v); print v } else if (v ~ /ms$/) { sub(/ms$/,"",v); print v*1000 } else if (v ~ /s$/) { sub(/s$/,"",v); print v*1000000 } }'; }
 wrk_errors() { # non-2xx responses + socket errors

@@ -480,6 +480,16 @@ mod tests {
     };
 
     /// A peer written out by hand: greeting and READY as a PUB, then `rest`.
+    /// A connection to `addr` with the tests' timeouts, started now.
+    fn connect_now(
+        addr: SocketAddr,
+        kind: SocketType,
+        limits: Limits,
+        budget: &mut Budget,
+    ) -> Conn {
+        Conn::connect(addr, kind, limits, TIMEOUTS, budget, Instant::now()).unwrap()
+    }
+
     fn publisher_bytes(rest: &[u8]) -> Vec<u8> {
         let mut b = vec![0xFF, 0, 0, 0, 0, 0, 0, 0, 1, 0x7F, 3, 1];
         b.extend_from_slice(b"NULL");
@@ -546,15 +556,7 @@ mod tests {
             got
         });
         let mut budget = Budget::new(1 << 20);
-        let mut c = Conn::connect(
-            addr,
-            SocketType::Sub,
-            LIMITS,
-            TIMEOUTS,
-            &mut budget,
-            Instant::now(),
-        )
-        .unwrap();
+        let mut c = connect_now(addr, SocketType::Sub, LIMITS, &mut budget);
         let items = pump(&mut c, &mut budget, |i| i.len() == 2);
         assert_eq!(items[0], Item::Ready);
         let Item::Message(frames) = &items[1] else {
@@ -587,15 +589,7 @@ mod tests {
             let _ = rx.recv();
         });
         let mut budget = Budget::new(1 << 20);
-        let mut c = Conn::connect(
-            addr,
-            SocketType::Sub,
-            LIMITS,
-            TIMEOUTS,
-            &mut budget,
-            Instant::now(),
-        )
-        .unwrap();
+        let mut c = connect_now(addr, SocketType::Sub, LIMITS, &mut budget);
         pump(&mut c, &mut budget, |i| i.len() == 1);
         let until = Instant::now() + Duration::from_secs(5);
         let mut scratch = vec![0u8; READ_CHUNK];
@@ -650,15 +644,7 @@ mod tests {
             let _ = s.read(&mut [0u8; 16]);
         });
         let mut budget = Budget::new(64 << 20);
-        let mut c = Conn::connect(
-            addr,
-            SocketType::Sub,
-            LARGE,
-            TIMEOUTS,
-            &mut budget,
-            Instant::now(),
-        )
-        .unwrap();
+        let mut c = connect_now(addr, SocketType::Sub, LARGE, &mut budget);
         let mut scratch = vec![0u8; READ_CHUNK];
         let mut largest = 0;
         let mut items = Vec::new();
@@ -847,15 +833,7 @@ mod tests {
         let addr = l.local_addr().unwrap();
         drop(l);
         let mut budget = Budget::new(1 << 20);
-        let mut c = Conn::connect(
-            addr,
-            SocketType::Dealer,
-            LIMITS,
-            TIMEOUTS,
-            &mut budget,
-            Instant::now(),
-        )
-        .unwrap();
+        let mut c = connect_now(addr, SocketType::Dealer, LIMITS, &mut budget);
         poll_conn(&c, false, 2000);
         assert!(c.writable(&mut budget).is_err());
     }

@@ -66,11 +66,11 @@ pub async fn write_all<T: monoio::buf::IoBuf + 'static>(
 
 /// Write all of `data` with a deadline and hand the buffer back, so a caller that writes what
 /// it read can read into the same allocation again.
-pub async fn write_all_returning(
+pub async fn write_all_returning<T: monoio::buf::IoBuf + 'static>(
     stream: &mut TcpStream,
-    data: BytesMut,
+    data: T,
     deadline: Instant,
-) -> io::Result<BytesMut> {
+) -> io::Result<T> {
     match monoio::time::timeout_at(deadline, stream.write_all(data)).await {
         Ok((res, back)) => res.map(|_| back),
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out")),
@@ -83,10 +83,7 @@ pub async fn write_all_by<T: monoio::buf::IoBuf + 'static>(
     data: T,
     deadline: Instant,
 ) -> io::Result<()> {
-    match monoio::time::timeout_at(deadline, stream.write_all(data)).await {
-        Ok((res, _)) => res.map(|_| ()),
-        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out")),
-    }
+    write_all_returning(stream, data, deadline).await.map(drop)
 }
 
 /// Two buffers written as one: a request head and its body, sent by one `writev` instead of

@@ -42,21 +42,16 @@ const DONE: &[u8] = b"data: [DONE]\n\n";
 
 // ---- deterministic content ---------------------------------------------------------------------
 
-/// xorshift64: the same numbers for the same seed, on the worker and in the client.
-struct Rng(u64);
+/// The crate's seeded generator, counting in `u64`: the same numbers for the same seed, on the
+/// worker and in the client.
+struct Rng(radixgate::base::rng::Rng);
 
 impl Rng {
     fn new(seed: u64) -> Rng {
-        Rng((seed.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+        Rng(radixgate::base::rng::Rng::with_seed(seed))
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.below(n as usize) as u64
     }
 }
 
@@ -390,14 +385,8 @@ async fn read_request(
     let mut need: Option<(usize, usize)> = None;
     loop {
         if need.is_none() {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
-                let len = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse::<usize>().ok())
-                    .unwrap_or(0);
-                need = Some((i + 4, len));
+            if let Some(bounds) = request_head_bounds(buf) {
+                need = Some(bounds);
             }
         }
         if let Some((head_end, len)) = need {

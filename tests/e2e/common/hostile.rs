@@ -188,14 +188,8 @@ pub fn serve_fake(mut conn: TcpStream, asked: &AtomicUsize, info: &str) {
     let mut buf = Vec::new();
     loop {
         let (head_end, len) = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
-                let len = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse::<usize>().ok())
-                    .unwrap_or(0);
-                break (i + 4, len);
+            if let Some(bounds) = request_head_bounds(&buf) {
+                break bounds;
             }
             let mut tmp = [0u8; 8192];
             match conn.read(&mut tmp) {

@@ -838,3 +838,16 @@ pub fn pd_gateway(prefill: &[&SimCluster], decode: &[&SimCluster], extra: &[&str
     wait_ready(gw.addr, Duration::from_secs(10));
     gw
 }
+
+/// Where a buffered request's head ends and how long its `Content-Length` body is, once the
+/// whole head is in `buf`: the one head parse of the raw upstreams the suites write.
+pub fn request_head_bounds(buf: &[u8]) -> Option<(usize, usize)> {
+    let i = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    Some((i + 4, len))
+}
