@@ -1,12 +1,63 @@
-//! Every answer the gateway writes itself instead of a worker: one type, so the status, the
-//! OpenAI `type`, whether another worker could do better, and whether the connection must close
-//! are decided in one place and written by one writer (`reply::send_error`).
+//! The request path's one error type. Every answer the gateway writes itself instead of a
+//! worker, and every failed attempt on a worker, is a [`GatewayError`]: the status and OpenAI
+//! body the client gets, whether another attempt may do better (the retry loop reads it, and
+//! `side` says where), the worker's part in it ([`Fault`]: what its circuit and health hear),
+//! and whether the connection must close. Decided in one place, written by one writer
+//! (`reply::send_error`).
 
 use crate::admission::flow::Denied;
 use crate::admission::Refusal;
 use crate::proxy::forward::UpstreamError;
 use crate::proxy::retry::is_retryable_status;
+use crate::workers::breaker::is_worker_failure;
+use crate::workers::role::Side;
 use std::borrow::Cow;
+
+/// A worker's part in an error: what its circuit breaker and passive health hear of it, and the
+/// one word a trace gives as the retry reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// No worker was involved: the gateway's own refusal or answer.
+    Gateway,
+    /// The gateway could not send the request (out of file descriptors or local ports, or a
+    /// body it could not rewrite for this worker): says nothing about the worker.
+    Local(&'static str),
+    /// The worker could not be reached: a passive health signal.
+    Unreachable(&'static str),
+    /// The worker was reached but no usable response head came back (timeout, reset, garbage).
+    NoAnswer(&'static str),
+    /// The worker answered this status.
+    Status(u16),
+}
+
+impl Fault {
+    /// The failure in one word (`status`, `connect`, `timeout`, ...: a trace's retry reason).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Fault::Gateway => "gateway",
+            Fault::Local(r) | Fault::Unreachable(r) | Fault::NoAnswer(r) => r,
+            Fault::Status(_) => "status",
+        }
+    }
+
+    /// Whether the worker's circuit counts this as a success (a 429 is the engine working as
+    /// designed, not failing). Local faults are not recorded at all.
+    pub fn circuit_success(self) -> bool {
+        match self {
+            Fault::Status(s) => !is_worker_failure(s),
+            Fault::Local(_) => true,
+            _ => false,
+        }
+    }
+
+    /// The worker's status, when it answered one.
+    pub fn status(self) -> Option<u16> {
+        match self {
+            Fault::Status(s) => Some(s),
+            _ => None,
+        }
+    }
+}
 
 /// An error answered by the gateway, in the OpenAI shape `{"error":{"message","type","code"}}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,13 +66,19 @@ pub struct GatewayError {
     pub status: u16,
     /// Human-readable message for the body.
     pub message: Cow<'static, str>,
-    /// Another worker might answer this request: the exchange may retry elsewhere.
+    /// Another worker might answer this request: the exchange retries elsewhere while attempts
+    /// and time remain (an attempt's error has it cleared when none do).
     pub retryable: bool,
     /// The connection cannot serve another request after this (broken framing, unread body).
     pub close: bool,
     /// Seconds after which the client may sensibly try again (`Retry-After`), for refusals
     /// under overload.
     pub retry_after: Option<u32>,
+    /// The worker's part in it (`Fault::Gateway` when none).
+    pub fault: Fault,
+    /// Which side of a prefill/decode pair failed (`Side::Any` outside PD mode): the retry
+    /// excludes that worker, and a trace ends that side's span.
+    pub side: Side,
 }
 
 impl GatewayError {
@@ -33,6 +90,31 @@ impl GatewayError {
             retryable: false,
             close: false,
             retry_after: None,
+            fault: Fault::Gateway,
+            side: Side::Any,
+        }
+    }
+
+    /// The same error, as the failure of `side` of a prefill/decode pair (its message names
+    /// the side).
+    pub fn on_side(self, side: Side) -> GatewayError {
+        let message = match self.fault {
+            Fault::Status(s) => format!("the {} worker answered {s}", side.name()).into(),
+            _ => format!("{} worker: {}", side.name(), self.message).into(),
+        };
+        GatewayError {
+            side,
+            message,
+            ..self
+        }
+    }
+
+    /// The client's body cannot be rewritten for a worker (a field the gateway must splice in
+    /// does not fit it): 400, the client's fault, not the worker's.
+    pub fn unsendable(message: impl Into<Cow<'static, str>>) -> GatewayError {
+        GatewayError {
+            fault: Fault::Local("bad_request"),
+            ..GatewayError::bad_request(message)
         }
     }
 
@@ -50,6 +132,7 @@ impl GatewayError {
     pub fn worker_status(status: u16) -> GatewayError {
         GatewayError {
             retryable: is_retryable_status(status),
+            fault: Fault::Status(status),
             ..GatewayError::new(status, format!("the worker answered {status}"))
         }
     }
@@ -73,8 +156,16 @@ impl GatewayError {
 
     /// No response head came back from a worker: always worth another worker.
     pub fn upstream(e: &UpstreamError) -> GatewayError {
+        let fault = if e.is_local() {
+            Fault::Local(e.kind())
+        } else if e.is_connect() {
+            Fault::Unreachable(e.kind())
+        } else {
+            Fault::NoAnswer(e.kind())
+        };
         GatewayError {
             retryable: true,
+            fault,
             ..GatewayError::new(e.status(), e.message())
         }
     }

@@ -15,7 +15,7 @@
 use crate::base::WorkerId;
 use crate::workers::breaker::{Breaker, BreakerConfig, Ticket, Transition};
 use crate::workers::load::LoadBoard;
-use crate::workers::role::Role;
+use crate::workers::role::{Role, Side};
 use arc_swap::ArcSwap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -324,6 +324,15 @@ impl WorkerList {
             by_id,
         }
     }
+    /// The ids a request picks from on `side`: every worker, or one role's in PD mode.
+    pub fn ids_on(&self, side: Side) -> &[WorkerId] {
+        match side {
+            Side::Any => &self.ids,
+            Side::Prefill => &self.prefill_ids,
+            Side::Decode => &self.decode_ids,
+        }
+    }
+
     /// The worker with this id, if still registered.
     pub fn get(&self, id: WorkerId) -> Option<&Arc<Worker>> {
         let idx = *self.by_id.get(id as usize)?;

@@ -3,7 +3,7 @@
 //! gateway (raced against the client leaving) or a refusal with `Retry-After`. A request let in
 //! is then routed only among the workers that are not saturated.
 
-use super::{Exchange, Forwarding};
+use super::{Exchange, Forwarding, Lane};
 use crate::admission::flow::{Ask, Denied, Fleet, RoomKey};
 use crate::admission::queue::Priority;
 use crate::admission::saturation::fair_share;
@@ -43,12 +43,7 @@ struct SideFleet<'a> {
 impl SideFleet<'_> {
     /// Calls `f` with this side's worker ids (the published list, borrowed: no copy).
     fn with_ids<R>(&self, f: impl FnOnce(&[crate::base::WorkerId]) -> R) -> R {
-        let list = self.gw.registry.load();
-        f(match self.side {
-            Side::Prefill => &list.prefill_ids,
-            Side::Decode => &list.decode_ids,
-            Side::Any => &list.ids,
-        })
+        f(self.gw.registry.load().ids_on(self.side))
     }
 
     /// Whether worker `w` of `ids` can take a request of `class` now: eligible and not
@@ -153,8 +148,9 @@ fn clamp_i32(v: i64) -> Priority {
 
 impl Exchange<'_> {
     /// Phase *wait turn* (see the module doc); a no-op without `--saturation-admission` and
-    /// for pass-through calls.
-    async fn wait_turn(&mut self, client: &TcpStream) -> Result<(), Turned> {
+    /// for pass-through calls. `lane`: the workers that compute the prompt (the fleet waited
+    /// for); those found full are excluded from its picks.
+    async fn wait_turn(&mut self, client: &TcpStream, lane: &mut Lane<'_>) -> Result<(), Turned> {
         let (Forwarding::Routed(_), Some(fc)) = (self.forwarding, self.gw.flow.as_ref()) else {
             return Ok(());
         };
@@ -180,15 +176,10 @@ impl Exchange<'_> {
             self.body.len(),
         );
         let requests = generations(shape);
-        let side = if self.gw.decode.is_some() {
-            Side::Prefill
-        } else {
-            Side::Any
-        };
         let fleet = SideFleet {
             gw: self.gw,
             fc,
-            side,
+            side: lane.side,
         };
         let ask = Ask {
             room: ROOM,
@@ -214,7 +205,7 @@ impl Exchange<'_> {
                     (full, ids.len())
                 });
                 if !full.is_empty() && full.len() < all {
-                    self.excluded_on(side).extend(full);
+                    lane.excluded.extend(full);
                 }
                 Ok(())
             }
@@ -225,27 +216,21 @@ impl Exchange<'_> {
 
     /// Phase *wait turn*, and the answer when the request ends there (a refusal, or nothing
     /// for a client that left).
-    pub(in crate::serve) async fn wait_turn_or_answer(
+    pub(super) async fn wait_turn_or_answer(
         &mut self,
         client: &mut TcpStream,
+        lane: &mut Lane<'_>,
     ) -> Option<Outcome> {
         // Traced: the wait is a span of its own (only where there is a waiting room).
         let started_ns = (self.gw.flow.is_some() && self.traced()).then(crate::trace::span::now_ns);
-        let turned = self.wait_turn(client).await;
+        let turned = self.wait_turn(client, lane).await;
         if let Some(start) = started_ns {
             self.traced_phase("queue_wait", start);
         }
         match turned {
             Ok(()) => None,
             Err(Turned::Refused(e)) => Some(self.fail(client, e).await),
-            Err(Turned::ClientGone) => {
-                crate::metrics::client_gone();
-                self.traced_status(499, Some("the client left while it waited"));
-                Some(Outcome {
-                    status: 499,
-                    keep_alive: false,
-                })
-            }
+            Err(Turned::ClientGone) => Some(self.client_gone("the client left while it waited")),
         }
     }
 
