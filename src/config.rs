@@ -688,7 +688,9 @@ impl Config {
                 );
             }
         }
-        crate::admission::tenants::Tenants::new(&self.tenants).map(|_| ())
+        crate::admission::tenants::Tenants::new(&self.tenants)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     /// How often the telemetry thread reads the workers (None: never): every
@@ -820,7 +822,7 @@ fn find_config_path(args: &[String]) -> Option<String> {
 /// The `[tenants]` tables of a config file (not flags: a table per tenant).
 fn tenants_of(text: &str) -> Result<Vec<(String, crate::admission::tenants::TenantSpec)>, String> {
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
-    crate::admission::tenants::from_toml(&table)
+    crate::admission::tenants::from_toml(&table).map_err(|e| e.to_string())
 }
 
 /// Turn a TOML table into `--flag value` arguments (arrays become several values; `true`

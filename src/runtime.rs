@@ -211,7 +211,8 @@ fn register_workers(cfg: &Config, registry: &Registry) -> Result<(), String> {
     let healthy = cfg.disable_health_check;
     if !cfg.pd_disaggregation {
         let dp_sizes = if cfg.dp_aware {
-            crate::gateway::dp::dp_sizes_at_start(cfg, &cfg.worker_urls)?
+            crate::gateway::dp::dp_sizes_at_start(cfg, &cfg.worker_urls)
+                .map_err(|e| e.to_string())?
         } else {
             Vec::new()
         };
@@ -243,7 +244,7 @@ fn register_workers(cfg: &Config, registry: &Registry) -> Result<(), String> {
     // With --dp-aware each side's ranks are targets of their own, as regular servers' are.
     let dp_sizes = if cfg.dp_aware {
         let urls: Vec<String> = servers.iter().map(|(u, _, _)| u.clone()).collect();
-        crate::gateway::dp::dp_sizes_at_start(cfg, &urls)?
+        crate::gateway::dp::dp_sizes_at_start(cfg, &urls).map_err(|e| e.to_string())?
     } else {
         Vec::new()
     };

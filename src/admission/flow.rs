@@ -286,58 +286,79 @@ impl Flow {
         gone: impl Future<Output = ()>,
     ) -> Result<Admitted, Denied> {
         let now = Instant::now();
-        let ticket = {
-            let mut s = self.lock();
-            self.check_limits(&mut s, ask, now)?;
-            let room = s
-                .rooms
-                .entry(ask.room)
-                .or_insert_with(|| WaitQueue::new(usize::MAX));
-            let leads = room.would_lead(ask.class);
-            if leads && Self::free(&s, ask.room, ask.class, fleet) > 0 {
-                self.let_in(&mut s, ask, now);
-                drop(s);
+        let Some(ticket) = self.enter(ask, fleet, now)? else {
+            return Ok(Admitted::Direct);
+        };
+        self.wait_queued(ask, ticket, now, fleet, gone).await
+    }
+
+    /// Under the lock: let `ask` straight in (None) while a worker has room and nobody of its
+    /// class or higher waits, else queue it in its room (its ticket), or refuse it at once.
+    fn enter(&self, ask: Ask, fleet: &impl Fleet, now: Instant) -> Result<Option<u64>, Denied> {
+        let mut s = self.lock();
+        self.check_limits(&mut s, ask, now)?;
+        let room = s
+            .rooms
+            .entry(ask.room)
+            .or_insert_with(|| WaitQueue::new(usize::MAX));
+        let leads = room.would_lead(ask.class);
+        if leads && Self::free(&s, ask.room, ask.class, fleet) > 0 {
+            self.let_in(&mut s, ask, now);
+            drop(s);
+            crate::metrics::admission_outcome(self.tenants.name(ask.tenant), ask.class, "direct");
+            return Ok(None);
+        }
+        self.queue(&mut s, ask, now).map(Some)
+    }
+
+    /// Put `ask` in its room's queue and return its ticket; refused when it is sheddable and
+    /// the expected wait passes its bound, or when the room is full of its class or higher.
+    fn queue(&self, s: &mut State, ask: Ask, now: Instant) -> Result<u64, Denied> {
+        let ahead = s.rooms.get(&ask.room).map_or(0, |q| q.ahead_of(ask.class));
+        let expected = expected_wait(ahead + 1, s.drain.rate(now));
+        if ask.class < 0 && expected.is_some_and(|e| e > self.cfg.sheddable_wait) {
+            crate::metrics::admission_outcome(self.tenants.name(ask.tenant), ask.class, "shed");
+            return Err(Denied::Overloaded {
+                retry_after: retry_after(expected),
+            });
+        }
+        let ticket = self.tickets.fetch_add(1, Relaxed);
+        let waiter = Waiter {
+            ticket,
+            class: ask.class,
+            tenant: ask.tenant,
+            tokens: ask.tokens,
+            requests: ask.requests,
+        };
+        match self.push(s, ask.room, waiter) {
+            Pushed::Refused => {
                 crate::metrics::admission_outcome(
                     self.tenants.name(ask.tenant),
                     ask.class,
-                    "direct",
+                    "rejected",
                 );
-                return Ok(Admitted::Direct);
-            }
-            let ahead = s.rooms.get(&ask.room).map_or(0, |q| q.ahead_of(ask.class));
-            let expected = expected_wait(ahead + 1, s.drain.rate(now));
-            if ask.class < 0 && expected.is_some_and(|e| e > self.cfg.sheddable_wait) {
-                crate::metrics::admission_outcome(self.tenants.name(ask.tenant), ask.class, "shed");
-                return Err(Denied::Overloaded {
+                return Err(Denied::Full {
                     retry_after: retry_after(expected),
                 });
             }
-            let ticket = self.tickets.fetch_add(1, Relaxed);
-            let waiter = Waiter {
-                ticket,
-                class: ask.class,
-                tenant: ask.tenant,
-                tokens: ask.tokens,
-                requests: ask.requests,
-            };
-            match self.push(&mut s, ask.room, waiter) {
-                Pushed::Refused => {
-                    crate::metrics::admission_outcome(
-                        self.tenants.name(ask.tenant),
-                        ask.class,
-                        "rejected",
-                    );
-                    return Err(Denied::Full {
-                        retry_after: retry_after(expected),
-                    });
-                }
-                Pushed::Queued => {}
-                Pushed::QueuedShedding(out) => {
-                    s.verdicts.insert(out.ticket, Verdict::Shed);
-                }
+            Pushed::Queued => {}
+            Pushed::QueuedShedding(out) => {
+                s.verdicts.insert(out.ticket, Verdict::Shed);
             }
-            ticket
-        };
+        }
+        Ok(ticket)
+    }
+
+    /// Wait in the room for the queued `ticket`'s turn, raced against the client leaving; the
+    /// waiter leaves its room however the wait ends (dropped mid-wait included).
+    async fn wait_queued(
+        &self,
+        ask: Ask,
+        ticket: u64,
+        since: Instant,
+        fleet: &impl Fleet,
+        gone: impl Future<Output = ()>,
+    ) -> Result<Admitted, Denied> {
         let mut guard = Leave {
             flow: self,
             room: ask.room,
@@ -345,7 +366,7 @@ impl Flow {
             done: false,
         };
         let waited = monoio::select! {
-            r = self.wait_turn(ask, ticket, now, fleet) => r,
+            r = self.wait_turn(ask, ticket, since, fleet) => r,
             _ = gone => Err(Denied::ClientGone),
         };
         if waited.is_ok() || matches!(waited, Err(Denied::Shed { .. })) {
@@ -359,7 +380,7 @@ impl Flow {
             Err(_) => "rejected",
         };
         crate::metrics::admission_outcome(self.tenants.name(ask.tenant), ask.class, outcome);
-        crate::metrics::admission_wait(ask.class, now.elapsed());
+        crate::metrics::admission_wait(ask.class, since.elapsed());
         drop(guard);
         waited
     }

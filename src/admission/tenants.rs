@@ -8,6 +8,7 @@ use super::queue::Priority;
 use super::TenantId;
 use serde::Deserialize;
 use std::collections::HashMap;
+use std::fmt;
 
 /// The name of the tenant every unnamed request belongs to; `[tenants.default]` sets its
 /// weight, maximum priority and limits (it takes no keys).
@@ -54,6 +55,61 @@ impl Default for TenantSpec {
     }
 }
 
+/// Why a tenant table was refused: the configuration is refused with its text (the gateway
+/// does not start on a table that would send a key's requests to the wrong tenant).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TenantError {
+    /// More than [`MAX_TENANTS`] tenants.
+    TooMany,
+    /// Keys on the default tenant (it is every request no other tenant names).
+    DefaultHasKeys,
+    /// An empty key on the named tenant.
+    EmptyKey(String),
+    /// One key given to two tenants (`first` in table order, then `second`).
+    SharedKey {
+        /// The tenant that had the key first.
+        first: String,
+        /// The tenant that named it again.
+        second: String,
+    },
+    /// A weight that is not a positive number, on the named tenant.
+    Weight(String),
+    /// `tenants` is not a table of `[tenants.NAME]` entries.
+    NotATable,
+    /// A `[tenants.NAME]` entry that does not read as a [`TenantSpec`].
+    Entry {
+        /// The entry's name.
+        name: String,
+        /// What TOML said of it.
+        error: toml::de::Error,
+    },
+}
+
+impl fmt::Display for TenantError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TenantError::TooMany => write!(f, "more than {MAX_TENANTS} tenants"),
+            TenantError::DefaultHasKeys => f.write_str(
+                "tenant `default` is every request no other tenant names: it takes no keys",
+            ),
+            TenantError::EmptyKey(name) => write!(f, "tenant `{name}`: an empty key"),
+            TenantError::SharedKey { first, second } => write!(
+                f,
+                "a key is given to both tenant `{first}` and tenant `{second}`"
+            ),
+            TenantError::Weight(name) => {
+                write!(f, "tenant `{name}`: weight must be a positive number")
+            }
+            TenantError::NotATable => {
+                f.write_str("`tenants` must be a table of [tenants.NAME] entries")
+            }
+            TenantError::Entry { name, error } => write!(f, "[tenants.{name}]: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for TenantError {}
+
 /// The tenant table, built once at start.
 #[derive(Debug, Clone)]
 pub struct Tenants {
@@ -69,9 +125,9 @@ impl Tenants {
     /// The table of `specs` (by name). The default tenant is always id 0, configured by a
     /// `default` entry when there is one. Refused: keys on the default tenant, a key named by
     /// two tenants, a weight that is not a positive number, more than [`MAX_TENANTS`].
-    pub fn new(specs: &[(String, TenantSpec)]) -> Result<Tenants, String> {
+    pub fn new(specs: &[(String, TenantSpec)]) -> Result<Tenants, TenantError> {
         if specs.len() > MAX_TENANTS {
-            return Err(format!("more than {MAX_TENANTS} tenants"));
+            return Err(TenantError::TooMany);
         }
         let mut default = specs
             .iter()
@@ -80,9 +136,7 @@ impl Tenants {
             .unwrap_or_default();
         default.max_priority = default.max_priority.or(Some(DEFAULT_MAX_PRIORITY));
         if !default.keys.is_empty() {
-            return Err(
-                "tenant `default` is every request no other tenant names: it takes no keys".into(),
-            );
+            return Err(TenantError::DefaultHasKeys);
         }
         let mut t = Tenants {
             names: vec![DEFAULT_TENANT],
@@ -92,16 +146,17 @@ impl Tenants {
         };
         t.by_name.insert(DEFAULT_TENANT.to_string(), 0);
         for (name, spec) in specs.iter().filter(|(n, _)| n != DEFAULT_TENANT) {
-            let id = TenantId::try_from(t.names.len()).map_err(|_| "too many tenants")?;
+            // Within the id range: the table holds at most `MAX_TENANTS` (checked above).
+            let id = TenantId::try_from(t.names.len()).map_err(|_| TenantError::TooMany)?;
             for key in &spec.keys {
                 if key.is_empty() {
-                    return Err(format!("tenant `{name}`: an empty key"));
+                    return Err(TenantError::EmptyKey(name.clone()));
                 }
                 if let Some(other) = t.by_key.insert(key.clone(), id) {
-                    return Err(format!(
-                        "a key is given to both tenant `{}` and tenant `{name}`",
-                        t.names[usize::from(other)]
-                    ));
+                    return Err(TenantError::SharedKey {
+                        first: t.names[usize::from(other)].to_string(),
+                        second: name.clone(),
+                    });
                 }
             }
             t.by_name.insert(name.clone(), id);
@@ -110,7 +165,7 @@ impl Tenants {
         }
         for (name, spec) in t.names.iter().zip(&t.specs) {
             if !(spec.weight.is_finite() && spec.weight > 0.0) {
-                return Err(format!("tenant `{name}`: weight must be a positive number"));
+                return Err(TenantError::Weight(name.to_string()));
             }
         }
         Ok(t)
@@ -164,19 +219,22 @@ impl Tenants {
 }
 
 /// The `[tenants]` table of a config file's text, if it has one (entries by name, in order).
-pub fn from_toml(table: &toml::Table) -> Result<Vec<(String, TenantSpec)>, String> {
+pub fn from_toml(table: &toml::Table) -> Result<Vec<(String, TenantSpec)>, TenantError> {
     let Some(v) = table.get("tenants") else {
         return Ok(Vec::new());
     };
     let toml::Value::Table(t) = v else {
-        return Err("`tenants` must be a table of [tenants.NAME] entries".into());
+        return Err(TenantError::NotATable);
     };
     t.iter()
         .map(|(name, spec)| {
             spec.clone()
                 .try_into::<TenantSpec>()
                 .map(|s| (name.clone(), s))
-                .map_err(|e| format!("[tenants.{name}]: {e}"))
+                .map_err(|error| TenantError::Entry {
+                    name: name.clone(),
+                    error,
+                })
         })
         .collect()
 }
@@ -185,8 +243,8 @@ pub fn from_toml(table: &toml::Table) -> Result<Vec<(String, TenantSpec)>, Strin
 mod tests {
     use super::*;
 
-    fn table(text: &str) -> Result<Tenants, String> {
-        let t: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+    fn table(text: &str) -> Result<Tenants, TenantError> {
+        let t: toml::Table = text.parse().expect("the test's TOML parses");
         Tenants::new(&from_toml(&t)?)
     }
 
@@ -258,12 +316,12 @@ mod tests {
             ("[tenants.a]\nwieght = 2", "unknown field"),
             ("tenants = 3", "table"),
         ] {
-            let e = table(text).unwrap_err();
+            let e = table(text).unwrap_err().to_string();
             assert!(e.contains(why), "{text}: {e}");
         }
         let many: String = (0..=MAX_TENANTS)
             .map(|i| format!("[tenants.t{i}]\n"))
             .collect();
-        assert!(table(&many).unwrap_err().contains("more than"));
+        assert!(table(&many).unwrap_err().to_string().contains("more than"));
     }
 }

@@ -8,7 +8,7 @@ use super::capture::Capture;
 use super::forward::{named_by_connection, skip, UpstreamResponse};
 use super::io::{read_expecting, write_all_by, write_all_returning};
 use super::pool::Pool;
-use crate::http::{self, BodyFraming, ChunkTracker, ChunkedDecoder, ResponseHead};
+use crate::http::{self, BodyFraming, ChunkError, ChunkTracker, ChunkedDecoder, ResponseHead};
 use crate::workers::registry::Worker;
 use bytes::BytesMut;
 use monoio::net::TcpStream;
@@ -135,11 +135,16 @@ impl BodyEnd {
     }
 
     /// Consume up to the end of the body from `data`; returns (bytes that belong to the body,
-    /// finished). A decoding end appends what the client gets to `decoded`.
-    fn advance(&mut self, data: &[u8], decoded: &mut BytesMut) -> Result<(usize, bool), String> {
+    /// finished). A decoding end appends what the client gets to `decoded`. A body that breaks
+    /// its chunked framing fails with the framing error (the relay stops there).
+    fn advance(
+        &mut self,
+        data: &[u8],
+        decoded: &mut BytesMut,
+    ) -> Result<(usize, bool), ChunkError> {
         match self {
             BodyEnd::Dechunk(d) => {
-                let used = d.feed(data, decoded).map_err(|e| format!("{e:?}"))?;
+                let used = d.feed(data, decoded)?;
                 Ok((used, d.is_done()))
             }
             BodyEnd::Done => Ok((0, true)),
@@ -148,10 +153,9 @@ impl BodyEnd {
                 *n -= take;
                 Ok((take as usize, *n == 0))
             }
-            BodyEnd::Chunked(t) => match t.feed(data) {
-                Ok(Some(end)) => Ok((end, true)),
-                Ok(None) => Ok((data.len(), false)),
-                Err(e) => Err(format!("{e:?}")),
+            BodyEnd::Chunked(t) => match t.feed(data)? {
+                Some(end) => Ok((end, true)),
+                None => Ok((data.len(), false)),
             },
             BodyEnd::UntilClose => Ok((data.len(), false)),
         }

@@ -31,19 +31,15 @@ impl Role {
 
     /// The role named `worker_type` (`regular`, `prefill`, `decode`) with `bootstrap_port`
     /// (meaningful for prefill only; refused elsewhere so a typo does not pass silently).
-    pub fn parse(worker_type: &str, bootstrap_port: Option<u16>) -> Result<Role, String> {
+    pub fn parse(worker_type: &str, bootstrap_port: Option<u16>) -> Result<Role, RoleError> {
         match (worker_type, bootstrap_port) {
             ("prefill", port) => Ok(Role::Prefill {
                 bootstrap_port: port,
             }),
             ("regular", None) => Ok(Role::Regular),
             ("decode", None) => Ok(Role::Decode),
-            ("regular" | "decode", Some(_)) => {
-                Err("`bootstrap_port` is meaningful for prefill workers only".into())
-            }
-            (other, _) => Err(format!(
-                "unknown worker_type `{other}` (expected regular, prefill or decode)"
-            )),
+            ("regular" | "decode", Some(_)) => Err(RoleError::PortNotPrefill),
+            (other, _) => Err(RoleError::UnknownType(other.to_string())),
         }
     }
 
@@ -52,6 +48,32 @@ impl Role {
         matches!(self, Role::Prefill { .. })
     }
 }
+
+/// Why [`Role::parse`] refused a role: the management API answers 400 with its text, so an
+/// operator's typo is named rather than registered as some other role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoleError {
+    /// A bootstrap port given for a regular or decode worker.
+    PortNotPrefill,
+    /// A `worker_type` that is none of regular, prefill, decode.
+    UnknownType(String),
+}
+
+impl std::fmt::Display for RoleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RoleError::PortNotPrefill => {
+                f.write_str("`bootstrap_port` is meaningful for prefill workers only")
+            }
+            RoleError::UnknownType(other) => write!(
+                f,
+                "unknown worker_type `{other}` (expected regular, prefill or decode)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RoleError {}
 
 /// Which workers one router picks from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,6 +3,8 @@
 use super::super::Gateway;
 use super::*;
 use crate::base::WorkerId;
+use crate::proxy::blocking::GetError;
+use crossbeam::channel::RecvTimeoutError;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,18 +49,49 @@ pub fn spawn_bootstrap(gw: Arc<Gateway>) {
     }
 }
 
-fn bootstrap(gw: &Gateway, kv: &KvRouting, peer: &str) -> Result<usize, String> {
+/// Why no index was copied from the sibling: logged, and the index starts from the servers'
+/// replay buffers instead.
+#[derive(Debug)]
+enum BootstrapError {
+    /// The download failed.
+    Get(GetError),
+    /// The sibling answered this status (and the start of its body).
+    Status(u16, String),
+    /// The event thread did not take the copy.
+    EventThread(CommandError),
+    /// The event thread did not answer in time.
+    Answer(RecvTimeoutError),
+    /// The event thread refused the copy (its reason).
+    Refused(String),
+}
+
+impl std::fmt::Display for BootstrapError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BootstrapError::Get(e) => write!(f, "{e}"),
+            BootstrapError::Status(status, body) => {
+                write!(f, "GET /kv_index/snapshot answered {status}: {body}")
+            }
+            BootstrapError::EventThread(e) => write!(f, "event thread {e:?}"),
+            BootstrapError::Answer(e) => write!(f, "event thread: {e}"),
+            BootstrapError::Refused(why) => f.write_str(why),
+        }
+    }
+}
+
+fn bootstrap(gw: &Gateway, kv: &KvRouting, peer: &str) -> Result<usize, BootstrapError> {
     let (status, body) = crate::proxy::blocking::get(
         peer,
         "/kv_index/snapshot",
         gw.cfg.admin_api_key.as_deref(),
         MAX_BOOTSTRAP_BYTES,
         BOOTSTRAP_TIMEOUT,
-    )?;
+    )
+    .map_err(BootstrapError::Get)?;
     if status != 200 {
-        return Err(format!(
-            "GET /kv_index/snapshot answered {status}: {}",
-            String::from_utf8_lossy(&body[..body.len().min(200)])
+        return Err(BootstrapError::Status(
+            status,
+            String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
         ));
     }
     let workers: Vec<(String, WorkerId)> = gw
@@ -71,7 +104,8 @@ fn bootstrap(gw: &Gateway, kv: &KvRouting, peer: &str) -> Result<usize, String> 
     let rx = kv
         .intake
         .import(body, workers)
-        .map_err(|e| format!("event thread {e:?}"))?;
+        .map_err(BootstrapError::EventThread)?;
     rx.recv_timeout(BOOTSTRAP_TIMEOUT)
-        .map_err(|e| format!("event thread: {e}"))?
+        .map_err(BootstrapError::Answer)?
+        .map_err(BootstrapError::Refused)
 }

@@ -13,6 +13,7 @@ use crate::proxy::pool::Pool;
 use crate::workers::registry::{Worker, WorkerList};
 use bytes::Bytes;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +33,36 @@ pub struct ServerKvInfo {
     pub block_size: Option<u32>,
 }
 
+/// Why a worker's `/get_server_info` could not be read: logged as the reason the worker's
+/// events are not subscribed (discovery tries again later).
+#[derive(Debug)]
+pub enum ServerInfoError {
+    /// The body is not JSON.
+    NotJson(serde_json::Error),
+    /// The worker's URL names no host to dial its publishers on.
+    NoHost(String),
+    /// A `kv_events` port field that is not a port (the field's name).
+    NotAPort(&'static str),
+    /// `kv_events_config` is a string that is not JSON.
+    ConfigNotJson(serde_json::Error),
+    /// A `tcp://` endpoint in `kv_events_config` that does not parse.
+    Endpoint(String),
+}
+
+impl std::fmt::Display for ServerInfoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerInfoError::NotJson(e) => write!(f, "server info is not JSON: {e}"),
+            ServerInfoError::NoHost(url) => write!(f, "worker URL {url} has no host"),
+            ServerInfoError::NotAPort(k) => write!(f, "kv_events.{k} is not a port"),
+            ServerInfoError::ConfigNotJson(e) => write!(f, "kv_events_config is not JSON: {e}"),
+            ServerInfoError::Endpoint(e) => f.write_str(e),
+        }
+    }
+}
+
+impl std::error::Error for ServerInfoError {}
+
 /// Read `/get_server_info`. SGLang 0.5.23 describes its publisher under `kv_events`
 /// (`endpoint_port_base`, `replay_endpoint_port_base`, `dp_size` publishers, `block_size`);
 /// older servers only echo their `kv_events_config` argument (a JSON string, or an object),
@@ -39,59 +70,57 @@ pub struct ServerKvInfo {
 /// cannot be reached from another host and count as "no events". Whatever host a server names,
 /// its publishers are dialled on the worker's own host: a worker cannot point the gateway's
 /// connections elsewhere (only `--kv-events-endpoints` can).
-pub fn parse_server_info(body: &[u8], worker_url: &str) -> Result<ServerKvInfo, String> {
-    let v: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| format!("server info is not JSON: {e}"))?;
+pub fn parse_server_info(body: &[u8], worker_url: &str) -> Result<ServerKvInfo, ServerInfoError> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(ServerInfoError::NotJson)?;
     let model = ["served_model_name", "model_path"]
         .iter()
         .find_map(|k| v.get(*k)?.as_str().filter(|s| !s.is_empty()))
         .map(str::to_owned);
     let host = crate::kv::endpoint::url_host(worker_url)
-        .ok_or_else(|| format!("worker URL {worker_url} has no host"))?;
-    let at = |port: u16| TcpEndpoint {
-        host: host.to_string(),
-        port,
-    };
-    let port_of = |d: &serde_json::Value, k: &str| -> Result<Option<u16>, String> {
-        match d.get(k) {
-            None | Some(serde_json::Value::Null) => Ok(None),
-            Some(p) => p
-                .as_u64()
-                .and_then(|p| u16::try_from(p).ok())
-                .filter(|&p| p > 0)
-                .map(Some)
-                .ok_or_else(|| format!("kv_events.{k} is not a port")),
-        }
-    };
-    if let Some(d) = v.get("kv_events").filter(|d| d.is_object()) {
-        let zmq = d.get("publisher").and_then(|p| p.as_str()) == Some("zmq");
-        let live = if zmq {
-            port_of(d, "endpoint_port_base")?.map(at)
-        } else {
-            None
-        };
-        let replay = match live {
-            Some(_) => port_of(d, "replay_endpoint_port_base")?.map(at),
-            None => None,
-        };
-        let ranks = d
-            .get("dp_size")
-            .and_then(|n| n.as_u64())
-            .unwrap_or(1)
-            .max(1);
-        let block_size = d
-            .get("block_size")
-            .and_then(|b| b.as_u64())
-            .and_then(|b| u32::try_from(b).ok())
-            .filter(|&b| b > 0);
-        return Ok(ServerKvInfo {
-            model,
-            live,
-            replay,
-            ranks: u32::try_from(ranks).unwrap_or(u32::MAX),
-            block_size,
-        });
+        .ok_or_else(|| ServerInfoError::NoHost(worker_url.to_string()))?;
+    match v.get("kv_events").filter(|d| d.is_object()) {
+        Some(d) => described(d, host, model),
+        None => from_arguments(&v, host, model),
     }
+}
+
+/// SGLang 0.5.23's `kv_events` descriptor: port bases, `dp_size` publishers, the block size.
+fn described(
+    d: &serde_json::Value,
+    host: &str,
+    model: Option<String>,
+) -> Result<ServerKvInfo, ServerInfoError> {
+    let zmq = d.get("publisher").and_then(|p| p.as_str()) == Some("zmq");
+    let live = if zmq {
+        port_of(d, "endpoint_port_base")?.map(|p| on_host(host, p))
+    } else {
+        None
+    };
+    let replay = match live {
+        Some(_) => port_of(d, "replay_endpoint_port_base")?.map(|p| on_host(host, p)),
+        None => None,
+    };
+    let ranks = d
+        .get("dp_size")
+        .and_then(|n| n.as_u64())
+        .unwrap_or(1)
+        .max(1);
+    Ok(ServerKvInfo {
+        model,
+        live,
+        replay,
+        ranks: u32::try_from(ranks).unwrap_or(u32::MAX),
+        block_size: positive_u32(d.get("block_size")),
+    })
+}
+
+/// An older server's echo of its arguments: `kv_events_config`, one publisher per attention-DP
+/// rank, the block size as its `page_size`.
+fn from_arguments(
+    v: &serde_json::Value,
+    host: &str,
+    model: Option<String>,
+) -> Result<ServerKvInfo, ServerInfoError> {
     let dp_attention = v
         .get("enable_dp_attention")
         .and_then(|b| b.as_bool())
@@ -103,22 +132,16 @@ pub fn parse_server_info(body: &[u8], worker_url: &str) -> Result<ServerKvInfo, 
         1
     };
     let cfg = match v.get("kv_events_config") {
-        Some(serde_json::Value::String(s)) => serde_json::from_str::<serde_json::Value>(s)
-            .map_err(|e| format!("kv_events_config is not JSON: {e}"))?,
+        Some(serde_json::Value::String(s)) => {
+            serde_json::from_str::<serde_json::Value>(s).map_err(ServerInfoError::ConfigNotJson)?
+        }
         Some(o @ serde_json::Value::Object(_)) => o.clone(),
         _ => serde_json::Value::Null,
     };
-    let publisher = cfg.get("publisher").and_then(|p| p.as_str()).unwrap_or("");
-    let endpoint = |k: &str| -> Result<Option<TcpEndpoint>, String> {
-        match cfg.get(k).and_then(|e| e.as_str()) {
-            Some(e) if e.starts_with("tcp://") => Ok(Some(at(TcpEndpoint::parse(e)?.port))),
-            _ => Ok(None),
-        }
-    };
-    let (live, replay) = if publisher == "zmq" {
-        let live = endpoint("endpoint")?;
+    let (live, replay) = if cfg.get("publisher").and_then(|p| p.as_str()) == Some("zmq") {
+        let live = config_endpoint(&cfg, "endpoint", host)?;
         let replay = if live.is_some() {
-            endpoint("replay_endpoint")?
+            config_endpoint(&cfg, "replay_endpoint", host)?
         } else {
             None
         };
@@ -126,18 +149,59 @@ pub fn parse_server_info(body: &[u8], worker_url: &str) -> Result<ServerKvInfo, 
     } else {
         (None, None)
     };
-    let block_size = v
-        .get("page_size")
-        .and_then(|b| b.as_u64())
-        .and_then(|b| u32::try_from(b).ok())
-        .filter(|&b| b > 0);
     Ok(ServerKvInfo {
         model,
         live,
         replay,
         ranks,
-        block_size,
+        block_size: positive_u32(v.get("page_size")),
     })
+}
+
+/// The port in descriptor field `k` (absent or null: none; 0 or out of range: refused).
+fn port_of(d: &serde_json::Value, k: &'static str) -> Result<Option<u16>, ServerInfoError> {
+    match d.get(k) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(p) => p
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|&p| p > 0)
+            .map(Some)
+            .ok_or(ServerInfoError::NotAPort(k)),
+    }
+}
+
+/// The `tcp://` endpoint in `kv_events_config` field `k`, moved to the worker's own host
+/// (other schemes: none).
+fn config_endpoint(
+    cfg: &serde_json::Value,
+    k: &str,
+    host: &str,
+) -> Result<Option<TcpEndpoint>, ServerInfoError> {
+    match cfg.get(k).and_then(|e| e.as_str()) {
+        Some(e) if e.starts_with("tcp://") => {
+            let port = TcpEndpoint::parse(e)
+                .map_err(ServerInfoError::Endpoint)?
+                .port;
+            Ok(Some(on_host(host, port)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `port` on `host`: where a publisher is dialled, whatever host the server named.
+fn on_host(host: &str, port: u16) -> TcpEndpoint {
+    TcpEndpoint {
+        host: host.to_string(),
+        port,
+    }
+}
+
+/// A number above 0 that fits in 32 bits (a block size), else none.
+fn positive_u32(v: Option<&serde_json::Value>) -> Option<u32> {
+    v.and_then(|b| b.as_u64())
+        .and_then(|b| u32::try_from(b).ok())
+        .filter(|&b| b > 0)
 }
 
 /// Per worker (by serial): subscribed, or when to try again.
@@ -171,29 +235,7 @@ impl Discovery {
         if !kv.bootstrapped.load(Ordering::Acquire) {
             return; // Subscriptions resume after the sibling's watermarks: wait for its copy.
         }
-        let gone: Vec<(u64, WorkerId)> = self
-            .found
-            .iter()
-            .filter(|(serial, _)| !list.workers.iter().any(|w| w.serial == **serial))
-            .filter_map(|(s, f)| match f {
-                Found::Subscribed { id, .. } => Some((*s, *id)),
-                Found::Retry { .. } => None,
-            })
-            .collect();
-        for (serial, id) in gone {
-            match kv.intake.remove_worker(id) {
-                Ok(()) | Err(CommandError::Stopped) => {
-                    kv.set_model(id, None);
-                    kv.pending.forget_worker(id);
-                    self.found.remove(&serial);
-                }
-                Err(CommandError::Busy) => {} // Next round.
-            }
-        }
-        self.found.retain(|serial, f| {
-            matches!(f, Found::Subscribed { .. })
-                || list.workers.iter().any(|w| w.serial == *serial)
-        });
+        self.drop_gone(kv, list);
         let now = Instant::now();
         for w in &list.workers {
             let due = match self.found.get(&w.serial) {
@@ -229,6 +271,40 @@ impl Discovery {
                 }
             }
         }
+        self.publish_replaying(kv);
+        kv.discovered.store(true, Ordering::Release);
+    }
+
+    /// Unsubscribe the workers gone from `list` (one the event thread is too busy for stays
+    /// until the next round) and forget the retries of those gone.
+    fn drop_gone(&mut self, kv: &KvRouting, list: &WorkerList) {
+        let gone: Vec<(u64, WorkerId)> = self
+            .found
+            .iter()
+            .filter(|(serial, _)| !list.workers.iter().any(|w| w.serial == **serial))
+            .filter_map(|(s, f)| match f {
+                Found::Subscribed { id, .. } => Some((*s, *id)),
+                Found::Retry { .. } => None,
+            })
+            .collect();
+        for (serial, id) in gone {
+            match kv.intake.remove_worker(id) {
+                Ok(()) | Err(CommandError::Stopped) => {
+                    kv.set_model(id, None);
+                    kv.pending.forget_worker(id);
+                    self.found.remove(&serial);
+                }
+                Err(CommandError::Busy) => {} // Next round.
+            }
+        }
+        self.found.retain(|serial, f| {
+            matches!(f, Found::Subscribed { .. })
+                || list.workers.iter().any(|w| w.serial == *serial)
+        });
+    }
+
+    /// Publish the workers whose start-up replay is awaited (when the set changed).
+    fn publish_replaying(&self, kv: &KvRouting) {
         let mut replaying: Vec<WorkerId> = self
             .found
             .values()
@@ -242,7 +318,6 @@ impl Discovery {
         if **kv.replaying.load() != replaying {
             kv.replaying.store(Arc::new(replaying));
         }
-        kv.discovered.store(true, Ordering::Release);
     }
 
     /// Find `w`'s publishers (flags first, else its `/get_server_info`) and subscribe. Returns
@@ -253,115 +328,210 @@ impl Discovery {
         kv: &KvRouting,
         pool: &Pool,
         w: &Arc<Worker>,
-    ) -> Result<bool, String> {
-        let info = forward::fetch(
-            pool,
-            w,
-            Method::Get,
-            "/get_server_info",
-            Bytes::new(),
-            INFO_TIMEOUT,
-        )
-        .await;
-        let info = match info {
-            Ok((200, body)) => parse_server_info(&body, &w.server_url),
-            Ok((status, _)) => Err(format!("/get_server_info answered {status}")),
-            Err(e) => Err(format!("/get_server_info: {e:?}")),
-        };
-        let flagged = kv.flagged.iter().find(|f| f.worker_url == w.server_url);
-        let (live, replay, ranks, model, block_size) = match (flagged, info) {
-            (Some(f), Ok(i)) => (
-                f.live.clone(),
-                f.replay.clone(),
-                i.ranks,
-                i.model,
-                i.block_size,
-            ),
-            // Flags need nothing from the server but its model (one rank, the served model).
-            (Some(f), Err(_)) => {
-                let served = gw.models_of(w.id);
-                if served.is_none() {
-                    return Err("waiting for the worker's model name".into());
-                }
-                (f.live.clone(), f.replay.clone(), 1, served, None)
-            }
-            (None, Ok(i)) => match i.live {
-                Some(live) => (live, i.replay, i.ranks, i.model, i.block_size),
-                None => {
-                    return Err(
-                        "publishes no KV events (no zmq tcp endpoint in kv_events_config); \
-                         scored by the text tree"
-                            .into(),
-                    )
-                }
-            },
-            (None, Err(e)) => {
-                kv.intake.count_discovery_failed();
-                return Err(e);
-            }
-        };
-        if ranks > kv.max_ranks {
+    ) -> Result<bool, DiscoverError> {
+        let info = server_info(pool, w).await;
+        let found = publishers(gw, kv, w, info)?;
+        if found.ranks > kv.max_ranks {
             kv.intake.count_refused();
-            return Err(format!(
-                "announces {ranks} KV-event publishers (DP ranks), over --kv-max-dp-ranks {}; \
-                 scored by the text tree",
-                kv.max_ranks
-            ));
+            return Err(DiscoverError::TooManyRanks {
+                ranks: found.ranks,
+                max: kv.max_ranks,
+            });
         }
-        let model: Arc<str> = Arc::from(model.unwrap_or_else(|| "default".into()).as_str());
+        let model = found.model.unwrap_or_else(|| "default".into());
         kv.set_model(
             w.id,
             Some(WorkerKv {
-                model,
+                model: Arc::from(model.as_str()),
                 url: Arc::from(w.url.as_str()),
-                block_size,
+                block_size: found.block_size,
             }),
         );
-        let has_replay = replay.is_some();
+        let has_replay = found.replay.is_some();
         let endpoints = KvEndpoints {
             worker_url: w.server_url.clone(),
+            live: found.live,
+            replay: found.replay,
+        };
+        let mine = own_ranks(kv, w, found.ranks)?;
+        subscribe(kv, w, &endpoints, mine)?;
+        Ok(has_replay)
+    }
+}
+
+/// Why a worker's publishers were not subscribed: logged (the first time, then every 12th
+/// retry) as the reason the worker is scored by the text tree meanwhile.
+#[derive(Debug)]
+enum DiscoverError {
+    /// Its `/get_server_info` did not read.
+    Info(ServerInfoError),
+    /// Its `/get_server_info` answered this status.
+    Status(u16),
+    /// Its `/get_server_info` got no answer.
+    Fetch(forward::UpstreamError),
+    /// Flagged publishers, but the worker's model is not known yet.
+    NoModel,
+    /// The server publishes no events the gateway can reach.
+    NoEvents,
+    /// More publishers than `--kv-max-dp-ranks`.
+    TooManyRanks { ranks: u32, max: u32 },
+    /// A `--dp-aware` rank past the publishers the server reports.
+    NoRankPublisher { rank: u32, ranks: u32 },
+    /// A rank's ports do not exist (port + rank over 65535).
+    Ports(String),
+    /// The event thread did not take the subscription.
+    EventThread(CommandError),
+}
+
+impl std::fmt::Display for DiscoverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DiscoverError::Info(e) => write!(f, "{e}"),
+            DiscoverError::Status(status) => write!(f, "/get_server_info answered {status}"),
+            DiscoverError::Fetch(e) => write!(f, "/get_server_info: {e:?}"),
+            DiscoverError::NoModel => f.write_str("waiting for the worker's model name"),
+            DiscoverError::NoEvents => f.write_str(
+                "publishes no KV events (no zmq tcp endpoint in kv_events_config); \
+                 scored by the text tree",
+            ),
+            DiscoverError::TooManyRanks { ranks, max } => write!(
+                f,
+                "announces {ranks} KV-event publishers (DP ranks), over --kv-max-dp-ranks {max}; \
+                 scored by the text tree"
+            ),
+            DiscoverError::NoRankPublisher { rank, ranks } => write!(
+                f,
+                "DP rank {rank} has no publisher of its own (the server reports {ranks}); \
+                 scored by the text tree"
+            ),
+            DiscoverError::Ports(e) => write!(f, "{e}; scored by the text tree"),
+            DiscoverError::EventThread(e) => write!(f, "event thread {e:?}"),
+        }
+    }
+}
+
+/// What a worker's publishers are, once found.
+struct Publishers {
+    live: TcpEndpoint,
+    replay: Option<TcpEndpoint>,
+    ranks: u32,
+    model: Option<String>,
+    block_size: Option<u32>,
+}
+
+/// `w`'s `/get_server_info`, read.
+async fn server_info(pool: &Pool, w: &Worker) -> Result<ServerKvInfo, DiscoverError> {
+    let info = forward::fetch(
+        pool,
+        w,
+        Method::Get,
+        "/get_server_info",
+        Bytes::new(),
+        INFO_TIMEOUT,
+    )
+    .await;
+    match info {
+        Ok((200, body)) => parse_server_info(&body, &w.server_url).map_err(DiscoverError::Info),
+        Ok((status, _)) => Err(DiscoverError::Status(status)),
+        Err(e) => Err(DiscoverError::Fetch(e)),
+    }
+}
+
+/// `w`'s publishers: its `--kv-events-endpoints` flags when it has them (with what the server
+/// says of its ranks, model and block size), else what the server says.
+fn publishers(
+    gw: &Gateway,
+    kv: &KvRouting,
+    w: &Worker,
+    info: Result<ServerKvInfo, DiscoverError>,
+) -> Result<Publishers, DiscoverError> {
+    let flagged = kv.flagged.iter().find(|f| f.worker_url == w.server_url);
+    match (flagged, info) {
+        (Some(f), Ok(i)) => Ok(Publishers {
+            live: f.live.clone(),
+            replay: f.replay.clone(),
+            ranks: i.ranks,
+            model: i.model,
+            block_size: i.block_size,
+        }),
+        // Flags need nothing from the server but its model (one rank, the served model).
+        (Some(f), Err(_)) => {
+            let served = gw.models_of(w.id);
+            if served.is_none() {
+                return Err(DiscoverError::NoModel);
+            }
+            Ok(Publishers {
+                live: f.live.clone(),
+                replay: f.replay.clone(),
+                ranks: 1,
+                model: served,
+                block_size: None,
+            })
+        }
+        (None, Ok(i)) => match i.live {
+            Some(live) => Ok(Publishers {
+                live,
+                replay: i.replay,
+                ranks: i.ranks,
+                model: i.model,
+                block_size: i.block_size,
+            }),
+            None => Err(DiscoverError::NoEvents),
+        },
+        (None, Err(e)) => {
+            kv.intake.count_discovery_failed();
+            Err(e)
+        }
+    }
+}
+
+/// The ranks whose publishers `w` subscribes to: all of them, or with `--dp-aware` its own
+/// rank's only (each rank is a routing target of its own, so the index's holders are
+/// (worker, rank) targets).
+fn own_ranks(kv: &KvRouting, w: &Worker, ranks: u32) -> Result<Range<u32>, DiscoverError> {
+    match w.dp {
+        None => Ok(0..ranks),
+        Some(d) if d.rank < ranks => Ok(d.rank..d.rank + 1),
+        Some(d) => {
+            kv.intake.count_refused();
+            Err(DiscoverError::NoRankPublisher {
+                rank: d.rank,
+                ranks,
+            })
+        }
+    }
+}
+
+/// Subscribe to `mine`'s publishers. Every rank's ports first: a worker is subscribed whole or
+/// not at all (never some ranks, then an error retried for ever).
+fn subscribe(
+    kv: &KvRouting,
+    w: &Worker,
+    endpoints: &KvEndpoints,
+    mine: Range<u32>,
+) -> Result<(), DiscoverError> {
+    let mut sockets = Vec::with_capacity(mine.len());
+    for rank in mine {
+        match endpoints.for_rank(rank) {
+            Ok(s) => sockets.push((rank, s)),
+            Err(e) => {
+                kv.intake.count_refused();
+                return Err(DiscoverError::Ports(e));
+            }
+        }
+    }
+    for (rank, (live, replay)) in sockets {
+        let publisher = Publisher {
+            key: Source {
+                worker: w.id,
+                dp_rank: rank,
+            },
             live,
             replay,
         };
-        // With `--dp-aware` each rank is a routing target of its own: it subscribes to its own
-        // rank's publisher only, so the index's holders are (worker, rank) targets.
-        let mine = match w.dp {
-            None => 0..ranks,
-            Some(d) if d.rank < ranks => d.rank..d.rank + 1,
-            Some(d) => {
-                kv.intake.count_refused();
-                return Err(format!(
-                    "DP rank {} has no publisher of its own (the server reports {ranks}); \
-                     scored by the text tree",
-                    d.rank
-                ));
-            }
-        };
-        // Every rank's ports first: a worker is subscribed whole or not at all (never some
-        // ranks, then an error retried for ever).
-        let mut sockets = Vec::with_capacity(mine.len());
-        for rank in mine {
-            match endpoints.for_rank(rank) {
-                Ok(s) => sockets.push((rank, s)),
-                Err(e) => {
-                    kv.intake.count_refused();
-                    return Err(format!("{e}; scored by the text tree"));
-                }
-            }
-        }
-        for (rank, (live, replay)) in sockets {
-            let publisher = Publisher {
-                key: Source {
-                    worker: w.id,
-                    dp_rank: rank,
-                },
-                live,
-                replay,
-            };
-            kv.intake
-                .subscribe(publisher)
-                .map_err(|e| format!("event thread {e:?}"))?;
-        }
-        Ok(has_replay)
+        kv.intake
+            .subscribe(publisher)
+            .map_err(DiscoverError::EventThread)?;
     }
+    Ok(())
 }

@@ -12,7 +12,7 @@ mod sink;
 use sink::IndexSink;
 
 pub use bootstrap::spawn_bootstrap;
-pub use discovery::{parse_server_info, Discovery, ServerKvInfo};
+pub use discovery::{parse_server_info, Discovery, ServerInfoError, ServerKvInfo};
 pub use measure::{parse_token_ids, Fallback, KvScratch, SEGMENT_CACHE_TOKENS};
 
 use crate::base::WorkerId;

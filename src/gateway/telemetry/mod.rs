@@ -212,10 +212,21 @@ impl Scraper {
         let list = gw.registry.load_full();
         let live = list.serials();
         self.workers.retain(|serial, _| live.contains(serial));
-        let mut results = Vec::with_capacity(list.len());
         // Backpressure marks set from here on outlive this round's readings.
         let round = gw.flow.as_ref().map_or(0, |fc| fc.saturation.begin_round());
-        // One scrape per server: with `--dp-aware` its rank 0 speaks for all its ranks.
+        let results = self.scrape_all(&list).await;
+        let now = Instant::now();
+        for s in results {
+            self.apply(s, now, &list, round);
+        }
+        let report = self.report(&list, now);
+        gw.telemetry.report.store(Arc::new(report));
+    }
+
+    /// Scrape every server of `list` (one scrape per server: with `--dp-aware` its rank 0
+    /// speaks for all its ranks), [`SCRAPE_BATCH`] at a time.
+    async fn scrape_all(&self, list: &WorkerList) -> Vec<Scrape> {
+        let mut results = Vec::with_capacity(list.len());
         let primaries: Vec<Arc<Worker>> = list
             .workers
             .iter()
@@ -241,10 +252,12 @@ impl Scraper {
                 results.push(h.await);
             }
         }
-        let now = Instant::now();
-        for s in results {
-            self.apply(s, now, &list, round);
-        }
+        results
+    }
+
+    /// The round's report from what the workers' windows hold now: hit ratios (each worker's,
+    /// the fleet's, the predicted one), gauges and the merged exposition.
+    fn report(&mut self, list: &WorkerList, now: Instant) -> EngineReport {
         let (predicted, routed) = crate::metrics::predicted_totals();
         self.predicted.observe(now, predicted as f64, routed as f64);
         let mut report = EngineReport {
@@ -288,7 +301,7 @@ impl Scraper {
         report.exposition = Bytes::from(merger.finish());
         self.round += 1;
         report.round = self.round;
-        gw.telemetry.report.store(Arc::new(report));
+        report
     }
 
     /// Take one worker's scrape (of saturation round `round`) into account: its hit-ratio

@@ -13,12 +13,13 @@
 //! workers' statuses, never their addresses.
 
 use super::fanout;
+use crate::base::WorkerId;
 use crate::gateway::{Core, Scope};
 use crate::http::{Method, RequestHead};
 use crate::proxy::forward::{self, UpstreamError};
 use crate::serve::error::GatewayError;
 use crate::serve::reply::Reply;
-use crate::workers::registry::Worker;
+use crate::workers::registry::{Worker, WorkerList};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
@@ -62,27 +63,9 @@ pub async fn abort(
             .holder(gw.in_flight_ids.key_for(head, peer, rid)),
         _ => None,
     };
-    if let Some((latest, before)) = holder {
-        if let Some(w) = list.get(latest) {
-            crate::log!(Debug, "abort_request {:?} → {}", rid, w.url);
-            // The worker that held it before (the prefill half of a prefill/decode request,
-            // perhaps still computing a long prompt) gets it too; its answer does not count,
-            // since after a retry it is a worker that no longer runs the request.
-            let earlier = before.filter(|&b| b != latest).and_then(|b| list.get(b));
-            if let Some(b) = earlier {
-                if let Err(e) = send_abort(core, b, body).await {
-                    crate::log!(Debug, "abort_request {:?} → {}: {e:?}", rid, b.url);
-                }
-            }
-            // The answer never names the worker: its address is internal topology and this
-            // endpoint needs only the inference key.
-            let (status, _) = send_abort(core, w, body)
-                .await
-                .map_err(|e| GatewayError::upstream(&e))?;
-            return Ok(Reply::json(
-                status,
-                &json!({"rid": rid, "sent_to": "holder", "status": status}),
-            ));
+    if let Some(holder) = holder {
+        if let Some(reply) = to_holder(core, &list, holder, rid, body).await? {
+            return Ok(reply);
         }
     }
     // Every worker: a control call.
@@ -98,6 +81,51 @@ pub async fn abort(
             "no request with this rid is in flight for this caller",
         ));
     }
+    to_every_worker(core, &list, rid, body).await
+}
+
+/// The abort sent to the worker that holds the request (`latest`), and to the one that held it
+/// `before` (the prefill half of a prefill/decode request); None when the holder is no longer
+/// in the worker list.
+async fn to_holder(
+    core: &Rc<Core>,
+    list: &WorkerList,
+    (latest, before): (WorkerId, Option<WorkerId>),
+    rid: Option<&str>,
+    body: &Bytes,
+) -> Result<Option<Reply>, GatewayError> {
+    let Some(w) = list.get(latest) else {
+        return Ok(None);
+    };
+    crate::log!(Debug, "abort_request {:?} → {}", rid, w.url);
+    // The worker that held it before (perhaps still computing a long prompt) gets it too; its
+    // answer does not count, since after a retry it is a worker that no longer runs the
+    // request.
+    let earlier = before.filter(|&b| b != latest).and_then(|b| list.get(b));
+    if let Some(b) = earlier {
+        if let Err(e) = send_abort(core, b, body).await {
+            crate::log!(Debug, "abort_request {:?} → {}: {e:?}", rid, b.url);
+        }
+    }
+    // The answer never names the worker: its address is internal topology and this endpoint
+    // needs only the inference key.
+    let (status, _) = send_abort(core, w, body)
+        .await
+        .map_err(|e| GatewayError::upstream(&e))?;
+    Ok(Some(Reply::json(
+        status,
+        &json!({"rid": rid, "sent_to": "holder", "status": status}),
+    )))
+}
+
+/// The abort sent to every worker (the caller is allowed control calls): 200 when any of them
+/// took it, else 502.
+async fn to_every_worker(
+    core: &Rc<Core>,
+    list: &WorkerList,
+    rid: Option<&str>,
+    body: &Bytes,
+) -> Result<Reply, GatewayError> {
     let workers = list.workers.clone();
     if workers.is_empty() {
         return Err(GatewayError::no_workers(true));

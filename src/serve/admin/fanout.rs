@@ -3,7 +3,7 @@
 
 use crate::gateway::Core;
 use crate::http::Method;
-use crate::proxy::forward;
+use crate::proxy::forward::{self, UpstreamError};
 use crate::serve::error::GatewayError;
 use crate::serve::reply::Reply;
 use crate::workers::registry::Worker;
@@ -21,7 +21,7 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
 const LOADS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One worker's answer to a fan-out call: status and body, or why there is none.
-type Answer = Result<(u16, Bytes), String>;
+type Answer = Result<(u16, Bytes), UpstreamError>;
 
 /// Call `path` on every given worker concurrently (from this core).
 async fn fan_out(
@@ -48,9 +48,7 @@ pub(super) async fn fan_out_with(
         let core = core.clone();
         let body = body.clone();
         handles.push(monoio::spawn(async move {
-            let r = forward::fetch(&core.pool, &w, method, path, body, timeout)
-                .await
-                .map_err(|e| e.message());
+            let r = forward::fetch(&core.pool, &w, method, path, body, timeout).await;
             (w, r)
         }));
     }
@@ -136,7 +134,7 @@ pub async fn flush_cache(core: &Rc<Core>) -> Reply {
         .iter()
         .map(|(w, r)| match r {
             Ok((s, b)) => json!({"worker": w.url, "status": s, "body": String::from_utf8_lossy(b)}),
-            Err(e) => json!({"worker": w.url, "error": e}),
+            Err(e) => json!({"worker": w.url, "error": e.message()}),
         })
         .collect();
     let status = if ok == total { 200 } else { 206 };

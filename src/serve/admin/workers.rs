@@ -5,7 +5,7 @@ use crate::http::RequestHead;
 use crate::serve::error::GatewayError;
 use crate::serve::reply::Reply;
 use crate::workers::registry::{RegistryError, Worker};
-use crate::workers::role::Role;
+use crate::workers::role::{Role, RoleError};
 use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
 
@@ -66,15 +66,41 @@ pub struct AddRequest {
     /// The worker's base URL.
     pub url: Option<String>,
     /// Its role, or why the role fields were refused.
-    pub role: Result<Role, String>,
+    pub role: Result<Role, RoleRefused>,
 }
+
+/// Why an add call's role fields were refused: answered 400 with its text (the call names the
+/// field at fault, so the operator can fix it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoleRefused {
+    /// A JSON body's `bootstrap_port` that is neither a port number nor null.
+    BodyPort,
+    /// A `bootstrap_port` query parameter that is not a port number (as given).
+    QueryPort(String),
+    /// The port is a port, but the role refuses it, or `worker_type` names no role.
+    Role(RoleError),
+}
+
+impl std::fmt::Display for RoleRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RoleRefused::BodyPort => f.write_str("`bootstrap_port` must be a port number or null"),
+            RoleRefused::QueryPort(p) => write!(f, "bootstrap_port `{p}` is not a port number"),
+            RoleRefused::Role(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for RoleRefused {}
 
 /// `POST /workers` (`created` 202) and `POST /add_worker?url=` (`created` 200).
 pub async fn add(core: &Core, req: AddRequest, created: u16) -> Result<Reply, GatewayError> {
     let url = req
         .url
         .ok_or_else(|| GatewayError::bad_request("a worker `url` is required"))?;
-    let role = req.role.map_err(GatewayError::bad_request)?;
+    let role = req
+        .role
+        .map_err(|e| GatewayError::bad_request(e.to_string()))?;
     match core.gw.register_worker(&core.pool, &url, role).await {
         Ok(added) => {
             let Some(w) = added.first() else {
@@ -121,11 +147,12 @@ pub fn add_from_json(body: &Bytes) -> AddRequest {
             .and_then(|n| u16::try_from(n).ok())
             .filter(|&n| n > 0)
             .map(Some)
-            .ok_or_else(|| "`bootstrap_port` must be a port number or null".to_string()),
+            .ok_or(RoleRefused::BodyPort),
     };
     AddRequest {
         url,
-        role: port.and_then(|p| Role::parse(kind.unwrap_or("regular"), p)),
+        role: port
+            .and_then(|p| Role::parse(kind.unwrap_or("regular"), p).map_err(RoleRefused::Role)),
     }
 }
 
@@ -139,11 +166,13 @@ pub fn add_from_query(head: &RequestHead) -> AddRequest {
             .ok()
             .filter(|&n| n > 0)
             .map(Some)
-            .ok_or_else(|| format!("bootstrap_port `{p}` is not a port number")),
+            .ok_or_else(|| RoleRefused::QueryPort(p.to_string())),
     };
     AddRequest {
         url: url_from_query(head),
-        role: port.and_then(|p| Role::parse(kind.as_deref().unwrap_or("regular"), p)),
+        role: port.and_then(|p| {
+            Role::parse(kind.as_deref().unwrap_or("regular"), p).map_err(RoleRefused::Role)
+        }),
     }
 }
 
