@@ -7,7 +7,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use radixgate::base::rng::Rng;
 use radixgate::base::WorkerId;
-use radixgate::route::cache_aware::{self, MatchResult, Params};
+use radixgate::route::policy::cache_aware::{self, MatchResult, Params};
 use radixgate::route::policy::Policy;
 use radixgate::route::types::{PolicyConfig, PolicyKind, RouteInput};
 use radixgate::tree::RadixTree;

@@ -1050,21 +1050,42 @@ impl<'de> Visitor<'de> for Top {
         f.write_str("a JSON object")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parsed<'de>, A::Error> {
-        let api = self.api;
-        let mut p = Parsed {
-            model: None,
-            namespace: Namespace::default(),
-            stream: None,
-            present: false,
-            ids_present: false,
-            embeds_present: false,
-            text: Sink::new(self.keep_text, self.body_len),
-            ids: Sink::new(self.keep_text && api == Api::Generate, self.body_len),
-            pre: Sink::new(self.keep_text, 0),
-            shape: BodyShape::default(),
-        };
+        let fields = Fields::of(self.api);
+        let mut p = Parsed::new(&self);
         let mut discard = Sink::new(false, 0);
         let mut seen: u32 = 0;
+        while let Some(k) = map.next_key::<Key>()? {
+            let k = fields.key(k);
+            refuse_duplicate(&mut seen, k)?;
+            match k {
+                Key::Messages
+                | Key::Input
+                | Key::Instructions
+                | Key::System
+                | Key::Prompt
+                | Key::Text
+                | Key::InputIds
+                | Key::Query => p.read_text_field(&mut map, k, fields, &mut discard)?,
+                _ => p.read_plain_field(&mut map, k)?,
+            }
+        }
+        Ok(p)
+    }
+}
+
+/// Which top-level fields an API builds its routing text from.
+#[derive(Clone, Copy)]
+struct Fields {
+    api: Api,
+    /// The field the API routes on.
+    routes_on: Key,
+    /// The field whose text goes first wherever it appears (Responses' `instructions`,
+    /// Messages' `system`); `Key::Other` for the APIs without one.
+    pre: Key,
+}
+
+impl Fields {
+    fn of(api: Api) -> Self {
         let routes_on = match api {
             Api::Chat | Api::Messages => Key::Messages,
             Api::Completions => Key::Prompt,
@@ -1072,111 +1093,169 @@ impl<'de> Visitor<'de> for Top {
             Api::Embeddings | Api::Responses => Key::Input,
             Api::Rerank => Key::Query,
         };
-        let pre_key = match api {
+        let pre = match api {
             Api::Responses => Key::Instructions,
             Api::Messages => Key::System,
             _ => Key::Other,
         };
-        // The fields only the newer APIs know are plain unknown fields to the others.
-        let k_of = |k: Key| match k {
-            Key::Instructions | Key::System if k != pre_key => Key::Other,
+        Fields {
+            api,
+            routes_on,
+            pre,
+        }
+    }
+
+    /// A key as this API reads it: the fields only the newer APIs know are plain unknown
+    /// fields to the others.
+    fn key(self, k: Key) -> Key {
+        match k {
+            Key::Instructions | Key::System if k != self.pre => Key::Other,
             Key::Output => Key::Other,
             k => k,
+        }
+    }
+}
+
+/// Known top-level fields may appear once (as serde's derive insisted); others repeat. `seen`
+/// has a bit per known field met so far.
+fn refuse_duplicate<E: de::Error>(seen: &mut u32, k: Key) -> Result<(), E> {
+    let tracked = !matches!(
+        k,
+        Key::Other
+            | Key::Content
+            | Key::ReasoningContent
+            | Key::Type
+            | Key::N
+            | Key::SamplingParams
+            | Key::ReturnLogprob
+            | Key::Priority
+    );
+    if tracked {
+        let bit = 1u32 << (k as u32);
+        if *seen & bit != 0 {
+            return Err(de::Error::custom(format_args!(
+                "duplicate field `{}`",
+                key_name(k)
+            )));
+        }
+        *seen |= bit;
+    }
+    Ok(())
+}
+
+impl BodyShape {
+    /// A top-level list's shape, noted under the field it was read from.
+    fn note_list(&mut self, k: Key, list: ListShape) {
+        let Some(len) = list.len else {
+            return;
         };
-        while let Some(k) = map.next_key::<Key>()? {
-            let k = k_of(k);
-            // Known top-level fields may appear once (as serde's derive insisted); others repeat.
-            let tracked = !matches!(
-                k,
-                Key::Other
-                    | Key::Content
-                    | Key::ReasoningContent
-                    | Key::Type
-                    | Key::N
-                    | Key::SamplingParams
-                    | Key::ReturnLogprob
-                    | Key::Priority
-            );
-            if tracked {
-                let bit = 1u32 << (k as u32);
-                if seen & bit != 0 {
-                    return Err(de::Error::custom(format_args!(
-                        "duplicate field `{}`",
-                        key_name(k)
-                    )));
-                }
-                seen |= bit;
+        match k {
+            Key::Text => self.text_list = Some(len),
+            Key::InputIds if list.first == Kind::List => self.ids_lists = Some(len),
+            Key::Prompt if list.first != Kind::Other => self.prompts = Some(len),
+            _ => {}
+        }
+    }
+}
+
+impl<'de> Parsed<'de> {
+    /// Nothing read yet; the routing text's buffers as `top` asks.
+    fn new(top: &Top) -> Self {
+        Parsed {
+            model: None,
+            namespace: Namespace::default(),
+            stream: None,
+            present: false,
+            ids_present: false,
+            embeds_present: false,
+            text: Sink::new(top.keep_text, top.body_len),
+            ids: Sink::new(top.keep_text && top.api == Api::Generate, top.body_len),
+            pre: Sink::new(top.keep_text, 0),
+            shape: BodyShape::default(),
+        }
+    }
+
+    /// The value of a field routing text may come from, written into the routing text, the
+    /// token ids, the text that goes first, or (another API's field) `discard`.
+    fn read_text_field<A: MapAccess<'de>>(
+        &mut self,
+        map: &mut A,
+        k: Key,
+        fields: Fields,
+        discard: &mut Sink<'de>,
+    ) -> Result<(), A::Error> {
+        let routes = k == fields.routes_on;
+        let sink = if routes {
+            &mut self.text
+        } else if k == Key::InputIds {
+            &mut self.ids
+        } else if k == fields.pre {
+            &mut self.pre
+        } else {
+            discard
+        };
+        match k {
+            Key::Messages if fields.api == Api::Messages => {
+                self.present |= map.next_value_seed(Optional(BlockList(sink)))?;
             }
-            let sink = if k == routes_on {
-                &mut p.text
-            } else if k == Key::InputIds {
-                &mut p.ids
-            } else if k == pre_key {
-                &mut p.pre
-            } else {
-                &mut discard
-            };
-            match k {
-                Key::Model => p.model = map.next_value::<Option<Str<'de>>>()?.map(|s| s.0),
-                Key::CacheSalt => p.namespace.cache_salt = map.next_value::<MaybeStr<'de>>()?.0,
-                Key::LoraPath => p.namespace.lora_path = map.next_value::<MaybeStr<'de>>()?.0,
-                Key::Extra => p.namespace.extra_key = map.next_value::<MaybeStr<'de>>()?.0,
-                Key::Stream => p.stream = map.next_value()?,
-                Key::Messages if api == Api::Messages => {
-                    p.present |= map.next_value_seed(Optional(BlockList(sink)))?;
-                }
-                Key::Input if api == Api::Responses => {
-                    p.present |= map.next_value_seed(Optional(Blocks(sink)))?;
-                }
-                Key::Instructions | Key::System => {
-                    map.next_value_seed(Optional(Blocks(sink)))?;
-                }
-                Key::Messages => {
-                    let there = map.next_value_seed(Optional(Messages(sink)))?;
-                    p.present |= there && k == routes_on;
-                }
-                Key::Prompt | Key::Text | Key::InputIds => {
-                    let mut list = ListShape::default();
-                    let there = map.next_value_seed(Optional(Shaped {
-                        sink,
-                        shape: &mut list,
-                    }))?;
-                    p.present |= there && k == routes_on;
-                    p.ids_present |= there && k == Key::InputIds;
-                    if let Some(len) = list.len {
-                        match k {
-                            Key::Text => p.shape.text_list = Some(len),
-                            Key::InputIds if list.first == Kind::List => {
-                                p.shape.ids_lists = Some(len)
-                            }
-                            Key::Prompt if list.first != Kind::Other => p.shape.prompts = Some(len),
-                            _ => {}
-                        }
-                    }
-                }
-                Key::Input | Key::Query => {
-                    let there = map.next_value_seed(Optional(Pieces(sink)))?;
-                    p.present |= there && k == routes_on;
-                }
-                Key::N => p.shape.n = map.next_value::<Lenient<u64>>()?.0,
-                Key::SamplingParams => {
-                    p.shape.sampling_n = map.next_value::<SamplingN>()?.0;
-                }
-                Key::Priority => {
-                    let v = map.next_value::<Option<Lenient<i64>>>()?;
-                    p.shape.priority_given = v.is_some();
-                    p.shape.priority = v.and_then(|l| l.0);
-                }
-                Key::ReturnLogprob => {
-                    p.shape.return_logprob = map.next_value::<Lenient<bool>>()?.0 == Some(true)
-                }
-                Key::InputEmbeds => p.embeds_present = map.next_value::<Option<Skip>>()?.is_some(),
-                _ => {
-                    map.next_value::<Skip>()?;
-                }
+            Key::Input if fields.api == Api::Responses => {
+                self.present |= map.next_value_seed(Optional(Blocks(sink)))?;
+            }
+            Key::Instructions | Key::System => {
+                map.next_value_seed(Optional(Blocks(sink)))?;
+            }
+            Key::Messages => {
+                let there = map.next_value_seed(Optional(Messages(sink)))?;
+                self.present |= there && routes;
+            }
+            Key::Prompt | Key::Text | Key::InputIds => {
+                let mut list = ListShape::default();
+                let there = map.next_value_seed(Optional(Shaped {
+                    sink,
+                    shape: &mut list,
+                }))?;
+                self.present |= there && routes;
+                self.ids_present |= there && k == Key::InputIds;
+                self.shape.note_list(k, list);
+            }
+            Key::Input | Key::Query => {
+                let there = map.next_value_seed(Optional(Pieces(sink)))?;
+                self.present |= there && routes;
+            }
+            _ => {
+                map.next_value::<Skip>()?;
             }
         }
-        Ok(p)
+        Ok(())
+    }
+
+    /// The value of any other field: the model, the cache namespace, the stream flag and what
+    /// the body's shape needs are read; the rest is validated and skipped.
+    fn read_plain_field<A: MapAccess<'de>>(&mut self, map: &mut A, k: Key) -> Result<(), A::Error> {
+        match k {
+            Key::Model => self.model = map.next_value::<Option<Str<'de>>>()?.map(|s| s.0),
+            Key::CacheSalt => self.namespace.cache_salt = map.next_value::<MaybeStr<'de>>()?.0,
+            Key::LoraPath => self.namespace.lora_path = map.next_value::<MaybeStr<'de>>()?.0,
+            Key::Extra => self.namespace.extra_key = map.next_value::<MaybeStr<'de>>()?.0,
+            Key::Stream => self.stream = map.next_value()?,
+            Key::N => self.shape.n = map.next_value::<Lenient<u64>>()?.0,
+            Key::SamplingParams => {
+                self.shape.sampling_n = map.next_value::<SamplingN>()?.0;
+            }
+            Key::Priority => {
+                let v = map.next_value::<Option<Lenient<i64>>>()?;
+                self.shape.priority_given = v.is_some();
+                self.shape.priority = v.and_then(|l| l.0);
+            }
+            Key::ReturnLogprob => {
+                self.shape.return_logprob = map.next_value::<Lenient<bool>>()?.0 == Some(true)
+            }
+            Key::InputEmbeds => self.embeds_present = map.next_value::<Option<Skip>>()?.is_some(),
+            _ => {
+                map.next_value::<Skip>()?;
+            }
+        }
+        Ok(())
     }
 }
 

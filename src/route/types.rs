@@ -1,62 +1,69 @@
 //! The vocabulary of routing, shared by every policy and their callers: which policy runs and
 //! how it is tuned, what a policy may look at for one request, and what it decides. Types only:
 //! the policies import this module, `policy.rs` imports the policies, and nothing here imports
-//! either.
+//! either (the list of policies here names their modules; `policy.rs` expands it).
 
 use crate::base::WorkerId;
 use crate::route::recent::RecentMatch;
 use std::fmt;
 use std::str::FromStr;
 
-/// Which routing policy the gateway runs (`--policy`). Names match sgl-model-gateway's CLI so
-/// existing launch scripts keep working.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PolicyKind {
-    /// Uniform over eligible workers.
-    Random,
-    /// Global rotation over the registered list, skipping ineligible workers.
-    RoundRobin,
-    /// Two distinct random workers, the less loaded wins.
-    PowerOfTwo,
-    /// Prefix affinity from the radix tree, with load balancing (the default).
-    CacheAware,
-    /// Sticky on `X-SMG-Routing-Key`.
-    Manual,
-    /// Hash ring on a request key (routing key, authorization, forwarded-for, cookie).
-    ConsistentHashing,
-    /// Hash ring on the prompt's first characters, with bounded load.
-    PrefixHash,
-    /// Prompt length ranges per worker, rebalanced periodically.
-    Bucket,
-}
-
-impl PolicyKind {
-    /// Every kind, in CLI order (for `--help` and error messages).
-    pub const ALL: [PolicyKind; 8] = [
-        PolicyKind::Random,
-        PolicyKind::RoundRobin,
-        PolicyKind::PowerOfTwo,
-        PolicyKind::CacheAware,
-        PolicyKind::Manual,
-        PolicyKind::ConsistentHashing,
-        PolicyKind::PrefixHash,
-        PolicyKind::Bucket,
-    ];
-
-    /// The CLI / config / metrics name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PolicyKind::Random => "random",
-            PolicyKind::RoundRobin => "round_robin",
-            PolicyKind::PowerOfTwo => "power_of_two",
-            PolicyKind::CacheAware => "cache_aware",
-            PolicyKind::Manual => "manual",
-            PolicyKind::ConsistentHashing => "consistent_hashing",
-            PolicyKind::PrefixHash => "prefix_hash",
-            PolicyKind::Bucket => "bucket",
+/// The one list of policies, in CLI order: each entry is the kind's doc, its `PolicyKind`
+/// variant and its module under `route/policy/` (named as on the CLI, defining a type named as
+/// the variant). [`PolicyKind`] below and `policy.rs`'s dispatch are both written from it, so a
+/// new policy is its own file (with its `mod` line in `policy.rs`) plus one entry here. Names
+/// only: nothing here imports a policy.
+macro_rules! each_policy {
+    ($then:ident) => {
+        $then! {
+            /// Uniform over eligible workers.
+            Random random,
+            /// Global rotation over the registered list, skipping ineligible workers.
+            RoundRobin round_robin,
+            /// Two distinct random workers, the less loaded wins.
+            PowerOfTwo power_of_two,
+            /// Prefix affinity from the radix tree, with load balancing (the default).
+            CacheAware cache_aware,
+            /// Sticky on `X-SMG-Routing-Key`.
+            Manual manual,
+            /// Hash ring on a request key (routing key, authorization, forwarded-for, cookie).
+            ConsistentHashing consistent_hashing,
+            /// Hash ring on the prompt's first characters, with bounded load.
+            PrefixHash prefix_hash,
+            /// Prompt length ranges per worker, rebalanced periodically.
+            Bucket bucket,
         }
-    }
+    };
 }
+pub(crate) use each_policy;
+
+/// Writes [`PolicyKind`] from the list in [`each_policy`].
+macro_rules! policy_kind {
+    ($($(#[$doc:meta])* $kind:ident $module:ident,)*) => {
+        /// Which routing policy the gateway runs (`--policy`). Names match sgl-model-gateway's
+        /// CLI so existing launch scripts keep working.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum PolicyKind {
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl PolicyKind {
+            /// Every kind, in CLI order (for `--help` and error messages).
+            pub const ALL: [PolicyKind; [$(PolicyKind::$kind),*].len()] = [$(PolicyKind::$kind),*];
+
+            /// Every kind's name, in CLI order (what a wrong `--policy` is told to pick from).
+            const NAMES: [&'static str; Self::ALL.len()] = [$(stringify!($module)),*];
+
+            /// The CLI / config / metrics name.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(PolicyKind::$kind => stringify!($module),)*
+                }
+            }
+        }
+    };
+}
+each_policy!(policy_kind);
 
 impl fmt::Display for PolicyKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -69,7 +76,7 @@ impl fmt::Display for PolicyKind {
 pub struct ParseNameError {
     what: &'static str,
     value: String,
-    expected: &'static str,
+    expected: &'static [&'static str],
 }
 
 impl fmt::Display for ParseNameError {
@@ -77,7 +84,9 @@ impl fmt::Display for ParseNameError {
         write!(
             f,
             "unknown {} '{}' (expected one of: {})",
-            self.what, self.value, self.expected
+            self.what,
+            self.value,
+            self.expected.join(", ")
         )
     }
 }
@@ -93,8 +102,7 @@ impl FromStr for PolicyKind {
             .ok_or_else(|| ParseNameError {
                 what: "policy",
                 value: s.to_owned(),
-                expected: "random, round_robin, power_of_two, cache_aware, manual, \
-                           consistent_hashing, prefix_hash, bucket",
+                expected: &PolicyKind::NAMES,
             })
     }
 }
@@ -141,7 +149,7 @@ impl FromStr for AssignmentMode {
         .ok_or_else(|| ParseNameError {
             what: "assignment mode",
             value: s.to_owned(),
-            expected: "random, min_load, min_group",
+            expected: &["random", "min_load", "min_group"],
         })
     }
 }
@@ -350,14 +358,19 @@ mod tests {
             assert_eq!(k.to_string(), k.as_str());
         }
         let err = "cache-aware".parse::<PolicyKind>().unwrap_err().to_string();
-        assert!(
-            err.contains("cache-aware") && err.contains("cache_aware"),
-            "{err}"
+        assert_eq!(
+            err,
+            "unknown policy 'cache-aware' (expected one of: random, round_robin, power_of_two, \
+             cache_aware, manual, consistent_hashing, prefix_hash, bucket)"
+        );
+        let err = "minload".parse::<AssignmentMode>().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "unknown assignment mode 'minload' (expected one of: random, min_load, min_group)"
         );
         for m in ["random", "min_load", "min_group"] {
             assert_eq!(m.parse::<AssignmentMode>().unwrap().as_str(), m);
         }
-        assert!("minload".parse::<AssignmentMode>().is_err());
         assert_eq!(Branch::HashRingOverloaded.as_str(), "hash_ring_overloaded");
     }
 }

@@ -27,7 +27,7 @@ use crate::http::RequestHead;
 use crate::proxy::io::closed_by_peer;
 use crate::proxy::request_id::request_id;
 use crate::route::extract::{extract_for, Api, RoutingInfo};
-use crate::route::manual::{key_too_long, MAX_ROUTING_KEY_LEN};
+use crate::route::policy::manual::{key_too_long, MAX_ROUTING_KEY_LEN};
 use crate::route::types::PolicyKind;
 use crate::trace::span::{now_ns, RequestTrace};
 use crate::tree::TreeKey;

@@ -151,6 +151,22 @@ enum Number {
     F64(f64),
 }
 
+/// What checking a number against the grammar found: enough to build its value without a
+/// second pass over an integer's digits.
+#[derive(Clone, Copy)]
+struct NumberScan {
+    negative: bool,
+    /// Where the integer part's digits start, and how many there are.
+    int_start: usize,
+    int_digits: usize,
+    /// The integer part's value (wrapped past 19 digits, where it is not used).
+    int_value: u64,
+    /// A fraction or an exponent follows (the value is a float).
+    float: bool,
+    /// One past the number's last byte.
+    end: usize,
+}
+
 /// The parser's state: the body, the offset of the next byte, the depth entered so far, a
 /// scratch buffer for strings with escapes that are read as strings (object keys, names) and
 /// the kernel its byte loops run on.
@@ -308,9 +324,21 @@ impl<'de> Deserializer<'de> {
     /// are thousands of them); only a fraction, an exponent or more than 19 digits go through
     /// the float parser.
     fn number(&mut self, build: bool) -> Result<Option<Number>> {
-        let b = self.body;
         let start = self.at;
-        let mut i = start;
+        let scan = self.scan_number()?;
+        self.at = scan.end;
+        if !build {
+            return Ok(None);
+        }
+        self.number_value(start, &scan).map(Some)
+    }
+
+    /// The number at `self.at` checked against the grammar (`self.at` left where it was), its
+    /// integer part's value gathered on the way.
+    #[inline]
+    fn scan_number(&self) -> Result<NumberScan> {
+        let b = self.body;
+        let mut i = self.at;
         let negative = b.get(i) == Some(&b'-');
         i += negative as usize;
         let int_start = i;
@@ -329,7 +357,22 @@ impl<'de> Deserializer<'de> {
             }
             Some(_) => return Err(Error::syntax("invalid number", i)),
         }
-        let int_digits = i - int_start;
+        let (end, float) = self.number_tail(i)?;
+        Ok(NumberScan {
+            negative,
+            int_start,
+            int_digits: i - int_start,
+            int_value: n,
+            float,
+            end,
+        })
+    }
+
+    /// The optional fraction and exponent after a number's integer part at `i`: where the
+    /// number ends, and whether either was there (the value is then a float).
+    #[inline]
+    fn number_tail(&self, mut i: usize) -> Result<(usize, bool)> {
+        let b = self.body;
         let mut float = false;
         let digits = |i: &mut usize| {
             let from = *i;
@@ -359,34 +402,46 @@ impl<'de> Deserializer<'de> {
         if b.get(i).is_some_and(u8::is_ascii_digit) {
             return Err(Error::syntax("invalid number", i));
         }
-        self.at = i;
-        if !build {
-            return Ok(None);
-        }
+        Ok((i, float))
+    }
+
+    /// The value of the number scanned from `start`: an integer from its gathered digits when
+    /// it fits, anything else through the float parser.
+    #[inline]
+    fn number_value(&self, start: usize, scan: &NumberScan) -> Result<Number> {
+        let b = self.body;
+        let NumberScan {
+            negative,
+            int_start,
+            int_digits,
+            int_value: n,
+            float,
+            end,
+        } = *scan;
         // Up to 19 digits cannot overflow a u64 (10^19 - 1 < 2^64).
         if !float && int_digits <= 19 {
             if !negative {
-                return Ok(Some(Number::U64(n)));
+                return Ok(Number::U64(n));
             }
             if n == 0 {
-                return Ok(Some(Number::F64(-0.0)));
+                return Ok(Number::F64(-0.0));
             }
             if n <= i64::MAX as u64 + 1 {
-                return Ok(Some(Number::I64((n as i64).wrapping_neg())));
+                return Ok(Number::I64((n as i64).wrapping_neg()));
             }
         }
         if !float && !negative && int_digits == 20 {
-            let exact = b[int_start..i].iter().try_fold(0u64, |n, &d| {
+            let exact = b[int_start..end].iter().try_fold(0u64, |n, &d| {
                 n.checked_mul(10)?.checked_add((d - b'0') as u64)
             });
             if let Some(n) = exact {
-                return Ok(Some(Number::U64(n)));
+                return Ok(Number::U64(n));
             }
         }
-        // SAFETY: the grammar above admits only ASCII digits, signs, '.', 'e' and 'E'.
-        let text = unsafe { std::str::from_utf8_unchecked(&b[start..i]) };
+        // SAFETY: `scan_number`'s grammar admits only ASCII digits, signs, '.', 'e' and 'E'.
+        let text = unsafe { std::str::from_utf8_unchecked(&b[start..end]) };
         match text.parse::<f64>() {
-            Ok(v) if v.is_finite() => Ok(Some(Number::F64(v))),
+            Ok(v) if v.is_finite() => Ok(Number::F64(v)),
             _ => Err(Error::syntax("number out of range", start)),
         }
     }

@@ -306,8 +306,6 @@ proptest! {
     }
 }
 
-mod boundaries;
-
 #[test]
 fn a_priority_member_of_any_type_is_noticed_and_only_an_integer_is_read() {
     for (body, value, given) in [
@@ -323,5 +321,506 @@ fn a_priority_member_of_any_type_is_noticed_and_only_an_integer_is_read() {
         let b = String::from_utf8_lossy(body);
         assert_eq!(info.shape.priority, value, "{b}");
         assert_eq!(info.shape.priority_given, given, "{b}");
+    }
+}
+
+mod boundaries {
+    //! The extractor against serde_json where its byte loops change step: strings of several
+    //! KiB, escapes straddling a 64-byte block (counted from the body's start, the string's
+    //! start and the skipped value's start, the three origins the loops count blocks from), and
+    //! bodies past the routing cap, whose later messages only the block skip reads. Every body
+    //! runs on each kernel this CPU has (AVX2, SSE2, portable on x86_64 with AVX2), and is held
+    //! to two readings: the same visitors on serde_json's parser (`extract_serde_json`: every
+    //! field, same verdict), and a plain reading of serde_json's `Value` (model, stream and
+    //! routing text rebuilt from it). A body serde_json refuses must be refused, on every
+    //! kernel, and so must one that is not UTF-8 (which serde_json lets through in a string it
+    //! skips).
+
+    use super::super::json::Kernel;
+    use super::super::{capped, extract_on, extract_serde_json, Api, MAX_ROUTING_TEXT};
+    use proptest::prelude::*;
+    use serde_json::Value;
+    use std::sync::OnceLock;
+
+    /// Plain ASCII words, long enough to fill the routing text and then some; strings of any
+    /// length are cut from it.
+    fn filler() -> &'static str {
+        static FILLER: OnceLock<String> = OnceLock::new();
+        FILLER.get_or_init(|| {
+            let words = [
+                "prefix ", "cache ", "of ", "the ", "worker ", "routes ", "a ", "prompt ",
+            ];
+            let mut s = String::with_capacity(MAX_ROUTING_TEXT + 8192);
+            let mut i = 0usize;
+            while s.len() < MAX_ROUTING_TEXT + 8192 {
+                s.push_str(words[i % words.len()]);
+                i = i.wrapping_mul(5).wrapping_add(3);
+            }
+            s
+        })
+    }
+
+    /// `len` bytes of filler from `from` (ASCII: any cut is a character boundary).
+    fn run(from: usize, len: usize) -> &'static [u8] {
+        &filler().as_bytes()[from..from + len]
+    }
+
+    /// Escapes as a client may write them: every short escape, `\u` of control characters, of
+    /// ASCII, of BMP text and of surrogate pairs (either case), and backslash runs that end on an
+    /// escaped quote.
+    const ESCAPES: &[&str] = &[
+        r#"\""#,
+        r"\\",
+        r"\/",
+        r"\b",
+        r"\f",
+        r"\n",
+        r"\r",
+        r"\t",
+        r"\u0000",
+        r"\u001f",
+        r"\u0041",
+        r"\u00e9",
+        r"\u20AC",
+        r"\uffff",
+        r"\ud83d\ude00",
+        r"\uDBFF\uDFFF",
+        r#"\\\""#,
+        r#"\\\\\\\""#,
+    ];
+
+    /// Raw bytes a string may hold unescaped: multi-byte characters, which a cut must not split.
+    const RAW: &[&str] = &["é", "€", "😀", "\u{7f}", " "];
+
+    /// What JSON refuses in a string: bad escapes, `\u` without four hex digits, lone surrogates
+    /// (refused where the string is read, allowed where it is skipped, as serde_json does), raw
+    /// control bytes and bytes that are not UTF-8.
+    const BROKEN: &[&[u8]] = &[
+        br"\x",
+        br"\u12g4",
+        br"\u00",
+        br"\ud800",
+        br"\udc00",
+        br"\ud800\u0041",
+        br"\ud800x",
+        b"\x01",
+        b"\x1f",
+        b"\n",
+        b"\xff",
+        b"\xc3",
+        b"\xe2\x82",
+        br"\",
+    ];
+
+    /// A piece of a string's contents as it stands in the body.
+    fn piece() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            3 => (0usize..4096, 0usize..64).prop_map(|(len, from)| run(from, len).to_vec()),
+            1 => (0usize..64, 0usize..8).prop_map(|(len, from)| run(from, len).to_vec()),
+            3 => prop::sample::select(ESCAPES).prop_map(|e| e.as_bytes().to_vec()),
+            1 => prop::sample::select(RAW).prop_map(|r| r.as_bytes().to_vec()),
+        ]
+    }
+
+    /// One to three escapes in a row (a backslash run may cross the edge), or now and then
+    /// something JSON refuses.
+    fn at_the_edge() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            4 => prop::collection::vec(
+                prop_oneof![
+                    3 => prop::sample::select(ESCAPES).prop_map(str::as_bytes),
+                    1 => prop::sample::select(RAW).prop_map(str::as_bytes),
+                ],
+                1..4,
+            )
+            .prop_map(|v| v.concat()),
+            1 => prop::sample::select(BROKEN).prop_map(<[u8]>::to_vec),
+        ]
+    }
+
+    /// Where the string under test stands in the body, and so which loop reads it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Place {
+        /// `prompt`: read and unescaped (the routing text).
+        Prompt,
+        /// The middle item of a `prompt` list (read for completions; a skipped list elsewhere).
+        PromptList,
+        /// `model`.
+        Model,
+        /// An object key.
+        Key,
+        /// An unknown field's string (the string scan, not unescaped).
+        UnknownString,
+        /// A string inside an unknown field's list (the block skip).
+        UnknownList,
+        /// A chat message's content.
+        Chat,
+        /// A chat message after one that fills the routing text (the block skip, message by
+        /// message).
+        PastCap,
+    }
+
+    const PLACES: [Place; 8] = [
+        Place::Prompt,
+        Place::PromptList,
+        Place::Model,
+        Place::Key,
+        Place::UnknownString,
+        Place::UnknownList,
+        Place::Chat,
+        Place::PastCap,
+    ];
+
+    /// A body with the string under test in it, built in two halves around the string's contents.
+    struct Layout {
+        head: Vec<u8>,
+        /// Offset of the opening bracket of the value the block skip reads, when it reads one.
+        container: Option<usize>,
+        tail: &'static [u8],
+    }
+
+    impl Layout {
+        fn new(place: Place) -> Layout {
+            let (head, container, tail): (String, Option<&str>, &[u8]) = match place {
+                Place::Prompt => (
+                    r#"{"model":"m","prompt":""#.into(),
+                    None,
+                    br#"","stream":true}"#,
+                ),
+                Place::PromptList => (
+                    r#"{"model":"m","prompt":["x",""#.into(),
+                    Some("["),
+                    br#"",7],"stream":false}"#,
+                ),
+                Place::Model => (r#"{"model":""#.into(), None, br#"","prompt":"p"}"#),
+                Place::Key => (r#"{"prompt":"p",""#.into(), None, br#"":1}"#),
+                Place::UnknownString => (r#"{"prompt":"p","x":""#.into(), None, br#""}"#),
+                Place::UnknownList => (
+                    r#"{"prompt":"p","x":[{"k":""#.into(),
+                    Some("["),
+                    br#""},1],"stream":true}"#,
+                ),
+                Place::Chat => (
+                    r#"{"model":"m","messages":[{"role":"user","content":""#.into(),
+                    Some("["),
+                    br#""}]}"#,
+                ),
+                Place::PastCap => (
+                    format!(
+                        r#"{{"messages":[{{"role":"user","content":"{}"}},{{"role":"user","content":""#,
+                        std::str::from_utf8(run(0, MAX_ROUTING_TEXT + 3)).unwrap_or_default()
+                    ),
+                    Some("{"),
+                    br#""}],"model":"m"}"#,
+                ),
+            };
+            let container = container.map(|c| head.rfind(c).unwrap_or(0));
+            Layout {
+                head: head.into_bytes(),
+                container,
+                tail,
+            }
+        }
+
+        fn body(&self, contents: &[u8]) -> Vec<u8> {
+            [&self.head[..], contents, self.tail].concat()
+        }
+
+        /// The APIs (and whether they keep the text) that read or skip the string: the one that
+        /// routes on it, and one that only validates the whole body.
+        fn readers(place: Place) -> &'static [(Api, bool)] {
+            match place {
+                Place::Chat | Place::PastCap => {
+                    &[(Api::Chat, true), (Api::Chat, false), (Api::Rerank, false)]
+                }
+                _ => &[(Api::Completions, true), (Api::Rerank, false)],
+            }
+        }
+    }
+
+    /// The routing inputs rebuilt from serde_json's `Value` of the body, for the shapes built
+    /// here: the model, the stream flag, and the text (a `prompt` string or list, chat contents
+    /// and reasoning joined by spaces), cut at the cap on a character boundary.
+    fn plain_reading(api: Api, keep: bool, v: &Value) -> (Option<String>, bool, String) {
+        let model = v["model"]
+            .as_str()
+            .filter(|m| !m.is_empty())
+            .map(str::to_string);
+        let stream = v["stream"].as_bool().unwrap_or(false);
+        let piece = |p: &Value| match p {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        };
+        let mut pieces: Vec<String> = Vec::new();
+        match api {
+            Api::Completions => match &v["prompt"] {
+                Value::Array(items) => pieces.extend(items.iter().filter_map(piece)),
+                p => pieces.extend(piece(p)),
+            },
+            Api::Chat => {
+                for m in v["messages"].as_array().into_iter().flatten() {
+                    match &m["content"] {
+                        Value::Array(parts) => pieces.extend(
+                            parts
+                                .iter()
+                                .filter(|p| p["type"] == "text")
+                                .filter_map(|p| piece(&p["text"])),
+                        ),
+                        c => pieces.extend(piece(c)),
+                    }
+                    pieces.extend(m["reasoning_content"].as_str().map(str::to_string));
+                }
+            }
+            _ => {}
+        }
+        let text = match keep {
+            true => capped(&pieces.join(" "), MAX_ROUTING_TEXT).to_string(),
+            false => String::new(),
+        };
+        (model, stream, text)
+    }
+
+    /// Whether serde_json refuses the bytes as JSON (its nesting limit aside: not a JSON rule).
+    fn serde_json_refuses(body: &[u8]) -> bool {
+        match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+            Ok(_) => false,
+            Err(e) => !e.to_string().contains("recursion limit"),
+        }
+    }
+
+    /// `body` read by `api` on every kernel: the same answer as the same visitors on serde_json's
+    /// parser, refused where serde_json refuses it, and the plain reading of its `Value` where it
+    /// is valid.
+    fn check(api: Api, keep: bool, body: &[u8]) -> Result<(), TestCaseError> {
+        let shown = || ends(&String::from_utf8_lossy(body), 300);
+        let oracle = extract_serde_json(api, body, keep);
+        let refused = serde_json_refuses(body);
+        let utf8 = std::str::from_utf8(body).is_ok();
+        let value = serde_json::from_slice::<Value>(body).ok();
+        for k in Kernel::available() {
+            let got = extract_on(api, body, keep, k);
+            match (&got, &oracle) {
+                (Ok(a), Ok(b)) => {
+                    prop_assert_eq!(a, b, "{:?} {:?} keep={} {}", k, api, keep, shown())
+                }
+                (Err(_), Err(_)) => {}
+                // serde_json skips an ignored string without checking its UTF-8; ours checks every
+                // string (a body that is not UTF-8 is not JSON).
+                (Err(_), Ok(_)) if !utf8 => {}
+                _ => prop_assert!(
+                    false,
+                    "{:?} {:?} keep={} verdicts differ on {}: ours {:?}, serde_json's {:?}",
+                    k,
+                    api,
+                    keep,
+                    shown(),
+                    got.as_ref().map(|i| i.text.len()),
+                    oracle.as_ref().map(|i| i.text.len()),
+                ),
+            }
+            prop_assert!(
+                !refused || got.is_err(),
+                "{:?} {:?} accepted what serde_json refuses: {}",
+                k,
+                api,
+                shown()
+            );
+            // serde_json's skip lets a string that is not UTF-8 through; ours claims every byte.
+            prop_assert!(
+                utf8 || got.is_err(),
+                "{:?} {:?} accepted a body that is not UTF-8: {}",
+                k,
+                api,
+                shown()
+            );
+            // What serde_json reads whole may be refused for its shape, never as not JSON (the
+            // claim the `extract` fuzz target holds every input to).
+            if let (Some(_), Err(e)) = (&value, &got) {
+                prop_assert!(
+                    !e.0.starts_with("invalid JSON"),
+                    "{:?} {:?} refused JSON as not JSON ({}): {}",
+                    k,
+                    api,
+                    e,
+                    shown()
+                );
+            }
+            if let (Some(v), Ok(info)) = (&value, &got) {
+                let want = plain_reading(api, keep, v);
+                let have = (
+                    info.model.as_deref().map(str::to_string),
+                    info.stream,
+                    info.text.to_string(),
+                );
+                prop_assert!(
+                    have == want,
+                    "{:?} {:?} keep={} read {:?}, serde_json's value says {:?}: {}",
+                    k,
+                    api,
+                    keep,
+                    short(&have),
+                    short(&want),
+                    shown()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The routing inputs with a long text shown by its ends.
+    fn short(r: &(Option<String>, bool, String)) -> String {
+        format!("model {:?}, stream {}, text {}", r.0, r.1, ends(&r.2, 80))
+    }
+
+    /// `s` quoted, or its first and last `n` bytes (to character boundaries) when it is longer.
+    fn ends(s: &str, n: usize) -> String {
+        if s.len() <= 2 * n {
+            return format!("{s:?}");
+        }
+        let mut tail = s.len() - n;
+        while !s.is_char_boundary(tail) {
+            tail += 1;
+        }
+        format!("{:?}…{:?} ({} bytes)", capped(s, n), &s[tail..], s.len())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Strings of up to several KiB of plain runs, escapes and multi-byte characters, in every
+        /// place a string stands in a body.
+        #[test]
+        fn long_strings_read_as_serde_json_reads_them(
+            place in prop::sample::select(&PLACES[..]),
+            pieces in prop::collection::vec(piece(), 0..8),
+        ) {
+            let layout = Layout::new(place);
+            let body = layout.body(&pieces.concat());
+            for &(api, keep) in Layout::readers(place) {
+                check(api, keep, &body)?;
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// Escapes (and now and then something JSON refuses) whose backslash stands from 6 bytes
+        /// before to 2 bytes after a 64-byte edge (the 64th and 128th byte), counted from the
+        /// body's start, the string's start or the skipped value's opening bracket.
+        #[test]
+        fn escapes_at_block_edges_read_as_serde_json_reads_them(
+            place in prop::sample::select(&PLACES[..]),
+            origin in 0..3u8,
+            edge in prop::sample::select(&[64usize, 128][..]),
+            shift in -6isize..=2,
+            escape in at_the_edge(),
+            after in prop_oneof![Just(0usize), 1usize..4, 60usize..70, 120usize..140],
+        ) {
+            let layout = Layout::new(place);
+            let start = layout.head.len();
+            let origin = match origin {
+                0 => 0,
+                1 => start,
+                _ => layout.container.unwrap_or(start),
+            };
+            // Filler before the escape puts its backslash `shift` bytes from the edge (one 64
+            // bytes further on when the string starts past the edge).
+            let mut pad = (origin + edge).wrapping_add_signed(shift) as isize - start as isize;
+            while pad < 0 {
+                pad += 64;
+            }
+            let contents = [run(0, pad as usize), &escape[..], run(7, after)].concat();
+            let body = layout.body(&contents);
+            prop_assert_eq!((start + pad as usize - origin) % 64, (64 + shift) as usize % 64);
+            for &(api, keep) in Layout::readers(place) {
+                check(api, keep, &body)?;
+            }
+        }
+    }
+
+    /// A chat message after the first, as clients send them: string or text-part content,
+    /// reasoning, unknown fields; now and then broken (a bad string, a trailing comma, a missing
+    /// colon, not an object).
+    fn later_message() -> impl Strategy<Value = Vec<u8>> {
+        let text = || prop::collection::vec(piece(), 0..4).prop_map(|p| p.concat());
+        let broken = prop_oneof![
+            at_the_edge()
+                .prop_map(|e| [&br#"{"role":"user","content":"x"#[..], &e, br#""}"#].concat()),
+            Just(br#"{"role":"user","content":"x",}"#.to_vec()),
+            Just(br#"{"role":"user","content" "x"}"#.to_vec()),
+            Just(br#""not an object""#.to_vec()),
+            Just(br#"{"role":"user","content":["#.to_vec()),
+        ];
+        prop_oneof![
+            4 => text().prop_map(|t| [&br#"{"role":"user","content":""#[..], &t, br#""}"#].concat()),
+            2 => (text(), text()).prop_map(|(a, b)| {
+                [&br#"{"role":"user","content":[{"type":"text","text":""#[..], &a,
+                    br#""},{"type":"image_url","image_url":{"url":"data:x"}},{"text":""#, &b,
+                    br#"","type":"text"}]}"#].concat()
+            }),
+            2 => (text(), text()).prop_map(|(a, r)| {
+                [&br#"{"role":"assistant","reasoning_content":""#[..], &r,
+                    br#"","content":""#, &a,
+                    br#"","tool_calls":[{"id":"t","args":{"k":[1,2.5e3,null,true]}}]}"#].concat()
+            }),
+            1 => broken,
+        ]
+    }
+
+    /// A string's contents after the first in a `prompt` list, now and then with something JSON
+    /// refuses in it.
+    fn later_text() -> impl Strategy<Value = Vec<u8>> {
+        (
+            prop::collection::vec(piece(), 0..4),
+            prop::option::weighted(0.2, at_the_edge()),
+        )
+            .prop_map(|(p, e)| [p.concat(), e.unwrap_or_default()].concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Chat bodies whose first message ends just before, at or just past the routing cap: the
+        /// text is cut where serde_json's reading cuts it, and the messages after it, which only
+        /// the block skip reads, are held to JSON as strictly as the ones before.
+        #[test]
+        fn bodies_past_the_cap_read_as_serde_json_reads_them(
+            first in (MAX_ROUTING_TEXT - 40)..(MAX_ROUTING_TEXT + 40),
+            escape in at_the_edge(),
+            later in prop::collection::vec(later_message(), 1..4),
+            later_texts in prop::collection::vec(later_text(), 1..4),
+            prompt_list in any::<bool>(),
+        ) {
+            // The first string ends in escapes, around the cap.
+            let head = [run(0, first - escape.len().min(first)), &escape[..]].concat();
+            let (api, body) = match prompt_list {
+                false => {
+                    let open = br#"{"model":"m","messages":[{"role":"user","content":""#;
+                    let mut body = [&open[..], &head, br#""}"#].concat();
+                    for m in &later {
+                        body.push(b',');
+                        body.extend_from_slice(m);
+                    }
+                    body.extend_from_slice(br#"],"stream":true}"#);
+                    (Api::Chat, body)
+                }
+                // A completions `prompt` list of strings, read past the cap by the list's skip.
+                true => {
+                    let mut body = [&br#"{"prompt":[""#[..], &head, b"\""].concat();
+                    for t in &later_texts {
+                        body.extend_from_slice(b",\"");
+                        body.extend_from_slice(t);
+                        body.push(b'"');
+                    }
+                    body.extend_from_slice(br#"],"model":"m"}"#);
+                    (Api::Completions, body)
+                }
+            };
+            check(api, true, &body)?;
+            check(api, false, &body)?;
+            check(Api::Rerank, false, &body)?;
+        }
     }
 }

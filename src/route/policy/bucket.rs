@@ -1,5 +1,8 @@
 //! bucket: route by prompt length, each worker owning one contiguous range of lengths, so long
 //! prompts (expensive prefills) and short ones do not queue behind each other on every worker.
+//! It exists for mixed traffic where a few long prompts would otherwise stall the short,
+//! latency-sensitive ones everywhere; the ranges follow the traffic so each worker still gets
+//! a fair share of the prefill work.
 //!
 //! * Lengths are in characters of the routing text. Worker `i` of the registered list owns
 //!   `[cut[i-1], cut[i])` (with `cut[-1] = 0` and the last range unbounded).
@@ -15,7 +18,9 @@
 use crate::base::rng::Rng;
 use crate::base::text::char_count;
 use crate::base::WorkerId;
-use crate::route::types::{Branch, Decision};
+use crate::route::policy::Select;
+use crate::route::types::{Branch, Decision, PolicyConfig, RouteInput};
+use crate::tree::RadixTree;
 use crate::workers::load::LoadBoard;
 use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -55,9 +60,9 @@ impl Table {
 #[derive(Debug, Default)]
 struct PaddedIndex(AtomicUsize);
 
-/// Shared state of the bucket policy.
+/// The bucket policy: the ranges and the window of recent lengths, shared by every core.
 #[derive(Debug)]
-pub struct BucketState {
+pub struct Bucket {
     table: ArcSwap<Table>,
     /// Recent lengths + 1 (0 = empty slot), saturated at `u32::MAX`.
     window: Box<[AtomicU32]>,
@@ -68,10 +73,10 @@ pub struct BucketState {
     write: Mutex<()>,
 }
 
-impl BucketState {
+impl Bucket {
     /// No workers yet; ranges appear with the first `workers_changed`.
     pub fn new(adjust_interval_secs: u64) -> Self {
-        BucketState {
+        Bucket {
             table: ArcSwap::from_pointee(Table::default()),
             window: (0..WINDOW).map(|_| AtomicU32::new(0)).collect(),
             next: PaddedIndex::default(),
@@ -86,21 +91,13 @@ impl BucketState {
         self.table.load().cuts.to_vec()
     }
 
-    /// New registered list: reset to the even split (kept as is when the list is unchanged).
-    pub fn workers_changed(&self, workers: &[WorkerId]) {
-        let _g = self.write.lock().unwrap_or_else(|p| p.into_inner());
-        if &*self.table.load().owners != workers {
-            self.table.store(Arc::new(Table::even(workers)));
-        }
-    }
-
     fn record(&self, len: u64) {
         let i = self.next.0.fetch_add(1, Relaxed) % WINDOW;
         self.window[i].store(len.saturating_add(1).min(u32::MAX as u64) as u32, Relaxed);
     }
 
     /// Route one request by the character length of `text`.
-    pub fn select(
+    pub fn by_length(
         &self,
         text: &str,
         workers: &[WorkerId],
@@ -119,16 +116,6 @@ impl BucketState {
             _ => loads.pick_least_loaded(workers, exclude, rng)?,
         };
         Some(Decision::plain(w, Branch::Bucket))
-    }
-
-    /// Adjust the cuts if `bucket_adjust_interval_secs` passed since the last adjustment.
-    pub fn maintain(&self, now_ms: u64) {
-        let last = self.last_adjust_ms.load(Relaxed);
-        if now_ms.saturating_sub(last) < self.interval_ms {
-            return;
-        }
-        self.last_adjust_ms.store(now_ms, Relaxed);
-        self.adjust();
     }
 
     /// One adjustment step from the current window (see the module docs).
@@ -178,6 +165,45 @@ impl BucketState {
     }
 }
 
+impl Select for Bucket {
+    fn from_config(cfg: &PolicyConfig) -> Self {
+        Bucket::new(cfg.bucket_adjust_interval_secs)
+    }
+
+    fn select(
+        &self,
+        input: &RouteInput,
+        workers: &[WorkerId],
+        loads: &LoadBoard,
+        _: Option<&RadixTree>,
+        rng: &mut Rng,
+    ) -> Option<Decision> {
+        self.by_length(input.text, workers, input.exclude, loads, rng)
+    }
+
+    fn reads_text(&self) -> bool {
+        true
+    }
+
+    /// New registered list: reset to the even split (kept as is when the list is unchanged).
+    fn workers_changed(&self, workers: &[WorkerId]) {
+        let _g = self.write.lock().unwrap_or_else(|p| p.into_inner());
+        if &*self.table.load().owners != workers {
+            self.table.store(Arc::new(Table::even(workers)));
+        }
+    }
+
+    /// Adjust the cuts if `bucket_adjust_interval_secs` passed since the last adjustment.
+    fn maintain(&self, now_ms: u64) {
+        let last = self.last_adjust_ms.load(Relaxed);
+        if now_ms.saturating_sub(last) < self.interval_ms {
+            return;
+        }
+        self.last_adjust_ms.store(now_ms, Relaxed);
+        self.adjust();
+    }
+}
+
 /// The `n - 1` char-weighted quantile cuts of `sorted` lengths: cut `k` is where the cumulative
 /// characters cross `k/n` of the total; the crossing length goes to whichever side leaves the
 /// cumulative sum closer to the target. Empty when the total is zero.
@@ -216,7 +242,7 @@ mod tests {
     use crate::workers::load::tests_support::board;
 
     /// Share of the window's characters each range receives under the current cuts.
-    fn shares(s: &BucketState, lens: &[u64]) -> Vec<f64> {
+    fn shares(s: &Bucket, lens: &[u64]) -> Vec<f64> {
         let t = s.table.load();
         let mut per = vec![0u64; t.owners.len()];
         for &l in lens {
@@ -229,12 +255,12 @@ mod tests {
     #[test]
     fn initial_split_is_even_and_last_range_unbounded() {
         let (ws, b) = board(4);
-        let s = BucketState::new(5);
+        let s = Bucket::new(5);
         s.workers_changed(&ws);
         assert_eq!(s.boundaries(), [1024, 2048, 3072]);
         let mut rng = Rng::with_seed(1);
         let route = |len: usize, rng: &mut Rng| {
-            s.select(&"x".repeat(len), &ws, &[], &b, rng)
+            s.by_length(&"x".repeat(len), &ws, &[], &b, rng)
                 .unwrap()
                 .worker
         };
@@ -246,7 +272,7 @@ mod tests {
         assert_eq!(route(100_000, &mut rng), 3);
         // Lengths are characters, not bytes.
         assert_eq!(
-            s.select(&"é".repeat(1000), &ws, &[], &b, &mut rng)
+            s.by_length(&"é".repeat(1000), &ws, &[], &b, &mut rng)
                 .unwrap()
                 .worker,
             0
@@ -260,13 +286,13 @@ mod tests {
     #[test]
     fn skewed_lengths_pull_the_cuts_toward_equal_chars() {
         let (ws, b) = board(4);
-        let s = BucketState::new(5);
+        let s = Bucket::new(5);
         s.workers_changed(&ws);
         let mut rng = Rng::with_seed(2);
         // Mostly short prompts (50..550 chars): all in range 0 with the initial cuts.
         let lens: Vec<u64> = (0..WINDOW).map(|_| 50 + rng.below(500) as u64).collect();
         for &l in &lens {
-            s.select(&"a".repeat(l as usize), &ws, &[], &b, &mut rng)
+            s.by_length(&"a".repeat(l as usize), &ws, &[], &b, &mut rng)
                 .unwrap();
         }
         let before = shares(&s, &lens);
@@ -293,16 +319,16 @@ mod tests {
     #[test]
     fn maintain_respects_the_interval_and_needs_samples() {
         let (ws, b) = board(2);
-        let s = BucketState::new(5);
+        let s = Bucket::new(5);
         s.workers_changed(&ws);
         let mut rng = Rng::with_seed(3);
         for _ in 0..10 {
-            s.select("short", &ws, &[], &b, &mut rng).unwrap();
+            s.by_length("short", &ws, &[], &b, &mut rng).unwrap();
         }
         s.maintain(10_000);
         assert_eq!(s.boundaries(), [2048], "too few samples");
         for _ in 0..100 {
-            s.select("short", &ws, &[], &b, &mut rng).unwrap();
+            s.by_length("short", &ws, &[], &b, &mut rng).unwrap();
         }
         s.maintain(12_000);
         assert_eq!(s.boundaries(), [2048], "interval not elapsed");
@@ -313,20 +339,42 @@ mod tests {
     #[test]
     fn ineligible_or_excluded_owner_falls_back_to_least_loaded() {
         let (ws, b) = board(3);
-        let s = BucketState::new(5);
+        let s = Bucket::new(5);
         s.workers_changed(&ws);
         b.inc(2);
         let mut rng = Rng::with_seed(4);
         b.set_eligible(0, false);
-        let d = s.select("tiny", &ws, &[], &b, &mut rng).unwrap();
+        let d = s.by_length("tiny", &ws, &[], &b, &mut rng).unwrap();
         assert_eq!((d.worker, d.branch), (1, Branch::Bucket));
         b.set_eligible(0, true);
-        let d = s.select("tiny", &ws, &[0], &b, &mut rng).unwrap();
+        let d = s.by_length("tiny", &ws, &[0], &b, &mut rng).unwrap();
         assert_eq!(d.worker, 1);
-        assert_eq!(s.select("tiny", &ws, &[0, 1, 2], &b, &mut rng), None);
+        assert_eq!(s.by_length("tiny", &ws, &[0, 1, 2], &b, &mut rng), None);
         // No ranges yet (no workers_changed): least loaded.
-        let fresh = BucketState::new(5);
-        assert_eq!(fresh.select("x", &ws, &[], &b, &mut rng).unwrap().worker, 0);
+        let fresh = Bucket::new(5);
+        assert_eq!(
+            fresh.by_length("x", &ws, &[], &b, &mut rng).unwrap().worker,
+            0
+        );
+    }
+
+    #[test]
+    fn the_policy_routes_on_the_text_and_follows_named_membership() {
+        let (ws, b) = board(2);
+        let p = Bucket::from_config(&PolicyConfig::default());
+        assert!(p.reads_text() && !p.needs_tree());
+        p.workers_changed_named(&[(0, b"http://a:1"), (1, b"http://b:1")]);
+        assert_eq!(p.boundaries(), [2048]);
+        let mut rng = Rng::with_seed(5);
+        let long = "x".repeat(3000);
+        let d = p
+            .select(&RouteInput::new(&long, 0), &ws, &b, None, &mut rng)
+            .unwrap();
+        assert_eq!((d.worker, d.branch), (1, Branch::Bucket));
+        let d = p
+            .select(&RouteInput::new("short", 0), &ws, &b, None, &mut rng)
+            .unwrap();
+        assert_eq!((d.worker, d.branch), (0, Branch::Bucket));
     }
 
     #[test]

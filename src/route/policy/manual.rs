@@ -1,5 +1,7 @@
 //! manual: sticky routing on `X-SMG-Routing-Key`, so a client can pin a conversation to one
-//! worker (and its KV cache) explicitly.
+//! worker (and its KV cache) explicitly. It exists for clients that know their sessions better
+//! than any prefix match can guess (agents whose turns diverge early, tools that rewrite the
+//! prompt): the key, not the text, says which requests belong together.
 //!
 //! * State: a 64-bit hash of the routing key → (worker, last access, requests in flight), in 16
 //!   shards of `Mutex<HashMap>` chosen by that hash; a lock is held only for one lookup/update
@@ -13,12 +15,14 @@
 //!   ties are random.
 //! * A stored worker that became ineligible, or is excluded for this request (a retry), is
 //!   replaced by a fresh placement, and the map follows.
-//! * Keys idle longer than `max_idle_secs` are dropped by `expire` (from `Policy::maintain`).
+//! * Keys idle longer than `max_idle_secs` are dropped by `expire` (from `maintain`).
 //! * Requests without the header are placed fresh every time and not stored.
 use crate::base::rng::Rng;
 use crate::base::WorkerId;
-use crate::route::hashing::hash64;
-use crate::route::types::{AssignmentMode, Branch, Decision};
+use crate::route::policy::Select;
+use crate::route::ring::hash64;
+use crate::route::types::{AssignmentMode, Branch, Decision, PolicyConfig, RouteInput};
+use crate::tree::RadixTree;
 use crate::workers::load::LoadBoard;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -50,9 +54,9 @@ struct Entry {
 /// collision only makes two keys share a worker.
 type Shard = HashMap<u64, Entry>;
 
-/// Shared state of the manual policy.
+/// The manual policy: the key map, shared by every core.
 #[derive(Debug)]
-pub struct ManualState {
+pub struct Manual {
     shards: Box<[Mutex<Shard>]>,
     mode: AssignmentMode,
     max_idle_ms: u64,
@@ -63,11 +67,11 @@ pub struct ManualState {
     groups: OnceLock<Box<[AtomicU32]>>,
 }
 
-impl ManualState {
+impl Manual {
     /// Empty state for the given placement mode, idle timeout and key cap (rounded up to a
     /// multiple of the shard count).
     pub fn new(mode: AssignmentMode, max_idle_secs: u64, max_keys: usize) -> Self {
-        ManualState {
+        Manual {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             mode,
             max_idle_ms: max_idle_secs.saturating_mul(1000),
@@ -171,9 +175,9 @@ impl ManualState {
         }
     }
 
-    /// Route one request. Every `Some` returned for a `key` must be matched by one
+    /// Route one request by its key. Every `Some` returned for a `key` must be matched by one
     /// `request_finished(key, ..)` (it keeps the in-flight group counts).
-    pub fn select(
+    pub fn by_key(
         &self,
         key: Option<&[u8]>,
         workers: &[WorkerId],
@@ -221,22 +225,6 @@ impl ManualState {
         Some(Decision::plain(w, Branch::ManualNew))
     }
 
-    /// A request with `key` ended. The in-flight count is kept per key (the key's current worker
-    /// owns the group even if an earlier attempt ran elsewhere), so `worker` is informational.
-    pub fn request_finished(&self, key: &[u8], worker: WorkerId, now_ms: u64) {
-        let _ = worker;
-        let (h, mut map) = self.shard(key);
-        if let Some(e) = map.get_mut(&h) {
-            e.last_access_ms = e.last_access_ms.max(now_ms);
-            if e.in_flight > 0 {
-                e.in_flight -= 1;
-                if e.in_flight == 0 {
-                    self.group_sub(e.worker);
-                }
-            }
-        }
-    }
-
     /// Forget keys idle for longer than `max_idle_secs` at `now_ms`.
     pub fn expire(&self, now_ms: u64) {
         for shard in self.shards.iter() {
@@ -258,6 +246,44 @@ impl ManualState {
     pub fn lookup(&self, key: &[u8]) -> Option<WorkerId> {
         let (h, map) = self.shard(key);
         map.get(&h).map(|e| e.worker)
+    }
+}
+
+impl Select for Manual {
+    fn from_config(cfg: &PolicyConfig) -> Self {
+        Manual::new(cfg.assignment_mode, cfg.max_idle_secs, cfg.max_routing_keys)
+    }
+
+    fn select(
+        &self,
+        input: &RouteInput,
+        workers: &[WorkerId],
+        loads: &LoadBoard,
+        _: Option<&RadixTree>,
+        rng: &mut Rng,
+    ) -> Option<Decision> {
+        let (key, exclude) = (input.routing_key, input.exclude);
+        self.by_key(key, workers, exclude, loads, input.now_ms, rng)
+    }
+
+    /// A request with `key` ended. The in-flight count is kept per key (the key's current worker
+    /// owns the group even if an earlier attempt ran elsewhere), so `worker` is informational.
+    fn request_finished(&self, key: &[u8], worker: WorkerId, now_ms: u64) {
+        let _ = worker;
+        let (h, mut map) = self.shard(key);
+        if let Some(e) = map.get_mut(&h) {
+            e.last_access_ms = e.last_access_ms.max(now_ms);
+            if e.in_flight > 0 {
+                e.in_flight -= 1;
+                if e.in_flight == 0 {
+                    self.group_sub(e.worker);
+                }
+            }
+        }
+    }
+
+    fn maintain(&self, now_ms: u64) {
+        self.expire(now_ms);
     }
 }
 
@@ -300,23 +326,23 @@ mod tests {
     #[test]
     fn sticky_until_ineligible_then_replaced() {
         let (ws, b) = board(8);
-        let m = ManualState::new(AssignmentMode::Random, 100, 1 << 20);
+        let m = Manual::new(AssignmentMode::Random, 100, 1 << 20);
         let mut rng = Rng::with_seed(1);
         let d = m
-            .select(Some(b"conv-1"), &ws, &[], &b, 0, &mut rng)
+            .by_key(Some(b"conv-1"), &ws, &[], &b, 0, &mut rng)
             .unwrap();
         assert_eq!(d.branch, Branch::ManualNew);
         let w = d.worker;
         for t in 1..50 {
             let d = m
-                .select(Some(b"conv-1"), &ws, &[], &b, t, &mut rng)
+                .by_key(Some(b"conv-1"), &ws, &[], &b, t, &mut rng)
                 .unwrap();
             assert_eq!((d.worker, d.branch), (w, Branch::ManualSticky));
             m.request_finished(b"conv-1", w, t);
         }
         b.set_eligible(w, false);
         let d = m
-            .select(Some(b"conv-1"), &ws, &[], &b, 60, &mut rng)
+            .by_key(Some(b"conv-1"), &ws, &[], &b, 60, &mut rng)
             .unwrap();
         assert_ne!(d.worker, w);
         assert_eq!(d.branch, Branch::ManualNew);
@@ -325,12 +351,12 @@ mod tests {
         b.set_eligible(w, true);
         assert_eq!(m.lookup(b"conv-1"), Some(w2));
         let d = m
-            .select(Some(b"conv-1"), &ws, &[], &b, 61, &mut rng)
+            .by_key(Some(b"conv-1"), &ws, &[], &b, 61, &mut rng)
             .unwrap();
         assert_eq!((d.worker, d.branch), (w2, Branch::ManualSticky));
         // Excluded (a retry) → re-placed elsewhere.
         let d = m
-            .select(Some(b"conv-1"), &ws, &[w2], &b, 62, &mut rng)
+            .by_key(Some(b"conv-1"), &ws, &[w2], &b, 62, &mut rng)
             .unwrap();
         assert_ne!(d.worker, w2);
         assert_eq!(m.lookup(b"conv-1"), Some(d.worker));
@@ -338,13 +364,41 @@ mod tests {
     }
 
     #[test]
+    fn the_policy_routes_on_the_routing_key_and_forgets_it_in_upkeep() {
+        let (ws, b) = board(4);
+        let m = Manual::from_config(&PolicyConfig {
+            max_idle_secs: 10,
+            ..PolicyConfig::default()
+        });
+        let mut rng = Rng::with_seed(9);
+        let input = RouteInput {
+            routing_key: Some(b"conv"),
+            ..RouteInput::new("", 0)
+        };
+        let d = m.select(&input, &ws, &b, None, &mut rng).unwrap();
+        assert_eq!(d.branch, Branch::ManualNew);
+        let again = m.select(&input, &ws, &b, None, &mut rng).unwrap();
+        assert_eq!(
+            (again.worker, again.branch),
+            (d.worker, Branch::ManualSticky)
+        );
+        m.request_finished(b"conv", d.worker, 0);
+        m.request_finished(b"conv", d.worker, 0);
+        assert_eq!(m.active_groups(d.worker), 0);
+        m.maintain(10_000);
+        assert_eq!(m.len(), 1);
+        m.maintain(10_001);
+        assert!(m.is_empty());
+    }
+
+    #[test]
     fn keys_expire_after_max_idle() {
         let (ws, b) = board(4);
-        let m = ManualState::new(AssignmentMode::Random, 10, 1 << 20);
+        let m = Manual::new(AssignmentMode::Random, 10, 1 << 20);
         let mut rng = Rng::with_seed(2);
-        m.select(Some(b"a"), &ws, &[], &b, 0, &mut rng).unwrap();
+        m.by_key(Some(b"a"), &ws, &[], &b, 0, &mut rng).unwrap();
         m.request_finished(b"a", 0, 0);
-        m.select(Some(b"b"), &ws, &[], &b, 5_000, &mut rng).unwrap();
+        m.by_key(Some(b"b"), &ws, &[], &b, 5_000, &mut rng).unwrap();
         m.request_finished(b"b", 0, 5_000);
         m.expire(10_000);
         assert_eq!(m.len(), 2, "idle exactly max_idle is kept");
@@ -361,9 +415,9 @@ mod tests {
         for w in [0, 1, 3] {
             b.inc(w);
         }
-        let m = ManualState::new(AssignmentMode::MinLoad, 100, 1 << 20);
+        let m = Manual::new(AssignmentMode::MinLoad, 100, 1 << 20);
         let mut rng = Rng::with_seed(3);
-        let d = m.select(Some(b"k"), &ws, &[], &b, 0, &mut rng).unwrap();
+        let d = m.by_key(Some(b"k"), &ws, &[], &b, 0, &mut rng).unwrap();
         assert_eq!(d.worker, 2);
         // Random among ties.
         let (ws, b) = board(4);
@@ -371,7 +425,7 @@ mod tests {
         for i in 0..400u32 {
             let key = i.to_le_bytes();
             seen[m
-                .select(Some(&key), &ws, &[], &b, 0, &mut rng)
+                .by_key(Some(&key), &ws, &[], &b, 0, &mut rng)
                 .unwrap()
                 .worker as usize] += 1;
         }
@@ -381,11 +435,11 @@ mod tests {
     #[test]
     fn min_group_balances_active_keys() {
         let (ws, b) = board(3);
-        let m = ManualState::new(AssignmentMode::MinGroup, 100, 1 << 20);
+        let m = Manual::new(AssignmentMode::MinGroup, 100, 1 << 20);
         let mut rng = Rng::with_seed(4);
         // Six keys with requests in flight: two per worker.
         for i in 0..6u8 {
-            m.select(Some(&[i]), &ws, &[], &b, 0, &mut rng).unwrap();
+            m.by_key(Some(&[i]), &ws, &[], &b, 0, &mut rng).unwrap();
         }
         assert_eq!(
             (0..3).map(|w| m.active_groups(w)).collect::<Vec<_>>(),
@@ -393,14 +447,14 @@ mod tests {
         );
         // A second request on a key does not make it a second group.
         let w0 = m.lookup(&[0]).unwrap();
-        m.select(Some(&[0]), &ws, &[], &b, 0, &mut rng).unwrap();
+        m.by_key(Some(&[0]), &ws, &[], &b, 0, &mut rng).unwrap();
         assert_eq!(m.active_groups(w0), 2);
         // Finish both requests of key 0: its worker now has the fewest active keys.
         m.request_finished(&[0], w0, 1);
         assert_eq!(m.active_groups(w0), 2);
         m.request_finished(&[0], w0, 1);
         assert_eq!(m.active_groups(w0), 1);
-        let d = m.select(Some(b"new"), &ws, &[], &b, 2, &mut rng).unwrap();
+        let d = m.by_key(Some(b"new"), &ws, &[], &b, 2, &mut rng).unwrap();
         assert_eq!(d.worker, w0);
         // Expiry of a key with requests in flight releases its group.
         m.expire(1_000_000);
@@ -411,11 +465,11 @@ mod tests {
     #[test]
     fn no_header_is_placed_fresh_and_not_stored() {
         let (ws, b) = board(4);
-        let m = ManualState::new(AssignmentMode::Random, 100, 1 << 20);
+        let m = Manual::new(AssignmentMode::Random, 100, 1 << 20);
         let mut rng = Rng::with_seed(5);
         let mut seen = [0u32; 4];
         for _ in 0..400 {
-            let d = m.select(None, &ws, &[3], &b, 0, &mut rng).unwrap();
+            let d = m.by_key(None, &ws, &[3], &b, 0, &mut rng).unwrap();
             assert_eq!(d.branch, Branch::ManualNew);
             seen[d.worker as usize] += 1;
         }
@@ -427,39 +481,39 @@ mod tests {
     #[test]
     fn nothing_eligible_keeps_the_entry() {
         let (ws, b) = board(2);
-        let m = ManualState::new(AssignmentMode::Random, 100, 1 << 20);
+        let m = Manual::new(AssignmentMode::Random, 100, 1 << 20);
         let mut rng = Rng::with_seed(6);
         let w = m
-            .select(Some(b"k"), &ws, &[], &b, 0, &mut rng)
+            .by_key(Some(b"k"), &ws, &[], &b, 0, &mut rng)
             .unwrap()
             .worker;
         m.request_finished(b"k", w, 0);
-        assert_eq!(m.select(Some(b"k"), &ws, &[0, 1], &b, 1, &mut rng), None);
+        assert_eq!(m.by_key(Some(b"k"), &ws, &[0, 1], &b, 1, &mut rng), None);
         assert_eq!(m.lookup(b"k"), Some(w));
     }
 
     #[test]
     fn the_map_is_capped_least_recently_used_out_first() {
         let (ws, b) = board(4);
-        let m = ManualState::new(AssignmentMode::Random, 1_000_000, 160);
+        let m = Manual::new(AssignmentMode::Random, 1_000_000, 160);
         let mut rng = Rng::with_seed(7);
         // A key kept busy, and one with a request in flight that never ends.
         let hot = b"hot".as_slice();
         let w_hot = m
-            .select(Some(hot), &ws, &[], &b, 0, &mut rng)
+            .by_key(Some(hot), &ws, &[], &b, 0, &mut rng)
             .unwrap()
             .worker;
         m.request_finished(hot, w_hot, 0);
-        m.select(Some(b"busy"), &ws, &[], &b, 0, &mut rng).unwrap();
+        m.by_key(Some(b"busy"), &ws, &[], &b, 0, &mut rng).unwrap();
         for i in 1..=10_000u64 {
             let key = format!("flood-{i}");
             let d = m
-                .select(Some(key.as_bytes()), &ws, &[], &b, i, &mut rng)
+                .by_key(Some(key.as_bytes()), &ws, &[], &b, i, &mut rng)
                 .unwrap();
             m.request_finished(key.as_bytes(), d.worker, i);
             // Every 10 new keys (about one per shard in 16): well within a shard's LRU window.
             if i % 10 == 0 {
-                let d = m.select(Some(hot), &ws, &[], &b, i, &mut rng).unwrap();
+                let d = m.by_key(Some(hot), &ws, &[], &b, i, &mut rng).unwrap();
                 assert_eq!(d.worker, w_hot, "at {i}");
                 m.request_finished(hot, w_hot, i);
             }
@@ -474,11 +528,11 @@ mod tests {
     #[test]
     fn long_keys_cost_the_same_as_short_ones() {
         let (ws, b) = board(2);
-        let m = ManualState::new(AssignmentMode::Random, 100, 1 << 20);
+        let m = Manual::new(AssignmentMode::Random, 100, 1 << 20);
         let mut rng = Rng::with_seed(8);
         let long = vec![b'k'; 100_000];
         let w = m
-            .select(Some(&long), &ws, &[], &b, 0, &mut rng)
+            .by_key(Some(&long), &ws, &[], &b, 0, &mut rng)
             .unwrap()
             .worker;
         assert_eq!(m.lookup(&long), Some(w));

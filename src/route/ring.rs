@@ -1,15 +1,10 @@
-//! Hash-ring policies: `consistent_hashing` (a request key such as a user or session id always
-//! lands on the same worker, and adding a worker moves only ~1/(N+1) of the keys) and
-//! `prefix_hash` (the prompt's first characters pick the worker, so shared prefixes meet their
-//! KV cache without a tree, with a load bound so a hot prefix cannot swamp one worker).
+//! The consistent-hash ring `consistent_hashing` and `prefix_hash` place keys on, and the
+//! stable hash (`hash64`) they and `manual`'s key shards use. A ring exists so that a key lands
+//! on the same worker every time and adding a worker moves only ~1/(N+1) of the keys.
 //!
 //! The ring is rebuilt on the admin path (`RingCell::rebuild`) and published through `ArcSwap`,
-//! so `select` only does an atomic load, a binary search and a short clockwise walk.
-use crate::base::rng::Rng;
-use crate::base::text::prefix_chars;
+//! so a lookup only does an atomic load, a binary search and a short clockwise walk.
 use crate::base::WorkerId;
-use crate::route::types::{Branch, Decision, RouteInput};
-use crate::workers::load::LoadBoard;
 use arc_swap::ArcSwap;
 use std::sync::Arc;
 
@@ -174,86 +169,6 @@ impl RingCell {
     pub fn load(&self) -> arc_swap::Guard<Arc<Ring>> {
         self.ring.load()
     }
-}
-
-/// Parse `X-SMG-Target-Worker` as a decimal index (ASCII digits, surrounding spaces allowed).
-fn parse_index(v: &[u8]) -> Option<usize> {
-    let v = v.trim_ascii();
-    if v.is_empty() || v.len() > 9 || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(
-        v.iter()
-            .fold(0usize, |acc, &d| acc * 10 + (d - b'0') as usize),
-    )
-}
-
-/// consistent_hashing: a valid `X-SMG-Target-Worker` index into the eligible workers (in
-/// registration order) wins unless that worker is excluded; otherwise `hash_key` on the ring,
-/// walking past ineligible/excluded workers; with no key, a random eligible worker.
-pub fn select_consistent(
-    cell: &RingCell,
-    input: &RouteInput,
-    workers: &[WorkerId],
-    loads: &LoadBoard,
-    rng: &mut Rng,
-) -> Option<Decision> {
-    let exclude = input.exclude;
-    if let Some(i) = input.target_worker.and_then(parse_index) {
-        let target = workers
-            .iter()
-            .copied()
-            .filter(|&w| loads.is_eligible(w))
-            .nth(i);
-        if let Some(w) = target.filter(|w| !exclude.contains(w)) {
-            return Some(Decision::plain(w, Branch::TargetWorker));
-        }
-    }
-    if let Some(key) = input.hash_key {
-        let ring = cell.load();
-        if let Some(w) = ring.lookup(hash64(key), |w| loads.selectable(w, exclude)) {
-            return Some(Decision::plain(w, Branch::HashRing));
-        }
-    }
-    loads
-        .pick_random_eligible(workers, exclude, rng)
-        .map(|w| Decision::plain(w, Branch::Random))
-}
-
-/// Bounded-load test for prefix_hash. With `S` the in-flight sum and `N` the number of eligible
-/// workers, a worker is overloaded when `load > 1.25 × (S + 1) / N`: the `+ 1` counts the
-/// request being placed, so an idle fleet never trips it, and a worker may exceed the average
-/// by 25 % before its prefix traffic spills. Integer form: `4·load·N > 5·(S + 1)`.
-pub fn overloaded(load: u32, sum: u64, eligible: usize) -> bool {
-    4 * load as u128 * eligible as u128 > 5 * (sum as u128 + 1)
-}
-
-/// prefix_hash: hash the first `prefix_chars` characters onto the ring; if that worker is
-/// overloaded (see [`overloaded`]), the least-loaded eligible, non-excluded worker instead.
-pub fn select_prefix(
-    cell: &RingCell,
-    input: &RouteInput,
-    prefix_chars_n: usize,
-    workers: &[WorkerId],
-    loads: &LoadBoard,
-    rng: &mut Rng,
-) -> Option<Decision> {
-    let exclude = input.exclude;
-    let h = hash64(prefix_chars(input.text, prefix_chars_n).as_bytes());
-    let on_ring = cell.load().lookup(h, |w| loads.selectable(w, exclude));
-    if let Some(w) = on_ring {
-        if !overloaded(
-            loads.load(w),
-            loads.eligible_load_sum(),
-            loads.eligible_count(),
-        ) {
-            return Some(Decision::plain(w, Branch::HashRing));
-        }
-    }
-    // Overloaded, or no ring member acceptable (a stale or empty ring).
-    loads
-        .pick_least_loaded(workers, exclude, rng)
-        .map(|w| Decision::plain(w, Branch::HashRingOverloaded))
 }
 
 #[cfg(test)]

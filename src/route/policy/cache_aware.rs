@@ -1,6 +1,9 @@
 //! cache_aware: send a request to a worker that already holds its prefix, unless the fleet is
-//! out of balance. The algorithm is sgl-model-gateway's `select_worker` (0.3.2) with its
-//! tie-breaking bugs fixed:
+//! out of balance. It exists because a prompt whose prefix a server already holds skips that
+//! much prefill, and chat traffic repeats its prefixes (system prompts, earlier turns): routing
+//! on a radix tree of what was sent where turns those repeats into cache hits, while the
+//! balance test keeps affinity from piling work on one server. The algorithm is
+//! sgl-model-gateway's `select_worker` (0.3.2) with its tie-breaking bugs fixed:
 //!
 //! 1. Over eligible, non-excluded workers compute (min, max) in-flight. **Imbalanced** when
 //!    `max − min > balance_abs_threshold` AND `max > min × balance_rel_threshold` (both strict)
@@ -22,10 +25,56 @@
 use crate::base::rng::Rng;
 use crate::base::text::char_count;
 use crate::base::WorkerId;
+use crate::route::policy::Select;
 use crate::route::recent::RecentMatch;
-use crate::route::types::{Branch, Decision, ExactInput, PolicyConfig};
+use crate::route::types::{Branch, Decision, ExactInput, PolicyConfig, RouteInput};
 use crate::tree::RadixTree;
 use crate::workers::load::LoadBoard;
+
+/// The cache_aware policy: its knobs; the tree it reads is the gateway's, handed to each call.
+#[derive(Debug, Default)]
+pub struct CacheAware {
+    params: Params,
+}
+
+impl Select for CacheAware {
+    fn from_config(cfg: &PolicyConfig) -> Self {
+        CacheAware {
+            params: Params::from_config(cfg),
+        }
+    }
+
+    /// The text tree's match alone, or with `--kv-events` the better of it and the servers'
+    /// own token counts ([`select_mixed`]).
+    fn select(
+        &self,
+        input: &RouteInput,
+        workers: &[WorkerId],
+        loads: &LoadBoard,
+        tree: Option<&RadixTree>,
+        rng: &mut Rng,
+    ) -> Option<Decision> {
+        let prefix = Lookup {
+            text: input.text,
+            tree,
+            recent: input.recent.as_ref(),
+        };
+        let p = &self.params;
+        let exclude = input.exclude;
+        match input.exact {
+            Some(exact) => select_mixed(p, exact, prefix, workers, exclude, loads, rng),
+            None => select_with_tree(p, prefix, workers, exclude, loads, rng),
+        }
+    }
+
+    fn needs_tree(&self) -> bool {
+        true
+    }
+
+    fn reads_text(&self) -> bool {
+        true
+    }
+}
 
 /// The cache_aware knobs, copied out of `PolicyConfig` once.
 #[derive(Debug, Clone, Copy, PartialEq)]

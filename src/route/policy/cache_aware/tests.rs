@@ -477,3 +477,30 @@ fn request_size_counts_every_character_whatever_matched() {
         assert_eq!(d.request_size, chars, "recent insert past {cut} bytes");
     }
 }
+
+#[test]
+fn the_policy_reads_the_tree_then_the_servers_tokens_when_it_has_them() {
+    let (ws, b) = board(3);
+    let mut rng = Rng::with_seed(13);
+    let p = CacheAware::from_config(&PolicyConfig::default());
+    assert!(p.needs_tree() && p.reads_text());
+    let text = "a shared system prompt, then the question";
+    let mut tree = RadixTree::new();
+    tree.insert(text, 1, 1);
+    // The text tree alone: worker 1 holds the whole prompt.
+    let input = RouteInput::new(text, 0);
+    let d = p.select(&input, &ws, &b, Some(&tree), &mut rng).unwrap();
+    assert_eq!((d.worker, d.branch), (1, Branch::CacheHit));
+    assert!(d.insert_text);
+    // No tree for the model: a miss.
+    let d = p.select(&input, &ws, &b, None, &mut rng).unwrap();
+    assert_eq!(d.branch, Branch::CacheMiss);
+    // With KV events for every worker the servers' tokens decide: worker 2 holds 80 of 100.
+    let input = RouteInput {
+        exact: Some(exact(100, &[(2, 80)], &[0, 1, 2])),
+        ..input
+    };
+    let d = p.select(&input, &ws, &b, Some(&tree), &mut rng).unwrap();
+    assert_eq!((d.worker, d.branch), (2, Branch::CacheHit));
+    assert_eq!((d.matched_chars, d.request_size), (80, 100));
+}
