@@ -4,7 +4,7 @@
 # end-to-end binary (tests/e2e/, every suite in it) again on epoll, so both io drivers stay
 # green. Each pass prints how long it took, and the last line both times.
 #
-# RADIXGATE_TEST_IO_DRIVER (read by tests/e2e/common) makes every gateway the tests start use
+# RADIXGATE_TEST_IO_DRIVER (read by tests/common) makes every gateway the tests start use
 # `--io-driver uring` / `--io-driver legacy` and assert, through GET /get_server_info, that it
 # runs on that driver; an explicit uring fails to start where io_uring is unavailable, so the
 # first pass cannot silently fall back to epoll. One test also checks a child gateway process's
