@@ -460,6 +460,27 @@ pub fn wait_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Opt
     }
 }
 
+/// Rounds the gateway's telemetry thread has completed: each round reads every worker (with
+/// `--saturation-admission`, the readings admission decides on, every `--saturation-poll-ms`).
+pub fn telemetry_round(gw: &Running) -> u64 {
+    gw.gateway().telemetry.report().round
+}
+
+/// Wait until a telemetry round that *started* after now has completed (two rounds on), so
+/// what the workers reported before this call is in the gateway's readings and report. Fails
+/// after 20 s, saying which round it waited for.
+pub fn wait_fresh_round(gw: &Running) {
+    let r0 = telemetry_round(gw);
+    wait_until(
+        &format!(
+            "telemetry round {} (the first sure to start after the wait began, at round {r0})",
+            r0 + 2
+        ),
+        Duration::from_secs(20),
+        || (telemetry_round(gw) >= r0 + 2).then_some(()),
+    );
+}
+
 /// The address of worker `i` of a simulated cluster.
 pub fn worker_addr(cluster: &SimCluster, i: usize) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], cluster.ports()[i]))
