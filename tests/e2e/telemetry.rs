@@ -44,10 +44,15 @@ fn sim_counters(cluster: &loadtest::sim::SimCluster, i: usize) -> (f64, f64) {
     (cached, prompt)
 }
 
-/// `promtool check metrics` on `text`: `None` when promtool is not installed (allowed only
-/// outside CI), else its exit code and output.
+/// `promtool check metrics` on `text`: its exit code and output, or `None` when promtool is not
+/// installed and nothing asks for it. `RADIXGATE_TEST_PROMTOOL` (scripts/test.sh sets it to the
+/// promtool it made sure of) names the one to run, and then a missing one fails the test;
+/// without it, `promtool` from PATH runs whenever it is installed, and its absence fails under
+/// CI=true and is a printed skip otherwise (a developer's plain `cargo test`).
 fn promtool(text: &str) -> Option<(i32, String)> {
-    let child = Command::new("promtool")
+    let required = std::env::var_os("RADIXGATE_TEST_PROMTOOL").filter(|p| !p.is_empty());
+    let program = required.clone().unwrap_or_else(|| "promtool".into());
+    let child = Command::new(&program)
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -57,6 +62,11 @@ fn promtool(text: &str) -> Option<(i32, String)> {
         Ok(c) => c,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             assert!(
+                required.is_none(),
+                "RADIXGATE_TEST_PROMTOOL={program:?} does not exist (scripts/test.sh sets it \
+                 after apt-get install prometheus)"
+            );
+            assert!(
                 std::env::var("CI").as_deref() != Ok("true"),
                 "promtool is not installed (scripts/test.sh installs it: apt-get install prometheus)"
             );
@@ -65,7 +75,7 @@ fn promtool(text: &str) -> Option<(i32, String)> {
             );
             return None;
         }
-        Err(e) => panic!("cannot run promtool: {e}"),
+        Err(e) => panic!("cannot run {program:?}: {e}"),
     };
     child
         .stdin
