@@ -4,7 +4,7 @@
 # end-to-end binary (tests/e2e/, every suite in it) again on epoll, so both io drivers stay
 # green. Each pass prints how long it took, and the last line both times.
 #
-# RADIXGATE_TEST_IO_DRIVER (read by tests/e2e/common) makes every gateway the tests start use
+# RADIXGATE_TEST_IO_DRIVER (read by tests/common) makes every gateway the tests start use
 # `--io-driver uring` / `--io-driver legacy` and assert, through GET /get_server_info, that it
 # runs on that driver; an explicit uring fails to start where io_uring is unavailable, so the
 # first pass cannot silently fall back to epoll. One test also checks a child gateway process's
@@ -36,11 +36,20 @@ if ! command -v c++ >/dev/null 2>&1; then
 fi
 
 # tests/e2e/telemetry.rs pipes /metrics and /engine_metrics through `promtool check metrics`
-# (Prometheus's own linter; Debian/Ubuntu ship it in the `prometheus` package). Under CI=true
-# the test fails without it; elsewhere it skips that check and says so.
-if ! command -v promtool >/dev/null 2>&1; then
-    echo "== installing promtool (apt-get install prometheus) =="
-    apt-get update -q && apt-get install -y -q --no-install-recommends prometheus
+# (Prometheus's own linter; Debian/Ubuntu ship it in the `prometheus` package). Every run of this
+# script checks: it installs promtool when missing and hands the test its path in
+# RADIXGATE_TEST_PROMTOOL, which makes a promtool that cannot be found a failure, not a skip
+# (a plain `cargo test` without promtool skips that check and says so, except under CI=true).
+if [[ -z "${RADIXGATE_TEST_PROMTOOL:-}" ]]; then
+    if ! command -v promtool >/dev/null 2>&1; then
+        echo "== installing promtool (apt-get install prometheus) =="
+        apt-get update -q && apt-get install -y -q --no-install-recommends prometheus
+    fi
+    RADIXGATE_TEST_PROMTOOL=$(command -v promtool) || {
+        echo "promtool is still missing after apt-get install prometheus" >&2
+        exit 1
+    }
+    export RADIXGATE_TEST_PROMTOOL
 fi
 
 # tests/e2e/k8s_discovery.rs checks its stub Kubernetes API server with the real client:

@@ -2,6 +2,9 @@
 //! families, the example config, the links between pages, the benchmark tables' provenance, and
 //! no diary (no commit hashes, tracker references, timestamps or links into `results/`).
 
+// The end-to-end helpers (tests/common/, the e2e binary's too), for the one test that runs a
+// gateway; the rest of them are unused here.
+#[allow(dead_code, unused_imports)]
 mod common;
 use clap::CommandFactory;
 use common::*;
@@ -220,18 +223,7 @@ fn every_family_in_the_source_has_help_text_registered() {
 fn a_running_gateway_exports_only_documented_families() {
     let readme = families_in_docs();
     let cluster = sim(1, |_| {});
-    let port = free_port().to_string();
-    let gw = gateway_for(
-        &cluster.urls(),
-        &[
-            "--prometheus-port",
-            &port,
-            "--prometheus-host",
-            "127.0.0.1",
-            "--policy",
-            "cache_aware",
-        ],
-    );
+    let gw = gateway_with_metrics(&cluster.urls(), &["--policy", "cache_aware"]);
     for i in 0..3 {
         let r = request(
             gw.addr,

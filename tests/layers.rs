@@ -215,7 +215,7 @@ fn declared_submodules(text: &str) -> Vec<String> {
         let Some(name) = rest.and_then(|r| r.strip_suffix(';')) else {
             continue;
         };
-        if name == "tests" || name.ends_with("_tests") {
+        if name == "tests" {
             continue;
         }
         out.push(name.to_string());
@@ -280,7 +280,7 @@ fn every_mod_rs_doc_list_names_every_submodule() {
 fn the_doc_list_check_reads_paths_and_skips_tests() {
     let text =
         "//! The parts: `wire`, `kv::zmtp` and [`trie::holding`].\npub mod wire;\nmod zmtp;\n\
-                mod trie;\nmod memo;\n#[cfg(test)]\nmod tests;\nmod transfer_tests;\n";
+                mod trie;\nmod memo;\n#[cfg(test)]\nmod tests;\n";
     assert_eq!(
         declared_submodules(text),
         vec!["wire", "zmtp", "trie", "memo"]
@@ -288,4 +288,44 @@ fn the_doc_list_check_reads_paths_and_skips_tests() {
     let quoted = quoted_in_module_doc(text);
     assert!(names_module(&quoted, "wire") && names_module(&quoted, "zmtp"));
     assert!(names_module(&quoted, "trie") && !names_module(&quoted, "memo"));
+}
+
+/// Unit tests have one shape (docs/architecture.md, "Tests"): a module's tests are its `tests`
+/// module, inline (`mod tests { … }`) or, when long, the sibling file `tests.rs` (`mod tests;`).
+/// No `*_tests.rs` file and no test module of another `*_tests` name, so a module's tests are
+/// found in one place.
+#[test]
+fn unit_tests_are_each_modules_tests_module() {
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"));
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut odd = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(src).unwrap().display().to_string();
+        if f.file_stem()
+            .is_some_and(|s| s.to_string_lossy().ends_with("_tests"))
+        {
+            odd.push(format!("{rel}: a `*_tests.rs` file"));
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let name = line
+                .trim()
+                .trim_start_matches("pub(crate) ")
+                .trim_start_matches("pub(super) ")
+                .trim_start_matches("pub ")
+                .strip_prefix("mod ")
+                .and_then(|r| {
+                    r.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .next()
+                });
+            if name.is_some_and(|n| n.ends_with("_tests")) {
+                odd.push(format!("{rel}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        odd.is_empty(),
+        "unit tests go in the module's `tests` (inline, or tests.rs beside it): {odd:?}"
+    );
 }

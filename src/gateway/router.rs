@@ -145,8 +145,9 @@ impl Router {
 }
 
 #[cfg(test)]
-mod all_exact_tests {
-    use super::all_exact;
+mod tests {
+    use super::*;
+    use std::time::Instant;
 
     #[test]
     fn only_when_every_worker_has_complete_events() {
@@ -156,12 +157,6 @@ mod all_exact_tests {
         let many: Vec<u32> = (0..300).collect();
         assert!(!all_exact(&many, &many), "large fleets always ask the tree");
     }
-}
-
-#[cfg(test)]
-mod recent_tests {
-    use super::*;
-    use std::time::Instant;
 
     #[test]
     fn unpublished_inserts_expire_when_no_insert_follows() {

@@ -401,7 +401,7 @@ impl std::io::Write for Capped {
 }
 
 #[cfg(test)]
-mod amplification_tests {
+mod tests {
     use super::*;
 
     /// A render context of one name.

@@ -100,15 +100,15 @@ fn send_later(
 }
 
 /// Wait until the worker has received `n` requests (the long ones: running, or queued in its
-/// own queue).
-fn worker_holds(c: &loadtest::sim::SimCluster, n: u64) {
+/// own queue), and until a reading of the worker taken since then (every 50 ms) is the one
+/// admission decides on.
+fn worker_holds(gw: &Running, c: &loadtest::sim::SimCluster, n: u64) {
     wait_until(
         &format!("the worker holds {n}"),
         Duration::from_secs(5),
         || (sim_count(c, 0, "inference_received") >= n).then_some(()),
     );
-    // A reading of the worker (every 50 ms) sees it.
-    std::thread::sleep(Duration::from_millis(150));
+    wait_fresh_round(gw);
 }
 
 #[test]
@@ -120,9 +120,9 @@ fn under_saturation_the_higher_class_goes_first_claims_are_clamped_and_a_full_qu
     let mut threads = Vec::new();
     // Two long requests fill the worker: one runs, one waits in the worker's own queue.
     threads.push(send_later(gw.addr, "long-1", vec![], gen(100, None), &done));
-    worker_holds(&c, 1);
+    worker_holds(&gw, &c, 1);
     threads.push(send_later(gw.addr, "long-2", vec![], gen(100, None), &done));
-    worker_holds(&c, 2);
+    worker_holds(&gw, &c, 2);
     // Now the fleet is saturated: these wait in the gateway. `low` class 0; `mid` class 5 from
     // the body's priority field.
     let vip = || ("authorization", "Bearer k-vip".to_string());
@@ -205,9 +205,9 @@ fn a_request_waits_at_most_the_queue_timeout_and_a_client_that_leaves_frees_its_
     let gw = admission_gateway(&c, &["--queue-timeout-secs", "1"]);
     let done: Answers = Arc::new(Mutex::new(Vec::new()));
     let long1 = send_later(gw.addr, "long-1", vec![], gen(150, None), &done);
-    worker_holds(&c, 1);
+    worker_holds(&gw, &c, 1);
     let long2 = send_later(gw.addr, "long-2", vec![], gen(150, None), &done);
-    worker_holds(&c, 2);
+    worker_holds(&gw, &c, 2);
     let received = sim_count(&c, 0, "inference_received");
     // A client that sends its request and leaves while it waits.
     let mut gone = Conn::open(gw.addr);

@@ -19,11 +19,11 @@
 //! [`EXPORT_GAP`]; the gateway's resident memory stays within [`PEAK_GROWTH_MB`] of what it
 //! was after warm-up and stops growing. Duration: `RADIXGATE_SOAK_SECS` (default 60).
 
+use super::k8s_discovery::{pod, Stub};
+use super::soak::{hostile, status_in};
+use super::tracing::Receiver;
 use crate::common::hostile::*;
 use crate::common::*;
-use crate::k8s_discovery::{pod, Stub};
-use crate::soak::{hostile, status_in};
-use crate::tracing::Receiver;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,6 @@
 //! workers added or removed at run time are followed.
 
 use crate::common::*;
-use radixgate::runtime::Running;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -12,20 +11,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Rounds the telemetry thread has completed.
-fn round(gw: &Running) -> u64 {
-    gw.gateway().telemetry.report().round
-}
-
-/// Wait until a round that *started* after now has completed (two rounds on), so everything
-/// the workers counted before this call is in the report.
-fn wait_fresh_round(gw: &Running) {
-    let r0 = round(gw);
-    wait_until("two more telemetry rounds", WAIT, || {
-        (round(gw) >= r0 + 2).then_some(())
-    });
-}
 
 fn get_text(addr: SocketAddr, path: &str) -> String {
     let r = request(addr, "GET", path, &[], b"").unwrap();
@@ -59,10 +44,15 @@ fn sim_counters(cluster: &loadtest::sim::SimCluster, i: usize) -> (f64, f64) {
     (cached, prompt)
 }
 
-/// `promtool check metrics` on `text`: `None` when promtool is not installed (allowed only
-/// outside CI), else its exit code and output.
+/// `promtool check metrics` on `text`: its exit code and output, or `None` when promtool is not
+/// installed and nothing asks for it. `RADIXGATE_TEST_PROMTOOL` (scripts/test.sh sets it to the
+/// promtool it made sure of) names the one to run, and then a missing one fails the test;
+/// without it, `promtool` from PATH runs whenever it is installed, and its absence fails under
+/// CI=true and is a printed skip otherwise (a developer's plain `cargo test`).
 fn promtool(text: &str) -> Option<(i32, String)> {
-    let child = Command::new("promtool")
+    let required = std::env::var_os("RADIXGATE_TEST_PROMTOOL").filter(|p| !p.is_empty());
+    let program = required.clone().unwrap_or_else(|| "promtool".into());
+    let child = Command::new(&program)
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -72,6 +62,11 @@ fn promtool(text: &str) -> Option<(i32, String)> {
         Ok(c) => c,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             assert!(
+                required.is_none(),
+                "RADIXGATE_TEST_PROMTOOL={program:?} does not exist (scripts/test.sh sets it \
+                 after apt-get install prometheus)"
+            );
+            assert!(
                 std::env::var("CI").as_deref() != Ok("true"),
                 "promtool is not installed (scripts/test.sh installs it: apt-get install prometheus)"
             );
@@ -80,7 +75,7 @@ fn promtool(text: &str) -> Option<(i32, String)> {
             );
             return None;
         }
-        Err(e) => panic!("cannot run promtool: {e}"),
+        Err(e) => panic!("cannot run {program:?}: {e}"),
     };
     child
         .stdin
@@ -327,7 +322,9 @@ fn engine_metrics_needs_the_admin_key_and_the_thread() {
     );
     let r = request(gw.addr, "GET", "/engine_metrics", &[], b"").unwrap();
     assert_eq!(r.status, 401, "{}", r.text());
-    wait_until("a round", WAIT, || (round(&gw) >= 1).then_some(()));
+    wait_until("a round", WAIT, || {
+        (telemetry_round(&gw) >= 1).then_some(())
+    });
     let auth = [("authorization", "Bearer adm")];
     let r = request(gw.addr, "GET", "/engine_metrics", &auth, b"").unwrap();
     assert_eq!(r.status, 200);
@@ -338,7 +335,7 @@ fn engine_metrics_needs_the_admin_key_and_the_thread() {
     let r = request(off.addr, "GET", "/engine_metrics", &[], b"").unwrap();
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.text().contains("--worker-metrics-interval-secs"));
-    assert_eq!(round(&off), 0);
+    assert_eq!(telemetry_round(&off), 0);
 }
 
 #[test]
@@ -357,7 +354,9 @@ fn a_worker_that_never_answers_delays_no_round_for_long() {
         ],
     );
     let started = std::time::Instant::now();
-    wait_until("four rounds", WAIT, || (round(&gw) >= 4).then_some(()));
+    wait_until("four rounds", WAIT, || {
+        (telemetry_round(&gw) >= 4).then_some(())
+    });
     // Each round waits for the silent worker at most its timeout (here the 1 s interval).
     assert!(
         started.elapsed() < Duration::from_secs(8),

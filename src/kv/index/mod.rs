@@ -80,8 +80,6 @@ mod writer;
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod transfer_tests;
 
 pub use memo::ChainMemo;
 pub use snapshot::{IndexReader, MatchScratch, PrefixMatch, Snapshot};

@@ -237,7 +237,7 @@ impl IndexReader {
 }
 
 #[cfg(test)]
-mod chain_tests {
+mod tests {
     use super::super::{chain_hashes, IndexConfig, IndexWriter, KvEvent, Source, ROOT_PARENT};
     use super::MatchScratch;
     use crate::kv::wire::{BlockStored, EngineHash};

@@ -51,7 +51,7 @@
 //! elsewhere than on the device alone. Measured: 17.1 bytes per block on the bench's traffic
 //! (16-block events, a conversation ending after 8 on average), 19.3 on short turns of 1–4
 //! blocks branching off a shared system prompt with some backed up to host memory
-//! (`transfer_tests`); a full default index (4 Mi blocks) is ~72 MB before any HTTP
+//! (its `tests`); a full default index (4 Mi blocks) is ~72 MB before any HTTP
 //! compression.
 //!
 //! **Untrusted input.** The payload is read twice: once to check every field, length and count
@@ -859,3 +859,6 @@ impl IndexWriter {
         self.cfg = cfg;
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,8 +1,8 @@
 //! Export and import of the writer's state between two copies (`writer/transfer.rs`).
 
-use super::tests::{matches, op, removed, seq, src, stored, Op, M};
-use super::*;
 use crate::base::rng::Rng;
+use crate::kv::index::tests::{matches, op, removed, seq, src, stored, Op, M};
+use crate::kv::index::*;
 use proptest::prelude::*;
 
 /// The second model of the traffic.
