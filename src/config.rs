@@ -7,6 +7,8 @@
 //! *before* the command line, so the file and the command line go through the same parser and
 //! validation, and flags on the command line override the file.
 
+pub mod settings;
+
 use crate::route::types::{AssignmentMode, PolicyKind};
 use clap::{ArgAction, Parser, ValueEnum};
 use std::time::Duration;
@@ -22,39 +24,49 @@ pub enum IoDriver {
     Legacy,
 }
 
-fn parse_policy(s: &str) -> Result<PolicyKind, String> {
-    s.parse::<PolicyKind>().map_err(|e| e.to_string())
+fn parse_policy(s: &str) -> Result<PolicyKind, SettingError> {
+    s.parse::<PolicyKind>()
+        .map_err(|e| SettingError::Value(e.to_string()))
 }
 
-fn parse_assignment(s: &str) -> Result<AssignmentMode, String> {
-    s.parse::<AssignmentMode>().map_err(|e| e.to_string())
+fn parse_assignment(s: &str) -> Result<AssignmentMode, SettingError> {
+    s.parse::<AssignmentMode>()
+        .map_err(|e| SettingError::Value(e.to_string()))
 }
 
-fn parse_fraction(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+/// A number, or what the user is told when it is not one.
+fn parse_number(s: &str) -> Result<f64, SettingError> {
+    s.parse()
+        .map_err(|_| SettingError::Value(format!("`{s}` is not a number")))
+}
+
+fn parse_fraction(s: &str) -> Result<f64, SettingError> {
+    let v = parse_number(s)?;
     if !(0.0..=1.0).contains(&v) {
-        return Err(format!("{v} is not between 0 and 1"));
+        return Err(SettingError::Value(format!("{v} is not between 0 and 1")));
     }
     Ok(v)
 }
 
-fn parse_positive_f64(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+fn parse_positive_f64(s: &str) -> Result<f64, SettingError> {
+    let v = parse_number(s)?;
     if !(v.is_finite() && v > 0.0) {
-        return Err(format!("{v} must be a positive number"));
+        return Err(SettingError::Value(format!(
+            "{v} must be a positive number"
+        )));
     }
     Ok(v)
 }
 
 /// An OTLP/gRPC endpoint: `host:port` or `http://host:port` (TLS is not built in: a collector
 /// beside the gateway takes plain gRPC and forwards over TLS).
-fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
+fn parse_otlp_endpoint(s: &str) -> Result<String, SettingError> {
     let rest = match s.split_once("://") {
         Some(("http", rest)) => rest,
         Some((scheme, _)) => {
-            return Err(format!(
+            return Err(SettingError::Value(format!(
                 "`{scheme}://` is not supported: use host:port or http://host:port (no TLS)"
-            ))
+            )))
         }
         None => s,
     };
@@ -63,28 +75,30 @@ fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
         Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
             Ok(s.trim_end_matches('/').to_string())
         }
-        _ => Err(format!("`{s}` is not HOST:PORT")),
+        _ => Err(SettingError::Value(format!("`{s}` is not HOST:PORT"))),
     }
 }
 
-fn parse_worker_url(s: &str) -> Result<String, String> {
+fn parse_worker_url(s: &str) -> Result<String, SettingError> {
     crate::workers::registry::parse_worker_url(s)
         .map(|_| s.trim_end_matches('/').to_string())
-        .map_err(|e| e.to_string())
+        .map_err(|e| SettingError::Value(e.to_string()))
 }
 
 /// One `KEY=VALUE` label of a pod selector, split at the first `=` (the reference's rule); the
 /// key must not be empty, the value may be.
-fn parse_label(s: &str) -> Result<String, String> {
+fn parse_label(s: &str) -> Result<String, SettingError> {
     match s.split_once('=') {
         Some((k, _)) if !k.trim().is_empty() => Ok(s.to_string()),
-        _ => Err(format!("`{s}` is not a KEY=VALUE label")),
+        _ => Err(SettingError::Value(format!(
+            "`{s}` is not a KEY=VALUE label"
+        ))),
     }
 }
 
 /// One `WORKER_URL=tcp://HOST:PORT` value: the worker URL checked like `--worker-urls`.
-fn parse_kv_endpoint(s: &str) -> Result<crate::kv::endpoint::WorkerEndpoint, String> {
-    let mut we = crate::kv::endpoint::parse_worker_endpoint(s)?;
+fn parse_kv_endpoint(s: &str) -> Result<crate::kv::endpoint::WorkerEndpoint, SettingError> {
+    let mut we = crate::kv::endpoint::parse_worker_endpoint(s).map_err(SettingError::Value)?;
     we.worker_url = parse_worker_url(&we.worker_url)?;
     Ok(we)
 }
@@ -93,22 +107,23 @@ fn parse_kv_endpoint(s: &str) -> Result<crate::kv::endpoint::WorkerEndpoint, Str
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuList(pub Vec<usize>);
 
-fn parse_cpu_list(s: &str) -> Result<CpuList, String> {
+fn parse_cpu_list(s: &str) -> Result<CpuList, SettingError> {
+    let bad_cpu = |c: &str| SettingError::Value(format!("bad CPU `{c}`"));
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         if let Some((a, b)) = part.split_once('-') {
-            let a: usize = a.trim().parse().map_err(|_| format!("bad CPU `{a}`"))?;
-            let b: usize = b.trim().parse().map_err(|_| format!("bad CPU `{b}`"))?;
+            let a: usize = a.trim().parse().map_err(|_| bad_cpu(a))?;
+            let b: usize = b.trim().parse().map_err(|_| bad_cpu(b))?;
             if a > b {
-                return Err(format!("bad CPU range `{part}`"));
+                return Err(SettingError::Value(format!("bad CPU range `{part}`")));
             }
             out.extend(a..=b);
         } else {
-            out.push(part.parse().map_err(|_| format!("bad CPU `{part}`"))?);
+            out.push(part.parse().map_err(|_| bad_cpu(part))?);
         }
     }
     if out.is_empty() {
-        return Err("empty CPU list".into());
+        return Err(SettingError::Value("empty CPU list".into()));
     }
     out.sort_unstable();
     out.dedup();
@@ -636,18 +651,23 @@ impl Config {
 
     /// The KV-event endpoints given by flags, paired per worker (empty: read them from the
     /// workers).
-    pub fn kv_endpoints(&self) -> Result<Vec<crate::kv::endpoint::KvEndpoints>, String> {
+    pub fn kv_endpoints(&self) -> Result<Vec<crate::kv::endpoint::KvEndpoints>, SettingError> {
         crate::kv::endpoint::pair_endpoints(
             &self.kv_events_endpoints,
             &self.kv_events_replay_endpoints,
         )
+        .map_err(SettingError::Value)
     }
 
     /// The `--prefill` workers as (URL, bootstrap port), checked like `--worker-urls`.
-    pub fn prefill_workers(&self) -> Result<Vec<(String, Option<u16>)>, String> {
-        let list = crate::workers::role::parse_prefill_values(&self.prefill)?;
+    pub fn prefill_workers(&self) -> Result<Vec<(String, Option<u16>)>, SettingError> {
+        let list = crate::workers::role::parse_prefill_values(&self.prefill)
+            .map_err(SettingError::Value)?;
         for (url, _) in &list {
-            parse_worker_url(url).map_err(|e| format!("--prefill: {e}"))?;
+            parse_worker_url(url).map_err(|e| SettingError::Flag {
+                flag: "--prefill",
+                why: e.to_string(),
+            })?;
         }
         Ok(list)
     }
@@ -655,42 +675,53 @@ impl Config {
     /// The PD flags agree with each other: valid prefill values, and no bucket on the decode
     /// side (the reference offers it for prefill only).
     /// The saturation admission's settings make sense together.
-    fn admission_checks(&self) -> Result<(), String> {
+    fn admission_checks(&self) -> Result<(), SettingError> {
+        let flag = |flag, why: &str| {
+            Err(SettingError::Flag {
+                flag,
+                why: why.to_string(),
+            })
+        };
         if !(self.saturation_kv_usage > 0.0 && self.saturation_kv_usage <= 1.0) {
-            return Err(
-                "--saturation-kv-usage: a share of the KV cache, above 0 and at most 1".into(),
+            return flag(
+                "--saturation-kv-usage",
+                "a share of the KV cache, above 0 and at most 1",
             );
         }
         if !(self.saturation_headroom >= 0.0 && self.saturation_headroom < self.saturation_kv_usage)
         {
-            return Err(
-                "--saturation-headroom: a share of the KV cache, at least 0 and below \
-                 --saturation-kv-usage"
-                    .into(),
+            return flag(
+                "--saturation-headroom",
+                "a share of the KV cache, at least 0 and below --saturation-kv-usage",
             );
         }
         if self.saturation_chunk_tokens == 0 {
-            return Err("--saturation-chunk-tokens: at least 1 (a prefill step's tokens)".into());
+            return flag(
+                "--saturation-chunk-tokens",
+                "at least 1 (a prefill step's tokens)",
+            );
         }
         if self.saturation_queue_reqs == 0 {
-            return Err(
-                "--saturation-queue-reqs: at least 1 (0 would call every worker saturated)".into(),
+            return flag(
+                "--saturation-queue-reqs",
+                "at least 1 (0 would call every worker saturated)",
             );
         }
         if self.saturation_admission {
             if self.saturation_poll_ms == 0 {
-                return Err("--saturation-admission needs --saturation-poll-ms above 0".into());
+                return Err(SettingError::Conflict(
+                    "--saturation-admission needs --saturation-poll-ms above 0",
+                ));
             }
             if self.max_concurrent_requests >= 0 {
-                return Err(
-                    "--saturation-admission replaces --max-concurrent-requests: give one of them"
-                        .into(),
-                );
+                return Err(SettingError::Conflict(
+                    "--saturation-admission replaces --max-concurrent-requests: give one of them",
+                ));
             }
         }
         crate::admission::tenants::Tenants::new(&self.tenants)
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| SettingError::Value(e.to_string()))
     }
 
     /// How often the telemetry thread reads the workers (None: never): every
@@ -706,16 +737,21 @@ impl Config {
         regular
     }
 
-    fn pd_checks(&self) -> Result<(), String> {
+    fn pd_checks(&self) -> Result<(), SettingError> {
         self.prefill_workers()?;
         if self.decode_policy == Some(PolicyKind::Bucket) {
-            return Err("--decode-policy: bucket is a prefill-side policy".into());
+            return Err(SettingError::Flag {
+                flag: "--decode-policy",
+                why: "bucket is a prefill-side policy".into(),
+            });
         }
         if self.pd_disaggregation
             && self.decode_policy.is_none()
             && self.policy == PolicyKind::Bucket
         {
-            return Err("--policy bucket in PD mode needs a --decode-policy".into());
+            return Err(SettingError::Conflict(
+                "--policy bucket in PD mode needs a --decode-policy",
+            ));
         }
         Ok(())
     }
@@ -806,6 +842,48 @@ impl std::fmt::Display for ConfigError {
     }
 }
 
+/// A setting refused by a check clap cannot make alone: one value's shape (clap's value
+/// parsers), flags that must agree, a config file's keys. Typed so a caller tells which kind of
+/// refusal it holds; its `Display` is the exact line the user reads (clap puts it after the
+/// flag, the config-file path before it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SettingError {
+    /// A value refused, worded by the check that refused it (here, or in the module that owns
+    /// the value's format); whoever shows it names the flag.
+    Value(String),
+    /// One flag's value refused by a check across flags: shown as `{flag}: {why}`.
+    Flag {
+        /// The flag, as the user typed it (`--saturation-kv-usage`).
+        flag: &'static str,
+        /// What a valid value is.
+        why: String,
+    },
+    /// Flags that do not go together; the sentence names each of them.
+    Conflict(&'static str),
+    /// A config file refused as a whole (its TOML, a nested `config`, the tenant tables).
+    File(String),
+    /// One key of a config file refused: shown as `` `{key}`: {why} ``.
+    Key {
+        /// The key as the file spells it.
+        key: String,
+        /// What is wrong with its value.
+        why: String,
+    },
+}
+
+impl std::fmt::Display for SettingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SettingError::Value(m) | SettingError::File(m) => f.write_str(m),
+            SettingError::Flag { flag, why } => write!(f, "{flag}: {why}"),
+            SettingError::Conflict(m) => f.write_str(m),
+            SettingError::Key { key, why } => write!(f, "`{key}`: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for SettingError {}
+
 fn find_config_path(args: &[String]) -> Option<String> {
     let mut it = args.iter().skip(1);
     let mut found = None;
@@ -820,15 +898,23 @@ fn find_config_path(args: &[String]) -> Option<String> {
 }
 
 /// The `[tenants]` tables of a config file (not flags: a table per tenant).
-fn tenants_of(text: &str) -> Result<Vec<(String, crate::admission::tenants::TenantSpec)>, String> {
-    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
-    crate::admission::tenants::from_toml(&table).map_err(|e| e.to_string())
+fn tenants_of(
+    text: &str,
+) -> Result<Vec<(String, crate::admission::tenants::TenantSpec)>, SettingError> {
+    let table = toml_table(text)?;
+    crate::admission::tenants::from_toml(&table).map_err(|e| SettingError::File(e.to_string()))
+}
+
+/// A config file's text as a TOML table.
+fn toml_table(text: &str) -> Result<toml::Table, SettingError> {
+    text.parse()
+        .map_err(|e: toml::de::Error| SettingError::File(e.to_string()))
 }
 
 /// Turn a TOML table into `--flag value` arguments (arrays become several values; `true`
 /// becomes a bare flag; `false` is omitted).
-pub fn toml_to_args(text: &str) -> Result<Vec<String>, String> {
-    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+pub fn toml_to_args(text: &str) -> Result<Vec<String>, SettingError> {
+    let table = toml_table(text)?;
     let mut out = Vec::new();
     for (key, value) in table {
         if key == "tenants" {
@@ -836,7 +922,9 @@ pub fn toml_to_args(text: &str) -> Result<Vec<String>, String> {
         }
         let flag = format!("--{}", key.replace('_', "-"));
         if flag == "--config" {
-            return Err("a config file cannot name another config file".into());
+            return Err(SettingError::File(
+                "a config file cannot name another config file".into(),
+            ));
         }
         match value {
             toml::Value::Boolean(true) => out.push(flag),
@@ -870,13 +958,16 @@ pub fn toml_to_args(text: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-fn scalar_to_string(key: &str, v: &toml::Value) -> Result<String, String> {
+fn scalar_to_string(key: &str, v: &toml::Value) -> Result<String, SettingError> {
     match v {
         toml::Value::String(s) => Ok(s.clone()),
         toml::Value::Integer(i) => Ok(i.to_string()),
         toml::Value::Float(f) => Ok(f.to_string()),
         toml::Value::Boolean(b) => Ok(b.to_string()),
-        _ => Err(format!("`{key}`: unsupported value {v}")),
+        _ => Err(SettingError::Key {
+            key: key.to_string(),
+            why: format!("unsupported value {v}"),
+        }),
     }
 }
 

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 /// A slow client holds its place for at most `--header-timeout-secs` plus the write timeout.
 pub const MAX_CONNECTIONS: usize = 8;
 
-/// Bind and serve; returns the bound address.
-pub fn spawn(gw: Arc<Gateway>) -> Result<SocketAddr, String> {
-    let addr = (gw.cfg.prometheus_host.as_str(), gw.cfg.prometheus_port)
+/// Bind `--prometheus-host:--prometheus-port` and serve; returns the bound address.
+pub fn spawn(gw: Arc<Gateway>, host: &str, port: u16) -> Result<SocketAddr, String> {
+    let addr = (host, port)
         .to_socket_addrs()
         .map_err(|e| format!("bad --prometheus-host: {e}"))?
         .next()
@@ -148,7 +148,11 @@ fn refresh(gw: &Gateway) {
 
 fn serve(gw: &Gateway, mut s: TcpStream) -> std::io::Result<()> {
     // The whole head within --header-timeout-secs: a client trickling bytes is cut off too.
-    let head_deadline = Instant::now() + Duration::from_secs(gw.cfg.header_timeout_secs.max(1));
+    let head_deadline = Instant::now()
+        + gw.settings
+            .client
+            .header_timeout
+            .max(Duration::from_secs(1));
     let mut buf = BytesMut::with_capacity(4096);
     let mut tmp = [0u8; 4096];
     let head = loop {

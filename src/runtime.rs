@@ -3,6 +3,9 @@
 //! health checker; and the Prometheus listener. `start` returns a handle so tests run a real
 //! gateway in-process on 127.0.0.1.
 
+use crate::config::settings::{
+    DiscoverySettings, HealthSettings, KvBootstrapSettings, UpstreamSettings,
+};
 use crate::config::{Config, IoDriver};
 use crate::gateway::{Core, Driver, Gateway};
 use crate::workers::registry::Registry;
@@ -60,6 +63,8 @@ pub struct Running {
     pub metrics_addr: Option<SocketAddr>,
     gw: Arc<Gateway>,
     threads: Vec<JoinHandle<()>>,
+    /// `--shutdown-grace-period-secs`: how long `shutdown` waits for requests in flight.
+    grace: Duration,
 }
 
 impl Running {
@@ -72,8 +77,7 @@ impl Running {
     /// Returns true when everything finished in time.
     pub fn shutdown(self) -> bool {
         self.gw.life.begin_shutdown();
-        let grace = Duration::from_secs(self.gw.cfg.shutdown_grace_period_secs);
-        let until = Instant::now() + grace;
+        let until = Instant::now() + self.grace;
         let mut drained = true;
         while self.gw.life.active_requests() > 0 {
             if Instant::now() >= until {
@@ -159,17 +163,17 @@ pub fn start(cfg: Config) -> Result<Running, String> {
     register_workers(&cfg, &registry)?;
     crate::metrics::install();
     crate::metrics::io_driver(driver.as_str());
-    let gw = Arc::new(Gateway::new(cfg, registry, driver, cpus.len()));
-    if gw.cfg.kv_events {
+    let gw = Arc::new(Gateway::new(&cfg, registry, driver, cpus.len()));
+    if cfg.kv_events {
         // Asked for and not running is a configuration error, not a quiet fallback.
         match &gw.kv {
             None => return Err("--kv-events could not start (see the log above)".into()),
-            Some(kv) if gw.cfg.tokenizer_path.is_some() && kv.tokenizer().is_none() => {
+            Some(kv) if cfg.tokenizer_path.is_some() && kv.tokenizer().is_none() => {
                 return Err("--tokenizer-path could not be loaded (see the log above)".into())
             }
             Some(_) => {}
         }
-    } else if gw.cfg.tokenizer_path.is_some() {
+    } else if cfg.tokenizer_path.is_some() {
         crate::log!(
             Warn,
             "--tokenizer-path is used only with --kv-events; ignored"
@@ -179,12 +183,16 @@ pub fn start(cfg: Config) -> Result<Running, String> {
     for (index, (cpu, listener)) in cpus.into_iter().zip(listeners).enumerate() {
         threads.push(spawn_core(gw.clone(), index, cpu, listener)?);
     }
-    crate::gateway::kv::spawn_bootstrap(gw.clone());
-    crate::gateway::health::spawn(gw.clone());
-    crate::gateway::telemetry::spawn(gw.clone());
-    crate::discovery::spawn(gw.clone());
-    let metrics_addr = if gw.cfg.prometheus_port != 0 {
-        Some(crate::metrics_server::spawn(gw.clone())?)
+    crate::gateway::kv_routing::spawn_bootstrap(gw.clone(), KvBootstrapSettings::from_config(&cfg));
+    crate::gateway::threads::health::spawn(gw.clone());
+    crate::gateway::threads::telemetry::spawn(gw.clone());
+    crate::discovery::spawn(gw.clone(), DiscoverySettings::from(&cfg));
+    let metrics_addr = if cfg.prometheus_port != 0 {
+        Some(crate::metrics_server::spawn(
+            gw.clone(),
+            &cfg.prometheus_host,
+            cfg.prometheus_port,
+        )?)
     } else {
         None
     };
@@ -193,7 +201,7 @@ pub fn start(cfg: Config) -> Result<Running, String> {
         "listening on {bound} with {} core(s), io driver {}, policy {}, {} worker(s)",
         gw.life.cores,
         driver.as_str(),
-        gw.cfg.policy.as_str(),
+        cfg.policy.as_str(),
         gw.registry.load().len()
     );
     Ok(Running {
@@ -201,6 +209,7 @@ pub fn start(cfg: Config) -> Result<Running, String> {
         metrics_addr,
         gw,
         threads,
+        grace: Duration::from_secs(cfg.shutdown_grace_period_secs),
     })
 }
 
@@ -209,10 +218,13 @@ pub fn start(cfg: Config) -> Result<Running, String> {
 fn register_workers(cfg: &Config, registry: &Registry) -> Result<(), String> {
     use crate::workers::role::Role;
     let healthy = cfg.disable_health_check;
+    let dp_sizes_at_start = |urls: &[String]| {
+        let (health, upstream) = (HealthSettings::from(cfg), UpstreamSettings::from(cfg));
+        crate::gateway::dp::dp_sizes_at_start(&health, &upstream, urls)
+    };
     if !cfg.pd_disaggregation {
         let dp_sizes = if cfg.dp_aware {
-            crate::gateway::dp::dp_sizes_at_start(cfg, &cfg.worker_urls)
-                .map_err(|e| e.to_string())?
+            dp_sizes_at_start(&cfg.worker_urls).map_err(|e| e.to_string())?
         } else {
             Vec::new()
         };
@@ -231,7 +243,7 @@ fn register_workers(cfg: &Config, registry: &Registry) -> Result<(), String> {
             "--worker-urls is ignored with --pd-disaggregation (use --prefill and --decode)"
         );
     }
-    let prefill = cfg.prefill_workers()?;
+    let prefill = cfg.prefill_workers().map_err(|e| e.to_string())?;
     let mut servers: Vec<(String, Role, &str)> = prefill
         .into_iter()
         .map(|(url, bootstrap_port)| (url, Role::Prefill { bootstrap_port }, "--prefill"))
@@ -244,7 +256,7 @@ fn register_workers(cfg: &Config, registry: &Registry) -> Result<(), String> {
     // With --dp-aware each side's ranks are targets of their own, as regular servers' are.
     let dp_sizes = if cfg.dp_aware {
         let urls: Vec<String> = servers.iter().map(|(u, _, _)| u.clone()).collect();
-        crate::gateway::dp::dp_sizes_at_start(cfg, &urls).map_err(|e| e.to_string())?
+        dp_sizes_at_start(&urls).map_err(|e| e.to_string())?
     } else {
         Vec::new()
     };
@@ -403,7 +415,7 @@ async fn core_main(gw: Arc<Gateway>, index: usize, listener: std::net::TcpListen
     // One accept stays pending across shutdown checks: cancelling an in-flight accept can lose
     // a connection the kernel already handed over (monoio #318), so only the timer is dropped.
     {
-        let conns = crate::serve::connections::Connections::new(gw.cfg.max_connections_per_core);
+        let conns = crate::serve::connections::Connections::new(gw.settings.cores.max_connections);
         let mut accept_log = LogLimiter::new(ACCEPT_LOG_INTERVAL);
         let mut accept = std::pin::pin!(listener.accept());
         while !gw.life.is_shutting_down() {

@@ -22,7 +22,7 @@ pub mod pods;
 pub mod reconcile;
 pub mod scope;
 
-use crate::config::Config;
+use crate::config::settings::DiscoverySettings;
 use crate::gateway::Gateway;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, Store};
@@ -52,32 +52,32 @@ pub struct Shared {
 }
 
 /// The rule the flags describe: which pods, which roles, which port.
-pub fn rule_from(cfg: &Config) -> Rule {
-    let selection = if cfg.pd_disaggregation {
+pub fn rule_from(settings: &DiscoverySettings) -> Rule {
+    let selection = if settings.pd {
         Selection::Pd {
-            base: Labels::parse(&cfg.selector),
-            prefill: Labels::parse(&cfg.prefill_selector),
-            decode: Labels::parse(&cfg.decode_selector),
+            base: Labels::parse(&settings.selector),
+            prefill: Labels::parse(&settings.prefill_selector),
+            decode: Labels::parse(&settings.decode_selector),
         }
     } else {
-        Selection::Regular(Labels::parse(&cfg.selector))
+        Selection::Regular(Labels::parse(&settings.selector))
     };
     Rule {
         selection,
-        port: cfg.service_discovery_port,
-        bootstrap_annotation: cfg.bootstrap_port_annotation.clone(),
-        max_ports: cfg.service_discovery_max_ports_per_pod as usize,
+        port: settings.port,
+        bootstrap_annotation: settings.bootstrap_annotation.clone(),
+        max_ports: settings.max_ports_per_pod,
     }
 }
 
 /// Start discovery when `--service-discovery` is on (the watch and reconcile threads).
-pub fn spawn(gw: Arc<Gateway>) {
-    if !gw.cfg.service_discovery {
+pub fn spawn(gw: Arc<Gateway>, settings: DiscoverySettings) {
+    if !settings.enabled {
         return;
     }
-    let rule = rule_from(&gw.cfg);
+    let rule = rule_from(&settings);
     let Some(selector) = rule.selection.server_selector() else {
-        let which = if gw.cfg.pd_disaggregation {
+        let which = if settings.pd {
             "--prefill-selector / --decode-selector"
         } else {
             "--selector"
@@ -97,29 +97,29 @@ pub fn spawn(gw: Arc<Gateway>) {
         changes: AtomicU64::new(0),
     });
     let spec = k8s::WatchSpec {
-        kubeconfig: gw.cfg.kubeconfig.clone(),
+        kubeconfig: settings.kubeconfig.clone(),
         scope: scope::Inputs::read(
-            gw.cfg.service_discovery_namespace.clone(),
-            gw.cfg.service_discovery_all_namespaces,
+            settings.namespace.clone(),
+            settings.all_namespaces,
             std::path::Path::new(scope::SERVICE_ACCOUNT_NAMESPACE),
         ),
         selector,
     };
+    let limits = reconcile::Limits {
+        max_workers: settings.max_workers,
+        concurrency: settings.concurrency,
+    };
     k8s::spawn(spec, shared.clone(), writer);
     crate::gateway::spawn_helper("discovery", crate::gateway::HelperClass::Nice, move || {
-        run(shared, rule)
+        run(shared, rule, limits)
     });
 }
 
 /// The reconcile loop: wait for a first list, then reconcile when changes have settled, on
 /// every [`RESYNC`], when an addition finished, and when a failed one is due again.
-async fn run(shared: Arc<Shared>, rule: Rule) {
+async fn run(shared: Arc<Shared>, rule: Rule, limits: reconcile::Limits) {
     let gw = shared.gw.clone();
     let pool = crate::gateway::upstream_pool(&gw);
-    let limits = reconcile::Limits {
-        max_workers: gw.cfg.service_discovery_max_workers as usize,
-        concurrency: gw.cfg.service_discovery_concurrency as usize,
-    };
     let mut reconciler = reconcile::Reconciler::new(gw.clone(), pool, limits);
     let mut seen = 0u64;
     let mut pending_since: Option<Instant> = None;

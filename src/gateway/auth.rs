@@ -31,9 +31,11 @@ pub enum Scope {
     Secret,
 }
 
-/// Why a request was refused, with the status it gets.
+/// A caller's key does not allow the call, with the status it gets. Named apart from
+/// `admission::Refusal` (a request turned away because the gateway is full): this one is about
+/// who is calling, that one about how busy the gateway is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refusal {
+pub struct Denied {
     /// 401 (no or wrong key) or 403 (not allowed without the admin key).
     pub status: u16,
     /// What the client is told.
@@ -96,7 +98,7 @@ impl Auth {
         head: &RequestHead,
         scope: Scope,
         peer: Option<IpAddr>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), Denied> {
         let expected = match scope {
             Scope::Inference => self.api_key.as_deref(),
             Scope::Cancel => match (self.api_key.as_deref(), self.admin_api_key.as_deref()) {
@@ -111,11 +113,11 @@ impl Auth {
                     let t = inference.is_some() && given.is_some_and(|g| self.is_tenant_key(g));
                     return match (a | b | t, given) {
                         (true, _) => Ok(()),
-                        (false, Some(_)) => Err(Refusal {
+                        (false, Some(_)) => Err(Denied {
                             status: 401,
                             message: "invalid API key",
                         }),
-                        (false, None) => Err(Refusal {
+                        (false, None) => Err(Denied {
                             status: 401,
                             message: "missing `Authorization: Bearer <key>` header",
                         }),
@@ -129,7 +131,7 @@ impl Auth {
                     return if is_loopback(peer) && !proxied(head) {
                         Ok(())
                     } else {
-                        Err(Refusal {
+                        Err(Denied {
                             status: 403,
                             message: "without --admin-api-key only clients on the gateway's own \
                                       host, not through a proxy, may do this",
@@ -137,7 +139,7 @@ impl Auth {
                     };
                 }
                 None => {
-                    return Err(Refusal {
+                    return Err(Denied {
                         status: 403,
                         message: if scope == Scope::Secret {
                             "this endpoint needs --admin-api-key on the gateway"
@@ -154,7 +156,7 @@ impl Auth {
         };
         let given = bearer(head);
         let refuse = |message| {
-            Err(Refusal {
+            Err(Denied {
                 status: 401,
                 message,
             })
@@ -230,7 +232,7 @@ mod tests {
 
     const LOCAL: Option<IpAddr> = Some(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
 
-    fn status(r: Result<(), Refusal>) -> u16 {
+    fn status(r: Result<(), Denied>) -> u16 {
         r.map_or_else(|e| e.status, |()| 200)
     }
 

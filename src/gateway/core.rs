@@ -5,7 +5,6 @@ use crate::base::rng::Rng;
 use crate::proxy::pool::Pool;
 use std::cell::RefCell;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Idle upstream connections kept per worker on one core.
 const POOL_PER_WORKER: usize = 64;
@@ -25,7 +24,7 @@ pub struct Core {
     /// This core's last `/v1/models` merge (the list answered) and when it was made.
     pub models_cache: RefCell<Option<(std::time::Instant, serde_json::Value)>>,
     /// This core's buffers for measuring prompts against the KV-event index.
-    pub kv: RefCell<super::kv::KvScratch>,
+    pub kv: RefCell<super::kv_routing::KvScratch>,
     /// Prompts of this core's requests the tokenizer helpers hold now (bounded: see
     /// `gateway::tokenizing`).
     pub kv_helper_jobs: std::cell::Cell<usize>,
@@ -37,7 +36,7 @@ impl Core {
     /// A core bound to the shared gateway.
     pub fn new(gw: Arc<Gateway>, index: usize) -> Core {
         let pool = upstream_pool(&gw);
-        let busy = super::busy_poll::BusyPoll::new(Duration::from_micros(gw.cfg.busy_poll_us));
+        let busy = super::busy_poll::BusyPoll::new(gw.settings.cores.busy_poll);
         Core {
             gw,
             index,
@@ -55,6 +54,10 @@ impl Core {
 /// An empty upstream pool with the configured idle timeout (for a core or a helper thread);
 /// the gateway's own calls through it carry `--worker-api-key`.
 pub fn upstream_pool(gw: &Gateway) -> Pool {
-    let idle = Duration::from_millis(gw.cfg.upstream_idle_timeout_ms);
-    Pool::new(idle, POOL_PER_WORKER, gw.cfg.worker_api_key.as_deref())
+    let upstream = &gw.settings.upstream;
+    Pool::new(
+        upstream.idle_timeout,
+        POOL_PER_WORKER,
+        upstream.worker_api_key.as_deref(),
+    )
 }

@@ -3,7 +3,7 @@
 //! target of its own (`workers::registry` explains the registration; the exchange splices the
 //! rank into the body with `route::bootstrap`).
 
-use crate::config::Config;
+use crate::config::settings::{HealthSettings, UpstreamSettings};
 use crate::http::Method;
 use crate::proxy::forward::{self, UpstreamError};
 use crate::proxy::pool::Pool;
@@ -108,14 +108,22 @@ pub async fn fetch_dp_size(pool: &Pool, worker: &Worker) -> Result<u32, DpSizeEr
 /// At start: the `dp_size` of each of `urls`, polling each server (1 s, 2 s, … up to
 /// `--worker-startup-check-interval`) until it answers or `--worker-startup-timeout-secs` runs
 /// out. Blocks the caller (start-up, before the cores serve) on a small runtime of its own.
-pub fn dp_sizes_at_start(cfg: &Config, urls: &[String]) -> Result<Vec<u32>, DpStartError> {
+pub fn dp_sizes_at_start(
+    health: &HealthSettings,
+    upstream: &UpstreamSettings,
+    urls: &[String],
+) -> Result<Vec<u32>, DpStartError> {
     let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
         .enable_timer()
         .build()
         .map_err(DpStartError::Runtime)?;
-    let pool = Pool::new(Duration::from_secs(1), 1, cfg.worker_api_key.as_deref());
-    let timeout = Duration::from_secs(cfg.worker_startup_timeout_secs);
-    let cap = Duration::from_secs(cfg.worker_startup_check_interval.max(1));
+    let pool = Pool::new(
+        Duration::from_secs(1),
+        1,
+        upstream.worker_api_key.as_deref(),
+    );
+    let timeout = health.startup_timeout;
+    let cap = health.startup_cap;
     rt.block_on(async {
         let mut sizes = Vec::with_capacity(urls.len());
         for url in urls {

@@ -28,7 +28,7 @@ impl Gateway {
         for (r, _) in self.routers() {
             r.forget_unpublished(worker.id);
         }
-        if self.cfg.disable_health_check {
+        if !self.settings.health.enabled {
             return;
         }
         if self.registry.set_healthy(worker, false) {
@@ -152,7 +152,7 @@ impl Gateway {
         };
         // Every role: in PD mode each side's ranks are targets of their own (the decode body also
         // names its prefill twin's rank).
-        let dp_size = if self.cfg.dp_aware {
+        let dp_size = if self.settings.dp_aware {
             let probe = Worker::detached(url, parsed.clone(), addrs.clone());
             let n = crate::gateway::dp::fetch_dp_size(pool, &probe)
                 .await
@@ -170,9 +170,10 @@ impl Gateway {
 
     /// One health probe (true with `--disable-health-check`).
     async fn probe(&self, pool: &Pool, worker: &Worker) -> bool {
-        self.cfg.disable_health_check || {
-            let timeout = Duration::from_secs(self.cfg.health_check_timeout_secs);
-            let path = &self.cfg.health_check_endpoint;
+        let health = &self.settings.health;
+        !health.enabled || {
+            let timeout = health.timeout;
+            let path = &health.endpoint;
             let probe = forward::fetch(pool, worker, Method::Get, path, Bytes::new(), timeout);
             matches!(probe.await, Ok((200..=299, _)))
         }

@@ -4,23 +4,23 @@
 //! `Gateway` is split by concern so a reader finds each thing in one place: the workers
 //! (`registry`, `models`), the routing state (`router`), the gate in front of them (`auth`,
 //! `admission`), the process's life (`life`), what the engines report (`telemetry`), and the
-//! settings derived from the flags. The
+//! settings derived from the flags (`settings`: each module reads its own group). The
 //! operations that touch several of them at once (a worker leaving, a circuit opening) live in
 //! `membership`.
 //! `busy_poll` keeps a core polling for a short window after each request event.
 //!
 //! Modules: `core` (one core's own state), `auth`, `models`, `router`, `membership`,
 //! `lifecycle` (the clock, shutdown and in-flight count), `requests` (in-flight ids → workers,
-//! for aborts), `limit` (bounded fan-outs), `health` (the health thread), `telemetry` (the
-//! telemetry thread), `kv` (exact routing state from KV events), `tokenizing` (where and how long
-//! a prompt is tokenized), `dp` (`--dp-aware`: each server's DP ranks), `busy_poll`.
+//! for aborts), `limit` (bounded fan-outs), `kv_routing` (the gateway's side of routing by KV
+//! events: the shared state the cores read, fed by the `kv` subsystem), `tokenizing` (where and
+//! how long a prompt is tokenized), `dp` (`--dp-aware`: each server's DP ranks), `busy_poll`,
+//! and apart from the shared state, `threads` (the helper threads: health checks, telemetry).
 
 mod auth;
 pub mod busy_poll;
 mod core;
 pub mod dp;
-pub mod health;
-pub mod kv;
+pub mod kv_routing;
 mod lifecycle;
 pub mod limit;
 mod membership;
@@ -28,7 +28,7 @@ pub use self::membership::NotAdded;
 mod models;
 pub mod requests;
 mod router;
-pub mod telemetry;
+pub mod threads;
 pub mod tokenizing;
 
 pub use self::auth::{constant_time_eq, Auth, Scope};
@@ -36,9 +36,11 @@ pub use self::core::{upstream_pool, Core};
 pub use self::lifecycle::{Driver, Lifecycle};
 pub use self::models::{ServedModels, MAX_KNOWN_MODELS};
 pub use self::router::Router;
-pub use self::telemetry::Telemetry;
+pub use self::threads::telemetry::Telemetry;
+pub use self::threads::{spawn_helper, HelperClass, HELPER_NICE};
 
 use crate::admission::{Admission, FlowControl};
+use crate::config::settings::Settings;
 use crate::config::Config;
 use crate::proxy::retry::RetryPolicy;
 use crate::workers::breaker::BreakerConfig;
@@ -48,8 +50,9 @@ use std::time::Duration;
 /// Everything the cores share. Read-mostly; mutation goes through atomics, `ArcSwap`s and
 /// channels, never a lock on the request path.
 pub struct Gateway {
-    /// The flags it was started with.
-    pub cfg: Config,
+    /// The settings each module reads after start-up, by reader (the flags themselves stay
+    /// with start-up: a module sees its own group only).
+    pub settings: Settings,
     /// The workers, their loads, health and circuits.
     pub registry: Registry,
     /// Model names the workers serve (the only values of the `model` metric label).
@@ -74,7 +77,7 @@ pub struct Gateway {
     /// Retry settings (from `--retry-*`).
     pub retry: RetryPolicy,
     /// KV-event routing state (`--kv-events`), `None` when off or when it could not start.
-    pub kv: Option<kv::KvRouting>,
+    pub kv: Option<kv_routing::KvRouting>,
     /// What the engines report (load, hit ratio, expositions), from the telemetry thread.
     pub telemetry: Telemetry,
     /// Which worker holds each in-flight request (`POST /abort_request` goes there).
@@ -89,56 +92,6 @@ pub struct Gateway {
     /// The client headers that stop at the gateway and the key the workers get instead
     /// (`--worker-api-key`, `--forward-client-authorization`).
     pub own_headers: crate::proxy::forward::OwnHeaders,
-}
-
-/// The nice value of the health thread (and of the tree writer and the KV-event thread): the
-/// checks still run, and keep to their timeouts, when the CPU is saturated.
-pub use crate::base::priority::HELPER_NICE;
-
-/// How a helper thread yields a CPU it shares with a serving core.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HelperClass {
-    /// [`HELPER_NICE`]: a smaller share, never starved (health checks: a starved check would
-    /// time out and mark a worker down).
-    Nice,
-    /// `SCHED_IDLE`: only the CPU time nobody else wants, and a waking core preempts it at once.
-    /// For the telemetry scrapes: at 4,096 workers they are ~800 connections a second, and at
-    /// nice 10 a serving core woken during one still waited out the scrape's slice (p99 through
-    /// one core 7.8-8.1 ms against 1.4-1.7 ms with the scrapes off, bench-worker-scale.sh).
-    /// Starved, the scrapes time out and routing falls back to this copy's own in-flight counts.
-    Idle,
-}
-
-/// Run the future `make` builds on a new std thread named `radixgate-<name>`, with its own
-/// small monoio runtime (timers on) and a lower priority ([`HelperClass`]): the helper threads
-/// never run on a serving core's runtime, and yield its CPU when they share it. A thread or
-/// runtime that cannot start is logged, not fatal.
-pub fn spawn_helper<F, Fut>(name: &'static str, class: HelperClass, make: F)
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()>,
-{
-    let spawned = std::thread::Builder::new()
-        .name(format!("radixgate-{name}"))
-        .spawn(move || {
-            let lowered = match class {
-                HelperClass::Nice => crate::base::priority::helper_thread(),
-                HelperClass::Idle => crate::base::priority::idle_thread(),
-            };
-            if let Err(e) = lowered {
-                crate::log!(Warn, "{name} thread: cannot lower its priority: {e}");
-            }
-            let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-                .enable_timer()
-                .build();
-            match rt {
-                Ok(mut rt) => rt.block_on(make()),
-                Err(e) => crate::log!(Error, "{name} thread: cannot build its runtime: {e}"),
-            }
-        });
-    if let Err(e) = spawned {
-        crate::log!(Error, "cannot start the {name} thread: {e}");
-    }
 }
 
 /// `/v1/models` fan-outs at once (a cached answer serves the rest; see `serve::admin`).
@@ -163,11 +116,11 @@ impl Gateway {
 
     /// The shared state for `cfg`, serving `registry`'s workers on `cores` cores with the io
     /// driver `io_driver`. Starts the tree writer when the policy needs one.
-    pub fn new(cfg: Config, registry: Registry, io_driver: Driver, cores: usize) -> Gateway {
-        let router = Router::new(&cfg);
-        let decode = cfg
-            .pd_disaggregation
-            .then(|| Router::with_policy(&cfg, cfg.policy_config_for(cfg.decode_policy_kind())));
+    pub fn new(cfg: &Config, registry: Registry, io_driver: Driver, cores: usize) -> Gateway {
+        let settings = Settings::new(cfg, io_driver.as_str(), cores);
+        let routing = &settings.routing;
+        let router = Router::new(routing.policy.clone(), routing);
+        let decode = (routing.decode_policy.clone()).map(|p| Router::new(p, routing));
         let admission = Admission::new(
             cfg.max_concurrent_requests,
             cfg.queue_size,
@@ -197,15 +150,15 @@ impl Gateway {
             life: Lifecycle::new(io_driver, cores),
             breaker: cfg.breaker_config(),
             retry: cfg.retry_policy(),
-            kv: start_kv(&cfg),
+            kv: start_kv(cfg),
             telemetry: Telemetry::new(cfg.telemetry_interval()),
-            flow: flow_control(&cfg),
+            flow: flow_control(cfg),
             in_flight_ids: requests::InFlightIds::new(requests::MAX_TRACKED),
             model_fanouts: limit::CallLimit::new(MODEL_FANOUTS),
             pass_through: limit::CallLimit::new(PASS_THROUGH_CALLS),
-            trace: start_trace(&cfg, cores),
+            trace: start_trace(cfg, cores),
             own_headers,
-            cfg,
+            settings,
         };
         gw.membership_changed();
         gw
@@ -280,7 +233,7 @@ fn flow_control(cfg: &Config) -> Option<FlowControl> {
 /// The KV-event subsystem when `--kv-events` is on (the flags' endpoints were validated when the
 /// configuration was parsed). A failure to start its thread is logged and leaves the text tree
 /// in charge: the gateway serves either way.
-fn start_kv(cfg: &Config) -> Option<kv::KvRouting> {
+fn start_kv(cfg: &Config) -> Option<kv_routing::KvRouting> {
     if !cfg.kv_events {
         return None;
     }
@@ -302,7 +255,7 @@ fn start_kv(cfg: &Config) -> Option<kv::KvRouting> {
             }
         },
     };
-    match kv::KvRouting::start(kv::KvSettings {
+    match kv_routing::KvRouting::start(kv_routing::KvSettings {
         flagged,
         bootstrap: cfg.kv_bootstrap_peer.is_some(),
         tokenizer,

@@ -4,7 +4,7 @@
 
 use crate::base::rng::Rng;
 use crate::base::WorkerId;
-use crate::config::Config;
+use crate::config::settings::RoutingSettings;
 use crate::route::policy::Policy;
 use crate::route::recent::RecentInserts;
 use crate::route::types::{Decision, RouteInput};
@@ -43,18 +43,14 @@ pub struct Router {
 }
 
 impl Router {
-    /// The policy of `cfg`; starts the tree writer thread when the policy reads a tree.
-    pub fn new(cfg: &Config) -> Router {
-        Router::with_policy(cfg, cfg.policy_config())
-    }
-
-    /// A router for `policy` (PD mode's decode side has its own), with `cfg`'s tree settings.
-    pub fn with_policy(cfg: &Config, policy: crate::route::types::PolicyConfig) -> Router {
+    /// A router for `policy` (PD mode's prefill and decode sides each have their own), with
+    /// `routing`'s tree settings; starts the tree writer thread when the policy reads a tree.
+    pub fn new(policy: crate::route::types::PolicyConfig, routing: &RoutingSettings) -> Router {
         let policy = Policy::new(policy);
         let tree = policy.needs_tree().then(|| {
             spawn_writer(WriterConfig {
-                max_chars_per_worker: cfg.max_tree_size,
-                eviction_interval: Duration::from_secs(cfg.eviction_interval.max(1)),
+                max_chars_per_worker: routing.max_tree_chars,
+                eviction_interval: routing.eviction_interval,
                 overflow_margin: 0.1,
                 channel_capacity: INSERT_BACKLOG,
                 channel_bytes: INSERT_BACKLOG_BYTES,
@@ -160,10 +156,14 @@ mod tests {
 
     #[test]
     fn unpublished_inserts_expire_when_no_insert_follows() {
-        let cfg =
-            <Config as clap::Parser>::try_parse_from(["radixgate", "--policy", "cache_aware"])
-                .expect("default flags parse");
-        let r = Router::new(&cfg);
+        let cfg = <crate::config::Config as clap::Parser>::try_parse_from([
+            "radixgate",
+            "--policy",
+            "cache_aware",
+        ])
+        .expect("default flags parse");
+        let routing = RoutingSettings::from(&cfg);
+        let r = Router::new(routing.policy.clone(), &routing);
         let text = "one prompt, routed once, then the tree idles";
         r.learn(
             TreeKey::Default,

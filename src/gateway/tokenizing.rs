@@ -15,7 +15,7 @@
 //! A request is tokenized once ([`prompt_tokens`]), whatever number of picks it then needs
 //! (retries, circuits that refuse).
 
-use super::kv::{parse_token_ids, Fallback, KvRouting, SEGMENT_CACHE_TOKENS};
+use super::kv_routing::{parse_token_ids, Fallback, KvRouting, SEGMENT_CACHE_TOKENS};
 use super::Core;
 use crate::route::extract::{Api, MAX_ROUTING_TEXT};
 use crate::tokenize::{SegmentCache, TokenizeError, Tokenizer};

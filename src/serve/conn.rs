@@ -62,12 +62,13 @@ pub async fn serve(core: Rc<Core>, mut stream: TcpStream, slot: Slot) {
     let gw = core.gw.clone();
     crate::metrics::connection_opened();
     let limits = HeadLimits::default();
-    let header_timeout = Duration::from_secs(gw.cfg.header_timeout_secs);
-    let idle_timeout = Duration::from_secs(gw.cfg.keepalive_timeout_secs);
+    let client = &gw.settings.client;
+    let header_timeout = client.header_timeout;
+    let idle_timeout = client.keepalive_timeout;
     let pace = BodyPace {
         grace: header_timeout,
-        min_rate: gw.cfg.min_body_bytes_per_second,
-        cap: gw.cfg.request_timeout(),
+        min_rate: client.min_body_rate,
+        cap: client.request_timeout,
     };
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut linger = false;
@@ -185,7 +186,7 @@ fn decide(
             return Err(refuse(GatewayError::new(no.status, no.message)));
         }
     }
-    Ok((handler, r.body_limit(gw.cfg.max_payload_size)))
+    Ok((handler, r.body_limit(gw.settings.client.max_payload_size)))
 }
 
 /// Who answers a request that passed `decide`.

@@ -20,7 +20,7 @@ use super::error::GatewayError;
 use super::reply::send_error;
 use super::Outcome;
 use crate::admission::Permit;
-use crate::gateway::kv::Fallback;
+use crate::gateway::kv_routing::Fallback;
 use crate::gateway::requests::IdKey;
 use crate::gateway::{Core, Gateway};
 use crate::http::RequestHead;
@@ -291,7 +291,7 @@ impl<'a> Exchange<'a> {
             routing_info(gw, head, body, forwarding, routing_key).map_err(|e| refuse(e, None))?;
         let rid = request_id(
             head,
-            &gw.cfg.request_id_headers,
+            &gw.settings.exchange.request_id_headers,
             head.path(),
             &mut core.entropy.borrow_mut(),
         );
@@ -316,7 +316,7 @@ impl<'a> Exchange<'a> {
             id_key: gw.in_flight_ids.key_for(head, client_ip, &rid),
             request_id: rid,
             started,
-            deadline: started + gw.cfg.request_timeout(),
+            deadline: started + gw.settings.exchange.request_timeout,
             routing_key,
             hash_key: routing_key
                 .or_else(|| head.header("authorization"))
@@ -367,7 +367,7 @@ impl<'a> Exchange<'a> {
 
     /// How long connecting to a worker may take.
     pub(super) fn connect_timeout(&self) -> Duration {
-        Duration::from_secs(self.gw.cfg.connect_timeout_secs)
+        self.gw.settings.exchange.connect_timeout
     }
 
     /// Answer `e` with this request's id.

@@ -101,29 +101,7 @@ pub fn engine_metrics(gw: &Gateway) -> Result<Reply, GatewayError> {
     Ok(Reply::exposition(&gw.telemetry.report().exposition))
 }
 
-/// The effective configuration (secrets redacted).
+/// The effective configuration (secrets redacted), built once at start-up.
 fn config_json(gw: &Gateway) -> Value {
-    let c = &gw.cfg;
-    json!({
-        "host": c.host, "port": c.port, "worker_urls": c.worker_urls,
-        "policy": c.policy.as_str(), "dp_aware": c.dp_aware,
-        "cache_threshold": c.cache_threshold,
-        "balance_abs_threshold": c.balance_abs_threshold,
-        "balance_rel_threshold": c.balance_rel_threshold,
-        "eviction_interval": c.eviction_interval, "max_tree_size": c.max_tree_size,
-        "insert_response_text": c.insert_response_text, "affinity_window": c.affinity_window,
-        "assignment_mode": c.assignment_mode.as_str(), "max_idle_secs": c.max_idle_secs,
-        "prefix_hash_chars": c.prefix_hash_chars,
-        "bucket_adjust_interval_secs": c.bucket_adjust_interval_secs,
-        "request_timeout_secs": c.request_timeout_secs, "max_payload_size": c.max_payload_size,
-        "request_id_headers": c.request_id_headers,
-        "prometheus_port": c.prometheus_port, "prometheus_host": c.prometheus_host,
-        "health_check_interval_secs": c.health_check_interval_secs,
-        "health_check_endpoint": c.health_check_endpoint,
-        "worker_metrics_interval_secs": c.worker_metrics_interval_secs,
-        "disable_health_check": c.disable_health_check,
-        "api_key": c.api_key.as_ref().map(|_| "<redacted>"),
-        "io_driver": gw.life.io_driver.as_str(), "cores": gw.life.cores,
-        "busy_poll_us": c.busy_poll_us,
-    })
+    gw.settings.shown.clone()
 }

@@ -117,7 +117,8 @@ impl Exchange<'_> {
     ) -> Option<Capture> {
         match self.forwarding {
             Forwarding::Routed(api)
-                if self.gw.cfg.insert_response_text && picked.decision.insert_text =>
+                if self.gw.settings.exchange.insert_response_text
+                    && picked.decision.insert_text =>
             {
                 Some(Capture::new(api, chunked))
             }

@@ -3,7 +3,7 @@
 
 use super::{Exchange, Forwarding};
 use crate::base::WorkerId;
-use crate::gateway::kv::{Fallback, KvRouting, KvScratch};
+use crate::gateway::kv_routing::{Fallback, KvRouting, KvScratch};
 use crate::gateway::requests::IdKey;
 use crate::gateway::{Gateway, Router};
 use crate::route::types::{Branch, Decision, ExactInput, PolicyKind, RouteInput};

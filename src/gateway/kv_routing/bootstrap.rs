@@ -3,6 +3,7 @@
 use super::super::Gateway;
 use super::*;
 use crate::base::WorkerId;
+use crate::config::settings::KvBootstrapSettings;
 use crate::proxy::blocking::GetError;
 use crossbeam::channel::RecvTimeoutError;
 use std::sync::atomic::Ordering;
@@ -18,8 +19,8 @@ const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(60);
 /// With `--kv-bootstrap-peer`: a helper thread downloads the sibling's index and hands it to the
 /// event thread before any subscription (the health thread's discovery waits for it). Any
 /// failure is logged and the copy starts cold (the start-up replays still run).
-pub fn spawn_bootstrap(gw: Arc<Gateway>) {
-    let (Some(kv), Some(peer)) = (&gw.kv, gw.cfg.kv_bootstrap_peer.clone()) else {
+pub fn spawn_bootstrap(gw: Arc<Gateway>, settings: Option<KvBootstrapSettings>) {
+    let (Some(kv), Some(settings)) = (&gw.kv, settings) else {
         return;
     };
     if kv.bootstrapped.load(Ordering::Acquire) {
@@ -30,7 +31,8 @@ pub fn spawn_bootstrap(gw: Arc<Gateway>) {
         .name("radixgate-kv-bootstrap".into())
         .spawn(move || {
             let Some(kv) = &gw2.kv else { return };
-            match bootstrap(&gw2, kv, &peer) {
+            let peer = &settings.peer;
+            match bootstrap(&gw2, kv, &settings) {
                 Ok(n) => crate::log!(
                     Info,
                     "kv events: copied the block index of {peer} ({n} publishers)"
@@ -79,11 +81,15 @@ impl std::fmt::Display for BootstrapError {
     }
 }
 
-fn bootstrap(gw: &Gateway, kv: &KvRouting, peer: &str) -> Result<usize, BootstrapError> {
+fn bootstrap(
+    gw: &Gateway,
+    kv: &KvRouting,
+    settings: &KvBootstrapSettings,
+) -> Result<usize, BootstrapError> {
     let (status, body) = crate::proxy::blocking::get(
-        peer,
+        &settings.peer,
         "/kv_index/snapshot",
-        gw.cfg.admin_api_key.as_deref(),
+        settings.admin_api_key.as_deref(),
         MAX_BOOTSTRAP_BYTES,
         BOOTSTRAP_TIMEOUT,
     )

@@ -1,8 +1,12 @@
-//! Exact routing state from the servers (`--kv-events`): the event thread (`kv::intake`) feeds
-//! the token-block index (`kv::index`) through [`IndexSink`], its single writer; the health
-//! thread finds each worker's publishers ([`Discovery`]) and keeps the subscriptions in step
-//! with the registry; the serving cores read the published snapshot, the workers whose events
-//! are complete ("warm"), and the pending entries of what they routed themselves.
+//! The gateway's side of routing by KV events (`--kv-events`): the state the cores route on,
+//! kept beside the rest of the shared state. The KV subsystem itself (wire, sockets, the event
+//! thread, the index) is `crate::kv`, a layer below, and knows nothing of the gateway.
+//!
+//! The event thread (`kv::intake`) feeds the token-block index (`kv::index`) through
+//! [`IndexSink`], its single writer; the health thread finds each worker's publishers
+//! ([`Discovery`]) and keeps the subscriptions in step with the registry; the serving cores read
+//! the published snapshot, the workers whose events are complete ("warm"), and the pending
+//! entries of what they routed themselves.
 
 mod bootstrap;
 mod discovery;

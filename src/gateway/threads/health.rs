@@ -6,9 +6,9 @@
 //! detection) comes back within seconds, not minutes. With `--dp-aware` a server is probed
 //! once (through its rank 0) and the verdict holds for all its ranks.
 
-use super::core::upstream_pool;
-use super::Gateway;
 use crate::base::WorkerId;
+use crate::gateway::upstream_pool;
+use crate::gateway::Gateway;
 use crate::http::Method;
 use crate::proxy::forward;
 use crate::proxy::pool::Pool;
@@ -130,18 +130,18 @@ struct Checker {
 type ProbeResult = (Arc<Worker>, Option<bool>, Option<Bytes>);
 
 async fn run(gw: Arc<Gateway>) {
-    let cfg = &gw.cfg;
+    let health = &gw.settings.health;
     let mut checker = Checker {
         pool: Rc::new(upstream_pool(&gw)),
-        interval: Duration::from_secs(cfg.health_check_interval_secs.max(1)),
-        timeout: Duration::from_secs(cfg.health_check_timeout_secs.max(1)),
-        startup_cap: Duration::from_secs(cfg.worker_startup_check_interval.max(1)),
-        startup_timeout: Duration::from_secs(cfg.worker_startup_timeout_secs),
+        interval: health.interval,
+        timeout: health.timeout.max(Duration::from_secs(1)),
+        startup_cap: health.startup_cap,
+        startup_timeout: health.startup_timeout,
         probes: HashMap::new(),
         models_seen: HashSet::new(),
         gw: gw.clone(),
     };
-    let mut kv_discovery = super::kv::Discovery::default();
+    let mut kv_discovery = crate::gateway::kv_routing::Discovery::default();
     while !gw.life.is_shutting_down() {
         let list = gw.registry.load_full();
         if let Some(kv) = &gw.kv {
@@ -152,7 +152,7 @@ async fn run(gw: Arc<Gateway>) {
             let t = w.breaker.tick(&gw.breaker, now_ms);
             gw.after_breaker(w, t);
         }
-        if !gw.cfg.disable_health_check {
+        if gw.settings.health.enabled {
             let due = checker.due(&list);
             let results = checker.probe(due).await;
             let mut changed = false;
@@ -203,7 +203,7 @@ impl Checker {
         let mut handles = Vec::with_capacity(due.len());
         for w in due {
             let pool = self.pool.clone();
-            let path = self.gw.cfg.health_check_endpoint.clone();
+            let path = self.gw.settings.health.endpoint.clone();
             let learn = !self.models_seen.contains(&w.serial);
             let timeout = self.timeout;
             handles.push(monoio::spawn(async move {
@@ -260,15 +260,15 @@ impl Checker {
         };
         p.attempts += 1;
         let starting = !p.seen_up;
-        let cfg = &gw.cfg;
+        let health = &gw.settings.health;
         let mut changed = false;
-        let fail_threshold = cfg.health_failure_threshold;
+        let fail_threshold = health.failure_threshold;
         if let Some(v) = verdict(
             p,
             ok,
             w.is_healthy(),
             fail_threshold,
-            cfg.health_success_threshold,
+            health.success_threshold,
         ) {
             if gw.registry.set_healthy(&w, v) {
                 changed = true;

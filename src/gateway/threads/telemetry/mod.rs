@@ -29,8 +29,8 @@ mod window;
 pub use self::expo::{load_by_rank, load_from_json, EngineStats, Merger};
 pub use self::window::{RatioWindow, MAX_SAMPLES, WINDOW};
 
-use super::core::upstream_pool;
-use super::Gateway;
+use crate::gateway::upstream_pool;
+use crate::gateway::Gateway;
 use crate::http::Method;
 use crate::metrics::EngineGauges;
 use crate::proxy::forward;
