@@ -213,12 +213,46 @@ fn prefix_compare(c: &mut Criterion) {
     g.finish();
 }
 
+/// The recent-insert ring in a conversation burst: 128 live entries, 4 system prompts of 2 KiB
+/// shared by a quarter of them each, every entry a 16 KiB conversation; the request extends one
+/// of them. `every_entry_compared` is the scan without the skip (each entry compared whole over
+/// the common prefix), side by side with `longest`.
+fn recent_ring(c: &mut Criterion) {
+    use radixgate::route::recent::RecentInserts;
+    use radixgate::tree::TreeKey;
+    let mut rng = Rng::with_seed(7);
+    let systems: Vec<String> = (0..4).map(|_| text(&mut rng, 2048)).collect();
+    let convs: Vec<String> = (0..128)
+        .map(|i| format!("{}{}", systems[i % 4], text(&mut rng, 14 * 1024)))
+        .collect();
+    let ring = RecentInserts::new();
+    for (i, t) in convs.iter().enumerate() {
+        ring.push(TreeKey::Default, bytes::Bytes::from(t.clone()), i as u32, 0);
+    }
+    let request = format!("{} and the next question", convs[77]);
+    let mut g = c.benchmark_group("recent_ring_16KiB_conversations");
+    g.bench_function("longest", |b| {
+        b.iter(|| ring.longest(TreeKey::Default, black_box(&request), 0))
+    });
+    g.bench_function("every_entry_compared", |b| {
+        b.iter(|| {
+            let key = black_box(request.as_bytes());
+            convs
+                .iter()
+                .map(|t| radixgate::base::text::common_prefix(key, t.as_bytes()))
+                .max()
+        })
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     inner,
     with_tree,
     simple,
     char_counting,
-    prefix_compare
+    prefix_compare,
+    recent_ring
 );
 criterion_main!(benches);

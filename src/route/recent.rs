@@ -70,6 +70,27 @@ impl Default for RecentInserts {
     }
 }
 
+/// Bytes checked at the end of the current best match before an entry is compared whole.
+const PROBE: usize = 8;
+
+/// Whether `text`'s common prefix with `key` can be longer than `floor` bytes: only if the two
+/// agree on every byte up to and including byte `floor`, so the last [`PROBE`] of those are
+/// checked first. Exact (never skips an entry that would win), and cheap where it matters: in a
+/// burst of conversations sharing a system prompt, once one entry matched a whole conversation
+/// the others differ right there and are skipped instead of compared over the shared prompt
+/// (at 16 KiB conversations that compare was 17 % of a core's time).
+fn may_beat(key: &[u8], text: &[u8], floor: usize) -> bool {
+    if floor == 0 {
+        return true;
+    }
+    let end = floor + 1;
+    let (Some(k), Some(t)) = (key.get(..end), text.get(..end)) else {
+        return false;
+    };
+    let from = end.saturating_sub(PROBE);
+    k[from..] == t[from..]
+}
+
 impl RecentInserts {
     /// An empty ring.
     pub fn new() -> Self {
@@ -148,8 +169,12 @@ impl RecentInserts {
             if e.tree != tree {
                 continue;
             }
+            let floor = best.map_or(0, |(b, _)| b);
+            if !may_beat(key, &e.text, floor) {
+                continue;
+            }
             let n = common_prefix(key, &e.text);
-            if n > 0 && best.is_none_or(|(b, _)| n > b) {
+            if n > floor {
                 best = Some((n, e.worker));
             }
         }
@@ -292,5 +317,29 @@ mod tests {
                 .worker,
             9
         );
+    }
+
+    /// The filter that skips entries before comparing them whole never changes the answer: the
+    /// longest prefix (the first of equals in ring order) is what comparing every entry finds.
+    #[test]
+    fn skipping_entries_that_cannot_win_finds_what_comparing_all_finds() {
+        proptest::proptest!(|(
+            texts in proptest::collection::vec("(ab|abc|é|x){0,12}", 1..40),
+            key in "(ab|abc|é|x){0,12}",
+        )| {
+            let r = RecentInserts::new();
+            for (i, t) in texts.iter().enumerate() {
+                r.push(TreeKey::Default, b(t), i as u32, 0);
+            }
+            let mut want: Option<(usize, WorkerId)> = None;
+            for (i, t) in texts.iter().enumerate() {
+                let n = common_prefix(key.as_bytes(), t.as_bytes());
+                if n > 0 && want.is_none_or(|(b, _)| n > b) {
+                    want = Some((n, i as u32));
+                }
+            }
+            let got = r.longest(TreeKey::Default, &key, 0);
+            proptest::prop_assert_eq!(got.map(|m| (m.matched_bytes, m.worker)), want);
+        });
     }
 }
