@@ -32,10 +32,11 @@ pub enum Scope {
 }
 
 /// A caller's key does not allow the call, with the status it gets. Named apart from
-/// `admission::Refusal` (a request turned away because the gateway is full): this one is about
-/// who is calling, that one about how busy the gateway is.
+/// `admission::Refusal` and `admission::flow::Denied` (a request turned away because the
+/// gateway or its fleet is full): this one is about who is calling, those about how busy the
+/// gateway is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Denied {
+pub struct KeyRefused {
     /// 401 (no or wrong key) or 403 (not allowed without the admin key).
     pub status: u16,
     /// What the client is told.
@@ -98,7 +99,7 @@ impl Auth {
         head: &RequestHead,
         scope: Scope,
         peer: Option<IpAddr>,
-    ) -> Result<(), Denied> {
+    ) -> Result<(), KeyRefused> {
         let expected = match scope {
             Scope::Inference => self.api_key.as_deref(),
             Scope::Cancel => match (self.api_key.as_deref(), self.admin_api_key.as_deref()) {
@@ -113,11 +114,11 @@ impl Auth {
                     let t = inference.is_some() && given.is_some_and(|g| self.is_tenant_key(g));
                     return match (a | b | t, given) {
                         (true, _) => Ok(()),
-                        (false, Some(_)) => Err(Denied {
+                        (false, Some(_)) => Err(KeyRefused {
                             status: 401,
                             message: "invalid API key",
                         }),
-                        (false, None) => Err(Denied {
+                        (false, None) => Err(KeyRefused {
                             status: 401,
                             message: "missing `Authorization: Bearer <key>` header",
                         }),
@@ -131,7 +132,7 @@ impl Auth {
                     return if is_loopback(peer) && !proxied(head) {
                         Ok(())
                     } else {
-                        Err(Denied {
+                        Err(KeyRefused {
                             status: 403,
                             message: "without --admin-api-key only clients on the gateway's own \
                                       host, not through a proxy, may do this",
@@ -139,7 +140,7 @@ impl Auth {
                     };
                 }
                 None => {
-                    return Err(Denied {
+                    return Err(KeyRefused {
                         status: 403,
                         message: if scope == Scope::Secret {
                             "this endpoint needs --admin-api-key on the gateway"
@@ -156,7 +157,7 @@ impl Auth {
         };
         let given = bearer(head);
         let refuse = |message| {
-            Err(Denied {
+            Err(KeyRefused {
                 status: 401,
                 message,
             })
@@ -232,7 +233,7 @@ mod tests {
 
     const LOCAL: Option<IpAddr> = Some(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
 
-    fn status(r: Result<(), Denied>) -> u16 {
+    fn status(r: Result<(), KeyRefused>) -> u16 {
         r.map_or_else(|e| e.status, |()| 200)
     }
 

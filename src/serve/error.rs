@@ -41,13 +41,9 @@ impl Fault {
     }
 
     /// Whether the worker's circuit counts this as a success (a 429 is the engine working as
-    /// designed, not failing). Local faults are not recorded at all.
+    /// designed, not failing). Local faults never reach the circuit (`retry_after_on`).
     pub fn circuit_success(self) -> bool {
-        match self {
-            Fault::Status(s) => !is_worker_failure(s),
-            Fault::Local(_) => true,
-            _ => false,
-        }
+        matches!(self, Fault::Status(s) if !is_worker_failure(s))
     }
 
     /// The worker's status, when it answered one.
