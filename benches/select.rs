@@ -216,8 +216,10 @@ fn prefix_compare(c: &mut Criterion) {
 /// The recent-insert ring in a conversation burst: 128 live entries, 4 system prompts of 2 KiB
 /// shared by a quarter of them each, every entry a 16 KiB conversation; the request extends one
 /// of them. `every_entry_compared` is the scan without the skip (each entry compared whole over
-/// the common prefix), side by side with `longest`.
+/// the common prefix), side by side with `longest`; `beyond_the_snapshot` is what routing asks
+/// when the snapshot already holds the conversation's previous turn (an entry must beat that).
 fn recent_ring(c: &mut Criterion) {
+    use radixgate::base::text::SharedText;
     use radixgate::route::recent::RecentInserts;
     use radixgate::tree::TreeKey;
     let mut rng = Rng::with_seed(7);
@@ -227,12 +229,21 @@ fn recent_ring(c: &mut Criterion) {
         .collect();
     let ring = RecentInserts::new();
     for (i, t) in convs.iter().enumerate() {
-        ring.push(TreeKey::Default, bytes::Bytes::from(t.clone()), i as u32, 0);
+        ring.push(
+            TreeKey::Default,
+            SharedText::from_string(t.clone()),
+            i as u32,
+            0,
+        );
     }
     let request = format!("{} and the next question", convs[77]);
     let mut g = c.benchmark_group("recent_ring_16KiB_conversations");
     g.bench_function("longest", |b| {
         b.iter(|| ring.longest(TreeKey::Default, black_box(&request), 0))
+    });
+    let snapshot_holds = convs[77].len();
+    g.bench_function("beyond_the_snapshot", |b| {
+        b.iter(|| ring.longest_beyond(TreeKey::Default, black_box(&request), 0, snapshot_holds))
     });
     g.bench_function("every_entry_compared", |b| {
         b.iter(|| {

@@ -360,7 +360,7 @@ impl Stream {
         self.now += 1;
         Insert {
             tree: radixgate::tree::TreeKey::Default,
-            text: bytes::Bytes::copy_from_slice(text.as_bytes()),
+            text: radixgate::base::text::SharedText::copy_of(text),
             worker: *worker,
             now_ms: self.now / 64,
         }

@@ -9,7 +9,7 @@
 //! inputs in `cargo test`: one copy of the checks, so a stored input is held to exactly what the
 //! fuzzer holds it to.
 
-use radixgate::route::extract::{extract, Api, MAX_ROUTING_TEXT};
+use radixgate::route::extract::{extract, Api, RoutingText, MAX_ROUTING_TEXT};
 use std::borrow::Cow;
 
 const APIS: [Api; 7] = [
@@ -56,7 +56,7 @@ pub fn run(data: &[u8]) {
                 "accepted a body that is not UTF-8"
             );
             assert!(info.text.len() <= MAX_ROUTING_TEXT);
-            if let Cow::Borrowed(t) = &info.text {
+            if let RoutingText::InBody(t) = &info.text {
                 assert!(inside(body, t), "borrowed text outside the body");
             }
             if let Some(Cow::Borrowed(m)) = &info.model {

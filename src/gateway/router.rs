@@ -3,14 +3,14 @@
 //! against a snapshot and learn by message; nothing here takes a lock on the request path.
 
 use crate::base::rng::Rng;
+use crate::base::text::SharedText;
 use crate::base::WorkerId;
 use crate::config::settings::RoutingSettings;
 use crate::route::policy::Policy;
-use crate::route::recent::RecentInserts;
+use crate::route::recent::{RecentInserts, RecentProbe};
 use crate::route::types::{Decision, RouteInput};
 use crate::tree::{spawn_writer, Insert, TreeHandle, TreeKey, WriterConfig};
 use crate::workers::load::LoadBoard;
-use bytes::Bytes;
 use std::time::Duration;
 
 /// Tree inserts a starved writer may have queued: each keeps its text alive, so the backlog is
@@ -68,10 +68,10 @@ impl Router {
     /// Ask the policy for a worker against the current snapshot of the request's tree (see
     /// `ServedModels::tree_key`) and the unpublished inserts. Returns the decision and the
     /// snapshot epoch it saw.
-    pub fn choose(
-        &self,
+    pub fn choose<'a>(
+        &'a self,
         key: TreeKey,
-        mut input: RouteInput<'_>,
+        mut input: RouteInput<'a>,
         workers: &[WorkerId],
         loads: &LoadBoard,
         rng: &mut Rng,
@@ -85,7 +85,11 @@ impl Router {
             .is_some_and(|e| all_exact(workers, e.exact_workers));
         let tree = forest.as_ref().filter(|_| tree_speaks).map(|f| f.tree(key));
         if tree.is_some() {
-            input.recent = self.recent.longest(key, input.text, epoch);
+            input.recent = Some(RecentProbe {
+                ring: &self.recent,
+                tree: key,
+                epoch,
+            });
         }
         (self.policy.select(&input, workers, loads, tree, rng), epoch)
     }
@@ -98,7 +102,7 @@ impl Router {
     /// Record that `text` now lives on `worker`: in the shared ring at once, in the tree through
     /// the writer (never blocking: a full channel drops the insert and counts it). Both keep
     /// `text` alive, so it must not pin a whole request body (see `serve::exchange`).
-    pub fn learn(&self, key: TreeKey, text: Bytes, worker: WorkerId, epoch: u64, now_ms: u64) {
+    pub fn learn(&self, key: TreeKey, text: SharedText, worker: WorkerId, epoch: u64, now_ms: u64) {
         if let Some(tree) = &self.tree {
             self.recent.push(key, text.clone(), worker, epoch);
             tree.try_insert(Insert {
@@ -165,13 +169,7 @@ mod tests {
         let routing = RoutingSettings::from(&cfg);
         let r = Router::new(routing.policy.clone(), &routing);
         let text = "one prompt, routed once, then the tree idles";
-        r.learn(
-            TreeKey::Default,
-            Bytes::from_static(text.as_bytes()),
-            3,
-            r.epoch(),
-            1,
-        );
+        r.learn(TreeKey::Default, SharedText::copy_of(text), 3, r.epoch(), 1);
         // The writer publishes the insert and one epoch more, so the ring's entry stops
         // counting (and costing every request a compare) while nothing else is inserted.
         let until = Instant::now() + Duration::from_secs(5);

@@ -4,7 +4,7 @@
 //! either (the list of policies here names their modules; `policy.rs` expands it).
 
 use crate::base::WorkerId;
-use crate::route::recent::RecentMatch;
+use crate::route::recent::RecentProbe;
 use std::fmt;
 use std::str::FromStr;
 
@@ -212,9 +212,9 @@ pub struct RouteInput<'a> {
     pub exclude: &'a [WorkerId],
     /// Current time in milliseconds (any monotonic origin shared with `maintain`).
     pub now_ms: u64,
-    /// cache_aware: the longest match among the inserts (from every core) that the snapshot
-    /// does not show yet.
-    pub recent: Option<RecentMatch>,
+    /// cache_aware: the inserts (from every core) that the snapshot does not show yet, asked
+    /// only for a match longer than the snapshot's.
+    pub recent: Option<RecentProbe<'a>>,
     /// cache_aware with `--kv-events`: what the servers' own events (and the pending entries)
     /// say this prompt has cached where; `None` when the prompt has no tokens or the model no
     /// block size yet (the text tree alone decides).

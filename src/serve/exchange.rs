@@ -26,7 +26,7 @@ use crate::gateway::{Core, Gateway};
 use crate::http::RequestHead;
 use crate::proxy::io::closed_by_peer;
 use crate::proxy::request_id::request_id;
-use crate::route::extract::{extract_for, Api, RoutingInfo};
+use crate::route::extract::{extract_for, Api, RoutingInfo, RoutingText};
 use crate::route::policy::manual::{key_too_long, MAX_ROUTING_KEY_LEN};
 use crate::route::types::PolicyKind;
 use crate::trace::span::{now_ns, RequestTrace};
@@ -34,7 +34,6 @@ use crate::tree::TreeKey;
 use bytes::Bytes;
 use monoio::net::TcpStream;
 use monoio::time::Instant;
-use std::borrow::Cow;
 use std::cell::RefCell;
 use std::future::Future;
 use std::net::IpAddr;
@@ -403,7 +402,7 @@ fn routing_info<'a>(
         return Ok(RoutingInfo {
             model: None,
             stream: false,
-            text: Cow::Borrowed(""),
+            text: RoutingText::InBody(""),
             token_ids: false,
             namespace: Default::default(),
             shape: Default::default(),

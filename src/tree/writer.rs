@@ -8,10 +8,9 @@
 //! are `Arc` roots, so a snapshot shares every node the writer has not touched since. Clients
 //! cannot add trees (see [`TreeKey`]), and the queue is bounded in messages and in bytes.
 use super::RadixTree;
-use crate::base::text::valid_prefix;
+use crate::base::text::SharedText;
 use crate::base::WorkerId;
 use arc_swap::ArcSwap;
-use bytes::Bytes;
 use crossbeam::channel::{self, Receiver, RecvTimeoutError, Sender, TrySendError};
 use std::collections::VecDeque;
 use std::fmt;
@@ -22,7 +21,7 @@ use std::time::{Duration, Instant};
 /// Which tree of the forest a request reads and feeds. Clients choose model names freely, so a
 /// name only gets a tree of its own when some worker serves it (the names come from the
 /// workers' `/v1/models`, never from requests); every other name shares one tree.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Eq)]
 pub enum TreeKey {
     /// Requests that name no model.
     Default,
@@ -31,6 +30,30 @@ pub enum TreeKey {
     /// A model a worker serves (leaked once by the gateway's served-model list, so copying a
     /// key costs nothing and never pins a request body).
     Served(&'static str),
+}
+
+/// Equal names are equal keys; a served name is leaked once, so two keys of one model share
+/// the pointer and compare without reading the name (the recent-insert ring compares a key for
+/// every live entry on every routed request: by content that was a `memcmp` each).
+impl PartialEq for TreeKey {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (TreeKey::Default, TreeKey::Default) | (TreeKey::Shared, TreeKey::Shared) => true,
+            (TreeKey::Served(a), TreeKey::Served(b)) => std::ptr::eq(*a, *b) || a == b,
+            _ => false,
+        }
+    }
+}
+
+/// Hashes what [`PartialEq`] compares: the variant and, for a served model, its name.
+impl std::hash::Hash for TreeKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::mem::discriminant(self).hash(state);
+        if let TreeKey::Served(name) = self {
+            name.hash(state);
+        }
+    }
 }
 
 /// Read-only set of trees, as published to the cores: the default tree, the shared tree, and
@@ -118,7 +141,7 @@ impl Forest {
 #[derive(Debug, Clone)]
 pub struct Insert {
     pub tree: TreeKey,
-    pub text: Bytes,
+    pub text: SharedText,
     pub worker: WorkerId,
     /// Milliseconds since the gateway started (for LRU order).
     pub now_ms: u64,
@@ -485,8 +508,7 @@ impl Writer {
     }
 
     fn insert(&mut self, ins: &Insert) {
-        // Invalid UTF-8 is cut at the last valid boundary: routing text is text.
-        let text = valid_prefix(&ins.text);
+        let text = ins.text.as_str();
         self.clock = self.clock.max(ins.now_ms);
         let tree = self.forest.tree_mut(ins.tree);
         tree.insert(text, ins.worker, self.clock);

@@ -445,36 +445,46 @@ fn a_huge_chat_is_tokenized_off_the_serving_core_and_small_requests_do_not_wait(
             .status,
         200
     );
-    let huge = chat_turns(&[("user", &fresh_words(7, 160 << 10))]);
-    let addr = gw.addr;
-    let started = Instant::now();
-    let big = std::thread::spawn(move || {
-        let r = request(addr, "POST", "/v1/chat/completions", &[], &huge).unwrap();
-        (r.status, started.elapsed())
-    });
-    // Small chats one after another on the same core while the huge one is tokenized, each
-    // followed by a /health (answered by the core alone: no worker's time in it).
-    std::thread::sleep(Duration::from_millis(20));
-    let (mut worst_chat, mut worst_local) = (Duration::ZERO, Duration::ZERO);
-    let mut sent = 0;
-    while !big.is_finished() && started.elapsed() < Duration::from_secs(10) {
-        let t = Instant::now();
-        let r = request(gw.addr, "POST", "/v1/chat/completions", &[], &small).unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-        worst_chat = worst_chat.max(t.elapsed());
-        let t = Instant::now();
-        assert_eq!(
-            request(gw.addr, "GET", "/health", &[], b"").unwrap().status,
-            200
+    // A measurement during which fewer than 5 small chats ran (other test binaries took both
+    // CPUs) says nothing either way: it is taken again, with a prompt nobody has seen, up to
+    // three times, and the bounds below are checked on the last one.
+    let mut attempt = 0;
+    let (status, took, sent, worst_chat, worst_local) = loop {
+        let huge = chat_turns(&[("user", &fresh_words(7 + attempt, 160 << 10))]);
+        let addr = gw.addr;
+        let started = Instant::now();
+        let big = std::thread::spawn(move || {
+            let r = request(addr, "POST", "/v1/chat/completions", &[], &huge).unwrap();
+            (r.status, started.elapsed())
+        });
+        // Small chats one after another on the same core while the huge one is tokenized,
+        // each followed by a /health (answered by the core alone: no worker's time in it).
+        std::thread::sleep(Duration::from_millis(20));
+        let (mut worst_chat, mut worst_local) = (Duration::ZERO, Duration::ZERO);
+        let mut sent = 0;
+        while !big.is_finished() && started.elapsed() < Duration::from_secs(10) {
+            let t = Instant::now();
+            let r = request(gw.addr, "POST", "/v1/chat/completions", &[], &small).unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+            worst_chat = worst_chat.max(t.elapsed());
+            let t = Instant::now();
+            assert_eq!(
+                request(gw.addr, "GET", "/health", &[], b"").unwrap().status,
+                200
+            );
+            worst_local = worst_local.max(t.elapsed());
+            sent += 1;
+        }
+        let (status, took) = big.join().unwrap();
+        eprintln!(
+            "huge chat answered in {took:?}; {sent} small chats meanwhile, worst {worst_chat:?} \
+             (/health: {worst_local:?})"
         );
-        worst_local = worst_local.max(t.elapsed());
-        sent += 1;
-    }
-    let (status, took) = big.join().unwrap();
-    eprintln!(
-        "huge chat answered in {took:?}; {sent} small chats meanwhile, worst {worst_chat:?} \
-         (/health: {worst_local:?})"
-    );
+        attempt += 1;
+        if sent >= 5 || attempt == 3 {
+            break (status, took, sent, worst_chat, worst_local);
+        }
+    };
     assert_eq!(status, 200, "the huge chat is answered (routed by text)");
     assert!(
         sent >= 5,

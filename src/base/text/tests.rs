@@ -69,14 +69,6 @@ fn prefix_chars_counts_characters() {
     assert_eq!(prefix_chars("日本語", 3), "日本語");
 }
 
-#[test]
-fn valid_prefix_cuts_at_the_first_invalid_sequence() {
-    assert_eq!(valid_prefix(b"plain"), "plain");
-    assert_eq!(valid_prefix(b"ok \xff rest"), "ok ");
-    assert_eq!(valid_prefix("日本".as_bytes().split_at(4).0), "日");
-    assert_eq!(valid_prefix(b""), "");
-}
-
 /// Mostly characters that share lead bytes, so mismatches land inside characters.
 fn text() -> impl Strategy<Value = String> {
     prop::collection::vec(
@@ -104,7 +96,8 @@ proptest! {
         prop_assert_eq!(floor, if n > b.len() { n } else { want });
         let cut = prefix_chars(&b, n);
         prop_assert_eq!(cut, b.chars().take(n).collect::<String>());
-        prop_assert_eq!(valid_prefix(b.as_bytes()), b.as_str());
+        let kept = SharedText::copy_of(&b);
+        prop_assert_eq!(kept.as_str(), &b[..]);
     }
 
     #[test]
@@ -140,4 +133,22 @@ fn char_count_at_block_and_group_edges() {
         s.push_str(&"a".repeat(len - s.len()));
         assert_eq!(char_count(s.as_bytes()), s.chars().count(), "len {len}");
     }
+}
+
+/// A kept text shares what it can: a joined string moves in, a string inside the body is a
+/// slice of it, anything else is copied; each reads back as the same text.
+#[test]
+fn shared_text_shares_the_body_or_the_joined_string() {
+    let body = bytes::Bytes::from_static("{\"prompt\":\"héllo\"}".as_bytes());
+    let inside = std::str::from_utf8(&body[11..17]).unwrap();
+    let t = SharedText::within(&body, inside);
+    assert_eq!((t.as_str(), t.bytes().as_ptr()), ("héllo", inside.as_ptr()));
+    let elsewhere = String::from("héllo");
+    let t = SharedText::within(&body, &elsewhere);
+    assert_eq!(&*t, "héllo");
+    assert_ne!(t.bytes().as_ptr(), elsewhere.as_ptr());
+    let joined = String::from("a joined text");
+    let at = joined.as_ptr();
+    let t = SharedText::from_string(joined);
+    assert_eq!((t.as_str(), t.bytes().as_ptr()), ("a joined text", at));
 }

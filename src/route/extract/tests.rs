@@ -96,12 +96,12 @@ fn chat_contents_join_with_single_spaces() {
 fn single_plain_string_is_borrowed_from_the_body() {
     let b = br#"{"messages":[{"role":"user","content":"plain text"}]}"#;
     let info = extract(Api::Chat, b).unwrap();
-    assert!(matches!(info.text, Cow::Borrowed(_)));
+    assert!(matches!(info.text, RoutingText::InBody(_)));
     assert!(info.model.is_none());
     let b = br#"{"prompt":"abc","model":"x"}"#;
     assert!(matches!(
         extract(Api::Completions, b).unwrap().text,
-        Cow::Borrowed(_)
+        RoutingText::InBody(_)
     ));
 }
 
@@ -202,7 +202,7 @@ fn text_is_capped_on_a_character_boundary() {
     let long = "é".repeat(MAX_ROUTING_TEXT); // two bytes each
     let body = format!(r#"{{"prompt":"{long}"}}"#);
     let t = extract(Api::Completions, body.as_bytes()).unwrap().text;
-    assert!(matches!(t, Cow::Borrowed(_)));
+    assert!(matches!(t, RoutingText::InBody(_)));
     assert_eq!(t.len(), MAX_ROUTING_TEXT);
     let body = format!(r#"{{"prompt":["ab","{long}"]}}"#);
     let t = extract(Api::Completions, body.as_bytes()).unwrap().text;
@@ -302,7 +302,7 @@ proptest! {
             })
             .collect();
         let got = extract(Api::Completions, body.as_bytes()).unwrap().text;
-        prop_assert_eq!(got.as_ref(), want.join(" "));
+        prop_assert_eq!(&*got, want.join(" "));
     }
 }
 

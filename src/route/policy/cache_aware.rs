@@ -26,7 +26,7 @@ use crate::base::rng::Rng;
 use crate::base::text::char_count;
 use crate::base::WorkerId;
 use crate::route::policy::Select;
-use crate::route::recent::RecentMatch;
+use crate::route::recent::RecentProbe;
 use crate::route::types::{Branch, Decision, ExactInput, PolicyConfig, RouteInput};
 use crate::tree::RadixTree;
 use crate::workers::load::LoadBoard;
@@ -57,7 +57,7 @@ impl Select for CacheAware {
         let prefix = Lookup {
             text: input.text,
             tree,
-            recent: input.recent.as_ref(),
+            recent: input.recent,
         };
         let p = &self.params;
         let exclude = input.exclude;
@@ -234,8 +234,8 @@ pub struct Lookup<'a> {
     pub text: &'a str,
     /// The model's tree.
     pub tree: Option<&'a RadixTree>,
-    /// The longest match among unpublished inserts (from every core).
-    pub recent: Option<&'a RecentMatch>,
+    /// The unpublished inserts (from every core), asked only for more than the tree matched.
+    pub recent: Option<RecentProbe<'a>>,
 }
 
 /// The thin wrapper the policy calls: match the text against the tree and the unpublished
@@ -248,20 +248,28 @@ pub fn select_with_tree(
     loads: &LoadBoard,
     rng: &mut Rng,
 ) -> Option<Decision> {
-    select(p, workers, exclude, loads, rng, || text_match(prefix))
+    let mut recent_holder = [0];
+    select(p, workers, exclude, loads, rng, || {
+        text_match(prefix, &mut recent_holder)
+    })
 }
 
 /// The text tree's match, as a (matched, request) pair in characters with its holders:
-/// unpublished inserts (from any core) win when they match more of the request.
-fn text_match<'t>(prefix: Lookup<'t>) -> Option<MatchResult<'t>> {
+/// unpublished inserts (from any core) win when they match more of the request (their worker
+/// is then written into `recent_holder`, which the result borrows).
+fn text_match<'t>(
+    prefix: Lookup<'t>,
+    recent_holder: &'t mut [WorkerId; 1],
+) -> Option<MatchResult<'t>> {
     let Lookup { text, tree, recent } = prefix;
     let from_tree = tree.map(|t| t.longest_match(text));
-    let tree_chars = from_tree.as_ref().map_or(0, |m| m.matched_chars);
-    if let Some(r) = recent.filter(|r| r.matched_chars > tree_chars) {
+    let tree_bytes = from_tree.as_ref().map_or(0, |m| m.matched_bytes);
+    if let Some(r) = recent.and_then(|p| p.beyond(text, tree_bytes)) {
+        recent_holder[0] = r.worker;
         return Some(MatchResult {
             matched_chars: r.matched_chars,
             request_chars: request_chars(text, r.matched_bytes, r.matched_chars),
-            workers: std::slice::from_ref(&r.worker),
+            workers: &recent_holder[..],
         });
     }
     // Counted only when something matched (a miss on a model without a tree pays nothing).
@@ -305,8 +313,13 @@ pub fn select_mixed(
     let all_exact = workers
         .iter()
         .all(|w| exact.exact_workers.binary_search(w).is_ok());
+    let mut recent_holder = [0];
     select(p, workers, exclude, loads, rng, || {
-        let text = if all_exact { None } else { text_match(prefix) };
+        let text = if all_exact {
+            None
+        } else {
+            text_match(prefix, &mut recent_holder)
+        };
         let best = mixed_holders(exact, text, holders);
         let holders: &Vec<WorkerId> = holders;
         best.map(|(matched, request)| MatchResult {

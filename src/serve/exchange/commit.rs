@@ -3,6 +3,7 @@
 //! first byte, the tenant's output, the opt-in reply learning).
 
 use super::{Exchange, Forwarding, Picked};
+use crate::base::text::SharedText;
 use crate::base::WorkerId;
 use crate::proxy::capture::Capture;
 use crate::proxy::forward::{self, UpstreamRequest};
@@ -150,7 +151,13 @@ impl Exchange<'_> {
         full.push_str(reply);
         let router = &self.gw.router;
         let now = self.gw.life.now_ms();
-        router.learn(self.tree, Bytes::from(full), worker, router.epoch(), now);
+        router.learn(
+            self.tree,
+            SharedText::from_string(full),
+            worker,
+            router.epoch(),
+            now,
+        );
     }
 
     /// Write `reply` (a whole answer the gateway composed) with this request's id.

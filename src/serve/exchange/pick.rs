@@ -2,10 +2,12 @@
 //! counted in flight, and the routing text learned.
 
 use super::{Exchange, Forwarding};
+use crate::base::text::SharedText;
 use crate::base::WorkerId;
 use crate::gateway::kv_routing::{Fallback, KvRouting, KvScratch};
 use crate::gateway::requests::IdKey;
 use crate::gateway::{Gateway, Router};
+use crate::route::extract::RoutingText;
 use crate::route::types::{Branch, Decision, ExactInput, PolicyKind, RouteInput};
 use crate::serve::error::GatewayError;
 use crate::trace::span::now_ns;
@@ -337,26 +339,14 @@ fn already_held(decision: &Decision, measured: bool) -> bool {
     !measured && decision.request_size > 0 && decision.predicted_chars == decision.request_size
 }
 
-/// The routing text as the tree and the recent-insert ring keep it: a zero-copy slice of the
-/// body when the body is not much larger than the text (the common case: the prompt is most of
-/// the body), else a copy, so a kept text never pins a large upload (at most twice its size
-/// plus 4 KiB).
-pub(super) fn learned_text(body: &Bytes, text: &str) -> Bytes {
-    if body.len() <= 2 * text.len() + 4096 {
-        as_body_slice(body, text)
-    } else {
-        Bytes::copy_from_slice(text.as_bytes())
-    }
-}
-
-/// Bytes of `s` as a zero-copy slice of `body` when `s` lies inside it (borrowed by the
-/// extractor), else a copy (text that had to be unescaped or joined).
-fn as_body_slice(body: &Bytes, s: &str) -> Bytes {
-    let start = body.as_ptr() as usize;
-    let p = s.as_ptr() as usize;
-    if !s.is_empty() && p >= start && p + s.len() <= start + body.len() {
-        body.slice(p - start..p - start + s.len())
-    } else {
-        Bytes::copy_from_slice(s.as_bytes())
+/// The routing text as the tree and the recent-insert ring keep it: a text the extractor joined
+/// as it is (shared, no copy); a string of the body as a zero-copy slice of it when the body is
+/// not much larger than the text (the common case: the prompt is most of the body), else a
+/// copy, so a kept text never pins a large upload (at most twice its size plus 4 KiB).
+pub(super) fn learned_text(body: &Bytes, text: &RoutingText<'_>) -> SharedText {
+    match text {
+        RoutingText::Joined(t) => t.clone(),
+        RoutingText::InBody(s) if body.len() <= 2 * s.len() + 4096 => SharedText::within(body, s),
+        RoutingText::InBody(s) => SharedText::copy_of(s),
     }
 }

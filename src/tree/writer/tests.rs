@@ -1,11 +1,12 @@
 use super::*;
+use crate::base::text::SharedText;
 
 const D: TreeKey = TreeKey::Default;
 
 fn ins(tree: TreeKey, text: &str, worker: WorkerId, now_ms: u64) -> Insert {
     Insert {
         tree,
-        text: Bytes::copy_from_slice(text.as_bytes()),
+        text: SharedText::copy_of(text),
         worker,
         now_ms,
     }
@@ -136,30 +137,6 @@ fn queued_text_is_bounded_in_bytes() {
     h.sync();
     assert_eq!(h.stats().queued_bytes(), 0);
     assert_eq!(h.stats().inserts_applied(), 2);
-}
-
-#[test]
-fn invalid_utf8_is_cut_at_the_last_boundary() {
-    let h = spawn_writer(WriterConfig::default());
-    let mut text = "abcé".as_bytes().to_vec();
-    text.extend_from_slice(&[0xff, b'x']);
-    h.try_insert(Insert {
-        tree: D,
-        text: Bytes::from(text),
-        worker: 1,
-        now_ms: 1,
-    });
-    // A truncated multi-byte character at the end.
-    h.try_insert(Insert {
-        tree: D,
-        text: Bytes::copy_from_slice(&"zz中".as_bytes()[..4]),
-        worker: 2,
-        now_ms: 2,
-    });
-    h.sync();
-    assert_eq!(matched(&h, D, "abcéx"), Some((4, vec![1])));
-    assert_eq!(matched(&h, D, "zz中"), Some((2, vec![2])));
-    assert_eq!(h.stats().chars(), 6);
 }
 
 #[test]
@@ -414,4 +391,20 @@ fn one_trailing_publication_follows_the_last_change_then_the_writer_idles() {
     assert_eq!(h.stats().publishes(), 2);
     h.try_insert(ins(D, "again", 1, 2));
     assert!(eventually(|| h.load().epoch() == 4));
+}
+
+/// Keys of one name are equal whether or not they share the leaked pointer, and hash alike.
+#[test]
+fn tree_keys_compare_by_name_and_hash_alike() {
+    use std::hash::{BuildHasher, RandomState};
+    let leaked: &'static str = String::from("llama").leak();
+    let (a, b) = (TreeKey::Served("llama"), TreeKey::Served(leaked));
+    assert!(!std::ptr::eq(leaked, "llama"));
+    assert_eq!(a, b);
+    let s = RandomState::new();
+    assert_eq!(s.hash_one(a), s.hash_one(b));
+    assert_ne!(a, TreeKey::Served("qwen"));
+    assert_ne!(TreeKey::Default, TreeKey::Shared);
+    assert_ne!(TreeKey::Default, a);
+    assert_eq!(TreeKey::Shared, TreeKey::Shared);
 }

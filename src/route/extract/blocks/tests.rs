@@ -1,6 +1,5 @@
-use crate::route::extract::{extract, Api, MAX_ROUTING_TEXT};
+use crate::route::extract::{extract, Api, RoutingText, MAX_ROUTING_TEXT};
 use serde_json::{json, Value};
-use std::borrow::Cow;
 
 fn text(api: Api, body: &Value) -> String {
     extract(api, body.to_string().as_bytes())
@@ -94,17 +93,17 @@ fn a_lone_piece_stays_borrowed() {
     let b = br#"{"model":"m","input":"plain"}"#;
     assert!(matches!(
         extract(Api::Responses, b).unwrap().text,
-        Cow::Borrowed("plain")
+        RoutingText::InBody("plain")
     ));
     let b = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"plain"}]}]}"#;
     assert!(matches!(
         extract(Api::Messages, b).unwrap().text,
-        Cow::Borrowed("plain")
+        RoutingText::InBody("plain")
     ));
     let b = br#"{"system":"only","messages":[]}"#;
     assert!(matches!(
         extract(Api::Messages, b).unwrap().text,
-        Cow::Borrowed("only")
+        RoutingText::InBody("only")
     ));
 }
 

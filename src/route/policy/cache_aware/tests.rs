@@ -1,4 +1,7 @@
 use super::*;
+use crate::base::text::SharedText;
+use crate::route::recent::RecentInserts;
+use crate::tree::TreeKey;
 use crate::workers::load::tests_support::board;
 
 fn set_load(b: &LoadBoard, w: WorkerId, l: u32) {
@@ -95,17 +98,20 @@ fn an_unpublished_insert_that_matches_more_wins_over_the_snapshot() {
     let mut tree = RadixTree::new();
     tree.insert("shared system prompt", 1, 1);
     let text = "shared system prompt, then the first question";
-    let recent = RecentMatch {
-        matched_chars: 30,
-        matched_bytes: 30,
-        worker: 3,
+    // Worker 3 took this conversation a moment ago; the snapshot does not show it yet.
+    let ring = RecentInserts::new();
+    ring.push(TreeKey::Default, SharedText::copy_of(&text[..30]), 3, 7);
+    let recent = RecentProbe {
+        ring: &ring,
+        tree: TreeKey::Default,
+        epoch: 7,
     };
     let d = select_with_tree(
         &p,
         Lookup {
             text,
             tree: Some(&tree),
-            recent: Some(&recent),
+            recent: Some(recent),
         },
         &ws,
         &[],
@@ -117,18 +123,24 @@ fn an_unpublished_insert_that_matches_more_wins_over_the_snapshot() {
         (d.worker, d.branch, d.matched_chars),
         (3, Branch::CacheHit, 30)
     );
-    // A shorter recent match loses to the snapshot.
-    let short = RecentMatch {
-        matched_chars: 5,
-        matched_bytes: 5,
-        worker: 3,
-    };
+    // A recent match no longer than the snapshot's loses to it.
+    let short = RecentInserts::new();
+    short.push(
+        TreeKey::Default,
+        SharedText::copy_of("shared system prompt"),
+        3,
+        7,
+    );
     let d = select_with_tree(
         &p,
         Lookup {
             text,
             tree: Some(&tree),
-            recent: Some(&short),
+            recent: Some(RecentProbe {
+                ring: &short,
+                tree: TreeKey::Default,
+                epoch: 7,
+            }),
         },
         &ws,
         &[],
@@ -468,12 +480,20 @@ fn request_size_counts_every_character_whatever_matched() {
             continue;
         }
         // An unpublished insert one character longer than the tree's match.
-        let recent = RecentMatch {
-            matched_chars: k + 1,
-            matched_bytes: boundaries.get(k + 1).copied().unwrap_or(text.len()),
-            worker: 2,
+        let longer = boundaries.get(k + 1).copied().unwrap_or(text.len());
+        let ring = RecentInserts::new();
+        ring.push(TreeKey::Default, SharedText::copy_of(&text[..longer]), 2, 0);
+        let recent = RecentProbe {
+            ring: &ring,
+            tree: TreeKey::Default,
+            epoch: 0,
         };
-        let d = select_with_tree(&p, lookup(Some(&recent)), &ws, &[], &b, &mut rng).unwrap();
+        let d = select_with_tree(&p, lookup(Some(recent)), &ws, &[], &b, &mut rng).unwrap();
+        assert_eq!(
+            d.matched_chars,
+            k + 1,
+            "the insert past {cut} bytes counted"
+        );
         assert_eq!(d.request_size, chars, "recent insert past {cut} bytes");
     }
 }
