@@ -53,7 +53,9 @@ const fn sample_end(k: usize) -> usize {
 /// that word here passes over, without a cache miss on their texts, the live entries of other
 /// conversations (each compared at the floor was one miss: 62 % of the scan's time at 16 KiB
 /// conversations). Only a hint, like the epoch: a lookup racing a push into the same slot may
-/// read a mix and pass over that push, as if it had looked just before it.
+/// read the new sketch beside the old entry (or a mix of both) and pass over that slot, as if
+/// it had looked before the push or after it; the entry it would have seen is the one the push
+/// is replacing, or the push itself, and the snapshot soon holds either.
 #[derive(Debug)]
 struct Sketch {
     len: AtomicUsize,
