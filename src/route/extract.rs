@@ -42,7 +42,9 @@ pub enum Api {
 /// second copy was 3 % of a core).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RoutingText<'a> {
+    /// One string of the body, borrowed as it stands (no escapes, nothing joined to it).
     InBody(&'a str),
+    /// Built by the extractor: kept as it is, never copied again.
     Joined(SharedText),
 }
 

@@ -126,8 +126,12 @@ pub struct RecentMatch {
 /// asks it only when it measures the prompt's match, and only for what beats the snapshot's.
 #[derive(Debug, Clone, Copy)]
 pub struct RecentProbe<'a> {
+    /// The ring every core pushes into.
     pub ring: &'a RecentInserts,
+    /// The model's tree the request routes in: entries of other trees never match.
     pub tree: TreeKey,
+    /// The snapshot the request routes against: entries it may already show still count for
+    /// a publication or two, older ones not at all.
     pub epoch: u64,
 }
 
