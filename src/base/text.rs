@@ -137,10 +137,10 @@ impl SharedText {
     /// `s` as a slice of `body` when it lies inside it (a string the extractor borrowed), else
     /// a copy.
     pub fn within(body: &bytes::Bytes, s: &str) -> Self {
-        let start = body.as_ptr() as usize;
-        let p = s.as_ptr() as usize;
+        let (start, p) = (body.as_ptr() as usize, s.as_ptr() as usize);
         if !s.is_empty() && p >= start && p + s.len() <= start + body.len() {
-            SharedText(body.slice(p - start..p - start + s.len()))
+            // Checked above: `slice_ref` panics on a slice outside `body`.
+            SharedText(body.slice_ref(s.as_bytes()))
         } else {
             Self::copy_of(s)
         }

@@ -130,26 +130,32 @@ mod tests {
         Worker::detached(&url, parsed, vec![([127, 0, 0, 1], port).into()])
     }
 
+    /// A registered worker (pooled), unlike a probe's.
     fn worker(port: u16) -> Worker {
-        let url = format!("http://127.0.0.1:{port}");
-        let parsed = parse_worker_url(&url).unwrap();
-        let mut w = Worker::detached(&url, parsed, vec![([127, 0, 0, 1], port).into()]);
+        let mut w = detached(port);
         w.id = 3;
         w.serial = 7;
         w
     }
 
-    /// A connection the worker closed is handed out again only within the moment after its
-    /// return (where `roundtrip` replays a request it fails); after that the probe drops it.
-    #[test]
-    fn a_closed_connection_is_probed_once_it_idled_past_the_moment() {
+    /// Run `test` on a monoio runtime with a listener standing in for the worker.
+    fn with_listener<F: std::future::Future<Output = ()>>(
+        test: impl FnOnce(std::net::TcpListener, u16) -> F,
+    ) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
             .enable_timer()
             .build()
             .unwrap();
-        rt.block_on(async move {
+        rt.block_on(test(listener, port));
+    }
+
+    /// A connection the worker closed is handed out again only within the moment after its
+    /// return (where `roundtrip` replays a request it fails); after that the probe drops it.
+    #[test]
+    fn a_closed_connection_is_probed_once_it_idled_past_the_moment() {
+        with_listener(|listener, port| async move {
             let pool = Pool::new(Duration::from_secs(60), 8, None);
             let w = worker(port);
             assert!(!w.is_detached());
@@ -168,13 +174,7 @@ mod tests {
     /// A connection one probe opened is never handed to another probe (of another server).
     #[test]
     fn a_detached_workers_connection_is_never_pooled() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
-            .enable_timer()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
+        with_listener(|listener, port| async move {
             let pool = Pool::new(Duration::from_secs(60), 8, None);
             let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
             let _accepted = listener.accept().unwrap();
