@@ -428,11 +428,13 @@ pub struct Config {
     /// token-weighted fairness across tenants ([tenants] in the config file), then arrival.
     #[arg(long = "saturation-admission", action = ArgAction::SetTrue)]
     pub saturation_admission: bool,
-    /// Requests waiting in a worker's own queue (sglang:num_queue_reqs, with the requests this
-    /// gateway sent since the last reading) at which it counts as saturated.
+    /// Requests waiting in a worker's own queue (sglang:num_queue_reqs or
+    /// vllm:num_requests_waiting, with the requests this gateway sent since the last reading)
+    /// at which it counts as saturated.
     #[arg(long = "saturation-queue-reqs", default_value_t = 2)]
     pub saturation_queue_reqs: u32,
-    /// KV-cache use (sglang:token_usage, 0 to 1) at which a worker counts as saturated.
+    /// KV-cache use (sglang:token_usage or vllm:kv_cache_usage_perc, 0 to 1) at which a worker
+    /// counts as saturated.
     #[arg(long = "saturation-kv-usage", default_value_t = 0.95)]
     pub saturation_kv_usage: f64,
     /// Share of the KV cache kept for prioritized requests (priority above 0): requests of

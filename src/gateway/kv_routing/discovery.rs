@@ -1,11 +1,13 @@
-//! Finding each worker's publishers (flags, else its `/get_server_info`) and keeping the
-//! subscriptions in step with the registry.
+//! Finding each worker's publishers (flags, else what the server announces: SGLang's
+//! `/get_server_info`, vLLM's `/kv_event_sources`) and keeping the subscriptions in step with
+//! the registry.
 
 use super::super::Gateway;
+use super::sources::{parse_kv_event_sources, RankPublisher, SOURCES_PATH};
 use super::*;
 use crate::base::WorkerId;
 use crate::http::Method;
-use crate::kv::endpoint::{KvEndpoints, TcpEndpoint};
+use crate::kv::endpoint::TcpEndpoint;
 use crate::kv::index::Source;
 use crate::kv::intake::{CommandError, Publisher};
 use crate::proxy::forward;
@@ -13,7 +15,6 @@ use crate::proxy::pool::Pool;
 use crate::workers::registry::{Worker, WorkerList};
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +48,10 @@ pub enum ServerInfoError {
     ConfigNotJson(serde_json::Error),
     /// A `tcp://` endpoint in `kv_events_config` that does not parse.
     Endpoint(String),
+    /// vLLM's `/kv_event_sources` is not the object of ranks it should be (why).
+    Sources(String),
+    /// vLLM's `/kv_event_sources` names more ranks than `--kv-max-dp-ranks` (how many).
+    TooManyRanks(usize),
 }
 
 impl std::fmt::Display for ServerInfoError {
@@ -57,6 +62,13 @@ impl std::fmt::Display for ServerInfoError {
             ServerInfoError::NotAPort(k) => write!(f, "kv_events.{k} is not a port"),
             ServerInfoError::ConfigNotJson(e) => write!(f, "kv_events_config is not JSON: {e}"),
             ServerInfoError::Endpoint(e) => f.write_str(e),
+            ServerInfoError::Sources(why) => write!(f, "kv_event_sources: {why}"),
+            ServerInfoError::TooManyRanks(n) => {
+                write!(
+                    f,
+                    "kv_event_sources names {n} ranks, over --kv-max-dp-ranks"
+                )
+            }
         }
     }
 }
@@ -208,13 +220,14 @@ fn positive_u32(v: Option<&serde_json::Value>) -> Option<u32> {
 #[derive(Debug)]
 enum Found {
     /// `replay`: with a replay endpoint (its start-up replay is waited for).
-    Subscribed {
-        id: WorkerId,
-        replay: bool,
-    },
+    Subscribed { id: WorkerId, replay: bool },
+    /// `holds`: the failure may clear within moments (no answer yet, the model not learnt
+    /// yet), so a new copy's readiness waits for it, within `--kv-warm-timeout-secs`.
     Retry {
+        id: WorkerId,
         at: Instant,
         attempts: u32,
+        holds: bool,
     },
 }
 
@@ -226,7 +239,10 @@ pub struct Discovery {
 
 /// Longest wait between attempts to read a worker's publishers.
 const RETRY_MAX: Duration = Duration::from_secs(5);
-/// Time allowed for `/get_server_info`.
+/// First wait after the worker's model was not known yet: the health check that learns it
+/// runs in the same tick, so the next tick usually finds it.
+const MODEL_RETRY: Duration = Duration::from_millis(100);
+/// Time allowed for `/get_server_info` and `/kv_event_sources`.
 const INFO_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Discovery {
@@ -260,18 +276,23 @@ impl Discovery {
                     if attempts == 1 || attempts % 12 == 0 {
                         crate::log!(Warn, "kv events: worker {}: {why}", w.url);
                     }
-                    let wait = Duration::from_secs(u64::from(attempts)).min(RETRY_MAX);
+                    let wait = match why {
+                        DiscoverError::NoModel => MODEL_RETRY.saturating_mul(attempts),
+                        _ => Duration::from_secs(u64::from(attempts)),
+                    };
                     self.found.insert(
                         w.serial,
                         Found::Retry {
-                            at: now + wait,
+                            id: w.id,
+                            at: now + wait.min(RETRY_MAX),
                             attempts,
+                            holds: why.may_clear_soon(),
                         },
                     );
                 }
             }
         }
-        self.publish_replaying(kv);
+        self.publish_waits(kv);
         kv.discovered.store(true, Ordering::Release);
     }
 
@@ -303,25 +324,36 @@ impl Discovery {
         });
     }
 
-    /// Publish the workers whose start-up replay is awaited (when the set changed).
-    fn publish_replaying(&self, kv: &KvRouting) {
-        let mut replaying: Vec<WorkerId> = self
-            .found
-            .values()
-            .filter_map(|f| match f {
-                Found::Subscribed { id, replay: true } => Some(*id),
-                _ => None,
-            })
-            .collect();
-        replaying.sort_unstable();
-        replaying.dedup();
+    /// Publish what a new copy's readiness waits for (when it changed): the workers whose
+    /// start-up replay is awaited, and those whose publishers are not found yet for a reason
+    /// that may clear within moments.
+    fn publish_waits(&self, kv: &KvRouting) {
+        let ids = |keep: fn(&Found) -> Option<WorkerId>| {
+            let mut v: Vec<WorkerId> = self.found.values().filter_map(keep).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let replaying = ids(|f| match f {
+            Found::Subscribed { id, replay: true } => Some(*id),
+            _ => None,
+        });
+        let undiscovered = ids(|f| match f {
+            Found::Retry {
+                id, holds: true, ..
+            } => Some(*id),
+            _ => None,
+        });
         if **kv.replaying.load() != replaying {
             kv.replaying.store(Arc::new(replaying));
         }
+        if **kv.undiscovered.load() != undiscovered {
+            kv.undiscovered.store(Arc::new(undiscovered));
+        }
     }
 
-    /// Find `w`'s publishers (flags first, else its `/get_server_info`) and subscribe. Returns
-    /// whether they have a replay endpoint.
+    /// Find `w`'s publishers (flags first, else what the server announces) and subscribe.
+    /// Returns whether they have a replay endpoint.
     async fn discover(
         &self,
         gw: &Gateway,
@@ -329,12 +361,13 @@ impl Discovery {
         pool: &Pool,
         w: &Arc<Worker>,
     ) -> Result<bool, DiscoverError> {
-        let info = server_info(pool, w).await;
-        let found = publishers(gw, kv, w, info)?;
-        if found.ranks > kv.max_ranks {
+        let announced = announcement(kv, pool, w).await;
+        let found = publishers(gw, kv, w, announced)?;
+        let ranks = found.layout.count();
+        if ranks > kv.max_ranks {
             kv.intake.count_refused();
             return Err(DiscoverError::TooManyRanks {
-                ranks: found.ranks,
+                ranks: u64::from(ranks),
                 max: kv.max_ranks,
             });
         }
@@ -347,14 +380,9 @@ impl Discovery {
                 block_size: found.block_size,
             }),
         );
-        let has_replay = found.replay.is_some();
-        let endpoints = KvEndpoints {
-            worker_url: w.server_url.clone(),
-            live: found.live,
-            replay: found.replay,
-        };
-        let mine = own_ranks(kv, w, found.ranks)?;
-        subscribe(kv, w, &endpoints, mine)?;
+        let mine = own_sockets(kv, w, &found.layout)?;
+        let has_replay = mine.iter().any(|(_, _, replay)| replay.is_some());
+        subscribe(kv, w, mine)?;
         Ok(has_replay)
     }
 }
@@ -363,18 +391,19 @@ impl Discovery {
 /// retry) as the reason the worker is scored by the text tree meanwhile.
 #[derive(Debug)]
 enum DiscoverError {
-    /// Its `/get_server_info` did not read.
+    /// Its announcement did not read.
     Info(ServerInfoError),
-    /// Its `/get_server_info` answered this status.
-    Status(u16),
-    /// Its `/get_server_info` got no answer.
+    /// The announcement's path answered this status.
+    Status { path: &'static str, status: u16 },
+    /// The announcement got no answer.
     Fetch(forward::UpstreamError),
-    /// Flagged publishers, but the worker's model is not known yet.
+    /// The worker's model is not known yet (flagged publishers, or vLLM's announcement, which
+    /// names none: both file the events under the model `/v1/models` reports).
     NoModel,
     /// The server publishes no events the gateway can reach.
     NoEvents,
     /// More publishers than `--kv-max-dp-ranks`.
-    TooManyRanks { ranks: u32, max: u32 },
+    TooManyRanks { ranks: u64, max: u32 },
     /// A `--dp-aware` rank past the publishers the server reports.
     NoRankPublisher { rank: u32, ranks: u32 },
     /// A rank's ports do not exist (port + rank over 65535).
@@ -383,15 +412,36 @@ enum DiscoverError {
     EventThread(CommandError),
 }
 
+impl DiscoverError {
+    /// Whether the failure may clear within moments, so that a new copy's readiness should
+    /// wait for the worker: a server that has not answered yet, one that answered with a server
+    /// error, a model the health check has not learnt yet, a busy event thread. What the server
+    /// says about itself (no events, too many ranks, a malformed announcement) stays as it is
+    /// until it restarts, and holds nothing back.
+    fn may_clear_soon(&self) -> bool {
+        match self {
+            DiscoverError::Fetch(_) | DiscoverError::NoModel | DiscoverError::EventThread(_) => {
+                true
+            }
+            DiscoverError::Status { status, .. } => *status >= 500,
+            DiscoverError::Info(_)
+            | DiscoverError::NoEvents
+            | DiscoverError::TooManyRanks { .. }
+            | DiscoverError::NoRankPublisher { .. }
+            | DiscoverError::Ports(_) => false,
+        }
+    }
+}
+
 impl std::fmt::Display for DiscoverError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DiscoverError::Info(e) => write!(f, "{e}"),
-            DiscoverError::Status(status) => write!(f, "/get_server_info answered {status}"),
-            DiscoverError::Fetch(e) => write!(f, "/get_server_info: {e:?}"),
+            DiscoverError::Status { path, status } => write!(f, "{path} answered {status}"),
+            DiscoverError::Fetch(e) => write!(f, "server info: {e:?}"),
             DiscoverError::NoModel => f.write_str("waiting for the worker's model name"),
             DiscoverError::NoEvents => f.write_str(
-                "publishes no KV events (no zmq tcp endpoint in kv_events_config); \
+                "publishes no KV events (no zmq tcp endpoint in its kv-events config); \
                  scored by the text tree",
             ),
             DiscoverError::TooManyRanks { ranks, max } => write!(
@@ -410,74 +460,151 @@ impl std::fmt::Display for DiscoverError {
     }
 }
 
+/// What a server says about its publishers.
+enum Announced {
+    /// SGLang's `/get_server_info`.
+    Sglang(ServerKvInfo),
+    /// vLLM's `/kv_event_sources` (vLLM has no `/get_server_info`).
+    Vllm(Vec<RankPublisher>),
+}
+
+/// How a worker's publishers sit over its DP ranks.
+#[derive(Debug)]
+enum Layout {
+    /// SGLang's rule, and the flags': rank r publishes on the rank-0 ports plus r.
+    Offset {
+        live: TcpEndpoint,
+        replay: Option<TcpEndpoint>,
+        ranks: u32,
+    },
+    /// vLLM's announcement: each ready rank with its own sockets.
+    Listed(Vec<RankPublisher>),
+}
+
+impl Layout {
+    /// How many publishers.
+    fn count(&self) -> u32 {
+        match self {
+            Layout::Offset { ranks, .. } => *ranks,
+            Layout::Listed(list) => u32::try_from(list.len()).unwrap_or(u32::MAX),
+        }
+    }
+}
+
 /// What a worker's publishers are, once found.
 struct Publishers {
-    live: TcpEndpoint,
-    replay: Option<TcpEndpoint>,
-    ranks: u32,
+    layout: Layout,
     model: Option<String>,
     block_size: Option<u32>,
 }
 
-/// `w`'s `/get_server_info`, read.
-async fn server_info(pool: &Pool, w: &Worker) -> Result<ServerKvInfo, DiscoverError> {
-    let info = forward::fetch(
-        pool,
-        w,
-        Method::Get,
-        "/get_server_info",
-        Bytes::new(),
-        INFO_TIMEOUT,
-    )
-    .await;
-    match info {
-        Ok((200, body)) => parse_server_info(&body, &w.server_url).map_err(DiscoverError::Info),
-        Ok((status, _)) => Err(DiscoverError::Status(status)),
+/// What `w` announces: SGLang's `/get_server_info`, else (a 404: vLLM has none) vLLM's
+/// `/kv_event_sources`.
+async fn announcement(kv: &KvRouting, pool: &Pool, w: &Worker) -> Result<Announced, DiscoverError> {
+    let get =
+        |path: &'static str| forward::fetch(pool, w, Method::Get, path, Bytes::new(), INFO_TIMEOUT);
+    const SERVER_INFO: &str = "/get_server_info";
+    match get(SERVER_INFO).await {
+        Ok((200, body)) => parse_server_info(&body, &w.server_url)
+            .map(Announced::Sglang)
+            .map_err(DiscoverError::Info),
+        Ok((404, _)) => match get(SOURCES_PATH).await {
+            Ok((200, body)) => match parse_kv_event_sources(&body, &w.server_url, kv.max_ranks) {
+                Ok(ranks) => Ok(Announced::Vllm(ranks)),
+                Err(ServerInfoError::TooManyRanks(n)) => {
+                    kv.intake.count_refused();
+                    Err(DiscoverError::TooManyRanks {
+                        ranks: n as u64,
+                        max: kv.max_ranks,
+                    })
+                }
+                Err(e) => Err(DiscoverError::Info(e)),
+            },
+            Ok((status, _)) => Err(DiscoverError::Status {
+                path: SOURCES_PATH,
+                status,
+            }),
+            Err(e) => Err(DiscoverError::Fetch(e)),
+        },
+        Ok((status, _)) => Err(DiscoverError::Status {
+            path: SERVER_INFO,
+            status,
+        }),
         Err(e) => Err(DiscoverError::Fetch(e)),
     }
 }
 
 /// `w`'s publishers: its `--kv-events-endpoints` flags when it has them (with what the server
-/// says of its ranks, model and block size), else what the server says.
+/// says of its ranks, model and block size), else what the server announces. vLLM's
+/// announcement names no model: its events are filed under the one `/v1/models` reports.
 fn publishers(
     gw: &Gateway,
     kv: &KvRouting,
     w: &Worker,
-    info: Result<ServerKvInfo, DiscoverError>,
+    announced: Result<Announced, DiscoverError>,
 ) -> Result<Publishers, DiscoverError> {
     let flagged = kv.flagged.iter().find(|f| f.worker_url == w.server_url);
-    match (flagged, info) {
-        (Some(f), Ok(i)) => Ok(Publishers {
-            live: f.live.clone(),
-            replay: f.replay.clone(),
-            ranks: i.ranks,
+    let served = || gw.models_of(w.id).ok_or(DiscoverError::NoModel);
+    match (flagged, announced) {
+        (Some(f), Ok(Announced::Sglang(i))) => Ok(Publishers {
+            layout: Layout::Offset {
+                live: f.live.clone(),
+                replay: f.replay.clone(),
+                ranks: i.ranks,
+            },
             model: i.model,
             block_size: i.block_size,
         }),
-        // Flags need nothing from the server but its model (one rank, the served model).
-        (Some(f), Err(_)) => {
-            let served = gw.models_of(w.id);
-            if served.is_none() {
-                return Err(DiscoverError::NoModel);
+        // The flags move the sockets, the announcement says which ranks are ready (their
+        // ports offset from the flagged ones, as vLLM offsets its own).
+        (Some(f), Ok(Announced::Vllm(ranks))) => {
+            let mut listed = Vec::with_capacity(ranks.len());
+            for r in ranks {
+                let replay = match &f.replay {
+                    Some(e) => Some(e.for_rank(r.rank).map_err(DiscoverError::Ports)?),
+                    None => None,
+                };
+                let live = f.live.for_rank(r.rank).map_err(DiscoverError::Ports)?;
+                listed.push(RankPublisher {
+                    rank: r.rank,
+                    live,
+                    replay,
+                });
             }
             Ok(Publishers {
-                live: f.live.clone(),
-                replay: f.replay.clone(),
-                ranks: 1,
-                model: served,
+                layout: Layout::Listed(listed),
+                model: Some(served()?),
                 block_size: None,
             })
         }
-        (None, Ok(i)) => match i.live {
+        // Flags need nothing from the server but its model (one rank, the served model).
+        (Some(f), Err(_)) => Ok(Publishers {
+            layout: Layout::Offset {
+                live: f.live.clone(),
+                replay: f.replay.clone(),
+                ranks: 1,
+            },
+            model: Some(served()?),
+            block_size: None,
+        }),
+        (None, Ok(Announced::Sglang(i))) => match i.live {
             Some(live) => Ok(Publishers {
-                live,
-                replay: i.replay,
-                ranks: i.ranks,
+                layout: Layout::Offset {
+                    live,
+                    replay: i.replay,
+                    ranks: i.ranks,
+                },
                 model: i.model,
                 block_size: i.block_size,
             }),
             None => Err(DiscoverError::NoEvents),
         },
+        (None, Ok(Announced::Vllm(ranks))) if ranks.is_empty() => Err(DiscoverError::NoEvents),
+        (None, Ok(Announced::Vllm(ranks))) => Ok(Publishers {
+            model: Some(served()?),
+            layout: Layout::Listed(ranks),
+            block_size: None,
+        }),
         (None, Err(e)) => {
             kv.intake.count_discovery_failed();
             Err(e)
@@ -485,42 +612,69 @@ fn publishers(
     }
 }
 
-/// The ranks whose publishers `w` subscribes to: all of them, or with `--dp-aware` its own
-/// rank's only (each rank is a routing target of its own, so the index's holders are
-/// (worker, rank) targets).
-fn own_ranks(kv: &KvRouting, w: &Worker, ranks: u32) -> Result<Range<u32>, DiscoverError> {
-    match w.dp {
-        None => Ok(0..ranks),
-        Some(d) if d.rank < ranks => Ok(d.rank..d.rank + 1),
-        Some(d) => {
-            kv.intake.count_refused();
-            Err(DiscoverError::NoRankPublisher {
-                rank: d.rank,
-                ranks,
-            })
+/// One rank's sockets: (rank, live, replay).
+type RankSockets = (u32, TcpEndpoint, Option<TcpEndpoint>);
+
+/// The publishers `w` subscribes to: all of them, or with `--dp-aware` its own rank's only
+/// (each rank is a routing target of its own, so the index's holders are (worker, rank)
+/// targets). Every rank's ports are worked out first: a worker is subscribed whole or not at
+/// all (never some ranks, then an error retried for ever).
+fn own_sockets(
+    kv: &KvRouting,
+    w: &Worker,
+    layout: &Layout,
+) -> Result<Vec<RankSockets>, DiscoverError> {
+    let refused = |e: DiscoverError| {
+        kv.intake.count_refused();
+        e
+    };
+    match layout {
+        Layout::Offset {
+            live,
+            replay,
+            ranks,
+        } => {
+            let mine = match w.dp {
+                None => 0..*ranks,
+                Some(d) if d.rank < *ranks => d.rank..d.rank + 1,
+                Some(d) => {
+                    return Err(refused(DiscoverError::NoRankPublisher {
+                        rank: d.rank,
+                        ranks: *ranks,
+                    }))
+                }
+            };
+            let at = |rank: u32| -> Result<RankSockets, String> {
+                let replay = match replay {
+                    Some(r) => Some(r.for_rank(rank)?),
+                    None => None,
+                };
+                Ok((rank, live.for_rank(rank)?, replay))
+            };
+            mine.map(at)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| refused(DiscoverError::Ports(e)))
+        }
+        Layout::Listed(list) => {
+            let mine: Vec<RankSockets> = list
+                .iter()
+                .filter(|r| w.dp.is_none_or(|d| d.rank == r.rank))
+                .map(|r| (r.rank, r.live.clone(), r.replay.clone()))
+                .collect();
+            match w.dp {
+                Some(d) if mine.is_empty() => Err(refused(DiscoverError::NoRankPublisher {
+                    rank: d.rank,
+                    ranks: layout.count(),
+                })),
+                _ => Ok(mine),
+            }
         }
     }
 }
 
-/// Subscribe to `mine`'s publishers. Every rank's ports first: a worker is subscribed whole or
-/// not at all (never some ranks, then an error retried for ever).
-fn subscribe(
-    kv: &KvRouting,
-    w: &Worker,
-    endpoints: &KvEndpoints,
-    mine: Range<u32>,
-) -> Result<(), DiscoverError> {
-    let mut sockets = Vec::with_capacity(mine.len());
-    for rank in mine {
-        match endpoints.for_rank(rank) {
-            Ok(s) => sockets.push((rank, s)),
-            Err(e) => {
-                kv.intake.count_refused();
-                return Err(DiscoverError::Ports(e));
-            }
-        }
-    }
-    for (rank, (live, replay)) in sockets {
+/// Subscribe to `mine`'s publishers.
+fn subscribe(kv: &KvRouting, w: &Worker, mine: Vec<RankSockets>) -> Result<(), DiscoverError> {
+    for (rank, live, replay) in mine {
         let publisher = Publisher {
             key: Source {
                 worker: w.id,

@@ -12,12 +12,14 @@ mod bootstrap;
 mod discovery;
 mod measure;
 mod sink;
+mod sources;
 
 use sink::IndexSink;
 
 pub use bootstrap::spawn_bootstrap;
 pub use discovery::{parse_server_info, Discovery, ServerInfoError, ServerKvInfo};
 pub use measure::{parse_token_ids, Fallback, KvScratch, SEGMENT_CACHE_TOKENS};
+pub use sources::{parse_kv_event_sources, RankPublisher};
 
 use crate::base::WorkerId;
 use crate::kv::endpoint::KvEndpoints;
@@ -83,6 +85,10 @@ pub struct KvRouting {
     /// Workers subscribed with a replay endpoint, sorted (republished by discovery after each
     /// round): the ones whose start-up replay a new copy waits for.
     replaying: ArcSwap<Vec<WorkerId>>,
+    /// Workers whose publishers are not found yet for a reason that may clear within moments
+    /// (no answer yet, the model not learnt yet), sorted (republished by discovery after each
+    /// round): a new copy waits for them too.
+    undiscovered: ArcSwap<Vec<WorkerId>>,
     /// Discovery finished a round over the workers registered at that time.
     discovered: AtomicBool,
     /// Until when `/readiness` waits for the subscribed workers to be warm
@@ -182,6 +188,7 @@ impl KvRouting {
             max_ranks,
             bootstrapped: AtomicBool::new(!bootstrap),
             replaying: ArcSwap::from_pointee(Vec::new()),
+            undiscovered: ArcSwap::from_pointee(Vec::new()),
             discovered: AtomicBool::new(false),
             warm_deadline: Instant::now() + warm_timeout,
             warmed: AtomicBool::new(false),
@@ -190,7 +197,9 @@ impl KvRouting {
     }
 
     /// Whether this copy is still warming up: within `--kv-warm-timeout-secs` of its start,
-    /// discovery has not looked at every worker yet, or a worker that `eligible` says may be
+    /// discovery has not looked at every worker yet, a worker's publishers are not found yet
+    /// for a reason that may clear within moments (its announcement unanswered, its model not
+    /// learnt yet), or a worker that `eligible` says may be
     /// routed to, subscribed with a replay endpoint, has not completed its start-up replay (it
     /// would be scored by the text tree, which a new copy has empty). A publisher without a
     /// replay endpoint has nothing to catch up on, so it is not waited for. `/readiness`
@@ -213,10 +222,12 @@ impl KvRouting {
             .iter()
             .copied()
             .filter(|w| warm.binary_search(w).is_err())
+            .chain(self.undiscovered.load().iter().copied())
             .collect();
-        // Over for good only once every worker with a replay endpoint replayed: a worker not
-        // routable yet (its first health check still to come) does not hold readiness back,
-        // but it must not end the wait either, or it would be routed cold the moment it is.
+        // Over for good only once every worker with a replay endpoint replayed and none is
+        // still being found: a worker not routable yet (its first health check still to come)
+        // does not hold readiness back, but it must not end the wait either, or it would be
+        // routed cold the moment it is.
         if cold.is_empty() {
             self.warmed.store(true, Ordering::Release);
         }
@@ -373,6 +384,33 @@ mod tests {
         assert!(!kv.warming(|_| true));
         // Over for good: a worker subscribed later is not waited for.
         kv.replaying.store(Arc::new(vec![3, 4]));
+        assert!(!kv.warming(|_| true));
+    }
+
+    #[test]
+    fn a_worker_still_being_found_holds_readiness_until_it_is_subscribed() {
+        let kv = KvRouting::start(KvSettings {
+            flagged: Vec::new(),
+            bootstrap: false,
+            tokenizer: None,
+            warm_timeout: Duration::from_secs(60),
+            host_weight: 0.8,
+            max_ranks: 1,
+            send_timeout: Duration::from_secs(10),
+        })
+        .unwrap();
+        // A round looked at worker 5 but its model was not learnt yet: no publisher is
+        // subscribed, and nothing replays, yet the copy is not warm.
+        kv.undiscovered.store(Arc::new(vec![5]));
+        kv.discovered.store(true, Ordering::Release);
+        assert!(kv.warming(|_| true));
+        assert!(!kv.warming(|w| w != 5), "not routable yet: not waited for");
+        assert!(kv.warming(|_| true), "nor did that end the wait");
+        // The next round subscribed it with a replay endpoint: now its replay is waited for.
+        kv.undiscovered.store(Arc::new(Vec::new()));
+        kv.replaying.store(Arc::new(vec![5]));
+        assert!(kv.warming(|_| true));
+        kv.exact_workers.store(Arc::new(vec![5]));
         assert!(!kv.warming(|_| true));
     }
 

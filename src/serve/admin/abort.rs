@@ -112,6 +112,9 @@ async fn to_holder(
     let (status, _) = send_abort(core, w, body)
         .await
         .map_err(|e| GatewayError::upstream(&e))?;
+    if status == 404 {
+        return Err(no_abort_request());
+    }
     Ok(Some(Reply::json(
         status,
         &json!({"rid": rid, "sent_to": "holder", "status": status}),
@@ -143,11 +146,25 @@ async fn to_every_worker(
         .iter()
         .filter(|(_, r)| matches!(r, Ok((200..=299, _))))
         .count();
+    if ok == 0 && results.iter().all(|(_, r)| matches!(r, Ok((404, _)))) {
+        return Err(no_abort_request());
+    }
     let status = if ok > 0 { 200 } else { 502 };
     Ok(Reply::json(
         status,
         &json!({"rid": rid, "sent_to": "all", "workers": results.len(), "answered": ok}),
     ))
+}
+
+/// The answer when the worker has no `/abort_request` (vLLM): its own abort takes vLLM's
+/// request ids, which the gateway does not know, so sending it the rid could only pretend to
+/// abort (vLLM answers 200 before it looks the ids up). 501, saying where to go instead.
+fn no_abort_request() -> GatewayError {
+    GatewayError::not_implemented(
+        "the worker has no /abort_request (SGLang's); a vLLM server aborts a request when its \
+         client disconnects, or through its own POST /inference/v1/abort_requests with vLLM's \
+         request ids",
+    )
 }
 
 /// One worker's `/abort_request` with the client's body as it came.

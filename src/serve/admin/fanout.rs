@@ -1,5 +1,5 @@
-//! Endpoints answered by asking every worker: `/v1/models` (merged), `/flush_cache`,
-//! `/get_loads`. The calls run concurrently from the serving core, each bounded by a timeout.
+//! Endpoints answered by asking every worker: `/v1/models` (merged), `/flush_cache` (vLLM's
+//! `/reset_prefix_cache` where a worker has no `/flush_cache`), `/get_loads`. The calls run concurrently from the serving core, each bounded by a timeout.
 
 use crate::gateway::Core;
 use crate::http::Method;
@@ -121,20 +121,61 @@ async fn merge_models(core: &Rc<Core>) -> Result<Value, GatewayError> {
     Ok(json!({"object": "list", "data": data}))
 }
 
-/// `POST /flush_cache`: flush every worker's cache; 206 when some did not answer 200.
+/// vLLM's equivalent of SGLang's `/flush_cache` (vLLM has no `/flush_cache`). It is one of
+/// vLLM's development endpoints, served only with `VLLM_SERVER_DEV_MODE=1`, and answers
+/// `{"success": false}` while blocks are held (running requests).
+const VLLM_RESET: &str = "/reset_prefix_cache";
+
+/// `POST /flush_cache`: flush every worker's cache; 206 when some did not flush. A worker that
+/// has no `/flush_cache` (404: vLLM) is asked its `/reset_prefix_cache` instead, and counts as
+/// flushed only when that says it succeeded.
 pub async fn flush_cache(core: &Rc<Core>) -> Reply {
     let workers = core.gw.registry.load().workers.clone();
-    let results = fan_out(core, workers, Method::Post, "/flush_cache", FLUSH_TIMEOUT).await;
-    let total = results.len();
-    let ok = results
+    let mut results = fan_out(core, workers, Method::Post, "/flush_cache", FLUSH_TIMEOUT).await;
+    let without: Vec<Arc<Worker>> = results
         .iter()
-        .filter(|(_, r)| matches!(r, Ok((200, _))))
-        .count();
+        .filter(|(_, r)| matches!(r, Ok((404, _))))
+        .map(|(w, _)| w.clone())
+        .collect();
+    let reset = fan_out(core, without, Method::Post, VLLM_RESET, FLUSH_TIMEOUT).await;
+    let mut reset_by: Vec<u64> = Vec::with_capacity(reset.len());
+    for (w, r) in reset {
+        reset_by.push(w.serial);
+        if let Some(slot) = results.iter_mut().find(|(x, _)| x.serial == w.serial) {
+            slot.1 = r;
+        }
+    }
+    let total = results.len();
+    let mut ok = 0;
     let details: Vec<Value> = results
         .iter()
-        .map(|(w, r)| match r {
-            Ok((s, b)) => json!({"worker": w.url, "status": s, "body": String::from_utf8_lossy(b)}),
-            Err(e) => json!({"worker": w.url, "error": e.message()}),
+        .map(|(w, r)| {
+            let path = if reset_by.contains(&w.serial) {
+                VLLM_RESET
+            } else {
+                "/flush_cache"
+            };
+            match r {
+                Ok((s, b)) => {
+                    let flushed = match path {
+                        VLLM_RESET => *s == 200 && reset_succeeded(b),
+                        _ => *s == 200,
+                    };
+                    ok += usize::from(flushed);
+                    let mut d = json!({
+                        "worker": w.url, "path": path, "status": s,
+                        "body": String::from_utf8_lossy(b),
+                    });
+                    if path == VLLM_RESET && *s == 404 {
+                        d["error"] = json!(
+                            "the worker has neither /flush_cache (SGLang) nor /reset_prefix_cache \
+                             (vLLM serves it only with VLLM_SERVER_DEV_MODE=1)"
+                        );
+                    }
+                    d
+                }
+                Err(e) => json!({"worker": w.url, "path": path, "error": e.message()}),
+            }
         })
         .collect();
     let status = if ok == total { 200 } else { 206 };
@@ -142,6 +183,14 @@ pub async fn flush_cache(core: &Rc<Core>) -> Reply {
         status,
         &json!({"flushed": ok, "total": total, "workers": details}),
     )
+}
+
+/// Whether vLLM's `/reset_prefix_cache` answer says the cache was reset (`{"success": true}`).
+fn reset_succeeded(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("success")?.as_bool())
+        .unwrap_or(false)
 }
 
 /// `GET /get_loads`: each worker's own `/get_load` beside the gateway's in-flight count.
@@ -157,12 +206,20 @@ pub async fn loads(core: &Rc<Core>) -> Reply {
                 _ => Value::Null,
             };
             let board = &gw.registry.loads;
-            json!({
+            let mut entry = json!({
                 "worker": w.url,
                 "load": load,
                 "gateway_in_flight": board.in_flight(w.id),
                 "routing_load": board.load(w.id),
-            })
+            });
+            // vLLM has no /get_load: its load is in its metrics, which /engine_metrics relays.
+            if matches!(r, Ok((404, _))) {
+                entry["error"] = json!(
+                    "the worker has no /get_load (vLLM): its running and waiting requests are \
+                     vllm:num_requests_running and vllm:num_requests_waiting in /engine_metrics"
+                );
+            }
+            entry
         })
         .collect();
     Reply::json(200, &json!({"workers": loads}))

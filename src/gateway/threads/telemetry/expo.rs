@@ -193,25 +193,67 @@ pub fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
         .map(|(_, v)| &v[1..v.len() - 1])
 }
 
-/// The numbers routing and the hit ratio need from one worker's exposition. A number is `None`
-/// when the exposition has no sample of it; several label sets (data-parallel ranks, models)
-/// are summed, except token usage (the fullest rank).
+/// The numbers routing and the hit ratio need from one worker's exposition, in SGLang's names
+/// or vLLM's (whichever the worker exports: each worker is read by what it exports, so a fleet
+/// may mix them). A number is `None` when the exposition has no sample of it; several label
+/// sets (data-parallel ranks, models) are summed, except token usage (the fullest rank).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EngineStats {
-    /// `sglang:num_running_reqs`.
+    /// `sglang:num_running_reqs`, `vllm:num_requests_running`.
     pub running: Option<f64>,
-    /// `sglang:num_queue_reqs`.
+    /// `sglang:num_queue_reqs`, `vllm:num_requests_waiting`.
     pub queued: Option<f64>,
-    /// `sglang:token_usage` (max over label sets).
+    /// `sglang:token_usage`, `vllm:kv_cache_usage_perc` (before vLLM 0.10
+    /// `vllm:gpu_cache_usage_perc`), 0 to 1 (max over label sets).
     pub token_usage: Option<f64>,
-    /// `sglang:num_used_tokens` (summed): with the usage, the KV capacity in tokens.
+    /// `sglang:num_used_tokens` (summed): with the usage, the KV capacity in tokens. vLLM
+    /// exports no such gauge: there it is each engine's usage times its capacity, which
+    /// `vllm:cache_config_info` gives (`num_gpu_blocks` × `block_size`).
     pub used_tokens: Option<f64>,
     /// `sglang:cached_tokens_total`: the `cache_source="total"` series when the engine exports
     /// one (newer SGLang splits it into device/host/storage *and* total, so summing all would
-    /// count every hit twice); otherwise every series.
+    /// count every hit twice); otherwise every series. vLLM: `vllm:prefix_cache_hits_total`.
     pub cached_tokens: Option<f64>,
-    /// `sglang:prompt_tokens_total`.
+    /// `sglang:prompt_tokens_total`. vLLM: `vllm:prefix_cache_queries_total`, the prompt
+    /// tokens its prefix cache was asked about, which its hits are counted out of.
     pub prompt_tokens: Option<f64>,
+}
+
+/// Most vLLM engines (DP ranks) of one server whose usage and capacity are paired: past it the
+/// rest are left out of the used tokens (the exposition is already bounded in bytes).
+const MAX_VLLM_ENGINES: usize = 256;
+
+/// vLLM's per-engine usage and capacity, paired by the `engine` label into used tokens.
+#[derive(Default)]
+struct VllmKv<'a> {
+    usage: Vec<(&'a str, f64)>,
+    capacity: Vec<(&'a str, f64)>,
+}
+
+impl<'a> VllmKv<'a> {
+    fn note(list: &mut Vec<(&'a str, f64)>, engine: &'a str, v: f64) {
+        if list.len() < MAX_VLLM_ENGINES {
+            list.push((engine, v));
+        }
+    }
+
+    /// `vllm:cache_config_info`'s capacity in tokens: `num_gpu_blocks` × `block_size`.
+    fn capacity_of(labels: &str) -> Option<f64> {
+        let blocks: f64 = label(labels, "num_gpu_blocks")?.parse().ok()?;
+        let size: f64 = label(labels, "block_size")?.parse().ok()?;
+        Some(blocks * size).filter(|c| c.is_finite() && *c > 0.0)
+    }
+
+    /// Σ usage × capacity over the engines that have both.
+    fn used(&self) -> Option<f64> {
+        let mut sum = None;
+        for (engine, u) in &self.usage {
+            if let Some((_, c)) = self.capacity.iter().find(|(e, _)| e == engine) {
+                sum = Some(sum.unwrap_or(0.0) + u * c);
+            }
+        }
+        sum
+    }
 }
 
 impl EngineStats {
@@ -219,6 +261,7 @@ impl EngineStats {
     pub fn from_text(text: &str) -> EngineStats {
         let mut s = EngineStats::default();
         let (mut cached_total, mut cached_other) = (None::<f64>, None::<f64>);
+        let mut vllm = VllmKv::default();
         let add = |slot: &mut Option<f64>, v: f64| *slot = Some(slot.unwrap_or(0.0) + v);
         for line in text.lines() {
             let Line::Sample(x) = parse_line(line) else {
@@ -228,21 +271,41 @@ impl EngineStats {
                 continue;
             }
             match x.name {
-                "sglang:num_running_reqs" => add(&mut s.running, x.value),
-                "sglang:num_queue_reqs" => add(&mut s.queued, x.value),
-                "sglang:token_usage" => {
-                    s.token_usage = Some(s.token_usage.map_or(x.value, |u| u.max(x.value)));
+                "sglang:num_running_reqs" | "vllm:num_requests_running" => {
+                    add(&mut s.running, x.value)
                 }
-                "sglang:prompt_tokens_total" => add(&mut s.prompt_tokens, x.value),
+                "sglang:num_queue_reqs" | "vllm:num_requests_waiting" => {
+                    add(&mut s.queued, x.value)
+                }
+                "sglang:token_usage" | "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
+                    s.token_usage = Some(s.token_usage.map_or(x.value, |u| u.max(x.value)));
+                    if x.name.starts_with("vllm:") {
+                        let engine = label(x.labels, "engine").unwrap_or("");
+                        VllmKv::note(&mut vllm.usage, engine, x.value);
+                    }
+                }
+                "vllm:cache_config_info" => {
+                    if let Some(c) = VllmKv::capacity_of(x.labels) {
+                        let engine = label(x.labels, "engine").unwrap_or("");
+                        VllmKv::note(&mut vllm.capacity, engine, c);
+                    }
+                }
+                "sglang:prompt_tokens_total" | "vllm:prefix_cache_queries_total" => {
+                    add(&mut s.prompt_tokens, x.value)
+                }
                 "sglang:num_used_tokens" => add(&mut s.used_tokens, x.value),
                 "sglang:cached_tokens_total" => match label(x.labels, "cache_source") {
                     Some("total") => add(&mut cached_total, x.value),
                     _ => add(&mut cached_other, x.value),
                 },
+                "vllm:prefix_cache_hits_total" => add(&mut cached_other, x.value),
                 _ => {}
             }
         }
         s.cached_tokens = cached_total.or(cached_other);
+        if s.used_tokens.is_none() {
+            s.used_tokens = vllm.used();
+        }
         s
     }
 
@@ -253,8 +316,9 @@ impl EngineStats {
 }
 
 /// Running plus queued requests of each attention-DP rank (`dp_rank` label of
-/// `sglang:num_running_reqs` and `sglang:num_queue_reqs`, SGLang's scheduler gauges), for a
-/// server of `ranks` ranks (`--dp-aware`). `None` when a sample has no usable `dp_rank` label
+/// `sglang:num_running_reqs` and `sglang:num_queue_reqs`, SGLang's scheduler gauges; `engine`
+/// label of `vllm:num_requests_running` and `vllm:num_requests_waiting`, vLLM's per DP engine),
+/// for a server of `ranks` ranks (`--dp-aware`). `None` when a sample has no usable rank label
 /// or there is none: the caller spreads the server's total instead.
 pub fn load_by_rank(text: &str, ranks: usize) -> Option<Vec<f64>> {
     let mut out = vec![0.0; ranks];
@@ -263,13 +327,15 @@ pub fn load_by_rank(text: &str, ranks: usize) -> Option<Vec<f64>> {
         let Line::Sample(x) = parse_line(line) else {
             continue;
         };
-        if !matches!(x.name, "sglang:num_running_reqs" | "sglang:num_queue_reqs")
-            || !x.value.is_finite()
-            || x.value < 0.0
-        {
+        let rank_label = match x.name {
+            "sglang:num_running_reqs" | "sglang:num_queue_reqs" => "dp_rank",
+            "vllm:num_requests_running" | "vllm:num_requests_waiting" => "engine",
+            _ => continue,
+        };
+        if !x.value.is_finite() || x.value < 0.0 {
             continue;
         }
-        let rank: usize = label(x.labels, "dp_rank")?.parse().ok()?;
+        let rank: usize = label(x.labels, rank_label)?.parse().ok()?;
         *out.get_mut(rank)? += x.value;
         seen = true;
     }

@@ -227,3 +227,58 @@ fn used_tokens_are_summed_over_ranks() {
     assert_eq!(EngineStats::from_text(text).used_tokens, Some(3000.0));
     assert_eq!(EngineStats::from_text(SGLANG).used_tokens, None);
 }
+
+/// What vLLM 0.33.0 writes for two DP engines (names and label order as in
+/// `vllm/v1/metrics/loggers.py`, rendered by prometheus_client: counters gain `_total` and
+/// `_created`, `vllm:cache_config_info` is a gauge set to 1 whose labels are the cache config).
+const VLLM: &str = "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+# TYPE vllm:num_requests_running gauge\n\
+vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n\
+vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 1.0\n\
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
+# TYPE vllm:num_requests_waiting gauge\n\
+vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0\n\
+vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 0.0\n\
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
+# TYPE vllm:kv_cache_usage_perc gauge\n\
+vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.5\n\
+vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.25\n\
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+# TYPE vllm:cache_config_info gauge\n\
+vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"1000\"} 1.0\n\
+vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"1\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"1000\"} 1.0\n\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.\n\
+# TYPE vllm:prefix_cache_queries_total counter\n\
+vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 800.0\n\
+vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"m\"} 200.0\n\
+# HELP vllm:prefix_cache_queries_created Prefix cache queries, in terms of number of queried tokens.\n\
+# TYPE vllm:prefix_cache_queries_created gauge\n\
+vllm:prefix_cache_queries_created{engine=\"0\",model_name=\"m\"} 1.7e+09\n\
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.\n\
+# TYPE vllm:prefix_cache_hits_total counter\n\
+vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 400.0\n\
+vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"m\"} 50.0\n\
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n\
+# TYPE vllm:prompt_tokens_total counter\n\
+vllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} 5000.0\n";
+
+#[test]
+fn vllm_names_give_the_same_numbers() {
+    let s = EngineStats::from_text(VLLM);
+    assert_eq!(s.load(), Some((4.0, 2.0)));
+    assert_eq!(s.token_usage, Some(0.5), "the fullest engine");
+    // 0.5 × 16,000 + 0.25 × 16,000 tokens in use.
+    assert_eq!(s.used_tokens, Some(12_000.0));
+    // Hits out of the tokens the prefix cache was asked about (not prompt_tokens_total).
+    assert_eq!(s.cached_tokens, Some(450.0));
+    assert_eq!(s.prompt_tokens, Some(1000.0));
+    assert_eq!(load_by_rank(VLLM, 2), Some(vec![5.0, 1.0]));
+    // An older server's usage gauge; an engine without its capacity adds no used tokens.
+    let old = "vllm:gpu_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.75\n\
+               vllm:gpu_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.5\n\
+               vllm:cache_config_info{block_size=\"8\",engine=\"1\",num_gpu_blocks=\"10\"} 1.0\n";
+    let s = EngineStats::from_text(old);
+    assert_eq!(s.token_usage, Some(0.75));
+    assert_eq!(s.used_tokens, Some(40.0));
+    assert_eq!(EngineStats::from_text(SGLANG).used_tokens, None);
+}
