@@ -39,6 +39,12 @@ impl fmt::Display for DpSizeError {
             DpSizeError::BadSize(n) => {
                 write!(f, "{INFO_PATH}: dp_size {n} is not 1..={MAX_DP_SIZE}")
             }
+            DpSizeError::Status(404) => write!(
+                f,
+                "{INFO_PATH} answered 404: --dp-aware reads SGLang's dp_size; a vLLM server \
+                 balances its DP ranks behind one URL itself (its KV events are still read per \
+                 rank, from /kv_event_sources)"
+            ),
             DpSizeError::Status(status) => write!(f, "{INFO_PATH} answered {status}"),
             DpSizeError::Fetch(e) => write!(f, "{INFO_PATH}: {}", e.message()),
         }
@@ -178,5 +184,15 @@ mod tests {
         ] {
             assert!(dp_size_from_info(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_server_without_server_info_is_told_what_dp_aware_needs() {
+        let e = DpSizeError::Status(404).to_string();
+        assert!(e.contains("vLLM") && e.contains("/kv_event_sources"), "{e}");
+        assert_eq!(
+            DpSizeError::Status(503).to_string(),
+            "/get_server_info answered 503"
+        );
     }
 }
