@@ -43,6 +43,7 @@ mod e2e {
     mod tenants;
     mod tokenizer_golden;
     mod tracing;
+    mod vllm_events;
     mod worker_key;
     mod workload;
 }

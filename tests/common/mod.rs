@@ -578,6 +578,24 @@ pub fn test_python(modules: &[&str]) -> String {
     p
 }
 
+/// The folder holding the vLLM files tests/fixtures/vllm_publisher.py loads by path
+/// (RADIXGATE_TEST_VLLM_DIR, else `.venv-test/vllm-0.33.0/`, kept there by scripts/test.sh from
+/// the pinned wheel: vLLM is not pip-installed, its wheel is the GPU stack). Missing files fail
+/// the test, as a missing Python module does in [`test_python`]: never a skip.
+pub fn test_vllm_dir() -> String {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dir = std::env::var("RADIXGATE_TEST_VLLM_DIR")
+        .unwrap_or_else(|_| format!("{root}/.venv-test/vllm-0.33.0"));
+    let kv_events = std::path::Path::new(&dir).join("vllm/distributed/kv_events.py");
+    assert!(
+        kv_events.is_file(),
+        "{} is missing: run scripts/test.sh, which fetches vLLM 0.33.0's wheel and keeps the \
+         files its KV-event publisher needs in .venv-test/vllm-0.33.0/",
+        kv_events.display()
+    );
+    dir
+}
+
 /// Starts of a child process that binds its own ports before a test gives up.
 const SPAWN_TRIES: usize = 5;
 
