@@ -7,7 +7,8 @@ use super::{extract_on, extract_serde_json, Api};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-const APIS: [Api; 7] = [
+const APIS: [Api; 8] = [
+    Api::TokenGenerate,
     Api::Chat,
     Api::Completions,
     Api::Generate,
