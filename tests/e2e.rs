@@ -43,6 +43,7 @@ mod e2e {
     mod tenants;
     mod tokenizer_golden;
     mod tracing;
+    mod vllm_forms;
     mod worker_key;
     mod workload;
 }
