@@ -104,6 +104,11 @@ impl ServedModels {
             let Some(name) = self.intern(id) else {
                 continue;
             };
+            // A name is kept once per worker (a card repeated does not grow the lists past the
+            // interned names, at most MAX_KNOWN_MODELS).
+            if served.names.contains(&name) {
+                continue;
+            }
             served.names.push(name);
             if let Some(base) = parent.and_then(|p| self.intern(p)) {
                 served.adapters.push((name, base));
@@ -279,6 +284,15 @@ mod tests {
         assert_eq!(m.adapter_base("sql-lora"), Some("llama"));
         m.forget(1);
         assert_eq!(m.adapter_base("sql-lora"), None);
+        // Repeated cards are kept once.
+        let many = format!(
+            r#"{{"data":[{}]}}"#,
+            vec![r#"{"id":"sql-lora","parent":"llama"}"#; 1000].join(",")
+        );
+        m.learn(3, many.as_bytes());
+        assert_eq!(m.adapter_base("sql-lora"), Some("llama"));
+        assert_eq!(m.by_worker.lock().unwrap()[&3].names.len(), 1);
+        assert_eq!(m.by_worker.lock().unwrap()[&3].adapters.len(), 1);
         // SGLang's cards (no parent) name no adapter.
         m.learn(
             2,
