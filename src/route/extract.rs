@@ -135,6 +135,10 @@ pub struct BodyShape {
     /// A top-level `priority` member is there and not `null`, whatever its type (a string or
     /// a float the engine might still read as an integer).
     pub priority_given: bool,
+    /// A prompt of token ids (a completions `prompt` of ids or of id lists,
+    /// `/inference/v1/generate`'s `token_ids`): how many ids it holds in all. Routing reads a
+    /// batch's first list only; what a tenant is billed counts every prompt of it.
+    pub token_count: Option<u64>,
 }
 
 /// The fields SGLang namespaces its prefix cache by: blocks are reused only between requests
@@ -726,6 +730,8 @@ const MIXED_PROMPT: &str = "token ids must be non-negative integers below 2^32: 
 struct Prompt<'s, 'a> {
     sink: &'s mut Sink<'a>,
     shape: &'s mut ListShape,
+    /// Token ids met, over every list.
+    ids: &'s mut usize,
 }
 
 impl<'de> DeserializeSeed<'de> for Prompt<'_, 'de> {
@@ -771,6 +777,7 @@ impl<'de> Visitor<'de> for Prompt<'_, 'de> {
             .next_element_seed(FirstPrompt {
                 sink: &mut *self.sink,
                 kind: &mut first,
+                ids: &mut *self.ids,
             })?
             .is_some()
         {
@@ -778,11 +785,11 @@ impl<'de> Visitor<'de> for Prompt<'_, 'de> {
             loop {
                 let more = match first {
                     Kind::Int => seq.next_element_seed(TokenId(Some(&mut *self.sink)))?,
-                    // Later lists of a batch are only held to their shape.
+                    // Later lists of a batch are only held to their shape (and counted).
                     Kind::List => seq
                         .next_element_seed(TokenList {
                             sink: None,
-                            len: &mut 0,
+                            len: &mut *self.ids,
                         })?
                         .map(|_| ()),
                     Kind::Str | Kind::Other => seq.next_element_seed(Pieces(&mut *self.sink))?,
@@ -792,6 +799,9 @@ impl<'de> Visitor<'de> for Prompt<'_, 'de> {
                 }
                 len += 1;
             }
+        }
+        if first == Kind::Int {
+            *self.ids = len;
         }
         *self.shape = ListShape {
             len: Some(len),
@@ -806,6 +816,8 @@ impl<'de> Visitor<'de> for Prompt<'_, 'de> {
 struct FirstPrompt<'s, 'a> {
     sink: &'s mut Sink<'a>,
     kind: &'s mut Kind,
+    /// Token ids of the first list, when it is one.
+    ids: &'s mut usize,
 }
 
 impl<'de> DeserializeSeed<'de> for FirstPrompt<'_, 'de> {
@@ -849,7 +861,7 @@ impl<'de> Visitor<'de> for FirstPrompt<'_, 'de> {
         *self.kind = Kind::List;
         TokenList {
             sink: Some(self.sink),
-            len: &mut 0,
+            len: self.ids,
         }
         .visit_seq(seq)
     }
@@ -1529,12 +1541,17 @@ impl<'de> Parsed<'de> {
             }
             Key::Prompt if routes && fields.api == Api::Completions => {
                 let mut list = ListShape::default();
+                let mut ids = 0usize;
                 let there = map.next_value_seed(Optional(Prompt {
                     sink,
                     shape: &mut list,
+                    ids: &mut ids,
                 }))?;
                 self.present |= there;
                 self.prompt_ids = there && matches!(list.first, Kind::Int | Kind::List);
+                if self.prompt_ids {
+                    self.shape.token_count = Some(ids as u64);
+                }
                 self.shape.note_list(k, list);
             }
             Key::TokenIds => {
@@ -1547,6 +1564,9 @@ impl<'de> Parsed<'de> {
                     return Err(de::Error::custom("`token_ids` must not be empty"));
                 }
                 self.present |= there && routes;
+                if there && routes {
+                    self.shape.token_count = Some(n as u64);
+                }
             }
             Key::Prompt | Key::Text | Key::InputIds => {
                 let mut list = ListShape::default();

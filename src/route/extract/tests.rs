@@ -955,3 +955,24 @@ fn vllm_token_generate_routes_on_token_ids() {
     let t = extract(Api::TokenGenerate, body.as_bytes()).unwrap().text;
     assert_eq!(t.len(), MAX_ROUTING_TEXT);
 }
+
+#[test]
+fn a_token_id_prompt_is_counted_whole_for_billing() {
+    let count = |api, body: &[u8]| extract(api, body).unwrap().shape.token_count;
+    assert_eq!(count(Api::Completions, br#"{"prompt":[1,2,3]}"#), Some(3));
+    assert_eq!(
+        count(Api::Completions, br#"{"prompt":[[1,2],[3,4,5],[]]}"#),
+        Some(5)
+    );
+    assert_eq!(count(Api::Completions, br#"{"prompt":"1 2"}"#), None);
+    assert_eq!(count(Api::Completions, br#"{"prompt":["a","b"]}"#), None);
+    assert_eq!(
+        count(Api::TokenGenerate, br#"{"token_ids":[9,9]}"#),
+        Some(2)
+    );
+    assert_eq!(count(Api::Generate, br#"{"input_ids":[9,9]}"#), None);
+    // Counted past the routing text's cap too.
+    let many = vec!["123456"; 40_000].join(",");
+    let body = format!(r#"{{"prompt":[[{many}],[1]]}}"#);
+    assert_eq!(count(Api::Completions, body.as_bytes()), Some(40_001));
+}
