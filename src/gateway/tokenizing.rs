@@ -173,6 +173,8 @@ pub async fn prompt_tokens(
     let size = match api {
         Api::Chat => body.len(),
         Api::Completions | Api::Generate => text.len(),
+        // Its prompt is token ids only (`token_ids` above); none: nothing to measure.
+        Api::TokenGenerate => return Err(Fallback::BadTokenIds),
         // Their prompts are the worker's chat template over converted items: the text tree
         // decides.
         Api::Embeddings | Api::Rerank | Api::Responses | Api::Messages => {

@@ -89,8 +89,10 @@ pub struct BlockStored {
     pub lora_id: Option<i64>,
     /// Storage tier ("GPU", "CPU_PINNED", "DISK", "EXTERNAL"); `None` means the device cache.
     pub medium: Option<Box<str>>,
-    /// The salt of the request that stored the blocks (SGLang 0.5.23): the server reuses them
-    /// only for requests with the same salt.
+    /// The salt of the request that stored the blocks: the server reuses them only for
+    /// requests with the same salt. SGLang 0.5.23 sends it as a field; vLLM only inside the
+    /// first block's `extra_keys` (see `ExtraKeys`), read into this field when no
+    /// `cache_salt` field came.
     pub cache_salt: Option<Box<str>>,
     /// The LoRA adapter's public name (SGLang 0.5.23, vLLM): blocks of an adapter are reused
     /// only by requests for that adapter.
@@ -392,8 +394,34 @@ struct Fields {
     medium: Option<Box<str>>,
     cache_salt: Option<Box<str>>,
     lora_name: Option<Box<str>>,
+    /// vLLM's `extra_keys`, as far as the namespace needs them.
+    extra: ExtraKeys,
+    /// `extra_keys` could not be read: a store is then unreadable (it may be salted); an event
+    /// of another type has no such field and is not spoiled by it.
+    extra_bad: bool,
     /// A known field could not be read.
     bad: bool,
+}
+
+/// The bare strings of the first block's entry of vLLM's `extra_keys` (the first two; nothing
+/// else there names a namespace). vLLM publishes one entry per block (`null` or a list) with,
+/// in order: the adapter's name when `lora_name` is set, `[mm_identifier, offset]` pairs (lists),
+/// the request's `cache_salt` (a string, on the request's first block only: its later blocks
+/// carry it through the parent hash they chain from) and prompt-embedding digests (bytes). So of
+/// the first block's strings, the first is the adapter's when the event names one, and the
+/// next one is the salt.
+#[derive(Default, Debug, Clone, PartialEq)]
+struct ExtraKeys {
+    strings: [Option<Box<str>>; 2],
+}
+
+impl ExtraKeys {
+    /// The salt these keys carry for blocks of adapter `lora_name` (or of none).
+    fn salt(self, lora_name: Option<&str>) -> Option<Box<str>> {
+        let [first, second] = self.strings;
+        let salt = if lora_name.is_some() { second } else { first };
+        salt.filter(|s| !s.is_empty())
+    }
 }
 
 impl Fields {
@@ -401,7 +429,7 @@ impl Fields {
     /// the wire, which is not the same as an unknown type name).
     fn finish(self) -> Result<Option<KvEvent>, Option<Tag>> {
         let tag = self.tag;
-        if self.bad {
+        if self.bad || (self.extra_bad && tag == Some(Tag::Stored)) {
             return Err(tag);
         }
         match tag {
@@ -414,7 +442,9 @@ impl Fields {
                         block_size,
                         lora_id: self.lora_id,
                         medium: self.medium,
-                        cache_salt: self.cache_salt,
+                        cache_salt: self
+                            .cache_salt
+                            .or_else(|| self.extra.salt(self.lora_name.as_deref())),
                         lora_name: self.lora_name,
                     })))
                 }
@@ -690,6 +720,39 @@ impl<'a> Reader<'a> {
             .map_err(|_| WireError::Invalid("namespace is not utf-8"))
     }
 
+    /// vLLM's `extra_keys`: `null`, or one entry per block, each `null` or a list. Only the
+    /// first block's bare strings are kept (the first two, each capped as a namespace string);
+    /// everything else is skipped. Another shape, or a string past the cap, is an error: the
+    /// store is then dropped rather than filed in the default namespace when it may be salted.
+    fn extra_keys(&mut self) -> Res<ExtraKeys> {
+        let mut keys = ExtraKeys::default();
+        if self.is_nil()? {
+            return Ok(keys);
+        }
+        let blocks = self.array_len(MAX_HASHES_PER_EVENT, "extra_keys entries")?;
+        if blocks == 0 {
+            return Ok(keys);
+        }
+        if !self.is_nil()? {
+            let items = self.array_len(MAX_TOKENS_PER_EVENT, "extra keys of a block")?;
+            let mut found = 0;
+            for _ in 0..items {
+                let is_str = matches!(
+                    self.peek(),
+                    Some(Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32)
+                );
+                if is_str && found < keys.strings.len() {
+                    keys.strings[found] = self.namespace()?;
+                    found += 1;
+                } else {
+                    self.skip()?;
+                }
+            }
+        }
+        self.skip_n(blocks - 1)?;
+        Ok(keys)
+    }
+
     /// Read one value with `f`; if it has another shape, skip it and return `None`. Only a
     /// truncated or invalid encoding (the skip fails too) is an error.
     fn tolerant<T>(&mut self, f: impl FnOnce(&mut Self) -> Res<T>) -> Res<Option<T>> {
@@ -827,6 +890,12 @@ impl<'a> Reader<'a> {
                 if next(self) {
                     f.lora_name = self.tolerant(Reader::namespace)?.flatten();
                 }
+                if next(self) {
+                    match self.tolerant(Reader::extra_keys)? {
+                        Some(keys) => f.extra = keys,
+                        None => f.extra_bad = true,
+                    }
+                }
             }
             Tag::Removed => {
                 if next(self) {
@@ -863,6 +932,10 @@ impl<'a> Reader<'a> {
                 b"medium" => f.medium = self.field(bad, Reader::medium)?.flatten(),
                 b"cache_salt" => f.cache_salt = self.field(bad, Reader::namespace)?.flatten(),
                 b"lora_name" => f.lora_name = self.field(bad, Reader::namespace)?.flatten(),
+                b"extra_keys" => match self.tolerant(Reader::extra_keys)? {
+                    Some(keys) => f.extra = keys,
+                    None => f.extra_bad = true,
+                },
                 _ => self.skip()?,
             }
         }
@@ -883,6 +956,11 @@ pub enum Form {
     MapEvents,
     /// A map batch `{"ts", "events", "attn_dp_rank"}` with map-encoded events.
     Map,
+    /// vLLM 0.33: `[ts, events, dp_rank]` with map-encoded events that carry no `cache_salt`
+    /// field: the salt of a store that starts a sequence goes in its first block's
+    /// `extra_keys`, after the adapter's name, which every block's keys start with (a
+    /// continuation's salt is not written: vLLM's block hashes carry it through the parent).
+    Vllm,
 }
 
 /// Encode a batch as an engine would, for round-trip tests and fuzz seeds. Hashes are written as
@@ -903,7 +981,10 @@ pub fn encode_batch(batch: &EventBatch, form: Form) -> Vec<u8> {
     }
     e.array(batch.events.len());
     for ev in &batch.events {
-        e.event(ev, form != Form::Array);
+        match (form, ev) {
+            (Form::Vllm, KvEvent::BlockStored(s)) => e.vllm_stored(s),
+            _ => e.event(ev, form != Form::Array),
+        }
     }
     if form != Form::Map {
         e.opt_uint(batch.dp_rank.map(u64::from));
@@ -966,6 +1047,51 @@ impl Encoder {
             self.str(k);
         }
     }
+    /// A store as vLLM 0.33 writes it (see [`Form::Vllm`]).
+    fn vllm_stored(&mut self, s: &BlockStored) {
+        let salt = s.cache_salt.as_deref().filter(|_| s.parent.is_none());
+        let lora = s.lora_name.as_deref();
+        let keyed = salt.is_some() || lora.is_some();
+        self.header(true, "BlockStored", if keyed { 8 } else { 7 });
+        self.str("block_hashes");
+        self.hashes(&s.block_hashes);
+        self.str("parent_block_hash");
+        self.opt_uint(s.parent.map(|p| p.0));
+        self.str("token_ids");
+        self.array(s.token_ids.len());
+        for &t in &s.token_ids {
+            self.uint(u64::from(t));
+        }
+        self.str("block_size");
+        self.uint(u64::from(s.block_size));
+        self.str("lora_id");
+        match s.lora_id {
+            Some(l) => {
+                let _ = rmp::encode::write_sint(&mut self.0, l);
+            }
+            None => self.nil(),
+        }
+        self.str("medium");
+        self.opt_str(s.medium.as_deref());
+        self.str("lora_name");
+        self.opt_str(lora);
+        if keyed {
+            self.str("extra_keys");
+            self.array(s.block_hashes.len());
+            for i in 0..s.block_hashes.len() {
+                let keys: Vec<&str> = lora.into_iter().chain(salt.filter(|_| i == 0)).collect();
+                if keys.is_empty() {
+                    self.nil();
+                } else {
+                    self.array(keys.len());
+                    for k in keys {
+                        self.str(k);
+                    }
+                }
+            }
+        }
+    }
+
     fn event(&mut self, ev: &KvEvent, map: bool) {
         match ev {
             KvEvent::BlockStored(s) => {

@@ -103,7 +103,8 @@ fn json_reply(api: Api, v: &serde_json::Value, delta: bool) -> Option<String> {
             _ => None,
         },
         Api::Messages => Some(joined_texts(v.get("content")?.as_array()?.iter())),
-        Api::Embeddings | Api::Rerank => None,
+        // Its reply is token ids (text only with `output_mode: text`): nothing is learned.
+        Api::TokenGenerate | Api::Embeddings | Api::Rerank => None,
     }
 }
 

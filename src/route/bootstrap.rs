@@ -47,7 +47,7 @@ pub fn pd_shape(api: Api, body: &BodyShape) -> Result<PdShape, PdBodyError> {
             .n
             .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
             .filter(|&n| n > 1),
-        Api::Embeddings | Api::Rerank | Api::Responses | Api::Messages => None,
+        Api::TokenGenerate | Api::Embeddings | Api::Rerank | Api::Responses | Api::Messages => None,
     };
     if batch.is_some_and(|n| n > MAX_BATCH) {
         return Err(PdBodyError(format!(

@@ -1,9 +1,10 @@
 //! What a request is routed on, borrowed from its JSON body without re-serialising it: the
 //! `model`, the `stream` flag and the routing text, built exactly as the reference builds it
 //! (chat: message contents joined by single spaces, text parts only, assistant
-//! `reasoning_content` appended; completions: `prompt`, arrays joined by spaces; `/generate`:
-//! `text`, else `input_ids` as decimals joined by spaces; Responses and Messages: see
-//! [`blocks`]). Strings without escapes stay borrowed
+//! `reasoning_content` appended; completions: `prompt`, arrays joined by spaces, a token-id
+//! prompt as its ids (a batch of token lists: the first list); `/generate`: `text`, else
+//! `input_ids` as decimals joined by spaces; vLLM's `/inference/v1/generate`: `token_ids`;
+//! Responses and Messages: see [`blocks`]). Strings without escapes stay borrowed
 //! from the body, so a single-message chat or a plain prompt costs no copy; anything else is
 //! written straight into one buffer, capped at [`MAX_ROUTING_TEXT`] bytes.
 
@@ -26,6 +27,8 @@ pub enum Api {
     Completions,
     /// `/generate`
     Generate,
+    /// `/inference/v1/generate` (vLLM's token-in/token-out route: `token_ids`)
+    TokenGenerate,
     /// `/v1/embeddings` (`input`)
     Embeddings,
     /// `/v1/rerank`, `/rerank` (`query`)
@@ -95,8 +98,9 @@ pub struct RoutingInfo<'a> {
     /// namespace's marker ([`Namespace::marker`]), so the text tree never matches it against
     /// another namespace's prompts.
     pub text: RoutingText<'a>,
-    /// `text` holds `/generate`'s `input_ids` as decimals joined by spaces: the prompt's own
-    /// tokens, matched in the KV-event index without a tokenizer.
+    /// `text` holds the prompt's own token ids as decimals joined by spaces (`/generate`'s
+    /// `input_ids`, a completions `prompt` of token ids, `/inference/v1/generate`'s
+    /// `token_ids`): matched in the KV-event index without a tokenizer.
     pub token_ids: bool,
     /// The cache namespace the request's prompt is reused in.
     pub namespace: Namespace<'a>,
@@ -131,6 +135,10 @@ pub struct BodyShape {
     /// A top-level `priority` member is there and not `null`, whatever its type (a string or
     /// a float the engine might still read as an integer).
     pub priority_given: bool,
+    /// A prompt of token ids (a completions `prompt` of ids or of id lists,
+    /// `/inference/v1/generate`'s `token_ids`): how many ids it holds in all. Routing reads a
+    /// batch's first list only; what a tenant is billed counts every prompt of it.
+    pub token_count: Option<u64>,
 }
 
 /// The fields SGLang namespaces its prefix cache by: blocks are reused only between requests
@@ -375,6 +383,7 @@ enum Key {
     SamplingParams,
     ReturnLogprob,
     Priority,
+    TokenIds,
     Other,
 }
 
@@ -410,6 +419,7 @@ impl<'de> Deserialize<'de> for Key {
                     "sampling_params" => Key::SamplingParams,
                     "return_logprob" => Key::ReturnLogprob,
                     "priority" => Key::Priority,
+                    "token_ids" => Key::TokenIds,
                     _ => Key::Other,
                 })
             }
@@ -582,6 +592,8 @@ enum Kind {
     Other,
     List,
     Str,
+    /// An integer (a completions prompt of token ids).
+    Int,
 }
 
 /// A value read as [`Pieces`] reads it, its list shape noted (see [`BodyShape`]).
@@ -696,6 +708,267 @@ impl<'de> Visitor<'de> for FirstItem<'_, 'de> {
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
         Pieces(self.sink).visit_map(map)
+    }
+}
+
+/// The refusal of token ids of another shape: a completions `prompt` that starts as token ids
+/// and goes on otherwise, a `token_ids` that is not a list of them. vLLM refuses both (its
+/// `prompt` is a string, a list of strings, a list of token ids or a list of token-id lists;
+/// `token_ids` a list of non-negative integers), so the gateway answers 400 itself rather than
+/// route a body no worker takes.
+const MIXED_PROMPT: &str = "token ids must be non-negative integers below 2^32: a `prompt` of \
+     token ids is a list of them or a list of such lists, `token_ids` a list of them";
+
+/// A completions `prompt` that routes: read as [`Shaped`] reads it, except that a list whose
+/// first item is an integer or a list is token ids, held to that shape (anything else in it is
+/// refused, 400), and of a batch of token lists only the first list is written. A batch goes
+/// to one worker, which computes every prompt of it; the index scores a worker by the leading
+/// blocks of one chain it holds, and the first prompt's chain ranks workers at least as well
+/// as the batch's common prefix would (a worker holding the common prefix scores the same
+/// either way, one holding more of the first prompt saves that much more), costs no second
+/// pass or buffer, and is what the worker will really have cached once it has run the batch.
+struct Prompt<'s, 'a> {
+    sink: &'s mut Sink<'a>,
+    shape: &'s mut ListShape,
+    /// Token ids met, over every list.
+    ids: &'s mut usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Prompt<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Prompt<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string, a list of strings or token ids, or a list of token-id lists")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
+        Pieces(self.sink).visit_borrowed_str(v)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        Pieces(self.sink).visit_str(v)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        Pieces(self.sink).visit_u64(v)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        Pieces(self.sink).visit_i64(v)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        Pieces(self.sink).visit_f64(v)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        Pieces(self.sink).visit_map(map)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut first = Kind::Other;
+        let mut len = 0usize;
+        if seq
+            .next_element_seed(FirstPrompt {
+                sink: &mut *self.sink,
+                kind: &mut first,
+                ids: &mut *self.ids,
+            })?
+            .is_some()
+        {
+            len = 1;
+            loop {
+                let more = match first {
+                    Kind::Int => seq.next_element_seed(TokenId(Some(&mut *self.sink)))?,
+                    // Later lists of a batch are only held to their shape (and counted).
+                    Kind::List => seq
+                        .next_element_seed(TokenList {
+                            sink: None,
+                            len: &mut *self.ids,
+                        })?
+                        .map(|_| ()),
+                    Kind::Str | Kind::Other => seq.next_element_seed(Pieces(&mut *self.sink))?,
+                };
+                if more.is_none() {
+                    break;
+                }
+                len += 1;
+            }
+        }
+        if first == Kind::Int {
+            *self.ids = len;
+        }
+        *self.shape = ListShape {
+            len: Some(len),
+            first,
+        };
+        Ok(())
+    }
+}
+
+/// A completions prompt list's first item: an integer starts a token-id prompt, a list a batch
+/// of token-id lists (read as one, written), a string a list of texts; its [`Kind`] is noted.
+struct FirstPrompt<'s, 'a> {
+    sink: &'s mut Sink<'a>,
+    kind: &'s mut Kind,
+    /// Token ids of the first list, when it is one.
+    ids: &'s mut usize,
+}
+
+impl<'de> DeserializeSeed<'de> for FirstPrompt<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FirstPrompt<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string, a token id or a list of token ids")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<(), E> {
+        *self.kind = Kind::Str;
+        Pieces(self.sink).visit_borrowed_str(v)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        *self.kind = Kind::Str;
+        Pieces(self.sink).visit_str(v)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        *self.kind = Kind::Int;
+        TokenId(Some(self.sink)).visit_u64(v)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        *self.kind = Kind::Int;
+        TokenId(Some(self.sink)).visit_i64(v)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        Pieces(self.sink).visit_f64(v)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        *self.kind = Kind::List;
+        TokenList {
+            sink: Some(self.sink),
+            len: self.ids,
+        }
+        .visit_seq(seq)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        Pieces(self.sink).visit_map(map)
+    }
+}
+
+/// A list of token ids, each written into `sink` (when given and not full) as a decimal;
+/// `len` counts them. Anything but a list of integers in `0..2^32` is refused.
+struct TokenList<'s, 'a> {
+    sink: Option<&'s mut Sink<'a>>,
+    len: &'s mut usize,
+}
+
+impl<'de> DeserializeSeed<'de> for TokenList<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TokenList<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of token ids")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        while seq
+            .next_element_seed(TokenId(self.sink.as_deref_mut()))?
+            .is_some()
+        {
+            *self.len += 1;
+        }
+        Ok(())
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        Err(de::Error::custom(MIXED_PROMPT))
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        Err(de::Error::custom(MIXED_PROMPT))
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        Err(de::Error::custom(MIXED_PROMPT))
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        Err(de::Error::custom(MIXED_PROMPT))
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Err(de::Error::custom(MIXED_PROMPT))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Err(de::Error::custom(MIXED_PROMPT))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        Err(de::Error::custom(MIXED_PROMPT))
+    }
+}
+
+/// One token id: an integer in `0..2^32`, written into the sink when there is one with room;
+/// anything else is refused.
+struct TokenId<'s, 'a>(Option<&'s mut Sink<'a>>);
+
+impl<'de> DeserializeSeed<'de> for TokenId<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TokenId<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a token id")
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        if v > u64::from(u32::MAX) {
+            return Err(de::Error::custom(MIXED_PROMPT));
+        }
+        if let Some(sink) = self.0.filter(|s| !s.full()) {
+            sink.integer(v);
+        }
+        Ok(())
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        match u64::try_from(v) {
+            Ok(v) => self.visit_u64(v),
+            Err(_) => Err(de::Error::custom(MIXED_PROMPT)),
+        }
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        Err(de::Error::custom(MIXED_PROMPT))
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        Err(de::Error::custom(MIXED_PROMPT))
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Err(de::Error::custom(MIXED_PROMPT))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Err(de::Error::custom(MIXED_PROMPT))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        Err(de::Error::custom(MIXED_PROMPT))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        Err(de::Error::custom(MIXED_PROMPT))
     }
 }
 
@@ -1067,6 +1340,9 @@ struct Parsed<'a> {
     present: bool,
     /// `/generate`: `input_ids` present (used when `text` is not).
     ids_present: bool,
+    /// Completions: `prompt` is token ids (a list of integers, or a batch of such lists) and
+    /// `text` holds them (the batch's first list).
+    prompt_ids: bool,
     embeds_present: bool,
     text: Sink<'a>,
     ids: Sink<'a>,
@@ -1115,6 +1391,7 @@ impl<'de> Visitor<'de> for Top {
                 | Key::Prompt
                 | Key::Text
                 | Key::InputIds
+                | Key::TokenIds
                 | Key::Query => p.read_text_field(&mut map, k, fields, &mut discard)?,
                 _ => p.read_plain_field(&mut map, k)?,
             }
@@ -1140,6 +1417,7 @@ impl Fields {
             Api::Chat | Api::Messages => Key::Messages,
             Api::Completions => Key::Prompt,
             Api::Generate => Key::Text,
+            Api::TokenGenerate => Key::TokenIds,
             Api::Embeddings | Api::Responses => Key::Input,
             Api::Rerank => Key::Query,
         };
@@ -1160,6 +1438,8 @@ impl Fields {
     fn key(self, k: Key) -> Key {
         match k {
             Key::Instructions | Key::System if k != self.pre => Key::Other,
+            // Only vLLM's token route knows `token_ids`: to the others it is any unknown field.
+            Key::TokenIds if self.api != Api::TokenGenerate => Key::Other,
             Key::Output => Key::Other,
             k => k,
         }
@@ -1202,7 +1482,7 @@ impl BodyShape {
         match k {
             Key::Text => self.text_list = Some(len),
             Key::InputIds if list.first == Kind::List => self.ids_lists = Some(len),
-            Key::Prompt if list.first != Kind::Other => self.prompts = Some(len),
+            Key::Prompt if matches!(list.first, Kind::List | Kind::Str) => self.prompts = Some(len),
             _ => {}
         }
     }
@@ -1217,6 +1497,7 @@ impl<'de> Parsed<'de> {
             stream: None,
             present: false,
             ids_present: false,
+            prompt_ids: false,
             embeds_present: false,
             text: Sink::new(top.keep_text, top.body_len),
             ids: Sink::new(top.keep_text && top.api == Api::Generate, top.body_len),
@@ -1257,6 +1538,35 @@ impl<'de> Parsed<'de> {
             Key::Messages => {
                 let there = map.next_value_seed(Optional(Messages(sink)))?;
                 self.present |= there && routes;
+            }
+            Key::Prompt if routes && fields.api == Api::Completions => {
+                let mut list = ListShape::default();
+                let mut ids = 0usize;
+                let there = map.next_value_seed(Optional(Prompt {
+                    sink,
+                    shape: &mut list,
+                    ids: &mut ids,
+                }))?;
+                self.present |= there;
+                self.prompt_ids = there && matches!(list.first, Kind::Int | Kind::List);
+                if self.prompt_ids {
+                    self.shape.token_count = Some(ids as u64);
+                }
+                self.shape.note_list(k, list);
+            }
+            Key::TokenIds => {
+                let mut n = 0usize;
+                let there = map.next_value_seed(Optional(TokenList {
+                    sink: Some(sink),
+                    len: &mut n,
+                }))?;
+                if there && n == 0 {
+                    return Err(de::Error::custom("`token_ids` must not be empty"));
+                }
+                self.present |= there && routes;
+                if there && routes {
+                    self.shape.token_count = Some(n as u64);
+                }
             }
             Key::Prompt | Key::Text | Key::InputIds => {
                 let mut list = ListShape::default();
@@ -1329,6 +1639,7 @@ fn key_name(k: Key) -> &'static str {
         Key::SamplingParams => "sampling_params",
         Key::ReturnLogprob => "return_logprob",
         Key::Priority => "priority",
+        Key::TokenIds => "token_ids",
         Key::Content | Key::ReasoningContent | Key::Type | Key::Output | Key::Other => "?",
     }
 }
@@ -1408,8 +1719,14 @@ fn refusal(body: &[u8], e: json::Error) -> ExtractError {
 /// The routing inputs from what the top-level object gave (any JSON parser's `Parsed`).
 fn finish(api: Api, parsed: Parsed<'_>) -> Result<RoutingInfo<'_>, ExtractError> {
     let required = |what: &str| Err(ExtractError(format!("`{what}` is required")));
-    let token_ids = api == Api::Generate && !parsed.present && parsed.ids_present;
+    let token_ids = match api {
+        Api::Generate => !parsed.present && parsed.ids_present,
+        Api::Completions => parsed.prompt_ids,
+        Api::TokenGenerate => true,
+        _ => false,
+    };
     let text = match api {
+        Api::TokenGenerate if !parsed.present => return required("token_ids"),
         Api::Chat | Api::Messages if !parsed.present => return required("messages"),
         Api::Completions if !parsed.present => return required("prompt"),
         Api::Generate if !parsed.present => {

@@ -63,6 +63,7 @@ pub fn route(method: Method, path: &[u8]) -> Route {
     };
     match path {
         b"/generate" => routed(Api::Generate),
+        b"/inference/v1/generate" => routed(Api::TokenGenerate),
         b"/v1/chat/completions" => routed(Api::Chat),
         b"/v1/completions" => routed(Api::Completions),
         b"/v1/embeddings" => routed(Api::Embeddings),
@@ -121,6 +122,20 @@ mod tests {
         assert_eq!(route(Method::Get, b"/v1/messages"), Route::MethodNotAllowed);
         assert_eq!(route(Method::Get, b"/nope"), Route::NotFound);
         assert!(matches!(route(Method::Get, b"/health"), Route::Local(_)));
+        // vLLM's token-in/token-out route is routed; its neighbours stay unknown.
+        assert_eq!(
+            route(Method::Post, b"/inference/v1/generate"),
+            Route::Proxy(Forwarding::Routed(Api::TokenGenerate))
+        );
+        assert_eq!(
+            route(Method::Get, b"/inference/v1/generate"),
+            Route::MethodNotAllowed
+        );
+        assert_eq!(
+            route(Method::Post, b"/inference/v1/generatex"),
+            Route::NotFound
+        );
+        assert_eq!(route(Method::Post, b"/inference/v1"), Route::NotFound);
     }
 
     #[test]

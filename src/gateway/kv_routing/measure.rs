@@ -138,7 +138,8 @@ impl KvScratch {
 }
 
 impl KvRouting {
-    /// Measure the prompt `tokens` for a request naming `model` in cache namespace `ns`:
+    /// Measure the prompt `tokens` for a request naming `model` (for an adapter named by its
+    /// own name: its base model, the adapter given as `adapter`) in cache namespace `ns`:
     /// its block chain (from the namespace's root), and per worker the tokens of its prefix the
     /// index and the pending entries put there, a block held only in host memory counting
     /// `--kv-host-tier-weight` of one on the GPU. Returns the prompt's token count, or why the
@@ -146,6 +147,7 @@ impl KvRouting {
     pub fn measure(
         &self,
         model: Option<&str>,
+        adapter: Option<&str>,
         ns: &Namespace<'_>,
         tokens: &[u32],
         s: &mut KvScratch,
@@ -159,9 +161,12 @@ impl KvRouting {
         let snap = self.reader.load();
         let m = Self::index_model(&snap, model).ok_or(Fallback::NoIndex)?;
         let bs = snap.block_size(m).ok_or(Fallback::NoIndex)?;
+        // SGLang's `lora_path` first, then an adapter the workers list by name, then
+        // SGLang's `base:adapter` model.
         let adapter = ns
             .lora_path
             .as_deref()
+            .or(adapter)
             .or_else(|| Self::model_adapter(&snap, model));
         let root = namespace_root(ns.cache_salt.as_deref(), adapter);
         let KvScratch {

@@ -15,7 +15,15 @@
 //! LoRA adapter, so the first block of a sequence chains from its namespace's root
 //! ([`namespace_root`] of the event's `cache_salt` and `lora_name`), and a prompt is hashed from
 //! its own request's root: salted blocks never match an unsalted prompt, an adapter's never the
-//! base model's.
+//! base model's. vLLM keys its blocks the same way (salt and adapter in each block hash's extra
+//! keys), but publishes the salt only in the `extra_keys` of a request's first block (the
+//! decoder reads it into `cache_salt`): the request's later blocks, and later events that
+//! extend it, carry it only through their parent hash. The index needs nothing more for them:
+//! a block's own hash is chained from its parent's, which was chained from the salted root, so
+//! a continuation inherits its namespace with no per-block record of the salt (no memory past
+//! the block records the caps already bound). An adapter is named by `lora_name` on every vLLM
+//! store, and requests name it by its own name in `model` (the gateway maps it to its base
+//! model from the workers' `/v1/models`).
 //!
 //! **Tiers.** With SGLang's hierarchical cache a block lives on the GPU, in host memory or
 //! beyond (disk, an external pool), and each store and removal names its tier (`medium`). A

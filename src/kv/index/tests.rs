@@ -932,3 +932,116 @@ fn blocks_of_a_namespace_match_only_its_prompts() {
         namespace_root(None, Some("x"))
     );
 }
+
+/// A store as vLLM 0.33 publishes it, decoded: its salt travels only in the first block's
+/// `extra_keys` (see `wire::Form::Vllm`).
+fn vllm_decoded(
+    hashes: &[u64],
+    parent: Option<u64>,
+    tokens: &[u32],
+    salt: Option<&str>,
+    lora: Option<&str>,
+) -> KvEvent {
+    let KvEvent::BlockStored(mut b) = stored(hashes, parent, tokens, 4) else {
+        unreachable!()
+    };
+    b.cache_salt = salt.map(Into::into);
+    b.lora_name = lora.map(Into::into);
+    let batch = crate::kv::wire::EventBatch {
+        ts: None,
+        events: vec![KvEvent::BlockStored(b)],
+        dp_rank: None,
+        skipped: Default::default(),
+    };
+    let bytes = crate::kv::wire::encode_batch(&batch, crate::kv::wire::Form::Vllm);
+    let mut got = crate::kv::wire::decode_batch(&bytes).unwrap();
+    assert_eq!(got.events.len(), 1, "{got:?}");
+    got.events.remove(0)
+}
+
+#[test]
+fn vllm_salted_blocks_match_only_their_salt_and_continuations_inherit_it() {
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let (t, more) = (seq(8, 0), seq(4, 8));
+    let whole: Vec<u32> = t.iter().chain(&more).copied().collect();
+    // Worker 1 holds the prompt salted, worker 2 unsalted, worker 3 under adapter `sql-lora`
+    // salted: the same tokens, and vLLM's continuation events carry no salt.
+    for (worker, salt, lora) in [
+        (1, Some("tenant-a"), None),
+        (2, None, None),
+        (3, Some("tenant-a"), Some("sql-lora")),
+    ] {
+        let base = u64::from(worker) * 100;
+        w.apply(
+            M,
+            src(worker, 0),
+            &vllm_decoded(&[base, base + 1], None, &t, salt, lora),
+        )
+        .unwrap();
+        w.apply(
+            M,
+            src(worker, 0),
+            &vllm_decoded(&[base + 2], Some(base + 1), &more, None, lora),
+        )
+        .unwrap();
+    }
+    let a = namespace_root(Some("tenant-a"), None);
+    assert_eq!(tiered(&mut w, a, &whole), vec![(src(1, 0), 3, 3)]);
+    assert_eq!(tiered(&mut w, ROOT_PARENT, &whole), vec![(src(2, 0), 3, 3)]);
+    let sql_a = namespace_root(Some("tenant-a"), Some("sql-lora"));
+    assert_eq!(tiered(&mut w, sql_a, &whole), vec![(src(3, 0), 3, 3)]);
+    for other in [
+        namespace_root(Some("tenant-b"), None),
+        namespace_root(None, Some("sql-lora")),
+    ] {
+        assert_eq!(tiered(&mut w, other, &whole), vec![]);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+    /// Sources holding the same tokens under vLLM stores of random salts and adapters (each a
+    /// first store and an unsalted continuation, as vLLM publishes them): a prompt of each
+    /// namespace matches exactly the sources of that namespace, whole.
+    #[test]
+    fn vllm_namespaces_partition_the_same_tokens(
+        spaces in proptest::collection::vec(
+            (proptest::option::of(0u8..3), proptest::option::of(0u8..2)),
+            1..6,
+        ),
+        split in 1usize..3,
+    ) {
+        let salt = |s: Option<u8>| s.map(|s| format!("salt-{s}"));
+        let lora = |l: Option<u8>| l.map(|l| format!("lora-{l}"));
+        let tokens = seq(12, 40);
+        let mut w = IndexWriter::new(IndexConfig::default());
+        for (i, &(s, l)) in spaces.iter().enumerate() {
+            let (s, l) = (salt(s), lora(l));
+            let base = i as u64 * 10;
+            let first: Vec<u64> = (0..split as u64).map(|b| base + b).collect();
+            let rest: Vec<u64> = (split as u64..3).map(|b| base + b).collect();
+            let source = src(i as WorkerId, 0);
+            let cut = split * 4;
+            w.apply(M, source, &vllm_decoded(&first, None, &tokens[..cut], s.as_deref(), l.as_deref()))
+                .unwrap();
+            w.apply(
+                M,
+                source,
+                &vllm_decoded(&rest, first.last().copied(), &tokens[cut..], None, l.as_deref()),
+            )
+            .unwrap();
+        }
+        for s in [None, Some(0), Some(1), Some(2)] {
+            for l in [None, Some(0), Some(1)] {
+                let root = namespace_root(salt(s).as_deref(), lora(l).as_deref());
+                let want: Vec<_> = spaces
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &ns)| ns == (s, l))
+                    .map(|(i, _)| (src(i as WorkerId, 0), 3, 3))
+                    .collect();
+                prop_assert_eq!(tiered(&mut w, root, &tokens), want);
+            }
+        }
+    }
+}

@@ -602,3 +602,184 @@ fn sglang_0_5_23_map_events_carry_tier_and_namespace() {
         assert_eq!(Tier::of(medium), tier, "{medium:?}");
     }
 }
+
+/// A vLLM 0.33 `BlockStored` (map form, `omit_defaults`: `extra_keys` only when some block has
+/// keys) of two 2-token blocks, `extra` written by `keys`.
+fn vllm_stored(parent: Option<u64>, lora: Option<&str>, keys: impl FnOnce(B) -> B) -> Vec<u8> {
+    let b = B::default()
+        .arr(3)
+        .f(1.0)
+        .arr(1)
+        .map(9)
+        .s("type")
+        .s("BlockStored")
+        .s("block_hashes")
+        .ints(&[u64::MAX - 1, 1 << 63])
+        .s("parent_block_hash");
+    let b = match parent {
+        Some(p) => b.u(p),
+        None => b.nil(),
+    };
+    let b = b
+        .s("token_ids")
+        .ints(&[1, 2, 3, 4])
+        .s("block_size")
+        .u(2)
+        .s("lora_id")
+        .nil()
+        .s("medium")
+        .s("GPU")
+        .s("lora_name");
+    let b = match lora {
+        Some(l) => b.s(l),
+        None => b.nil(),
+    };
+    keys(b.s("extra_keys")).nil().0
+}
+
+fn stored_of(payload: &[u8]) -> Result<BlockStored, EventBatch> {
+    let b = decode_batch(payload).unwrap();
+    match b.events.first() {
+        Some(KvEvent::BlockStored(s)) => Ok(s.clone()),
+        _ => Err(b),
+    }
+}
+
+#[test]
+fn vllm_salt_is_read_from_the_first_blocks_extra_keys() {
+    // Salted, no adapter: the first block carries the salt, the second nothing.
+    let p = vllm_stored(None, None, |b| b.arr(2).arr(1).s("tenant-a").nil());
+    let s = stored_of(&p).unwrap();
+    assert_eq!(s.cache_salt.as_deref(), Some("tenant-a"));
+    assert_eq!(s.lora_name, None);
+    // An adapter's name comes first in every block; the salt after it (and after any
+    // multimodal pair, a list, and before a prompt-embedding digest, bytes).
+    let p = vllm_stored(None, Some("sql-lora"), |b| {
+        b.arr(2)
+            .arr(4)
+            .s("sql-lora")
+            .arr(2)
+            .s("img-hash")
+            .u(0)
+            .s("tenant-b")
+            .bin(&[9; 32])
+            .arr(1)
+            .s("sql-lora")
+    });
+    let s = stored_of(&p).unwrap();
+    assert_eq!(s.cache_salt.as_deref(), Some("tenant-b"));
+    assert_eq!(s.lora_name.as_deref(), Some("sql-lora"));
+    // The adapter's key alone is no salt.
+    let p = vllm_stored(None, Some("sql-lora"), |b| {
+        b.arr(2).arr(1).s("sql-lora").arr(1).s("sql-lora")
+    });
+    assert_eq!(stored_of(&p).unwrap().cache_salt, None);
+    // Only multimodal keys, or none at all: no salt.
+    let p = vllm_stored(None, None, |b| b.arr(2).arr(1).arr(2).s("img").u(3).nil());
+    assert_eq!(stored_of(&p).unwrap().cache_salt, None);
+    let p = vllm_stored(None, None, |b| b.nil());
+    assert_eq!(stored_of(&p).unwrap().cache_salt, None);
+    let p = vllm_stored(None, None, |b| b.arr(0));
+    assert_eq!(stored_of(&p).unwrap().cache_salt, None);
+    // A later block's strings are not the first block's (a continuation carries none: its
+    // namespace is its parent's).
+    let p = vllm_stored(Some(5), None, |b| b.arr(2).nil().arr(1).s("x"));
+    assert_eq!(stored_of(&p).unwrap().cache_salt, None);
+    // SGLang's own field wins when both came.
+    let mut p = vllm_stored(None, None, |b| b.arr(1).arr(1).s("from-keys"));
+    // Rewrite the event map's length (fixmap 9 → 10) and append a `cache_salt` member before
+    // the batch's dp rank.
+    let at = p.iter().position(|&x| x == 0x89).unwrap();
+    p[at] = 0x8a;
+    p.pop();
+    let p = B(p).s("cache_salt").s("field").nil().0;
+    assert_eq!(stored_of(&p).unwrap().cache_salt.as_deref(), Some("field"));
+}
+
+#[test]
+fn vllm_extra_keys_of_another_shape_drop_the_store() {
+    // It may hold a salt the decoder cannot read: dropped (the index knows less), never filed
+    // in the default namespace; the batch is not lossy.
+    let long = "s".repeat(MAX_NAMESPACE_BYTES + 1);
+    for keys in [
+        &(|b: B| b.s("tenant")) as &dyn Fn(B) -> B,
+        &|b: B| b.arr(1).s("tenant"),
+        &|b: B| b.arr(1).u(3),
+        &|b: B| b.arr(1).arr(1).s(&long),
+    ] {
+        let p = vllm_stored(None, None, keys);
+        let b = stored_of(&p).unwrap_err();
+        assert_eq!(b.skipped.stored, 1);
+        assert_eq!(b.skipped.lossy, 0);
+    }
+    // A long string past the first two is skipped unread.
+    let p = vllm_stored(None, Some("a"), |b| {
+        b.arr(1).arr(3).s("a").s("salt").s(&long)
+    });
+    assert_eq!(stored_of(&p).unwrap().cache_salt.as_deref(), Some("salt"));
+}
+
+#[test]
+fn vllm_array_form_reads_extra_keys_after_lora_name() {
+    let p = B::default()
+        .arr(3)
+        .f(1.0)
+        .arr(1)
+        .arr(10)
+        .s("BlockStored")
+        .ints(&[1])
+        .nil()
+        .ints(&[1, 2])
+        .u(2)
+        .nil()
+        .s("GPU")
+        .s("sql-lora")
+        .arr(1)
+        .arr(2)
+        .s("sql-lora")
+        .s("tenant-c")
+        .u(0)
+        .nil()
+        .0;
+    let s = stored_of(&p).unwrap();
+    assert_eq!(s.cache_salt.as_deref(), Some("tenant-c"));
+    assert_eq!(s.lora_name.as_deref(), Some("sql-lora"));
+}
+
+proptest! {
+    /// Whatever a vLLM first block's keys hold around the salt (multimodal pairs, digests, an
+    /// adapter's name first), the salt read is the one written, and an unsalted store has none.
+    #[test]
+    fn vllm_salt_survives_any_other_keys(
+        salt in proptest::option::of("[a-z0-9]{1,12}"),
+        lora in proptest::option::of("[a-z-]{1,8}"),
+        mm in 0usize..3,
+        digests in 0usize..2,
+        later in 0usize..3,
+    ) {
+        let (salt2, lora2) = (salt.clone(), lora.clone());
+        let p = vllm_stored(None, lora.as_deref(), move |b| {
+            let n = usize::from(lora2.is_some()) + mm + usize::from(salt2.is_some()) + digests;
+            let mut b = b.arr(1 + later as u32).arr(n as u32);
+            if let Some(l) = &lora2 {
+                b = b.s(l);
+            }
+            for i in 0..mm {
+                b = b.arr(2).s("mm").u(i as u64);
+            }
+            if let Some(s) = &salt2 {
+                b = b.s(s);
+            }
+            for _ in 0..digests {
+                b = b.bin(&[1; 32]);
+            }
+            for _ in 0..later {
+                b = b.nil();
+            }
+            b
+        });
+        let s = stored_of(&p).unwrap();
+        prop_assert_eq!(s.cache_salt.as_deref(), salt.as_deref());
+        prop_assert_eq!(s.lora_name.as_deref(), lora.as_deref());
+    }
+}

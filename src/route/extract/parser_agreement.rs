@@ -7,7 +7,8 @@ use super::{extract_on, extract_serde_json, Api};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-const APIS: [Api; 7] = [
+const APIS: [Api; 8] = [
+    Api::TokenGenerate,
     Api::Chat,
     Api::Completions,
     Api::Generate,
@@ -65,8 +66,13 @@ fn body() -> impl Strategy<Value = Value> {
         prop::option::of(value()),
         prop::option::of(value()),
         prop::option::of(value()),
+        // Token ids: one list, or a batch of lists (completions' `prompt`, `token_ids`).
+        prop::option::of((
+            prop::collection::vec(prop::collection::vec(0u32..200_000, 0..5), 1..3),
+            any::<bool>(),
+        )),
     )
-        .prop_map(|(model, stream, messages, prompt, input, extra)| {
+        .prop_map(|(model, stream, messages, prompt, input, extra, ids)| {
             let mut o = serde_json::Map::new();
             if let Some(m) = model {
                 o.insert("model".into(), m.into());
@@ -87,7 +93,13 @@ fn body() -> impl Strategy<Value = Value> {
             o.insert("messages".into(), msgs.into());
             if let Some(p) = prompt {
                 o.insert("prompt".into(), p.clone());
+                o.insert("token_ids".into(), p.clone());
                 o.insert("text".into(), p);
+            }
+            if let Some((lists, batch)) = ids {
+                let one = json!(lists[0]);
+                o.insert("token_ids".into(), one.clone());
+                o.insert("prompt".into(), if batch { json!(lists) } else { one });
             }
             if let Some(i) = input {
                 o.insert("input".into(), i.clone());

@@ -301,8 +301,19 @@ proptest! {
                 _ => None,
             })
             .collect();
-        let got = extract(Api::Completions, body.as_bytes()).unwrap().text;
-        prop_assert_eq!(&*got, want.join(" "));
+        let got = extract(Api::Completions, body.as_bytes());
+        // A list that starts with an integer is token ids: all of them ids, or refused.
+        let id = |v: &serde_json::Value| v.as_u64().is_some_and(|n| n <= u64::from(u32::MAX));
+        match parts.first() {
+            Some(serde_json::Value::Number(_)) if !parts.iter().all(id) => {
+                prop_assert!(got.is_err());
+            }
+            first => {
+                let got = got.unwrap();
+                prop_assert_eq!(got.token_ids, matches!(first, Some(serde_json::Value::Number(_))));
+                prop_assert_eq!(&*got.text, want.join(" "));
+            }
+        }
     }
 }
 
@@ -823,4 +834,145 @@ mod boundaries {
             check(Api::Rerank, false, &body)?;
         }
     }
+}
+
+#[test]
+fn a_completions_prompt_of_token_ids_routes_on_its_ids() {
+    let one = extract(Api::Completions, br#"{"model":"m","prompt":[1,20,300]}"#).unwrap();
+    assert_eq!((one.text.as_ref(), one.token_ids), ("1 20 300", true));
+    // One prompt: no batch for prefill/decode pairing.
+    assert_eq!(one.shape.prompts, None);
+    // A batch of token lists routes on its first list; every list is held to the shape.
+    let batch = extract(
+        Api::Completions,
+        br#"{"prompt":[[7,8,9],[7,8,10,11],[]],"cache_salt":"s"}"#,
+    )
+    .unwrap();
+    assert_eq!((batch.text.as_ref(), batch.token_ids), ("7 8 9", true));
+    assert_eq!(batch.shape.prompts, Some(3));
+    assert_eq!(batch.namespace.cache_salt.as_deref(), Some("s"));
+    // Texts are still texts.
+    for body in [
+        &br#"{"prompt":"1 2 3"}"#[..],
+        br#"{"prompt":["a","b"]}"#,
+        br#"{"prompt":[1.5,-0.25]}"#,
+        br#"{"prompt":[]}"#,
+    ] {
+        let info = extract(Api::Completions, body).unwrap();
+        assert!(!info.token_ids, "{}", String::from_utf8_lossy(body));
+    }
+    // Without the text kept (a policy that never reads it), the shape is still checked and
+    // the ids still flagged.
+    let bare = extract_for(Api::Completions, br#"{"prompt":[[1],[2]]}"#, false).unwrap();
+    assert!(bare.token_ids);
+    assert_eq!(bare.text, "");
+    assert!(extract_for(Api::Completions, br#"{"prompt":[[1],["x"]]}"#, false).is_err());
+}
+
+#[test]
+fn token_ids_of_another_shape_are_refused() {
+    for body in [
+        &br#"{"prompt":[1,"a"]}"#[..],
+        br#"{"prompt":[1,2.5]}"#,
+        br#"{"prompt":[-1,2]}"#,
+        br#"{"prompt":[1,-2]}"#,
+        br#"{"prompt":[4294967296]}"#,
+        br#"{"prompt":[1,[2]]}"#,
+        br#"{"prompt":[[1],2]}"#,
+        br#"{"prompt":[[1],[2,"x"]]}"#,
+        br#"{"prompt":[[1,[2]]]}"#,
+        br#"{"prompt":[[1],null]}"#,
+        br#"{"prompt":[1,null]}"#,
+        br#"{"prompt":[[1],{"a":1}]}"#,
+    ] {
+        let e = extract(Api::Completions, body).unwrap_err();
+        assert!(
+            e.0.contains("token ids must be non-negative integers"),
+            "{}: {}",
+            String::from_utf8_lossy(body),
+            e.0
+        );
+    }
+    // The largest id fits.
+    let top = extract(Api::Completions, br#"{"prompt":[4294967295,0]}"#).unwrap();
+    assert_eq!(top.text, "4294967295 0");
+    // Another API's `prompt` is validated as JSON only, as before.
+    assert!(extract(
+        Api::Chat,
+        br#"{"messages":[{"content":"hi"}],"prompt":[1,"a"]}"#
+    )
+    .is_ok());
+    // `/generate`'s `input_ids` keep their reading.
+    let g = extract(Api::Generate, br#"{"input_ids":[[1,2],[3]]}"#).unwrap();
+    assert_eq!((g.text.as_ref(), g.token_ids), ("1 2 3", true));
+}
+
+#[test]
+fn vllm_token_generate_routes_on_token_ids() {
+    let body = br#"{"token_ids":[5,6,7],"sampling_params":{"max_tokens":4,"n":2},
+        "model":"sql-lora","stream":true,"cache_salt":"t"}"#;
+    let info = extract(Api::TokenGenerate, body).unwrap();
+    assert_eq!((info.text.as_ref(), info.token_ids), ("5 6 7", true));
+    assert_eq!(info.model.as_deref(), Some("sql-lora"));
+    assert!(info.stream);
+    assert_eq!(info.namespace.cache_salt.as_deref(), Some("t"));
+    assert_eq!(info.shape.sampling_n, Some(2));
+    let missing = extract(Api::TokenGenerate, br#"{"sampling_params":{}}"#).unwrap_err();
+    assert!(
+        missing.0.contains("`token_ids` is required"),
+        "{}",
+        missing.0
+    );
+    assert!(extract(Api::TokenGenerate, br#"{"token_ids":null}"#).is_err());
+    let empty = extract(Api::TokenGenerate, br#"{"token_ids":[]}"#).unwrap_err();
+    assert!(empty.0.contains("must not be empty"), "{}", empty.0);
+    for bad in [
+        &br#"{"token_ids":"1 2"}"#[..],
+        br#"{"token_ids":[1,"2"]}"#,
+        br#"{"token_ids":[[1]]}"#,
+        br#"{"token_ids":[-3]}"#,
+        br#"{"token_ids":[1],"token_ids":[2]}"#,
+    ] {
+        assert!(
+            extract(Api::TokenGenerate, bad).is_err(),
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+    // `text` or `prompt` do not route it (only validated).
+    assert!(extract(Api::TokenGenerate, br#"{"text":"a"}"#).is_err());
+    // To every other API `token_ids` is an unknown field (repeats allowed, any type).
+    let chat = extract(
+        Api::Chat,
+        br#"{"messages":[{"content":"hi"}],"token_ids":"x","token_ids":[1]}"#,
+    )
+    .unwrap();
+    assert!(!chat.token_ids);
+    // A long prompt is cut at the cap like `input_ids` (the last number dropped by the
+    // reader).
+    let many: Vec<String> = (0..40_000).map(|i| (1_000_000 + i).to_string()).collect();
+    let body = format!(r#"{{"token_ids":[{}]}}"#, many.join(","));
+    let t = extract(Api::TokenGenerate, body.as_bytes()).unwrap().text;
+    assert_eq!(t.len(), MAX_ROUTING_TEXT);
+}
+
+#[test]
+fn a_token_id_prompt_is_counted_whole_for_billing() {
+    let count = |api, body: &[u8]| extract(api, body).unwrap().shape.token_count;
+    assert_eq!(count(Api::Completions, br#"{"prompt":[1,2,3]}"#), Some(3));
+    assert_eq!(
+        count(Api::Completions, br#"{"prompt":[[1,2],[3,4,5],[]]}"#),
+        Some(5)
+    );
+    assert_eq!(count(Api::Completions, br#"{"prompt":"1 2"}"#), None);
+    assert_eq!(count(Api::Completions, br#"{"prompt":["a","b"]}"#), None);
+    assert_eq!(
+        count(Api::TokenGenerate, br#"{"token_ids":[9,9]}"#),
+        Some(2)
+    );
+    assert_eq!(count(Api::Generate, br#"{"input_ids":[9,9]}"#), None);
+    // Counted past the routing text's cap too.
+    let many = vec!["123456"; 40_000].join(",");
+    let body = format!(r#"{{"prompt":[[{many}],[1]]}}"#);
+    assert_eq!(count(Api::Completions, body.as_bytes()), Some(40_001));
 }

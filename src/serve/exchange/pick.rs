@@ -293,8 +293,14 @@ impl<'a> Exchange<'a> {
     ) -> Option<usize> {
         let ns = &self.info.namespace;
         let model = self.info.model.as_deref();
+        // A model a worker lists as a LoRA adapter (vLLM's clients name one by its own name):
+        // the base model's blocks, in the adapter's namespace.
+        let (model, adapter) = match model.and_then(|m| self.gw.models.adapter_base(m)) {
+            Some(base) => (Some(base), model),
+            None => (model, None),
+        };
         let r = match tokens {
-            Ok(t) => kv.measure(model, ns, t, s, now_ms),
+            Ok(t) => kv.measure(model, adapter, ns, t, s, now_ms),
             Err(f) => Err(*f),
         };
         match r {

@@ -169,12 +169,16 @@ impl Exchange<'_> {
             Some(Ok(ids)) => Some(ids.len()),
             _ => None,
         };
-        let tokens = prompt_tokens(
-            measured,
-            &self.info.text,
-            self.info.token_ids,
-            self.body.len(),
-        );
+        // A prompt of token ids was counted whole as it was read (a batch's every list).
+        let tokens = match shape.token_count {
+            Some(n) => n.max(1),
+            None => prompt_tokens(
+                measured,
+                &self.info.text,
+                self.info.token_ids,
+                self.body.len(),
+            ),
+        };
         let requests = generations(shape);
         let fleet = SideFleet {
             gw: self.gw,
