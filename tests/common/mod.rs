@@ -3,11 +3,13 @@
 //! sockets, real cores), simulated SGLang workers from `loadtest::sim`, and two clients: ureq
 //! for whole requests and streams, and a raw socket ([`Conn`]) for tests that send hand-made
 //! bytes and read exactly what came over the wire. `client`: the ureq helpers (an HTTP
-//! implementation that is not ours); `foreign`: the aiohttp upstream (one that is not ours
-//! either); `hostile`: counterparts that attack the gateway; `isolation`: what tests sharing one
-//! process must not share; `ports`: port numbers no other test can take.
+//! implementation that is not ours); `fake_vllm`: a vLLM-shaped worker on raw TCP; `foreign`:
+//! the aiohttp upstream (one that is not ours either); `hostile`: counterparts that attack the
+//! gateway; `isolation`: what tests sharing one process must not share; `ports`: port numbers
+//! no other test can take.
 
 pub mod client;
+pub mod fake_vllm;
 pub mod foreign;
 pub mod hostile;
 pub mod isolation;

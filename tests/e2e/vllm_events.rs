@@ -11,6 +11,7 @@
 //! The interpreter: `common::test_python`; vLLM's files: `common::test_vllm_dir`. Without
 //! either the tests fail: a missing counterpart is a failure, never a skip.
 
+use crate::common::fake_vllm::FakeVllm;
 use crate::common::{reserve_run, ReservedRun};
 use crossbeam::channel::{self, Receiver};
 use radixgate::kv::endpoint::TcpEndpoint;
@@ -1032,4 +1033,80 @@ fn a_gateway_started_after_the_vllm_servers_rebuilds_their_state_from_replay() {
     }
     assert_eq!(held(&gw, &cluster, ROOT_PARENT, &b), vec![]);
     assert_eq!(held(&gw, &cluster, ROOT_PARENT, &a), vec![(0, 0, 16)]);
+}
+
+/// A gateway (re)started in front of vLLM servers, given nothing but their URLs: it finds every
+/// publisher in their `GET /kv_event_sources` (vLLM's own `KVEventsConfig` per DP rank, with
+/// wildcard hosts and ports offset by the rank), answers ready only once their replay buffers
+/// are in, and routes its very first request by what they hold.
+#[test]
+fn a_gateway_restarted_in_front_of_vllm_servers_finds_their_publishers_and_routes_its_first_request_warm(
+) {
+    // Server 0 runs two DP ranks, server 1 one.
+    let mut pubs = [
+        Vllm::with(2, HashForm::Int, 4096),
+        Vllm::with(1, HashForm::Int, 4096),
+    ];
+    let cards = json!([{"id": MODEL, "object": "model", "root": MODEL, "parent": null}]);
+    let servers: Vec<FakeVllm> = pubs
+        .iter_mut()
+        .map(|p| {
+            let sources: Value = serde_json::from_str(&p.raw(json!({"cmd": "sources"}))).unwrap();
+            FakeVllm::start(cards.clone(), sources)
+        })
+        .collect();
+    let urls: Vec<String> = servers.iter().map(FakeVllm::url).collect();
+    let args = ["--kv-events", "--policy", "cache_aware"];
+    let complete = |gw: &radixgate::runtime::Running, ids: &[u32]| -> usize {
+        let mut prompt = ids.to_vec();
+        prompt.extend([7, 7, 7]);
+        let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 1});
+        let r = crate::common::request(
+            gw.addr,
+            "POST",
+            "/v1/completions",
+            &[("content-type", "application/json")],
+            &serde_json::to_vec(&body).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let port = crate::common::served_by(&r);
+        servers.iter().position(|s| s.port == port).unwrap()
+    };
+    // Before any gateway runs, server 0's rank 1 prefills a prompt (only its replay buffer
+    // has it).
+    let first = tokens(64, 100);
+    pubs[0].store(&first, json!({"rank": 1}));
+    let gw = crate::common::gateway_for(&urls, &args);
+    assert_eq!(
+        complete(&gw, &first),
+        0,
+        "the first request after readiness"
+    );
+    let kv = gw.gateway().kv.as_ref().unwrap();
+    let mut sources: Vec<(usize, u32)> = kv
+        .source_states()
+        .iter()
+        .map(|(s, _)| {
+            let w = gw.gateway().registry.load();
+            let url = &w.workers.iter().find(|x| x.id == s.worker).unwrap().url;
+            (urls.iter().position(|u| u == url).unwrap(), s.dp_rank)
+        })
+        .collect();
+    sources.sort_unstable();
+    assert_eq!(sources, [(0, 0), (0, 1), (1, 0)], "every announced rank");
+    drop(gw);
+    // While no gateway runs, server 1 prefills another; then a new gateway starts.
+    let second = tokens(64, 5000);
+    pubs[1].store(&second, json!({"rank": 0}));
+    let gw = crate::common::gateway_for(&urls, &args);
+    assert_eq!(
+        complete(&gw, &second),
+        1,
+        "the first request after readiness"
+    );
+    assert_eq!(complete(&gw, &first), 0);
+    for s in &servers {
+        assert!(!s.asked("/kv_event_sources").is_empty());
+    }
 }

@@ -13,13 +13,12 @@
 //!   request naming the adapter by its own name reaches the worker holding the adapter's
 //!   blocks, not the one holding the base model's.
 
+use crate::common::fake_vllm::FakeVllm;
 use crossbeam::channel::{self, Receiver};
 use radixgate::kv::index::{namespace_root, MatchScratch, ROOT_PARENT};
 use serde_json::json;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -292,135 +291,15 @@ fn token_id_completions_batches_and_salts_reach_their_holders() {
     assert_eq!(before, after);
 }
 
-/// What a fake vLLM worker was asked: (path, body).
-type Asked = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
-
-/// A vLLM-shaped worker on raw TCP: `/health`, `/v1/models` (the base model and the adapter
-/// `sql-lora`, its `parent` the base), `/v1/completions` and `/inference/v1/generate`
-/// (JSON, or SSE when the body asks to stream), each answer naming its port in
-/// `x-worker-port`; everything else 404, as vLLM has no `/get_server_info`.
-struct FakeVllm {
-    port: u16,
-    asked: Asked,
-}
-
-impl FakeVllm {
-    fn start() -> FakeVllm {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let asked: Asked = Arc::default();
-        let log = asked.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { break };
-                let log = log.clone();
-                std::thread::spawn(move || serve_fake(conn, port, &log));
-            }
-        });
-        FakeVllm { port, asked }
-    }
-
-    fn asked(&self, path: &str) -> Vec<Vec<u8>> {
-        let a = self.asked.lock().unwrap();
-        a.iter()
-            .filter(|(p, _)| p == path)
-            .map(|(_, b)| b.clone())
-            .collect()
-    }
-}
-
-/// One keep-alive connection of a [`FakeVllm`].
-fn serve_fake(conn: TcpStream, port: u16, asked: &Asked) {
-    let mut r = BufReader::new(conn.try_clone().unwrap());
-    let mut w = conn;
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let mut parts = line.split_whitespace();
-        let (method, path) = (
-            parts.next().unwrap_or("").to_string(),
-            parts.next().unwrap_or("").to_string(),
-        );
-        let mut len = 0usize;
-        loop {
-            let mut h = String::new();
-            if r.read_line(&mut h).unwrap_or(0) == 0 {
-                return;
-            }
-            if h == "\r\n" {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    len = v.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        let mut body = vec![0; len];
-        if r.read_exact(&mut body).is_err() {
-            return;
-        }
-        asked.lock().unwrap().push((path.clone(), body.clone()));
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or(json!({}));
-        let stream = v["stream"].as_bool() == Some(true);
-        let (status, kind, answer) = match (method.as_str(), path.as_str()) {
-            ("GET", "/health") => (200, "application/json", "{}".to_string()),
-            ("GET", "/v1/models") => (
-                200,
-                "application/json",
-                json!({"object": "list", "data": [
-                    {"id": MODEL, "object": "model", "root": MODEL, "parent": null},
-                    {"id": "sql-lora", "object": "model", "root": "/adapters/sql",
-                     "parent": MODEL}]})
-                .to_string(),
-            ),
-            ("POST", "/inference/v1/generate") if stream => (
-                200,
-                "text/event-stream",
-                format!(
-                    "data: {}\n\ndata: {}\n\ndata: [DONE]\n\n",
-                    json!({"request_id": "r", "choices": [{"index": 0, "token_ids": [11]}]}),
-                    json!({"request_id": "r", "choices": [{"index": 0, "token_ids": [12],
-                        "finish_reason": "length"}]})
-                ),
-            ),
-            ("POST", "/inference/v1/generate") => (
-                200,
-                "application/json",
-                json!({"request_id": "r", "choices": [{"index": 0, "token_ids": [11, 12],
-                    "finish_reason": "length"}]})
-                .to_string(),
-            ),
-            ("POST", "/v1/completions") => (
-                200,
-                "application/json",
-                json!({"id": "c", "object": "text_completion", "model": v["model"],
-                    "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-                .to_string(),
-            ),
-            _ => (
-                404,
-                "application/json",
-                r#"{"detail":"Not Found"}"#.to_string(),
-            ),
-        };
-        let head = format!(
-            "HTTP/1.1 {status} X\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\
-             x-worker-port: {port}\r\n\r\n",
-            answer.len()
-        );
-        if w.write_all(head.as_bytes()).is_err() || w.write_all(answer.as_bytes()).is_err() {
-            return;
-        }
-    }
-}
-
 #[test]
 fn inference_generate_is_forwarded_and_adapters_are_named_by_their_own_name() {
-    let workers = [FakeVllm::start(), FakeVllm::start()];
+    let cards = json!([
+        {"id": MODEL, "object": "model", "root": MODEL, "parent": null},
+        {"id": "sql-lora", "object": "model", "root": "/adapters/sql", "parent": MODEL}]);
+    let workers = [
+        FakeVllm::start(cards.clone(), json!({})),
+        FakeVllm::start(cards, json!({})),
+    ];
     let ports: Vec<u16> = workers.iter().map(|w| w.port).collect();
     let urls: Vec<String> = ports
         .iter()

@@ -273,7 +273,10 @@ impl Discovery {
                         .insert(w.serial, Found::Subscribed { id: w.id, replay });
                 }
                 Err(why) => {
-                    if attempts == 1 || attempts % 12 == 0 {
+                    // A model not learnt yet is the normal first look at a vLLM server (the
+                    // health check learns it in the same tick): said only if it lasts.
+                    let first = attempts == 1 && !matches!(why, DiscoverError::NoModel);
+                    if first || attempts % 12 == 0 {
                         crate::log!(Warn, "kv events: worker {}: {why}", w.url);
                     }
                     let wait = match why {
