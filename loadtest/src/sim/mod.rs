@@ -66,6 +66,65 @@ pub struct Faults {
     pub close_mid_stream: bool,
 }
 
+/// Which server the simulated worker plays: the scheduler, radix cache and cost model are the
+/// same; the HTTP routes, metric names, KV-event encoding and the way KV-event publishers are
+/// announced follow the engine named, so a gateway can be tested against either fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineKind {
+    /// SGLang: `/generate`, `/get_server_info`, `/flush_cache`, `sglang:` metrics, SGLang's
+    /// event encoding.
+    #[default]
+    Sglang,
+    /// vLLM: `/inference/v1/generate` (token in, token out) and no `/generate`,
+    /// `/kv_event_sources` and no `/get_server_info`, `/reset_prefix_cache`, `vllm:` metrics,
+    /// vLLM's event encoding (see [`kv_events`]).
+    Vllm,
+}
+
+impl EngineKind {
+    /// Parse `--engine`: `sglang` or `vllm`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "sglang" => Ok(EngineKind::Sglang),
+            "vllm" => Ok(EngineKind::Vllm),
+            other => Err(format!("unknown engine {other:?} (sglang or vllm)")),
+        }
+    }
+
+    /// The flag value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Sglang => "sglang",
+            EngineKind::Vllm => "vllm",
+        }
+    }
+}
+
+/// A LoRA adapter a vLLM-shaped worker serves (`--lora-modules NAME=PATH`): clients name it in
+/// `model`, and `/v1/models` lists it with the base model as `parent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraModule {
+    /// The adapter's name (what `model` says).
+    pub name: String,
+    /// Where it would be loaded from (reported as `root`).
+    pub path: String,
+}
+
+impl LoraModule {
+    /// `NAME=PATH`, or a bare `NAME` (the path is then the name).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (name, path) = s.split_once('=').unwrap_or((s, s));
+        let (name, path) = (name.trim(), path.trim());
+        if name.is_empty() || path.is_empty() {
+            return Err(format!("lora module {s:?}: expected NAME=PATH"));
+        }
+        Ok(LoraModule {
+            name: name.to_owned(),
+            path: path.to_owned(),
+        })
+    }
+}
+
 /// Which monoio driver the server thread runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IoDriver {
@@ -145,6 +204,11 @@ pub struct SimConfig {
     /// starting with `/health`, `/ready` or `/metrics`, else 401, as SGLang's middleware (see
     /// `server::auth`); `None`: no key asked.
     pub api_key: Option<String>,
+    /// `--engine`: which server's API, metrics and KV-event format the worker speaks.
+    pub engine: EngineKind,
+    /// `--lora-modules` (vLLM only): adapters a request may name in `model`; any other
+    /// `model` than the served name or these is answered 404, as vLLM does.
+    pub lora_modules: Vec<LoraModule>,
 }
 
 impl Default for SimConfig {
@@ -174,6 +238,8 @@ impl Default for SimConfig {
             priority_scheduling: false,
             max_queued_requests: None,
             api_key: None,
+            engine: EngineKind::Sglang,
+            lora_modules: Vec::new(),
         }
     }
 }

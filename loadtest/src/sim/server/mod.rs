@@ -26,6 +26,7 @@ mod bootstrap;
 mod conn;
 mod inference;
 mod routes;
+mod vllm;
 mod wake;
 
 use conn::connection;
@@ -200,6 +201,10 @@ impl Server {
             priority_scheduling: cfg.priority_scheduling,
             max_queued_requests: cfg.max_queued_requests,
         });
+        let mut engine = engine;
+        if cfg.engine == super::EngineKind::Vllm {
+            engine.use_vllm_buckets();
+        }
         let kv_config = match &kv {
             Some(p) => Some(p.config().clone()),
             None => cfg
@@ -801,6 +806,23 @@ pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
     }
     if !(0.0..=1.0).contains(&cfg.faults.fail_rate) {
         return invalid("fail_rate must be within [0, 1]");
+    }
+    let mut cfg = cfg;
+    match cfg.engine {
+        // vLLM publishes only with `enable_kv_cache_events`, in its own encoding.
+        super::EngineKind::Vllm => cfg.kv_events = cfg.kv_events.map(|k| k.for_vllm()),
+        super::EngineKind::Sglang => {
+            if cfg
+                .kv_events
+                .as_ref()
+                .is_some_and(|k| k.enable_kv_cache_events.is_some())
+            {
+                return invalid("enable_kv_cache_events is vLLM's key (use --engine vllm)");
+            }
+            if !cfg.lora_modules.is_empty() {
+                return invalid("lora_modules is vLLM's (use --engine vllm)");
+            }
+        }
     }
     let mut listeners = Vec::with_capacity(cfg.ports.len());
     let mut ports = Vec::with_capacity(cfg.ports.len());
