@@ -390,4 +390,26 @@ mod tests {
             Some(std::path::Path::new("/d"))
         );
     }
+
+    #[test]
+    fn engine_and_lora_flags() {
+        let a = Args::try_parse_from(["sim-worker"]).unwrap();
+        assert_eq!(a.engine, EngineKind::Sglang);
+        assert!(a.lora_modules.is_empty());
+        let a = Args::try_parse_from([
+            "sim-worker",
+            "--engine",
+            "vllm",
+            "--lora-modules",
+            "a=/p/a",
+            "b",
+        ])
+        .unwrap();
+        assert_eq!(a.engine, EngineKind::Vllm);
+        let names: Vec<&str> = a.lora_modules.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(a.lora_modules[0].path, "/p/a");
+        assert!(Args::try_parse_from(["sim-worker", "--engine", "trt"]).is_err());
+        assert!(Args::try_parse_from(["sim-worker", "--lora-modules", "=x"]).is_err());
+    }
 }

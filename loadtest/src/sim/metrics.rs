@@ -624,4 +624,66 @@ mod tests {
             "sglang:time_to_first_token_seconds_bucket{model_name=\"m\\\"x\",le=\"0.001\"} 0\n"
         ));
     }
+
+    #[test]
+    fn numbers_render_as_pythons_prometheus_client_does() {
+        assert_eq!(py_float(0.0), "0.0");
+        assert_eq!(py_float(12.0), "12.0");
+        assert_eq!(py_float(0.25), "0.25");
+        assert_eq!(py_float(0.001), "0.001");
+        assert_eq!(py_float(2560.0), "2560.0");
+        assert_eq!(py_float(1_234_567.0), "1.234567e+06");
+        assert_eq!(py_float(1_796_677_913.5), "1.7966779135e+09");
+        assert_eq!(py_float(f64::INFINITY), "+Inf");
+    }
+
+    #[test]
+    fn vllm_names_labels_and_buckets() {
+        let mut m = Metrics {
+            prompt_tokens: 10,
+            cached_tokens: 4,
+            generation_tokens: 3,
+            num_requests: 2,
+            num_aborted: 1,
+            ..Metrics::vllm()
+        };
+        m.ttft.observe(0.03);
+        let g = Gauges {
+            capacity: 100,
+            used_tokens: 25,
+            running: 2,
+            queued: 1,
+            ..Gauges::default()
+        };
+        let s = m.render_vllm("m\"x", 1, &g, 1000.0);
+        let l = "{engine=\"1\",model_name=\"m\\\"x\"}";
+        for line in [
+            format!("vllm:num_requests_running{l} 2.0"),
+            format!("vllm:num_requests_waiting{l} 1.0"),
+            format!("vllm:kv_cache_usage_perc{l} 0.25"),
+            format!("vllm:prefix_cache_queries_total{l} 10.0"),
+            format!("vllm:prefix_cache_hits_total{l} 4.0"),
+            format!("vllm:prompt_tokens_total{l} 10.0"),
+            format!("vllm:generation_tokens_total{l} 3.0"),
+            format!("vllm:num_preemptions_total{l} 0.0"),
+            format!("vllm:prompt_tokens_created{l} 1000.0"),
+            format!("vllm:time_to_first_token_seconds_count{l} 1.0"),
+            "# TYPE vllm:prefix_cache_hits_total counter".to_string(),
+            "vllm:request_success_total{engine=\"1\",finished_reason=\"abort\",model_name=\"m\\\"x\"} 1.0".to_string(),
+            "vllm:time_to_first_token_seconds_bucket{engine=\"1\",le=\"0.02\",model_name=\"m\\\"x\"} 0.0".to_string(),
+            "vllm:time_to_first_token_seconds_bucket{engine=\"1\",le=\"0.04\",model_name=\"m\\\"x\"} 1.0".to_string(),
+            "vllm:time_to_first_token_seconds_bucket{engine=\"1\",le=\"1.0\",model_name=\"m\\\"x\"} 1.0".to_string(),
+            "vllm:time_to_first_token_seconds_bucket{engine=\"1\",le=\"+Inf\",model_name=\"m\\\"x\"} 1.0".to_string(),
+        ] {
+            assert!(s.lines().any(|x| x == line), "{line} missing:\n{s}");
+        }
+        for name in [
+            "vllm:inter_token_latency_seconds_bucket",
+            "vllm:request_queue_time_seconds_bucket",
+            "vllm:e2e_request_latency_seconds_bucket",
+        ] {
+            assert!(s.contains(name), "{name}");
+        }
+        assert!(!s.contains("sglang:"));
+    }
 }

@@ -250,6 +250,8 @@ mod calibration_tests;
 mod e2e_tests;
 #[cfg(test)]
 mod kv_events_e2e_tests;
+#[cfg(test)]
+mod vllm_e2e_tests;
 
 /// A raw HTTP/1.1 request (`Host: sim`, the headers in order, `Content-Length` for any body or
 /// POST) for tests that speak to a worker or a gateway byte by byte.
