@@ -482,10 +482,12 @@ impl Engine {
         model: &str,
         engine: usize,
         held: usize,
+        now_ms: f64,
         created: f64,
     ) -> String {
         let mut g = self.gauges();
         g.queued += held;
+        g.idle_seconds = self.idle_seconds(now_ms);
         self.metrics.render_vllm(model, engine, &g, created)
     }
 

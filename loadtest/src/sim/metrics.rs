@@ -293,6 +293,27 @@ impl Metrics {
             );
             render_created(&mut o, name, help, &l);
         }
+        // The two simulator extras the SGLang personality has too (no vLLM series says how
+        // much a cache evicted or how long a GPU sat idle; load tests need both).
+        for (name, help, v) in [
+            (
+                "vllm:evicted_tokens",
+                "Tokens evicted from the prefix cache (simulator extra).",
+                g.evicted_tokens as f64,
+            ),
+            (
+                "vllm:gpu_idle_seconds",
+                "Seconds the GPU had no forward to run (simulator extra).",
+                g.idle_seconds,
+            ),
+        ] {
+            let _ = writeln!(
+                o,
+                "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{} {}",
+                l.plain(),
+                py_float(v)
+            );
+        }
         // Every finish reason vLLM knows gets a series; the simulator finishes by length or
         // abort only.
         let name = "vllm:request_success";
@@ -666,6 +687,8 @@ mod tests {
             format!("vllm:prompt_tokens_total{l} 10.0"),
             format!("vllm:generation_tokens_total{l} 3.0"),
             format!("vllm:num_preemptions_total{l} 0.0"),
+            format!("vllm:gpu_idle_seconds_total{l} 0.0"),
+            format!("vllm:evicted_tokens_total{l} 0.0"),
             format!("vllm:prompt_tokens_created{l} 1000.0"),
             format!("vllm:time_to_first_token_seconds_count{l} 1.0"),
             "# TYPE vllm:prefix_cache_hits_total counter".to_string(),

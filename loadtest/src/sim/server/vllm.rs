@@ -232,6 +232,7 @@ fn metrics(sh: &Rc<Server>) -> String {
                 &r.cfg.model_name,
                 r.dp_rank,
                 r.held.get(),
+                r.virt_now(),
                 created,
             )
         })
