@@ -45,13 +45,16 @@
 #          [--configs baseline,a,b,c,d] [--kv-tokens N] [--batch-factor X] [--interactive-rate R]
 #          [--capacity-duration S] [--capacity-warmup S] [--capacity-ramp S] [--capacity-users N]
 #          [--queue-size N] [--queue-timeout S] [--sat-queue-reqs N] [--sat-kv-usage F]
-#          [--capacity REQ_PER_S,RUNNING] [--sim-priority] [--sim-args "..."]
+#          [--capacity REQ_PER_S,RUNNING] [--sim-priority] [--engine sglang|vllm] [--sim-args "..."]
 #          [--gateway-args "..."] [--c-args "..."] [--d-args "..."]
 #          [--skip-build] [--out DIR] [--write-docs [--docs-section NAME]] [--report DIR]
 # --capacity skips the measurement and takes these figures (from an earlier report).
 # --report DIR rewrites DIR's report.md (and with --write-docs the docs section, with the command
 # that measured it) from its runs, measuring nothing.
 # --sim-priority runs the workers with --enable-priority-scheduling (SGLang's default is off).
+# --engine vllm runs vLLM-shaped workers (sim-worker --engine vllm): vLLM's routes and gauges
+# (vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc, which the
+# report's KV use and running figures then come from), caches emptied with /reset_prefix_cache.
 # --gateway-args go to every radixgate; --c-args only to configuration c, --d-args only to d.
 set -euo pipefail
 
@@ -76,6 +79,7 @@ QUEUE_TIMEOUT=30
 SAT_QUEUE=2
 SAT_KV=0.95
 SIM_PRIORITY=0
+ENGINE=sglang
 SIM_ARGS=""
 GATEWAY_ARGS=""
 C_ARGS=""
@@ -114,6 +118,7 @@ while [[ $# -gt 0 ]]; do
         --sat-queue-reqs) SAT_QUEUE="$2"; shift 2 ;;
         --sat-kv-usage) SAT_KV="$2"; shift 2 ;;
         --sim-priority) SIM_PRIORITY=1; shift ;;
+        --engine) ENGINE="$2"; shift 2 ;;
         --sim-args) SIM_ARGS="$2"; shift 2 ;;
         --gateway-args) GATEWAY_ARGS="$2"; shift 2 ;;
         --c-args) C_ARGS="$2"; shift 2 ;;
@@ -129,6 +134,10 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
+case "$ENGINE" in
+    sglang|vllm) ;;
+    *) echo "--engine: sglang or vllm" >&2; exit 2 ;;
+esac
 posint() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || { echo "$1 takes a positive integer, not '$2'" >&2; exit 2; }; }
 posnum() { python3 -c "import sys; v = float(sys.argv[1]); sys.exit(0 if v > 0 and v == v and v != float('inf') else 1)" "$2" 2>/dev/null \
     || { echo "$1 takes a positive number, not '$2'" >&2; exit 2; }; }
@@ -391,7 +400,7 @@ GW_METRICS_PORT=$((BASE + WORKERS + 1))
 URLS=()
 for ((i = 0; i < WORKERS; i++)); do URLS+=("http://127.0.0.1:$((BASE + i))"); done
 WORKER_LIST="$(IFS=,; echo "${URLS[*]}")"
-SIM_FLAGS=(--ports "$BASE-$LAST" --tokenizer approx --max-total-tokens "$KV_TOKENS")
+SIM_FLAGS=(--engine "$ENGINE" --ports "$BASE-$LAST" --tokenizer approx --max-total-tokens "$KV_TOKENS")
 [[ "$SIM_PRIORITY" == 1 ]] && SIM_FLAGS+=(--enable-priority-scheduling)
 
 SIM_PID=""
@@ -489,7 +498,12 @@ flush_workers() {
     local u
     for u in "${URLS[@]}"; do
         for _ in $(seq 1 50); do
-            [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "$u/flush_cache" || true)" == "200" ]] && break
+            if [[ "$ENGINE" == vllm ]]; then
+                # vLLM answers 200 either way; the body says whether the cache was emptied.
+                [[ "$(curl -s --max-time 5 -X POST "$u/reset_prefix_cache" | jq -r '.success' 2>/dev/null || true)" == "true" ]] && break
+            else
+                [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "$u/flush_cache" || true)" == "200" ]] && break
+            fi
             sleep 0.2
         done
     done
@@ -536,7 +550,7 @@ log "batch offered at $BATCH_RATE req/s, fixed cap $FIXED_CAP"
 
 python3 - "$OUT/meta.json" "$COMMAND" <<PY
 import json, sys
-json.dump({"workers": $WORKERS, "kv_tokens_per_worker": $KV_TOKENS, "runs": $RUNS, "duration_s": $DURATION,
+json.dump({"workers": $WORKERS, "engine": "$ENGINE", "kv_tokens_per_worker": $KV_TOKENS, "runs": $RUNS, "duration_s": $DURATION,
            "warmup_s": $WARMUP, "drain_s": $DRAIN, "configs": "$CONFIGS".split(","),
            "interactive_session_rate": $INTERACTIVE_RATE, "batch_factor": $BATCH_FACTOR,
            "batch_prompt_tokens": "$BATCH_PROMPT", "batch_output_tokens": "$BATCH_OUTPUT",
