@@ -1,6 +1,16 @@
 //! SGLang's KV-cache event publisher, for `sim-worker --kv-events-config JSON`: the simulated
 //! radix cache's changes ([`CacheEvent`]) go out on SGLang's exact wire format, so the gateway's
-//! event intake can be tested against simulated clusters as against real servers.
+//! event intake can be tested against simulated clusters as against real servers. With
+//! `--engine vllm` the same publisher speaks vLLM 0.33's format (see below).
+//!
+//! vLLM (`vllm/distributed/kv_events.py`): the same three frames and sequence numbers, the same
+//! per-rank port offsets and replay framing (0.33 answers a replay with a live message's frames,
+//! `[id, b"", topic, seq, payload]`, then `[id, b"", b"", -1, b""]`: [`ReplayForm::Topic`]);
+//! the batch is `[ts, events, data_parallel_rank]`; events are [`EventEncoding::Vllm`] maps
+//! (hashes unsigned, the salt only in `extra_keys`). vLLM publishes only with
+//! `"enable_kv_cache_events": true` ([`KvEventsConfig::for_vllm`]), and announces its
+//! publishers at `GET /kv_event_sources` ([`KvEventsConfig::to_vllm_json`]) rather than in
+//! `/get_server_info`.
 //!
 //! Wire format (SGLang 0.5.23 `ZmqEventPublisher`):
 //! - a ZeroMQ PUB socket per worker; each message is 3 frames: topic (utf-8, may be empty),

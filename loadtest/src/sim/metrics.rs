@@ -1,4 +1,6 @@
-//! SGLang-named Prometheus metrics for the simulated worker (`--enable-metrics` shapes).
+//! SGLang-named Prometheus metrics for the simulated worker (`--enable-metrics` shapes), or with
+//! `--engine vllm` vLLM 0.33's (`vllm/v1/metrics/loggers.py`: `vllm:` names, `model_name` and
+//! `engine` labels, rendered as Python's Prometheus client does).
 //!
 //! Counters and histograms are updated by the engine as requests progress; gauges are read from
 //! the engine when `/metrics` renders. Times are in *virtual* seconds (the simulated GPU's

@@ -8,6 +8,13 @@
 //! [`metrics`](crate::sim::metrics)), SGLang's KV-cache events on ZeroMQ
 //! ([`kv_events`](crate::sim::kv_events)), and fault knobs ([`Faults`](crate::sim::Faults)).
 //!
+//! With [`SimConfig::engine`] = [`EngineKind::Vllm`] (`sim-worker --engine vllm`) the same
+//! simulated GPU plays a vLLM 0.33 server instead: vLLM's routes (`/inference/v1/generate` token
+//! in/token out, `/kv_event_sources`, `/reset_prefix_cache`, `/tokenize`, ...; SGLang's
+//! `/generate`, `/get_server_info`, `/flush_cache` answer 404), `vllm:` metrics labelled
+//! `model_name` and `engine`, and vLLM's KV-event encoding, so a gateway can be tested against
+//! either fleet.
+//!
 //! ```no_run
 //! use loadtest::sim::{spawn_cluster, SimConfig};
 //! let cluster = spawn_cluster(SimConfig { ports: vec![0, 0], ..SimConfig::default() }).unwrap();

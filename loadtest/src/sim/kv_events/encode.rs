@@ -9,6 +9,10 @@
 //!
 //! Array form (older SGLang and vLLM): `["BlockStored", [hash], parent, token_ids, block_size,
 //! lora_id, medium]`, one per page, and `["BlockRemoved", hashes, medium]` per radix node.
+//!
+//! vLLM form (`--engine vllm`, vLLM 0.33): maps with every field of vLLM's structs that has no
+//! default (`lora_name` nil when absent) plus the defaulted ones vLLM sets (`extra_keys`,
+//! `group_idx`, `kv_cache_spec_kind`); hashes as unsigned ints; one `BlockRemoved` per block.
 
 use rmp::encode;
 
