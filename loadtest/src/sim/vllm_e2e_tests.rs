@@ -36,18 +36,31 @@ fn post(port: u16, path: &str, body: Value) -> super::e2e_tests::Resp {
     call(port, "POST", path, &body.to_string())
 }
 
-/// `/inference/v1/generate` of `ids` on DP rank `rank` with the extra body fields in `extra`;
-/// returns the answer (checked 200).
+/// `/inference/v1/generate` of `ids` on DP rank `rank` (vLLM's `X-data-parallel-rank`
+/// header) with the extra body fields in `extra`; returns the answer (checked 200).
 fn tokens(port: u16, ids: &[u32], rank: usize, extra: Value) -> Value {
-    let mut body = json!({
-        "token_ids": ids, "sampling_params": {"max_tokens": 1}, "data_parallel_rank": rank,
-    });
+    let r = tokens_on(port, ids, &rank.to_string(), extra);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// [`tokens`] with any `X-data-parallel-rank` value, unchecked.
+fn tokens_on(port: u16, ids: &[u32], rank: &str, extra: Value) -> super::e2e_tests::Resp {
+    let mut body = json!({"token_ids": ids, "sampling_params": {"max_tokens": 1}});
     if let (Some(b), Some(x)) = (body.as_object_mut(), extra.as_object()) {
         b.extend(x.clone());
     }
-    let r = post(port, "/inference/v1/generate", body);
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()
+    let mut s = connect(port);
+    let body = body.to_string();
+    let headers = [("x-data-parallel-rank", rank)];
+    send(
+        &mut s,
+        "POST",
+        "/inference/v1/generate",
+        &headers,
+        body.as_bytes(),
+    );
+    read_resp(&mut s, &mut BytesMut::new())
 }
 
 /// The value of the sample line that starts with `prefix` (name and labels).
@@ -151,6 +164,9 @@ fn vllm_routes_token_prompts_and_metrics() {
     assert_eq!(events[3], "[DONE]");
     let bad = post(port, "/inference/v1/generate", json!({"token_ids": []}));
     assert_eq!(bad.status, 400);
+    // Two ranks: rank 2 does not exist; a header that is not a number is ignored.
+    assert_eq!(tokens_on(port, &ids, "2", json!({})).status, 400);
+    assert_eq!(tokens_on(port, &ids, "x", json!({})).status, 200);
 
     // /v1/completions takes a string, a list of strings, token ids, or a list of lists.
     for (prompt, n) in [

@@ -259,7 +259,6 @@ impl Server {
     /// Python's `json` reads duplicates; out of range is an error, as SGLang's), else the next
     /// rank round robin (SGLang's default DP scheduling).
     fn rank_for(self: &Rc<Self>, body: &[u8]) -> Result<Rc<Server>, String> {
-        let n = self.others.len() + 1;
         const KEY: &[u8] = b"data_parallel_rank";
         let asked = if memchr::memmem::find(body, KEY).is_some() {
             serde_json::from_slice::<serde_json::Value>(body)
@@ -269,6 +268,23 @@ impl Server {
         } else {
             None
         };
+        self.rank_asked(asked)
+    }
+
+    /// vLLM's rank choice: the `X-data-parallel-rank` header (a router injects it; a value
+    /// that is not an integer is ignored, as vLLM ignores it), else round robin. vLLM does not
+    /// read a body field.
+    fn rank_for_vllm(self: &Rc<Self>, header: Option<&[u8]>) -> Result<Rc<Server>, String> {
+        let asked = header
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .map(serde_json::Value::from);
+        self.rank_asked(asked)
+    }
+
+    /// The rank `asked` names (out of range is an error), else the next one round robin.
+    fn rank_asked(self: &Rc<Self>, asked: Option<serde_json::Value>) -> Result<Rc<Server>, String> {
+        let n = self.others.len() + 1;
         let rank = match asked {
             None => {
                 let r = self.next_rank.get() % n;

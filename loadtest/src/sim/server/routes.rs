@@ -108,8 +108,14 @@ pub(super) async fn handle(
         path if vllm => return super::vllm::handle_info(sh, method, path, body, keep, wr).await,
         path => return handle_info(sh, method, path, body, keep, r, wr).await,
     };
-    // The DP rank that runs it (`data_parallel_rank`, else round robin).
-    match sh.rank_for(body) {
+    // The DP rank that runs it (SGLang: `data_parallel_rank`; vLLM: the
+    // `X-data-parallel-rank` header; else round robin).
+    let rank = if vllm {
+        sh.rank_for_vllm(head.header("x-data-parallel-rank"))
+    } else {
+        sh.rank_for(body)
+    };
+    match rank {
         Ok(rank) => inference(&rank, head, endpoint, body, r, wr).await,
         Err(msg) => respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await,
     }
