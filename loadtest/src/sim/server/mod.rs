@@ -186,7 +186,7 @@ impl Server {
             ..CostModel::default()
         };
         let seed = cfg.seed.wrapping_add(index as u64);
-        let engine = Engine::new(EngineConfig {
+        let mut engine = Engine::new(EngineConfig {
             max_total_tokens: cfg.max_total_tokens,
             page_size: cfg.page_size,
             chunked_prefill_size: cfg.chunked_prefill_size,
@@ -201,7 +201,6 @@ impl Server {
             priority_scheduling: cfg.priority_scheduling,
             max_queued_requests: cfg.max_queued_requests,
         });
-        let mut engine = engine;
         if cfg.engine == super::EngineKind::Vllm {
             engine.use_vllm_buckets();
         }
