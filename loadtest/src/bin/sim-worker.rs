@@ -184,6 +184,8 @@ struct Args {
     lora_modules: Vec<LoraModule>,
     /// SGLang's --api-key: every request needs `Authorization: Bearer KEY` except OPTIONS and
     /// paths starting with /health, /ready or /metrics, else 401 {"error": "Unauthorized"}.
+    /// With --engine vllm, vLLM's rule: only paths starting with /v1, /v2, /inference or
+    /// /cohere need it.
     #[arg(long)]
     api_key: Option<String>,
 }

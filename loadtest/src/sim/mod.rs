@@ -209,7 +209,8 @@ pub struct SimConfig {
     pub max_queued_requests: Option<usize>,
     /// `--api-key`: every request needs `Authorization: Bearer <key>` except OPTIONS and paths
     /// starting with `/health`, `/ready` or `/metrics`, else 401, as SGLang's middleware (see
-    /// `server::auth`); `None`: no key asked.
+    /// `server::auth`; with [`EngineKind::Vllm`] only vLLM's guarded prefixes `/v1`, `/v2`,
+    /// `/inference`, `/cohere`); `None`: no key asked.
     pub api_key: Option<String>,
     /// `--engine`: which server's API, metrics and KV-event format the worker speaks.
     pub engine: EngineKind,

@@ -78,7 +78,11 @@ pub(super) async fn handle(
     let keep = head.keep_alive;
     let method = head.method();
     let key = sh.cfg.api_key.as_deref();
-    if !super::auth::allowed(key, method, head.path(), head.header("authorization")) {
+    let check = match sh.cfg.engine {
+        EngineKind::Sglang => super::auth::allowed,
+        EngineKind::Vllm => super::auth::allowed_vllm,
+    };
+    if !check(key, method, head.path(), head.header("authorization")) {
         let body = super::auth::UNAUTHORIZED_BODY;
         return respond(sh, wr, keep, 401, "application/json", body).await;
     }
