@@ -255,8 +255,14 @@ impl KvEventsConfig {
         m.insert("hwm".into(), json!(self.hwm));
         m.insert("max_queue_size".into(), json!(self.max_queue_size));
         m.insert("topic".into(), json!(self.topic));
-        if self.encoding == EventEncoding::Array {
-            m.insert("encoding".into(), json!("array"));
+        match self.encoding {
+            EventEncoding::Map => {}
+            EventEncoding::Array => {
+                m.insert("encoding".into(), json!("array"));
+            }
+            EventEncoding::Vllm => {
+                m.insert("encoding".into(), json!("vllm"));
+            }
         }
         if self.replay_form == ReplayForm::Plain {
             m.insert("replay_form".into(), json!("plain"));

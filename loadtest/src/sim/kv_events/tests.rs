@@ -670,9 +670,10 @@ fn vllm_config_follows_enable_kv_cache_events() {
         assert_eq!(c.publisher, PublisherKind::Null, "{text}");
     }
     assert!(KvEventsConfig::parse(r#"{"enable_kv_cache_events":1}"#).is_err());
-    // The key survives the reported JSON, so the config round-trips.
+    // The key survives the reported JSON, so the config round-trips, vLLM's encoding too.
     assert_eq!(
         KvEventsConfig::parse(&on.to_json().to_string()).unwrap(),
         on
     );
+    assert_eq!(KvEventsConfig::parse(&v.to_json().to_string()).unwrap(), v);
 }

@@ -764,7 +764,8 @@ impl SimCluster {
     }
 
     /// Each worker's KV-event config as it publishes (endpoint `+ index`, ephemeral ports
-    /// resolved), in port order; empty without `--kv-events-config` or with publisher "null".
+    /// resolved), in port order; empty without `--kv-events-config` or with publisher "null"
+    /// (a vLLM-shaped cluster also without `"enable_kv_cache_events": true`).
     pub fn kv_events(&self) -> &[KvEventsConfig] {
         &self.kv_configs
     }
