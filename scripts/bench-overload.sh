@@ -311,7 +311,7 @@ if loads:
                  f"tails with it).")
 lines = ["# Admission under overload", ""]
 lines.append(
-    f"{meta['workers']} simulated workers ({meta['kv_tokens_per_worker']} KV tokens each, real-time GPU clock"
+    f"{meta['workers']} simulated{' vLLM' if meta.get('engine') == 'vllm' else ''} workers ({meta['kv_tokens_per_worker']} KV tokens each, real-time GPU clock"
     f"{', priority scheduling' if meta['sim_priority_scheduling'] else ''}). Capacity for the batch mix "
     f"(prompts {meta['batch_prompt_tokens']} tokens, outputs {meta['batch_output_tokens']}): "
     f"{cap['batch_req_per_s']:.2f} req/s and {cap['running_mean']:.0f} requests running, "
@@ -349,8 +349,12 @@ lines += ["", "Goodput counts the batch requests completed inside the measuremen
           "the requests sent inside the window; one with no first token in time (timed out, or cut by the end of "
           "the run) counts with the time it waited. \"Timed out\": the "
           "client's 60 s timeout, or a gateway's 408/504; \"unfinished\": still running when the run ended. "
-          "KV use is sglang:token_usage sampled every second; GPU idle is the simulator's "
-          "sglang:gpu_idle_seconds_total over the window. Per-run details: runs/*/loadgen.md."]
+          + ("KV use is vllm:kv_cache_usage_perc sampled every second; GPU idle is the simulator's "
+             "vllm:gpu_idle_seconds_total over the window (vLLM-shaped workers). "
+             if meta.get("engine") == "vllm" else
+             "KV use is sglang:token_usage sampled every second; GPU idle is the simulator's "
+             "sglang:gpu_idle_seconds_total over the window. ")
+          + "Per-run details: runs/*/loadgen.md."]
 open(os.path.join(out, "report.md"), "w").write("\n".join(lines) + "\n")
 open(os.path.join(out, "docs.md"), "w").write("\n".join(docs[1:-1]) + "\n")
 print("\n".join(lines))
