@@ -45,13 +45,16 @@
 #          [--configs baseline,a,b,c,d] [--kv-tokens N] [--batch-factor X] [--interactive-rate R]
 #          [--capacity-duration S] [--capacity-warmup S] [--capacity-ramp S] [--capacity-users N]
 #          [--queue-size N] [--queue-timeout S] [--sat-queue-reqs N] [--sat-kv-usage F]
-#          [--capacity REQ_PER_S,RUNNING] [--sim-priority] [--sim-args "..."]
+#          [--capacity REQ_PER_S,RUNNING] [--sim-priority] [--engine sglang|vllm] [--sim-args "..."]
 #          [--gateway-args "..."] [--c-args "..."] [--d-args "..."]
 #          [--skip-build] [--out DIR] [--write-docs [--docs-section NAME]] [--report DIR]
 # --capacity skips the measurement and takes these figures (from an earlier report).
 # --report DIR rewrites DIR's report.md (and with --write-docs the docs section, with the command
 # that measured it) from its runs, measuring nothing.
 # --sim-priority runs the workers with --enable-priority-scheduling (SGLang's default is off).
+# --engine vllm runs vLLM-shaped workers (sim-worker --engine vllm): vLLM's routes and gauges
+# (vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc, which the
+# report's KV use and running figures then come from), caches emptied with /reset_prefix_cache.
 # --gateway-args go to every radixgate; --c-args only to configuration c, --d-args only to d.
 set -euo pipefail
 
@@ -76,6 +79,7 @@ QUEUE_TIMEOUT=30
 SAT_QUEUE=2
 SAT_KV=0.95
 SIM_PRIORITY=0
+ENGINE=sglang
 SIM_ARGS=""
 GATEWAY_ARGS=""
 C_ARGS=""
@@ -114,6 +118,7 @@ while [[ $# -gt 0 ]]; do
         --sat-queue-reqs) SAT_QUEUE="$2"; shift 2 ;;
         --sat-kv-usage) SAT_KV="$2"; shift 2 ;;
         --sim-priority) SIM_PRIORITY=1; shift ;;
+        --engine) ENGINE="$2"; shift 2 ;;
         --sim-args) SIM_ARGS="$2"; shift 2 ;;
         --gateway-args) GATEWAY_ARGS="$2"; shift 2 ;;
         --c-args) C_ARGS="$2"; shift 2 ;;
@@ -129,6 +134,10 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
+case "$ENGINE" in
+    sglang|vllm) ;;
+    *) echo "--engine: sglang or vllm" >&2; exit 2 ;;
+esac
 posint() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || { echo "$1 takes a positive integer, not '$2'" >&2; exit 2; }; }
 posnum() { python3 -c "import sys; v = float(sys.argv[1]); sys.exit(0 if v > 0 and v == v and v != float('inf') else 1)" "$2" 2>/dev/null \
     || { echo "$1 takes a positive number, not '$2'" >&2; exit 2; }; }
@@ -302,7 +311,7 @@ if loads:
                  f"tails with it).")
 lines = ["# Admission under overload", ""]
 lines.append(
-    f"{meta['workers']} simulated workers ({meta['kv_tokens_per_worker']} KV tokens each, real-time GPU clock"
+    f"{meta['workers']} simulated{' vLLM' if meta.get('engine') == 'vllm' else ''} workers ({meta['kv_tokens_per_worker']} KV tokens each, real-time GPU clock"
     f"{', priority scheduling' if meta['sim_priority_scheduling'] else ''}). Capacity for the batch mix "
     f"(prompts {meta['batch_prompt_tokens']} tokens, outputs {meta['batch_output_tokens']}): "
     f"{cap['batch_req_per_s']:.2f} req/s and {cap['running_mean']:.0f} requests running, "
@@ -340,8 +349,12 @@ lines += ["", "Goodput counts the batch requests completed inside the measuremen
           "the requests sent inside the window; one with no first token in time (timed out, or cut by the end of "
           "the run) counts with the time it waited. \"Timed out\": the "
           "client's 60 s timeout, or a gateway's 408/504; \"unfinished\": still running when the run ended. "
-          "KV use is sglang:token_usage sampled every second; GPU idle is the simulator's "
-          "sglang:gpu_idle_seconds_total over the window. Per-run details: runs/*/loadgen.md."]
+          + ("KV use is vllm:kv_cache_usage_perc sampled every second; GPU idle is the simulator's "
+             "vllm:gpu_idle_seconds_total over the window (vLLM-shaped workers). "
+             if meta.get("engine") == "vllm" else
+             "KV use is sglang:token_usage sampled every second; GPU idle is the simulator's "
+             "sglang:gpu_idle_seconds_total over the window. ")
+          + "Per-run details: runs/*/loadgen.md."]
 open(os.path.join(out, "report.md"), "w").write("\n".join(lines) + "\n")
 open(os.path.join(out, "docs.md"), "w").write("\n".join(docs[1:-1]) + "\n")
 print("\n".join(lines))
@@ -391,7 +404,7 @@ GW_METRICS_PORT=$((BASE + WORKERS + 1))
 URLS=()
 for ((i = 0; i < WORKERS; i++)); do URLS+=("http://127.0.0.1:$((BASE + i))"); done
 WORKER_LIST="$(IFS=,; echo "${URLS[*]}")"
-SIM_FLAGS=(--ports "$BASE-$LAST" --tokenizer approx --max-total-tokens "$KV_TOKENS")
+SIM_FLAGS=(--engine "$ENGINE" --ports "$BASE-$LAST" --tokenizer approx --max-total-tokens "$KV_TOKENS")
 [[ "$SIM_PRIORITY" == 1 ]] && SIM_FLAGS+=(--enable-priority-scheduling)
 
 SIM_PID=""
@@ -489,7 +502,12 @@ flush_workers() {
     local u
     for u in "${URLS[@]}"; do
         for _ in $(seq 1 50); do
-            [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "$u/flush_cache" || true)" == "200" ]] && break
+            if [[ "$ENGINE" == vllm ]]; then
+                # vLLM answers 200 either way; the body says whether the cache was emptied.
+                [[ "$(curl -s --max-time 5 -X POST "$u/reset_prefix_cache" | jq -r '.success' 2>/dev/null || true)" == "true" ]] && break
+            else
+                [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "$u/flush_cache" || true)" == "200" ]] && break
+            fi
             sleep 0.2
         done
     done
@@ -536,7 +554,7 @@ log "batch offered at $BATCH_RATE req/s, fixed cap $FIXED_CAP"
 
 python3 - "$OUT/meta.json" "$COMMAND" <<PY
 import json, sys
-json.dump({"workers": $WORKERS, "kv_tokens_per_worker": $KV_TOKENS, "runs": $RUNS, "duration_s": $DURATION,
+json.dump({"workers": $WORKERS, "engine": "$ENGINE", "kv_tokens_per_worker": $KV_TOKENS, "runs": $RUNS, "duration_s": $DURATION,
            "warmup_s": $WARMUP, "drain_s": $DRAIN, "configs": "$CONFIGS".split(","),
            "interactive_session_rate": $INTERACTIVE_RATE, "batch_factor": $BATCH_FACTOR,
            "batch_prompt_tokens": "$BATCH_PROMPT", "batch_output_tokens": "$BATCH_OUTPUT",

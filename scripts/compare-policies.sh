@@ -30,6 +30,16 @@
 # report counts radixgate_kv_fallback_total).
 # Defaults keep a full run under ~10 minutes on 2 cores (gsp ~2 min, chat ~6 min).
 #
+# --engine vllm: the workers play vLLM servers instead (sim-worker --engine vllm: vLLM's routes,
+# metrics and KV-event encoding), so the same comparison runs against a vLLM-shaped fleet. Their
+# caches are emptied with /reset_prefix_cache; for +kv_events they publish with
+# "enable_kv_cache_events": true and the gateway is given each worker's publisher and replay
+# socket (--kv-events-endpoints / --kv-events-replay-endpoints, read from the worker's
+# /kv_event_sources), as a vLLM server has no /get_server_info to find them in. The hit rate
+# comes from vLLM's counters (vllm:prefix_cache_hits_total / vllm:prompt_tokens_total): each
+# scrape also writes them under the SGLang names scripts/report.py reads. Not with --pd (the
+# simulated disaggregation is SGLang's).
+#
 # --pd: a prefill/decode disaggregated cluster instead. --prefill-workers N simulated prefill
 # servers (sim-worker --disaggregation-mode prefill, each with its own bootstrap port) and
 # --decode-workers M decode servers (--disaggregation-mode decode), default 4 + 2, same GPU speed
@@ -47,6 +57,7 @@
 #          [--api chat|completions|generate|generate-ids] [--tokenizer-path DIR] [--make-tokenizer CMD]
 #          [--sim-args "..."] [--loadgen-args "..."] [--gateway-args "..."]
 #          [--pd [--prefill-workers N] [--decode-workers M] [--decode-policy P]]
+#          [--engine sglang|vllm]
 #          [--write-docs [--docs-section NAME]]
 # Policy names: round_robin random power_of_two cache_aware cache_aware+insert_response_text
 #               cache_aware+affinity_window cache_aware+kv_events manual+session_header sglang-router
@@ -83,6 +94,7 @@ POLICIES_GIVEN=0
 NO_SGLANG_ROUTER=0
 WRITE_DOCS=0
 DOCS_SECTION=""
+ENGINE=sglang
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 
@@ -112,11 +124,19 @@ while [[ $# -gt 0 ]]; do
         --make-tokenizer) MAKE_TOKENIZER="$2"; shift 2 ;;
         --write-docs) WRITE_DOCS=1; shift ;;
         --docs-section) DOCS_SECTION="$2"; shift 2 ;;
+        --engine) ENGINE="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 
+case "$ENGINE" in
+    sglang|vllm) ;;
+    *) echo "--engine: sglang or vllm" >&2; exit 2 ;;
+esac
+if [[ "$ENGINE" == vllm && "$PD" == 1 ]]; then
+    echo "--pd runs SGLang-shaped prefill/decode servers only (not with --engine vllm)" >&2; exit 2
+fi
 if [[ "$PD" == 1 ]]; then
     [[ -z "$WORKERS" ]] || { echo "--workers does not apply with --pd (use --prefill-workers/--decode-workers)" >&2; exit 2; }
     [[ "$PREFILL_WORKERS" =~ ^[1-9][0-9]*$ && "$DECODE_WORKERS" =~ ^[1-9][0-9]*$ ]] \
@@ -178,6 +198,14 @@ if [[ -n "$API" ]]; then
         generate-ids) LG=("${keep[@]}" --api generate --input-ids "$TOKENIZER") ;;
         *) echo "unknown api: $API" >&2; exit 2 ;;
     esac
+fi
+if [[ "$ENGINE" == vllm ]]; then
+    # vLLM has no /generate: its workloads go to /v1/completions instead.
+    [[ " ${LG[*]} " == *" --input-ids "* ]] \
+        && { echo "--api generate-ids sends SGLang's /generate (not with --engine vllm)" >&2; exit 2; }
+    for j in "${!LG[@]}"; do
+        if [[ "${LG[$j]}" == generate && "${LG[$((j - 1))]}" == --api ]]; then LG[j]=completions; fi
+    done
 fi
 SIM_TS="$(python3 -c "print(f'{1.0 / float($TIME_SCALE):g}')")"
 DRAIN=60
@@ -324,7 +352,11 @@ SIM_TOK=(--tokenizer "$TOKENIZER")
 SIM_TOK_DESC="$TOKENIZER"
 KV_TOK_NOTE=""
 if [[ ",$POLICIES," == *"+kv_events,"* ]]; then
-    KV_SIM=(--kv-events-config '{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}')
+    if [[ "$ENGINE" == vllm ]]; then
+        KV_SIM=(--kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}')
+    else
+        KV_SIM=(--kv-events-config '{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}')
+    fi
     if [[ " ${LG[*]} " == *" --input-ids "* ]]; then
         TOKENIZER_PATH=""; KV_TOK_NOTE="not needed (/generate input_ids)"
     else
@@ -350,7 +382,7 @@ start_sims() { # start_sims LOGNAME FIRST_PORT LAST_PORT [sim-worker flags...]: 
     local logf="$LOGS/$1.log" first="$2" last="$3" pid p
     shift 3
     # shellcheck disable=SC2086
-    target/release/sim-worker --ports "$first-$last" --time-scale "$SIM_TS" "${SIM_TOK[@]}" \
+    target/release/sim-worker --engine "$ENGINE" --ports "$first-$last" --time-scale "$SIM_TS" "${SIM_TOK[@]}" \
         --max-total-tokens "$KV_TOKENS" "$@" $SIM_ARGS >"$logf" 2>&1 &
     pid=$!
     PIDS+=("$pid")
@@ -364,8 +396,26 @@ if [[ "$PD" == 1 ]]; then
     start_sims sim-worker-prefill "$BASE" "$LAST" --disaggregation-mode prefill --disaggregation-bootstrap-port "$BOOT_BASE"
     start_sims sim-worker-decode "$DEC_BASE" "$DEC_LAST" --disaggregation-mode decode
 else
-    log "starting $WORKERS simulated workers on ports $BASE-$LAST (GPU time x$SIM_TS, tokenizer $SIM_TOK_DESC, KV $KV_TOKENS tokens each)"
+    log "starting $WORKERS simulated $ENGINE workers on ports $BASE-$LAST (GPU time x$SIM_TS, tokenizer $SIM_TOK_DESC, KV $KV_TOKENS tokens each)"
     start_sims sim-worker "$BASE" "$LAST" "${KV_SIM[@]}"
+fi
+
+# vLLM announces its publishers only at /kv_event_sources (the gateway reads SGLang's
+# /get_server_info), so the gateway is told each worker's rank-0 sockets explicitly.
+KV_GW_ENDPOINTS=()
+if [[ "$ENGINE" == vllm && ${#KV_SIM[@]} -gt 0 ]]; then
+    pubs=() replays=()
+    for u in "${URLS[@]}"; do
+        src="$(curl -s --max-time 5 "$u/kv_event_sources")"
+        ep="$(jq -r '."0".endpoint // empty' <<<"$src")"
+        rep="$(jq -r '."0".replay_endpoint // empty' <<<"$src")"
+        [[ -n "$ep" ]] || { echo "$u/kv_event_sources names no publisher: $src" >&2; exit 1; }
+        pubs+=("$u=$ep")
+        [[ -n "$rep" ]] && replays+=("$u=$rep")
+    done
+    KV_GW_ENDPOINTS=(--kv-events-endpoints "${pubs[@]}")
+    [[ ${#replays[@]} -gt 0 ]] && KV_GW_ENDPOINTS+=(--kv-events-replay-endpoints "${replays[@]}")
+    log "vLLM workers' KV-event sockets for the gateway: ${KV_GW_ENDPOINTS[*]}"
 fi
 
 M_TOK="$SIM_TOK_DESC" M_KV_TOK="$KV_TOK_NOTE" python3 - "$OUT/meta.json" <<PY
@@ -373,7 +423,7 @@ import json, os, sys
 json.dump({"workload": "$WORKLOAD", "workers": $WORKERS, "duration_s": $DURATION,
            "loadgen_time_scale": $TIME_SCALE, "sim_time_scale": $SIM_TS, "tokenizer": os.environ["M_TOK"],
            **({"kv_events_gateway_tokenizer": os.environ["M_KV_TOK"]} if os.environ["M_KV_TOK"] else {}),
-           "kv_tokens_per_worker": $KV_TOKENS,
+           "kv_tokens_per_worker": $KV_TOKENS, "engine": "$ENGINE",
            "loadgen": "${LG[*]} $LOADGEN_ARGS".strip(), "sim_args": "$SIM_ARGS",
            **({"pd": True, "prefill_workers": $WORKERS, "decode_workers": $DECODE_WORKERS,
                "decode_policy": "$DECODE_POLICY"} if $PD else {})}, open(sys.argv[1], "w"), indent=1)
@@ -383,16 +433,39 @@ flush_workers() {
     local u
     for u in "${URLS[@]}" "${DECODE_URLS[@]}"; do
         for _ in $(seq 1 50); do
-            [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "$u/flush_cache" || true)" == "200" ]] && break
+            if [[ "$ENGINE" == vllm ]]; then
+                # vLLM answers 200 either way; the body says whether the cache was emptied.
+                [[ "$(curl -s --max-time 5 -X POST "$u/reset_prefix_cache" | jq -r '.success' 2>/dev/null || true)" == "true" ]] && break
+            else
+                [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "$u/flush_cache" || true)" == "200" ]] && break
+            fi
             sleep 0.2
         done
     done
+}
+
+# A vLLM worker's counters under the SGLang names scripts/report.py reads (prompt and cached
+# tokens, finished requests, the simulator's evicted tokens), appended to its scrape.
+as_sglang_names() { # as_sglang_names FILE
+    local extra
+    extra="$(awk '
+        /^#/ { next }
+        { name = $1; sub(/\{.*/, "", name); v[name] += $NF }
+        END {
+            printf "# vLLM counters under SGLang names (compare-policies.sh --engine vllm)\n"
+            printf "sglang:prompt_tokens_total %.17g\n", v["vllm:prompt_tokens_total"]
+            printf "sglang:cached_tokens_total{cache_source=\"total\"} %.17g\n", v["vllm:prefix_cache_hits_total"]
+            printf "sglang:num_requests_total %.17g\n", v["vllm:request_success_total"]
+            printf "sglang:evicted_tokens_total %.17g\n", v["vllm:evicted_tokens_total"]
+        }' "$1")"
+    printf '%s\n' "$extra" >>"$1"
 }
 
 scrape() { # scrape DIR PREFIX
     local i
     for ((i = 0; i < WORKERS; i++)); do
         curl -s --max-time 10 "${URLS[$i]}/metrics" >"$1/$2-$i.prom" || true
+        if [[ "$ENGINE" == vllm ]]; then as_sglang_names "$1/$2-$i.prom"; fi
     done
     for ((i = 0; i < ${#DECODE_URLS[@]}; i++)); do
         curl -s --max-time 10 "${DECODE_URLS[$i]}/metrics" >"$1/decode-$2-$i.prom" || true
@@ -444,7 +517,7 @@ run_policy() { # run_policy INDEX LABEL
         cache_aware+insert_response_text) policy=cache_aware; extra=(--insert-response-text) ;;
         cache_aware+affinity_window) policy=cache_aware; extra=(--affinity-window) ;;
         cache_aware+kv_events)
-            policy=cache_aware; extra=(--kv-events)
+            policy=cache_aware; extra=(--kv-events "${KV_GW_ENDPOINTS[@]}")
             [[ -n "$TOKENIZER_PATH" ]] && extra+=(--tokenizer-path "$TOKENIZER_PATH") ;;
         manual+session_header) policy=manual; header=(--session-header) ;;
         sglang-router) policy=cache_aware; gateway=sglang-router; label="sglang-router cache_aware" ;;

@@ -5,7 +5,8 @@
 #
 # Every process it starts is stopped by PID when it ends, fails or is interrupted (Ctrl-C).
 # Results land in results/<timestamp>-quickstart/. Extra options are passed to
-# scripts/compare-policies.sh (e.g. --duration 30, --workers 8, --tokenizer bpe).
+# scripts/compare-policies.sh (e.g. --duration 30, --workers 8, --tokenizer bpe, and
+# --engine vllm for simulated vLLM workers instead of SGLang ones).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -8,7 +8,11 @@
 //! sim-worker --ports 31000-31001 --tokenizer-path /tmp/cl100k-llama3
 //! sim-worker --ports 31000-31001 --disaggregation-mode prefill --disaggregation-bootstrap-port 8998
 //! sim-worker --ports 31100 --disaggregation-mode decode
+//! sim-worker --engine vllm --ports 31000-31001 --page-size 16 \
+//!     --kv-events-config '{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:6557"}'
 //! ```
+//! `--engine vllm` plays a vLLM server instead (its routes, metrics, KV-event encoding, and
+//! `/kv_event_sources` announcing the publishers); the simulated GPU is the same.
 //! Prints `sim-worker listening on HOST:PORT` per port once bound (and, with KV events,
 //! `sim-worker kv events for HOST:PORT on ENDPOINT replay REPLAY`; in prefill mode
 //! `sim-worker bootstrap for HOST:PORT on BOOTSTRAP_PORT`), runs until SIGINT/SIGTERM,
@@ -25,7 +29,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Parser, ValueEnum};
 use loadtest::sim::disagg::{DisaggMode, DEFAULT_BOOTSTRAP_PORT};
 use loadtest::sim::kv_events::KvEventsConfig;
-use loadtest::sim::{spawn_cluster, Faults, IoDriver, SimConfig, TokenizerMode};
+use loadtest::sim::{
+    spawn_cluster, EngineKind, Faults, IoDriver, LoraModule, SimConfig, TokenizerMode,
+};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum TokenizerArg {
@@ -48,8 +54,8 @@ enum DriverArg {
     Legacy,
 }
 
-/// Simulated SGLang worker(s): radix cache, FCFS prefill-first scheduler and H100 cost model on a
-/// virtual clock, SGLang's HTTP API and metrics.
+/// Simulated SGLang (or, with --engine vllm, vLLM) worker(s): radix cache, FCFS prefill-first
+/// scheduler and H100 cost model on a virtual clock, the engine's HTTP API and metrics.
 #[derive(Debug, Parser)]
 #[command(name = "sim-worker", version)]
 struct Args {
@@ -163,8 +169,23 @@ struct Args {
     /// request of strictly lower priority is refused instead). Unset: unbounded.
     #[arg(long)]
     max_queued_requests: Option<usize>,
+    /// Which server to play: sglang (SGLang's API, `sglang:` metrics, SGLang's KV events and
+    /// /get_server_info) or vllm (vLLM's: /inference/v1/generate and no /generate,
+    /// /kv_event_sources and no /get_server_info, /reset_prefix_cache for /flush_cache,
+    /// `vllm:` metrics, vLLM's KV-event encoding; --kv-events-config then needs
+    /// "enable_kv_cache_events": true, as vLLM's does). Scheduler, cache and cost model are
+    /// the same for both.
+    #[arg(long, default_value = "sglang", value_parser = EngineKind::parse)]
+    engine: EngineKind,
+    /// vLLM's --lora-modules NAME=PATH ... (--engine vllm): adapters a request names in
+    /// `model` (their blocks kept apart in the cache), listed by /v1/models with the base
+    /// model as parent.
+    #[arg(long, num_args = 1.., value_parser = LoraModule::parse)]
+    lora_modules: Vec<LoraModule>,
     /// SGLang's --api-key: every request needs `Authorization: Bearer KEY` except OPTIONS and
     /// paths starting with /health, /ready or /metrics, else 401 {"error": "Unauthorized"}.
+    /// With --engine vllm, vLLM's rule: only paths starting with /v1, /v2, /inference or
+    /// /cohere need it.
     #[arg(long)]
     api_key: Option<String>,
 }
@@ -265,6 +286,8 @@ fn main() -> ExitCode {
         priority_scheduling: a.enable_priority_scheduling,
         max_queued_requests: a.max_queued_requests,
         api_key: a.api_key,
+        engine: a.engine,
+        lora_modules: a.lora_modules,
     };
     let set = block_signals();
     let host = cfg.host.clone();
@@ -368,5 +391,27 @@ mod tests {
             a.write_tokenizer.as_deref(),
             Some(std::path::Path::new("/d"))
         );
+    }
+
+    #[test]
+    fn engine_and_lora_flags() {
+        let a = Args::try_parse_from(["sim-worker"]).unwrap();
+        assert_eq!(a.engine, EngineKind::Sglang);
+        assert!(a.lora_modules.is_empty());
+        let a = Args::try_parse_from([
+            "sim-worker",
+            "--engine",
+            "vllm",
+            "--lora-modules",
+            "a=/p/a",
+            "b",
+        ])
+        .unwrap();
+        assert_eq!(a.engine, EngineKind::Vllm);
+        let names: Vec<&str> = a.lora_modules.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(a.lora_modules[0].path, "/p/a");
+        assert!(Args::try_parse_from(["sim-worker", "--engine", "trt"]).is_err());
+        assert!(Args::try_parse_from(["sim-worker", "--lora-modules", "=x"]).is_err());
     }
 }

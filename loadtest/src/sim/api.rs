@@ -31,7 +31,13 @@ pub enum Endpoint {
     Responses,
     /// `POST /v1/messages` (Anthropic Messages).
     Messages,
+    /// `POST /inference/v1/generate` (vLLM's token in, token out; `--engine vllm`).
+    Tokens,
 }
+
+/// What vLLM puts before a token-in/token-out request's id (`request_id`, or the
+/// `x-request-id` header) in its answers.
+pub const TOKENS_ID_PREFIX: &str = "generate-tokens-";
 
 /// A client error answered with 400 and an OpenAI-style error body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +89,24 @@ impl Inference {
             served,
             self.prompts.len(),
         )
+    }
+}
+
+impl Inference {
+    /// The cache namespace of each prompt as vLLM keys its blocks (`--engine vllm`): the LoRA
+    /// adapter a `model` names (one of `loras`; any other `model` is the base model) and
+    /// `cache_salt`. SGLang's `extra_key` and `lora_path` mean nothing to vLLM.
+    pub fn vllm_namespaces(
+        &self,
+        loras: &[crate::sim::LoraModule],
+    ) -> Vec<crate::sim::radix::Namespace> {
+        let lora = self
+            .model
+            .as_deref()
+            .filter(|m| loras.iter().any(|l| l.name == *m));
+        let salt = self.ns_fields.cache_salt();
+        let ns = crate::sim::radix::Namespace::new(None, lora, salt);
+        vec![ns; self.prompts.len()]
     }
 }
 
@@ -184,6 +208,25 @@ pub fn parse_inference(
         Endpoint::Messages => {
             let max = max_tokens_field(&v, &["max_tokens"], default_max)?;
             (vec![conversation_prompt(endpoint, &v, tok)?], max)
+        }
+        Endpoint::Tokens => {
+            // vLLM's `GenerateRequest`: `token_ids` (at least one) and `sampling_params`
+            // (required, with `max_tokens`).
+            let sp = v
+                .get("sampling_params")
+                .filter(|sp| sp.is_object())
+                .ok_or_else(|| ApiError::new("sampling_params is required"))?;
+            let max = max_tokens_field(sp, &["max_tokens"], default_max)?;
+            rid = v
+                .get("request_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            let ids = v
+                .get("token_ids")
+                .and_then(token_ids)
+                .filter(|ids| !ids.is_empty())
+                .ok_or_else(|| ApiError::new("token_ids must be a non-empty list of token ids"))?;
+            (vec![ids], max)
         }
     };
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
@@ -447,6 +490,10 @@ pub fn render_completed(endpoint: Endpoint, meta: &RespMeta<'_>, results: &[Comp
                 Value::Array(results.iter().map(one).collect())
             }
         }
+        Endpoint::Tokens => match results.first() {
+            Some(r) => tokens_completed(meta, r),
+            None => Value::Null,
+        },
         Endpoint::Chat | Endpoint::Completions => {
             let mut total = Usage {
                 prompt_tokens: 0,
@@ -496,6 +543,51 @@ pub fn render_completed(endpoint: Endpoint, meta: &RespMeta<'_>, results: &[Comp
     };
     // Serialising a `Value` built from strings and numbers cannot fail.
     serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// The usage block of a token-in/token-out answer (vLLM's `UsageInfo`, cached tokens reported
+/// as with `--enable-prompt-tokens-details`).
+fn tokens_usage(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "completion_tokens": u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+/// One choice of a token-in/token-out answer: `token_ids` and the finish reason, the other
+/// fields of vLLM's `GenerateTokensChoice` null.
+fn tokens_choice(ids: &[u32], finish: Option<bool>) -> Value {
+    json!({
+        "index": 0, "finish_reason": finish.map(finish_str), "stop_reason": null,
+        "token_ids": ids, "routed_experts": null, "sampling_mask": null,
+        "weight_versions": null, "logprobs": null,
+    })
+}
+
+/// vLLM's non-streaming `GenerateTokensResponse`.
+fn tokens_completed(meta: &RespMeta<'_>, r: &Completed) -> Value {
+    json!({
+        "request_id": meta.id, "model": meta.model, "created": meta.created,
+        "usage": tokens_usage(&r.usage), "prompt_logprobs": null,
+        "prompt_token_id_logprobs": null, "prompt_token_ids": null, "mm_placeholders": null,
+        "metrics": null, "kv_transfer_params": null, "ec_transfer_params": null,
+        "output_mode": "tokens", "choices": [tokens_choice(&r.output_ids, Some(r.aborted))],
+    })
+}
+
+/// One streamed `GenerateTokensStreamResponse` event.
+fn tokens_event(out: &mut String, id: &str, choices: Value, usage: Option<&Usage>) {
+    let mut v = json!({"request_id": id, "output_mode": "tokens", "choices": choices});
+    if let Some(u) = usage {
+        v["usage"] = tokens_usage(u);
+    } else {
+        v["usage"] = Value::Null;
+    }
+    out.push_str("data: ");
+    out.push_str(&v.to_string());
+    out.push_str("\n\n");
 }
 
 fn push_json_str(out: &mut String, s: &str) {
@@ -665,6 +757,11 @@ impl StreamRenderer {
                 push_json_str(out, piece);
                 out.push_str(",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
             }
+            Endpoint::Tokens => {
+                // vLLM sends the finish reason in the event of the last token.
+                let choice = tokens_choice(&[token], finish);
+                tokens_event(out, &self.id, Value::Array(vec![choice]), None);
+            }
             Endpoint::Responses | Endpoint::Messages => {
                 if first {
                     let meta = RespMeta {
@@ -715,6 +812,16 @@ impl StreamRenderer {
             Endpoint::Generate => {
                 if sent_tokens == 0 {
                     self.generate_event(out, usage, Some(aborted), e2e);
+                }
+            }
+            Endpoint::Tokens => {
+                // A request that ends without a token (abort) still reports its finish.
+                if sent_tokens == 0 {
+                    let choice = tokens_choice(&[], Some(aborted));
+                    tokens_event(out, &self.id, Value::Array(vec![choice]), None);
+                }
+                if self.include_usage {
+                    tokens_event(out, &self.id, Value::Array(Vec::new()), Some(usage));
                 }
             }
             _ => {

@@ -34,7 +34,7 @@ impl Resp {
         String::from_utf8_lossy(&self.body).into_owned()
     }
     /// SSE `data:` payloads.
-    fn events(&self) -> Vec<String> {
+    pub(super) fn events(&self) -> Vec<String> {
         self.text()
             .split("\n\n")
             .filter_map(|e| e.strip_prefix("data: "))
@@ -43,19 +43,25 @@ impl Resp {
     }
 }
 
-fn connect(port: u16) -> TcpStream {
+pub(super) fn connect(port: u16) -> TcpStream {
     let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s
 }
 
-fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) {
+pub(super) fn send(
+    s: &mut TcpStream,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) {
     s.write_all(&super::raw_request(method, path, headers, body))
         .unwrap();
 }
 
 /// Read one response; tolerates the server closing early (`complete` = false).
-fn read_resp(s: &mut TcpStream, buf: &mut BytesMut) -> Resp {
+pub(super) fn read_resp(s: &mut TcpStream, buf: &mut BytesMut) -> Resp {
     let mut tmp = [0u8; 16 * 1024];
     let head = loop {
         if let Some(h) =
@@ -134,7 +140,7 @@ fn metric(port: u16, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("metric {name} missing"))
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+pub(super) fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
         assert!(

@@ -469,6 +469,28 @@ impl Engine {
         self.metrics.render(model, &g)
     }
 
+    /// Record latencies in vLLM's histogram buckets (`--engine vllm`); call before any
+    /// request.
+    pub fn use_vllm_buckets(&mut self) {
+        self.metrics = Metrics::vllm();
+    }
+
+    /// [`render_metrics`](Self::render_metrics) in vLLM's names, as engine (DP rank)
+    /// `engine`, its series created at Unix time `created`.
+    pub fn render_vllm_metrics(
+        &self,
+        model: &str,
+        engine: usize,
+        held: usize,
+        now_ms: f64,
+        created: f64,
+    ) -> String {
+        let mut g = self.gauges();
+        g.queued += held;
+        g.idle_seconds = self.idle_seconds(now_ms);
+        self.metrics.render_vllm(model, engine, &g, created)
+    }
+
     /// Drop the whole cache; refused (false) while any request is waiting or running.
     pub fn flush_cache(&mut self) -> bool {
         // A forward still in flight can only hold aborted requests here; it touches nothing

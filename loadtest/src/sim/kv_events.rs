@@ -1,6 +1,16 @@
 //! SGLang's KV-cache event publisher, for `sim-worker --kv-events-config JSON`: the simulated
 //! radix cache's changes ([`CacheEvent`]) go out on SGLang's exact wire format, so the gateway's
-//! event intake can be tested against simulated clusters as against real servers.
+//! event intake can be tested against simulated clusters as against real servers. With
+//! `--engine vllm` the same publisher speaks vLLM 0.33's format (see below).
+//!
+//! vLLM (`vllm/distributed/kv_events.py`): the same three frames and sequence numbers, the same
+//! per-rank port offsets and replay framing (0.33 answers a replay with a live message's frames,
+//! `[id, b"", topic, seq, payload]`, then `[id, b"", b"", -1, b""]`: [`ReplayForm::Topic`]);
+//! the batch is `[ts, events, data_parallel_rank]`; events are [`EventEncoding::Vllm`] maps
+//! (hashes unsigned, the salt only in `extra_keys`). vLLM publishes only with
+//! `"enable_kv_cache_events": true` ([`KvEventsConfig::for_vllm`]), and announces its
+//! publishers at `GET /kv_event_sources` ([`KvEventsConfig::to_vllm_json`]) rather than in
+//! `/get_server_info`.
 //!
 //! Wire format (SGLang 0.5.23 `ZmqEventPublisher`):
 //! - a ZeroMQ PUB socket per worker; each message is 3 frames: topic (utf-8, may be empty),
@@ -93,6 +103,11 @@ pub enum EventEncoding {
     Map,
     /// Tagged arrays, older SGLang / vLLM (`["BlockStored", ...]`), one store per page.
     Array,
+    /// vLLM 0.33's maps (`--engine vllm`): hashes as unsigned 64-bit ints, every
+    /// `BlockStored` with `lora_name`, per-block `extra_keys` (the adapter's name on every
+    /// block, `cache_salt` on a sequence's first block only), `group_idx` and
+    /// `kv_cache_spec_kind`; one `BlockRemoved` per block (see [`encode`]).
+    Vllm,
 }
 
 /// How the replay socket frames its answers.
@@ -127,6 +142,9 @@ pub struct KvEventsConfig {
     pub encoding: EventEncoding,
     /// `replay_form` (sim only): how replay answers are framed.
     pub replay_form: ReplayForm,
+    /// `enable_kv_cache_events` (vLLM's key; refused with `--engine sglang`): vLLM publishes
+    /// only when it is true, and the publisher defaults to "zmq" then.
+    pub enable_kv_cache_events: Option<bool>,
 }
 
 impl Default for KvEventsConfig {
@@ -141,6 +159,7 @@ impl Default for KvEventsConfig {
             topic: String::new(),
             encoding: EventEncoding::Map,
             replay_form: ReplayForm::Topic,
+            enable_kv_cache_events: None,
         }
     }
 }
@@ -152,6 +171,7 @@ impl KvEventsConfig {
         let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
         let obj = v.as_object().ok_or("expected a JSON object")?;
         let mut c = KvEventsConfig::default();
+        let mut publisher_given = false;
         for (k, v) in obj {
             let s = || {
                 v.as_str()
@@ -165,6 +185,7 @@ impl KvEventsConfig {
             };
             match k.as_str() {
                 "publisher" => {
+                    publisher_given = true;
                     c.publisher = match s()?.as_str() {
                         "zmq" => PublisherKind::Zmq,
                         "null" => PublisherKind::Null,
@@ -183,7 +204,8 @@ impl KvEventsConfig {
                     c.encoding = match s()?.as_str() {
                         "array" => EventEncoding::Array,
                         "map" => EventEncoding::Map,
-                        e => return Err(format!("unknown encoding {e:?} (array or map)")),
+                        "vllm" => EventEncoding::Vllm,
+                        e => return Err(format!("unknown encoding {e:?} (array, map or vllm)")),
                     }
                 }
                 "replay_form" => {
@@ -193,8 +215,22 @@ impl KvEventsConfig {
                         f => return Err(format!("unknown replay_form {f:?} (topic or plain)")),
                     }
                 }
+                "enable_kv_cache_events" => {
+                    c.enable_kv_cache_events = Some(
+                        v.as_bool()
+                            .ok_or("enable_kv_cache_events must be a boolean")?,
+                    )
+                }
                 other => return Err(format!("unknown kv-events-config key {other:?}")),
             }
+        }
+        // vLLM's `__post_init__`: an unset publisher follows `enable_kv_cache_events`.
+        if let (Some(on), false) = (c.enable_kv_cache_events, publisher_given) {
+            c.publisher = if on {
+                PublisherKind::Zmq
+            } else {
+                PublisherKind::Null
+            };
         }
         check_endpoint(&c.endpoint)?;
         if let Some(r) = &c.replay_endpoint {
@@ -219,13 +255,51 @@ impl KvEventsConfig {
         m.insert("hwm".into(), json!(self.hwm));
         m.insert("max_queue_size".into(), json!(self.max_queue_size));
         m.insert("topic".into(), json!(self.topic));
-        if self.encoding == EventEncoding::Array {
-            m.insert("encoding".into(), json!("array"));
+        match self.encoding {
+            EventEncoding::Map => {}
+            EventEncoding::Array => {
+                m.insert("encoding".into(), json!("array"));
+            }
+            EventEncoding::Vllm => {
+                m.insert("encoding".into(), json!("vllm"));
+            }
         }
         if self.replay_form == ReplayForm::Plain {
             m.insert("replay_form".into(), json!("plain"));
         }
+        if let Some(on) = self.enable_kv_cache_events {
+            m.insert("enable_kv_cache_events".into(), json!(on));
+        }
         Value::Object(m)
+    }
+
+    /// The config as configured for vLLM (`--engine vllm`): the config is vLLM's when
+    /// `enable_kv_cache_events` is true and the publisher is not "null" (vLLM's factory
+    /// publishes nothing otherwise, whatever the publisher says); events then go out in
+    /// vLLM's encoding and replay answers in its framing.
+    pub fn for_vllm(&self) -> KvEventsConfig {
+        let mut c = self.clone();
+        if c.enable_kv_cache_events != Some(true) {
+            c.publisher = PublisherKind::Null;
+        }
+        c.encoding = EventEncoding::Vllm;
+        c.replay_form = ReplayForm::Topic;
+        c
+    }
+
+    /// One rank's entry of vLLM's `GET /kv_event_sources`: its `KVEventsConfig` as vLLM serializes it
+    /// (endpoints already offset for the rank, a wildcard host kept as configured).
+    pub fn to_vllm_json(&self) -> Value {
+        json!({
+            "enable_kv_cache_events": true,
+            "publisher": "zmq",
+            "endpoint": self.endpoint,
+            "replay_endpoint": self.replay_endpoint,
+            "buffer_steps": self.buffer_steps,
+            "hwm": self.hwm,
+            "max_queue_size": self.max_queue_size,
+            "topic": self.topic,
+        })
     }
 
     /// The config of the worker at `index` in a multi-port process: endpoint and replay

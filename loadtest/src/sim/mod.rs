@@ -8,6 +8,13 @@
 //! [`metrics`](crate::sim::metrics)), SGLang's KV-cache events on ZeroMQ
 //! ([`kv_events`](crate::sim::kv_events)), and fault knobs ([`Faults`](crate::sim::Faults)).
 //!
+//! With [`SimConfig::engine`] = [`EngineKind::Vllm`] (`sim-worker --engine vllm`) the same
+//! simulated GPU plays a vLLM 0.33 server instead: vLLM's routes (`/inference/v1/generate` token
+//! in/token out, `/kv_event_sources`, `/reset_prefix_cache`, `/tokenize`, ...; SGLang's
+//! `/generate`, `/get_server_info`, `/flush_cache` answer 404), `vllm:` metrics labelled
+//! `model_name` and `engine`, and vLLM's KV-event encoding, so a gateway can be tested against
+//! either fleet.
+//!
 //! ```no_run
 //! use loadtest::sim::{spawn_cluster, SimConfig};
 //! let cluster = spawn_cluster(SimConfig { ports: vec![0, 0], ..SimConfig::default() }).unwrap();
@@ -64,6 +71,65 @@ pub struct Faults {
     pub health_fail: bool,
     /// Streams are cut (connection closed without the terminating chunk) after a few events.
     pub close_mid_stream: bool,
+}
+
+/// Which server the simulated worker plays: the scheduler, radix cache and cost model are the
+/// same; the HTTP routes, metric names, KV-event encoding and the way KV-event publishers are
+/// announced follow the engine named, so a gateway can be tested against either fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineKind {
+    /// SGLang: `/generate`, `/get_server_info`, `/flush_cache`, `sglang:` metrics, SGLang's
+    /// event encoding.
+    #[default]
+    Sglang,
+    /// vLLM: `/inference/v1/generate` (token in, token out) and no `/generate`,
+    /// `/kv_event_sources` and no `/get_server_info`, `/reset_prefix_cache`, `vllm:` metrics,
+    /// vLLM's event encoding (see [`kv_events`]).
+    Vllm,
+}
+
+impl EngineKind {
+    /// Parse `--engine`: `sglang` or `vllm`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "sglang" => Ok(EngineKind::Sglang),
+            "vllm" => Ok(EngineKind::Vllm),
+            other => Err(format!("unknown engine {other:?} (sglang or vllm)")),
+        }
+    }
+
+    /// The flag value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Sglang => "sglang",
+            EngineKind::Vllm => "vllm",
+        }
+    }
+}
+
+/// A LoRA adapter a vLLM-shaped worker serves (`--lora-modules NAME=PATH`): clients name it in
+/// `model`, and `/v1/models` lists it with the base model as `parent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraModule {
+    /// The adapter's name (what `model` says).
+    pub name: String,
+    /// Where it would be loaded from (reported as `root`).
+    pub path: String,
+}
+
+impl LoraModule {
+    /// `NAME=PATH`, or a bare `NAME` (the path is then the name).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (name, path) = s.split_once('=').unwrap_or((s, s));
+        let (name, path) = (name.trim(), path.trim());
+        if name.is_empty() || path.is_empty() {
+            return Err(format!("lora module {s:?}: expected NAME=PATH"));
+        }
+        Ok(LoraModule {
+            name: name.to_owned(),
+            path: path.to_owned(),
+        })
+    }
 }
 
 /// Which monoio driver the server thread runs.
@@ -143,8 +209,14 @@ pub struct SimConfig {
     pub max_queued_requests: Option<usize>,
     /// `--api-key`: every request needs `Authorization: Bearer <key>` except OPTIONS and paths
     /// starting with `/health`, `/ready` or `/metrics`, else 401, as SGLang's middleware (see
-    /// `server::auth`); `None`: no key asked.
+    /// `server::auth`; with [`EngineKind::Vllm`] only vLLM's guarded prefixes `/v1`, `/v2`,
+    /// `/inference`, `/cohere`); `None`: no key asked.
     pub api_key: Option<String>,
+    /// `--engine`: which server's API, metrics and KV-event format the worker speaks.
+    pub engine: EngineKind,
+    /// `--lora-modules` (vLLM only): adapters a request may name in `model`; any other
+    /// `model` than the served name or these is answered 404, as vLLM does.
+    pub lora_modules: Vec<LoraModule>,
 }
 
 impl Default for SimConfig {
@@ -174,6 +246,8 @@ impl Default for SimConfig {
             priority_scheduling: false,
             max_queued_requests: None,
             api_key: None,
+            engine: EngineKind::Sglang,
+            lora_modules: Vec::new(),
         }
     }
 }
@@ -184,6 +258,8 @@ mod calibration_tests;
 mod e2e_tests;
 #[cfg(test)]
 mod kv_events_e2e_tests;
+#[cfg(test)]
+mod vllm_e2e_tests;
 
 /// A raw HTTP/1.1 request (`Host: sim`, the headers in order, `Content-Length` for any body or
 /// POST) for tests that speak to a worker or a gateway byte by byte.

@@ -2,7 +2,9 @@
 //! fixed interval on a thread of its own (plain blocking sockets, so it neither shares nor
 //! slows the client's runtime), then summarised over the measurement window: mean KV use
 //! (`sglang:token_usage`), mean running and queued requests, and the share of time the GPU was
-//! idle (the simulator's `sglang:gpu_idle_seconds_total`; absent on a real SGLang server).
+//! idle (the simulator's `sglang:gpu_idle_seconds_total`; absent on a real SGLang server). A
+//! vLLM-shaped worker's `vllm:kv_cache_usage_perc`, `vllm:num_requests_running`,
+//! `vllm:num_requests_waiting` and `vllm:gpu_idle_seconds_total` are read the same way.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -32,19 +34,25 @@ pub struct Reading {
 pub fn parse(text: &str) -> Reading {
     // (sum, samples) per series.
     let mut acc = [(0.0f64, 0u32); 4];
-    const NAMES: [&str; 4] = [
-        "sglang:token_usage",
-        "sglang:num_running_reqs",
-        "sglang:num_queue_reqs",
-        "sglang:gpu_idle_seconds_total",
+    // SGLang's names, then vLLM's for the same readings (a worker speaks one of the two).
+    const NAMES: [(&str, usize); 8] = [
+        ("sglang:token_usage", 0),
+        ("sglang:num_running_reqs", 1),
+        ("sglang:num_queue_reqs", 2),
+        ("sglang:gpu_idle_seconds_total", 3),
+        ("vllm:kv_cache_usage_perc", 0),
+        ("vllm:num_requests_running", 1),
+        ("vllm:num_requests_waiting", 2),
+        ("vllm:gpu_idle_seconds_total", 3),
     ];
     for line in text.lines() {
         if line.starts_with('#') {
             continue;
         }
-        let Some(i) = NAMES.iter().position(|n| {
+        let Some(i) = NAMES.iter().find_map(|&(n, i)| {
             line.strip_prefix(n)
                 .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                .then_some(i)
         }) else {
             continue;
         };
@@ -279,6 +287,22 @@ mod tests {
         assert!((r.token_usage.unwrap() - 0.6).abs() < 1e-12);
         assert_eq!(r.idle_s, Some(1.25));
         assert_eq!(parse("nothing here\n"), Reading::default());
+    }
+
+    #[test]
+    fn parse_reads_vllm_names_too() {
+        let text = "# TYPE vllm:num_requests_running gauge\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n\
+            vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 4.0\n\
+            vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0\n\
+            vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.5\n\
+            vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.7\n\
+            vllm:kv_cache_usage_perc_created{engine=\"1\",model_name=\"m\"} 9.0\n\
+            vllm:gpu_idle_seconds_total{engine=\"0\",model_name=\"m\"} 1.5\n";
+        let r = parse(text);
+        assert_eq!((r.running, r.queued), (Some(7.0), Some(2.0)));
+        assert!((r.token_usage.unwrap() - 0.6).abs() < 1e-12);
+        assert_eq!(r.idle_s, Some(1.5));
     }
 
     #[test]

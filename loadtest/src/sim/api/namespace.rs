@@ -30,6 +30,13 @@ impl NsFields {
     }
 }
 
+impl NsFields {
+    /// `cache_salt` when it is one string (vLLM's field is a string).
+    pub(super) fn cache_salt(&self) -> Option<&str> {
+        self.cache_salt.as_ref().and_then(Value::as_str)
+    }
+}
+
 /// One namespace per prompt (`n` of them) for a request on `endpoint` whose `model` field was
 /// `model`, served as `served`.
 pub(super) fn resolve(

@@ -395,3 +395,121 @@ fn priority_is_read_from_every_endpoint_and_must_be_an_integer() {
         assert!(e.message.contains("priority"), "{}", e.message);
     }
 }
+
+#[test]
+fn vllm_token_in_token_out_requests() {
+    let t = SimTokenizer::new(TokenizerMode::Approx);
+    let g = parse_inference(
+        Endpoint::Tokens,
+        br#"{"token_ids":[1,2,3],"sampling_params":{"max_tokens":4},"request_id":"r1","cache_salt":"s","stream":true}"#,
+        &t,
+        128,
+    )
+    .unwrap();
+    assert_eq!(g.prompts, vec![vec![1, 2, 3]]);
+    assert_eq!((g.max_new_tokens, g.stream), (4, true));
+    assert_eq!(g.rid.as_deref(), Some("r1"));
+    let loras = [crate::sim::LoraModule::parse("ad=/p").unwrap()];
+    let salted = crate::sim::radix::Namespace::new(None, None, Some("s"));
+    assert_eq!(g.vllm_namespaces(&loras), vec![salted]);
+    let with_model = parse_inference(
+        Endpoint::Tokens,
+        br#"{"token_ids":[1],"sampling_params":{},"model":"ad"}"#,
+        &t,
+        7,
+    )
+    .unwrap();
+    assert_eq!(
+        with_model.max_new_tokens, 7,
+        "the default when max_tokens is absent"
+    );
+    let adapter = crate::sim::radix::Namespace::new(None, Some("ad"), None);
+    assert_eq!(with_model.vllm_namespaces(&loras), vec![adapter]);
+    // An unknown model is the base model (the simulator does not validate served names).
+    let other = parse_inference(
+        Endpoint::Tokens,
+        br#"{"token_ids":[1],"sampling_params":{},"model":"m"}"#,
+        &t,
+        7,
+    )
+    .unwrap();
+    assert!(other.vllm_namespaces(&loras)[0].is_default());
+    for bad in [
+        &br#"{"token_ids":[],"sampling_params":{}}"#[..],
+        br#"{"token_ids":[1]}"#,
+        br#"{"token_ids":[-1],"sampling_params":{}}"#,
+        br#"{"prompt":"x","sampling_params":{}}"#,
+    ] {
+        assert!(
+            parse_inference(Endpoint::Tokens, bad, &t, 1).is_err(),
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}
+
+#[test]
+fn vllm_token_answers() {
+    let meta = RespMeta {
+        id: "generate-tokens-r1",
+        created: 5,
+        model: "m",
+    };
+    let done = Completed {
+        text: String::new(),
+        output_ids: vec![7, 8],
+        usage: Usage {
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            cached_tokens: 1,
+        },
+        e2e_latency: 0.1,
+        aborted: false,
+    };
+    let v: Value =
+        serde_json::from_slice(&render_completed(Endpoint::Tokens, &meta, &[done])).unwrap();
+    assert_eq!(v["request_id"], "generate-tokens-r1");
+    assert_eq!(v["output_mode"], "tokens");
+    assert_eq!(v["choices"][0]["token_ids"], serde_json::json!([7, 8]));
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["total_tokens"], 5);
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+    let mut r = StreamRenderer::new(
+        Endpoint::Tokens,
+        "generate-tokens-r1".into(),
+        5,
+        "m".into(),
+        true,
+    );
+    let mut out = String::new();
+    let usage = Usage {
+        prompt_tokens: 3,
+        completion_tokens: 1,
+        cached_tokens: 0,
+    };
+    r.token(
+        &mut out,
+        &TokenChunk {
+            token: 7,
+            piece: "x",
+            first: true,
+            usage,
+            e2e: 0.0,
+            finish: Some(false),
+        },
+    );
+    r.finish(&mut out, &usage, 0.0, false, 1);
+    let events: Vec<&str> = out
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .collect();
+    assert_eq!(events.len(), 3, "{out}");
+    let first: Value = serde_json::from_str(events[0]).unwrap();
+    assert_eq!(first["choices"][0]["token_ids"], serde_json::json!([7]));
+    assert_eq!(first["choices"][0]["finish_reason"], "length");
+    assert!(first["usage"].is_null());
+    let last: Value = serde_json::from_str(events[1]).unwrap();
+    assert_eq!(last["choices"], serde_json::json!([]));
+    assert_eq!(last["usage"]["completion_tokens"], 1);
+    assert_eq!(events[2], "[DONE]");
+}

@@ -9,6 +9,10 @@
 //!
 //! Array form (older SGLang and vLLM): `["BlockStored", [hash], parent, token_ids, block_size,
 //! lora_id, medium]`, one per page, and `["BlockRemoved", hashes, medium]` per radix node.
+//!
+//! vLLM form (`--engine vllm`, vLLM 0.33): maps with every field of vLLM's structs that has no
+//! default (`lora_name` nil when absent) plus the defaulted ones vLLM sets (`extra_keys`,
+//! `group_idx`, `kv_cache_spec_kind`); hashes as unsigned ints; one `BlockRemoved` per block.
 
 use rmp::encode;
 
@@ -34,6 +38,11 @@ impl Writer<'_> {
     /// Block hashes go out as signed 64-bit integers, as SGLang's do.
     fn hash(&mut self, h: u64) {
         let _ = encode::write_sint(self.0, h as i64);
+    }
+    /// vLLM's block hashes: the low 64 bits of its digest as an unsigned int
+    /// (`maybe_convert_block_hash`), so half of them are above 2^63.
+    fn uhash(&mut self, h: u64) {
+        let _ = encode::write_uint(self.0, h);
     }
     fn nil(&mut self) {
         let _ = encode::write_nil(self.0);
@@ -75,6 +84,7 @@ pub fn encode_batch(
     let n = match encoding {
         EventEncoding::Map => map_events(&mut Writer(&mut body), events, bs),
         EventEncoding::Array => array_events(&mut Writer(&mut body), events, bs),
+        EventEncoding::Vllm => vllm_events(&mut Writer(&mut body), events, bs),
     };
     out.clear();
     let mut w = Writer(out);
@@ -237,6 +247,132 @@ fn map_event(w: &mut Writer<'_>, run: &[CacheEvent], bs: usize) {
             w.map(1);
             w.str("type");
             w.str("AllBlocksCleared");
+        }
+    }
+}
+
+/// vLLM 0.33's events (`vllm/distributed/kv_events.py`, msgspec tagged structs with
+/// `omit_defaults`, so fields without a default are always written and defaulted ones only when
+/// set). A chained run of stores is one `BlockStored`, as vLLM's block pool reports a request's
+/// newly full blocks in one event per step; each removal is its own `BlockRemoved` of one hash,
+/// as the pool evicts block by block. Returns the number of wire events.
+fn vllm_events(w: &mut Writer<'_>, events: &[CacheEvent], bs: usize) -> usize {
+    let mut n = 0;
+    let mut i = 0;
+    while i < events.len() {
+        let mut j = i + 1;
+        if matches!(events[i], CacheEvent::Stored { .. }) {
+            while j < events.len() && coalesces(&events[j - 1], &events[j]) {
+                j += 1;
+            }
+        }
+        n += vllm_event(w, &events[i..j], bs);
+        i = j;
+    }
+    n
+}
+
+/// vLLM's name for a tier: the host tier is its CPU offload medium.
+fn vllm_medium(m: crate::sim::radix::Medium) -> &'static str {
+    match m {
+        crate::sim::radix::Medium::Gpu => "GPU",
+        crate::sim::radix::Medium::CpuPinned => "CPU",
+    }
+}
+
+/// One run (a chain of `Stored`, one `Removed`, or one `Cleared`) as vLLM's events; returns how
+/// many were written.
+fn vllm_event(w: &mut Writer<'_>, run: &[CacheEvent], bs: usize) -> usize {
+    match &run[0] {
+        CacheEvent::Stored {
+            parent,
+            medium,
+            tags,
+            ..
+        } => {
+            let parts = || {
+                run.iter().filter_map(|e| match e {
+                    CacheEvent::Stored { hashes, tokens, .. } => Some((hashes, tokens)),
+                    _ => None,
+                })
+            };
+            let nh: usize = parts().map(|(h, _)| h.len()).sum();
+            let nt: usize = parts().map(|(_, t)| t.len()).sum();
+            let salt = tags.as_ref().and_then(|t| t.cache_salt.as_deref());
+            let lora = tags.as_ref().and_then(|t| t.lora_name.as_deref());
+            w.map(11);
+            w.str("type");
+            w.str("BlockStored");
+            w.str("block_hashes");
+            w.array(nh);
+            for &h in parts().flat_map(|(h, _)| h.iter()) {
+                w.uhash(h);
+            }
+            w.str("parent_block_hash");
+            match parent {
+                Some(p) => w.uhash(*p),
+                None => w.nil(),
+            }
+            w.str("token_ids");
+            w.tokens(nt, parts().flat_map(|(_, t)| t.iter()));
+            w.str("block_size");
+            w.uint(bs as u64);
+            // Deprecated in vLLM in favour of `lora_name`; the simulator numbers no adapters.
+            w.str("lora_id");
+            w.nil();
+            w.str("medium");
+            w.str(vllm_medium(*medium));
+            w.str("lora_name");
+            match lora {
+                Some(l) => w.str(l),
+                None => w.nil(),
+            }
+            // One entry per block, untagged (`to_event_extra_keys`): the adapter's name on
+            // every block, the salt only on the block at token 0 (`generate_block_hash_extra_keys`
+            // salts the first block; later ones inherit it through the chained hash).
+            w.str("extra_keys");
+            w.array(nh);
+            for b in 0..nh {
+                let salted = salt.filter(|_| b == 0 && parent.is_none());
+                let k = usize::from(lora.is_some()) + usize::from(salted.is_some());
+                if k == 0 {
+                    w.nil();
+                    continue;
+                }
+                w.array(k);
+                if let Some(l) = lora {
+                    w.str(l);
+                }
+                if let Some(s) = salted {
+                    w.str(s);
+                }
+            }
+            w.str("group_idx");
+            w.uint(0);
+            w.str("kv_cache_spec_kind");
+            w.str("full_attention");
+            1
+        }
+        CacheEvent::Removed { hashes, medium } => {
+            for &h in hashes {
+                w.map(4);
+                w.str("type");
+                w.str("BlockRemoved");
+                w.str("block_hashes");
+                w.array(1);
+                w.uhash(h);
+                w.str("medium");
+                w.str(vllm_medium(*medium));
+                w.str("group_idx");
+                w.uint(0);
+            }
+            hashes.len()
+        }
+        CacheEvent::Cleared => {
+            w.map(1);
+            w.str("type");
+            w.str("AllBlocksCleared");
+            1
         }
     }
 }

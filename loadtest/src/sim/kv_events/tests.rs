@@ -512,3 +512,168 @@ fn ephemeral_rank_zero_ports_are_offset_per_rank() {
     // The ports are held: binding rank 1's publisher port again fails.
     assert!(std::net::TcpListener::bind(("127.0.0.1", p0 + 1)).is_err());
 }
+
+#[test]
+fn vllm_encoding_matches_vllm_0_33() {
+    let ns = Namespace::new(None, Some("adapter"), Some("salt"));
+    let events = vec![
+        CacheEvent::Stored {
+            hashes: vec![u64::MAX - 4, 7],
+            parent: None,
+            tokens: vec![1, 2, 3, 4],
+            medium: Medium::Gpu,
+            tags: ns.tags().cloned(),
+        },
+        // Chains on: the same BlockStored, as vLLM reports a request's new blocks at once.
+        CacheEvent::Stored {
+            hashes: vec![9],
+            parent: Some(7),
+            tokens: vec![5, 6],
+            medium: Medium::Gpu,
+            tags: ns.tags().cloned(),
+        },
+        CacheEvent::Stored {
+            hashes: vec![11],
+            parent: Some(u64::MAX - 4),
+            tokens: vec![8, 8],
+            medium: Medium::CpuPinned,
+            tags: None,
+        },
+        CacheEvent::Removed {
+            hashes: vec![7, 9],
+            medium: Medium::Gpu,
+        },
+        CacheEvent::Cleared,
+    ];
+    let mut out = Vec::new();
+    let n = encode_batch(&mut out, 2.5, &events, 2, Some(0), EventEncoding::Vllm);
+    let v = decode(&out);
+    let batch = v.as_array().unwrap();
+    assert_eq!(
+        batch.len(),
+        3,
+        "EventBatch is array_like: [ts, events, rank]"
+    );
+    assert_eq!(batch[0].as_f64(), Some(2.5));
+    assert_eq!(batch[2].as_u64(), Some(0), "rank 0 is written, not omitted");
+    let evs = batch[1].as_array().unwrap();
+    assert_eq!(n, evs.len());
+    assert_eq!(n, 5, "two stores, one removal per block, one clear");
+    let s = &evs[0];
+    assert_eq!(
+        keys(s),
+        [
+            "type",
+            "block_hashes",
+            "parent_block_hash",
+            "token_ids",
+            "block_size",
+            "lora_id",
+            "medium",
+            "lora_name",
+            "extra_keys",
+            "group_idx",
+            "kv_cache_spec_kind",
+        ]
+    );
+    let hashes: Vec<u64> = field(s, "block_hashes")
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_u64().expect("unsigned, as vLLM's"))
+        .collect();
+    assert_eq!(hashes, [u64::MAX - 4, 7, 9]);
+    // A hash above 2^63 is a msgpack uint64 (0xcf), not a negative int64 (0xd3).
+    let mut big = Vec::new();
+    rmp::encode::write_uint(&mut big, u64::MAX - 4).unwrap();
+    assert_eq!(big[0], 0xcf);
+    assert!(out.windows(big.len()).any(|w| w == big.as_slice()));
+    assert!(field(s, "parent_block_hash").unwrap().is_nil());
+    assert_eq!(field(s, "token_ids").unwrap().as_array().unwrap().len(), 6);
+    assert_eq!(field(s, "block_size").unwrap().as_u64(), Some(2));
+    assert!(field(s, "lora_id").unwrap().is_nil());
+    assert_eq!(field(s, "medium").unwrap().as_str(), Some("GPU"));
+    assert_eq!(field(s, "lora_name").unwrap().as_str(), Some("adapter"));
+    // The salt is in the first block's extra keys only; the adapter in every block's.
+    let extra = field(s, "extra_keys").unwrap().as_array().unwrap();
+    let strs = |e: &Mp| -> Vec<String> {
+        e.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(strs(&extra[0]), ["adapter", "salt"]);
+    assert_eq!(strs(&extra[1]), ["adapter"]);
+    assert_eq!(strs(&extra[2]), ["adapter"]);
+    assert!(field(s, "cache_salt").is_none(), "vLLM has no salt field");
+    assert_eq!(field(s, "group_idx").unwrap().as_u64(), Some(0));
+    assert_eq!(
+        field(s, "kv_cache_spec_kind").unwrap().as_str(),
+        Some("full_attention")
+    );
+    // Default namespace, host tier, not at the root: no extra keys, medium CPU.
+    let t = &evs[1];
+    assert_eq!(field(t, "medium").unwrap().as_str(), Some("CPU"));
+    assert_eq!(
+        field(t, "parent_block_hash").unwrap().as_u64(),
+        Some(u64::MAX - 4)
+    );
+    assert!(field(t, "lora_name").unwrap().is_nil());
+    let extra = field(t, "extra_keys").unwrap().as_array().unwrap();
+    assert_eq!(extra.len(), 1);
+    assert!(extra[0].is_nil());
+    for (e, h) in evs[2..4].iter().zip([7u64, 9]) {
+        assert_eq!(keys(e), ["type", "block_hashes", "medium", "group_idx"]);
+        assert_eq!(field(e, "type").unwrap().as_str(), Some("BlockRemoved"));
+        let hs = field(e, "block_hashes").unwrap().as_array().unwrap();
+        assert_eq!(hs.len(), 1, "one block per BlockRemoved");
+        assert_eq!(hs[0].as_u64(), Some(h));
+    }
+    assert_eq!(keys(&evs[4]), ["type"]);
+    assert_eq!(
+        field(&evs[4], "type").unwrap().as_str(),
+        Some("AllBlocksCleared")
+    );
+}
+
+#[test]
+fn vllm_config_follows_enable_kv_cache_events() {
+    let on = KvEventsConfig::parse(
+        r#"{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv"}"#,
+    )
+    .unwrap();
+    assert_eq!(on.publisher, PublisherKind::Zmq, "vLLM: enabled means zmq");
+    let v = on.for_vllm();
+    assert_eq!(
+        (v.publisher, v.encoding, v.replay_form),
+        (PublisherKind::Zmq, EventEncoding::Vllm, ReplayForm::Topic)
+    );
+    // Rank 1's entry: ports offset, the wildcard host kept.
+    let rank1 = v.for_worker(1).unwrap().to_vllm_json();
+    assert_eq!(
+        rank1,
+        json!({
+            "enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5558",
+            "replay_endpoint": "tcp://*:5559", "buffer_steps": 10000, "hwm": 100000,
+            "max_queue_size": 100000, "topic": "kv",
+        })
+    );
+    // vLLM publishes nothing unless enabled, whatever the publisher says.
+    for text in [
+        r#"{"publisher":"zmq"}"#,
+        r#"{"enable_kv_cache_events":false}"#,
+        r#"{"enable_kv_cache_events":true,"publisher":"null"}"#,
+    ] {
+        let c = KvEventsConfig::parse(text).unwrap().for_vllm();
+        assert_eq!(c.publisher, PublisherKind::Null, "{text}");
+    }
+    assert!(KvEventsConfig::parse(r#"{"enable_kv_cache_events":1}"#).is_err());
+    // The key survives the reported JSON, so the config round-trips, vLLM's encoding too.
+    assert_eq!(
+        KvEventsConfig::parse(&on.to_json().to_string()).unwrap(),
+        on
+    );
+    assert_eq!(KvEventsConfig::parse(&v.to_json().to_string()).unwrap(), v);
+}

@@ -12,6 +12,7 @@ use crate::sim::api::{self, Completed, Endpoint, RespMeta, StreamRenderer, Token
 use crate::sim::disagg::{self, DisaggMode, RoomState};
 use crate::sim::engine::{FinishInfo, FinishReason};
 use crate::sim::radix::Namespace;
+use crate::sim::EngineKind;
 
 use super::conn::{write, AbortGuard, Next, Reader, WriteHalf};
 use super::routes::{answered, respond, respond_error, stall};
@@ -43,7 +44,20 @@ pub(super) async fn inference(
             return next;
         }
     };
-    let namespaces = match req.namespaces(&sh.cfg.model_name) {
+    if ep == Endpoint::Tokens {
+        // vLLM names the request after the `x-request-id` header, else its `request_id`.
+        let base = head
+            .header("x-request-id")
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .or(req.rid.take())
+            .unwrap_or_else(|| sh.next_resp_id(""));
+        req.rid = Some(format!("{}{base}", api::TOKENS_ID_PREFIX));
+    }
+    let namespaces = match sh.cfg.engine {
+        EngineKind::Vllm => Ok(req.vllm_namespaces(&sh.cfg.lora_modules)),
+        EngineKind::Sglang => req.namespaces(&sh.cfg.model_name),
+    };
+    let namespaces = match namespaces {
         Ok(ns) => ns,
         Err(e) => {
             let next = respond_error(sh, wr, keep, 400, "BadRequestError", &e.message).await;
@@ -107,7 +121,7 @@ pub(super) async fn inference(
         Endpoint::Completions => sh.next_resp_id("cmpl-"),
         Endpoint::Responses => sh.next_resp_id("resp_"),
         Endpoint::Messages => sh.next_resp_id("msg_"),
-        Endpoint::Generate => req.rid.unwrap_or_else(|| sh.next_resp_id("")),
+        Endpoint::Generate | Endpoint::Tokens => req.rid.unwrap_or_else(|| sh.next_resp_id("")),
     };
     let created = unix_now() as u64;
     let next = if req.stream {

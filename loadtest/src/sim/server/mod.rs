@@ -26,6 +26,7 @@ mod bootstrap;
 mod conn;
 mod inference;
 mod routes;
+mod vllm;
 mod wake;
 
 use conn::connection;
@@ -185,7 +186,7 @@ impl Server {
             ..CostModel::default()
         };
         let seed = cfg.seed.wrapping_add(index as u64);
-        let engine = Engine::new(EngineConfig {
+        let mut engine = Engine::new(EngineConfig {
             max_total_tokens: cfg.max_total_tokens,
             page_size: cfg.page_size,
             chunked_prefill_size: cfg.chunked_prefill_size,
@@ -200,6 +201,9 @@ impl Server {
             priority_scheduling: cfg.priority_scheduling,
             max_queued_requests: cfg.max_queued_requests,
         });
+        if cfg.engine == super::EngineKind::Vllm {
+            engine.use_vllm_buckets();
+        }
         let kv_config = match &kv {
             Some(p) => Some(p.config().clone()),
             None => cfg
@@ -254,7 +258,6 @@ impl Server {
     /// Python's `json` reads duplicates; out of range is an error, as SGLang's), else the next
     /// rank round robin (SGLang's default DP scheduling).
     fn rank_for(self: &Rc<Self>, body: &[u8]) -> Result<Rc<Server>, String> {
-        let n = self.others.len() + 1;
         const KEY: &[u8] = b"data_parallel_rank";
         let asked = if memchr::memmem::find(body, KEY).is_some() {
             serde_json::from_slice::<serde_json::Value>(body)
@@ -264,6 +267,23 @@ impl Server {
         } else {
             None
         };
+        self.rank_asked(asked)
+    }
+
+    /// vLLM's rank choice: the `X-data-parallel-rank` header (a router injects it; a value
+    /// that is not an integer is ignored, as vLLM ignores it), else round robin. vLLM does not
+    /// read a body field.
+    fn rank_for_vllm(self: &Rc<Self>, header: Option<&[u8]>) -> Result<Rc<Server>, String> {
+        let asked = header
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .map(serde_json::Value::from);
+        self.rank_asked(asked)
+    }
+
+    /// The rank `asked` names (out of range is an error), else the next one round robin.
+    fn rank_asked(self: &Rc<Self>, asked: Option<serde_json::Value>) -> Result<Rc<Server>, String> {
+        let n = self.others.len() + 1;
         let rank = match asked {
             None => {
                 let r = self.next_rank.get() % n;
@@ -744,7 +764,8 @@ impl SimCluster {
     }
 
     /// Each worker's KV-event config as it publishes (endpoint `+ index`, ephemeral ports
-    /// resolved), in port order; empty without `--kv-events-config` or with publisher "null".
+    /// resolved), in port order; empty without `--kv-events-config` or with publisher "null"
+    /// (a vLLM-shaped cluster also without `"enable_kv_cache_events": true`).
     pub fn kv_events(&self) -> &[KvEventsConfig] {
         &self.kv_configs
     }
@@ -801,6 +822,23 @@ pub fn spawn_cluster(cfg: SimConfig) -> io::Result<SimCluster> {
     }
     if !(0.0..=1.0).contains(&cfg.faults.fail_rate) {
         return invalid("fail_rate must be within [0, 1]");
+    }
+    let mut cfg = cfg;
+    match cfg.engine {
+        // vLLM publishes only with `enable_kv_cache_events`, in its own encoding.
+        super::EngineKind::Vllm => cfg.kv_events = cfg.kv_events.map(|k| k.for_vllm()),
+        super::EngineKind::Sglang => {
+            if cfg
+                .kv_events
+                .as_ref()
+                .is_some_and(|k| k.enable_kv_cache_events.is_some())
+            {
+                return invalid("enable_kv_cache_events is vLLM's key (use --engine vllm)");
+            }
+            if !cfg.lora_modules.is_empty() {
+                return invalid("lora_modules is vLLM's (use --engine vllm)");
+            }
+        }
     }
     let mut listeners = Vec::with_capacity(cfg.ports.len());
     let mut ports = Vec::with_capacity(cfg.ports.len());

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use crate::sim::api::Endpoint;
 use crate::sim::kv_events::{KvPublisher, PublisherKind};
 use crate::sim::tokenizer::TokenizerMode;
+use crate::sim::EngineKind;
 
 use super::conn::{write, AbortGuard, Next, Reader, WriteHalf};
 use super::inference::inference;
@@ -41,7 +42,13 @@ pub(super) async fn respond(
     }
 }
 
-async fn respond_json(sh: &Server, wr: &mut WriteHalf, keep: bool, status: u16, v: &Value) -> Next {
+pub(super) async fn respond_json(
+    sh: &Server,
+    wr: &mut WriteHalf,
+    keep: bool,
+    status: u16,
+    v: &Value,
+) -> Next {
     let body = serde_json::to_vec(v).unwrap_or_default();
     respond(sh, wr, keep, status, "application/json", &body).await
 }
@@ -71,7 +78,11 @@ pub(super) async fn handle(
     let keep = head.keep_alive;
     let method = head.method();
     let key = sh.cfg.api_key.as_deref();
-    if !super::auth::allowed(key, method, head.path(), head.header("authorization")) {
+    let check = match sh.cfg.engine {
+        EngineKind::Sglang => super::auth::allowed,
+        EngineKind::Vllm => super::auth::allowed_vllm,
+    };
+    if !check(key, method, head.path(), head.header("authorization")) {
         let body = super::auth::UNAUTHORIZED_BODY;
         return respond(sh, wr, keep, 401, "application/json", body).await;
     }
@@ -90,16 +101,25 @@ pub(super) async fn handle(
         };
     }
     let post = method == b"POST";
+    let vllm = sh.cfg.engine == EngineKind::Vllm;
     let endpoint = match head.path() {
-        b"/generate" if post || method == b"PUT" => Endpoint::Generate,
+        b"/generate" if !vllm && (post || method == b"PUT") => Endpoint::Generate,
+        b"/inference/v1/generate" if vllm && post => Endpoint::Tokens,
         b"/v1/chat/completions" if post => Endpoint::Chat,
         b"/v1/completions" if post => Endpoint::Completions,
         b"/v1/responses" if post => Endpoint::Responses,
         b"/v1/messages" if post => Endpoint::Messages,
+        path if vllm => return super::vllm::handle_info(sh, method, path, body, keep, wr).await,
         path => return handle_info(sh, method, path, body, keep, r, wr).await,
     };
-    // The DP rank that runs it (`data_parallel_rank`, else round robin).
-    match sh.rank_for(body) {
+    // The DP rank that runs it (SGLang: `data_parallel_rank`; vLLM: the
+    // `X-data-parallel-rank` header; else round robin).
+    let rank = if vllm {
+        sh.rank_for_vllm(head.header("x-data-parallel-rank"))
+    } else {
+        sh.rank_for(body)
+    };
+    match rank {
         Ok(rank) => inference(&rank, head, endpoint, body, r, wr).await,
         Err(msg) => respond_error(sh, wr, keep, 400, "BadRequestError", &msg).await,
     }
@@ -215,6 +235,16 @@ fn metrics(sh: &Rc<Server>) -> String {
         return render(sh);
     }
     let texts: Vec<String> = sh.ranks().map(|r| render(r)).collect();
+    merge_rank_metrics(&texts, true)
+}
+
+/// The expositions of a port's DP ranks (`texts[r]` is rank r's) as one: each family's HELP
+/// and TYPE once, then every rank's samples; with `relabel` each sample gets `dp_rank` as its
+/// first label (SGLang's schedulers label theirs so; vLLM's already carry `engine`).
+pub(super) fn merge_rank_metrics(texts: &[String], relabel: bool) -> String {
+    if texts.len() == 1 {
+        return texts[0].clone();
+    }
     // Split each rank's text into families (a family starts at its `# HELP` line); every rank
     // renders the same families in the same order.
     let families = |t: &str| -> Vec<Vec<String>> {
@@ -239,7 +269,11 @@ fn metrics(sh: &Rc<Server>) -> String {
         for (rank, fams) in split.iter().enumerate() {
             let Some(f) = fams.get(i) else { continue };
             for line in f.iter().filter(|l| !l.starts_with('#') && !l.is_empty()) {
-                out.push_str(&with_dp_rank(line, rank));
+                if relabel {
+                    out.push_str(&with_dp_rank(line, rank));
+                } else {
+                    out.push_str(line);
+                }
                 out.push('\n');
             }
         }
@@ -436,7 +470,7 @@ fn rank_load(sh: &Server) -> Value {
     }
 }
 
-fn debug_stats(sh: &Rc<Server>) -> Value {
+pub(super) fn debug_stats(sh: &Rc<Server>) -> Value {
     let ranks: Vec<Value> = sh
         .ranks()
         .map(|r| {
@@ -490,7 +524,7 @@ fn debug_stats(sh: &Rc<Server>) -> Value {
 /// `POST /debug/faults` with `{"fail_rate": 0.0..=1.0 | null, "hold": bool, "skip_kv_seq":
 /// bool, "lose_kv_seq": bool}` (each optional; `fail_rate: null` restores the configured rate;
 /// the KV knobs act on the next published batch, see [`Faults`](crate::sim::Faults)).
-fn set_faults(sh: &Server, body: &[u8]) -> Result<(), String> {
+pub(super) fn set_faults(sh: &Server, body: &[u8]) -> Result<(), String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
     let Some(obj) = v.as_object() else {
         return Err("expected a JSON object".into());
@@ -528,7 +562,7 @@ fn set_faults(sh: &Server, body: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-fn debug_requests(sh: &Server) -> Value {
+pub(super) fn debug_requests(sh: &Server) -> Value {
     Value::Array(
         sh.records
             .borrow()
