@@ -33,12 +33,10 @@
 # --engine vllm: the workers play vLLM servers instead (sim-worker --engine vllm: vLLM's routes,
 # metrics and KV-event encoding), so the same comparison runs against a vLLM-shaped fleet. Their
 # caches are emptied with /reset_prefix_cache; for +kv_events they publish with
-# "enable_kv_cache_events": true and the gateway is given each worker's publisher and replay
-# socket (--kv-events-endpoints / --kv-events-replay-endpoints, read from the worker's
-# /kv_event_sources), as a vLLM server has no /get_server_info to find them in. The hit rate
-# comes from vLLM's counters (vllm:prefix_cache_hits_total / vllm:prompt_tokens_total): each
-# scrape also writes them under the SGLang names scripts/report.py reads. Not with --pd (the
-# simulated disaggregation is SGLang's).
+# "enable_kv_cache_events": true and the gateway finds every publisher at the worker's own
+# /kv_event_sources, as it does in front of real vLLM servers (no endpoint flags). The hit rate
+# comes from vLLM's counters (vllm:prefix_cache_hits_total / vllm:prompt_tokens_total). Not with
+# --pd (the simulated disaggregation is SGLang's).
 #
 # --pd: a prefill/decode disaggregated cluster instead. --prefill-workers N simulated prefill
 # servers (sim-worker --disaggregation-mode prefill, each with its own bootstrap port) and
@@ -400,24 +398,6 @@ else
     start_sims sim-worker "$BASE" "$LAST" "${KV_SIM[@]}"
 fi
 
-# vLLM announces its publishers only at /kv_event_sources (the gateway reads SGLang's
-# /get_server_info), so the gateway is told each worker's rank-0 sockets explicitly.
-KV_GW_ENDPOINTS=()
-if [[ "$ENGINE" == vllm && ${#KV_SIM[@]} -gt 0 ]]; then
-    pubs=() replays=()
-    for u in "${URLS[@]}"; do
-        src="$(curl -s --max-time 5 "$u/kv_event_sources")"
-        ep="$(jq -r '."0".endpoint // empty' <<<"$src")"
-        rep="$(jq -r '."0".replay_endpoint // empty' <<<"$src")"
-        [[ -n "$ep" ]] || { echo "$u/kv_event_sources names no publisher: $src" >&2; exit 1; }
-        pubs+=("$u=$ep")
-        [[ -n "$rep" ]] && replays+=("$u=$rep")
-    done
-    KV_GW_ENDPOINTS=(--kv-events-endpoints "${pubs[@]}")
-    [[ ${#replays[@]} -gt 0 ]] && KV_GW_ENDPOINTS+=(--kv-events-replay-endpoints "${replays[@]}")
-    log "vLLM workers' KV-event sockets for the gateway: ${KV_GW_ENDPOINTS[*]}"
-fi
-
 M_TOK="$SIM_TOK_DESC" M_KV_TOK="$KV_TOK_NOTE" python3 - "$OUT/meta.json" <<PY
 import json, os, sys
 json.dump({"workload": "$WORKLOAD", "workers": $WORKERS, "duration_s": $DURATION,
@@ -444,28 +424,10 @@ flush_workers() {
     done
 }
 
-# A vLLM worker's counters under the SGLang names scripts/report.py reads (prompt and cached
-# tokens, finished requests, the simulator's evicted tokens), appended to its scrape.
-as_sglang_names() { # as_sglang_names FILE
-    local extra
-    extra="$(awk '
-        /^#/ { next }
-        { name = $1; sub(/\{.*/, "", name); v[name] += $NF }
-        END {
-            printf "# vLLM counters under SGLang names (compare-policies.sh --engine vllm)\n"
-            printf "sglang:prompt_tokens_total %.17g\n", v["vllm:prompt_tokens_total"]
-            printf "sglang:cached_tokens_total{cache_source=\"total\"} %.17g\n", v["vllm:prefix_cache_hits_total"]
-            printf "sglang:num_requests_total %.17g\n", v["vllm:request_success_total"]
-            printf "sglang:evicted_tokens_total %.17g\n", v["vllm:evicted_tokens_total"]
-        }' "$1")"
-    printf '%s\n' "$extra" >>"$1"
-}
-
 scrape() { # scrape DIR PREFIX
     local i
     for ((i = 0; i < WORKERS; i++)); do
         curl -s --max-time 10 "${URLS[$i]}/metrics" >"$1/$2-$i.prom" || true
-        if [[ "$ENGINE" == vllm ]]; then as_sglang_names "$1/$2-$i.prom"; fi
     done
     for ((i = 0; i < ${#DECODE_URLS[@]}; i++)); do
         curl -s --max-time 10 "${DECODE_URLS[$i]}/metrics" >"$1/decode-$2-$i.prom" || true
@@ -517,7 +479,7 @@ run_policy() { # run_policy INDEX LABEL
         cache_aware+insert_response_text) policy=cache_aware; extra=(--insert-response-text) ;;
         cache_aware+affinity_window) policy=cache_aware; extra=(--affinity-window) ;;
         cache_aware+kv_events)
-            policy=cache_aware; extra=(--kv-events "${KV_GW_ENDPOINTS[@]}")
+            policy=cache_aware; extra=(--kv-events)
             [[ -n "$TOKENIZER_PATH" ]] && extra+=(--tokenizer-path "$TOKENIZER_PATH") ;;
         manual+session_header) policy=manual; header=(--session-header) ;;
         sglang-router) policy=cache_aware; gateway=sglang-router; label="sglang-router cache_aware" ;;

@@ -17,7 +17,8 @@ rate is the prefill side's; the report gets the PD table, its own acceptance lin
 failing or erroring gateway the lines it printed (gateway.log, warmup.log).
 
 Hit rate is token-weighted from the workers' own counters: Δ sglang:cached_tokens_total
-{cache_source="total"} / Δ sglang:prompt_tokens_total, summed over workers. The chart needs
+{cache_source="total"} / Δ sglang:prompt_tokens_total (vLLM workers: Δ
+vllm:prefix_cache_hits_total / Δ vllm:prompt_tokens_total), summed over workers. The chart needs
 matplotlib (the script's .venv); without it only the markdown is written.
 Standard library only, apart from the optional chart.
 """
@@ -63,14 +64,24 @@ def worker_deltas(run_dir, prefix=""):
         b = parse_prom(os.path.join(run_dir, f"{prefix}before-{i}.prom"))
         a = parse_prom(os.path.join(run_dir, f"{prefix}after-{i}.prom"))
         d = lambda name, lf=None: total(a, name, lf) - total(b, name, lf)
-        rows.append((
-            d("sglang:prompt_tokens_total"),
-            d("sglang:cached_tokens_total", ("cache_source", "total")),
-            d("sglang:num_requests_total"),
-            # The simulator's own counter (SGLang has none): proves the run was under memory
-            # pressure. Absent (0) on real servers.
-            d("sglang:evicted_tokens_total"),
-        ))
+        # A worker is read by the names it exports: SGLang's, else vLLM's (its hits over all
+        # prompt tokens, the same ratio as SGLang's cached over prompt tokens).
+        if "vllm:prompt_tokens_total" in a:
+            rows.append((
+                d("vllm:prompt_tokens_total"),
+                d("vllm:prefix_cache_hits_total"),
+                d("vllm:request_success_total"),
+                d("vllm:evicted_tokens_total"),
+            ))
+        else:
+            rows.append((
+                d("sglang:prompt_tokens_total"),
+                d("sglang:cached_tokens_total", ("cache_source", "total")),
+                d("sglang:num_requests_total"),
+                # The simulator's own counter (SGLang has none): proves the run was under memory
+                # pressure. Absent (0) on real servers.
+                d("sglang:evicted_tokens_total"),
+            ))
         i += 1
     return rows
 
