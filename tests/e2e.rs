@@ -44,6 +44,7 @@ mod e2e {
     mod tokenizer_golden;
     mod tracing;
     mod vllm_events;
+    mod vllm_fleet;
     mod vllm_forms;
     mod worker_key;
     mod workload;

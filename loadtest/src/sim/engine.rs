@@ -488,7 +488,8 @@ impl Engine {
         let mut g = self.gauges();
         g.queued += held;
         g.idle_seconds = self.idle_seconds(now_ms);
-        self.metrics.render_vllm(model, engine, &g, created)
+        self.metrics
+            .render_vllm(model, engine, &g, created, self.cache.page_size())
     }
 
     /// Drop the whole cache; refused (false) while any request is waiting or running.

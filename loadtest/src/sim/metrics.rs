@@ -222,7 +222,14 @@ impl Metrics {
     /// `_created` as Python's Prometheus client writes them. `created` is the Unix time the
     /// series were created. Prefix-cache queries and hits count prompt tokens and their
     /// cached part, the ratio vLLM's own hit rate is.
-    pub fn render_vllm(&self, model: &str, engine: usize, g: &Gauges, created: f64) -> String {
+    pub fn render_vllm(
+        &self,
+        model: &str,
+        engine: usize,
+        g: &Gauges,
+        created: f64,
+        block_size: usize,
+    ) -> String {
         let model = escape_label_value(model);
         let engine = engine.to_string();
         let l = VllmLabels {
@@ -260,6 +267,18 @@ impl Metrics {
                 py_float(v)
             );
         }
+        // vLLM's info gauge of its cache config (one label per CacheConfig field, sorted as
+        // Python's client writes them; the fields a consumer reads: the block size and the
+        // number of GPU blocks, whose product is the KV capacity in tokens).
+        let _ = writeln!(
+            o,
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{block_size=\"{block_size}\",cache_dtype=\"auto\",\
+             enable_prefix_caching=\"True\",engine=\"{engine}\",\
+             gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"{}\"}} 1.0",
+            g.capacity / block_size.max(1)
+        );
         for (name, help, v) in [
             (
                 "vllm:prefix_cache_queries",
@@ -678,7 +697,7 @@ mod tests {
             queued: 1,
             ..Gauges::default()
         };
-        let s = m.render_vllm("m\"x", 1, &g, 1000.0);
+        let s = m.render_vllm("m\"x", 1, &g, 1000.0, 16);
         let l = "{engine=\"1\",model_name=\"m\\\"x\"}";
         for line in [
             format!("vllm:num_requests_running{l} 2.0"),
@@ -692,6 +711,7 @@ mod tests {
             format!("vllm:gpu_idle_seconds_total{l} 0.0"),
             format!("vllm:evicted_tokens_total{l} 0.0"),
             format!("vllm:prompt_tokens_created{l} 1000.0"),
+            "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"1\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"6\"} 1.0".to_string(),
             format!("vllm:time_to_first_token_seconds_count{l} 1.0"),
             "# TYPE vllm:prefix_cache_hits_total counter".to_string(),
             "vllm:request_success_total{engine=\"1\",finished_reason=\"abort\",model_name=\"m\\\"x\"} 1.0".to_string(),
