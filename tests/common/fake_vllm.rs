@@ -20,6 +20,7 @@ pub struct FakeVllm {
     /// Where it listens on 127.0.0.1.
     pub port: u16,
     asked: Asked,
+    says: Arc<Says>,
 }
 
 impl FakeVllm {
@@ -31,16 +32,23 @@ impl FakeVllm {
         let log = asked.clone();
         let says = Arc::new(Says {
             models: json!({"object": "list", "data": cards}).to_string(),
-            sources: sources.to_string(),
+            sources: Mutex::new(sources.to_string()),
         });
+        let serving = says.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { break };
-                let (log, says) = (log.clone(), says.clone());
+                let (log, says) = (log.clone(), serving.clone());
                 std::thread::spawn(move || serve_fake(conn, port, &log, &says));
             }
         });
-        FakeVllm { port, asked }
+        FakeVllm { port, asked, says }
+    }
+
+    /// From now on announce `sources` at `/kv_event_sources` (a server restarted with other
+    /// publishers).
+    pub fn announce(&self, sources: Value) {
+        *self.says.sources.lock().unwrap() = sources.to_string();
     }
 
     /// The URL the gateway is given.
@@ -61,7 +69,7 @@ impl FakeVllm {
 /// What a [`FakeVllm`] answers about itself.
 struct Says {
     models: String,
-    sources: String,
+    sources: Mutex<String>,
 }
 
 /// One keep-alive connection of a [`FakeVllm`].
@@ -103,7 +111,11 @@ fn serve_fake(conn: TcpStream, port: u16, asked: &Asked, says: &Says) {
         let (status, kind, answer) = match (method.as_str(), path.as_str()) {
             ("GET", "/health") => (200, "application/json", "{}".to_string()),
             ("GET", "/v1/models") => (200, "application/json", says.models.clone()),
-            ("GET", "/kv_event_sources") => (200, "application/json", says.sources.clone()),
+            ("GET", "/kv_event_sources") => (
+                200,
+                "application/json",
+                says.sources.lock().unwrap().clone(),
+            ),
             ("POST", "/inference/v1/generate") if stream => (
                 200,
                 "text/event-stream",

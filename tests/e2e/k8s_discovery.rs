@@ -883,32 +883,41 @@ fn k8s_dp_ranks_of_a_discovered_server() {
     wait_urls(&gw, &[], "the server leaves with all its ranks");
 }
 
-/// `--kv-events`: a discovered worker's event publishers are found from its `/get_server_info`
-/// like a static worker's (registration is the same path), and its events are followed.
+/// `--kv-events`: a discovered worker's event publishers are found like a static worker's
+/// (registration is the same path): an SGLang server's from its `/get_server_info`, a vLLM
+/// server's from its `/kv_event_sources`; its events are followed.
 #[test]
 fn k8s_discovered_workers_publish_kv_events() {
-    let cluster = sim(1, |c| {
-        c.page_size = 4;
-        c.kv_events = Some(
-            loadtest::sim::kv_events::KvEventsConfig::parse(
-                r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
-            )
-            .unwrap(),
+    use loadtest::sim::EngineKind;
+    for (engine, config) in [
+        (
+            EngineKind::Sglang,
+            r#"{"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
+        ),
+        (
+            EngineKind::Vllm,
+            r#"{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:*","replay_endpoint":"tcp://127.0.0.1:*"}"#,
+        ),
+    ] {
+        let cluster = sim(1, |c| {
+            c.engine = engine;
+            c.page_size = 4;
+            c.kv_events = Some(loadtest::sim::kv_events::KvEventsConfig::parse(config).unwrap());
+        });
+        let p0 = cluster.ports()[0];
+        let stub = Stub::start(&[]);
+        stub.put(&pod("kv", "ukv", p0, json!({"app": "sgl"}), true));
+        let gw = discovering(&stub, &["--selector", "app=sgl", "--kv-events"]);
+        wait_urls(&gw, &[url(p0)], "the discovered worker");
+        let kv = gw.gateway().kv.as_ref().expect("--kv-events on");
+        let id: u32 = worker(&gw, &url(p0)).unwrap()["id"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .expect("a worker id");
+        wait_until(
+            &format!("the discovered {engine:?} worker's events are followed"),
+            FOLLOW,
+            || kv.exact_workers().contains(&id).then_some(()),
         );
-    });
-    let p0 = cluster.ports()[0];
-    let stub = Stub::start(&[]);
-    stub.put(&pod("kv", "ukv", p0, json!({"app": "sgl"}), true));
-    let gw = discovering(&stub, &["--selector", "app=sgl", "--kv-events"]);
-    wait_urls(&gw, &[url(p0)], "the discovered worker");
-    let kv = gw.gateway().kv.as_ref().expect("--kv-events on");
-    let id: u32 = worker(&gw, &url(p0)).unwrap()["id"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .expect("a worker id");
-    wait_until(
-        "the discovered worker's events are followed",
-        FOLLOW,
-        || kv.exact_workers().contains(&id).then_some(()),
-    );
+    }
 }

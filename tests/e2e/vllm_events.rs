@@ -1078,12 +1078,14 @@ fn a_gateway_restarted_in_front_of_vllm_servers_finds_their_publishers_and_route
     let first = tokens(64, 100);
     pubs[0].store(&first, json!({"rank": 1}));
     let gw = crate::common::gateway_for(&urls, &args);
+    let kv = gw.gateway().kv.as_ref().unwrap();
+    // Ready means warm: both servers' every rank live before anything was routed.
+    assert_eq!(kv.exact_workers().len(), 2, "exact on both at readiness");
     assert_eq!(
         complete(&gw, &first),
         0,
         "the first request after readiness"
     );
-    let kv = gw.gateway().kv.as_ref().unwrap();
     let mut sources: Vec<(usize, u32)> = kv
         .source_states()
         .iter()
@@ -1100,6 +1102,7 @@ fn a_gateway_restarted_in_front_of_vllm_servers_finds_their_publishers_and_route
     let second = tokens(64, 5000);
     pubs[1].store(&second, json!({"rank": 0}));
     let gw = crate::common::gateway_for(&urls, &args);
+    assert_eq!(gw.gateway().kv.as_ref().unwrap().exact_workers().len(), 2);
     assert_eq!(
         complete(&gw, &second),
         1,
@@ -1109,4 +1112,69 @@ fn a_gateway_restarted_in_front_of_vllm_servers_finds_their_publishers_and_route
     for s in &servers {
         assert!(!s.asked("/kv_event_sources").is_empty());
     }
+}
+
+/// A vLLM server restarted behind the same URL with publishers on other ports (as one bound to
+/// `tcp://*:0` is): the gateway reads its `/kv_event_sources` again once the old publisher has
+/// gone quiet, subscribes the new one and routes by it.
+#[test]
+fn a_vllm_server_restarted_on_new_ports_is_subscribed_again() {
+    let mut pubs = [Vllm::start(), Vllm::start()];
+    let cards = json!([{"id": MODEL, "object": "model", "root": MODEL, "parent": null}]);
+    let sources = |v: &mut Vllm| -> Value {
+        serde_json::from_str(&v.raw(json!({"cmd": "sources"}))).unwrap()
+    };
+    let servers: Vec<FakeVllm> = pubs
+        .iter_mut()
+        .map(|p| FakeVllm::start(cards.clone(), sources(p)))
+        .collect();
+    let urls: Vec<String> = servers.iter().map(FakeVllm::url).collect();
+    let gw = crate::common::gateway_for(&urls, &["--kv-events", "--policy", "cache_aware"]);
+    let kv = gw.gateway().kv.as_ref().unwrap();
+    assert_eq!(kv.exact_workers().len(), 2);
+    // Server 0 restarts: its old publisher is gone, the new one is elsewhere.
+    let mut restarted = Vllm::start();
+    servers[0].announce(sources(&mut restarted));
+    drop(std::mem::replace(&mut pubs[0], restarted));
+    let p = tokens(64, 700);
+    pubs[0].store(&p, json!({}));
+    crate::common::wait_until(
+        "the restarted server's new publisher is followed",
+        Duration::from_secs(30),
+        || (held_by_port(&gw, &p) == [servers[0].port]).then_some(()),
+    );
+    let mut ask = p.clone();
+    ask.extend([7, 7, 7]);
+    let body =
+        serde_json::to_vec(&json!({"model": MODEL, "prompt": ask, "max_tokens": 1})).unwrap();
+    for _ in 0..4 {
+        let r = crate::common::request(
+            gw.addr,
+            "POST",
+            "/v1/completions",
+            &[("content-type", "application/json")],
+            &body,
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(crate::common::served_by(&r), servers[0].port);
+    }
+}
+
+/// The ports of the workers the index says hold `prompt` (unsalted).
+fn held_by_port(gw: &radixgate::runtime::Running, prompt: &[u32]) -> Vec<u16> {
+    let kv = gw.gateway().kv.as_ref().unwrap();
+    let snap = kv.reader.load();
+    let mut scratch = MatchScratch::default();
+    let reg = gw.gateway().registry.load();
+    let mut v: Vec<u16> = snap
+        .match_prefix(MODEL, ROOT_PARENT, prompt, &mut scratch)
+        .iter()
+        .filter_map(|m| {
+            let w = reg.workers.iter().find(|w| w.id == m.source.worker)?;
+            w.url.rsplit(':').next()?.parse().ok()
+        })
+        .collect();
+    v.sort_unstable();
+    v
 }

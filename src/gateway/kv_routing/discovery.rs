@@ -9,7 +9,7 @@ use crate::base::WorkerId;
 use crate::http::Method;
 use crate::kv::endpoint::TcpEndpoint;
 use crate::kv::index::Source;
-use crate::kv::intake::{CommandError, Publisher};
+use crate::kv::intake::{CommandError, Publisher, SourceState};
 use crate::proxy::forward;
 use crate::proxy::pool::Pool;
 use crate::workers::registry::{Worker, WorkerList};
@@ -219,8 +219,15 @@ fn positive_u32(v: Option<&serde_json::Value>) -> Option<u32> {
 /// Per worker (by serial): subscribed, or when to try again.
 #[derive(Debug)]
 enum Found {
-    /// `replay`: with a replay endpoint (its start-up replay is waited for).
-    Subscribed { id: WorkerId, replay: bool },
+    /// `replay`: with a replay endpoint (its start-up replay is waited for). `announced`: what
+    /// a vLLM server said at `/kv_event_sources` (its ranks and sockets change when it is
+    /// restarted on `tcp://*:0` or scaled), read again at `recheck`.
+    Subscribed {
+        id: WorkerId,
+        replay: bool,
+        announced: Option<Arc<[RankPublisher]>>,
+        recheck: Instant,
+    },
     /// `holds`: the failure may clear within moments (no answer yet, the model not learnt
     /// yet), so a new copy's readiness waits for it, within `--kv-warm-timeout-secs`.
     Retry {
@@ -239,6 +246,12 @@ pub struct Discovery {
 
 /// Longest wait between attempts to read a worker's publishers.
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// How often a subscribed vLLM server's announcement is read again while all its publishers
+/// are live (a scale-up adds ranks that nothing else would show).
+const RECHECK_LIVE: Duration = Duration::from_secs(60);
+/// How often while one of its publishers is not live (a server restarted on `tcp://*:0`
+/// publishes on new ports; a rank scaled away never comes back).
+const RECHECK_STALLED: Duration = RETRY_MAX;
 /// First wait after the worker's model was not known yet: the health check that learns it
 /// runs in the same tick, so the next tick usually finds it.
 const MODEL_RETRY: Duration = Duration::from_millis(100);
@@ -252,6 +265,7 @@ impl Discovery {
             return; // Subscriptions resume after the sibling's watermarks: wait for its copy.
         }
         self.drop_gone(kv, list);
+        self.recheck(kv, pool, list).await;
         let now = Instant::now();
         for w in &list.workers {
             let due = match self.found.get(&w.serial) {
@@ -268,9 +282,16 @@ impl Discovery {
                 _ => 1,
             };
             match outcome {
-                Ok(replay) => {
-                    self.found
-                        .insert(w.serial, Found::Subscribed { id: w.id, replay });
+                Ok((replay, announced)) => {
+                    self.found.insert(
+                        w.serial,
+                        Found::Subscribed {
+                            id: w.id,
+                            replay,
+                            announced,
+                            recheck: now + RECHECK_LIVE,
+                        },
+                    );
                 }
                 Err(why) => {
                     // A model not learnt yet is the normal first look at a vLLM server (the
@@ -306,9 +327,9 @@ impl Discovery {
             .found
             .iter()
             .filter(|(serial, _)| !list.workers.iter().any(|w| w.serial == **serial))
-            .filter_map(|(s, f)| match f {
-                Found::Subscribed { id, .. } => Some((*s, *id)),
-                Found::Retry { .. } => None,
+            .map(|(s, f)| match f {
+                // A retry may follow a subscription that failed part-way: undone the same way.
+                Found::Subscribed { id, .. } | Found::Retry { id, .. } => (*s, *id),
             })
             .collect();
         for (serial, id) in gone {
@@ -321,10 +342,63 @@ impl Discovery {
                 Err(CommandError::Busy) => {} // Next round.
             }
         }
-        self.found.retain(|serial, f| {
-            matches!(f, Found::Subscribed { .. })
-                || list.workers.iter().any(|w| w.serial == *serial)
-        });
+    }
+
+    /// Read again the announcement of each subscribed vLLM server whose time has come (every
+    /// [`RECHECK_LIVE`], or every [`RECHECK_STALLED`] while one of its publishers is not live),
+    /// and start over with one whose ranks or sockets changed: its publishers are dropped (its
+    /// blocks with them) and the next pass subscribes what it announces now, replaying each
+    /// rank's buffer. An announcement that cannot be read leaves things as they are.
+    async fn recheck(&mut self, kv: &KvRouting, pool: &Pool, list: &WorkerList) {
+        let now = Instant::now();
+        // Held across the awaits below: a full Arc, not a guard.
+        let states = Arc::clone(&kv.source_states());
+        for w in &list.workers {
+            let Some(Found::Subscribed {
+                id,
+                announced: Some(before),
+                recheck,
+                ..
+            }) = self.found.get(&w.serial)
+            else {
+                continue;
+            };
+            let stalled = states
+                .iter()
+                .any(|(s, st)| s.worker == *id && *st != SourceState::Live);
+            let due = if stalled {
+                *recheck <= now + (RECHECK_LIVE - RECHECK_STALLED)
+            } else {
+                *recheck <= now
+            };
+            if !due {
+                continue;
+            }
+            let (id, before) = (*id, before.clone());
+            let changed = match fetch_sources(kv, pool, w).await {
+                Ok(said) => *said != *before,
+                Err(_) => false,
+            };
+            if changed {
+                match kv.intake.remove_worker(id) {
+                    Ok(()) | Err(CommandError::Stopped) => {
+                        crate::log!(
+                            Info,
+                            "kv events: worker {}: its announced publishers changed; \
+                             subscribing again",
+                            w.url
+                        );
+                        kv.pending.forget_worker(id);
+                        self.found.remove(&w.serial);
+                        continue;
+                    }
+                    Err(CommandError::Busy) => {} // Next round.
+                }
+            }
+            if let Some(Found::Subscribed { recheck, .. }) = self.found.get_mut(&w.serial) {
+                *recheck = now + RECHECK_LIVE;
+            }
+        }
     }
 
     /// Publish what a new copy's readiness waits for (when it changed): the workers whose
@@ -338,7 +412,9 @@ impl Discovery {
             v
         };
         let replaying = ids(|f| match f {
-            Found::Subscribed { id, replay: true } => Some(*id),
+            Found::Subscribed {
+                id, replay: true, ..
+            } => Some(*id),
             _ => None,
         });
         let undiscovered = ids(|f| match f {
@@ -356,14 +432,15 @@ impl Discovery {
     }
 
     /// Find `w`'s publishers (flags first, else what the server announces) and subscribe.
-    /// Returns whether they have a replay endpoint.
+    /// Returns whether they have a replay endpoint, and a vLLM server's announcement when it
+    /// is what was subscribed (to be read again later).
     async fn discover(
         &self,
         gw: &Gateway,
         kv: &KvRouting,
         pool: &Pool,
         w: &Arc<Worker>,
-    ) -> Result<bool, DiscoverError> {
+    ) -> Result<(bool, Option<Arc<[RankPublisher]>>), DiscoverError> {
         let announced = announcement(kv, pool, w).await;
         let found = publishers(gw, kv, w, announced)?;
         let ranks = found.layout.count();
@@ -386,7 +463,7 @@ impl Discovery {
         let mine = own_sockets(kv, w, &found.layout)?;
         let has_replay = mine.iter().any(|(_, _, replay)| replay.is_some());
         subscribe(kv, w, mine)?;
-        Ok(has_replay)
+        Ok((has_replay, found.announced))
     }
 }
 
@@ -499,6 +576,8 @@ struct Publishers {
     layout: Layout,
     model: Option<String>,
     block_size: Option<u32>,
+    /// The vLLM announcement subscribed as it stands (no flags moved its sockets).
+    announced: Option<Arc<[RankPublisher]>>,
 }
 
 /// What `w` announces: SGLang's `/get_server_info`, else (a 404: vLLM has none) vLLM's
@@ -511,26 +590,43 @@ async fn announcement(kv: &KvRouting, pool: &Pool, w: &Worker) -> Result<Announc
         Ok((200, body)) => parse_server_info(&body, &w.server_url)
             .map(Announced::Sglang)
             .map_err(DiscoverError::Info),
-        Ok((404, _)) => match get(SOURCES_PATH).await {
-            Ok((200, body)) => match parse_kv_event_sources(&body, &w.server_url, kv.max_ranks) {
-                Ok(ranks) => Ok(Announced::Vllm(ranks)),
-                Err(ServerInfoError::TooManyRanks(n)) => {
-                    kv.intake.count_refused();
-                    Err(DiscoverError::TooManyRanks {
-                        ranks: n as u64,
-                        max: kv.max_ranks,
-                    })
-                }
-                Err(e) => Err(DiscoverError::Info(e)),
-            },
-            Ok((status, _)) => Err(DiscoverError::Status {
-                path: SOURCES_PATH,
-                status,
-            }),
-            Err(e) => Err(DiscoverError::Fetch(e)),
-        },
+        Ok((404, _)) => fetch_sources(kv, pool, w).await.map(Announced::Vllm),
         Ok((status, _)) => Err(DiscoverError::Status {
             path: SERVER_INFO,
+            status,
+        }),
+        Err(e) => Err(DiscoverError::Fetch(e)),
+    }
+}
+
+/// `w`'s `/kv_event_sources`, read (a count of ranks over the bound is counted as refused).
+async fn fetch_sources(
+    kv: &KvRouting,
+    pool: &Pool,
+    w: &Worker,
+) -> Result<Vec<RankPublisher>, DiscoverError> {
+    let got = forward::fetch(
+        pool,
+        w,
+        Method::Get,
+        SOURCES_PATH,
+        Bytes::new(),
+        INFO_TIMEOUT,
+    );
+    match got.await {
+        Ok((200, body)) => match parse_kv_event_sources(&body, &w.server_url, kv.max_ranks) {
+            Ok(ranks) => Ok(ranks),
+            Err(ServerInfoError::TooManyRanks(n)) => {
+                kv.intake.count_refused();
+                Err(DiscoverError::TooManyRanks {
+                    ranks: n as u64,
+                    max: kv.max_ranks,
+                })
+            }
+            Err(e) => Err(DiscoverError::Info(e)),
+        },
+        Ok((status, _)) => Err(DiscoverError::Status {
+            path: SOURCES_PATH,
             status,
         }),
         Err(e) => Err(DiscoverError::Fetch(e)),
@@ -557,7 +653,11 @@ fn publishers(
             },
             model: i.model,
             block_size: i.block_size,
+            announced: None,
         }),
+        (Some(_), Ok(Announced::Vllm(ranks))) if ranks.is_empty() => Err(DiscoverError::NoEvents),
+        // What the server refused to be (too many ranks) the flags do not make it.
+        (Some(_), Err(e @ DiscoverError::TooManyRanks { .. })) => Err(e),
         // The flags move the sockets, the announcement says which ranks are ready (their
         // ports offset from the flagged ones, as vLLM offsets its own).
         (Some(f), Ok(Announced::Vllm(ranks))) => {
@@ -578,6 +678,7 @@ fn publishers(
                 layout: Layout::Listed(listed),
                 model: Some(served()?),
                 block_size: None,
+                announced: None,
             })
         }
         // Flags need nothing from the server but its model (one rank, the served model).
@@ -589,6 +690,7 @@ fn publishers(
             },
             model: Some(served()?),
             block_size: None,
+            announced: None,
         }),
         (None, Ok(Announced::Sglang(i))) => match i.live {
             Some(live) => Ok(Publishers {
@@ -599,15 +701,19 @@ fn publishers(
                 },
                 model: i.model,
                 block_size: i.block_size,
+                announced: None,
             }),
             None => Err(DiscoverError::NoEvents),
         },
         (None, Ok(Announced::Vllm(ranks))) if ranks.is_empty() => Err(DiscoverError::NoEvents),
         (None, Ok(Announced::Vllm(ranks))) => Ok(Publishers {
             model: Some(served()?),
+            announced: Some(Arc::from(ranks.as_slice())),
             layout: Layout::Listed(ranks),
             block_size: None,
         }),
+        // Counted once: as refused, where it was found.
+        (None, Err(e @ DiscoverError::TooManyRanks { .. })) => Err(e),
         (None, Err(e)) => {
             kv.intake.count_discovery_failed();
             Err(e)

@@ -31,7 +31,7 @@ pub struct RankPublisher {
 /// from another host) is left out. Whatever host a rank names, it is dialled on the worker's
 /// own host, as for SGLang's `/get_server_info`: a worker cannot point the gateway's
 /// connections elsewhere. An answer naming more than `max_ranks` ranks is refused before any
-/// endpoint is read.
+/// endpoint is read, and so is a rank numbered `max_ranks` or more.
 pub fn parse_kv_event_sources(
     body: &[u8],
     worker_url: &str,
@@ -48,9 +48,20 @@ pub fn parse_kv_event_sources(
     }
     let mut out = Vec::with_capacity(ranks.len());
     for (key, cfg) in ranks {
-        let rank: u32 = key.parse().map_err(|_| {
-            ServerInfoError::Sources(format!("rank `{}` is not a number", shown(key)))
-        })?;
+        // The canonical decimal form only ("0", never "00" or "+0": one rank, one key), and
+        // below the bound, or the index would refuse every block of a rank it subscribed.
+        let rank = key
+            .parse::<u32>()
+            .ok()
+            .filter(|r| r.to_string() == *key)
+            .ok_or_else(|| {
+                ServerInfoError::Sources(format!("rank `{}` is not a number", shown(key)))
+            })?;
+        if rank >= max_ranks {
+            return Err(ServerInfoError::Sources(format!(
+                "rank {rank} is not below --kv-max-dp-ranks {max_ranks}"
+            )));
+        }
         let enabled = cfg
             .get("enable_kv_cache_events")
             .and_then(|e| e.as_bool())
@@ -183,6 +194,9 @@ mod tests {
             (&b"not json"[..], "not JSON"),
             (b"[1]", "not a JSON object"),
             (br#"{"zero": {}}"#, "rank `zero` is not a number"),
+            (br#"{"00": {}}"#, "rank `00` is not a number"),
+            (br#"{"+1": {}}"#, "rank `+1` is not a number"),
+            (br#"{"64": {}}"#, "rank 64 is not below --kv-max-dp-ranks 64"),
             (
                 br#"{"0": {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:99999"}}"#,
                 "port",

@@ -231,8 +231,12 @@ struct VllmKv<'a> {
 }
 
 impl<'a> VllmKv<'a> {
+    /// One value per engine, the largest (a server exporting both of vLLM's usage gauges, the
+    /// current and the deprecated one, is counted once).
     fn note(list: &mut Vec<(&'a str, f64)>, engine: &'a str, v: f64) {
-        if list.len() < MAX_VLLM_ENGINES {
+        if let Some((_, seen)) = list.iter_mut().find(|(e, _)| *e == engine) {
+            *seen = seen.max(v);
+        } else if list.len() < MAX_VLLM_ENGINES {
             list.push((engine, v));
         }
     }
@@ -316,10 +320,10 @@ impl EngineStats {
 }
 
 /// Running plus queued requests of each attention-DP rank (`dp_rank` label of
-/// `sglang:num_running_reqs` and `sglang:num_queue_reqs`, SGLang's scheduler gauges; `engine`
-/// label of `vllm:num_requests_running` and `vllm:num_requests_waiting`, vLLM's per DP engine),
-/// for a server of `ranks` ranks (`--dp-aware`). `None` when a sample has no usable rank label
-/// or there is none: the caller spreads the server's total instead.
+/// `sglang:num_running_reqs` and `sglang:num_queue_reqs`, SGLang's scheduler gauges), for a
+/// server of `ranks` ranks (`--dp-aware`, which reads SGLang's `dp_size`: vLLM balances its
+/// ranks behind one URL itself). `None` when a sample has no usable rank label or there is
+/// none: the caller spreads the server's total instead.
 pub fn load_by_rank(text: &str, ranks: usize) -> Option<Vec<f64>> {
     let mut out = vec![0.0; ranks];
     let mut seen = false;
@@ -327,15 +331,13 @@ pub fn load_by_rank(text: &str, ranks: usize) -> Option<Vec<f64>> {
         let Line::Sample(x) = parse_line(line) else {
             continue;
         };
-        let rank_label = match x.name {
-            "sglang:num_running_reqs" | "sglang:num_queue_reqs" => "dp_rank",
-            "vllm:num_requests_running" | "vllm:num_requests_waiting" => "engine",
-            _ => continue,
-        };
-        if !x.value.is_finite() || x.value < 0.0 {
+        if !matches!(x.name, "sglang:num_running_reqs" | "sglang:num_queue_reqs")
+            || !x.value.is_finite()
+            || x.value < 0.0
+        {
             continue;
         }
-        let rank: usize = label(x.labels, rank_label)?.parse().ok()?;
+        let rank: usize = label(x.labels, "dp_rank")?.parse().ok()?;
         *out.get_mut(rank)? += x.value;
         seen = true;
     }

@@ -272,7 +272,6 @@ fn vllm_names_give_the_same_numbers() {
     // Hits out of the tokens the prefix cache was asked about (not prompt_tokens_total).
     assert_eq!(s.cached_tokens, Some(450.0));
     assert_eq!(s.prompt_tokens, Some(1000.0));
-    assert_eq!(load_by_rank(VLLM, 2), Some(vec![5.0, 1.0]));
     // An older server's usage gauge; an engine without its capacity adds no used tokens.
     let old = "vllm:gpu_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.75\n\
                vllm:gpu_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.5\n\
@@ -280,5 +279,8 @@ fn vllm_names_give_the_same_numbers() {
     let s = EngineStats::from_text(old);
     assert_eq!(s.token_usage, Some(0.75));
     assert_eq!(s.used_tokens, Some(40.0));
+    // A server exporting both usage gauges counts each engine once.
+    let both = format!("{old}vllm:kv_cache_usage_perc{{engine=\"1\",model_name=\"m\"}} 0.5\n");
+    assert_eq!(EngineStats::from_text(&both).used_tokens, Some(40.0));
     assert_eq!(EngineStats::from_text(SGLANG).used_tokens, None);
 }
