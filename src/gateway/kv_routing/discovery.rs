@@ -183,9 +183,9 @@ fn port_of(d: &serde_json::Value, k: &'static str) -> Result<Option<u16>, Server
     }
 }
 
-/// The `tcp://` endpoint in `kv_events_config` field `k`, moved to the worker's own host
-/// (other schemes: none).
-fn config_endpoint(
+/// The `tcp://` endpoint in `kv_events_config` field `k` (or a vLLM rank's `KVEventsConfig`),
+/// moved to the worker's own host (absent, null or another scheme: none).
+pub(super) fn config_endpoint(
     cfg: &serde_json::Value,
     k: &str,
     host: &str,

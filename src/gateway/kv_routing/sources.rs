@@ -9,7 +9,7 @@
 //! (`ZmqEventPublisher.__init__`) and `tcp://*:0` already resolved to the bound port; `{}` when
 //! events are off. Pure: no sockets, no name resolution.
 
-use super::discovery::ServerInfoError;
+use super::discovery::{config_endpoint, ServerInfoError};
 use crate::kv::endpoint::TcpEndpoint;
 
 /// Path of the announcement.
@@ -69,34 +69,14 @@ pub fn parse_kv_event_sources(
         if !enabled || cfg.get("publisher").and_then(|p| p.as_str()) != Some("zmq") {
             continue;
         }
-        let Some(live) = tcp_on_host(cfg, "endpoint", host)? else {
+        let Some(live) = config_endpoint(cfg, "endpoint", host)? else {
             continue;
         };
-        let replay = tcp_on_host(cfg, "replay_endpoint", host)?;
+        let replay = config_endpoint(cfg, "replay_endpoint", host)?;
         out.push(RankPublisher { rank, live, replay });
     }
     out.sort_unstable_by_key(|r| r.rank);
     Ok(out)
-}
-
-/// The `tcp://` endpoint in field `k`, moved to `host` (absent, null or another scheme: none).
-fn tcp_on_host(
-    cfg: &serde_json::Value,
-    k: &str,
-    host: &str,
-) -> Result<Option<TcpEndpoint>, ServerInfoError> {
-    match cfg.get(k).and_then(|e| e.as_str()) {
-        Some(e) if e.starts_with("tcp://") => {
-            let port = TcpEndpoint::parse(e)
-                .map_err(ServerInfoError::Endpoint)?
-                .port;
-            Ok(Some(TcpEndpoint {
-                host: host.to_string(),
-                port,
-            }))
-        }
-        _ => Ok(None),
-    }
 }
 
 /// At most 32 characters of a server-given key, for an error message.
