@@ -153,7 +153,7 @@ impl Drop for HelperSlot<'_> {
 /// This request's prompt in the servers' token ids (see the module doc for where it is
 /// encoded), or why the text tree decides instead. `text` is the routing text the extractor
 /// built (capped: a longer text prompt is measured on its first `MAX_ROUTING_TEXT` bytes);
-/// with `token_ids` it holds `/generate`'s `input_ids`.
+/// with `token_ids` it holds a token-id prompt (after its namespace's marker, if any).
 pub async fn prompt_tokens(
     core: &Core,
     kv: &KvRouting,

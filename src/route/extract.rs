@@ -100,7 +100,8 @@ pub struct RoutingInfo<'a> {
     pub text: RoutingText<'a>,
     /// `text` holds the prompt's own token ids as decimals joined by spaces (`/generate`'s
     /// `input_ids`, a completions `prompt` of token ids, `/inference/v1/generate`'s
-    /// `token_ids`): matched in the KV-event index without a tokenizer.
+    /// `token_ids`): matched in the KV-event index without a tokenizer. A namespace's marker
+    /// still leads them ([`without_marker`] takes it off).
     pub token_ids: bool,
     /// The cache namespace the request's prompt is reused in.
     pub namespace: Namespace<'a>,
@@ -185,6 +186,27 @@ impl Namespace<'_> {
         Some(format!("\u{1}{h:016x}\u{1}"))
     }
 }
+
+/// `text` without the namespace marker ([`Namespace::marker`]) it may start with. The marker
+/// goes in front of every namespaced routing text, token-id texts included, so that the text
+/// tree keeps namespaces apart; readers of a token-id text (which must see decimals only) take
+/// it off with this. A text without a whole marker is returned as it is.
+pub fn without_marker(text: &str) -> &str {
+    let b = text.as_bytes();
+    let marked = b.len() >= MARKER_LEN
+        && b[0] == 1
+        && b[MARKER_LEN - 1] == 1
+        && b[1..MARKER_LEN - 1].iter().all(u8::is_ascii_hexdigit);
+    if marked {
+        // Bytes 0 and 17 are ASCII, so 18 is a character boundary.
+        text.get(MARKER_LEN..).unwrap_or(text)
+    } else {
+        text
+    }
+}
+
+/// Bytes of a namespace marker: `\u{1}`, 16 hex digits, `\u{1}`.
+pub const MARKER_LEN: usize = 18;
 
 /// Why a body cannot be routed; answered with 400 and an OpenAI-style error.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1743,9 +1765,12 @@ fn finish(api: Api, parsed: Parsed<'_>) -> Result<RoutingInfo<'_>, ExtractError>
         Api::Responses | Api::Messages => joined(parsed.pre, parsed.text),
         _ => parsed.text.finish(),
     };
-    // Token ids stay bare (the KV-event index reads them as numbers and namespaces by itself).
+    // Token-id texts are marked too: the KV-event index namespaces their ids by itself, but
+    // the text tree (a fallback, or the only tree without `--kv-events`) would otherwise match
+    // one tenant's or adapter's ids against another's, blocks no engine shares between them.
+    // Readers of the ids take the marker off ([`without_marker`]).
     let text = match parsed.namespace.marker() {
-        Some(mut m) if !token_ids && !text.is_empty() => {
+        Some(mut m) if !text.is_empty() => {
             m.push_str(capped(&text, MAX_ROUTING_TEXT.saturating_sub(m.len())));
             Cow::Owned(m)
         }

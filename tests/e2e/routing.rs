@@ -456,3 +456,78 @@ fn a_prompt_the_chosen_worker_already_holds_sends_no_insert() {
     tree.sync();
     assert_eq!(tree.stats().inserts_applied(), applied + 1);
 }
+
+/// Without `--kv-events` the text tree alone decides, so a token-id prompt must carry its
+/// namespace there as any text does: the same ids under another `cache_salt` or adapter are
+/// blocks the engine cannot reuse. The worker holding the unsalted ids is kept busy by one slow
+/// stream, so a namespaced request that matched those ids (a false hit) goes to it, and one
+/// that misses goes to the idle worker: deterministic either way. Every token-id form the
+/// simulator serves is asked (completions ids and id lists, `/generate` `input_ids`).
+#[test]
+fn token_id_prompts_of_other_namespaces_miss_the_unsalted_holder() {
+    const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+    let cluster = sim(2, |c| {
+        c.time_scale = 1.0;
+        c.token_interval_ms = Some(100.0);
+    });
+    let gw = gateway_for(&cluster.urls(), &["--policy", "cache_aware"]);
+    wait_model_served(&gw, MODEL);
+    let ids: Vec<u32> = (0..200).map(|i| 1000 + i * 7).collect();
+    let completion = |extra: serde_json::Value| {
+        let mut body = serde_json::json!({"model": MODEL, "prompt": ids, "max_tokens": 1});
+        if let serde_json::Value::Object(m) = extra {
+            body.as_object_mut().unwrap().extend(m);
+        }
+        let b = serde_json::to_vec(&body).unwrap();
+        let r = request(gw.addr, "POST", "/v1/completions", &[], &b).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        served_by(&r)
+    };
+    let home = completion(serde_json::json!({}));
+    let tree = gw.gateway().router.tree.clone().unwrap();
+    tree.sync();
+    // One slow unsalted stream holds `home` busy (1 in flight against 0: no imbalance).
+    let mut held = Conn::open(gw.addr);
+    let stream =
+        serde_json::json!({"model": MODEL, "prompt": ids, "max_tokens": 200, "stream": true});
+    held.send(&raw_request(
+        "POST",
+        "/v1/completions",
+        &[],
+        &serde_json::to_vec(&stream).unwrap(),
+    ));
+    let h = held.read_head(false).unwrap();
+    assert_eq!(
+        h.header("x-worker-port")
+            .map(|p| String::from_utf8_lossy(p).parse::<u16>().unwrap()),
+        Some(home),
+        "the unsalted ids stay with their holder"
+    );
+    let batch = serde_json::json!([ids, [1, 2, 3]]);
+    for (what, extra) in [
+        ("salt t1", serde_json::json!({"cache_salt": "t1"})),
+        ("salt t1 again", serde_json::json!({"cache_salt": "t1"})),
+        ("salt t2", serde_json::json!({"cache_salt": "t2"})),
+        ("adapter", serde_json::json!({"lora_path": "sql"})),
+        ("extra key", serde_json::json!({"extra_key": "k"})),
+        (
+            "salted batch",
+            serde_json::json!({"cache_salt": "t3", "prompt": batch}),
+        ),
+    ] {
+        assert_ne!(
+            completion(extra),
+            home,
+            "{what}: the unsalted holder's text-tree entry is no prefix of it"
+        );
+    }
+    // `/generate`'s `input_ids` under the same model share the tree with the completions.
+    let body = serde_json::json!({"model": MODEL, "input_ids": ids, "cache_salt": "t4",
+        "sampling_params": {"max_new_tokens": 1}});
+    let r = generate(gw.addr, &serde_json::to_vec(&body).unwrap());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_ne!(served_by(&r), home, "salted input_ids");
+    // The unsalted ids still go to their holder, busy as it is.
+    assert_eq!(completion(serde_json::json!({})), home);
+    drop(held);
+}

@@ -83,11 +83,14 @@ impl Fallback {
     }
 }
 
-/// `/generate`'s `input_ids` as the extractor wrote them (decimals joined by spaces) into
-/// `out`. The extractor caps its text, so when `text` is at the cap its last number may be cut:
-/// it is dropped.
+/// A token-id prompt as the extractor wrote it (decimals joined by spaces, after the
+/// namespace's marker when it has one) into `out`. The extractor caps its text, marker
+/// included, so when `text` is at the cap its last number may be cut: it is dropped.
 pub fn parse_token_ids(text: &str, capped_at: usize, out: &mut Vec<u32>) -> Result<(), Fallback> {
     out.clear();
+    // The cap counts the whole text; the ids are what follows the marker.
+    let whole = text.len();
+    let text = crate::route::extract::without_marker(text);
     // One pass over the bytes (a 4k-token prompt is ~24 KB of decimals): `str::parse` per
     // split word cost ~35 µs of a request.
     let mut id: u64 = 0;
@@ -113,7 +116,7 @@ pub fn parse_token_ids(text: &str, capped_at: usize, out: &mut Vec<u32>) -> Resu
     if digits {
         out.push(id as u32);
     }
-    if text.len() + 24 >= capped_at {
+    if whole + 24 >= capped_at {
         out.pop();
     }
     Ok(())

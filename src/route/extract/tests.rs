@@ -40,10 +40,15 @@ fn cache_namespace_fields_are_read_and_prefix_the_text() {
         );
         assert_eq!(info.text, "hi");
     }
-    // Token ids stay bare numbers (the KV index namespaces them itself).
+    // Token ids are marked like any text (the text tree must keep namespaces apart); the
+    // marker comes off for their readers.
     let ids = extract(Api::Generate, br#"{"input_ids":[1,2],"cache_salt":"a"}"#).unwrap();
-    assert_eq!((ids.text.as_ref(), ids.token_ids), ("1 2", true));
-    assert!(!ids.namespace.is_default());
+    let m = ids.namespace.marker().unwrap();
+    assert_eq!(
+        (ids.text.as_ref(), ids.token_ids),
+        (&*format!("{m}1 2"), true)
+    );
+    assert_eq!(without_marker(&ids.text), "1 2");
     // A duplicate namespace field is refused like any known field.
     assert!(extract(
         Api::Completions,
@@ -848,7 +853,9 @@ fn a_completions_prompt_of_token_ids_routes_on_its_ids() {
         br#"{"prompt":[[7,8,9],[7,8,10,11],[]],"cache_salt":"s"}"#,
     )
     .unwrap();
-    assert_eq!((batch.text.as_ref(), batch.token_ids), ("7 8 9", true));
+    assert!(batch.token_ids);
+    assert_eq!(without_marker(&batch.text), "7 8 9");
+    assert_ne!(batch.text, "7 8 9", "salted: the namespace's marker leads");
     assert_eq!(batch.shape.prompts, Some(3));
     assert_eq!(batch.namespace.cache_salt.as_deref(), Some("s"));
     // Texts are still texts.
@@ -912,7 +919,9 @@ fn vllm_token_generate_routes_on_token_ids() {
     let body = br#"{"token_ids":[5,6,7],"sampling_params":{"max_tokens":4,"n":2},
         "model":"sql-lora","stream":true,"cache_salt":"t"}"#;
     let info = extract(Api::TokenGenerate, body).unwrap();
-    assert_eq!((info.text.as_ref(), info.token_ids), ("5 6 7", true));
+    assert!(info.token_ids);
+    let marker = info.namespace.marker().unwrap();
+    assert_eq!(info.text, format!("{marker}5 6 7"));
     assert_eq!(info.model.as_deref(), Some("sql-lora"));
     assert!(info.stream);
     assert_eq!(info.namespace.cache_salt.as_deref(), Some("t"));
@@ -975,4 +984,81 @@ fn a_token_id_prompt_is_counted_whole_for_billing() {
     let many = vec!["123456"; 40_000].join(",");
     let body = format!(r#"{{"prompt":[[{many}],[1]]}}"#);
     assert_eq!(count(Api::Completions, body.as_bytes()), Some(40_001));
+}
+
+/// Token-id prompts of every form (`/generate`'s `input_ids`, a completions `prompt` of ids or
+/// of id lists, `/inference/v1/generate`'s `token_ids`) carry their namespace's marker, so the
+/// text tree never matches one salt's or adapter's ids against another's: the same ids in two
+/// namespaces give two texts, in one namespace the same text, and the ids after the marker.
+#[test]
+fn token_id_texts_are_kept_apart_by_namespace() {
+    let forms: [(Api, &str); 4] = [
+        (Api::Generate, r#""input_ids":[1,2,3]"#),
+        (Api::Completions, r#""prompt":[1,2,3]"#),
+        (Api::Completions, r#""prompt":[[1,2,3],[4]]"#),
+        (Api::TokenGenerate, r#""token_ids":[1,2,3]"#),
+    ];
+    let namespaces = [
+        "",
+        r#","cache_salt":"t1""#,
+        r#","cache_salt":"t2""#,
+        r#","lora_path":"sql""#,
+        r#","model":"m","lora_path":"sql""#,
+        r#","extra_key":"k""#,
+        r#","cache_salt":"t1","lora_path":"sql""#,
+    ];
+    for (api, ids) in forms {
+        let texts: Vec<String> = namespaces
+            .iter()
+            .map(|ns| {
+                let body = format!("{{{ids}{ns}}}");
+                let info = extract(api, body.as_bytes()).unwrap();
+                assert!(info.token_ids, "{body}");
+                assert_eq!(without_marker(&info.text), "1 2 3", "{body}");
+                let mut out = Vec::new();
+                crate::gateway::kv_routing::parse_token_ids(&info.text, MAX_ROUTING_TEXT, &mut out)
+                    .unwrap();
+                assert_eq!(out, [1, 2, 3], "{body}");
+                info.text.into_owned()
+            })
+            .collect();
+        assert_eq!(texts[0], "1 2 3", "{api:?}: the default namespace is bare");
+        // The same adapter with or without a model: one namespace, one text.
+        assert_eq!(texts[3], texts[4], "{api:?}");
+        for (i, a) in texts.iter().enumerate() {
+            for (j, b) in texts.iter().enumerate() {
+                if i < j && !(i == 3 && j == 4) {
+                    assert_ne!(a, b, "{api:?}: {} vs {}", namespaces[i], namespaces[j]);
+                    // Neither is a prefix of the other: no text-tree match at all.
+                    assert!(!a.starts_with(b.as_str()) && !b.starts_with(a.as_str()));
+                }
+            }
+        }
+        // The same namespace in another request: the same text.
+        let again = format!("{{{ids},\"cache_salt\":\"t1\",\"stream\":true}}");
+        assert_eq!(extract(api, again.as_bytes()).unwrap().text, texts[1]);
+    }
+    // A marker is taken off only whole.
+    assert_eq!(without_marker("\u{1}0123456789abcdef\u{1}7 8"), "7 8");
+    for t in [
+        "7 8",
+        "\u{1}0123456789abcde\u{1}7",
+        "\u{1}0123456789abcdeg\u{1}7",
+        "",
+    ] {
+        assert_eq!(without_marker(t), t);
+    }
+    // At the cap the marker counts: the last (maybe cut) id is dropped.
+    let many: Vec<String> = (0..40_000).map(|i| (1_000_000 + i).to_string()).collect();
+    let body = format!(r#"{{"token_ids":[{}],"cache_salt":"s"}}"#, many.join(","));
+    let t = extract(Api::TokenGenerate, body.as_bytes()).unwrap().text;
+    assert_eq!(t.len(), MAX_ROUTING_TEXT);
+    let mut out = Vec::new();
+    crate::gateway::kv_routing::parse_token_ids(&t, MAX_ROUTING_TEXT, &mut out).unwrap();
+    let whole = (MAX_ROUTING_TEXT - MARKER_LEN) / 8;
+    assert_eq!(out.len(), whole);
+    assert!(out
+        .iter()
+        .enumerate()
+        .all(|(i, &id)| id == 1_000_000 + i as u32));
 }

@@ -116,7 +116,7 @@ pub(super) fn generations(shape: &BodyShape) -> u64 {
 
 /// A cheap estimate of a request's whole prompt in tokens (what the tenant's token limit and
 /// fairness count): the routing text's token ids when they were measured, else its token ids
-/// (`/generate`'s `input_ids`) counted, else about four characters a token. The routing text
+/// (`/generate`'s `input_ids`, after the namespace's marker) counted, else about four characters a token. The routing text
 /// stops at [`MAX_ROUTING_TEXT`] bytes; past that the count is scaled to the body's length (an
 /// upper bound of the prompt's), so a long prompt is billed on all of it without reading it
 /// twice.
@@ -128,7 +128,9 @@ pub(super) fn prompt_tokens(
 ) -> u64 {
     let counted = match measured {
         Some(n) => n as u64,
-        None if token_ids => text.split_ascii_whitespace().count() as u64,
+        None if token_ids => crate::route::extract::without_marker(text)
+            .split_ascii_whitespace()
+            .count() as u64,
         None => crate::base::text::char_count(text.as_bytes()) as u64 / 4,
     };
     // The text was cut (the cut may leave up to three bytes of room).
@@ -287,6 +289,16 @@ mod tests {
         // Short: four characters a token, or the ids counted.
         assert_eq!(prompt_tokens(None, "abcdefgh", false, 100), 2);
         assert_eq!(prompt_tokens(None, "1 22 333", true, 100), 3);
+        // A namespace's marker in front of the ids is no token (even a marker glued to the
+        // first id, or followed by a space).
+        assert_eq!(
+            prompt_tokens(None, "\u{1}0123456789abcdef\u{1} 1 22 333", true, 100),
+            3
+        );
+        assert_eq!(
+            prompt_tokens(None, "\u{1}0123456789abcdef\u{1}7", true, 100),
+            1
+        );
         assert_eq!(prompt_tokens(Some(9), "whatever", false, 100), 9);
         assert_eq!(prompt_tokens(None, "", false, 0), 1);
         // 1 MiB of text routed on its first 128 KiB: billed on the whole body.
