@@ -8,7 +8,9 @@
 //! `["BlockRemoved", hashes, medium?, ...]`, `["AllBlocksCleared", ...]`) or map-encoded with a
 //! `"type"` key (newer SGLang, vLLM). Engine block hashes arrive as signed or unsigned integers or
 //! as bytes; all become one 64-bit [`EngineHash`] (only an id: the index keys blocks by its own
-//! hash of the token ids). Unknown fields and unknown event types are skipped.
+//! hash of the token ids). Unknown fields and unknown event types are skipped. vLLM's
+//! `group_idx` (one cache per KV-cache group, the same hashes in each) is read so that a block
+//! leaves only with its last group ([`Groups`]).
 //!
 //! Why hand-written on `rmp`'s marker table and typed reads instead of `rmp-serde` or `rmpv`:
 //! the decoder must accept two encodings of every event and several hash types, skip what it
@@ -176,12 +178,119 @@ pub struct Skipped {
     /// `BlockRemoved` events that were malformed or over a cap, and events whose type could not
     /// be told: a removal may be missing, so the worker's state can no longer be trusted.
     pub lossy: u32,
+    /// Stores and removals of one KV-cache group (vLLM's `group_idx`) about blocks another
+    /// group of the same server holds (see [`Groups`]): a store that adds nothing, or a
+    /// removal that would drop a block the server still holds. Counted per event, whole or
+    /// thinned.
+    pub other_group: u32,
 }
 
 impl Skipped {
     /// Every skipped event.
     pub fn total(&self) -> u32 {
-        self.unknown_type + self.stored + self.lossy
+        self.unknown_type + self.stored + self.lossy + self.other_group
+    }
+}
+
+/// Most blocks [`Groups`] keeps per publisher (about 30 bytes each: 32 MiB at most, and only
+/// for a server with several groups); past it new blocks are not tracked, and their removals
+/// are applied as they come (as if the server had one group: the index under-estimates).
+pub const MAX_GROUPED_BLOCKS: usize = 1 << 20;
+
+/// Which of a server's KV-cache groups hold each block, so that a block leaves the index only
+/// when its last group lets it go.
+///
+/// vLLM 0.33 keeps one cache per KV-cache group: a hybrid model (Gemma-3, gpt-oss: full and
+/// sliding-window attention) has several, each storing the same block hashes. Its events say
+/// `group_idx` on every store and removal (`BlockPool.cache_full_blocks`,
+/// `_emit_block_removed_events`), but the hash is the same in every group, so without this a
+/// sliding-window group evicting a block (they leave first: they slide out of the window)
+/// would drop it while the full-attention group still holds the prefix. No group can simply
+/// be preferred: the event names no kind (`kv_cache_spec_kind` is declared, never set), and
+/// group 0 is whatever kind the model's first layer has (sliding window for Gemma-3 and
+/// gpt-oss, see `_get_kv_cache_groups_uniform_page_size`). So a block counts as held while any
+/// group holds it: stores of a group that add nothing are dropped, and a removal is applied
+/// only by the last group holding the block.
+///
+/// Tracking starts with the first batch that names a group above 0 (a server with one group
+/// costs nothing); SGLang sends no `group_idx` and is never touched. State is per publisher and
+/// is cleared with it (a reset, `AllBlocksCleared`).
+#[derive(Debug, Clone, Default)]
+pub struct Groups {
+    /// Per (engine hash, tier bit): a bit per group holding it (groups past 63 share bit 63).
+    held: std::collections::HashMap<(u64, u8), u64>,
+    /// A group above 0 was seen: the server has several.
+    multi: bool,
+}
+
+impl Groups {
+    /// Forget every block (the publisher was reset or its cache cleared).
+    pub fn clear(&mut self) {
+        self.held.clear();
+    }
+
+    fn bit(group: u32) -> u64 {
+        1 << group.min(63)
+    }
+
+    /// `e` from `group` (`None`: the event names none) as the index should see it: `None` when
+    /// nothing of it is left.
+    fn admit(&mut self, e: KvEvent, group: Option<u32>, skipped: &mut Skipped) -> Option<KvEvent> {
+        let (Some(g), true) = (group, self.multi) else {
+            if matches!(e, KvEvent::AllBlocksCleared) {
+                self.held.clear();
+            }
+            return Some(e);
+        };
+        let bit = Groups::bit(g);
+        match e {
+            KvEvent::BlockStored(s) => {
+                let tier = s.tier().bit();
+                let mut new = false;
+                for h in &s.block_hashes {
+                    match self.held.get_mut(&(h.0, tier)) {
+                        // Held by a group already: the index has it.
+                        Some(mask) => *mask |= bit,
+                        None => {
+                            new = true;
+                            if self.held.len() < MAX_GROUPED_BLOCKS {
+                                self.held.insert((h.0, tier), bit);
+                            }
+                        }
+                    }
+                }
+                if new {
+                    Some(KvEvent::BlockStored(s))
+                } else {
+                    skipped.other_group += 1;
+                    None
+                }
+            }
+            KvEvent::BlockRemoved(mut r) => {
+                let tier = r.tier().bit();
+                let before = r.block_hashes.len();
+                r.block_hashes.retain(|h| {
+                    let Some(mask) = self.held.get_mut(&(h.0, tier)) else {
+                        return true; // Not tracked: applied as it comes.
+                    };
+                    *mask &= !bit;
+                    if *mask == 0 {
+                        self.held.remove(&(h.0, tier));
+                        true
+                    } else {
+                        false
+                    }
+                });
+                if r.block_hashes.len() < before {
+                    skipped.other_group += 1;
+                }
+                (!r.block_hashes.is_empty()).then_some(KvEvent::BlockRemoved(r))
+            }
+            KvEvent::AllBlocksCleared => {
+                self.held.clear();
+                Some(KvEvent::AllBlocksCleared)
+            }
+        }
     }
 }
 
@@ -304,7 +413,13 @@ pub fn parse_seq(frame: &[u8]) -> Result<i64, WireError> {
 }
 
 /// Decode one msgpack `EventBatch` (array or map form); see the module doc for what is skipped.
+/// KV-cache groups are told apart within this batch only (see [`decode_batch_in`]).
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, WireError> {
+    decode_batch_in(payload, &mut Groups::default())
+}
+
+/// [`decode_batch`] for a publisher whose KV-cache groups `groups` has followed so far.
+pub fn decode_batch_in(payload: &[u8], groups: &mut Groups) -> Result<EventBatch, WireError> {
     if payload.len() > MAX_PAYLOAD_BYTES {
         return Err(WireError::TooLarge {
             what: "payload bytes",
@@ -314,6 +429,7 @@ pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, WireError> {
     let mut r = Reader {
         buf: payload,
         last: Marker::Null,
+        groups_of: Vec::new(),
     };
     let mut batch = EventBatch::default();
     match r.marker()? {
@@ -341,6 +457,7 @@ pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, WireError> {
                     b"ts" => batch.ts = r.tolerant(Reader::number)?,
                     b"events" => {
                         batch.events.clear();
+                        r.groups_of.clear();
                         r.events(&mut batch)?;
                         saw_events = true;
                     }
@@ -358,6 +475,22 @@ pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, WireError> {
     }
     if !r.buf.is_empty() {
         return Err(WireError::TrailingBytes(r.buf.len()));
+    }
+    // A batch naming a group above 0 comes from a server with several: from it on (its own
+    // earlier events included, as group 0 stores before group 1 in one step) blocks are
+    // tracked per group.
+    groups.multi |= r.groups_of.iter().any(|g| g.is_some_and(|g| g > 0));
+    if groups.multi {
+        let events = std::mem::take(&mut batch.events);
+        let mut skipped = batch.skipped;
+        batch.events = events
+            .into_iter()
+            .zip(r.groups_of)
+            .filter_map(|(e, g)| groups.admit(e, g, &mut skipped))
+            .collect();
+        batch.skipped = skipped;
+    } else if batch.events.contains(&KvEvent::AllBlocksCleared) {
+        groups.clear();
     }
     Ok(batch)
 }
@@ -399,6 +532,9 @@ struct Fields {
     /// `extra_keys` could not be read: a store is then unreadable (it may be salted); an event
     /// of another type has no such field and is not spoiled by it.
     extra_bad: bool,
+    /// vLLM's `group_idx`: the KV-cache group that stored or evicted the blocks (`None`: not
+    /// said, or not a u32; SGLang sends none).
+    group: Option<u32>,
     /// A known field could not be read.
     bad: bool,
 }
@@ -470,6 +606,8 @@ struct Reader<'a> {
     buf: &'a [u8],
     /// The marker most recently read (for `container_len`).
     last: Marker,
+    /// The KV-cache group (`group_idx`) of each event read into the batch, in order.
+    groups_of: Vec<Option<u32>>,
 }
 
 type Res<T> = Result<T, WireError>;
@@ -832,8 +970,12 @@ impl<'a> Reader<'a> {
                     Fields::default()
                 }
             };
+            let group = fields.group;
             match fields.finish() {
-                Ok(Some(e)) => batch.events.push(e),
+                Ok(Some(e)) => {
+                    batch.events.push(e);
+                    self.groups_of.push(group);
+                }
                 Ok(None) => batch.skipped.unknown_type += 1,
                 Err(Some(Tag::Stored)) => batch.skipped.stored += 1,
                 Err(_) => batch.skipped.lossy += 1,
@@ -896,6 +1038,9 @@ impl<'a> Reader<'a> {
                         None => f.extra_bad = true,
                     }
                 }
+                if next(self) {
+                    f.group = self.tolerant(Reader::opt_u32)?.flatten();
+                }
             }
             Tag::Removed => {
                 if next(self) {
@@ -903,6 +1048,9 @@ impl<'a> Reader<'a> {
                 }
                 if next(self) {
                     f.medium = self.field(bad, Reader::medium)?.flatten();
+                }
+                if next(self) {
+                    f.group = self.tolerant(Reader::opt_u32)?.flatten();
                 }
             }
             Tag::Cleared | Tag::Unknown => {}
@@ -936,6 +1084,7 @@ impl<'a> Reader<'a> {
                     Some(keys) => f.extra = keys,
                     None => f.extra_bad = true,
                 },
+                b"group_idx" => f.group = self.tolerant(Reader::opt_u32)?.flatten(),
                 _ => self.skip()?,
             }
         }

@@ -1178,3 +1178,43 @@ fn held_by_port(gw: &radixgate::runtime::Running, prompt: &[u32]) -> Vec<u16> {
     v.sort_unstable();
     v
 }
+
+/// A hybrid model (full attention plus sliding window: Gemma-3, gpt-oss) has one KV-cache group
+/// per kind in vLLM's `BlockPool`, each caching the prefill under the same hashes and saying
+/// its `group_idx`; a sliding-window group's blocks leave first. Here group 0 plays the
+/// sliding window (the kind of those models' first layer, so their group 0) and group 1 the
+/// full attention: group 0 evicting the prompt leaves the worker holding it, and routed to;
+/// only the last group's eviction takes it out.
+#[test]
+fn a_block_one_kv_cache_group_evicts_stays_while_another_group_holds_it() {
+    let mut f = Fleet::start(1, HashForm::Int);
+    let (p, ask) = prompt_and_ask(64, 40_000);
+    // One scheduler step caches the prefill in both groups: one batch, two stores.
+    f.publishers[0].control(json!({"cmd": "store", "tokens": p, "group": 0, "hold": true}));
+    let sent = f.publishers[0].store(&p, json!({"group": 1}));
+    assert_eq!(sent.stored.len(), 2, "one store per group");
+    assert_eq!(
+        sent.stored[0], sent.stored[1],
+        "the same hashes in every group"
+    );
+    f.wait_held(ROOT_PARENT, &p, &[(0, 0, 16)]);
+    // The sliding-window group evicts the whole prompt: 16 removals by hash alone.
+    let gone = f.publishers[0].cmd(json!({"cmd": "remove", "tokens": p, "group": 0}));
+    assert_eq!(gone.removed.len(), 16);
+    // A later batch of the same publisher: once it is in, so is the removal before it.
+    let (later, _) = prompt_and_ask(8, 49_000);
+    f.publishers[0].store(&later, json!({}));
+    f.wait_held(ROOT_PARENT, &later, &[(0, 0, 2)]);
+    assert_eq!(
+        f.held(ROOT_PARENT, &p),
+        [(0, 0, 16)],
+        "the full-attention group still holds the prompt"
+    );
+    for _ in 0..4 {
+        assert_eq!(f.route(&ask, json!({})), 0);
+    }
+    // The full-attention group lets it go too: now it has left the worker.
+    let gone = f.publishers[0].cmd(json!({"cmd": "remove", "tokens": p, "group": 1}));
+    assert_eq!(gone.removed.len(), 16);
+    f.wait_held(ROOT_PARENT, &p, &[]);
+}

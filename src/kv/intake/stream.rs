@@ -155,6 +155,8 @@ pub struct Stream {
     max_replies: u64,
     /// The live socket was subscribed before: the next subscription is a reconnect.
     subscribed_once: bool,
+    /// Which KV-cache groups hold each block (vLLM hybrid models), for the batches to come.
+    groups: wire::Groups,
 }
 
 impl Stream {
@@ -169,7 +171,14 @@ impl Stream {
             replay: None,
             max_replies: max_replies.max(1),
             subscribed_once: false,
+            groups: wire::Groups::default(),
         }
+    }
+
+    /// The index forgets the publisher's blocks: so do its KV-cache groups.
+    fn reset(&mut self, why: ResetReason, out: &mut Vec<Step>) {
+        self.groups.clear();
+        out.push(Step::Reset(why));
     }
 
     /// Whether what the index holds for this publisher is complete (as complete as its replay
@@ -271,7 +280,7 @@ impl Stream {
             if self.has_replay {
                 self.want_from_last(Purpose::Fill, Some(Held { seq, payload }));
             } else {
-                out.push(Step::Reset(ResetReason::Gap));
+                self.reset(ResetReason::Gap, out);
                 self.dup_floor = None;
                 self.accept(seq, payload, false, out);
             }
@@ -280,7 +289,7 @@ impl Stream {
         } else if self.has_replay {
             self.want_from_last(Purpose::CheckRestart, Some(Held { seq, payload }));
         } else {
-            out.push(Step::Reset(ResetReason::Restarted));
+            self.reset(ResetReason::Restarted, out);
             self.last = None;
             self.dup_floor = None;
             self.accept(seq, payload, false, out);
@@ -292,16 +301,16 @@ impl Stream {
     /// what came before it may hide a removal).
     fn accept(&mut self, seq: i64, payload: Bytes, replayed: bool, out: &mut Vec<Step>) {
         let fp = fingerprint(&payload);
-        match wire::decode_batch(&payload) {
+        match wire::decode_batch_in(&payload, &mut self.groups) {
             Ok(batch) if batch.skipped.lossy == 0 => out.push(Step::Deliver {
                 seq,
                 batch,
                 replayed,
             }),
-            Ok(_) => out.push(Step::Reset(ResetReason::Unreadable)),
+            Ok(_) => self.reset(ResetReason::Unreadable, out),
             Err(e) => {
                 out.push(Step::Malformed(format!("batch {seq}: {e}")));
-                out.push(Step::Reset(ResetReason::Unreadable));
+                self.reset(ResetReason::Unreadable, out);
             }
         }
         self.last = Some((seq, Some(fp)));
@@ -323,7 +332,7 @@ impl Stream {
                 Reply::Batch { seq, payload } if seq > vseq => {
                     // Our last batch is no longer buffered: the hole cannot be filled. What the
                     // buffer holds rebuilds the publisher.
-                    out.push(Step::Reset(ResetReason::Gap));
+                    self.reset(ResetReason::Gap, out);
                     self.rebuild_from(r, seq, payload, out);
                 }
                 _ => self.restarted(r, out),
@@ -344,7 +353,7 @@ impl Stream {
                         self.reply(Reply::Batch { seq, payload }, out);
                     }
                     None if seq > r.from => {
-                        out.push(Step::Reset(ResetReason::Gap));
+                        self.reset(ResetReason::Gap, out);
                         self.rebuild_from(r, seq, payload, out);
                     }
                     None => self.replay = Some(r),
@@ -384,7 +393,7 @@ impl Stream {
     /// Not the process we streamed from: reset, then its whole buffer.
     fn restarted(&mut self, r: Replay, out: &mut Vec<Step>) {
         out.push(Step::ReplayDone { failed: None });
-        out.push(Step::Reset(ResetReason::Restarted));
+        self.reset(ResetReason::Restarted, out);
         self.last = None;
         self.dup_floor = None;
         self.complete = false;
@@ -456,13 +465,13 @@ impl Stream {
             // Nothing more can be learnt: the stream is taken as it comes.
             Purpose::Warm | Purpose::Resume => self.complete = true,
             Purpose::Fill => {
-                out.push(Step::Reset(ResetReason::Gap));
+                self.reset(ResetReason::Gap, out);
                 self.last = None;
                 self.dup_floor = None;
             }
             Purpose::Reconnect => {}
             Purpose::CheckRestart => {
-                out.push(Step::Reset(ResetReason::Restarted));
+                self.reset(ResetReason::Restarted, out);
                 self.last = None;
                 self.dup_floor = None;
             }

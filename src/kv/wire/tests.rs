@@ -318,7 +318,8 @@ fn skipped_events_are_classified() {
         Skipped {
             unknown_type: 2,
             stored: 2,
-            lossy: 3
+            lossy: 3,
+            other_group: 0,
         }
     );
     assert_eq!(b.skipped.total(), 7);
@@ -782,4 +783,203 @@ proptest! {
         prop_assert_eq!(s.cache_salt.as_deref(), salt.as_deref());
         prop_assert_eq!(s.lora_name.as_deref(), lora.as_deref());
     }
+}
+
+/// A vLLM map-form store of `hashes` (4 tokens each, from the root) by KV-cache group `group`.
+fn grouped_store(b: B, hashes: &[u64], group: Option<u64>, medium: Option<&str>) -> B {
+    let n = 5 + u32::from(group.is_some()) + u32::from(medium.is_some());
+    let mut b = b
+        .map(n)
+        .s("type")
+        .s("BlockStored")
+        .s("block_hashes")
+        .ints(hashes)
+        .s("parent_block_hash")
+        .nil()
+        .s("token_ids")
+        .ints(&vec![7; hashes.len() * 4])
+        .s("block_size")
+        .u(4);
+    if let Some(g) = group {
+        b = b.s("group_idx").u(g);
+    }
+    if let Some(m) = medium {
+        b = b.s("medium").s(m);
+    }
+    b
+}
+
+/// A vLLM map-form removal of `hashes` by KV-cache group `group`.
+fn grouped_removal(b: B, hashes: &[u64], group: Option<u64>, medium: Option<&str>) -> B {
+    let n = 2 + u32::from(group.is_some()) + u32::from(medium.is_some());
+    let mut b = b
+        .map(n)
+        .s("type")
+        .s("BlockRemoved")
+        .s("block_hashes")
+        .ints(hashes);
+    if let Some(g) = group {
+        b = b.s("group_idx").u(g);
+    }
+    if let Some(m) = medium {
+        b = b.s("medium").s(m);
+    }
+    b
+}
+
+/// Hashes of the events a batch kept, as ("S"|"R", hashes).
+fn kept(b: &EventBatch) -> Vec<(&'static str, Vec<u64>)> {
+    b.events
+        .iter()
+        .map(|e| match e {
+            KvEvent::BlockStored(s) => ("S", s.block_hashes.iter().map(|h| h.0).collect()),
+            KvEvent::BlockRemoved(r) => ("R", r.block_hashes.iter().map(|h| h.0).collect()),
+            KvEvent::AllBlocksCleared => ("C", vec![]),
+        })
+        .collect()
+}
+
+fn batch_of(events: u32, f: impl FnOnce(B) -> B) -> Vec<u8> {
+    f(B::default().arr(2).f(1.0).arr(events)).0
+}
+
+/// vLLM 0.33 files every block once per KV-cache group (`group_idx`) under the same hash: a
+/// hybrid model's sliding-window group evicting a block the full-attention group still holds
+/// must not drop it, whichever group number each kind has; the last group's removal does.
+#[test]
+fn vllm_kv_cache_groups_keep_a_block_while_any_group_holds_it() {
+    for (first, second) in [(0, 1), (1, 0), (0, 5)] {
+        let mut groups = Groups::default();
+        // Both groups store H1, H2 in one step; the second group's store adds nothing.
+        let p = batch_of(2, |b| {
+            let b = grouped_store(b, &[11, 12], Some(first), None);
+            grouped_store(b, &[11, 12], Some(second), None)
+        });
+        let b = decode_batch_in(&p, &mut groups).unwrap();
+        assert_eq!(kept(&b), [("S", vec![11, 12])], "{first}/{second}");
+        assert_eq!(b.skipped.other_group, 1);
+        assert_eq!(b.skipped.lossy, 0);
+        // The second group evicts both: the first still holds them, nothing is removed.
+        let p = batch_of(1, |b| grouped_removal(b, &[11, 12], Some(second), None));
+        let b = decode_batch_in(&p, &mut groups).unwrap();
+        assert_eq!(kept(&b), []);
+        assert_eq!(b.skipped.other_group, 1);
+        // The first group's eviction of H1 is its last copy: removed; H2 stays.
+        let p = batch_of(1, |b| grouped_removal(b, &[11], Some(first), None));
+        let b = decode_batch_in(&p, &mut groups).unwrap();
+        assert_eq!(kept(&b), [("R", vec![11])]);
+        assert_eq!(b.skipped.other_group, 0);
+        // A removal naming a held and an untracked block is thinned to what leaves.
+        let p = batch_of(2, |b| {
+            let b = grouped_store(b, &[13], Some(second), None);
+            grouped_removal(b, &[12, 13, 99], Some(second), None)
+        });
+        let b = decode_batch_in(&p, &mut groups).unwrap();
+        assert_eq!(kept(&b), [("S", vec![13]), ("R", vec![13, 99])]);
+        assert_eq!(b.skipped.other_group, 1, "H2 is still the first group's");
+        // A group storing a block again after its own eviction re-adds it only if no group
+        // held it.
+        let p = batch_of(1, |b| grouped_store(b, &[11, 12], Some(second), None));
+        let b = decode_batch_in(&p, &mut groups).unwrap();
+        assert_eq!(kept(&b), [("S", vec![11, 12])]);
+    }
+}
+
+/// Tiers are apart per group too, `AllBlocksCleared` forgets every group, and a publisher
+/// whose events name group 0 only (one group) or none (SGLang) is not touched at all.
+#[test]
+fn kv_cache_groups_leave_tiers_sglang_and_single_group_servers_alone() {
+    let mut groups = Groups::default();
+    let p = batch_of(3, |b| {
+        let b = grouped_store(b, &[21], Some(0), None);
+        let b = grouped_store(b, &[21], Some(1), None);
+        grouped_store(b, &[21], Some(1), Some("CPU"))
+    });
+    let b = decode_batch_in(&p, &mut groups).unwrap();
+    assert_eq!(
+        kept(&b),
+        [("S", vec![21]), ("S", vec![21])],
+        "another tier is new"
+    );
+    // The host copy's only group lets it go: removed, the device copy untouched.
+    let p = batch_of(1, |b| grouped_removal(b, &[21], Some(1), Some("CPU")));
+    assert_eq!(
+        kept(&decode_batch_in(&p, &mut groups).unwrap()),
+        [("R", vec![21])]
+    );
+    // Cleared: the next removal of any group is applied as it comes.
+    let p = batch_of(2, |b| {
+        let b = b.map(1).s("type").s("AllBlocksCleared");
+        grouped_removal(b, &[21], Some(1), None)
+    });
+    let b = decode_batch_in(&p, &mut groups).unwrap();
+    assert_eq!(kept(&b), [("C", vec![]), ("R", vec![21])]);
+    // One group (vLLM with a single group) or none (SGLang): every event as it came, a
+    // repeated store included.
+    for group in [Some(0), None] {
+        let mut groups = Groups::default();
+        let p = batch_of(3, |b| {
+            let b = grouped_store(b, &[31], group, None);
+            let b = grouped_store(b, &[31], group, None);
+            grouped_removal(b, &[31], group, None)
+        });
+        let b = decode_batch_in(&p, &mut groups).unwrap();
+        assert_eq!(
+            kept(&b),
+            [("S", vec![31]), ("S", vec![31]), ("R", vec![31])],
+            "{group:?}"
+        );
+        assert_eq!(b.skipped, Skipped::default());
+    }
+    // A group of another type (a string) is no group.
+    let mut groups = Groups::default();
+    let p = batch_of(3, |b| {
+        let b = grouped_store(b, &[41], Some(0), None);
+        let b = b
+            .map(6)
+            .s("type")
+            .s("BlockStored")
+            .s("block_hashes")
+            .ints(&[41])
+            .s("parent_block_hash")
+            .nil()
+            .s("token_ids")
+            .ints(&[7; 4])
+            .s("block_size")
+            .u(4)
+            .s("group_idx")
+            .s("one");
+        grouped_removal(b, &[41], Some(1), None)
+    });
+    let b = decode_batch_in(&p, &mut groups).unwrap();
+    // The unnamed store passes as it came; group 0 still holds the block group 1 lets go.
+    assert_eq!(kept(&b), [("S", vec![41]), ("S", vec![41])]);
+    assert_eq!(b.skipped.other_group, 1);
+}
+
+/// vLLM's array form: `group_idx` follows `extra_keys` in a store and `medium` in a removal.
+#[test]
+fn vllm_array_form_reads_group_idx_in_place() {
+    let store = |b: B, g: u64| {
+        b.arr(10)
+            .s("BlockStored")
+            .ints(&[51])
+            .nil()
+            .ints(&[7; 4])
+            .u(4)
+            .nil()
+            .s("GPU")
+            .nil()
+            .nil()
+            .u(g)
+    };
+    let mut groups = Groups::default();
+    let p = batch_of(3, |b| {
+        let b = store(b, 0);
+        let b = store(b, 1);
+        b.arr(4).s("BlockRemoved").ints(&[51]).s("GPU").u(1)
+    });
+    let b = decode_batch_in(&p, &mut groups).unwrap();
+    assert_eq!(kept(&b), [("S", vec![51])]);
+    assert_eq!(b.skipped.other_group, 2);
 }

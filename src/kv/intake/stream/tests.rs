@@ -559,3 +559,74 @@ fn fingerprints_tell_batches_apart_in_constant_time() {
         t.elapsed()
     );
 }
+
+/// A vLLM batch of one event per `(kind, hash, group)`: a map-form store ("S") of one block
+/// from the root or a removal ("R").
+fn grouped(events: &[(&str, u64, u64)]) -> Bytes {
+    use rmp::encode as w;
+    let mut o = Vec::new();
+    w::write_array_len(&mut o, 2).unwrap();
+    w::write_f64(&mut o, 1.0).unwrap();
+    w::write_array_len(&mut o, events.len() as u32).unwrap();
+    for &(kind, hash, group) in events {
+        let store = kind == "S";
+        w::write_map_len(&mut o, if store { 6 } else { 3 }).unwrap();
+        w::write_str(&mut o, "type").unwrap();
+        w::write_str(&mut o, if store { "BlockStored" } else { "BlockRemoved" }).unwrap();
+        w::write_str(&mut o, "block_hashes").unwrap();
+        w::write_array_len(&mut o, 1).unwrap();
+        w::write_uint(&mut o, hash).unwrap();
+        if store {
+            w::write_str(&mut o, "parent_block_hash").unwrap();
+            w::write_nil(&mut o).unwrap();
+            w::write_str(&mut o, "token_ids").unwrap();
+            w::write_array_len(&mut o, 4).unwrap();
+            for _ in 0..4 {
+                w::write_uint(&mut o, 7).unwrap();
+            }
+            w::write_str(&mut o, "block_size").unwrap();
+            w::write_uint(&mut o, 4).unwrap();
+        }
+        w::write_str(&mut o, "group_idx").unwrap();
+        w::write_uint(&mut o, group).unwrap();
+    }
+    Bytes::from(o)
+}
+
+fn removals(steps: &[Step]) -> usize {
+    steps
+        .iter()
+        .map(|s| match s {
+            Step::Deliver { batch, .. } => batch
+                .events
+                .iter()
+                .filter(|e| matches!(e, crate::kv::wire::KvEvent::BlockRemoved(_)))
+                .count(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Which KV-cache groups hold a block is followed from batch to batch of one publisher, and
+/// forgotten with its blocks when it is reset (what the index holds then starts over).
+#[test]
+fn kv_cache_groups_are_followed_across_batches_and_forgotten_on_a_reset() {
+    let mut s = Stream::new(false, None, 100);
+    s.subscribed();
+    let mut out = Vec::new();
+    s.live(
+        0,
+        grouped(&[("S", 8, 0), ("S", 8, 1), ("S", 9, 0), ("S", 9, 1)]),
+        &mut out,
+    );
+    s.live(1, grouped(&[("R", 8, 0)]), &mut out);
+    assert_eq!(removals(&out), 0, "group 1 still holds it");
+    // A gap without a replay resets the publisher: its groups are forgotten with its blocks,
+    // so a removal of a block this copy no longer tracks is applied as it comes.
+    out.clear();
+    s.live(5, grouped(&[("R", 9, 0)]), &mut out);
+    assert!(out
+        .iter()
+        .any(|s| matches!(s, Step::Reset(ResetReason::Gap))));
+    assert_eq!(removals(&out), 1);
+}
