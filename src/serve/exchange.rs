@@ -347,12 +347,22 @@ impl<'a> Exchange<'a> {
         if self.gw.router.policy.kind() != PolicyKind::CacheAware {
             return;
         }
+        // A namespaced text starts with the text tree's marker, which is no part of the prompt
+        // the server encodes: encoded with it, the ids would never match the server's blocks
+        // (the namespace is hashed into the chain's root instead). Token-id texts keep it: their
+        // reader takes it off and counts the cap on the whole text.
+        let text: &str = &self.info.text;
+        let text = if self.info.token_ids || self.info.namespace.is_default() {
+            text
+        } else {
+            crate::route::extract::without_marker(text)
+        };
         let tokens = crate::gateway::tokenizing::prompt_tokens(
             self.core,
             kv,
             api,
             self.body,
-            &self.info.text,
+            text,
             self.info.token_ids,
         )
         .await;

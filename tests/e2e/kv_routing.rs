@@ -829,3 +829,83 @@ fn silent_listener() -> (u16, std::sync::mpsc::Sender<()>) {
     });
     (port, stop)
 }
+
+/// A salted text prompt is measured on its own tokens: the text tree's namespace marker in
+/// front of its routing text is no part of what the server encodes (encoded with it, no id
+/// would match the server's salted blocks and the pick would be a coin toss). Each prompt is
+/// prefilled, salted, on one worker behind the gateway's back; the salted request extending it
+/// reaches that worker, through the events alone.
+#[test]
+fn salted_text_prompts_are_tokenized_without_the_text_trees_marker() {
+    let dir = tokenizer_dir("salted");
+    let c = kv_sim_with(2, |cfg| cfg.tokenizer_path = Some(dir.clone()));
+    let tok = dir.display().to_string();
+    let gw = gateway_for(
+        &urls(&c),
+        &[
+            "--kv-events",
+            "--policy",
+            "cache_aware",
+            "--tokenizer-path",
+            &tok,
+        ],
+    );
+    wait_warm(&gw, 2);
+    let ports = c.ports();
+    let kv = gw.gateway().kv.as_ref().unwrap();
+    let mut tokens = radixgate::tokenize::SegmentCache::new(
+        kv.tokenizer().expect("--tokenizer-path").clone(),
+        1 << 20,
+    );
+    let body = |prompt: &str, salt: &str| {
+        serde_json::to_vec(&serde_json::json!({
+            "model": MODEL, "prompt": prompt, "max_tokens": 1, "cache_salt": salt
+        }))
+        .unwrap()
+    };
+    for i in 0..8usize {
+        let holder = i % 2;
+        let salt = format!("tenant-{i}");
+        let prompt = format!(
+            "Report number {i}: the harbor lanterns were lit at dusk and the river ran \
+             quietly past the old stone mill while the falcons circled overhead."
+        );
+        let r = request(
+            worker_addr(&c, holder),
+            "POST",
+            "/v1/completions",
+            &[],
+            &body(&prompt, &salt),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let mut ids = Vec::new();
+        tokens.text_ids(&prompt, &mut ids).unwrap();
+        let whole = (ids.len() / PAGE) as u32;
+        assert!(whole >= 4, "the prompt spans {} tokens", ids.len());
+        let root = radixgate::kv::index::namespace_root(Some(&salt), None);
+        wait_until("the holder's salted blocks in the index", LIMIT, || {
+            let snap = kv.reader.load();
+            let mut scratch = Default::default();
+            let held = snap
+                .match_prefix(MODEL, root, &ids, &mut scratch)
+                .iter()
+                .map(|m| m.blocks)
+                .max()
+                .unwrap_or(0);
+            (held == whole).then_some(())
+        });
+        let longer = format!("{prompt} What happened next at the mill?");
+        let r = request(
+            gw.addr,
+            "POST",
+            "/v1/completions",
+            &[],
+            &body(&longer, &salt),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(served_by(&r), ports[holder], "prompt {i}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
