@@ -655,12 +655,12 @@ fn publishers(
             block_size: i.block_size,
             announced: None,
         }),
-        (Some(_), Ok(Announced::Vllm(ranks))) if ranks.is_empty() => Err(DiscoverError::NoEvents),
         // What the server refused to be (too many ranks) the flags do not make it.
         (Some(_), Err(e @ DiscoverError::TooManyRanks { .. })) => Err(e),
         // The flags move the sockets, the announcement says which ranks are ready (their
-        // ports offset from the flagged ones, as vLLM offsets its own).
-        (Some(f), Ok(Announced::Vllm(ranks))) => {
+        // ports offset from the flagged ones, as vLLM offsets its own). An announcement of no
+        // rank says nothing the flags do not override: rank 0 at the flags, below.
+        (Some(f), Ok(Announced::Vllm(ranks))) if !ranks.is_empty() => {
             let mut listed = Vec::with_capacity(ranks.len());
             for r in ranks {
                 let replay = match &f.replay {
@@ -682,7 +682,7 @@ fn publishers(
             })
         }
         // Flags need nothing from the server but its model (one rank, the served model).
-        (Some(f), Err(_)) => Ok(Publishers {
+        (Some(f), Err(_) | Ok(Announced::Vllm(_))) => Ok(Publishers {
             layout: Layout::Offset {
                 live: f.live.clone(),
                 replay: f.replay.clone(),
