@@ -433,6 +433,23 @@ mod tests {
     }
 
     #[test]
+    fn marked_token_ids_at_the_cap_lose_only_the_cut_last_id() {
+        use crate::route::extract::{extract, Api, MAX_ROUTING_TEXT};
+        let many: Vec<String> = (0..40_000).map(|i| (1_000_000 + i).to_string()).collect();
+        let body = format!(r#"{{"token_ids":[{}],"cache_salt":"s"}}"#, many.join(","));
+        let t = extract(Api::TokenGenerate, body.as_bytes()).unwrap().text;
+        assert_eq!(t.len(), MAX_ROUTING_TEXT);
+        let mut out = Vec::new();
+        parse_token_ids(&t, MAX_ROUTING_TEXT, &mut out).unwrap();
+        // 18 bytes of marker, then 8 bytes an id ("1000000 "): the ids that fit whole.
+        assert_eq!(out.len(), (MAX_ROUTING_TEXT - 18) / 8);
+        assert!(out
+            .iter()
+            .enumerate()
+            .all(|(i, &id)| id == 1_000_000 + i as u32));
+    }
+
+    #[test]
     fn token_ids_from_the_extracted_text() {
         let mut out = Vec::new();
         parse_token_ids("1 20 300", 1000, &mut out).unwrap();

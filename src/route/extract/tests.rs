@@ -1015,10 +1015,6 @@ fn token_id_texts_are_kept_apart_by_namespace() {
                 let info = extract(api, body.as_bytes()).unwrap();
                 assert!(info.token_ids, "{body}");
                 assert_eq!(without_marker(&info.text), "1 2 3", "{body}");
-                let mut out = Vec::new();
-                crate::gateway::kv_routing::parse_token_ids(&info.text, MAX_ROUTING_TEXT, &mut out)
-                    .unwrap();
-                assert_eq!(out, [1, 2, 3], "{body}");
                 info.text.into_owned()
             })
             .collect();
@@ -1048,17 +1044,13 @@ fn token_id_texts_are_kept_apart_by_namespace() {
     ] {
         assert_eq!(without_marker(t), t);
     }
-    // At the cap the marker counts: the last (maybe cut) id is dropped.
+    // At the cap the marker counts: the ids fill what the marker leaves (the reader in
+    // gateway::kv_routing drops a cut last id; tested there).
     let many: Vec<String> = (0..40_000).map(|i| (1_000_000 + i).to_string()).collect();
     let body = format!(r#"{{"token_ids":[{}],"cache_salt":"s"}}"#, many.join(","));
     let t = extract(Api::TokenGenerate, body.as_bytes()).unwrap().text;
     assert_eq!(t.len(), MAX_ROUTING_TEXT);
-    let mut out = Vec::new();
-    crate::gateway::kv_routing::parse_token_ids(&t, MAX_ROUTING_TEXT, &mut out).unwrap();
-    let whole = (MAX_ROUTING_TEXT - MARKER_LEN) / 8;
-    assert_eq!(out.len(), whole);
-    assert!(out
-        .iter()
-        .enumerate()
-        .all(|(i, &id)| id == 1_000_000 + i as u32));
+    let ids = without_marker(&t);
+    assert_eq!(ids.len(), MAX_ROUTING_TEXT - MARKER_LEN);
+    assert!(ids.starts_with("1000000 1000001 "));
 }
