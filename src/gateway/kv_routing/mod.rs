@@ -65,6 +65,9 @@ pub struct KvRouting {
     exact_workers: Arc<ArcSwap<Vec<WorkerId>>>,
     /// Every subscribed publisher's state (republished by the sink), for the per-source gauge.
     source_states: Arc<ArcSwap<Vec<(Source, SourceState)>>>,
+    /// Publishers whose stores the index refuses for its limits (republished by the sink):
+    /// their workers are scored by the text tree, and `/readiness` counts them.
+    refused_sources: Arc<ArcSwap<Vec<Source>>>,
     models: Arc<ArcSwap<ModelMap>>,
     /// The index's counters.
     pub stats: Arc<IndexStats>,
@@ -145,6 +148,7 @@ impl KvRouting {
         let stats = writer.stats();
         let exact_workers = Arc::new(ArcSwap::from_pointee(Vec::new()));
         let source_states = Arc::new(ArcSwap::from_pointee(Vec::new()));
+        let refused_sources = Arc::new(ArcSwap::from_pointee(Vec::new()));
         let models: Arc<ArcSwap<ModelMap>> = Arc::default();
         let sink = IndexSink {
             writer,
@@ -155,6 +159,8 @@ impl KvRouting {
             dirty: false,
             states_dirty: false,
             export: None,
+            refused: std::collections::BTreeSet::new(),
+            published_refused: refused_sources.clone(),
         };
         let intake = Intake::start(
             IntakeConfig {
@@ -179,6 +185,7 @@ impl KvRouting {
             pending: PendingBlocks::new(PENDING_TTL_MS),
             exact_workers,
             source_states,
+            refused_sources,
             models,
             stats,
             flagged,
@@ -232,6 +239,11 @@ impl KvRouting {
             self.warmed.store(true, Ordering::Release);
         }
         cold.into_iter().any(eligible)
+    }
+
+    /// The publishers whose stores the index refuses for its limits (sources, models, ranks).
+    pub fn refused_sources(&self) -> arc_swap::Guard<Arc<Vec<Source>>> {
+        self.refused_sources.load()
     }
 
     /// Every subscribed publisher's state, for `radixgate_kv_source_state`.

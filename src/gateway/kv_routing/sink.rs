@@ -2,10 +2,10 @@
 
 use super::*;
 use crate::base::WorkerId;
-use crate::kv::index::{IndexExport, IndexWriter, Source};
+use crate::kv::index::{DropReason, IndexExport, IndexWriter, Source};
 use crate::kv::intake::{EventSink, IntakeEvent, ResetReason, SourceState};
 use arc_swap::ArcSwap;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// The index's single writer, on the event thread: applies batches and resets, keeps each
@@ -20,6 +20,12 @@ pub(super) struct IndexSink {
     pub(super) states_dirty: bool,
     /// The export under way (`GET /kv_index/snapshot`), a source at a time.
     pub(super) export: Option<IndexExport>,
+    /// Publishers whose stores the index refused for its limits (sources, models, ranks):
+    /// their workers are scored by the text tree, said once in the log, and counted in
+    /// `/readiness` (at most one entry per subscribed publisher; gone when one is stored again
+    /// or the publisher is unsubscribed).
+    pub(super) refused: BTreeSet<Source>,
+    pub(super) published_refused: Arc<ArcSwap<Vec<Source>>>,
 }
 
 impl EventSink for IndexSink {
@@ -37,7 +43,34 @@ impl EventSink for IndexSink {
                 }
                 for e in &b.events {
                     // Drops are counted by the writer (radixgate_kv_index_dropped_total).
-                    let _ = self.writer.apply(model, b.key, e);
+                    let applied = self.writer.apply(model, b.key, e);
+                    let is_store = matches!(e, crate::kv::wire::KvEvent::BlockStored(_));
+                    match applied {
+                        Err(DropReason::Limits) if self.refused.insert(b.key) => {
+                            crate::log!(
+                                Warn,
+                                "kv events: worker {} rank {}: past the index's limits \
+                                 ({} sources, {} models, {} ranks a worker); scored by the text \
+                                 tree",
+                                wk.url,
+                                b.key.dp_rank,
+                                self.writer.config().max_sources,
+                                self.writer.config().max_models,
+                                self.writer.config().max_dp_ranks
+                            );
+                            self.states_dirty = true;
+                        }
+                        Ok(()) if is_store && self.refused.remove(&b.key) => {
+                            crate::log!(
+                                Info,
+                                "kv events: worker {} rank {}: indexed again",
+                                wk.url,
+                                b.key.dp_rank
+                            );
+                            self.states_dirty = true;
+                        }
+                        _ => {}
+                    }
                 }
                 self.dirty = true;
             }
@@ -49,6 +82,7 @@ impl EventSink for IndexSink {
                     ResetReason::Unsubscribed => {
                         self.writer.remove_source(key);
                         self.states_dirty |= self.states.remove(&key).is_some();
+                        self.states_dirty |= self.refused.remove(&key);
                     }
                     // The index now holds less than the server (or exactly a new process's
                     // empty cache); the stream goes on from here.
@@ -128,8 +162,12 @@ impl EventSink for IndexSink {
             self.dirty = false;
         }
         if self.states_dirty {
-            self.published_exact
-                .store(Arc::new(exact_workers(&self.states)));
+            let mut exact = exact_workers(&self.states);
+            let refused: BTreeSet<WorkerId> = self.refused.iter().map(|s| s.worker).collect();
+            exact.retain(|w| !refused.contains(w));
+            self.published_exact.store(Arc::new(exact));
+            self.published_refused
+                .store(Arc::new(self.refused.iter().copied().collect()));
             self.published_states.store(Arc::new(
                 self.states.iter().map(|(k, v)| (*k, *v)).collect(),
             ));
@@ -154,4 +192,104 @@ pub(super) fn exact_workers(states: &BTreeMap<Source, SourceState>) -> Vec<Worke
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::index::{EngineHash, IndexConfig};
+    use crate::kv::intake::WorkerEvents;
+    use crate::kv::wire::{BlockStored, KvEvent};
+
+    fn store(hash: u64) -> KvEvent {
+        KvEvent::BlockStored(BlockStored {
+            block_hashes: vec![EngineHash(hash)],
+            parent: None,
+            token_ids: vec![1, 2, 3, 4],
+            block_size: 4,
+            lora_id: None,
+            medium: None,
+            cache_salt: None,
+            lora_name: None,
+        })
+    }
+
+    fn batch(worker: WorkerId, events: Vec<KvEvent>) -> IntakeEvent {
+        IntakeEvent::Batch(WorkerEvents {
+            key: Source { worker, dp_rank: 0 },
+            seq: 0,
+            ts: None,
+            events,
+            replayed: false,
+        })
+    }
+
+    #[test]
+    fn a_publisher_past_the_index_limits_is_said_and_its_worker_scored_by_the_text_tree() {
+        let published_exact = Arc::new(ArcSwap::from_pointee(Vec::new()));
+        let published_refused = Arc::new(ArcSwap::from_pointee(Vec::new()));
+        let models: Arc<ArcSwap<ModelMap>> = Arc::default();
+        let kv = |url: &str| WorkerKv {
+            model: Arc::from("m"),
+            url: Arc::from(url),
+            block_size: None,
+        };
+        models.store(Arc::new(
+            [
+                (1, kv("http://a:1")),
+                (2, kv("http://b:1")),
+                (3, kv("http://c:1")),
+            ]
+            .into_iter()
+            .collect(),
+        ));
+        let mut sink = IndexSink {
+            writer: IndexWriter::new(IndexConfig {
+                max_sources: 2,
+                ..IndexConfig::default()
+            }),
+            models,
+            states: BTreeMap::new(),
+            published_exact: published_exact.clone(),
+            published_states: Arc::new(ArcSwap::from_pointee(Vec::new())),
+            dirty: false,
+            states_dirty: false,
+            export: None,
+            refused: BTreeSet::new(),
+            published_refused: published_refused.clone(),
+        };
+        for w in 1..=3 {
+            let key = Source {
+                worker: w,
+                dp_rank: 0,
+            };
+            sink.deliver(IntakeEvent::State {
+                key,
+                state: SourceState::Live,
+            });
+            sink.deliver(batch(w, vec![store(10 + u64::from(w))]));
+        }
+        sink.flush();
+        // Worker 3 is past the 2 sources the index takes: not exact, and said.
+        assert_eq!(**published_exact.load(), vec![1, 2]);
+        assert_eq!(
+            **published_refused.load(),
+            vec![Source {
+                worker: 3,
+                dp_rank: 0
+            }]
+        );
+        // Worker 1 goes; worker 3's next store is taken, and it is exact again.
+        sink.deliver(IntakeEvent::Reset {
+            key: Source {
+                worker: 1,
+                dp_rank: 0,
+            },
+            reason: ResetReason::Unsubscribed,
+        });
+        sink.deliver(batch(3, vec![store(99)]));
+        sink.flush();
+        assert!(published_refused.load().is_empty());
+        assert_eq!(**published_exact.load(), vec![2, 3]);
+    }
 }

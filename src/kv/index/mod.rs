@@ -262,13 +262,15 @@ pub struct IndexConfig {
 
 impl Default for IndexConfig {
     /// 4 Mi blocks (~600 MiB at the measured cost; 256 Mi tokens at 64-token pages), 1 Mi per
-    /// source (more than any one GPU's KV cache at pages of 16 tokens or more), 1,024 sources,
-    /// 256 ranks per worker, 64 models.
+    /// source (more than any one GPU's KV cache at pages of 16 tokens or more), as many sources
+    /// as a holding can number (16,383 worker ranks: a fleet of thousands of servers is indexed
+    /// whole; a source costs nothing until it stores, and its blocks count against the global
+    /// bound), 256 ranks per worker, 64 models.
     fn default() -> Self {
         IndexConfig {
             max_blocks: 4 << 20,
             max_blocks_per_source: 1 << 20,
-            max_sources: 1024,
+            max_sources: trie::MAX_SOURCE_IDS,
             max_dp_ranks: 256,
             max_models: 64,
         }

@@ -1045,3 +1045,26 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_fleet_of_8192_servers_is_indexed_whole() {
+    // Every server stores the shared prefix and a block of its own: none is dropped for the
+    // index's limits, and the shared prefix is matched on all of them.
+    let mut w = IndexWriter::new(IndexConfig::default());
+    let shared = seq(4, 0);
+    for worker in 0..8192u32 {
+        let mut t = shared.clone();
+        t.extend(seq(4, 100 + 4 * worker));
+        let own = 1_000_000 + u64::from(worker);
+        w.apply(M, src(worker, 0), &stored(&[7, own], None, &t, 4))
+            .unwrap();
+    }
+    assert_eq!(w.stats().dropped_limits(), 0);
+    assert_eq!(w.stats().sources(), 8192);
+    let all = matches(&mut w, M, &shared);
+    assert_eq!(all.len(), 8192);
+    assert!(all.iter().all(|&(_, blocks)| blocks == 1));
+    let mut t = shared.clone();
+    t.extend(seq(4, 100 + 4 * 5000));
+    assert!(matches(&mut w, M, &t).contains(&(src(5000, 0), 2)));
+}

@@ -178,6 +178,11 @@ impl IndexWriter {
     }
 
     /// Applies one event from `source`, which serves `model` (a source moving to another model
+    /// The bounds this writer enforces (for saying which one a refused source ran into).
+    pub fn config(&self) -> &IndexConfig {
+        &self.cfg
+    }
+
     /// is reset first: one worker serves one model). `Err` says why it was dropped.
     pub fn apply(
         &mut self,

@@ -64,6 +64,12 @@ pub fn readiness(gw: &Gateway) -> Reply {
         body["healthy_prefill_workers"] = json!(p);
         body["healthy_decode_workers"] = json!(d);
     }
+    // Publishers past the KV index's limits: their workers serve, scored by the text tree.
+    if let Some(n) = gw.kv.as_ref().map(|kv| kv.refused_sources().len()) {
+        if n > 0 {
+            body["kv_publishers_over_index_limits"] = json!(n);
+        }
+    }
     Reply::json(if ready { 200 } else { 503 }, &body)
 }
 

@@ -849,11 +849,6 @@ impl IndexWriter {
         self.evict_from(source, keep);
     }
 
-    /// The caps.
-    pub(in crate::kv::index) fn config(&self) -> &IndexConfig {
-        &self.cfg
-    }
-
     /// New caps, applied from the next event on.
     pub(in crate::kv::index) fn set_config(&mut self, cfg: IndexConfig) {
         self.cfg = cfg;
