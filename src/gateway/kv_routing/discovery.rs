@@ -221,12 +221,12 @@ fn positive_u32(v: Option<&serde_json::Value>) -> Option<u32> {
 enum Found {
     /// `replay`: with a replay endpoint (its start-up replay is waited for). `announced`: what
     /// a vLLM server said at `/kv_event_sources` (its ranks and sockets change when it is
-    /// restarted on `tcp://*:0` or scaled), read again at `recheck`.
+    /// restarted on `tcp://*:0` or scaled), and when it was last read.
     Subscribed {
         id: WorkerId,
         replay: bool,
         announced: Option<Arc<[RankPublisher]>>,
-        recheck: Instant,
+        read_at: Instant,
     },
     /// `holds`: the failure may clear within moments (no answer yet, the model not learnt
     /// yet), so a new copy's readiness waits for it, within `--kv-warm-timeout-secs`.
@@ -289,7 +289,7 @@ impl Discovery {
                             id: w.id,
                             replay,
                             announced,
-                            recheck: now + RECHECK_LIVE,
+                            read_at: now,
                         },
                     );
                 }
@@ -357,7 +357,7 @@ impl Discovery {
             let Some(Found::Subscribed {
                 id,
                 announced: Some(before),
-                recheck,
+                read_at,
                 ..
             }) = self.found.get(&w.serial)
             else {
@@ -366,12 +366,12 @@ impl Discovery {
             let stalled = states
                 .iter()
                 .any(|(s, st)| s.worker == *id && *st != SourceState::Live);
-            let due = if stalled {
-                *recheck <= now + (RECHECK_LIVE - RECHECK_STALLED)
+            let wait = if stalled {
+                RECHECK_STALLED
             } else {
-                *recheck <= now
+                RECHECK_LIVE
             };
-            if !due {
+            if now < *read_at + wait {
                 continue;
             }
             let (id, before) = (*id, before.clone());
@@ -395,8 +395,8 @@ impl Discovery {
                     Err(CommandError::Busy) => {} // Next round.
                 }
             }
-            if let Some(Found::Subscribed { recheck, .. }) = self.found.get_mut(&w.serial) {
-                *recheck = now + RECHECK_LIVE;
+            if let Some(Found::Subscribed { read_at, .. }) = self.found.get_mut(&w.serial) {
+                *read_at = now;
             }
         }
     }
@@ -583,10 +583,16 @@ struct Publishers {
 /// What `w` announces: SGLang's `/get_server_info`, else (a 404: vLLM has none) vLLM's
 /// `/kv_event_sources`.
 async fn announcement(kv: &KvRouting, pool: &Pool, w: &Worker) -> Result<Announced, DiscoverError> {
-    let get =
-        |path: &'static str| forward::fetch(pool, w, Method::Get, path, Bytes::new(), INFO_TIMEOUT);
     const SERVER_INFO: &str = "/get_server_info";
-    match get(SERVER_INFO).await {
+    let info = forward::fetch(
+        pool,
+        w,
+        Method::Get,
+        SERVER_INFO,
+        Bytes::new(),
+        INFO_TIMEOUT,
+    );
+    match info.await {
         Ok((200, body)) => parse_server_info(&body, &w.server_url)
             .map(Announced::Sglang)
             .map_err(DiscoverError::Info),

@@ -131,30 +131,36 @@ const VLLM_RESET: &str = "/reset_prefix_cache";
 /// flushed only when that says it succeeded.
 pub async fn flush_cache(core: &Rc<Core>) -> Reply {
     let workers = core.gw.registry.load().workers.clone();
-    let mut results = fan_out(core, workers, Method::Post, "/flush_cache", FLUSH_TIMEOUT).await;
+    let results = fan_out(core, workers, Method::Post, "/flush_cache", FLUSH_TIMEOUT).await;
     let without: Vec<Arc<Worker>> = results
         .iter()
         .filter(|(_, r)| matches!(r, Ok((404, _))))
         .map(|(w, _)| w.clone())
         .collect();
-    let reset = fan_out(core, without, Method::Post, VLLM_RESET, FLUSH_TIMEOUT).await;
-    let mut reset_by: Vec<u64> = Vec::with_capacity(reset.len());
-    for (w, r) in reset {
-        reset_by.push(w.serial);
-        if let Some(slot) = results.iter_mut().find(|(x, _)| x.serial == w.serial) {
-            slot.1 = r;
-        }
-    }
+    // Answers come in the order the workers were given: the resets pair with the 404s in turn.
+    let mut reset = fan_out(core, without, Method::Post, VLLM_RESET, FLUSH_TIMEOUT)
+        .await
+        .into_iter();
+    let results: Vec<(Arc<Worker>, &str, Answer)> = results
+        .into_iter()
+        .map(|(w, r)| {
+            let pair = if matches!(r, Ok((404, _))) {
+                reset.next()
+            } else {
+                None
+            };
+            match pair {
+                Some((w, r)) => (w, VLLM_RESET, r),
+                None => (w, "/flush_cache", r),
+            }
+        })
+        .collect();
     let total = results.len();
     let mut ok = 0;
     let details: Vec<Value> = results
         .iter()
-        .map(|(w, r)| {
-            let path = if reset_by.contains(&w.serial) {
-                VLLM_RESET
-            } else {
-                "/flush_cache"
-            };
+        .map(|(w, path, r)| {
+            let path = *path;
             match r {
                 Ok((s, b)) => {
                     let flushed = match path {
