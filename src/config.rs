@@ -318,6 +318,21 @@ pub struct Config {
     /// connection is dropped, counted, and redialled with the backoff.
     #[arg(long = "kv-send-timeout-secs", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub kv_send_timeout_secs: u64,
+    /// With --kv-events: threads that read the publishers' sockets and decode their batches
+    /// (each publisher on one), in front of the index's one writer thread. One reads ~1M
+    /// blocks/s from thousands of publishers; add one per such share of the fleet's offer.
+    #[arg(long = "kv-event-threads", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub kv_event_threads: u32,
+    /// With --kv-events: most MiB of decoded batches waiting for the index's writer; past it the
+    /// reader threads wait (publishers then buffer, drop and are replayed or reset), so memory
+    /// never follows the fleet's offer.
+    #[arg(long = "kv-queue-mib", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub kv_queue_mib: u32,
+    /// With --kv-events: a publisher whose batches reach the index later than this is lagging:
+    /// its worker is scored by the text tree (and said in the log and
+    /// radixgate_kv_lagging_publishers) until it catches up.
+    #[arg(long = "kv-max-staleness-ms", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub kv_max_staleness_ms: u64,
     /// manual: how a new routing key is placed: random, min_load, min_group.
     #[arg(long = "assignment-mode", default_value = "random", value_parser = parse_assignment)]
     pub assignment_mode: AssignmentMode,

@@ -85,6 +85,12 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
     ("radixgate_kv_warm_workers", Kind::Gauge, "Workers whose KV events are complete (scored by the index, not the text tree)."),
     ("radixgate_kv_source_state", Kind::Gauge, "State of each subscribed KV-event publisher (worker, DP rank): 1 for its current state, 0 for the others. live: routed by its events; replaying, partial, connecting: routed by the text tree."),
     ("radixgate_kv_index_dropped_total", Kind::Counter, "KV events the index dropped, by reason."),
+    ("radixgate_kv_index_applied_blocks_total", Kind::Counter, "Block hashes stored or removed that the KV-event index applied (or dropped, counted by reason)."),
+    ("radixgate_kv_staleness_seconds", Kind::Histogram, "From a live KV-event batch's publisher timestamp to the index publication that holds it (the smallest delay seen of each publisher counts as zero, taking out a clock offset)."),
+    ("radixgate_kv_source_staleness_seconds", Kind::Gauge, "Staleness of each subscribed KV-event publisher's latest batch (worker, DP rank)."),
+    ("radixgate_kv_lagging_publishers", Kind::Gauge, "KV-event publishers whose batches reach the index later than --kv-max-staleness-ms: their workers are scored by the text tree until they catch up."),
+    ("radixgate_kv_queue_bytes", Kind::Gauge, "Bytes of decoded KV-event batches waiting for the index's writer (bounded by --kv-queue-mib)."),
+    ("radixgate_kv_queue_wait_seconds_total", Kind::Counter, "Time the KV-event reader threads spent waiting for room in the writer's queue: it grows while the writer cannot keep up."),
     ("radixgate_trace_spans_dropped_total", Kind::Counter, "Finished spans dropped because the core's trace buffer was full, by reason: spans or bytes (--enable-trace)."),
     ("radixgate_trace_spans_exported_total", Kind::Counter, "Spans the OTLP collector accepted (--enable-trace)."),
     ("radixgate_trace_export_failures_total", Kind::Counter, "Spans lost because an OTLP export failed (--enable-trace)."),
@@ -609,6 +615,30 @@ pub fn kv_index_stats(held: u64, distinct: u64, sources: u64, warm_workers: usiz
     gauge!("radixgate_kv_index_distinct_blocks").set(distinct as f64);
     gauge!("radixgate_kv_index_sources").set(sources as f64);
     gauge!("radixgate_kv_warm_workers").set(warm_workers as f64);
+}
+
+/// The staleness histogram's handle (the applying thread records one value per live batch, so
+/// it looks the series up once).
+pub fn kv_staleness() -> metrics::Histogram {
+    histogram!("radixgate_kv_staleness_seconds")
+}
+
+/// Block hashes the KV-event index applied since the last call.
+pub fn kv_applied_blocks(n: u64) {
+    counter!("radixgate_kv_index_applied_blocks_total").increment(n);
+}
+
+/// The queue in front of the index's writer and the lagging publishers, now.
+pub fn kv_queue(queued_bytes: u64, waited: Duration, lagging: u64) {
+    gauge!("radixgate_kv_queue_bytes").set(queued_bytes as f64);
+    counter!("radixgate_kv_queue_wait_seconds_total").absolute(waited.as_secs());
+    gauge!("radixgate_kv_lagging_publishers").set(lagging as f64);
+}
+
+/// One subscribed publisher's staleness at its latest batch, refreshed at each scrape.
+pub fn kv_source_staleness(url: &str, rank: u32, seconds: f32) {
+    gauge!("radixgate_kv_source_staleness_seconds", "worker" => url.to_string(), "rank" => rank.to_string())
+        .set(f64::from(seconds));
 }
 
 /// Events the index dropped since start, by reason (counter totals mirrored from the writer).

@@ -97,9 +97,18 @@ fn refresh(gw: &Gateway) {
             kv.exact_workers().len(),
         );
         let names = crate::kv::intake::SourceState::ALL.map(|s| s.as_str());
+        let urls: std::collections::HashMap<_, _> =
+            list.workers.iter().map(|w| (w.id, &w.url)).collect();
         for (source, state) in kv.source_states().iter() {
-            if let Some(w) = list.workers.iter().find(|w| w.id == source.worker) {
-                crate::metrics::kv_source_state(&w.url, source.dp_rank, state.as_str(), &names);
+            if let Some(url) = urls.get(&source.worker) {
+                crate::metrics::kv_source_state(url, source.dp_rank, state.as_str(), &names);
+            }
+        }
+        let intake = kv.intake();
+        crate::metrics::kv_queue(intake.queued_bytes(), intake.queue_wait(), intake.lagging());
+        for (source, staleness, _) in intake.staleness().iter() {
+            if let Some(url) = urls.get(&source.worker) {
+                crate::metrics::kv_source_staleness(url, source.dp_rank, *staleness);
             }
         }
         for (reason, total) in [

@@ -262,7 +262,16 @@ fn start_kv(cfg: &Config) -> Option<kv_routing::KvRouting> {
         warm_timeout: Duration::from_secs(cfg.kv_warm_timeout_secs),
         host_weight: cfg.kv_host_tier_weight,
         max_ranks: cfg.kv_max_dp_ranks,
-        send_timeout: Duration::from_secs(cfg.kv_send_timeout_secs),
+        intake: crate::kv::intake::IntakeConfig {
+            send_timeout: Duration::from_secs(cfg.kv_send_timeout_secs),
+            readers: cfg.kv_event_threads as usize,
+            queue_bytes: (cfg.kv_queue_mib as usize) << 20,
+            apply: crate::kv::intake::ApplyConfig {
+                max_staleness: Duration::from_millis(cfg.kv_max_staleness_ms),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
     }) {
         Ok(k) => Some(k),
         Err(e) => {

@@ -103,9 +103,9 @@ fn wait_warm(gw: &Running, n: usize) {
 
 #[test]
 fn the_kv_event_thread_runs_at_the_helpers_nice_value() {
-    // Alone in a process: it reads every thread of the process named `kv-events`, and other
-    // tests start event threads of their own, from threads whose nice value need not be this
-    // test thread's.
+    // Alone in a process: it reads every thread of the process named `kv-events-N` (readers)
+    // or `kv-index` (the index's writer), and other tests start such threads of their own, from
+    // threads whose nice value need not be this test thread's.
     if !alone_in_a_process(
         module_path!(),
         "the_kv_event_thread_runs_at_the_helpers_nice_value",
@@ -119,9 +119,12 @@ fn the_kv_event_thread_runs_at_the_helpers_nice_value() {
     let want = (base + radixgate::base::priority::HELPER_NICE).min(19);
     let kv: Vec<_> = thread_nices()
         .into_iter()
-        .filter(|(name, _, _)| name == "kv-events")
+        .filter(|(name, _, _)| name.starts_with("kv-events") || name == "kv-index")
         .collect();
-    assert!(!kv.is_empty(), "the event thread runs");
+    assert!(
+        kv.iter().any(|(n, _, _)| n == "kv-index") && kv.iter().any(|(n, _, _)| n != "kv-index"),
+        "the readers and the writer run: {kv:?}"
+    );
     for (name, nice, policy) in kv {
         assert_eq!((nice, policy), (want, 0), "{name}");
     }

@@ -363,9 +363,9 @@ impl Discovery {
             else {
                 continue;
             };
-            let stalled = states
-                .iter()
-                .any(|(s, st)| s.worker == *id && *st != SourceState::Live);
+            let stalled = states.iter().any(|(s, st)| {
+                s.worker == *id && !matches!(st, SourceState::Live | SourceState::Lagging)
+            });
             let wait = if stalled {
                 RECHECK_STALLED
             } else {

@@ -127,8 +127,9 @@ pub struct KvSettings {
     pub host_weight: f64,
     /// `--kv-max-dp-ranks`.
     pub max_ranks: u32,
-    /// `--kv-send-timeout-secs`.
-    pub send_timeout: Duration,
+    /// The intake's settings (`--kv-send-timeout-secs`, `--kv-event-threads`,
+    /// `--kv-queue-mib`, `--kv-max-staleness-ms`).
+    pub intake: IntakeConfig,
 }
 
 impl KvRouting {
@@ -141,7 +142,7 @@ impl KvRouting {
             warm_timeout,
             host_weight,
             max_ranks,
-            send_timeout,
+            intake,
         } = settings;
         let writer = IndexWriter::new(IndexConfig::default());
         let reader = writer.reader();
@@ -162,13 +163,7 @@ impl KvRouting {
             refused: std::collections::BTreeSet::new(),
             published_refused: refused_sources.clone(),
         };
-        let intake = Intake::start(
-            IntakeConfig {
-                send_timeout,
-                ..IntakeConfig::default()
-            },
-            sink,
-        )?;
+        let intake = Intake::start(intake, sink)?;
         for f in Fallback::ALL {
             crate::metrics::kv_fallback(f.as_str(), 0);
         }
@@ -322,6 +317,11 @@ impl KvRouting {
         self.intake.counts()
     }
 
+    /// The intake itself, for its gauges (queue, lag, per-publisher staleness).
+    pub fn intake(&self) -> &Intake {
+        &self.intake
+    }
+
     fn set_model(&self, worker: WorkerId, model: Option<WorkerKv>) {
         let mut next = self.models.load().as_ref().clone();
         match model {
@@ -382,7 +382,7 @@ mod tests {
             warm_timeout: Duration::from_secs(60),
             host_weight: 0.8,
             max_ranks: 1,
-            send_timeout: Duration::from_secs(10),
+            intake: IntakeConfig::default(),
         })
         .unwrap();
         assert!(kv.warming(|_| true), "before discovery looked");
@@ -408,7 +408,7 @@ mod tests {
             warm_timeout: Duration::from_secs(60),
             host_weight: 0.8,
             max_ranks: 1,
-            send_timeout: Duration::from_secs(10),
+            intake: IntakeConfig::default(),
         })
         .unwrap();
         // A round looked at worker 5 but its model was not learnt yet: no publisher is

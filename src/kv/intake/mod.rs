@@ -1,4 +1,4 @@
-//! The event intake: one dedicated std thread (never a serving core) that subscribes to every
+//! The event intake: dedicated std threads (never a serving core) that subscribe to every
 //! publisher's PUB socket over our own ZMTP client (`kv::zmtp`, `kv::socket`), decodes with
 //! `kv::wire`, keeps each publisher's stream in order and hands the batches to an [`EventSink`]
 //! (the index writer). Nothing on the request path waits for it: serving cores only read what
@@ -7,7 +7,7 @@
 //! Per publisher (a worker's attention-DP rank) a pure state machine (`stream`) decides what a
 //! sequence number means, when the replay socket is asked and what its answer proves; see its
 //! module doc for the rules (silence is not a gap; a replay proves who is talking; one bad
-//! message never costs a worker its blocks). This thread runs those machines without ever
+//! message never costs a worker its blocks). A reader thread runs those machines without ever
 //! waiting on one publisher: every socket is nonblocking in one `poll(2)` loop, each replay
 //! has its own connection and deadline, at most [`IntakeConfig::max_replays`] run at once, and
 //! host names are resolved on helper threads (`kv::resolve`).
@@ -16,16 +16,30 @@
 //! speaks for a worker only while every one of its publishers is [`SourceState::Live`].
 //!
 //! Subscriptions change at run time through [`Intake::subscribe`] / [`Intake::unsubscribe`]
-//! (a bounded command channel that never blocks the caller). The thread's loop is `thread`.
+//! (a bounded command channel that never blocks the caller).
+//!
+//! **Threads.** Reading and decoding run on [`IntakeConfig::readers`] reader threads (`thread`,
+//! each publisher on one of them, so its batches stay in order); they hand their decoded batches
+//! a chunk per round through one queue bounded in bytes (`queue`) to the applying thread
+//! (`apply`), the only one that calls the sink: an index behind it keeps its single writer,
+//! publishes per interval rather than per batch, and its staleness is measured there.
 
+mod apply;
+mod queue;
 mod thread;
 
 pub mod stream;
 
+pub use apply::ApplyConfig;
+
 use super::endpoint::TcpEndpoint;
+use super::socket;
 use super::wire::KvEvent;
 use crate::base::WorkerId;
+use apply::ApplyCommand;
+use arc_swap::ArcSwap;
 use crossbeam::channel::{self, Receiver, Sender, TrySendError};
+use queue::QueueBound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,15 +113,19 @@ pub enum SourceState {
     /// Everything the publisher still buffers was applied and the stream is in order: the
     /// index speaks for it.
     Live,
+    /// Live, but its batches reach the index later than `--kv-max-staleness-ms` (the intake
+    /// cannot keep up): scored by the text tree until it catches up (see `apply`).
+    Lagging,
 }
 
 impl SourceState {
     /// Every state, for series that exist from the start.
-    pub const ALL: [SourceState; 4] = [
+    pub const ALL: [SourceState; 5] = [
         SourceState::Connecting,
         SourceState::Replaying,
         SourceState::Partial,
         SourceState::Live,
+        SourceState::Lagging,
     ];
 
     /// The metric label.
@@ -117,6 +135,7 @@ impl SourceState {
             SourceState::Replaying => "replaying",
             SourceState::Partial => "partial",
             SourceState::Live => "live",
+            SourceState::Lagging => "lagging",
         }
     }
 }
@@ -232,6 +251,14 @@ pub struct IntakeConfig {
     pub budget_bytes: usize,
     /// Longest a host name lookup may take.
     pub resolve_timeout: Duration,
+    /// Reader threads (sockets, decoding, stream machines; each publisher on one of them):
+    /// `--kv-event-threads`.
+    pub readers: usize,
+    /// Bytes of decoded batches queued for the applying thread at most (`--kv-queue-mib`):
+    /// beyond it the readers wait.
+    pub queue_bytes: usize,
+    /// When the applying thread publishes, and when a publisher lags.
+    pub apply: ApplyConfig,
 }
 
 impl Default for IntakeConfig {
@@ -249,6 +276,9 @@ impl Default for IntakeConfig {
             send_timeout: Duration::from_secs(10),
             budget_bytes: 256 << 20,
             resolve_timeout: Duration::from_secs(5),
+            readers: 1,
+            queue_bytes: 64 << 20,
+            apply: ApplyConfig::default(),
         }
     }
 }
@@ -326,8 +356,14 @@ struct Stats {
     send_dropped: AtomicU64,
     /// Bytes of unfinished messages and unsent bytes held now.
     held: AtomicU64,
-    /// Rounds of the event loop (a stalled thread stops counting).
+    /// Rounds of the reader loops (a stalled thread stops counting).
     rounds: AtomicU64,
+    /// Publications the applying thread made.
+    publishes: AtomicU64,
+    /// Block hashes stored or removed that the applying thread handed to its sink.
+    applied_blocks: AtomicU64,
+    /// Publishers lagging now (see `apply`).
+    lagging: AtomicU64,
 }
 
 impl Stats {
@@ -360,17 +396,22 @@ impl Stats {
     }
 }
 
+/// Commands for a reader thread.
 enum Command {
-    Export(ExportReply),
-    Import {
-        data: Vec<u8>,
-        workers: Vec<(String, WorkerId)>,
-        reply: Sender<Result<usize, String>>,
-    },
     Subscribe(Publisher),
     Unsubscribe(PublisherKey),
     RemoveWorker(WorkerId),
+    /// Publishers an imported copy covers, with its last batch of each: subscribed later, their
+    /// streams resume after it.
+    Resume(Vec<(PublisherKey, i64)>),
     Shutdown,
+}
+
+/// The reader thread a publisher's stream runs on (every command about it goes there).
+fn reader_of(key: PublisherKey, readers: usize) -> usize {
+    let mixed =
+        (u64::from(key.worker) << 32 | u64::from(key.dp_rank)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ((mixed >> 32) % readers.max(1) as u64) as usize
 }
 
 /// Why a command was not taken.
@@ -385,19 +426,24 @@ pub enum CommandError {
 /// Commands queued at most (worker changes are rare; a full queue answers `Busy`, never blocks).
 const COMMAND_QUEUE: usize = 1024;
 
-/// The running intake: its thread, command queue and counters. Dropping it tells the thread to
-/// stop without waiting for it (a sink blocked on a full channel whose reader is gone would
-/// otherwise hang the dropper); [`Intake::stop`] waits.
+/// The running intake: its reader threads, the applying thread, their command queues and
+/// counters. Dropping it tells the threads to stop without waiting for them (a sink blocked on a
+/// full channel whose reader is gone would otherwise hang the dropper); [`Intake::stop`] waits.
 pub struct Intake {
-    commands: Sender<Command>,
+    /// One command queue per reader thread; a publisher's commands go to its reader.
+    readers: Vec<Sender<Command>>,
+    apply: Sender<ApplyCommand>,
     stats: Arc<Stats>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    bound: Arc<QueueBound>,
+    /// Per-publisher staleness and lagging flag, republished by the applying thread.
+    lag: Arc<ArcSwap<Vec<(PublisherKey, f32, bool)>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Intake {
-    /// Start the event thread (named `kv-events`), delivering to `sink`.
+    /// Start the reader threads (named `kv-events-N`) and the applying thread (`kv-index`),
+    /// delivering to `sink` on the applying thread.
     pub fn start(config: IntakeConfig, sink: impl EventSink) -> std::io::Result<Intake> {
-        let (tx, rx) = channel::bounded(COMMAND_QUEUE);
         let stats = Arc::new(Stats::default());
         // Every series exists from the start, at zero.
         for kind in KINDS {
@@ -406,44 +452,109 @@ impl Intake {
         for reason in SEND_DROP_REASONS {
             crate::metrics::kv_send_dropped(reason, 0);
         }
-        let worker = thread::EventThread::new(config, sink, stats.clone(), rx);
-        let thread = std::thread::Builder::new()
-            .name("kv-events".into())
+        crate::metrics::kv_applied_blocks(0);
+        let n = config.readers.max(1);
+        let bound = Arc::new(QueueBound::new(config.queue_bytes));
+        let (chunks_tx, chunks_rx) = channel::unbounded();
+        let lag = Arc::new(ArcSwap::from_pointee(Vec::new()));
+        let mut readers = Vec::with_capacity(n);
+        let mut threads = Vec::with_capacity(n + 1);
+        let mut reader_config = config.clone();
+        // The connections' budget is shared out.
+        reader_config.budget_bytes = (config.budget_bytes / n).max(socket::FLOOR);
+        let (apply_tx, apply_rx) = channel::bounded(COMMAND_QUEUE);
+        let mut intake = Intake {
+            readers: Vec::new(),
+            apply: apply_tx,
+            stats: stats.clone(),
+            bound: bound.clone(),
+            lag: lag.clone(),
+            threads: Vec::new(),
+        };
+        for i in 0..n {
+            let (tx, rx) = channel::bounded(COMMAND_QUEUE);
+            let forward = queue::ForwardSink::new(chunks_tx.clone(), bound.clone());
+            let reader =
+                thread::EventThread::new(reader_config.clone(), forward, stats.clone(), rx);
+            let spawned = std::thread::Builder::new()
+                .name(format!("kv-events-{i}"))
+                .spawn(move || {
+                    if let Err(e) = crate::base::priority::helper_thread() {
+                        crate::log!(Warn, "kv-events thread: cannot lower its priority: {e}");
+                    }
+                    reader.run()
+                });
+            match spawned {
+                Ok(t) => {
+                    readers.push(tx);
+                    threads.push(t);
+                }
+                Err(e) => {
+                    intake.readers = readers;
+                    intake.threads = threads;
+                    return Err(e);
+                }
+            }
+        }
+        drop(chunks_tx);
+        let applier = apply::ApplyThread {
+            sink,
+            config: config.apply,
+            chunks: chunks_rx,
+            commands: apply_rx,
+            readers: readers.clone(),
+            bound: bound.clone(),
+            stats: stats.clone(),
+            published: lag,
+            picked: None,
+        };
+        intake.readers = readers;
+        intake.threads = threads;
+        let t = std::thread::Builder::new()
+            .name("kv-index".into())
             .spawn(move || {
                 if let Err(e) = crate::base::priority::helper_thread() {
-                    crate::log!(Warn, "kv-events thread: cannot lower its priority: {e}");
+                    crate::log!(Warn, "kv-index thread: cannot lower its priority: {e}");
                 }
-                worker.run()
+                applier.run()
             })?;
-        Ok(Intake {
-            commands: tx,
-            stats,
-            thread: Some(thread),
-        })
+        intake.threads.push(t);
+        Ok(intake)
     }
 
     /// Subscribe to a publisher (replacing, with a reset, one of the same key at another
     /// endpoint; the same endpoint again changes nothing).
     pub fn subscribe(&self, publisher: Publisher) -> Result<(), CommandError> {
-        self.command(Command::Subscribe(publisher))
+        let r = reader_of(publisher.key, self.readers.len());
+        command(&self.readers[r], Command::Subscribe(publisher))
     }
 
     /// Drop one publisher (its state is reset).
     pub fn unsubscribe(&self, key: PublisherKey) -> Result<(), CommandError> {
-        self.command(Command::Unsubscribe(key))
+        let r = reader_of(key, self.readers.len());
+        command(&self.readers[r], Command::Unsubscribe(key))
     }
 
     /// Drop every publisher of a worker (it left the fleet).
     pub fn remove_worker(&self, worker: WorkerId) -> Result<(), CommandError> {
-        self.command(Command::RemoveWorker(worker))
+        // Its ranks may be on any reader. A reader whose queue is full answers `Busy` and the
+        // caller tries again; the readers that took it drop their share meanwhile (dropping
+        // twice is harmless).
+        let mut result = Ok(());
+        for tx in &self.readers {
+            if let Err(e) = command(tx, Command::RemoveWorker(worker)) {
+                result = Err(e);
+            }
+        }
+        result
     }
 
-    /// Ask the sink for a copy of what it holds ([`EventSink::export`]), taken between two
-    /// batches so the watermarks are exact. The answer comes on the returned channel (the
+    /// Ask the sink for a copy of what it holds ([`EventSink::export_begin`]), taken between
+    /// two chunks so the watermarks are exact. The answer comes on the returned channel (the
     /// caller decides how long to wait).
     pub fn export(&self) -> Result<ExportAnswer, CommandError> {
         let (tx, rx) = channel::bounded(1);
-        self.command(Command::Export(tx))?;
+        command(&self.apply, ApplyCommand::Export(tx))?;
         Ok(rx)
     }
 
@@ -456,11 +567,14 @@ impl Intake {
         workers: Vec<(String, WorkerId)>,
     ) -> Result<Receiver<Result<usize, String>>, CommandError> {
         let (reply, rx) = channel::bounded(1);
-        self.command(Command::Import {
-            data,
-            workers,
-            reply,
-        })?;
+        command(
+            &self.apply,
+            ApplyCommand::Import {
+                data,
+                workers,
+                reply,
+            },
+        )?;
         Ok(rx)
     }
 
@@ -489,39 +603,78 @@ impl Intake {
         self.stats.held.load(Ordering::Relaxed)
     }
 
+    /// Bytes of decoded batches waiting for the applying thread (bounded by
+    /// [`IntakeConfig::queue_bytes`] plus one chunk per reader).
+    pub fn queued_bytes(&self) -> u64 {
+        self.bound.queued() as u64
+    }
+
+    /// Time the readers spent waiting for room in the queue since the start: it grows while
+    /// the applying thread cannot keep up.
+    pub fn queue_wait(&self) -> Duration {
+        Duration::from_micros(self.bound.waited_us())
+    }
+
+    /// Publishers lagging now (their batches arrive later than
+    /// [`ApplyConfig::max_staleness`]).
+    pub fn lagging(&self) -> u64 {
+        self.stats.lagging.load(Ordering::Relaxed)
+    }
+
+    /// Each subscribed publisher's staleness at its latest batch (seconds) and whether it lags,
+    /// sorted by publisher (republished a few times a second).
+    pub fn staleness(&self) -> arc_swap::Guard<Arc<Vec<(PublisherKey, f32, bool)>>> {
+        self.lag.load()
+    }
+
+    /// Block hashes stored or removed that were applied since the start.
+    pub fn applied_blocks(&self) -> u64 {
+        self.stats.applied_blocks.load(Ordering::Relaxed)
+    }
+
+    /// Publications made since the start.
+    pub fn publishes(&self) -> u64 {
+        self.stats.publishes.load(Ordering::Relaxed)
+    }
+
     /// Connections dropped because their peer would not read what the intake sends it
     /// (`radixgate_kv_send_dropped_total`).
     pub fn send_dropped(&self) -> u64 {
         self.stats.send_dropped.load(Ordering::Relaxed)
     }
 
-    /// Rounds the event loop has run (it runs at least every `poll_interval`: a count that
-    /// stops moving is a stalled thread).
+    /// Rounds the reader loops have run (each runs at least every `poll_interval`: a count
+    /// that stops moving is a stalled thread).
     pub fn rounds(&self) -> u64 {
         self.stats.rounds.load(Ordering::Relaxed)
     }
 
-    /// Stop the thread and wait for it (its sink must keep accepting until then).
+    /// Stop the threads and wait for them (the sink must keep accepting until then).
     pub fn stop(mut self) {
         self.signal_stop();
-        if let Some(t) = self.thread.take() {
+        for t in std::mem::take(&mut self.threads) {
             let _ = t.join();
         }
     }
 
     fn signal_stop(&mut self) {
-        // A full queue still ends the thread: it also stops when the channel disconnects.
-        let _ = self.commands.try_send(Command::Shutdown);
+        // A full queue still ends a thread: it also stops when its channel disconnects.
+        for tx in &self.readers {
+            let _ = tx.try_send(Command::Shutdown);
+        }
+        let _ = self.apply.try_send(ApplyCommand::Shutdown);
+        self.bound.stop();
+        self.readers.clear();
         let (dead, _) = channel::bounded(1);
-        self.commands = dead;
+        self.apply = dead;
     }
+}
 
-    fn command(&self, c: Command) -> Result<(), CommandError> {
-        self.commands.try_send(c).map_err(|e| match e {
-            TrySendError::Full(_) => CommandError::Busy,
-            TrySendError::Disconnected(_) => CommandError::Stopped,
-        })
-    }
+fn command<C>(tx: &Sender<C>, c: C) -> Result<(), CommandError> {
+    tx.try_send(c).map_err(|e| match e {
+        TrySendError::Full(_) => CommandError::Busy,
+        TrySendError::Disconnected(_) => CommandError::Stopped,
+    })
 }
 
 impl Drop for Intake {

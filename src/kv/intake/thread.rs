@@ -116,8 +116,12 @@ pub(super) struct EventThread<S> {
     /// Warnings are rate-limited (a hostile publisher could otherwise flood the log).
     last_warn: Option<Instant>,
     steps: Vec<Step>,
-    /// An export under way: the publishers still to copy, and where the answer goes.
-    export: Option<(VecDeque<PublisherKey>, super::ExportReply)>,
+    /// Each subscription's token, by publisher.
+    by_key: HashMap<PublisherKey, u64>,
+    /// Each subscription's place in `sources`, by token.
+    slots: HashMap<u64, usize>,
+    /// Bytes this reader counted in `Stats::held` (the readers add up there).
+    held: usize,
 }
 
 /// Which socket of a source a poll entry is.
@@ -150,7 +154,9 @@ impl<S: EventSink> EventThread<S> {
             resume: HashMap::new(),
             last_warn: None,
             steps: Vec::new(),
-            export: None,
+            by_key: HashMap::new(),
+            slots: HashMap::new(),
+            held: 0,
         }
     }
 
@@ -166,14 +172,21 @@ impl<S: EventSink> EventThread<S> {
             let busy = self.drain_buffered();
             self.poll_round(busy);
             self.report_states();
-            self.export_step();
             self.sink.flush();
             if self.budget.take_released() {
                 crate::base::memory::return_freed_pages();
             }
-            self.stats
-                .held
-                .store(self.budget.used() as u64, Ordering::Relaxed);
+            let used = self.budget.used();
+            if used >= self.held {
+                self.stats
+                    .held
+                    .fetch_add((used - self.held) as u64, Ordering::Relaxed);
+            } else {
+                self.stats
+                    .held
+                    .fetch_sub((self.held - used) as u64, Ordering::Relaxed);
+            }
+            self.held = used;
             self.stats.rounds.fetch_add(1, Ordering::Relaxed);
         }
         let all: Vec<u64> = self.sources.iter().map(|s| s.token).collect();
@@ -196,88 +209,48 @@ impl<S: EventSink> EventThread<S> {
     fn apply(&mut self, c: Command) {
         match c {
             Command::Subscribe(p) => {
-                if let Some(s) = self.sources.iter().find(|s| s.publisher.key == p.key) {
-                    if s.publisher == p {
+                if let Some(&t) = self.by_key.get(&p.key) {
+                    if self
+                        .index_of(t)
+                        .is_some_and(|i| self.sources[i].publisher == p)
+                    {
                         return;
                     }
-                    let t = s.token;
                     self.drop_source(t, true);
                 }
                 self.add_source(p);
             }
             Command::Unsubscribe(key) => {
-                if let Some(t) = self.token_of(|s| s.publisher.key == key) {
+                if let Some(&t) = self.by_key.get(&key) {
                     self.drop_source(t, true);
                 }
             }
             Command::RemoveWorker(w) => {
-                while let Some(t) = self.token_of(|s| s.publisher.key.worker == w) {
+                let gone: Vec<u64> = self
+                    .sources
+                    .iter()
+                    .filter(|s| s.publisher.key.worker == w)
+                    .map(|s| s.token)
+                    .collect();
+                for t in gone {
                     self.drop_source(t, true);
                 }
             }
-            Command::Export(reply) => {
-                if self.export.is_some() {
-                    // One at a time (the caller also guards this).
-                    let _ = reply.try_send(None);
-                    return;
-                }
-                match self.sink.export_begin() {
-                    Some(keys) => self.export = Some((keys.into(), reply)),
-                    None => {
-                        let _ = reply.try_send(None);
+            Command::Resume(marks) => {
+                for (key, seq) in marks {
+                    // A publisher already streaming goes on as it was (what it applied and the
+                    // copy overlap).
+                    if !self.by_key.contains_key(&key) {
+                        self.resume.insert(key, seq);
                     }
                 }
-            }
-            Command::Import {
-                data,
-                workers,
-                reply,
-            } => {
-                let r = self.sink.import(&data, &workers).map(|marks| {
-                    let n = marks.len();
-                    for (key, seq) in marks {
-                        // A publisher already streaming goes on as it was (what it applied
-                        // and the copy overlap).
-                        if !self.sources.iter().any(|s| s.publisher.key == key) {
-                            self.resume.insert(key, seq);
-                        }
-                    }
-                    n
-                });
-                let _ = reply.try_send(r);
             }
             Command::Shutdown => {}
         }
     }
 
-    /// Copy the next publisher of the export under way, or finish it.
-    fn export_step(&mut self) {
-        let Some((keys, _)) = &mut self.export else {
-            return;
-        };
-        match keys.pop_front() {
-            Some(key) => {
-                let watermark = self
-                    .sources
-                    .iter()
-                    .find(|s| s.publisher.key == key)
-                    .and_then(|s| s.stream.last());
-                self.sink.export_source(key, watermark);
-            }
-            None => {
-                if let Some((_, reply)) = self.export.take() {
-                    self.sink.export_finish(reply);
-                }
-            }
-        }
-    }
-
-    fn token_of(&self, f: impl Fn(&Source) -> bool) -> Option<u64> {
-        self.sources.iter().find(|s| f(s)).map(|s| s.token)
-    }
-
     fn index_of(&self, token: u64) -> Option<usize> {
-        self.sources.iter().position(|s| s.token == token)
+        self.slots.get(&token).copied()
     }
 
     fn add_source(&mut self, p: Publisher) {
@@ -296,6 +269,8 @@ impl<S: EventSink> EventThread<S> {
         );
         let token = self.next_token;
         self.next_token += 1;
+        self.by_key.insert(p.key, token);
+        self.slots.insert(token, self.sources.len());
         self.sources.push(Source {
             publisher: p,
             token,
@@ -317,6 +292,11 @@ impl<S: EventSink> EventThread<S> {
             return;
         };
         let s = self.sources.swap_remove(i);
+        self.slots.remove(&token);
+        self.by_key.remove(&s.publisher.key);
+        if let Some(moved) = self.sources.get(i) {
+            self.slots.insert(moved.token, i);
+        }
         if let Link::Open(c) = s.live {
             c.close(&mut self.budget);
         }
@@ -581,9 +561,10 @@ impl<S: EventSink> EventThread<S> {
 
     fn poll_round(&mut self, busy: bool) {
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.sources.len() * 2);
-        let mut who: Vec<(u64, Which)> = Vec::with_capacity(self.sources.len() * 2);
+        // Places in `sources` (no subscription comes or goes until the round's I/O is done).
+        let mut who: Vec<(usize, Which)> = Vec::with_capacity(self.sources.len() * 2);
         let budget = &self.budget;
-        for s in &self.sources {
+        for (i, s) in self.sources.iter().enumerate() {
             if let Link::Open(c) = &s.live {
                 let ev = c.events(c.may_read(budget) && !s.stream.is_replaying());
                 if ev != 0 {
@@ -592,7 +573,7 @@ impl<S: EventSink> EventThread<S> {
                         events: ev,
                         revents: 0,
                     });
-                    who.push((s.token, Which::Live));
+                    who.push((i, Which::Live));
                 }
             }
             if let Some(ReplayLink {
@@ -605,7 +586,7 @@ impl<S: EventSink> EventThread<S> {
                     events: c.events(c.may_read(budget)),
                     revents: 0,
                 });
-                who.push((s.token, Which::Replay));
+                who.push((i, Which::Replay));
             }
         }
         let wait = if busy {
@@ -625,14 +606,10 @@ impl<S: EventSink> EventThread<S> {
             return;
         }
         let now = Instant::now();
-        for (fd, (token, which)) in fds.iter().zip(who) {
-            if fd.revents == 0 {
-                continue;
+        for (fd, (i, which)) in fds.iter().zip(who) {
+            if fd.revents != 0 {
+                self.on_io(i, which, fd.revents, now);
             }
-            let Some(i) = self.index_of(token) else {
-                continue;
-            };
-            self.on_io(i, which, fd.revents, now);
         }
     }
 
