@@ -519,7 +519,7 @@ impl Fleet {
         );
         args.extend(extra.iter().map(|s| s.to_string()));
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let gw = crate::common::gateway_for(&urls, &refs);
+        let gw = crate::common::gateway_with_metrics(&urls, &refs);
         let kv = gw.gateway().kv.as_ref().unwrap();
         crate::common::wait_until("both workers routed by their events", LIMIT, || {
             (kv.exact_workers().len() == 2).then_some(())
@@ -637,6 +637,45 @@ fn host_tier_copies_count_below_gpu_copies_and_removals_touch_one_tier() {
     for _ in 0..4 {
         assert_eq!(f.route(&prompt, json!({})), 1);
     }
+}
+
+#[test]
+fn a_publisher_whose_batches_arrive_late_is_scored_by_the_text_tree_until_it_catches_up() {
+    let mut f = Fleet::start(&["--kv-max-staleness-ms", "8000"]);
+    let metrics = f.gw.metrics_addr.expect("metrics listener");
+    let kv = f.gw.gateway().kv.as_ref().unwrap();
+    // On time: its delay is the floor.
+    f.publishers[0].store(1, None, &tokens(2 * PAGE, 1), json!({}));
+    f.publishers[1].store(1, None, &tokens(2 * PAGE, 1), json!({}));
+    // Thirty seconds late (it waited behind a consumer that could not keep up): lagging, its
+    // worker scored by the text tree, said in the metrics; its blocks are still applied.
+    f.publishers[0].store(2, None, &tokens(2 * PAGE, 500), json!({"late": 30.0}));
+    crate::common::wait_until("worker 0 lagging", LIMIT, || {
+        (kv.intake().lagging() == 1 && kv.exact_workers().len() == 1).then_some(())
+    });
+    // The per-publisher figures are republished a few times a second.
+    let text = crate::common::wait_until("its staleness in /metrics", LIMIT, || {
+        let r = crate::common::request(metrics, "GET", "/metrics", &[], b"").unwrap();
+        let text = r.text();
+        text.lines()
+            .filter(|l| l.starts_with("radixgate_kv_source_staleness_seconds{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .any(|s| s > 29.0)
+            .then_some(text)
+    });
+    assert!(text.contains("radixgate_kv_lagging_publishers 1"), "{text}");
+    let lagging: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("radixgate_kv_source_state{") && l.ends_with(" 1"))
+        .filter(|l| l.contains("state=\"lagging\""))
+        .collect();
+    assert_eq!(lagging.len(), 1, "{text}");
+    assert_eq!(f.held(ROOT_PARENT, &tokens(2 * PAGE, 500)), vec![(0, 2, 2)]);
+    // On time again: caught up, routed by its events.
+    f.publishers[0].store(3, None, &tokens(2 * PAGE, 900), json!({}));
+    crate::common::wait_until("worker 0 caught up", LIMIT, || {
+        (kv.intake().lagging() == 0 && kv.exact_workers().len() == 2).then_some(())
+    });
 }
 
 #[test]

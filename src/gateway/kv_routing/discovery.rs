@@ -363,9 +363,13 @@ impl Discovery {
             else {
                 continue;
             };
-            let stalled = states.iter().any(|(s, st)| {
-                s.worker == *id && !matches!(st, SourceState::Live | SourceState::Lagging)
-            });
+            // Sorted by publisher: the worker's ranks are one run (thousands of workers are
+            // not each a scan of every publisher).
+            let from = states.partition_point(|(s, _)| s.worker < *id);
+            let stalled = states[from..]
+                .iter()
+                .take_while(|(s, _)| s.worker == *id)
+                .any(|(_, st)| !matches!(st, SourceState::Live | SourceState::Lagging));
             let wait = if stalled {
                 RECHECK_STALLED
             } else {

@@ -278,7 +278,10 @@ impl<S: EventSink> ApplyThread<S> {
         }
     }
 
+    /// Make what was applied visible. The staleness of the batches it holds is taken first, so
+    /// a publisher found lagging is shown so in the same publication.
     fn publish(&mut self, run: &mut Run, now: Instant) {
+        self.measure(run, now);
         self.sink.flush();
         run.dirty = false;
         run.last_publish = now;
@@ -290,6 +293,11 @@ impl<S: EventSink> ApplyThread<S> {
             crate::metrics::kv_applied_blocks(run.blocks);
             run.blocks = 0;
         }
+    }
+
+    /// Each batch's staleness at the publication about to be made; publishers that pass the
+    /// bound lag, those back within half of it catch up.
+    fn measure(&mut self, run: &mut Run, now: Instant) {
         if run.pending.is_empty() {
             return;
         }
@@ -366,7 +374,6 @@ impl<S: EventSink> ApplyThread<S> {
             p.staleness * 1e3
         );
         Self::show(&mut self.sink, p, key);
-        // The state change is published with the next publication.
     }
 
     /// Clear lagging publishers that went quiet while the queue is empty (nothing of theirs is
