@@ -31,6 +31,8 @@ const MAX_MESSAGE_BYTES: usize = MAX_PAYLOAD_BYTES + (64 << 10);
 const LOCAL_RETRY: Duration = Duration::from_millis(200);
 /// State-change log lines of one publisher at the info level at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(10);
+/// Longest between two passes over every publisher (timers, buffered messages, state reports).
+const SWEEP_EVERY: Duration = Duration::from_millis(5);
 /// Time given a subscription to reach the publisher before the replay that follows it is
 /// asked (what the PUB sends before it arrives is dropped; the replay must cover that).
 const SUBSCRIPTION_SETTLE: Duration = Duration::from_millis(50);
@@ -122,6 +124,9 @@ pub(super) struct EventThread<S> {
     slots: HashMap<u64, usize>,
     /// Bytes this reader counted in `Stats::held` (the readers add up there).
     held: usize,
+    /// Some stream may hold messages already read (a turn ran out, or a replay ended): taken
+    /// next round, not at the next sweep.
+    drain_wanted: bool,
 }
 
 /// Which socket of a source a poll entry is.
@@ -157,21 +162,45 @@ impl<S: EventSink> EventThread<S> {
             by_key: HashMap::new(),
             slots: HashMap::new(),
             held: 0,
+            drain_wanted: false,
         }
     }
 
     pub(super) fn run(mut self) {
+        let mut next_sweep = Instant::now();
+        // Something happened since the last state report.
+        let mut unreported = true;
         loop {
             if !self.take_commands() {
                 break;
             }
             let now = Instant::now();
             self.lookups_answered(now);
-            self.due(now);
+            // Timers, buffered messages and state reports take a pass over every publisher: at
+            // most every SWEEP_EVERY (their deadlines are tens of milliseconds and more), not
+            // every round, which with thousands of publishers would cost more than the messages.
+            let sweep = now >= next_sweep;
+            if sweep {
+                self.due(now);
+            }
             self.start_replays(now);
-            let busy = self.drain_buffered();
-            self.poll_round(busy);
-            self.report_states();
+            let busy = if sweep || std::mem::take(&mut self.drain_wanted) {
+                self.drain_buffered()
+            } else {
+                false
+            };
+            self.drain_wanted |= busy;
+            let cap = if unreported {
+                next_sweep.saturating_duration_since(now)
+            } else {
+                self.config.poll_interval
+            };
+            unreported |= self.poll_round(busy || self.drain_wanted, cap) || sweep;
+            if sweep {
+                self.report_states();
+                unreported = false;
+                next_sweep = Instant::now() + SWEEP_EVERY;
+            }
             self.sink.flush();
             if self.budget.take_released() {
                 crate::base::memory::return_freed_pages();
@@ -535,6 +564,8 @@ impl<S: EventSink> EventThread<S> {
 
     /// Close source `i`'s replay connection (its replay ended or failed).
     fn end_replay(&mut self, i: usize) {
+        // Its live messages waited behind the replay.
+        self.drain_wanted = true;
         if let Some(r) = self.sources[i].replay.take() {
             self.replays -= 1;
             if let Link::Open(c) = r.link {
@@ -559,7 +590,9 @@ impl<S: EventSink> EventThread<S> {
         busy
     }
 
-    fn poll_round(&mut self, busy: bool) {
+    /// One `poll(2)` over every open socket (not waiting when `busy`, else at most `cap` and the
+    /// poll interval), and what each ready socket has; whether any was.
+    fn poll_round(&mut self, busy: bool, cap: Duration) -> bool {
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.sources.len() * 2);
         // Places in `sources` (no subscription comes or goes until the round's I/O is done).
         let mut who: Vec<(usize, Which)> = Vec::with_capacity(self.sources.len() * 2);
@@ -592,18 +625,23 @@ impl<S: EventSink> EventThread<S> {
         let wait = if busy {
             0
         } else {
-            self.config.poll_interval.as_millis().clamp(1, 1000) as i32
+            // Rounded up: a wait of less than a millisecond is one.
+            let ms = cap
+                .min(self.config.poll_interval)
+                .as_micros()
+                .div_ceil(1000);
+            ms.clamp(1, 1000) as i32
         };
         if fds.is_empty() {
             if wait > 0 {
                 std::thread::sleep(Duration::from_millis(wait as u64));
             }
-            return;
+            return false;
         }
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the whole call.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
         if n <= 0 {
-            return;
+            return false;
         }
         let now = Instant::now();
         for (fd, (i, which)) in fds.iter().zip(who) {
@@ -611,6 +649,7 @@ impl<S: EventSink> EventThread<S> {
                 self.on_io(i, which, fd.revents, now);
             }
         }
+        true
     }
 
     fn on_io(&mut self, i: usize, which: Which, revents: i16, now: Instant) {
@@ -636,7 +675,10 @@ impl<S: EventSink> EventThread<S> {
         // first.
         match which {
             Which::Live => {
-                self.take_live(i);
+                // More than a turn's worth: the rest next round.
+                if self.take_live(i) {
+                    self.drain_wanted = true;
+                }
             }
             Which::Replay => self.take_replay(i, now),
         }
@@ -679,7 +721,9 @@ impl<S: EventSink> EventThread<S> {
                     self.queue_if_wanted(i);
                 }
                 Ok(Some(Item::Message(frames))) => self.on_live(i, frames),
-                Ok(Some(Item::Ping(_))) | Ok(None) => return false,
+                // Answered by the connection; what follows it is taken in this turn too.
+                Ok(Some(Item::Ping(_))) => {}
+                Ok(None) => return false,
                 Err(e) => {
                     self.conn_failed(i, Which::Live, &e, now);
                     return false;
