@@ -1,5 +1,5 @@
-//! One ZMTP connection (`kv::zmtp`) over a nonblocking TCP socket, driven by the event thread's
-//! `poll(2)` loop: connect, greet, read whole messages, write requests. Nothing here blocks.
+//! One ZMTP connection (`kv::zmtp`) over a nonblocking TCP socket, driven by a reader thread's
+//! epoll loop: connect, greet, read whole messages, write requests. Nothing here blocks.
 //!
 //! **Memory held is bounded where the bytes arrive.** The decoder refuses a frame, a message or
 //! a command over its caps from the header alone (the connection is closed before the bytes it
@@ -176,6 +176,9 @@ pub struct Conn {
     /// saw it.
     unsent_since: Option<Instant>,
     timeouts: Timeouts,
+    /// The events the reader's epoll set watches on this socket (0: not in the set). A new
+    /// connection is in no set, and closing one takes it out of every set.
+    pub watched: u32,
 }
 
 impl Conn {
@@ -221,6 +224,7 @@ impl Conn {
             in_kernel: false,
             unsent_since: None,
             timeouts,
+            watched: 0,
         };
         c.account(budget);
         Ok(c)

@@ -8,7 +8,7 @@
 //! sequence number means, when the replay socket is asked and what its answer proves; see its
 //! module doc for the rules (silence is not a gap; a replay proves who is talking; one bad
 //! message never costs a worker its blocks). A reader thread runs those machines without ever
-//! waiting on one publisher: every socket is nonblocking in one `poll(2)` loop, each replay
+//! waiting on one publisher: every socket is nonblocking in one epoll set (`watch`), each replay
 //! has its own connection and deadline, at most [`IntakeConfig::max_replays`] run at once, and
 //! host names are resolved on helper threads (`kv::resolve`).
 //!
@@ -27,6 +27,7 @@
 mod apply;
 mod queue;
 mod thread;
+mod watch;
 
 pub mod stream;
 
@@ -424,7 +425,7 @@ pub enum CommandError {
 }
 
 /// Commands queued at most (worker changes are rare; a full queue answers `Busy`, never blocks).
-const COMMAND_QUEUE: usize = 1024;
+const COMMAND_QUEUE: usize = 4096;
 
 /// The running intake: its reader threads, the applying thread, their command queues and
 /// counters. Dropping it tells the threads to stop without waiting for them (a sink blocked on a
@@ -475,7 +476,14 @@ impl Intake {
             let (tx, rx) = channel::bounded(COMMAND_QUEUE);
             let forward = queue::ForwardSink::new(chunks_tx.clone(), bound.clone());
             let reader =
-                thread::EventThread::new(reader_config.clone(), forward, stats.clone(), rx);
+                match thread::EventThread::new(reader_config.clone(), forward, stats.clone(), rx) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        intake.readers = readers;
+                        intake.threads = threads;
+                        return Err(e);
+                    }
+                };
             let spawned = std::thread::Builder::new()
                 .name(format!("kv-events-{i}"))
                 .spawn(move || {

@@ -1,8 +1,9 @@
-//! The event thread's loop: commands, name lookups, connections, replays, one `poll(2)` over
+//! A reader thread's loop: commands, name lookups, connections, replays, one epoll wait over
 //! every socket, and each publisher's `stream` machine fed from them. Every wait has a
 //! deadline and nothing here blocks on one publisher.
 
 use super::stream::{Purpose, Reply, Step, Stream};
+use super::watch::Watch;
 use super::{
     Command, EventSink, IntakeConfig, IntakeEvent, Publisher, PublisherKey, ResetReason,
     SourceState, Stats, WorkerEvents, BATCH, CONNECT_FAILED, EVENT, GAP, MALFORMED, REPLAY,
@@ -127,6 +128,15 @@ pub(super) struct EventThread<S> {
     /// Some stream may hold messages already read (a turn ran out, or a replay ended): taken
     /// next round, not at the next sweep.
     drain_wanted: bool,
+    /// The epoll set of every open socket.
+    watch: Watch,
+    /// Sources whose sockets may want other events than the set watches (synced before the
+    /// next wait; every source is at each sweep).
+    touched: Vec<usize>,
+    /// Ready sockets of the last wait: (tag, events).
+    ready: Vec<(u64, i16)>,
+    /// The connections' budget was spent at the last sync.
+    budget_over: bool,
 }
 
 /// Which socket of a source a poll entry is.
@@ -142,9 +152,10 @@ impl<S: EventSink> EventThread<S> {
         sink: S,
         stats: Arc<Stats>,
         commands: Receiver<Command>,
-    ) -> Self {
+    ) -> std::io::Result<Self> {
         let budget = Budget::new(config.budget_bytes);
-        EventThread {
+        let watch = Watch::new()?;
+        Ok(EventThread {
             config,
             sink,
             stats,
@@ -163,7 +174,11 @@ impl<S: EventSink> EventThread<S> {
             slots: HashMap::new(),
             held: 0,
             drain_wanted: false,
-        }
+            watch,
+            touched: Vec::new(),
+            ready: Vec::new(),
+            budget_over: false,
+        })
     }
 
     pub(super) fn run(mut self) {
@@ -198,6 +213,9 @@ impl<S: EventSink> EventThread<S> {
             unreported |= self.poll_round(busy || self.drain_wanted, cap) || sweep;
             if sweep {
                 self.report_states();
+                // Whatever changed without a socket event (timers, commands, replays) is
+                // watched for at the latest now.
+                self.touched.extend(0..self.sources.len());
                 unreported = false;
                 next_sweep = Instant::now() + SWEEP_EVERY;
             }
@@ -427,6 +445,7 @@ impl<S: EventSink> EventThread<S> {
     }
 
     fn set_link(&mut self, i: usize, which: Which, link: Link) {
+        self.touched.push(i);
         let s = &mut self.sources[i];
         match which {
             Which::Live => s.live = link,
@@ -590,38 +609,54 @@ impl<S: EventSink> EventThread<S> {
         busy
     }
 
-    /// One `poll(2)` over every open socket (not waiting when `busy`, else at most `cap` and the
-    /// poll interval), and what each ready socket has; whether any was.
-    fn poll_round(&mut self, busy: bool, cap: Duration) -> bool {
-        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.sources.len() * 2);
-        // Places in `sources` (no subscription comes or goes until the round's I/O is done).
-        let mut who: Vec<(usize, Which)> = Vec::with_capacity(self.sources.len() * 2);
+    /// Make the epoll set watch what source `i`'s open sockets want now: reading the live one
+    /// unless its stream waits behind a replay or the budget says no, writing while bytes wait.
+    fn sync(&mut self, i: usize) {
+        let Some(s) = self.sources.get_mut(i) else {
+            return;
+        };
         let budget = &self.budget;
-        for (i, s) in self.sources.iter().enumerate() {
-            if let Link::Open(c) = &s.live {
-                let ev = c.events(c.may_read(budget) && !s.stream.is_replaying());
-                if ev != 0 {
-                    fds.push(libc::pollfd {
-                        fd: c.fd(),
-                        events: ev,
-                        revents: 0,
-                    });
-                    who.push((i, Which::Live));
-                }
-            }
-            if let Some(ReplayLink {
-                link: Link::Open(c),
-                ..
-            }) = &s.replay
-            {
-                fds.push(libc::pollfd {
-                    fd: c.fd(),
-                    events: c.events(c.may_read(budget)),
-                    revents: 0,
-                });
-                who.push((i, Which::Replay));
+        let replaying = s.stream.is_replaying();
+        let mut failed = None;
+        if let Link::Open(c) = &mut s.live {
+            let want = c.events(c.may_read(budget) && !replaying);
+            if let Err(e) = self.watch.set(c, want, s.token << 1) {
+                failed = Some((Which::Live, e));
             }
         }
+        if let Some(ReplayLink {
+            link: Link::Open(c),
+            ..
+        }) = &mut s.replay
+        {
+            let want = c.events(c.may_read(budget));
+            if let Err(e) = self.watch.set(c, want, s.token << 1 | 1) {
+                failed = Some((Which::Replay, e));
+            }
+        }
+        if let Some((which, e)) = failed {
+            let now = Instant::now();
+            self.link_failed(i, which, format!("cannot watch the socket: {e}"), now);
+        }
+    }
+
+    /// Wait for ready sockets (not at all when `busy`, else at most `cap` and the poll
+    /// interval) and take what each has; whether any was ready. The sockets touched since the
+    /// last round are watched for what they want first.
+    fn poll_round(&mut self, busy: bool, cap: Duration) -> bool {
+        let over = !self.budget.may_read(usize::MAX);
+        let mut touched = std::mem::take(&mut self.touched);
+        if over != self.budget_over {
+            // The budget's verdict changed for every connection at once.
+            self.budget_over = over;
+            touched.clear();
+            touched.extend(0..self.sources.len());
+        }
+        for &i in &touched {
+            self.sync(i);
+        }
+        touched.clear();
+        self.touched = touched;
         let wait = if busy {
             0
         } else {
@@ -632,23 +667,27 @@ impl<S: EventSink> EventThread<S> {
                 .div_ceil(1000);
             ms.clamp(1, 1000) as i32
         };
-        if fds.is_empty() {
-            if wait > 0 {
-                std::thread::sleep(Duration::from_millis(wait as u64));
-            }
-            return false;
-        }
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the whole call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
-        if n <= 0 {
+        let mut ready = std::mem::take(&mut self.ready);
+        ready.clear();
+        ready.extend(self.watch.wait(wait));
+        if ready.is_empty() {
+            self.ready = ready;
             return false;
         }
         let now = Instant::now();
-        for (fd, (i, which)) in fds.iter().zip(who) {
-            if fd.revents != 0 {
-                self.on_io(i, which, fd.revents, now);
-            }
+        for &(tag, revents) in &ready {
+            let Some(i) = self.index_of(tag >> 1) else {
+                continue;
+            };
+            let which = if tag & 1 == 1 {
+                Which::Replay
+            } else {
+                Which::Live
+            };
+            self.on_io(i, which, revents, now);
+            self.touched.push(i);
         }
+        self.ready = ready;
         true
     }
 
