@@ -50,9 +50,13 @@ fn tier_bit(h: Holding) -> u8 {
 pub(super) enum Holders {
     Inline([Holding; 4]),
     // A thin pointer keeps `Holders` at 16 bytes, so every trie slot stays small; the extra
-    // allocation is paid only by blocks on more than four sources.
-    #[allow(clippy::box_collection)]
-    Heap(Box<Vec<Holding>>),
+    // allocation is paid only by blocks on more than four sources. Kept sorted, so a holding is
+    // found by binary search among thousands. Shared, not owned: copying a
+    // node on the writer's path (after a publication) must not copy the holder lists of the
+    // blocks beside it, which for a system prompt every server stores are thousands long; a
+    // list is copied only when its own block changes, once per publication.
+    #[allow(clippy::rc_buffer)]
+    Heap(Arc<Vec<Holding>>),
 }
 
 impl Holders {
@@ -75,7 +79,11 @@ impl Holders {
     /// Whether the holding `h` (a source's copy in one tier) is there.
     #[inline]
     pub(super) fn contains(&self, h: Holding) -> bool {
-        self.as_slice().contains(&h)
+        match self {
+            Holders::Inline(a) => a.contains(&h),
+            // Kept sorted: thousands of servers hold a system prompt's blocks.
+            Holders::Heap(v) => v.binary_search(&h).is_ok(),
+        }
     }
 
     /// The tiers ([`Tier::bit`]s) source `s` holds the block in (0: none).
@@ -94,10 +102,14 @@ impl Holders {
                 None => {
                     let mut v = a.to_vec();
                     v.push(s);
-                    *self = Holders::Heap(Box::new(v));
+                    v.sort_unstable();
+                    *self = Holders::Heap(Arc::new(v));
                 }
             },
-            Holders::Heap(v) => v.push(s),
+            Holders::Heap(v) => {
+                let at = v.partition_point(|&x| x < s);
+                Arc::make_mut(v).insert(at, s);
+            }
         }
     }
 
@@ -114,10 +126,11 @@ impl Holders {
                 true
             }
             Holders::Heap(v) => {
-                let Some(i) = v.iter().position(|&x| x == s) else {
+                let Ok(i) = v.binary_search(&s) else {
                     return false;
                 };
-                v.swap_remove(i);
+                let v = Arc::make_mut(v);
+                v.remove(i);
                 if v.len() <= 4 {
                     let mut a = [NONE; 4];
                     a[..v.len()].copy_from_slice(v);
@@ -356,4 +369,50 @@ fn remove(node: &mut Arc<Node>, key: u64, s: Holding, shift: u32) -> Removed {
         n.bitmap &= !bit;
     }
     Removed::Key
+}
+
+#[cfg(test)]
+mod sharing_tests {
+    use super::*;
+
+    /// The holder list of `key`, when it is on the heap.
+    fn list(t: &Trie, key: u64) -> Option<&Arc<Vec<Holding>>> {
+        match t.get(key)? {
+            Holders::Heap(v) => Some(v),
+            Holders::Inline(_) => None,
+        }
+    }
+
+    #[test]
+    fn a_published_copy_shares_long_holder_lists_until_their_own_block_changes() {
+        let mut t = Trie::default();
+        // A block every server stores (a system prompt), and blocks beside it in the same node.
+        let popular = 0x40;
+        for s in 0..1_000u16 {
+            t.add(popular, holding(s, Tier::Device));
+        }
+        t.add(0x41, holding(1, Tier::Device));
+        let published = t.clone();
+        // Another block of the same leaf node changes: the node is copied, the long list not.
+        t.add(0x42, holding(2, Tier::Device));
+        let (a, b) = (
+            list(&published, popular).unwrap(),
+            list(&t, popular).unwrap(),
+        );
+        assert!(
+            Arc::ptr_eq(a, b),
+            "the holder list was copied with its node"
+        );
+        // Its own block changes: copied once, the published copy untouched.
+        t.add(popular, holding(1_000, Tier::Device));
+        let (a, b) = (
+            list(&published, popular).unwrap(),
+            list(&t, popular).unwrap(),
+        );
+        assert!(!Arc::ptr_eq(a, b));
+        assert_eq!((a.len(), b.len()), (1_000, 1_001));
+        assert!(t.remove(popular, holding(0, Tier::Device)));
+        assert_eq!(list(&published, popular).unwrap().len(), 1_000);
+        assert_eq!(list(&t, popular).unwrap().len(), 1_000);
+    }
 }
