@@ -47,11 +47,16 @@ cargo bench --no-run --bench tree_writer -q
 AFTER_EXE=$(bench_exe)
 BEFORE_EXE=""
 if [[ -n "$BEFORE" ]]; then
-  WT="$TMP/before"
-  git worktree add --detach -q "$WT" "$BEFORE"
+  # Kept between invocations (a release build of the crate takes minutes): a worktree per
+  # revision, and one target directory seeded from this build's (only the crate rebuilds).
+  WT="${TMPDIR:-/tmp}/radixgate-tree-writer-before-$(git rev-parse --short "$BEFORE")"
+  BT="${CARGO_TARGET_DIR:-$PWD/target}-before"
+  [[ -d "$WT" ]] || git worktree add --detach -q "$WT" "$BEFORE"
+  [[ -d "$BT/release" ]] || { mkdir -p "$BT"; cp -a "${CARGO_TARGET_DIR:-$PWD/target}/release" "$BT/"; }
   echo "building the bench at $BEFORE" >&2
-  (cd "$WT" && CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}-before" cargo bench --no-run --bench tree_writer -q)
-  BEFORE_EXE=$(cd "$WT" && CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}-before" bench_exe)
+  (cd "$WT" && CARGO_TARGET_DIR="$BT" cargo bench --no-run --bench tree_writer -q)
+  BEFORE_EXE=$(cd "$WT" && CARGO_TARGET_DIR="$BT" bench_exe)
+  WT=""
 fi
 LOADS=()
 for i in $(seq "$RUNS"); do
