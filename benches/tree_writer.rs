@@ -680,10 +680,10 @@ fn main() {
     let corpus = Arc::new(Corpus::new(7));
     let mut out = String::new();
     if a.rate {
-        out.push_str(&format!(
+        out.push_str(
             "| cores (offered inserts/s) | applied inserts/s | dropped | channel depth p99 / peak: messages | MiB | previous-turn staleness p50 / p99 / max | never seen | writer CPU | writer ns/insert | publishes/s |\n\
              |---|---|---|---|---|---|---|---|---|---|\n"
-        ));
+        );
         for &cores in &a.cores {
             let runs: Vec<RateRun> = (0..a.runs)
                 .map(|r| {

@@ -5,23 +5,25 @@
 #
 #   scripts/bench-tree-writer.sh [--runs N] [--secs S] [--cores 2,8,32] [--per-core R]
 #                                [--ceiling N] [--writer-nice N|keep] [--before REV]
-#                                [--write-docs] [--out FILE]
+#                                [--write-docs] [--out FILE] [--skip-build]
 #
 # RUNS invocations of the bench (default 5), one run each; every number of the table is the
 # median over them. With --before REV the bench is also built from git revision REV (in a
 # temporary worktree, its own target directory) and the two builds run alternately, run after
-# run; each cell then reads `before → after` (one value when both agree). --write-docs puts the
+# run; each cell then reads `before → after` (one value when both agree). Name REV by a branch
+# or tag when writing the docs: the page refuses commit hashes. --write-docs puts the
 # table in docs/benchmarks.md (section tree-writer). Builds with `cargo bench --no-run` first
-# and runs nothing else meanwhile.
+# and runs nothing else meanwhile; --skip-build runs the newest executables already built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;; esac
-RUNS=5; BEFORE=""; WRITE=0; OUT=""; PASS=(); SHOWN=("$0" "$@")
+RUNS=5; BEFORE=""; WRITE=0; SKIP_BUILD=0; OUT=""; PASS=(); SHOWN=(scripts/bench-tree-writer.sh "$@")
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --runs) RUNS=$2; shift 2 ;;
     --before) BEFORE=$2; shift 2 ;;
     --write-docs) WRITE=1; shift ;;
+    --skip-build) SKIP_BUILD=1; shift ;;
     --out) OUT=$2; shift 2 ;;
     --secs|--cores|--per-core|--ceiling|--warmup|--only|--writer-nice) PASS+=("$1" "$2"); shift 2 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -42,9 +44,14 @@ bench_exe() {
 exe=[m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="tree_writer"]
 print(exe[-1])'
 }
-echo "building the bench" >&2
-cargo bench --no-run --bench tree_writer -q
-AFTER_EXE=$(bench_exe)
+newest() { ls -t "$1"/release/deps/tree_writer-* 2>/dev/null | grep -v '\.d$' | head -1; }
+if [[ $SKIP_BUILD == 1 ]]; then
+  AFTER_EXE=$(newest "${CARGO_TARGET_DIR:-$PWD/target}")
+else
+  echo "building the bench" >&2
+  cargo bench --no-run --bench tree_writer -q
+  AFTER_EXE=$(bench_exe)
+fi
 BEFORE_EXE=""
 if [[ -n "$BEFORE" ]]; then
   # Kept between invocations (a release build of the crate takes minutes): a worktree per
@@ -53,9 +60,13 @@ if [[ -n "$BEFORE" ]]; then
   BT="${CARGO_TARGET_DIR:-$PWD/target}-before"
   [[ -d "$WT" ]] || git worktree add --detach -q "$WT" "$BEFORE"
   [[ -d "$BT/release" ]] || { mkdir -p "$BT"; cp -a "${CARGO_TARGET_DIR:-$PWD/target}/release" "$BT/"; }
-  echo "building the bench at $BEFORE" >&2
-  (cd "$WT" && CARGO_TARGET_DIR="$BT" cargo bench --no-run --bench tree_writer -q)
-  BEFORE_EXE=$(cd "$WT" && CARGO_TARGET_DIR="$BT" bench_exe)
+  if [[ $SKIP_BUILD == 1 ]]; then
+    BEFORE_EXE=$(newest "$BT")
+  else
+    echo "building the bench at $BEFORE" >&2
+    (cd "$WT" && CARGO_TARGET_DIR="$BT" cargo bench --no-run --bench tree_writer -q)
+    BEFORE_EXE=$(cd "$WT" && CARGO_TARGET_DIR="$BT" bench_exe)
+  fi
   WT=""
 fi
 LOADS=()
@@ -116,7 +127,7 @@ if before:
 print("\n".join(after).rstrip())
 note = f"Each number is the median of {runs} runs"
 if before:
-    note += f"; `before → after`: `{before}` against this build, run alternately"
+    note += "; `before → after`: the `--before` revision against this build, run alternately"
 note += f"; load average (1 min) between runs {min(loads):.1f}–{max(loads):.1f} on {len(__import__('os').sched_getaffinity(0))} CPUs"
 print(f"\n{note}.")
 PY

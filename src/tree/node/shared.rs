@@ -123,8 +123,7 @@ impl SharedBytes {
         let (Ok(at32), Ok(end32)) = (u32::try_from(at), u32::try_from(end)) else {
             return false;
         };
-        if h
-            .len
+        if h.len
             .compare_exchange(at32, end32, Ordering::AcqRel, Ordering::Relaxed)
             .is_err()
         {
@@ -210,7 +209,10 @@ mod tests {
         assert_eq!((a.written(), a.capacity()), (3, 7));
         assert!(!a.try_append(2, b"x"), "inside the written bytes");
         assert!(a.try_append(3, b"de"));
-        assert!(!a.try_append(3, b"zz"), "a second owner at the old end loses");
+        assert!(
+            !a.try_append(3, b"zz"),
+            "a second owner at the old end loses"
+        );
         assert!(!a.try_append(5, b"fgh"), "past the room");
         assert!(a.try_append(5, b"fg"));
         assert_eq!(a.range(0, 7), b"abcdefg");
