@@ -31,8 +31,8 @@
 //! root on a machine other jobs share, sets it back to 0 unless told `--writer-nice keep`.
 //!
 //! `cargo bench --bench tree_writer -- [--runs N] [--secs S] [--warmup S] [--cores 2,8,32]
-//! [--per-core R] [--ceiling N] [--only rate|ceiling] [--writer-nice N|keep]`; each figure is
-//! the median of the runs.
+//! [--per-core R] [--ceiling N] [--only rate|ceiling] [--writer-nice N|keep]
+//! [--max-tree-chars N]`; each figure is the median of the runs.
 use radixgate::base::text::SharedText;
 use radixgate::base::WorkerId;
 use radixgate::tree::{spawn_writer, spawn_writer_held, Insert, RadixTree, TreeKey, WriterConfig};
@@ -46,6 +46,18 @@ use std::time::{Duration, Instant};
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const WORKERS: u64 = 16;
+
+/// `--max-tree-size` of the runs (`--max-tree-chars`; the gateway's default, 2^26, unless
+/// told): a smaller one makes the tree reach its bound within the run, so the writer evicts
+/// and reuses memory as a long-running gateway's does instead of growing into fresh memory.
+static MAX_CHARS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 26);
+
+fn writer_config() -> WriterConfig {
+    WriterConfig {
+        max_chars_per_worker: MAX_CHARS.load(Ordering::Relaxed),
+        ..WriterConfig::default()
+    }
+}
 const LIVE_CONVERSATIONS: usize = 8192;
 const SAMPLE_EVERY: u64 = 8;
 const MAX_PROMPT: usize = 32 * 1024;
@@ -344,7 +356,7 @@ fn rate_run(
     seed: u64,
     nice: Option<i32>,
 ) -> RateRun {
-    let h = spawn_writer(WriterConfig::default());
+    let h = spawn_writer(writer_config());
     let tid = writer_tid();
     // The writer lowers its priority as it starts: wait for that before setting ours.
     std::thread::sleep(Duration::from_millis(20));
@@ -508,7 +520,7 @@ fn ceiling_run(seq: &[Insert], nice: Option<i32>) -> Ceiling {
     let (h, held) = spawn_writer_held(WriterConfig {
         channel_capacity: seq.len() + 1,
         channel_bytes: usize::MAX / 2,
-        ..WriterConfig::default()
+        ..writer_config()
     });
     let tid = writer_tid();
     std::thread::sleep(Duration::from_millis(20));
@@ -559,7 +571,7 @@ const BUCKETS: [(usize, &str); 5] = [
 /// Per size bucket: (count, mean ns, p99 ns) of thread CPU time in `RadixTree::insert` (with
 /// the writer's immediate eviction; the clock read itself adds ~0.1-0.3 µs) over the second half of `seq`, a snapshot every `every` inserts.
 fn by_size(seq: &[Insert], every: usize) -> Vec<(usize, f64, f64)> {
-    let cfg = WriterConfig::default();
+    let cfg = writer_config();
     let hard = (cfg.max_chars_per_worker as f64 * (1.0 + cfg.overflow_margin)) as u64;
     let mut tree = RadixTree::new();
     let mut retired = VecDeque::new();
@@ -636,6 +648,9 @@ fn args() -> Args {
                     .split(',')
                     .map(|c| c.parse().expect("--cores 2,8,32"))
                     .collect()
+            }
+            "--max-tree-chars" => {
+                MAX_CHARS.store(val.parse().expect("--max-tree-chars N"), Ordering::Relaxed)
             }
             "--writer-nice" => {
                 a.nice = if val == "keep" {

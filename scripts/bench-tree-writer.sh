@@ -25,7 +25,7 @@ while [[ $# -gt 0 ]]; do
     --write-docs) WRITE=1; shift ;;
     --skip-build) SKIP_BUILD=1; shift ;;
     --out) OUT=$2; shift 2 ;;
-    --secs|--cores|--per-core|--ceiling|--warmup|--only|--writer-nice) PASS+=("$1" "$2"); shift 2 ;;
+    --secs|--cores|--per-core|--ceiling|--warmup|--only|--writer-nice|--max-tree-chars) PASS+=("$1" "$2"); shift 2 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
