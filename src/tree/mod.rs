@@ -6,4 +6,7 @@ pub mod node;
 pub mod writer;
 
 pub use node::{Match, RadixTree};
-pub use writer::{spawn_writer, Forest, Insert, TreeHandle, TreeKey, WriterConfig, WriterStats};
+pub use writer::{
+    spawn_writer, spawn_writer_held, Forest, HeldWriter, Insert, TreeHandle, TreeKey, WriterConfig,
+    WriterStats,
+};

@@ -332,6 +332,11 @@ impl TreeHandle {
         }
     }
 
+    /// Messages queued for the writer and not taken by it yet.
+    pub fn queued_messages(&self) -> usize {
+        self.tx.len()
+    }
+
     /// The writer's counters.
     pub fn stats(&self) -> &WriterStats {
         &self.stats
@@ -424,16 +429,52 @@ fn build(cfg: WriterConfig) -> (TreeHandle, Writer) {
 /// If the OS refuses to create a thread (startup only).
 pub fn spawn_writer(cfg: WriterConfig) -> TreeHandle {
     let (handle, writer) = build(cfg);
+    start_thread(writer, None);
+    handle
+}
+
+/// A writer thread that has not read its channel yet: [`spawn_writer_held`] returns it so a
+/// benchmark can fill the queue first and then time the writer alone draining it.
+#[derive(Debug)]
+pub struct HeldWriter {
+    go: Sender<()>,
+}
+
+impl HeldWriter {
+    /// Lets the writer start on what is queued.
+    pub fn start(self) {
+        // Fails only if the thread is gone; there is nothing to start then.
+        let _ = self.go.send(());
+    }
+}
+
+/// [`spawn_writer`], but the thread waits for [`HeldWriter::start`] (or for the `HeldWriter`
+/// to be dropped) before it applies anything (benches: the writer's ceiling on a pre-built
+/// queue).
+///
+/// # Panics
+/// If the OS refuses to create a thread.
+pub fn spawn_writer_held(cfg: WriterConfig) -> (TreeHandle, HeldWriter) {
+    let (handle, writer) = build(cfg);
+    let (go, wait) = channel::bounded(1);
+    start_thread(writer, Some(wait));
+    (handle, HeldWriter { go })
+}
+
+fn start_thread(writer: Writer, hold: Option<Receiver<()>>) {
     std::thread::Builder::new()
         .name("radixgate-tree-writer".into())
         .spawn(move || {
             if let Err(e) = crate::base::priority::helper_thread() {
                 crate::log!(Warn, "tree writer thread: cannot lower its priority: {e}");
             }
+            if let Some(hold) = hold {
+                // A message or a dropped sender: either way, start.
+                let _ = hold.recv();
+            }
             writer.run()
         })
         .expect("cannot spawn the tree writer thread");
-    handle
 }
 
 impl Writer {

@@ -31,7 +31,8 @@
 //! # Layout
 //! - `repr`: the node (children with their keys and blooms, the edge as a range of a shared
 //!   buffer) and its edits.
-//! - `shared`: the edge buffers (reference-counted bytes with an 8-byte header).
+//! - `shared`: the edge buffers (reference-counted bytes with a 12-byte header; the writer
+//!   appends to a buffer's room in place).
 //! - `workers`: the compact per-node set of workers and access times.
 //! - `lookup`: longest-prefix match (the request path).
 //! - `insert`: inserts with path copying and node splits.

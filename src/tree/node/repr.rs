@@ -39,6 +39,14 @@ pub(super) fn bloom_bit(worker: WorkerId) -> u32 {
 /// Buffers at most this long are never compacted: copying them saves less than it costs.
 const COMPACT_MIN_BYTES: usize = 64;
 
+/// Room left after an edge that had to move to a new buffer to grow: as much as the edge
+/// holds, at most this much. A leaf grows when its conversation's next turn arrives; with room
+/// the next few turns are appended in place (O(turn)) instead of copying the whole edge
+/// (O(conversation)) each time. Only edges that grew get room, so it costs at most this much
+/// per growing leaf (never more than its edge), and the copy is still amortised: a copy of `n`
+/// bytes buys room for `min(n, 8 KiB)` more.
+const GROWTH_ROOM_MAX: usize = 8 << 10;
+
 /// A node's edge: `len` bytes at `start` of an immutable buffer that other nodes (the other
 /// halves of earlier splits, and copies of this node in published snapshots) may share.
 /// 16 bytes; the empty edge (the root's) holds no buffer.
@@ -54,21 +62,33 @@ impl Edge {
     /// in total, which `insert` guarantees by cutting keys).
     pub(super) fn new(parts: &[&[u8]]) -> Edge {
         let buf = SharedBytes::new(parts);
-        let len = buf.as_ref().map_or(0, |b| b.as_slice().len() as u32);
+        let len = buf.as_ref().map_or(0, |b| b.written() as u32);
         Edge { buf, start: 0, len }
     }
 
     #[inline]
     pub(super) fn bytes(&self) -> &[u8] {
         match &self.buf {
-            Some(b) => {
-                let s = self.start as usize;
-                b.as_slice()
-                    .get(s..s + self.len as usize)
-                    .unwrap_or_default()
-            }
+            Some(b) => b.range(self.start as usize, self.len as usize),
             None => &[],
         }
+    }
+
+    /// Appends `more` (whole characters; the total stays ≤ `u32::MAX`, which `insert`
+    /// guarantees by cutting keys): in place when this edge ends where its buffer's bytes end
+    /// and the buffer has room, else into a new buffer with room to grow again.
+    pub(super) fn append(&mut self, more: &[u8]) {
+        let end = self.start as usize + self.len();
+        if let Some(b) = &self.buf {
+            if b.try_append(end, more) {
+                self.len += more.len() as u32;
+                return;
+            }
+        }
+        let len = self.len() + more.len();
+        let buf = SharedBytes::with_room(&[self.bytes(), more], len.min(GROWTH_ROOM_MAX));
+        let len = buf.as_ref().map_or(0, |b| b.written() as u32);
+        *self = Edge { buf, start: 0, len };
     }
 
     #[inline]
@@ -108,9 +128,9 @@ impl Edge {
         Edge::new(&[self.bytes(), next.bytes()])
     }
 
-    /// Bytes of the buffer this edge keeps alive (0 for the empty edge).
+    /// Bytes of the buffer this edge keeps alive, room included (0 for the empty edge).
     pub(super) fn buffer_len(&self) -> usize {
-        self.buf.as_ref().map_or(0, |b| b.as_slice().len())
+        self.buf.as_ref().map_or(0, SharedBytes::capacity)
     }
 
     /// The buffer's address, to tell buffers apart.
@@ -238,10 +258,11 @@ impl Node {
         self.edge = Edge::new(&[self.edge.bytes()]);
     }
 
-    /// Appends `more` (whole characters) to the edge of a node without children.
+    /// Appends `more` (whole characters) to the edge of a node without children (in place in
+    /// its buffer when it can: see [`Edge::append`]).
     pub(super) fn extend_edge(&mut self, more: &[u8], chars: u32) {
         debug_assert!(self.kids.is_empty());
-        self.edge = Edge::new(&[self.edge.bytes(), more]);
+        self.edge.append(more);
         self.edge_chars += chars;
     }
 

@@ -560,3 +560,31 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_growing_conversation_appends_in_place_and_snapshots_keep_their_turn() {
+    let turn1 = format!("system {}", "a".repeat(1000));
+    let turn2 = format!("{turn1} {}", "b".repeat(300));
+    let turn3 = format!("{turn2} {}", "c".repeat(300));
+    let mut t = RadixTree::new();
+    t.insert(&turn1, 0, 1);
+    t.insert(&turn2, 0, 2); // moves to a buffer with room
+    let (buf, _) = buffer_at(&t, &['s']);
+    let snap = t.clone();
+    t.insert(&turn3, 0, 3); // appended in place, after the snapshot's bytes
+    assert_eq!(buffer_at(&t, &['s']), (buf, turn3.len()));
+    assert_eq!(buffer_at(&snap, &['s']), (buf, turn2.len()));
+    assert_eq!(snap.longest_match(&turn3).matched_bytes, turn2.len());
+    // The snapshot's copy grows differently: its end is taken, so it moves to a new buffer.
+    let mut other = snap.clone();
+    let fork = format!("{turn2} {}", "d".repeat(300));
+    other.insert(&fork, 0, 4);
+    assert_ne!(buffer_at(&other, &['s']).0, buf);
+    for (tree, text) in [(&t, &turn3), (&other, &fork), (&snap, &turn2)] {
+        let m = tree.longest_match(text);
+        assert_eq!((m.matched_bytes, m.workers), (text.len(), &[0][..]));
+        tree.check_invariants().unwrap();
+    }
+    assert_eq!(t.longest_match(&fork).matched_bytes, turn2.len() + 1);
+    assert_eq!(other.longest_match(&turn3).matched_bytes, turn2.len() + 1);
+}
