@@ -57,7 +57,11 @@ impl Default for ApplyConfig {
     fn default() -> Self {
         ApplyConfig {
             publish_min: Duration::from_millis(1),
-            publish_max: Duration::from_millis(5),
+            // Each publication makes the writer copy again every trie node it touches next (a
+            // level of 4,096 nodes of up to 2 KiB at a million blocks): under load, one per
+            // 20 ms copies those nodes once per ~20k blocks instead of once per ~5k, and keeps
+            // staleness well within its 50 ms goal.
+            publish_max: Duration::from_millis(20),
             max_staleness: Duration::from_secs(1),
         }
     }
