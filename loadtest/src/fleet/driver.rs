@@ -80,14 +80,17 @@ pub struct MarkerStats {
 }
 
 /// Probe markers as they arrive: each outstanding one is sent as `/generate` at most every
-/// [`PROBE_EVERY_NS`] (round robin over one keep-alive connection) until the answer names its
+/// [`PROBE_EVERY_NS`], all of them together at most `max_probe_rate` per second (round robin
+/// over one keep-alive connection) until the answer names its
 /// server (staleness = that probe's send time − publish time) or 5 s pass (never routed).
 pub fn probe_markers(
     gw: SocketAddr,
     rx: Receiver<Marker>,
     phases: usize,
     results: Arc<Mutex<Vec<MarkerStats>>>,
+    max_probe_rate: f64,
 ) {
+    let min_gap = (1e9 / max_probe_rate.max(1.0)) as u64;
     let mut client = Client::new(gw, Duration::from_secs(5));
     let mut outstanding: Vec<(Marker, Vec<u8>, u64)> = Vec::new();
     {
@@ -123,6 +126,9 @@ pub fn probe_markers(
         if outstanding.is_empty() {
             continue;
         }
+        // Each marker's probe interval: 1 ms, stretched so all of them together stay within
+        // the probe rate.
+        let every = PROBE_EVERY_NS.max(min_gap * outstanding.len() as u64);
         let mut i = 0;
         let mut next_due = u64::MAX;
         while i < outstanding.len() {
@@ -134,8 +140,8 @@ pub fn probe_markers(
                 outstanding.swap_remove(i);
                 continue;
             }
-            if now < *last + PROBE_EVERY_NS {
-                next_due = next_due.min(*last + PROBE_EVERY_NS);
+            if now < *last + every {
+                next_due = next_due.min(*last + every);
                 i += 1;
                 continue;
             }
@@ -154,7 +160,7 @@ pub fn probe_markers(
                 Ok((200, _)) => {}
                 _ => r[m.phase].errors += 1,
             }
-            next_due = next_due.min(now + PROBE_EVERY_NS);
+            next_due = next_due.min(now + every);
             i += 1;
         }
         let now = now_ns();
@@ -293,6 +299,32 @@ pub fn read_proc(pid: Option<u32>) -> ProcSample {
         }
     }
     s
+}
+
+/// utime+stime ticks of this process's threads, by name (`fleet-gen`, `ZMQbg/IO/0`...).
+pub fn own_thread_ticks() -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for t in dir.flatten() {
+        let p = t.path();
+        let comm = std::fs::read_to_string(p.join("comm"))
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        let Ok(stat) = std::fs::read_to_string(p.join("stat")) else {
+            continue;
+        };
+        let rest = stat.rsplit_once(')').map_or("", |x| x.1);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let g = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        match out.iter_mut().find(|(n, _)| *n == comm) {
+            Some((_, v)) => *v += g(11) + g(12),
+            None => out.push((comm, g(11) + g(12))),
+        }
+    }
+    out
 }
 
 /// CPU % of one core between two readings.

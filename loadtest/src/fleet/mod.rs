@@ -87,6 +87,10 @@ pub struct FleetArgs {
     /// Blocks per marker.
     #[arg(long, default_value_t = 4)]
     pub marker_blocks: usize,
+    /// Marker probes per second at most, over all outstanding markers (each is probed every
+    /// 1 ms, or less often when many are outstanding), so a far-behind gateway is not flooded.
+    #[arg(long, default_value_t = 500.0)]
+    pub max_probe_rate: f64,
     /// Background `/generate` requests per second in every phase (driving shard only).
     #[arg(long, default_value_t = 200.0)]
     pub bg_rate: f64,
@@ -140,8 +144,9 @@ pub struct FleetArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Nice value of the generator, replay and libzmq threads (so the HTTP side and the
-    /// driver's clients, on the same CPU, answer promptly).
+    /// Nice value of the generator and replay threads (so libzmq's I/O thread, the HTTP side
+    /// and the driver's clients, on the same CPU, run first: a saturated generator falls
+    /// behind instead of starving them).
     #[arg(long, default_value_t = 10)]
     pub gen_nice: i32,
 }
@@ -194,22 +199,6 @@ pub fn nice_this_thread(n: i32) {
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         libc::setpriority(libc::PRIO_PROCESS, tid, n);
-    }
-}
-
-/// Lower the priority of this process's threads whose name starts with `prefix`.
-pub fn nice_threads(prefix: &str, n: i32) {
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return;
-    };
-    for t in dir.flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if comm.starts_with(prefix) {
-            if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) {
-                // SAFETY: setpriority on a thread id of this process.
-                unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, n) };
-            }
-        }
     }
 }
 
@@ -315,7 +304,8 @@ impl Fleet {
                     .map_err(|e| e.to_string())?,
             );
         }
-        nice_threads("ZMQbg", args.gen_nice);
+        // libzmq's I/O thread keeps the normal priority: a saturated generator must fall
+        // behind (achieved < offered, reported), not starve the sends it queued.
         Ok(Fleet {
             args,
             stop,
@@ -512,9 +502,10 @@ fn drive(
     let bres = Arc::new(Mutex::new(Vec::new()));
     let probe = {
         let r = mres.clone();
+        let max_probe = args.max_probe_rate;
         std::thread::Builder::new()
             .name("fleet-probe".into())
-            .spawn(move || driver::probe_markers(gw, markers, np, r))
+            .spawn(move || driver::probe_markers(gw, markers, np, r, max_probe))
             .expect("spawn probe")
     };
     let bg = {
@@ -538,6 +529,11 @@ fn drive(
     for (i, p) in sched.phases.iter().enumerate() {
         let (start, end) = sched.window(i);
         publish::sleep_until(start, stop);
+        let loadavg = std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok());
         let a = driver::scrape(args.metrics);
         let pa = driver::read_proc(pid);
         phase.store(i as i64, Ordering::Relaxed);
@@ -567,6 +563,7 @@ fn drive(
             "rss_mib_end": pb.rss_kb as f64 / 1024.0,
             "rss_mib_after_settle": pc.rss_kb as f64 / 1024.0,
             "hwm_mib": pc.hwm_kb as f64 / 1024.0,
+            "loadavg_start": loadavg,
         });
         eprintln!(
             "kv-fleet: phase {i} (rate {}) gateway: {}",

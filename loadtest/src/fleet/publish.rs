@@ -223,6 +223,9 @@ pub struct PhaseOut {
     pub seconds: f64,
     /// Generator busy fraction (time not sleeping / wall time).
     pub busy: f64,
+    /// CPU % of one core per thread of this process during the phase (`fleet-gen`, libzmq's
+    /// `ZMQbg/IO/0`, `fleet-http`...).
+    pub threads_cpu: Vec<(String, f64)>,
 }
 
 impl PhaseOut {
@@ -233,6 +236,7 @@ impl PhaseOut {
             "events": self.events, "batches": self.batches, "bytes": self.bytes,
             "send_errors": self.send_errors, "skipped_blocks": self.skipped_blocks,
             "markers": self.markers, "seconds": self.seconds, "busy": self.busy,
+            "threads_cpu_pct": self.threads_cpu.iter().map(|(n, c)| (n.clone(), json!(c))).collect::<serde_json::Map<_, _>>(),
         })
     }
 }
@@ -387,6 +391,7 @@ impl Generator {
             );
             let mut busy_ns = 0u64;
             self.out = PhaseOut::default();
+            let ticks0 = super::driver::own_thread_ticks();
             let mut next = start;
             let n = self.ranks.len();
             while !stop.load(Ordering::Relaxed) {
@@ -459,6 +464,15 @@ impl Generator {
             self.out.skipped_blocks = pacer.skipped();
             self.out.seconds = (now_ns().min(end) - start) as f64 / 1e9;
             self.out.busy = busy_ns as f64 / 1e9 / self.out.seconds.max(1e-9);
+            let secs = self.out.seconds;
+            self.out.threads_cpu = super::driver::own_thread_ticks()
+                .into_iter()
+                .map(|(n, t)| {
+                    let t0 = ticks0.iter().find(|(m, _)| *m == n).map_or(0, |x| x.1);
+                    (n, super::driver::cpu_pct(t0, t, secs))
+                })
+                .filter(|(_, c)| *c > 0.5)
+                .collect();
             results.push(std::mem::take(&mut self.out));
             if stop.load(Ordering::Relaxed) {
                 break;
