@@ -225,10 +225,16 @@ def k(x):
         return "–"
     return f"{x/1e6:.2f}M" if x >= 1e6 else f"{x/1e3:.0f}k" if x >= 1e3 else f"{x:.0f}"
 
+def fleet_cpu(sh):
+    gen = sum(s.get("threads_cpu_pct", {}).get("fleet-gen", 0) for s in sh)
+    io = sum(v for s in sh for kk, v in s.get("threads_cpu_pct", {}).items() if kk.startswith("ZMQbg/IO"))
+    return f"{gen:.0f} % / {io:.0f} %" if sh and any("threads_cpu_pct" in s for s in sh) else "–"
+
+loads = []
 lines = []
 lines.append("<!-- docs -->")
-lines.append("| publishers | offered blocks/s (fleet achieved) | applied blocks/s (× offered) | staleness in gateway p50 / p99 (ms) | marker staleness p50 / p99 / max (ms) | markers never routed | gaps / resets / dropped | workers warm / ranks indexed | kv-* CPU | RSS peak / end (MiB) | routed p50 / p99 (µs), p99 vs idle |")
-lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+lines.append("| publishers | offered blocks/s (fleet achieved) | applied blocks/s (× offered) | staleness in gateway p50 / p99 (ms) | marker staleness p50 / p99 / max (ms) | markers never routed | gaps / resets / dropped | workers warm / ranks indexed | kv-* CPU | RSS peak / end (MiB) | routed p50 / p99 (µs), p99 vs idle | fleet CPU: generator / zmq I/O |")
+lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
 notes = []
 sizes = sorted(int(d[1:]) for d in os.listdir(out) if d.startswith("p") and d[1:].isdigit())
 for pubs in sizes:
@@ -278,10 +284,14 @@ for pubs in sizes:
             f"{n(g.get('gaps'))} / {n(g.get('resets'))} / {n(drop)} | "
             f"{n(g.get('warm_workers_end'))} / {n(g.get('index_sources_end'))} | "
             f"{p['kv_cpu_pct']:.0f} % | {p['rss_mib_peak']:.0f} / {p['rss_mib_end']:.0f} | "
-            f"{n(b.get('p50_us'))} / {n(b.get('p99_us'))}{rel} |")
+            f"{n(b.get('p50_us'))} / {n(b.get('p99_us'))}{rel} | {fleet_cpu(sh)} |")
+        if p.get("loadavg_start") is not None:
+            loads.append(p["loadavg_start"])
 lines.append("<!-- /docs -->")
 lines.append("")
 lines.extend(notes)
+if loads:
+    lines.append(f"- Load average (1 min) at the phases' start: {min(loads):.1f} to {max(loads):.1f} (2 CPUs: above ~2, other work shared the machine).")
 text = "\n".join(lines) + "\n"
 with open(os.path.join(out, "report.md"), "w") as f:
     f.write(f"# KV intake at fleet scale ({duration} s phases)\n\n" + text)

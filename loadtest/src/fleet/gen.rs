@@ -158,12 +158,14 @@ impl Rank {
         now_ms: u64,
     ) -> Produced {
         let sys = system_prompt(p);
-        let need = n + if self.sys_refs[p] == 0 { sys.len() } else { 0 };
+        // Decided before making room: evicting the prompt's other conversations then cannot
+        // drop the prompt (this one's reference is counted first), so it stays held.
+        let fresh = self.sys_refs[p] == 0;
+        let need = n + if fresh { sys.len() } else { 0 };
         let mut out = Produced::default();
-        // Keep this prompt's blocks while making room: count a reference first.
         self.sys_refs[p] += 1;
         self.make_room(need, now_ms, &mut out);
-        if self.sys_refs[p] == 1 {
+        if fresh {
             self.held += sys.len();
             out.stored += sys.len() as u64;
             out.events.push(self.stored(sys.clone(), None));
