@@ -4,7 +4,7 @@
 #
 #   scripts/bench-kv-fleet.sh [--publishers 1024,4096,8192] [--rates 100000,1000000]
 #       [--duration S] [--dp D] [--block-size B] [--blocks-per-rank N] [--bg-rate R]
-#       [--marker-rate R] [--ready-timeout S] [--quick] [--skip-build] [--out DIR]
+#       [--marker-rate R] [--ready-timeout S] [--nice N] [--quick] [--skip-build] [--out DIR]
 #       [--write-docs [--docs-section NAME]] [--help]
 #
 #   --publishers LIST   fleet sizes in publishers (servers × DP ranks; default 1024,4096,8192)
@@ -21,6 +21,9 @@
 #   --marker-rate R     markers per second (default 20)
 #   --ready-timeout S   longest wait for the gateway's /readiness (default 300); past it the
 #                       phases run anyway and the report says how many workers were warm
+#   --nice N            run the fleet and the gateway at nice N (e.g. -10 on a machine shared
+#                       with builds, so their CPU is not taken from the measured processes;
+#                       default 0); the report gives the load average at each phase's start
 #   --quick             1,024 publishers, one rate (100000), 10 s phases: a check that it works
 #   --skip-build        use target/release/{radixgate,kv-fleet} as they are
 #   --out DIR           results folder (default results/bench-kv-fleet-<stamp>)
@@ -55,6 +58,7 @@ BLOCKS_PER_RANK=0
 BG_RATE=200
 MARKER_RATE=20
 READY_TIMEOUT=300
+NICE=0
 BUILD=1
 OUT=""
 WRITE_DOCS=0
@@ -75,6 +79,7 @@ while [[ $# -gt 0 ]]; do
         --bg-rate) BG_RATE="$2"; ARGS_SHOWN+=("$1" "$2"); shift 2 ;;
         --marker-rate) MARKER_RATE="$2"; ARGS_SHOWN+=("$1" "$2"); shift 2 ;;
         --ready-timeout) READY_TIMEOUT="$2"; ARGS_SHOWN+=("$1" "$2"); shift 2 ;;
+        --nice) NICE="$2"; ARGS_SHOWN+=("$1" "$2"); shift 2 ;;
         --quick) PUBLISHERS=1024; RATES=100000; DURATION=10; ARGS_SHOWN+=("$1"); shift ;;
         --skip-build) BUILD=0; shift ;;
         --out) OUT="$2"; shift 2 ;;
@@ -173,7 +178,7 @@ for pubs in "${SIZE_LIST[@]}"; do
             extra=(--gateway "127.0.0.1:$gport" --metrics "127.0.0.1:$mport" --gateway-pid-file "$dir/gateway.pid"
                    --bg-rate "$BG_RATE" --marker-rate "$MARKER_RATE")
         fi
-        taskset -c "$FLEET_CPU" "$FLEET_BIN" "${common[@]}" --shard "$k/$shards" "${extra[@]}" \
+        nice -n "$NICE" taskset -c "$FLEET_CPU" "$FLEET_BIN" "${common[@]}" --shard "$k/$shards" "${extra[@]}" \
             >"$dir/fleet-$k.log" 2>&1 &
         PIDS+=("$!")
     done
@@ -185,7 +190,7 @@ for pubs in "${SIZE_LIST[@]}"; do
         sleep 0.2
     done
     log "[$pubs] starting radixgate on CPU $GW_CPU (port $gport, metrics $mport)"
-    taskset -c "$GW_CPU" "$RG_BIN" --config "$dir/workers.toml" --policy cache_aware --kv-events \
+    nice -n "$NICE" taskset -c "$GW_CPU" "$RG_BIN" --config "$dir/workers.toml" --policy cache_aware --kv-events \
         --host 127.0.0.1 --port "$gport" --prometheus-host 127.0.0.1 --prometheus-port "$mport" \
         --cpu-list "$GW_CPU" --kv-warm-timeout-secs "$READY_TIMEOUT" --log-level warn \
         >"$dir/gateway.log" 2>&1 &

@@ -144,7 +144,7 @@ pub struct FleetArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Nice value of the generator and replay threads (so libzmq's I/O thread, the HTTP side
+    /// Nice increment of the generator and replay threads (so libzmq's I/O thread, the HTTP side
     /// and the driver's clients, on the same CPU, run first: a saturated generator falls
     /// behind instead of starving them).
     #[arg(long, default_value_t = 10)]
@@ -193,12 +193,13 @@ impl FleetArgs {
     }
 }
 
-/// Lower the calling thread's priority (best effort).
+/// Lower the calling thread's priority by `n` from the process's (best effort).
 pub fn nice_this_thread(n: i32) {
-    // SAFETY: setpriority on this thread's id.
+    // SAFETY: getpriority/setpriority on this thread's id.
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, n);
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+        libc::setpriority(libc::PRIO_PROCESS, tid, (now + n).clamp(-20, 19));
     }
 }
 
