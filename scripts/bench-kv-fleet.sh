@@ -32,7 +32,7 @@
 #
 # Per size: the fleet (servers = publishers / D, each with an HTTP listener and per rank a libzmq
 # PUB socket and replay ROUTER) runs pinned to CPU 0 as as many kv-fleet processes as the
-# open-file limit needs (5 descriptors a publisher; --shard K/N, disjoint servers, one
+# open-file limit needs (5-6 descriptors a publisher; --shard K/N, disjoint servers, one
 # schedule); radixgate runs pinned to CPU 1 (taskset -c 1, --cpu-list 1) with --policy
 # cache_aware --kv-events and every server in --worker-urls (a --config file). Shard 0 drives:
 # it waits for /readiness, then runs the phases; during each it publishes markers (a fresh
@@ -160,7 +160,9 @@ for pubs in "${SIZE_LIST[@]}"; do
     servers=$(( pubs / DP ))
     [[ $servers -ge 1 ]] || { echo "--publishers $pubs < --dp $DP" >&2; exit 2; }
     dir="$OUT/p$pubs"; mkdir -p "$dir"
-    per_server=$(( 5 * DP + 3 ))
+    # 5 descriptors a publisher, one more while a replay connection is open, the servers' HTTP
+    # connections from the gateway's pools and threads.
+    per_server=$(( 7 * DP + 8 ))
     shards=$(( (servers * per_server + FD_BUDGET - 1) / FD_BUDGET ))
     [[ $shards -ge 1 ]] || shards=1
     gport="$(free_port)"; mport="$(free_port)"
