@@ -248,11 +248,18 @@ def fleet_cpu(sh):
     io = sum(v for s in sh for kk, v in s.get("threads_cpu_pct", {}).items() if kk.startswith("ZMQbg/IO") or kk == "kv-fleet")
     return f"{gen:.0f} % / {io:.0f} %" if sh and any("threads_cpu_pct" in s for s in sh) else "–"
 
+def backlog(p, sh):
+    t = p.get("tcp_end")
+    if not t:
+        return "–"
+    rss = sum(s.get("rss_mib_end", 0) for s in sh)
+    return f"{t['gateway_unread_mib']:.0f} / {t['fleet_unsent_mib']:.0f} / {rss:,.0f}"
+
 loads = []
 lines = []
 lines.append("<!-- docs -->")
-lines.append("| publishers | offered blocks/s (fleet achieved) | applied blocks/s (× offered) | staleness in gateway p50 / p99 (ms) | marker staleness p50 / p99 / max (ms) | markers never routed | gaps / resets / dropped | workers warm / ranks indexed | kv-* CPU | RSS peak / end (MiB) | routed p50 / p99 (µs), p99 vs idle | fleet CPU: generator / libzmq I/O |")
-lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+lines.append("| publishers | offered blocks/s (fleet achieved) | applied blocks/s (× offered) | staleness in gateway p50 / p99 (ms) | marker staleness p50 / p99 / max (ms) | markers never routed | gaps / resets / dropped | workers warm / ranks indexed | kv-* CPU | RSS peak / end (MiB) | routed p50 / p99 (µs), p99 vs idle | fleet CPU: generator / libzmq I/O | at phase end, MiB: unread by gateway / unsent by fleet / held by fleet |")
+lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 notes = []
 sizes = sorted(int(d[1:]) for d in os.listdir(out) if d.startswith("p") and d[1:].isdigit())
 for pubs in sizes:
@@ -268,7 +275,7 @@ for pubs in sizes:
         notes.append(f"- {pubs:,} publishers: gateway ready={r.get('ready')} after {r.get('seconds', 0):.1f} s, "
                      f"warm workers {n(r.get('warm_workers'))}, index sources {n(r.get('index_sources'))}.")
     if not phases:
-        lines.append(f"| {pubs:,} | (no result: see {d}/fleet-0.log, gateway.log) |||||||||||")
+        lines.append(f"| {pubs:,} | (no result: see {d}/fleet-0.log, gateway.log) ||||||||||||")
         continue
     idle_p99 = None
     for p in phases:
@@ -302,7 +309,7 @@ for pubs in sizes:
             f"{n(g.get('gaps'))} / {n(g.get('resets'))} / {n(drop)} | "
             f"{n(g.get('warm_workers_end'))} / {n(g.get('index_sources_end'))} | "
             f"{p['kv_cpu_pct']:.0f} % | {p['rss_mib_peak']:.0f} / {p['rss_mib_end']:.0f} | "
-            f"{n(b.get('p50_us'))} / {n(b.get('p99_us'))}{rel} | {fleet_cpu(sh)} |")
+            f"{n(b.get('p50_us'))} / {n(b.get('p99_us'))}{rel} | {fleet_cpu(sh)} | {backlog(p, sh)} |")
         if p.get("loadavg_start") is not None:
             loads.append(p["loadavg_start"])
 lines.append("<!-- /docs -->")

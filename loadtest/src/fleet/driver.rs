@@ -327,6 +327,43 @@ pub fn own_thread_ticks() -> Vec<(String, u64)> {
     out
 }
 
+/// Bytes waiting in loopback TCP buffers on the publishers' connections (`/proc/net/tcp`,
+/// IPv4): `(gateway side: received, not yet read; fleet side: not yet sent or acknowledged;
+/// gateway connections with unread bytes)`. Ports `lo..hi` are the PUB ports. Unread bytes on
+/// the gateway's side mean its intake is behind; none there while the fleet holds its sends
+/// back means the fleet (libzmq on CPU 0) limited the offer.
+pub fn tcp_queues(lo: u16, hi: u16) -> (u64, u64, u64) {
+    let Ok(text) = std::fs::read_to_string("/proc/net/tcp") else {
+        return (0, 0, 0);
+    };
+    let (mut gw_rx, mut fleet_tx, mut behind) = (0u64, 0u64, 0u64);
+    let port = |a: &str| {
+        a.rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+    };
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (Some(local), Some(remote), Some(q)) = (f.get(1), f.get(2), f.get(4)) else {
+            continue;
+        };
+        let Some((tx, rx)) = q.split_once(':') else {
+            continue;
+        };
+        let tx = u64::from_str_radix(tx, 16).unwrap_or(0);
+        let rx = u64::from_str_radix(rx, 16).unwrap_or(0);
+        let (Some(l), Some(r)) = (port(local), port(remote)) else {
+            continue;
+        };
+        if (lo..hi).contains(&r) {
+            gw_rx += rx;
+            behind += u64::from(rx > 0);
+        } else if (lo..hi).contains(&l) {
+            fleet_tx += tx;
+        }
+    }
+    (gw_rx, fleet_tx, behind)
+}
+
 /// CPU % of one core between two readings.
 pub fn cpu_pct(a: u64, b: u64, secs: f64) -> f64 {
     // USER_HZ is 100 on Linux.

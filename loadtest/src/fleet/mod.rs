@@ -544,9 +544,16 @@ fn drive(
             peak = peak.max(driver::read_proc(pid).rss_kb);
         }
         phase.store(-1, Ordering::Relaxed);
+        let (pub_lo, pub_hi) = (
+            args.pub_base,
+            args.pub_base
+                .saturating_add((args.servers * args.dp) as u16),
+        );
+        let queues = driver::tcp_queues(pub_lo, pub_hi);
         let pb = driver::read_proc(pid);
         let b = driver::scrape(args.metrics);
         publish::sleep_until(end + (args.settle * 1e9) as u64 - 300_000_000, stop);
+        let queues_settled = driver::tcp_queues(pub_lo, pub_hi);
         let pc = driver::read_proc(pid);
         let c = driver::scrape(args.metrics);
         let secs = (pb.at_ns - pa.at_ns) as f64 / 1e9;
@@ -565,6 +572,12 @@ fn drive(
             "rss_mib_after_settle": pc.rss_kb as f64 / 1024.0,
             "hwm_mib": pc.hwm_kb as f64 / 1024.0,
             "loadavg_start": loadavg,
+            "tcp_end": {"gateway_unread_mib": queues.0 as f64 / 1048576.0,
+                        "fleet_unsent_mib": queues.1 as f64 / 1048576.0,
+                        "gateway_connections_behind": queues.2},
+            "tcp_after_settle": {"gateway_unread_mib": queues_settled.0 as f64 / 1048576.0,
+                                 "fleet_unsent_mib": queues_settled.1 as f64 / 1048576.0,
+                                 "gateway_connections_behind": queues_settled.2},
         });
         eprintln!(
             "kv-fleet: phase {i} (rate {}) gateway: {}",

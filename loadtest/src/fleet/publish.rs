@@ -244,6 +244,9 @@ pub struct PhaseOut {
     /// CPU % of one core per thread of this process during the phase (`fleet-gen`, libzmq's
     /// `ZMQbg/IO/0`, `fleet-http`...).
     pub threads_cpu: Vec<(String, f64)>,
+    /// This process's resident memory at the phase's end, MiB (libzmq holds what the
+    /// subscribers have not taken yet).
+    pub rss_mib_end: f64,
 }
 
 impl PhaseOut {
@@ -254,6 +257,7 @@ impl PhaseOut {
             "events": self.events, "batches": self.batches, "bytes": self.bytes,
             "send_errors": self.send_errors, "skipped_blocks": self.skipped_blocks,
             "markers": self.markers, "seconds": self.seconds, "busy": self.busy,
+            "rss_mib_end": self.rss_mib_end,
             "threads_cpu_pct": self.threads_cpu.iter().map(|(n, c)| (n.clone(), json!(c))).collect::<serde_json::Map<_, _>>(),
         })
     }
@@ -491,6 +495,8 @@ impl Generator {
                 })
                 .filter(|(_, c)| *c > 0.5)
                 .collect();
+            self.out.rss_mib_end =
+                super::driver::read_proc(Some(std::process::id())).rss_kb as f64 / 1024.0;
             results.push(std::mem::take(&mut self.out));
             if stop.load(Ordering::Relaxed) {
                 break;
