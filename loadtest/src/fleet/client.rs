@@ -101,8 +101,11 @@ impl Client {
     }
 }
 
-/// A response head at the start of `buf`: status, connection close, body start, length.
-fn parse_head(buf: &[u8]) -> std::io::Result<Option<(u16, bool, usize, Option<usize>)>> {
+/// A response head: status, connection close, body start, body length (when given).
+type Head = (u16, bool, usize, Option<usize>);
+
+/// A response head at the start of `buf` (`None` until it is all in).
+fn parse_head(buf: &[u8]) -> std::io::Result<Option<Head>> {
     let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
         return Ok(None);
     };
