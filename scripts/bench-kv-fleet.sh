@@ -272,7 +272,7 @@ for pubs in sizes:
     ready = rows(os.path.join(d, "ready.json"))
     if ready:
         r = ready[0]
-        notes.append(f"- {pubs:,} publishers: gateway ready={r.get('ready')} after {r.get('seconds', 0):.1f} s, "
+        notes.append(f"- {pubs:,} publishers: gateway ready: {'yes' if r.get('ready') else 'NO (timed out)'} after {r.get('seconds', 0):.1f} s, "
                      f"warm workers {n(r.get('warm_workers'))}, index sources {n(r.get('index_sources'))}.")
     if not phases:
         lines.append(f"| {pubs:,} | (no result: see {d}/fleet-0.log, gateway.log) ||||||||||||")
@@ -312,11 +312,11 @@ for pubs in sizes:
             f"{n(b.get('p50_us'))} / {n(b.get('p99_us'))}{rel} | {fleet_cpu(sh)} | {backlog(p, sh)} |")
         if p.get("loadavg_start") is not None:
             loads.append(p["loadavg_start"])
-lines.append("<!-- /docs -->")
 lines.append("")
 lines.extend(notes)
 if loads:
     lines.append(f"- Load average (1 min) at the phases' start: {min(loads):.1f} to {max(loads):.1f} (2 CPUs: above ~2, other work shared the machine).")
+lines.append("<!-- /docs -->")
 text = "\n".join(lines) + "\n"
 with open(os.path.join(out, "report.md"), "w") as f:
     f.write(f"# KV intake at fleet scale ({duration} s phases)\n\n" + text)
