@@ -37,13 +37,15 @@
 # cache_aware --kv-events and every server in --worker-urls (a --config file). Shard 0 drives:
 # it waits for /readiness, then runs the phases; during each it publishes markers (a fresh
 # 4-block chain on a random server of its own; the probe sends /generate with the marker's
-# input_ids every ~1 ms until the answer names that server: staleness = that send − publish)
+# input_ids every ~1 ms, at most 500 probes/s in all, until the answer names that server:
+# staleness = that send − publish; "never routed" after 5 s)
 # and sends background /generate requests for prompts the fleet stored at start (pinned, so the
 # same requests in every phase); it reads the gateway's Prometheus counters at each phase's
 # start, end and end of settle, and /proc/PID for the CPU of the gateway's kv-* threads and
-# its memory. Writes results/bench-kv-fleet-<stamp>/report.md (printed at the end) and the raw
+# its memory, and /proc/net/tcp for the bytes waiting at the phase's end in the publishers'
+# connections (unread by the gateway, unsent by the fleet). Writes results/bench-kv-fleet-<stamp>/report.md (printed at the end) and the raw
 # rows (phases.jsonl, shard-K.jsonl per size). Only 127.0.0.1; every process started here is
-# stopped by PID on exit. Defaults take about 10 minutes.
+# stopped by PID on exit. Defaults take about 6 minutes (--quick: 1).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
