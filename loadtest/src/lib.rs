@@ -11,3 +11,7 @@ pub mod sim;
 /// The streaming benchmark's paced SSE upstream and closed-loop streaming client, each one
 /// thread on raw epoll (`stream-upstream`, `loadgen streams`).
 pub mod streams;
+
+/// `kv-fleet`: thousands of simulated SGLang KV-event publishers (ZeroMQ PUB + replay ROUTER per
+/// DP rank, a tiny HTTP server per server) in one process, and the driver measuring a gateway.
+pub mod fleet;
