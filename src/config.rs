@@ -319,8 +319,8 @@ pub struct Config {
     #[arg(long = "kv-send-timeout-secs", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub kv_send_timeout_secs: u64,
     /// With --kv-events: threads that read the publishers' sockets and decode their batches
-    /// (each publisher on one), in front of the index's one writer thread. One reads ~1M
-    /// blocks/s from thousands of publishers; add one per such share of the fleet's offer.
+    /// (each publisher on one), in front of the index's one writer thread; more help when one
+    /// thread cannot read the whole fleet's offer (docs/benchmarks.md measures one).
     #[arg(long = "kv-event-threads", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub kv_event_threads: u32,
     /// With --kv-events: most MiB of decoded batches waiting for the index's writer; past it the

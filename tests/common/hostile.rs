@@ -86,6 +86,19 @@ impl Gw {
         r.text()
     }
 
+    /// Several `radixgate_kv_events_total` kinds read from one scrape (counters compared with
+    /// each other must be read at one moment: at hundreds a second, two scrapes apart differ).
+    pub fn kvs<const N: usize>(&self, kinds: [&str; N]) -> [u64; N] {
+        let text = self.scrape();
+        kinds.map(|kind| {
+            sample(
+                &text,
+                &format!("radixgate_kv_events_total{{kind=\"{kind}\"}}"),
+            )
+            .map_or(0, |v| v as u64)
+        })
+    }
+
     /// `radixgate_kv_events_total{kind="<kind>"}` (0 when absent).
     pub fn kv(&self, kind: &str) -> u64 {
         sample(

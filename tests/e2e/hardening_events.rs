@@ -411,7 +411,7 @@ fn sixty_four_ranks_whose_replays_are_refused_at_every_gap_never_delay_another_w
             .all(|z| z.subscribers.load(Ordering::Relaxed) >= 1)
             .then_some(())
     });
-    let (replays0, failed0) = (gw.kv("replay"), gw.kv("replay_failed"));
+    let [replays0, failed0] = gw.kvs(["replay", "replay_failed"]);
     let start = Instant::now();
     let mut worst = Duration::ZERO;
     let mut seed = 0;
@@ -421,7 +421,8 @@ fn sixty_four_ranks_whose_replays_are_refused_at_every_gap_never_delay_another_w
         std::thread::sleep(Duration::from_millis(200));
     }
     let secs = start.elapsed().as_secs_f64();
-    let (replays, failed) = (gw.kv("replay") - replays0, gw.kv("replay_failed") - failed0);
+    let [replays, failed] = gw.kvs(["replay", "replay_failed"]);
+    let (replays, failed) = (replays - replays0, failed - failed0);
     eprintln!(
         "64 ranks, every batch a gap, every replay refused: {replays} replays asked and {failed} \
          refused in {secs:.1} s ({:.0}/s); the other worker's batches applied within {worst:?} \
