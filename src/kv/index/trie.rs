@@ -372,7 +372,7 @@ fn remove(node: &mut Arc<Node>, key: u64, s: Holding, shift: u32) -> Removed {
 }
 
 #[cfg(test)]
-mod sharing_tests {
+mod tests {
     use super::*;
 
     /// The holder list of `key`, when it is on the heap.
