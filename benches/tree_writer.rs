@@ -33,6 +33,9 @@
 //! `cargo bench --bench tree_writer -- [--runs N] [--secs S] [--warmup S] [--cores 2,8,32]
 //! [--per-core R] [--ceiling N] [--only rate|ceiling] [--writer-nice N|keep]
 //! [--max-tree-chars N]`; each figure is the median of the runs.
+mod words;
+use words::{Rng, Words};
+
 use radixgate::base::text::SharedText;
 use radixgate::base::WorkerId;
 use radixgate::tree::{spawn_writer, spawn_writer_held, Insert, RadixTree, TreeKey, WriterConfig};
@@ -62,26 +65,6 @@ const LIVE_CONVERSATIONS: usize = 8192;
 const SAMPLE_EVERY: u64 = 8;
 const MAX_PROMPT: usize = 32 * 1024;
 
-/// splitmix64.
-#[derive(Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo)
-    }
-}
-
 /// 8 MiB of pseudo-words (some non-ASCII) and the shared system prompts; conversations copy
 /// random slices of it.
 struct Corpus {
@@ -91,29 +74,11 @@ struct Corpus {
 
 impl Corpus {
     fn new(seed: u64) -> Corpus {
-        const SYL: [&str; 24] = [
-            "ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "en", "or", "al", "is", "qu", "ph",
-            "th", "sh", "de", "re", "co", "ma", "ti", "on", "é", "ü",
-        ];
-        let mut rng = Rng(seed);
-        let vocab: Vec<String> = (0..4000)
-            .map(|i| {
-                let mut w = String::new();
-                for _ in 0..rng.range(1, 5) {
-                    w.push_str(SYL[rng.below(SYL.len())]);
-                }
-                if i % 97 == 0 {
-                    w.push_str("中文");
-                }
-                w
-            })
-            .collect();
+        // The tree bench's words: the same vocabulary and skew, then its generator goes on.
+        let mut words = Words::new(seed);
         let mut text = String::with_capacity(8 << 20);
-        while text.len() < 8 << 20 {
-            let u = rng.below(1 << 16) as u64;
-            text.push_str(&vocab[((u * u * vocab.len() as u64) >> 32) as usize]);
-            text.push(if rng.below(12) == 0 { '.' } else { ' ' });
-        }
+        words.push(&mut text, 8 << 20);
+        let mut rng = words.rng;
         let mut c = Corpus {
             text,
             systems: Vec::new(),

@@ -117,15 +117,10 @@ HARD="$(ulimit -Hn)"
 ulimit -n "$HARD"
 FD_BUDGET=$(( HARD - 1500 ))
 
+# shellcheck source=lib/procs.sh
+source "$ROOT/scripts/lib/procs.sh"
+
 PIDS=()
-stop_pid() {
-    local pid="$1" i
-    kill -0 "$pid" 2>/dev/null || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
 stop_all() {
     local p
     for p in "${PIDS[@]}"; do stop_pid "$p"; done
@@ -140,20 +135,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo; echo "interrupted" >&2; exit 130' INT TERM
 
-# A free listener port below the ephemeral range and outside the fleet's port ranges
-# (HTTP 11000.., PUB 12100.., replay 20400..; at most 1,024 servers × 8 ranks end below 28600).
-free_port() {
-    python3 - <<'PY'
-import random, socket
-for _ in range(200):
-    p = random.randint(29000, 32000)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p)); s.close(); print(p); break
-    except OSError:
-        s.close()
-PY
-}
+# Listener ports below the ephemeral range (the gateway dials thousands of publishers) and
+# above the fleet's port ranges (HTTP 11000.., PUB 12100.., replay 20400..; at most 1,024
+# servers × 8 ranks end below 28600).
+port_below_ephemeral() { free_port_in 29000 32001; }
 
 IFS=',' read -r -a SIZE_LIST <<<"$PUBLISHERS"
 log "sizes ${SIZE_LIST[*]} publishers, rates 0(idle),$RATES, ${DURATION}s phases; results in $OUT"
@@ -167,8 +152,8 @@ for pubs in "${SIZE_LIST[@]}"; do
     per_server=$(( 7 * DP + 8 ))
     shards=$(( (servers * per_server + FD_BUDGET - 1) / FD_BUDGET ))
     [[ $shards -ge 1 ]] || shards=1
-    gport="$(free_port)"; mport="$(free_port)"
-    while [[ "$mport" == "$gport" ]]; do mport="$(free_port)"; done
+    gport="$(port_below_ephemeral)"; mport="$(port_below_ephemeral)"
+    while [[ "$mport" == "$gport" ]]; do mport="$(port_below_ephemeral)"; done
     { printf 'worker-urls = ['
       for s in $(seq 0 $(( servers - 1 ))); do printf '"http://127.0.0.1:%d",' $(( 11000 + s )); done | sed 's/,$//'
       printf ']\n'; } >"$dir/workers.toml"

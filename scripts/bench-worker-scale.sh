@@ -104,6 +104,9 @@ LOGS="$OUT/logs"
 log() { printf '[bench-worker-scale %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 PIDS=()
+# shellcheck source=lib/procs.sh
+source "$ROOT/scripts/lib/procs.sh"
+
 stop_pid() {
     local pid="$1" i
     kill -0 "$pid" 2>/dev/null || return 0
@@ -121,25 +124,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo; echo "interrupted" >&2; exit 130' INT TERM
 
-# A listener port below the ephemeral range: a gateway with thousands of workers opens thousands
-# of outgoing connections, and one of them can take an ephemeral port picked for its listener
-# before it binds it.
-free_port() {
-    python3 - <<'PY'
-import random, socket
-for _ in range(200):
-    p = random.randrange(20000, 30000)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    print(p)
-    break
-PY
-}
+# A listener port below the ephemeral range (a gateway with thousands of workers dials
+# thousands of connections), in lib/procs.sh.
+free_port() { free_port_in 20000 30000; }
 # First BASE (from 31000, in steps of 1000) where ports BASE..BASE+N-1 have no listener.
 free_range() {
     local n="$1"

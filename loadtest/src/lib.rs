@@ -12,6 +12,9 @@ pub mod sim;
 /// thread on raw epoll (`stream-upstream`, `loadgen streams`).
 pub mod streams;
 
+/// SIGINT/SIGTERM taken by one thread that sets a stop flag (`sim-worker`, `kv-fleet`).
+pub mod signals;
+
 /// `kv-fleet`: thousands of simulated SGLang KV-event publishers (ZeroMQ PUB + replay ROUTER per
 /// DP rank, a tiny HTTP server per server) in one process, and the driver measuring a gateway.
 pub mod fleet;

@@ -58,6 +58,27 @@ kb_sum() {
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
+# free_port_in LO HI: a free port in [LO, HI) on 127.0.0.1, tried at random. For listeners of a
+# process that dials thousands of connections: one of those can take an ephemeral port picked
+# for a listener before the listener binds it, so such a port is chosen below that range.
+free_port_in() {
+    python3 - "$1" "$2" <<'PY'
+import random, socket, sys
+lo, hi = int(sys.argv[1]), int(sys.argv[2])
+for _ in range(200):
+    p = random.randrange(lo, hi)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(p)
+    break
+PY
+}
+
 # Wait until BASE/readiness or BASE/health answers 200, at most SECS seconds or until PID dies.
 wait_ready() {
     local base="$1" secs="$2" pid="${3:-}" i path

@@ -92,6 +92,11 @@ impl Budget {
     pub fn used(&self) -> usize {
         self.used
     }
+
+    /// All of it is held: only connections under [`FLOOR`] read on.
+    pub fn spent(&self) -> bool {
+        self.used >= self.limit
+    }
 }
 
 /// Why a connection ended.

@@ -7,7 +7,7 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    loadtest::fleet::block_signals();
+    loadtest::signals::block_stop_signals();
     let limit = loadtest::streams::sys::raise_nofile_limit();
     let args = loadtest::fleet::FleetArgs::parse();
     let need = args

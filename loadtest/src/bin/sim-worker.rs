@@ -218,21 +218,6 @@ fn parse_ports(s: &str) -> Result<PortList, String> {
     Ok(PortList(out))
 }
 
-/// Block SIGINT/SIGTERM in this thread (inherited by threads spawned later) so a dedicated
-/// thread can `sigwait` for them.
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it, and pthread_sigmask
-    // only reads it. No Rust invariants are involved.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
 fn main() -> ExitCode {
     let a = Args::parse();
     if let Some(dir) = &a.write_tokenizer {
@@ -289,7 +274,7 @@ fn main() -> ExitCode {
         engine: a.engine,
         lora_modules: a.lora_modules,
     };
-    let set = block_signals();
+    loadtest::signals::block_stop_signals();
     let host = cfg.host.clone();
     let cluster = match spawn_cluster(cfg) {
         Ok(c) => c,
@@ -312,13 +297,7 @@ fn main() -> ExitCode {
     for (p, b) in cluster.ports().iter().zip(cluster.bootstrap_ports()) {
         println!("sim-worker bootstrap for {host}:{p} on {b}");
     }
-    let stop = cluster.stopper();
-    std::thread::spawn(move || {
-        let mut sig: libc::c_int = 0;
-        // SAFETY: `set` is an initialised sigset_t; sigwait writes the signal number to `sig`.
-        unsafe { libc::sigwait(&set, &mut sig) };
-        stop.store(true, std::sync::atomic::Ordering::Release);
-    });
+    loadtest::signals::stop_on_signal(cluster.stopper());
     match cluster.join() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -2,6 +2,7 @@
 //! (staleness seen from outside), sends routed background requests (latency), and reads the
 //! gateway's Prometheus counters and /proc figures at each phase's edges.
 
+use crate::streams::watch::{stat_ticks, status_kb};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -262,13 +263,7 @@ pub fn read_proc(pid: Option<u32>) -> ProcSample {
         ..Default::default()
     };
     let Some(pid) = pid else { return s };
-    let ticks = |stat: &str| -> u64 {
-        // Fields after the command's closing parenthesis: state is field 3; utime 14, stime 15.
-        let rest = stat.rsplit_once(')').map_or("", |x| x.1);
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let g = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        g(11) + g(12)
-    };
+    let ticks = |stat: &str| stat_ticks(stat).unwrap_or(0);
     if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         s.all_ticks = ticks(&stat);
     }
@@ -284,19 +279,8 @@ pub fn read_proc(pid: Option<u32>) -> ProcSample {
         }
     }
     if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-        for l in status.lines() {
-            let kb = || {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0)
-            };
-            if l.starts_with("VmRSS:") {
-                s.rss_kb = kb();
-            } else if l.starts_with("VmHWM:") {
-                s.hwm_kb = kb();
-            }
-        }
+        s.rss_kb = status_kb(&status, "VmRSS").unwrap_or(0);
+        s.hwm_kb = status_kb(&status, "VmHWM").unwrap_or(0);
     }
     s
 }
@@ -316,12 +300,10 @@ pub fn own_thread_ticks() -> Vec<(String, u64)> {
         let Ok(stat) = std::fs::read_to_string(p.join("stat")) else {
             continue;
         };
-        let rest = stat.rsplit_once(')').map_or("", |x| x.1);
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let g = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let ticks = stat_ticks(&stat).unwrap_or(0);
         match out.iter_mut().find(|(n, _)| *n == comm) {
-            Some((_, v)) => *v += g(11) + g(12),
-            None => out.push((comm, g(11) + g(12))),
+            Some((_, v)) => *v += ticks,
+            None => out.push((comm, ticks)),
         }
     }
     out

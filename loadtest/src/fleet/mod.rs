@@ -389,11 +389,8 @@ pub fn run(args: FleetArgs) -> Result<(), String> {
     );
     let mut fleet = Fleet::start(args.clone())?;
     let stop = fleet.stop.clone();
-    {
-        let stop = stop.clone();
-        // SIGTERM/SIGINT end the run early (results so far are still written).
-        std::thread::spawn(move || wait_signal(stop));
-    }
+    // SIGTERM/SIGINT end the run early (results so far are still written).
+    crate::signals::stop_on_signal(stop.clone());
     if let Some(out) = &args.out {
         let _ = std::fs::create_dir_all(out);
     }
@@ -585,7 +582,9 @@ fn drive(
         );
         edges.push(row.take());
     }
-    stop_and_join(bg);
+    // The background thread checks the phase flag; it ends with the fleet's stop flag, set
+    // only at shutdown, so it is left to finish with the process.
+    drop(bg);
     // Markers of the last phase get their 5 s.
     let _ = probe.join();
     let m = mres.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -611,39 +610,4 @@ fn drive(
         }
     }
     edges
-}
-
-fn stop_and_join(h: std::thread::JoinHandle<()>) {
-    // The background thread checks the phase flag; it ends with the fleet's stop flag, which
-    // is set only at shutdown, so it is left to finish with the process when still running.
-    drop(h);
-}
-
-/// Block until SIGINT or SIGTERM, then set `stop`.
-fn wait_signal(stop: Arc<AtomicBool>) {
-    // SAFETY: a valid signal set; the signals are blocked in every thread (`block_signals`,
-    // called by `main` before any thread starts), so sigwait receives them here.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        let mut sig = 0;
-        if libc::sigwait(&set, &mut sig) == 0 {
-            stop.store(true, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Block SIGINT and SIGTERM in the calling thread (and the threads it starts afterwards), so
-/// that [`run`]'s signal thread receives them. Call first thing in `main`.
-pub fn block_signals() {
-    // SAFETY: changing this thread's signal mask with a valid set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
 }

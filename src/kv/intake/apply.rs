@@ -309,8 +309,7 @@ impl<S: EventSink> ApplyThread<S> {
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
         let limit = self.config.max_staleness.as_secs_f64();
-        let mut pending = std::mem::take(&mut run.pending);
-        for (key, ts) in pending.drain(..) {
+        for (key, ts) in run.pending.drain(..) {
             let Some(p) = run.publishers.get_mut(&key) else {
                 continue;
             };
@@ -353,7 +352,6 @@ impl<S: EventSink> ApplyThread<S> {
                 self.caught_up(p, key);
             }
         }
-        run.pending = pending;
     }
 
     /// Tell the sink the publisher's state as routing should see it, if that changed.
@@ -385,19 +383,10 @@ impl<S: EventSink> ApplyThread<S> {
     fn sweep(&mut self, run: &mut Run, now: Instant) {
         if self.stats.lagging.load(Ordering::Relaxed) > 0 && self.bound.queued() == 0 {
             let quiet = self.config.max_staleness;
-            let keys: Vec<PublisherKey> = run
-                .publishers
-                .iter()
-                .filter(|(_, p)| {
-                    p.lagging && p.last_batch.is_none_or(|t| now.duration_since(t) >= quiet)
-                })
-                .map(|(k, _)| *k)
-                .collect();
-            for key in keys {
-                if let Some(mut p) = run.publishers.remove(&key) {
+            for (&key, p) in run.publishers.iter_mut() {
+                if p.lagging && p.last_batch.is_none_or(|t| now.duration_since(t) >= quiet) {
                     p.staleness = 0.0;
-                    self.caught_up(&mut p, key);
-                    run.publishers.insert(key, p);
+                    self.caught_up(p, key);
                     run.dirty = true;
                 }
             }

@@ -458,51 +458,35 @@ impl Intake {
         let bound = Arc::new(QueueBound::new(config.queue_bytes));
         let (chunks_tx, chunks_rx) = channel::unbounded();
         let lag = Arc::new(ArcSwap::from_pointee(Vec::new()));
-        let mut readers = Vec::with_capacity(n);
-        let mut threads = Vec::with_capacity(n + 1);
         let mut reader_config = config.clone();
         // The connections' budget is shared out.
         reader_config.budget_bytes = (config.budget_bytes / n).max(socket::FLOOR);
         let (apply_tx, apply_rx) = channel::bounded(COMMAND_QUEUE);
+        // Threads are recorded as they start: on an error, dropping `intake` stops those
+        // already running.
         let mut intake = Intake {
-            readers: Vec::new(),
+            readers: Vec::with_capacity(n),
             apply: apply_tx,
             stats: stats.clone(),
             bound: bound.clone(),
             lag: lag.clone(),
-            threads: Vec::new(),
+            threads: Vec::with_capacity(n + 1),
         };
         for i in 0..n {
             let (tx, rx) = channel::bounded(COMMAND_QUEUE);
             let forward = queue::ForwardSink::new(chunks_tx.clone(), bound.clone());
             let reader =
-                match thread::EventThread::new(reader_config.clone(), forward, stats.clone(), rx) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        intake.readers = readers;
-                        intake.threads = threads;
-                        return Err(e);
-                    }
-                };
-            let spawned = std::thread::Builder::new()
+                thread::EventThread::new(reader_config.clone(), forward, stats.clone(), rx)?;
+            let t = std::thread::Builder::new()
                 .name(format!("kv-events-{i}"))
                 .spawn(move || {
                     if let Err(e) = crate::base::priority::helper_thread() {
                         crate::log!(Warn, "kv-events thread: cannot lower its priority: {e}");
                     }
                     reader.run()
-                });
-            match spawned {
-                Ok(t) => {
-                    readers.push(tx);
-                    threads.push(t);
-                }
-                Err(e) => {
-                    intake.readers = readers;
-                    intake.threads = threads;
-                    return Err(e);
-                }
-            }
+                })?;
+            intake.readers.push(tx);
+            intake.threads.push(t);
         }
         drop(chunks_tx);
         let applier = apply::ApplyThread {
@@ -510,14 +494,12 @@ impl Intake {
             config: config.apply,
             chunks: chunks_rx,
             commands: apply_rx,
-            readers: readers.clone(),
+            readers: intake.readers.clone(),
             bound: bound.clone(),
             stats: stats.clone(),
             published: lag,
             picked: None,
         };
-        intake.readers = readers;
-        intake.threads = threads;
         let t = std::thread::Builder::new()
             .name("kv-index".into())
             .spawn(move || {

@@ -52,12 +52,63 @@ fn counts_start_at_zero_and_add_up() {
     assert_eq!(c.connect_failures, 3);
 }
 
+/// An applying thread on `sink`, with no reader yet: readers send to `chunks` within `bound`.
+struct Applier {
+    chunks: Sender<queue::Chunk>,
+    bound: Arc<queue::QueueBound>,
+    stats: Arc<Stats>,
+    published: Arc<arc_swap::ArcSwap<Vec<(PublisherKey, f32, bool)>>>,
+    thread: std::thread::JoinHandle<()>,
+    /// Held open: a closed command queue stops the thread.
+    _commands: Sender<apply::ApplyCommand>,
+}
+
+impl Applier {
+    fn start(sink: impl EventSink, config: ApplyConfig, queue_bytes: usize) -> Applier {
+        let (chunks, chunks_rx) = channel::unbounded();
+        let (commands, commands_rx) = channel::bounded(4);
+        let bound = Arc::new(queue::QueueBound::new(queue_bytes));
+        let stats = Arc::new(Stats::default());
+        let published = Arc::new(arc_swap::ArcSwap::from_pointee(Vec::new()));
+        let applier = apply::ApplyThread {
+            sink,
+            config,
+            chunks: chunks_rx,
+            commands: commands_rx,
+            readers: Vec::new(),
+            bound: bound.clone(),
+            stats: stats.clone(),
+            published: published.clone(),
+            picked: None,
+        };
+        Applier {
+            chunks,
+            bound,
+            stats,
+            published,
+            thread: std::thread::spawn(move || applier.run()),
+            _commands: commands,
+        }
+    }
+
+    /// A reader's sink into it.
+    fn reader(&self) -> queue::ForwardSink {
+        queue::ForwardSink::new(self.chunks.clone(), self.bound.clone())
+    }
+
+    /// Wait for it to apply everything its readers (all dropped by now) sent.
+    fn finish(self) {
+        drop(self.chunks);
+        self.thread.join().unwrap();
+    }
+}
+
 // ---- several readers in front of one applying thread ----------------------------------------
 
 mod pipeline {
-    use super::super::apply::{ApplyCommand, ApplyThread};
-    use super::super::queue::{ForwardSink, QueueBound};
+    use super::super::queue::QueueBound;
     use super::*;
+    use crate::base::rng::Rng;
     use crate::kv::index::{
         namespace_root, EngineHash, IndexConfig, IndexWriter, MatchScratch, PrefixMatch,
     };
@@ -103,20 +154,6 @@ mod pipeline {
         }
     }
 
-    /// A tiny deterministic generator (the property is over seeds).
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n.max(1)
-        }
-    }
-
     /// Per publisher, its batches encoded as SGLang sends them: chains from the root or from a
     /// block it holds (tokens from a small alphabet, so publishers share prefixes), removals of
     /// blocks it holds, now and then a clear. Also the prompts each chain stands for.
@@ -125,7 +162,7 @@ mod pipeline {
         sources: &[PublisherKey],
         batches: usize,
     ) -> (Vec<Vec<Vec<u8>>>, Vec<Vec<u32>>) {
-        let mut rng = Rng(seed | 1);
+        let mut rng = Rng::with_seed(seed);
         let mut next_hash = 1u64;
         let mut prompts = Vec::new();
         let mut all = Vec::new();
@@ -141,9 +178,9 @@ mod pipeline {
                             let from = if held.is_empty() || rng.below(3) == 0 {
                                 None
                             } else {
-                                Some(held[rng.below(held.len() as u64) as usize].clone())
+                                Some(held[rng.below(held.len())].clone())
                             };
-                            let n = 1 + rng.below(3) as usize;
+                            let n = 1 + rng.below(3);
                             let mut path = from.as_ref().map_or(Vec::new(), |f| f.1.clone());
                             let mut hashes = Vec::new();
                             let mut tokens = Vec::new();
@@ -169,7 +206,7 @@ mod pipeline {
                             }));
                         }
                         7..=8 if !held.is_empty() => {
-                            let i = rng.below(held.len() as u64) as usize;
+                            let i = rng.below(held.len());
                             let (h, _) = held.swap_remove(i);
                             events.push(KvEvent::BlockRemoved(BlockRemoved {
                                 block_hashes: vec![EngineHash(h)],
@@ -245,25 +282,12 @@ mod pipeline {
         queue_bytes: usize,
         seed: u64,
     ) -> (IndexWriter, Arc<QueueBound>) {
-        let (chunks_tx, chunks_rx) = channel::unbounded();
-        let (_cmd_tx, cmd_rx) = channel::bounded::<ApplyCommand>(4);
-        let bound = Arc::new(QueueBound::new(queue_bytes));
         let (out_tx, out_rx) = channel::bounded(1);
-        let applier = ApplyThread {
-            sink: IndexOut {
-                writer: Some(IndexWriter::new(IndexConfig::default())),
-                out: out_tx,
-            },
-            config: ApplyConfig::default(),
-            chunks: chunks_rx,
-            commands: cmd_rx,
-            readers: Vec::new(),
-            bound: bound.clone(),
-            stats: Arc::new(Stats::default()),
-            published: Arc::default(),
-            picked: None,
+        let sink = IndexOut {
+            writer: Some(IndexWriter::new(IndexConfig::default())),
+            out: out_tx,
         };
-        let apply = std::thread::spawn(move || applier.run());
+        let applier = Applier::start(sink, ApplyConfig::default(), queue_bytes);
         let mut threads = Vec::new();
         for r in 0..readers {
             let mine: Vec<(PublisherKey, Vec<Vec<u8>>)> = keys
@@ -272,9 +296,9 @@ mod pipeline {
                 .filter(|(k, _)| reader_of(**k, readers) == r)
                 .map(|(k, p)| (*k, p.clone()))
                 .collect();
-            let mut sink = ForwardSink::new(chunks_tx.clone(), bound.clone());
+            let mut sink = applier.reader();
             threads.push(std::thread::spawn(move || {
-                let mut rng = Rng(seed ^ (r as u64 + 1) << 20 | 1);
+                let mut rng = Rng::with_seed(seed ^ (r as u64 + 1) << 20);
                 let longest = mine.iter().map(|m| m.1.len()).max().unwrap_or(0);
                 for i in 0..longest {
                     for (key, batches) in &mine {
@@ -297,11 +321,11 @@ mod pipeline {
                 sink.flush();
             }));
         }
-        drop(chunks_tx);
         for t in threads {
             t.join().unwrap();
         }
-        apply.join().unwrap();
+        let bound = applier.bound.clone();
+        applier.finish();
         (out_rx.recv().unwrap(), bound)
     }
 
@@ -343,22 +367,9 @@ mod pipeline {
             }
         }
         let limit = 64 << 10;
-        let (chunks_tx, chunks_rx) = channel::unbounded();
-        let (_cmd_tx, cmd_rx) = channel::bounded::<ApplyCommand>(4);
-        let bound = Arc::new(QueueBound::new(limit));
         let seen = Arc::new(AtomicU64::new(0));
-        let applier = ApplyThread {
-            sink: Slow { seen: seen.clone() },
-            config: ApplyConfig::default(),
-            chunks: chunks_rx,
-            commands: cmd_rx,
-            readers: Vec::new(),
-            bound: bound.clone(),
-            stats: Arc::new(Stats::default()),
-            published: Arc::default(),
-            picked: None,
-        };
-        let apply = std::thread::spawn(move || applier.run());
+        let applier = Applier::start(Slow { seen: seen.clone() }, ApplyConfig::default(), limit);
+        let bound = applier.bound.clone();
         let batch = |seq| {
             IntakeEvent::Batch(WorkerEvents {
                 key: PublisherKey {
@@ -383,7 +394,7 @@ mod pipeline {
         let per_reader = 500;
         let readers: Vec<_> = (0..4)
             .map(|_| {
-                let mut sink = ForwardSink::new(chunks_tx.clone(), bound.clone());
+                let mut sink = applier.reader();
                 std::thread::spawn(move || {
                     for seq in 0..per_reader {
                         sink.deliver(batch(seq));
@@ -395,7 +406,6 @@ mod pipeline {
                 })
             })
             .collect();
-        drop(chunks_tx);
         let one = super::super::queue::event_bytes(&batch(0));
         let mut peak = 0;
         while readers.iter().any(|t| !t.is_finished()) {
@@ -405,7 +415,7 @@ mod pipeline {
         for t in readers {
             t.join().unwrap();
         }
-        apply.join().unwrap();
+        applier.finish();
         assert_eq!(seen.load(Ordering::Relaxed), 4 * per_reader as u64);
         assert!(peak <= limit + 4 * 8 * one, "peak {peak}, bound {limit}");
         assert!(
@@ -417,8 +427,7 @@ mod pipeline {
 }
 
 mod lagging {
-    use super::super::apply::{ApplyCommand, ApplyThread};
-    use super::super::queue::{ForwardSink, QueueBound};
+    use super::super::queue::ForwardSink;
     use super::*;
     use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -431,28 +440,13 @@ mod lagging {
 
     #[test]
     fn a_publisher_whose_batches_arrive_late_is_lagging_until_it_catches_up() {
-        let (chunks_tx, chunks_rx) = channel::unbounded();
-        let (_cmd_tx, cmd_rx) = channel::bounded::<ApplyCommand>(4);
         let (out_tx, out_rx) = channel::unbounded();
-        let bound = Arc::new(QueueBound::new(1 << 20));
-        let stats = Arc::new(Stats::default());
-        let published = Arc::new(arc_swap::ArcSwap::from_pointee(Vec::new()));
-        let applier = ApplyThread {
-            sink: out_tx,
-            config: ApplyConfig {
-                max_staleness: Duration::from_secs(1),
-                ..ApplyConfig::default()
-            },
-            chunks: chunks_rx,
-            commands: cmd_rx,
-            readers: Vec::new(),
-            bound: bound.clone(),
-            stats: stats.clone(),
-            published: published.clone(),
-            picked: None,
+        let config = ApplyConfig {
+            max_staleness: Duration::from_secs(1),
+            ..ApplyConfig::default()
         };
-        let apply = std::thread::spawn(move || applier.run());
-        let mut sink = ForwardSink::new(chunks_tx, bound);
+        let applier = Applier::start(out_tx, config, 1 << 20);
+        let mut sink = applier.reader();
         let key = PublisherKey {
             worker: 7,
             dp_rank: 1,
@@ -502,9 +496,9 @@ mod lagging {
             states(&out_rx, Duration::from_millis(300)),
             vec![(7, SourceState::Lagging)]
         );
-        assert_eq!(stats.lagging.load(Ordering::Relaxed), 1);
+        assert_eq!(applier.stats.lagging.load(Ordering::Relaxed), 1);
         std::thread::sleep(Duration::from_millis(300));
-        let figures = published.load();
+        let figures = applier.published.load();
         let mine = figures.iter().find(|f| f.0 == key).unwrap();
         assert!(mine.1 > 1.5 && mine.2, "{figures:?}");
         // Within half the bound again: caught up, live.
@@ -513,7 +507,7 @@ mod lagging {
             states(&out_rx, Duration::from_millis(300)),
             vec![(7, SourceState::Live)]
         );
-        assert_eq!(stats.lagging.load(Ordering::Relaxed), 0);
+        assert_eq!(applier.stats.lagging.load(Ordering::Relaxed), 0);
         // Late again, then quiet: once the queue is empty and it has been quiet past the bound,
         // it is live again without another batch.
         send(&mut sink, key, now() + 27.0);
@@ -526,6 +520,6 @@ mod lagging {
             vec![(7, SourceState::Live)]
         );
         drop(sink);
-        apply.join().unwrap();
+        applier.finish();
     }
 }

@@ -644,7 +644,7 @@ impl<S: EventSink> EventThread<S> {
     /// interval) and take what each has; whether any was ready. The sockets touched since the
     /// last round are watched for what they want first.
     fn poll_round(&mut self, busy: bool, cap: Duration) -> bool {
-        let over = !self.budget.may_read(usize::MAX);
+        let over = self.budget.spent();
         let mut touched = std::mem::take(&mut self.touched);
         if over != self.budget_over {
             // The budget's verdict changed for every connection at once.
